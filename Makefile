@@ -1,0 +1,125 @@
+# gpuq — build, test and GPU check.
+#
+#   make            build/gpuqd, build/gpuq, build/libgpuq.a (+ include/), the tests
+#   make test       the whole suite (GPU tests report themselves skipped without a GPU)
+#   make gpu-check  on a GPU machine: runs what is already in build/, never rebuilds
+#   make demo       builds, starts a private daemon, runs the main jobs, stops it
+#   make fuzz       libFuzzer target for the frame -> msgpack -> request decoder; run it as
+#                   build/fuzz-decode NEWDIR tests/fuzz/corpus (new inputs go to NEWDIR)
+#   make asan tsan  sanitizer builds (in build-asan/, build-tsan/) running the tests
+#
+# libuv and msgpack-c are linked statically and cudart statically, NCCL
+# dynamically, so one build runs here and on a GPU server that has neither
+# library installed (see docs/ARCHITECTURE.md, "Build").
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+# NCCL: $(NCCL_HOME) if set, else CUDA's own lib dir, else the distribution's.
+NCCL_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) /usr,$(if $(wildcard $(d)/include/nccl.h),$(d))))
+NCCL_LIBDIR ?= $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so* $(NCCL_HOME)/lib64/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so*))
+LIBDIR_STATIC ?= $(shell pkg-config --variable=libdir libuv 2>/dev/null || echo /usr/lib/x86_64-linux-gnu)
+
+BUILD ?= build
+CC ?= gcc
+SAN ?=
+OPT ?= -O2
+WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror
+CFLAGS ?= $(OPT) -g
+ALL_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(SAN) -pthread -I. -I$(CUDA_HOME)/include -MMD -MP
+# sm_80 and sm_90 machine code, plus PTX that newer GPUs compile at load.
+NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O3 -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP
+STATIC_LIBS := $(LIBDIR_STATIC)/libuv_a.a $(LIBDIR_STATIC)/libmsgpackc.a
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+LDLIBS := $(STATIC_LIBS) $(CUDA_LIBS) -lstdc++ -lm -pthread
+
+PROTOCOL_SRC := $(sort $(wildcard protocol/*.c))
+DAEMON_SRC := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c)))
+WORKERS_SRC := $(sort $(wildcard workers/*.c))
+KERNELS_SRC := $(sort $(wildcard kernels/*.cu))
+LIBGPUQ_SRC := client/libgpuq.c
+CLI_SRC := $(filter-out $(LIBGPUQ_SRC),$(sort $(wildcard client/*.c)))
+UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
+ITEST_SRC := $(sort $(wildcard tests/integration/*.c))
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(filter %.c,$(1))) $(patsubst %.cu,$(BUILD)/obj/%.o,$(filter %.cu,$(1)))
+
+PROTOCOL_OBJ := $(call obj,$(PROTOCOL_SRC))
+CORE_OBJ := $(call obj,$(DAEMON_SRC) $(WORKERS_SRC) $(KERNELS_SRC)) $(PROTOCOL_OBJ)
+LIBGPUQ_OBJ := $(call obj,$(LIBGPUQ_SRC)) $(PROTOCOL_OBJ)
+
+BINARIES := $(BUILD)/gpuqd $(BUILD)/gpuq $(BUILD)/libgpuq.a $(BUILD)/include/gpuq.h \
+            $(BUILD)/tests/unit $(BUILD)/tests/itest $(BUILD)/tests/kernels_selftest
+
+.PHONY: all test gpu-check demo fuzz asan tsan clean deps
+all: $(BINARIES)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/gpuqd: $(BUILD)/obj/daemon/main.o $(CORE_OBJ)
+	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/libgpuq.a: $(LIBGPUQ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# The public headers, laid out as an installed program includes them.
+$(BUILD)/include/gpuq.h: client/gpuq.h protocol/msg.h protocol/protocol.h
+	@mkdir -p $(BUILD)/include/protocol
+	cp client/gpuq.h $(BUILD)/include/gpuq.h
+	cp protocol/msg.h protocol/protocol.h $(BUILD)/include/protocol/
+
+$(BUILD)/gpuq: $(call obj,$(CLI_SRC)) $(BUILD)/libgpuq.a
+	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -pthread
+
+$(BUILD)/tests/unit: $(call obj,$(UNIT_SRC) tests/harness.c) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/itest: $(call obj,$(ITEST_SRC) tests/harness.c workers/host_patterns.c) $(BUILD)/libgpuq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -pthread
+
+# Kernels against their host definitions, on the GPU (run by gpu-check).
+$(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(call obj,$(KERNELS_SRC))
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_ARCH) -o $@ $^
+
+# Installs the build dependencies where they are missing (Debian/Ubuntu).
+deps:
+	@sh tests/install-deps.sh
+
+test: deps all
+	@sh tests/run.sh $(BUILD)
+
+# Runs on the GPU machine from a carried build/: no compilation here.
+gpu-check:
+	@GPUQ_REQUIRE_GPU=1 sh tests/gpu-check.sh $(BUILD)
+
+demo: deps all
+	@sh tests/demo.sh $(BUILD)
+
+fuzz: $(BUILD)/fuzz-decode
+$(BUILD)/fuzz-decode: tests/fuzz/fuzz_decode.c $(PROTOCOL_SRC)
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=undefined -I. $^ \
+		$(LIBDIR_STATIC)/libmsgpackc.a -o $@
+
+asan:
+	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" OPT=-O1 test
+
+tsan:
+	$(MAKE) BUILD=build-tsan SAN="-fsanitize=thread" OPT=-O1 test
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,173 @@
+/*
+ * What the gpuq CLI's files share. The CLI is thin: it turns argument syntax
+ * into one request, sends it with libgpuq, and renders the reply; every rule
+ * about buffers, devices and jobs is the daemon's.
+ *
+ *   gpuq.c      main, global options, the command table, --help
+ *   args.c      the per-command option parser and value syntax
+ *   commands.c  connecting, calling, and the commands that are not jobs
+ *   jobs.c      the job commands (noop alloc free put get fill checksum)
+ *   render.c    human output of replies, and JSON
+ *   table.c     aligned text tables
+ *   bench.c     bench dispatch
+ */
+#ifndef GPUQ_CLI_H
+#define GPUQ_CLI_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "client/gpuq.h"
+
+#define GPUQ_CLI_VERSION "0.1.0"
+
+/* Exit status, as gpuq --help documents it. */
+enum cli_exit {
+	CLI_OK = 0,
+	CLI_REFUSED = 1,     /* the daemon refused the request, or the job failed */
+	CLI_USAGE = 2,       /* the command line is wrong (or FILE cannot be opened) */
+	CLI_UNREACHABLE = 3, /* no daemon at the socket, or the connection broke */
+};
+
+/* Options beyond the global ones; a command lists those it takes. */
+enum cli_opt {
+	OPT_DEVICE = 1u << 0,
+	OPT_OFFSET = 1u << 1,
+	OPT_LENGTH = 1u << 2,
+	OPT_BYTES = 1u << 3,
+	OPT_COUNT = 1u << 4,
+	OPT_DTYPE = 1u << 5,
+	OPT_DETACH = 1u << 6,
+	OPT_CLIENTS = 1u << 7,
+	OPT_REQUESTS = 1u << 8,
+};
+
+struct cli;
+
+struct cli_cmd {
+	const char *name;
+	const char *synopsis;   /* what follows "gpuq NAME" in usage lines */
+	const char *summary;    /* one line for gpuq --help */
+	const char *help;       /* the rest of gpuq NAME --help */
+	unsigned opts;          /* enum cli_opt bits */
+	int min_args, max_args; /* positional arguments */
+	const char *arg_names[3];
+	int (*run)(struct cli *cli);
+};
+
+/* The parsed command line and the connection, for one run of gpuq. */
+struct cli {
+	const struct cli_cmd *cmd;
+	/* Global options (also accepted after the command). */
+	const char *socket;
+	bool json;
+	bool has_timeout;
+	uint64_t timeout_ms;
+	/* Command options; has_* say which were given. */
+	bool detach;
+	bool has_device, has_offset, has_length, has_bytes, has_count, has_requests;
+	uint64_t device, offset, length, bytes, count, requests;
+	const char *dtype, *clients;
+	char **args;
+	int nargs;
+	/* Where human output goes: stdout, or stderr when stdout carries data. */
+	FILE *out;
+	struct gpuq_client *client;
+	/* The request sent asks the daemon to wait (timeout_ms): allow it time. */
+	bool daemon_waits;
+};
+
+/* gpuq.c */
+extern const struct cli_cmd cli_commands[];
+void cli_print_command_help(FILE *f, const struct cli_cmd *cmd);
+
+/* args.c */
+int cli_parse_global(struct cli *cli, int argc, char **argv);
+int cli_parse_command(struct cli *cli, int argc, char **argv);
+/* Prints "gpuq CMD: <message>" and the command's usage line; returns CLI_USAGE. */
+int cli_usage(const struct cli *cli, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* Strict decimal: 0 and *out, or -1 (and nothing printed). */
+int cli_parse_uint(const char *s, uint64_t *out);
+/* A job id argument; on error prints a usage message and returns CLI_USAGE. */
+int cli_parse_job(const struct cli *cli, const char *s, uint64_t *out);
+
+/* commands.c */
+/* Connects if needed and starts a request; 0, or CLI_UNREACHABLE (printed). */
+int cli_begin(struct cli *cli, struct mp_map *req, const char *op);
+/* Sends req; 0 with *out, or CLI_UNREACHABLE after printing why. */
+int cli_call(struct cli *cli, struct mp_map *req, const int *fds, int nfds,
+	     struct gpuq_reply **out);
+/* Prints a failed reply's error; returns CLI_REFUSED. */
+int cli_report_refusal(const struct gpuq_reply *r);
+void cli_print_error(const struct gpuq_error *err);
+int cmd_ping(struct cli *cli);
+int cmd_devices(struct cli *cli);
+int cmd_buffers(struct cli *cli);
+int cmd_jobs(struct cli *cli);
+int cmd_status(struct cli *cli);
+int cmd_wait(struct cli *cli);
+int cmd_cancel(struct cli *cli);
+
+/* jobs.c */
+/* Renders a job reply (a job request's, or wait's) and returns the exit code. */
+int cli_finish_job(struct cli *cli, struct gpuq_reply *r);
+int cmd_noop(struct cli *cli);
+int cmd_alloc(struct cli *cli);
+int cmd_free(struct cli *cli);
+int cmd_put(struct cli *cli);
+int cmd_get(struct cli *cli);
+int cmd_fill(struct cli *cli);
+int cmd_checksum(struct cli *cli);
+
+/* bench.c */
+int cmd_bench(struct cli *cli);
+
+/* render.c */
+void render_json(FILE *f, const msgpack_object *obj);
+/* "1.0 GiB" with decimals digits after the point ("512 B" below 1 KiB). */
+const char *human_bytes(char *buf, size_t size, uint64_t n, int decimals);
+/* "41 µs", "1.2 ms", "0.52 s", "3m07s", "2h05m". */
+const char *human_seconds(char *buf, size_t size, double s);
+void render_ping(FILE *f, const msgpack_object *reply);
+void render_devices(FILE *f, const msgpack_object *reply);
+void render_buffers(FILE *f, const msgpack_object *reply);
+void render_jobs(FILE *f, const msgpack_object *reply);
+/* One line saying what a finished job did ("put w0: 1.00 GiB in ..."). */
+void render_job_summary(FILE *f, const msgpack_object *record);
+/* Every field of a job record, one per line. */
+void render_job_record(FILE *f, const msgpack_object *record);
+void render_cancel(FILE *f, const msgpack_object *reply);
+
+/* Field access for rendering: the value, or dflt when absent or mistyped. */
+uint64_t field_u64(const msgpack_object *map, const char *key, uint64_t dflt);
+double field_f64(const msgpack_object *map, const char *key, double dflt);
+bool field_bool(const msgpack_object *map, const char *key, bool dflt);
+/* Copies a string field into buf (dflt when absent) and returns buf. */
+const char *field_str(const msgpack_object *map, const char *key, char *buf,
+		      size_t size, const char *dflt);
+
+/* table.c: columns sized to their widest cell, headers in capitals. */
+struct table_col {
+	const char *name;
+	bool right; /* right-aligned (numbers) */
+};
+
+#define TABLE_MAX_COLS 16
+
+struct table {
+	const struct table_col *cols;
+	int ncols;
+	char **cells; /* row-major */
+	size_t ncells, cap;
+};
+
+void table_init(struct table *t, const struct table_col *cols, int ncols);
+/* Appends the next cell, left to right and row by row. */
+void table_cell(struct table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void table_print(const struct table *t, FILE *f);
+void table_free(struct table *t);
+
+#endif

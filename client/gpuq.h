@@ -1,0 +1,99 @@
+/*
+ * libgpuq: the C client of gpuqd. The gpuq CLI is built on it.
+ *
+ * A gpuq_client is one connection; it is not thread-safe (use one per
+ * thread). Requests are msgpack maps built with protocol/msg.h's mp_map
+ * helpers; gpuq_request_begin starts one with `v`, `id` and `op` filled in.
+ *
+ *     struct gpuq_client *c;
+ *     struct gpuq_error err;
+ *     if (gpuq_connect(NULL, &c, &err) < 0) ...
+ *     struct mp_map req;
+ *     gpuq_request_begin(c, &req, "alloc");
+ *     mp_put_str(&req, "name", "w0");
+ *     mp_put_u64(&req, "bytes", 1 << 20);
+ *     mp_put_bool(&req, "wait", true);
+ *     struct gpuq_reply *r;
+ *     if (gpuq_call(c, &req, NULL, 0, &r, &err) < 0) ...   (transport failure)
+ *     if (!gpuq_reply_ok(r)) ... gpuq_reply_error(r, &err) ...
+ *     gpuq_reply_free(r);
+ */
+#ifndef GPUQ_CLIENT_H
+#define GPUQ_CLIENT_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol/msg.h"
+#include "protocol/protocol.h"
+
+struct gpuq_client;
+
+struct gpuq_reply {
+	struct msg msg;            /* the decoded frame */
+	const msgpack_object *root; /* its map */
+	uint64_t id;
+	bool ok;
+};
+
+/*
+ * The socket path used when none is given: $GPUQ_SOCKET if set, else
+ * /run/gpuq/gpuqd.sock for root, else $XDG_RUNTIME_DIR/gpuq.sock (falling
+ * back to /run/gpuq/gpuqd.sock when XDG_RUNTIME_DIR is unset). Static storage.
+ */
+const char *gpuq_default_socket(void);
+
+/* Connects (path NULL: the default). 0, or -1 with err (code GPUQ_E_IO). */
+int gpuq_connect(const char *path, struct gpuq_client **out, struct gpuq_error *err);
+void gpuq_close(struct gpuq_client *c);
+int gpuq_fd(const struct gpuq_client *c);
+
+/* Starts a request map with v, id (a fresh one) and op. Returns the id. */
+uint64_t gpuq_request_begin(struct gpuq_client *c, struct mp_map *req, const char *op);
+
+/*
+ * Finishes and sends req (consuming it) with nfds descriptors attached, then
+ * reads frames until the reply with the request's id arrives. Frames with
+ * other ids (replies to earlier gpuq_send calls) are kept and returned by
+ * later gpuq_recv/gpuq_call for their ids; event frames (key "event") are
+ * passed to the event callback, if one is set, and dropped otherwise.
+ * Returns 0 with *reply set (the caller frees it), or -1 with err on a
+ * transport failure (daemon gone, bad frame from the daemon).
+ */
+int gpuq_call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds,
+	      struct gpuq_reply **reply, struct gpuq_error *err);
+
+/* Sends without waiting; returns 0 or -1. Match the reply with gpuq_recv. */
+int gpuq_send(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds,
+	      struct gpuq_error *err);
+/* Waits for the reply to request id (0: the next reply of any id). */
+int gpuq_recv(struct gpuq_client *c, uint64_t id, struct gpuq_reply **reply,
+	      struct gpuq_error *err);
+
+/* Sends raw bytes as they are (tests use it to send malformed frames). */
+int gpuq_send_raw(struct gpuq_client *c, const void *data, size_t len,
+		  struct gpuq_error *err);
+
+typedef void (*gpuq_event_fn)(const msgpack_object *event, void *arg);
+void gpuq_set_event_handler(struct gpuq_client *c, gpuq_event_fn fn, void *arg);
+
+/* Largest reply frame accepted (default 64 MiB). */
+void gpuq_set_max_frame(struct gpuq_client *c, size_t max_frame);
+
+/*
+ * Makes gpuq_recv/gpuq_call give up after timeout_ms (0, the default: wait
+ * forever) with GPUQ_E_TIMEOUT. The connection stays usable: a reply that
+ * arrives later is returned by a later gpuq_recv for its id.
+ */
+void gpuq_set_timeout(struct gpuq_client *c, unsigned timeout_ms);
+
+bool gpuq_reply_ok(const struct gpuq_reply *r);
+/* Fills err from the reply's error map (code GPUQ_OK if ok). */
+void gpuq_reply_error(const struct gpuq_reply *r, struct gpuq_error *err);
+/* The value under key in the reply's root map, or NULL; msg_get_* on r->root check types. */
+const msgpack_object *gpuq_reply_get(const struct gpuq_reply *r, const char *key);
+void gpuq_reply_free(struct gpuq_reply *r);
+
+#endif

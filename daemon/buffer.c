@@ -1,0 +1,189 @@
+/* The buffer registry. Main thread only. */
+#include "daemon/buffer.h"
+#include "workers/clock.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *buffer_state_name(enum buffer_state state)
+{
+	switch (state) {
+	case BUFFER_ALLOCATING: return "allocating";
+	case BUFFER_READY: return "ready";
+	case BUFFER_FREEING: return "freeing";
+	}
+	return "unknown";
+}
+
+static bool name_char_ok(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       c == '_' || c == '.' || c == '-';
+}
+
+int buffer_name_check(const char *name, struct gpuq_error *err)
+{
+	size_t len = strlen(name);
+	if (len == 0 || len > BUFFER_NAME_MAX)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "buffer name '%s' must be 1 to %d characters long", name,
+				 BUFFER_NAME_MAX);
+	if (name[0] == '.' || name[0] == '-')
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "buffer name '%s' must not start with '.' or '-'", name);
+	for (size_t i = 0; i < len; i++)
+		if (!name_char_ok(name[i]))
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "buffer name '%s' has '%c' at %zu; use A-Z a-z 0-9 _ . -",
+					 name, name[i], i);
+	return 0;
+}
+
+int buffer_ref_parse(const char *ref, const char *field, char name[BUFFER_NAME_MAX + 1],
+		     int *device, struct gpuq_error *err)
+{
+	const char *at = strrchr(ref, '@');
+	size_t len = at ? (size_t)(at - ref) : strlen(ref);
+	*device = -1;
+	if (len > BUFFER_NAME_MAX)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': name longer than %d characters",
+				 field, BUFFER_NAME_MAX);
+	memcpy(name, ref, len);
+	name[len] = '\0';
+	if (at) {
+		char *end;
+		long d = strtol(at + 1, &end, 10);
+		if (at[1] < '0' || at[1] > '9' || *end || d > 1000000)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "field '%s': '%s' is not NAME or NAME@GPU (GPU a number)",
+					 field, ref);
+		*device = (int)d;
+	}
+	return buffer_name_check(name, err);
+}
+
+struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name, int device)
+{
+	for (struct buffer *b = t->head; b; b = b->next)
+		if (b->owner == owner && b->device == device && strcmp(b->name, name) == 0)
+			return b;
+	return NULL;
+}
+
+/* "w0, w1, grads" (the owner's buffers on device, or everywhere for -1). */
+static void list_names(struct buffer_table *t, uid_t owner, int device, char *out, size_t size)
+{
+	size_t used = 0;
+	out[0] = '\0';
+	for (struct buffer *b = t->head; b && used + 1 < size; b = b->next) {
+		if (b->owner != owner || (device >= 0 && b->device != device))
+			continue;
+		int n = snprintf(out + used, size - used, "%s%s@%d", used ? ", " : "", b->name,
+				 b->device);
+		if (n < 0 || (size_t)n >= size - used)
+			break;
+		used += (size_t)n;
+	}
+	if (!out[0])
+		snprintf(out, size, "none");
+}
+
+static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, const char *name,
+				       struct gpuq_error *err)
+{
+	struct buffer *found = NULL;
+	char where[256] = "";
+	size_t used = 0;
+	int matches = 0;
+	for (struct buffer *b = t->head; b; b = b->next) {
+		if (b->owner != owner || strcmp(b->name, name) != 0)
+			continue;
+		found = b;
+		matches++;
+		int n = snprintf(where + used, sizeof where - used, "%s%s@%d", used ? ", " : "",
+				 name, b->device);
+		if (n > 0 && (size_t)n < sizeof where - used)
+			used += (size_t)n;
+	}
+	if (matches == 1)
+		return found;
+	if (matches > 1) {
+		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+			  "buffer '%s' exists on several devices (%s); name one as NAME@GPU", name,
+			  where);
+		return NULL;
+	}
+	char names[256];
+	list_names(t, owner, -1, names, sizeof names);
+	gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found (your buffers: %s)", name, names);
+	return NULL;
+}
+
+struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *name,
+			      int device, struct gpuq_error *err)
+{
+	if (device < 0)
+		return resolve_anywhere(t, owner, name, err);
+	struct buffer *b = buffer_find(t, owner, name, device);
+	if (!b) {
+		char names[256];
+		list_names(t, owner, device, names, sizeof names);
+		gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found on device %d (your buffers there: %s)",
+			  name, device, names);
+	}
+	return b;
+}
+
+struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, uid_t owner,
+			  enum gpuq_dtype dtype, uint64_t count, uint64_t bytes)
+{
+	struct buffer *b = calloc(1, sizeof *b);
+	if (!b)
+		return NULL;
+	snprintf(b->name, sizeof b->name, "%s", name);
+	b->device = device;
+	b->owner = owner;
+	b->dtype = dtype;
+	b->count = count;
+	b->bytes = bytes;
+	b->state = BUFFER_ALLOCATING;
+	b->created = monotonic_seconds();
+	b->next = t->head;
+	t->head = b;
+	t->count++;
+	return b;
+}
+
+void buffer_remove(struct buffer_table *t, struct buffer *b)
+{
+	for (struct buffer **link = &t->head; *link; link = &(*link)->next) {
+		if (*link == b) {
+			*link = b->next;
+			t->count--;
+			free(b);
+			return;
+		}
+	}
+}
+
+uint64_t buffer_bytes_on(const struct buffer_table *t, int device)
+{
+	uint64_t sum = 0;
+	for (const struct buffer *b = t->head; b; b = b->next)
+		if (b->device == device)
+			sum += b->bytes;
+	return sum;
+}
+
+int buffer_check_usable(const struct buffer *b, struct gpuq_error *err)
+{
+	if (b->state == BUFFER_ALLOCATING)
+		return gpuq_fail(err, GPUQ_E_BUSY,
+				 "buffer '%s@%d' is still being allocated (job %llu); wait for that job",
+				 b->name, b->device, (unsigned long long)b->last_job);
+	if (b->state == BUFFER_FREEING)
+		return gpuq_fail(err, GPUQ_E_BUSY, "buffer '%s@%d' is being freed (job %llu)",
+				 b->name, b->device, (unsigned long long)b->last_job);
+	return 0;
+}

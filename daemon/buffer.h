@@ -1,0 +1,73 @@
+/*
+ * Named buffers: device memory that outlives jobs, named by its owner.
+ * The registry is the main thread's alone; workers see only pointers handed
+ * to them in a struct work.
+ */
+#ifndef GPUQ_BUFFER_H
+#define GPUQ_BUFFER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "protocol/protocol.h"
+
+#define BUFFER_NAME_MAX 64
+
+enum buffer_state { BUFFER_ALLOCATING, BUFFER_READY, BUFFER_FREEING };
+
+struct buffer {
+	char name[BUFFER_NAME_MAX + 1];
+	int device;
+	uid_t owner;
+	enum gpuq_dtype dtype;
+	uint64_t count;
+	uint64_t bytes;
+	void *dptr; /* valid once READY */
+	enum buffer_state state;
+	double created; /* CLOCK_MONOTONIC seconds */
+	unsigned users; /* jobs queued or running on it */
+	uint64_t last_job; /* the latest job that used it, for `busy` messages */
+	struct buffer *next;
+};
+
+struct buffer_table {
+	struct buffer *head;
+	unsigned count;
+};
+
+const char *buffer_state_name(enum buffer_state state);
+
+/* 0 if name is a valid buffer name, else -1 with a bad_request saying why. */
+int buffer_name_check(const char *name, struct gpuq_error *err);
+
+/*
+ * Splits "NAME" or "NAME@GPU" into name and device (-1 when absent).
+ * -1 with a bad_request naming `field` when malformed.
+ */
+int buffer_ref_parse(const char *ref, const char *field, char name[BUFFER_NAME_MAX + 1],
+		     int *device, struct gpuq_error *err);
+
+/* The buffer of owner called name on device, or NULL. */
+struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name, int device);
+
+/*
+ * Resolves a reference for owner: device -1 means "wherever it is", which
+ * must be exactly one place. not_found lists the owner's buffers on that
+ * device; an ambiguous name lists the devices holding it.
+ */
+struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *name,
+			      int device, struct gpuq_error *err);
+
+/* A new buffer in state ALLOCATING, or NULL when memory runs out. */
+struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, uid_t owner,
+			  enum gpuq_dtype dtype, uint64_t count, uint64_t bytes);
+void buffer_remove(struct buffer_table *t, struct buffer *b);
+
+/* Bytes held by buffers on device. */
+uint64_t buffer_bytes_on(const struct buffer_table *t, int device);
+
+/* 0 if jobs may use b now; -1 with `busy` saying why not. */
+int buffer_check_usable(const struct buffer *b, struct gpuq_error *err);
+
+#endif

@@ -1,0 +1,96 @@
+/*
+ * gpuqd's state, owned by the main thread: the loop, the options, the worker
+ * pool, the job and buffer tables and the server. Workers never see it.
+ */
+#ifndef GPUQ_DAEMON_H
+#define GPUQ_DAEMON_H
+
+#include <stdbool.h>
+#include <uv.h>
+
+#include "daemon/buffer.h"
+#include "daemon/job.h"
+#include "daemon/options.h"
+#include "daemon/server.h"
+#include "protocol/msg.h"
+#include "workers/clock.h"
+#include "workers/worker.h"
+
+struct daemon {
+	uv_loop_t *loop;
+	struct options opt;
+	const struct backend_ops *ops;
+	struct worker_pool pool;
+	struct job_table jobs;
+	struct buffer_table buffers;
+	struct server server;
+	double started;
+	double last_dispatch; /* when the latest job went to a worker (run_loop's spin) */
+	bool stopping;
+	uv_signal_t sigterm, sigint;
+	uv_timer_t shutdown_timer;
+	bool shutdown_timer_armed;
+	bool shutdown_cancel_sent;
+};
+
+/* One request being handled: what handlers need to read it and answer. */
+struct request {
+	struct daemon *d;
+	struct conn *conn;
+	uint64_t id;
+	const msgpack_object *map;
+	int fds[GPUQ_MAX_FDS_PER_REQUEST];
+	int nfds; /* a handler that keeps fds[i] sets it to -1 */
+};
+
+typedef void (*request_handler)(struct request *req);
+
+/* reply.c: answers req. reply_ok adds id and ok to body and sends it. */
+void reply_ok(struct request *req, struct mp_map *body);
+void reply_error(struct request *req, const struct gpuq_error *err);
+void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err);
+void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body);
+
+/* op_info.c, op_buffer.c, op_jobs.c: one handler per op. */
+void op_ping(struct request *req);
+void op_devices(struct request *req);
+void op_buffers(struct request *req);
+void op_noop(struct request *req);
+void op_alloc(struct request *req);
+void op_free(struct request *req);
+void op_fill(struct request *req);
+void op_checksum(struct request *req);
+void op_put(struct request *req);
+void op_get(struct request *req);
+void op_jobs(struct request *req);
+void op_status(struct request *req);
+void op_wait(struct request *req);
+void op_cancel(struct request *req);
+
+/* op_buffer.c: pieces shared by the job-creating handlers. */
+extern const struct job_kind kind_put, kind_get;
+/* A new job of kind for the caller; on failure req is answered and NULL returned. */
+struct job *new_job(struct request *req, const struct job_kind *kind, enum work_kind work_kind,
+		    int device);
+/* Holds b for the job's life (free refuses meanwhile) and aims the work at it. */
+void job_attach_buffer(struct job *job, struct buffer *b);
+/* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
+struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
+
+/*
+ * op_jobs.c: the common path of every job request. Submits job to its
+ * worker and answers req now (queued) or registers a waiter (wait: true).
+ * On refusal the job is discarded, its buffer released and req answered.
+ */
+void job_submit(struct request *req, struct job *job);
+/* Main thread: the worker pool's completion callback. */
+void job_on_done(struct work *work, void *arg);
+/* Cancels every queued job (shutdown), answering their waiters. */
+void jobs_cancel_queued(struct daemon *d);
+/* Asks every running job to stop at its next chunk. */
+void jobs_cancel_running(struct daemon *d);
+
+/* Starts the orderly shutdown (main.c). */
+void daemon_shutdown(struct daemon *d);
+
+#endif

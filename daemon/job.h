@@ -1,0 +1,107 @@
+/*
+ * The job table: every job from submission until it is evicted from the
+ * bounded history of finished jobs. Main thread only.
+ *
+ * A job owns a struct work, which is the worker's from worker_submit until
+ * the completion queue returns it (see workers/worker.h). Clients waiting for
+ * a job are waiters: each is linked both to its job and to its connection,
+ * so that either side going away unlinks it.
+ */
+#ifndef GPUQ_JOB_H
+#define GPUQ_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "daemon/buffer.h"
+#include "protocol/msg.h"
+#include "workers/work.h"
+
+struct conn;
+struct daemon;
+struct job;
+
+struct waiter {
+	struct job *job;
+	struct conn *conn;
+	uint64_t request_id;
+	uv_timer_t timer; /* armed only with a timeout */
+	bool timer_armed;
+	struct waiter *job_prev, *job_next;
+	struct waiter *conn_prev, *conn_next;
+};
+
+/* What differs between kinds of job: what happens at the end, what the result says. */
+struct job_kind {
+	const char *op;
+	/* Main thread, after the work comes back (success or not). May be NULL. */
+	void (*finish)(struct daemon *d, struct job *job);
+	/* Adds the op's result keys. May be NULL. */
+	void (*render)(const struct job *job, struct mp_map *result);
+};
+
+struct job {
+	uint64_t id;
+	const struct job_kind *kind;
+	enum gpuq_job_state state;
+	uid_t owner;
+	gid_t gid;
+	pid_t pid;
+	struct buffer *buffer; /* held (users++) until the job finishes */
+	char buffer_label[BUFFER_NAME_MAX + 16]; /* "w0@1", kept after the buffer goes */
+	struct work work;
+	double submitted, finished;
+	double run_seconds;
+	struct gpuq_error error;
+	struct waiter *waiters;
+	struct job *hash_next;
+	struct job *older, *newer;
+};
+
+#define JOB_BUCKETS 4096
+
+struct job_table {
+	struct job *buckets[JOB_BUCKETS];
+	struct job *oldest, *newest;
+	uint64_t next_id;
+	unsigned finished_count;
+	unsigned history_max;
+	unsigned active; /* queued or running */
+};
+
+void job_table_init(struct job_table *t, unsigned history_max);
+/* Frees every job; waiters must already be gone. */
+void job_table_destroy(struct job_table *t);
+
+/* A new QUEUED job with a fresh id, in the table; NULL when out of memory. */
+struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t owner,
+		       gid_t gid, pid_t pid);
+/* Takes a job that was never submitted back out of the table. */
+void job_discard(struct job_table *t, struct job *job);
+struct job *job_find(struct job_table *t, uint64_t id);
+
+/* Whether uid may see and touch job (its owner, or root). */
+bool job_visible(const struct job *job, uid_t uid);
+
+/* QUEUED -> RUNNING as far as the worker has said (reads work.phase). */
+enum gpuq_job_state job_current_state(const struct job *job);
+bool job_is_finished(const struct job *job);
+
+/*
+ * Records the outcome of the job's work (state from its error), stamps the
+ * end time and evicts the oldest finished jobs beyond the history bound.
+ * The job itself is evicted last, never before its waiters are answered.
+ */
+void job_mark_finished(struct job_table *t, struct job *job);
+void job_evict_history(struct job_table *t);
+
+/* The job record of docs/protocol.md; with_result adds `result`. */
+void job_render(const struct job *job, bool with_result, struct mp_map *out);
+
+/* Adds `error`: {code, message} to out. */
+void error_render(const struct gpuq_error *err, struct mp_map *out);
+
+
+#endif

@@ -1,0 +1,184 @@
+/*
+ * gpuqd: start-up, the main loop and shutdown.
+ *
+ * Threads: the main thread runs the libuv loop (connections, requests, the
+ * job and buffer tables, replies) and never calls the backend; one worker
+ * thread per device owns that device (workers/worker.c). Only main() exits.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+
+#define EXIT_NO_DEVICE 69
+
+static void on_signal(uv_signal_t *handle, int signum)
+{
+	struct daemon *d = handle->data;
+	log_info("received %s; shutting down", strsignal(signum));
+	daemon_shutdown(d);
+}
+
+/* The backend's device numbers this daemon serves, in gpuq index order. */
+static int choose_devices(struct daemon *d, int *ordinals, int *count)
+{
+	struct gpuq_error err;
+	int available;
+	if (d->ops->device_count(&d->opt.device, &available, &err) < 0) {
+		log_error("%s", err.message);
+		return -1;
+	}
+	if (d->opt.device_count == 0) {
+		for (int i = 0; i < available && i < GPUQ_MAX_DEVICES; i++)
+			ordinals[i] = i;
+		*count = available < GPUQ_MAX_DEVICES ? available : GPUQ_MAX_DEVICES;
+		return 0;
+	}
+	for (int i = 0; i < d->opt.device_count; i++) {
+		if (d->opt.devices[i] >= available) {
+			log_error("--devices names device %d, but the %s backend has %d (0-%d)",
+				  d->opt.devices[i], d->ops->name, available, available - 1);
+			return -1;
+		}
+		ordinals[i] = d->opt.devices[i];
+	}
+	*count = d->opt.device_count;
+	return 0;
+}
+
+static int start_workers(struct daemon *d)
+{
+	int ordinals[GPUQ_MAX_DEVICES], count;
+	struct gpuq_error err;
+	if (choose_devices(d, ordinals, &count) < 0)
+		return -1;
+	if (worker_pool_start(&d->pool, d->loop, d->ops, ordinals, count, &d->opt.device,
+			      d->opt.queue_depth, d->opt.spin_us, job_on_done, d, &err) < 0) {
+		log_error("cannot start the device workers: %s", err.message);
+		return -1;
+	}
+	int healthy = 0;
+	for (int i = 0; i < count; i++) {
+		struct worker_snapshot s;
+		worker_snapshot(&d->pool, i, &s);
+		healthy += s.healthy;
+		if (s.healthy)
+			log_info("device %d (%s %d): %s, %llu MiB", i, d->ops->name, ordinals[i],
+				 s.info.name, (unsigned long long)(s.info.mem_total >> 20));
+		else
+			log_error("device %d (%s %d) is unhealthy: %s", i, d->ops->name, ordinals[i],
+				  s.health);
+	}
+	return healthy;
+}
+
+static void print_probe(struct daemon *d)
+{
+	for (int i = 0; i < d->pool.count; i++) {
+		struct worker_snapshot s;
+		worker_snapshot(&d->pool, i, &s);
+		printf("%d\t%s\t%s\t%s\tcc %d.%d\t%llu MiB\t%s\n", i, d->ops->name, s.info.name,
+		       s.info.pci_bus_id, s.info.cc_major, s.info.cc_minor,
+		       (unsigned long long)(s.info.mem_total >> 20), s.healthy ? "healthy" : s.health);
+	}
+}
+
+static int run_probe(struct daemon *d, int healthy)
+{
+	print_probe(d);
+	worker_pool_stop(&d->pool, 5000);
+	uv_run(d->loop, UV_RUN_DEFAULT);
+	return healthy > 0 ? 0 : EXIT_NO_DEVICE;
+}
+
+static int init_handles(struct daemon *d)
+{
+	int rc = uv_signal_init(d->loop, &d->sigterm);
+	if (rc == 0)
+		rc = uv_signal_init(d->loop, &d->sigint);
+	if (rc == 0)
+		rc = uv_timer_init(d->loop, &d->shutdown_timer);
+	if (rc == 0)
+		rc = uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+	if (rc == 0)
+		rc = uv_signal_start(&d->sigint, on_signal, SIGINT);
+	if (rc < 0)
+		log_error("cannot set up signal handling: %s", uv_strerror(rc));
+	d->sigterm.data = d->sigint.data = d;
+	return rc;
+}
+
+/*
+ * uv_run, except that for --spin microseconds after a job is dispatched the
+ * loop polls instead of sleeping: a short job's completion is then picked up
+ * without the wake-up of a sleeping thread, which costs more than the job.
+ */
+static void run_loop(struct daemon *d)
+{
+	double spin = d->opt.spin_us / 1e6;
+	for (;;) {
+		if (!uv_run(d->loop, UV_RUN_NOWAIT))
+			return;
+		if (d->jobs.active > 0 && monotonic_seconds() - d->last_dispatch < spin) {
+			__builtin_ia32_pause();
+			continue;
+		}
+		if (!uv_run(d->loop, UV_RUN_ONCE))
+			return;
+	}
+}
+
+static void daemon_free(struct daemon *d)
+{
+	while (d->buffers.head)
+		buffer_remove(&d->buffers, d->buffers.head);
+	job_table_destroy(&d->jobs);
+	int rc = uv_loop_close(d->loop);
+	if (rc < 0)
+		log_warn("uv_loop_close: %s", uv_strerror(rc));
+}
+
+int main(int argc, char **argv)
+{
+	static struct daemon daemon;
+	struct daemon *d = &daemon;
+	options_defaults(&d->opt);
+	int rc = options_parse(&d->opt, argc, argv);
+	if (rc != 0)
+		return rc > 0 ? 0 : 2;
+	log_set_level(d->opt.log_level);
+	signal(SIGPIPE, SIG_IGN);
+	d->loop = uv_default_loop();
+	d->ops = backend_by_name(d->opt.backend);
+	d->started = monotonic_seconds();
+	job_table_init(&d->jobs, d->opt.job_history);
+
+	int healthy = start_workers(d);
+	if (healthy < 0)
+		return EXIT_NO_DEVICE;
+	if (d->opt.probe)
+		return run_probe(d, healthy);
+	if (healthy == 0)
+		log_error("no healthy device; serving anyway so that clients see why");
+	char msg[512] = "";
+	if (init_handles(d) < 0 ||
+	    server_listen(&d->server, d, d->loop, d->opt.socket_path, d->opt.socket_group,
+			  d->opt.max_frame, msg, sizeof msg) < 0) {
+		if (msg[0])
+			log_error("%s", msg);
+		worker_pool_stop(&d->pool, 5000);
+		return 1;
+	}
+	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
+		 d->opt.socket_path, d->pool.count, d->ops->name, (int)getpid());
+	run_loop(d);
+	daemon_free(d);
+	log_info("stopped");
+	return 0;
+}

@@ -1,0 +1,366 @@
+/*
+ * Requests that become jobs on a device worker: noop, alloc, free, fill,
+ * checksum, put, get. Each handler validates everything it can on the main
+ * thread (so a refused request moves no byte), fills in a job's work and
+ * hands it to job_submit. Main thread only.
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "kernels/hash.h"
+
+static void render_noop(const struct job *job, struct mp_map *out)
+{
+	mp_put_i64(out, "device", job->work.device);
+}
+
+static void render_bytes(const struct job *job, struct mp_map *out)
+{
+	mp_put_u64(out, "bytes", job->work.result.bytes);
+}
+
+static void render_checksum(const struct job *job, struct mp_map *out)
+{
+	mp_put_u64(out, "checksum", job->work.result.checksum);
+	mp_put_u64(out, "bytes", job->work.result.bytes);
+}
+
+static void render_transfer(const struct job *job, struct mp_map *out)
+{
+	const struct work_result *r = &job->work.result;
+	mp_put_u64(out, "bytes", r->bytes);
+	mp_put_f64(out, "seconds", r->seconds);
+	mp_put_f64(out, "gbps", r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0);
+	mp_put_str(out, "path", r->path ? r->path : "none");
+}
+
+static void render_alloc(const struct job *job, struct mp_map *out)
+{
+	const struct buffer *b = job->buffer;
+	if (!b)
+		return;
+	mp_put_str(out, "name", b->name);
+	mp_put_i64(out, "device", b->device);
+	mp_put_str(out, "dtype", gpuq_dtype_name(b->dtype));
+	mp_put_u64(out, "count", b->count);
+	mp_put_u64(out, "bytes", b->bytes);
+}
+
+static void finish_alloc(struct daemon *d, struct job *job)
+{
+	struct buffer *b = job->buffer;
+	if (job->work.error.code == GPUQ_OK) {
+		b->dptr = job->work.dptr;
+		b->state = BUFFER_READY;
+		return;
+	}
+	buffer_remove(&d->buffers, b);
+	job->buffer = NULL;
+}
+
+static void finish_free(struct daemon *d, struct job *job)
+{
+	struct buffer *b = job->buffer;
+	if (job->work.error.code == GPUQ_OK) {
+		buffer_remove(&d->buffers, b);
+		job->buffer = NULL;
+	} else {
+		b->state = BUFFER_READY;
+	}
+}
+
+static const struct job_kind kind_noop = { "noop", NULL, render_noop };
+static const struct job_kind kind_alloc = { "alloc", finish_alloc, render_alloc };
+static const struct job_kind kind_free = { "free", finish_free, render_bytes };
+static const struct job_kind kind_fill = { "fill", NULL, render_bytes };
+static const struct job_kind kind_checksum = { "checksum", NULL, render_checksum };
+const struct job_kind kind_put = { "put", NULL, render_transfer };
+const struct job_kind kind_get = { "get", NULL, render_transfer };
+
+struct job *new_job(struct request *req, const struct job_kind *kind,
+			   enum work_kind work_kind, int device)
+{
+	struct conn *c = req->conn;
+	struct job *job = job_create(&req->d->jobs, kind, c->uid, c->gid, c->pid);
+	if (!job) {
+		struct gpuq_error err;
+		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for another job");
+		reply_error(req, &err);
+		return NULL;
+	}
+	job->work.kind = work_kind;
+	job->work.device = device;
+	return job;
+}
+
+void job_attach_buffer(struct job *job, struct buffer *b)
+{
+	job->buffer = b;
+	b->users++;
+	b->last_job = job->id;
+	snprintf(job->buffer_label, sizeof job->buffer_label, "%s@%d", b->name, b->device);
+	job->work.dptr = b->dptr;
+	job->work.device = b->device;
+}
+
+/* The `device` field: absent means 0; it must name one of this daemon's devices. */
+static int read_device(struct request *req, int *device, struct gpuq_error *err)
+{
+	uint64_t d = 0;
+	if (msg_get_u64(req->map, "device", &d, err) < 0)
+		return -1;
+	if (d >= (uint64_t)req->d->pool.count)
+		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
+				 (unsigned long long)d, req->d->pool.count - 1);
+	*device = (int)d;
+	return 0;
+}
+
+/* Whose namespace a reference is resolved in: the caller's, or for root, `owner`. */
+static int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
+{
+	uint64_t o;
+	*owner = req->conn->uid;
+	int rc = msg_get_u64(req->map, "owner", &o, err);
+	if (rc <= 0)
+		return rc;
+	if (req->conn->uid != 0 && o != (uint64_t)req->conn->uid)
+		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+				 "only root may name another owner's buffers (you are uid %d)",
+				 (int)req->conn->uid);
+	*owner = (uid_t)o;
+	return 0;
+}
+
+/* The buffer named by the `buffer` field, ready for a job to use. */
+struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
+{
+	char ref[BUFFER_NAME_MAX + 32], name[BUFFER_NAME_MAX + 1];
+	int device;
+	uid_t owner;
+	int rc = msg_get_str(req->map, "buffer", ref, sizeof ref, err);
+	if (rc == 0)
+		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'buffer' (NAME or NAME@GPU) is required");
+	if (rc <= 0 || buffer_ref_parse(ref, "buffer", name, &device, err) < 0 ||
+	    read_owner(req, &owner, err) < 0)
+		return NULL;
+	struct buffer *b = buffer_resolve(&req->d->buffers, owner, name, device, err);
+	if (b && buffer_check_usable(b, err) < 0)
+		return NULL;
+	return b;
+}
+
+void op_noop(struct request *req)
+{
+	struct gpuq_error err;
+	int device;
+	if (read_device(req, &device, &err) < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	struct job *job = new_job(req, &kind_noop, WORK_NOOP, device);
+	if (job)
+		job_submit(req, job);
+}
+
+/* bytes, or count with dtype: the buffer's shape. */
+static int read_shape(struct request *req, enum gpuq_dtype *dtype, uint64_t *count,
+		      uint64_t *bytes, struct gpuq_error *err)
+{
+	char dname[16] = "";
+	int has_bytes = msg_get_u64(req->map, "bytes", bytes, err);
+	int has_count = has_bytes < 0 ? -1 : msg_get_u64(req->map, "count", count, err);
+	int has_dtype = has_count < 0 ? -1 : msg_get_str(req->map, "dtype", dname, sizeof dname, err);
+	if (has_dtype < 0)
+		return -1;
+	*dtype = GPUQ_DTYPE_BYTES;
+	if (has_dtype && gpuq_dtype_from_name(dname, strlen(dname), dtype) < 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'dtype': '%s' is not one of %s",
+				 dname, gpuq_dtype_list());
+	size_t size = gpuq_dtype_size(*dtype);
+	if (has_bytes == has_count)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "alloc takes either 'bytes' or 'count' (with 'dtype'), not %s",
+				 has_bytes ? "both" : "neither");
+	if (has_count && !has_dtype)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'count' needs 'dtype'");
+	if (has_count) {
+		if (*count == 0 || *count > UINT64_MAX / size)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'count': %llu is out of range",
+					 (unsigned long long)*count);
+		*bytes = *count * size;
+	} else {
+		if (*bytes == 0 || *bytes % size)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "field 'bytes': %llu is not a positive multiple of %s's %zu bytes",
+					 (unsigned long long)*bytes, gpuq_dtype_name(*dtype), size);
+		*count = *bytes / size;
+	}
+	return 0;
+}
+
+void op_alloc(struct request *req)
+{
+	struct gpuq_error err;
+	char name[BUFFER_NAME_MAX + 2];
+	int device = 0;
+	enum gpuq_dtype dtype;
+	uint64_t count = 0, bytes = 0;
+	int rc = msg_get_str(req->map, "name", name, sizeof name, &err);
+	if (rc == 0)
+		rc = gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "field 'name' is required");
+	if (rc < 0 || buffer_name_check(name, &err) < 0 || read_device(req, &device, &err) < 0 ||
+	    read_shape(req, &dtype, &count, &bytes, &err) < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	struct buffer *old = buffer_find(&req->d->buffers, req->conn->uid, name, device);
+	if (old) {
+		gpuq_fail(&err, GPUQ_E_EXISTS,
+			  "buffer '%s' already exists on device %d (%llu bytes of %s); free it or pick another name",
+			  name, device, (unsigned long long)old->bytes, gpuq_dtype_name(old->dtype));
+		reply_error(req, &err);
+		return;
+	}
+	struct buffer *b = buffer_add(&req->d->buffers, name, device, req->conn->uid, dtype, count, bytes);
+	if (!b) {
+		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for another buffer");
+		reply_error(req, &err);
+		return;
+	}
+	struct job *job = new_job(req, &kind_alloc, WORK_ALLOC, device);
+	if (!job) {
+		buffer_remove(&req->d->buffers, b);
+		return;
+	}
+	job_attach_buffer(job, b);
+	job->work.length = bytes;
+	job_submit(req, job);
+}
+
+void op_free(struct request *req)
+{
+	struct gpuq_error err;
+	struct buffer *b = read_buffer(req, &err);
+	if (b && b->users > 0) {
+		gpuq_fail(&err, GPUQ_E_BUSY, "buffer '%s@%d' is in use by job %llu; free it when that job is done",
+			  b->name, b->device, (unsigned long long)b->last_job);
+		b = NULL;
+	}
+	if (!b) {
+		reply_error(req, &err);
+		return;
+	}
+	struct job *job = new_job(req, &kind_free, WORK_FREE, b->device);
+	if (!job)
+		return;
+	job_attach_buffer(job, b);
+	b->state = BUFFER_FREEING;
+	job->work.length = b->bytes;
+	job_submit(req, job);
+}
+
+void op_checksum(struct request *req)
+{
+	struct gpuq_error err;
+	struct buffer *b = read_buffer(req, &err);
+	if (!b) {
+		reply_error(req, &err);
+		return;
+	}
+	struct job *job = new_job(req, &kind_checksum, WORK_CHECKSUM, b->device);
+	if (!job)
+		return;
+	job_attach_buffer(job, b);
+	job->work.length = b->bytes;
+	job_submit(req, job);
+}
+
+/* The `value` field as one element of dtype, little-endian; range-checked for integers. */
+static int read_fill_value(struct request *req, enum gpuq_dtype dtype, uint64_t *bits,
+			   struct gpuq_error *err)
+{
+	double v;
+	int rc = msg_get_f64(req->map, "value", &v, err);
+	if (rc == 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "fill value needs field 'value'");
+	if (rc < 0)
+		return -1;
+	switch (dtype) {
+	case GPUQ_DTYPE_F16: *bits = gpuq_f32_to_f16_bits((float)v); return 0;
+	case GPUQ_DTYPE_BF16: *bits = gpuq_f32_to_bf16_bits((float)v); return 0;
+	case GPUQ_DTYPE_F32: *bits = gpuq_f32_bits((float)v); return 0;
+	case GPUQ_DTYPE_F64: memcpy(bits, &v, sizeof v); return 0;
+	default: break;
+	}
+	int64_t i;
+	struct gpuq_error not_int;
+	if (msg_get_i64(req->map, "value", &i, &not_int) <= 0) {
+		/* A float holding a whole number will do; anything else does not fit. */
+		if (v != floor(v) || v < -9223372036854775808.0 || v >= 9223372036854775808.0)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %g does not fit in %s",
+					 v, gpuq_dtype_name(dtype));
+		i = (int64_t)v;
+	}
+	bool small = dtype == GPUQ_DTYPE_BYTES || dtype == GPUQ_DTYPE_U8;
+	if ((small && (i < 0 || i > 255)) ||
+	    (dtype == GPUQ_DTYPE_I32 && (i < INT32_MIN || i > INT32_MAX)))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %lld does not fit in %s",
+				 (long long)i, gpuq_dtype_name(dtype));
+	*bits = (uint64_t)i;
+	return 0;
+}
+
+static int read_fill(struct request *req, enum gpuq_dtype dtype, struct fill_spec *spec,
+		     struct gpuq_error *err)
+{
+	char pattern[16];
+	int rc = msg_get_str(req->map, "pattern", pattern, sizeof pattern, err);
+	if (rc == 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'pattern' (zero, value, iota, random) is required");
+	if (rc < 0)
+		return -1;
+	memset(spec, 0, sizeof *spec);
+	spec->dtype = dtype;
+	if (strcmp(pattern, "zero") == 0) {
+		spec->pattern = FILL_ZERO;
+	} else if (strcmp(pattern, "iota") == 0) {
+		spec->pattern = FILL_IOTA;
+	} else if (strcmp(pattern, "value") == 0) {
+		spec->pattern = FILL_VALUE;
+		return read_fill_value(req, dtype, &spec->value_bits, err);
+	} else if (strcmp(pattern, "random") == 0) {
+		spec->pattern = FILL_RANDOM;
+		rc = msg_get_u64(req->map, "seed", &spec->seed, err);
+		if (rc == 0)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "fill random needs field 'seed'");
+		return rc < 0 ? -1 : 0;
+	} else {
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'pattern': '%s' is not zero, value, iota or random", pattern);
+	}
+	return 0;
+}
+
+void op_fill(struct request *req)
+{
+	struct gpuq_error err;
+	struct fill_spec spec;
+	struct buffer *b = read_buffer(req, &err);
+	if (!b || read_fill(req, b->dtype, &spec, &err) < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	struct job *job = new_job(req, &kind_fill, WORK_FILL, b->device);
+	if (!job)
+		return;
+	job_attach_buffer(job, b);
+	job->work.fill = spec;
+	job->work.length = b->bytes;
+	job_submit(req, job);
+}

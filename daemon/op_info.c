@@ -1,0 +1,112 @@
+/* Requests the main thread answers from its own state: ping, devices, buffers. */
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+
+void op_ping(struct request *req)
+{
+	struct daemon *d = req->d;
+	struct mp_map body;
+	mp_map_init(&body);
+	mp_put_str(&body, "server", "gpuqd " GPUQD_VERSION);
+	mp_put_u64(&body, "version", GPUQ_PROTOCOL_VERSION);
+	mp_put_str(&body, "backend", d->ops->name);
+	mp_put_u64(&body, "devices", (uint64_t)d->pool.count);
+	mp_put_f64(&body, "uptime_s", monotonic_seconds() - d->started);
+	mp_put_u64(&body, "pid", (uint64_t)getpid());
+	reply_ok(req, &body);
+}
+
+static void render_counters(const struct worker_counters *c, struct mp_map *out)
+{
+	struct mp_map m;
+	mp_map_init(&m);
+#define PUT_COUNTER(name) mp_put_u64(&m, #name, c->name);
+	WORKER_COUNTERS(PUT_COUNTER)
+#undef PUT_COUNTER
+	mp_put_map(out, "counters", &m);
+}
+
+static void render_device(struct daemon *d, int index, struct mp_array *out)
+{
+	struct worker_snapshot s;
+	worker_snapshot(&d->pool, index, &s);
+	struct mp_map m;
+	char cc[16];
+	mp_map_init(&m);
+	mp_put_i64(&m, "index", index);
+	mp_put_str(&m, "backend", d->ops->name);
+	mp_put_str(&m, "name", s.info.name);
+	mp_put_str(&m, "uuid", s.info.uuid);
+	mp_put_str(&m, "pci_bus_id", s.info.pci_bus_id);
+	snprintf(cc, sizeof cc, "%d.%d", s.info.cc_major, s.info.cc_minor);
+	mp_put_str(&m, "compute_capability", cc);
+	mp_put_i64(&m, "sms", s.info.sms);
+	mp_put_i64(&m, "copy_engines", s.info.copy_engines);
+	mp_put_u64(&m, "mem_total", s.info.mem_total);
+	mp_put_u64(&m, "mem_free", s.info.mem_free);
+	mp_put_u64(&m, "mem_used", buffer_bytes_on(&d->buffers, index));
+	mp_put_bool(&m, "healthy", s.healthy);
+	mp_put_str(&m, "health", s.health);
+	struct mp_array peers;
+	mp_array_init(&peers);
+	for (int j = 0; j < d->pool.count; j++)
+		mp_array_bool(&peers, j != index && s.peer_access[j]);
+	mp_put_array(&m, "peer_access", &peers);
+	mp_put_u64(&m, "queue_depth", s.queue_depth);
+	render_counters(&s.counters, &m);
+	mp_array_map(out, &m);
+}
+
+void op_devices(struct request *req)
+{
+	struct daemon *d = req->d;
+	struct mp_map body;
+	struct mp_array devices;
+	mp_map_init(&body);
+	mp_array_init(&devices);
+	for (int i = 0; i < d->pool.count; i++)
+		render_device(d, i, &devices);
+	mp_put_str(&body, "backend", d->ops->name);
+	mp_put_array(&body, "devices", &devices);
+	reply_ok(req, &body);
+}
+
+static void render_buffer(const struct buffer *b, double now, struct mp_array *out)
+{
+	struct mp_map m;
+	mp_map_init(&m);
+	mp_put_str(&m, "name", b->name);
+	mp_put_i64(&m, "device", b->device);
+	mp_put_str(&m, "dtype", gpuq_dtype_name(b->dtype));
+	mp_put_u64(&m, "count", b->count);
+	mp_put_u64(&m, "bytes", b->bytes);
+	mp_put_u64(&m, "owner", (uint64_t)b->owner);
+	mp_put_f64(&m, "age_s", now - b->created);
+	mp_put_str(&m, "state", buffer_state_name(b->state));
+	mp_array_map(out, &m);
+}
+
+void op_buffers(struct request *req)
+{
+	struct gpuq_error err;
+	uint64_t device = 0;
+	int has_device = msg_get_u64(req->map, "device", &device, &err);
+	if (has_device < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	uid_t uid = req->conn->uid;
+	double now = monotonic_seconds();
+	struct mp_map body;
+	struct mp_array list;
+	mp_map_init(&body);
+	mp_array_init(&list);
+	for (const struct buffer *b = req->d->buffers.head; b; b = b->next) {
+		if ((uid != 0 && b->owner != uid) || (has_device && (uint64_t)b->device != device))
+			continue;
+		render_buffer(b, now, &list);
+	}
+	mp_put_array(&body, "buffers", &list);
+	reply_ok(req, &body);
+}

@@ -1,0 +1,332 @@
+/*
+ * The life of a job on the main thread: submission, waiters, completion,
+ * cancellation, and the jobs/status/wait/cancel requests. Main thread only.
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+
+static void waiter_on_closed(uv_handle_t *handle)
+{
+	free(handle->data);
+}
+
+static void waiter_unlink(struct waiter *w)
+{
+	if (w->job_prev)
+		w->job_prev->job_next = w->job_next;
+	else
+		w->job->waiters = w->job_next;
+	if (w->job_next)
+		w->job_next->job_prev = w->job_prev;
+	if (w->conn_prev)
+		w->conn_prev->conn_next = w->conn_next;
+	else
+		w->conn->waiters = w->conn_next;
+	if (w->conn_next)
+		w->conn_next->conn_prev = w->conn_prev;
+	if (w->timer_armed) {
+		uv_timer_stop(&w->timer);
+		uv_close((uv_handle_t *)&w->timer, waiter_on_closed);
+	} else {
+		free(w);
+	}
+}
+
+void waiters_drop_conn(struct conn *c)
+{
+	while (c->waiters)
+		waiter_unlink(c->waiters);
+}
+
+/* The reply a finished job gives: its record, and its error if it did not succeed. */
+static void reply_outcome(struct conn *c, uint64_t id, const struct job *job)
+{
+	struct mp_map body, record;
+	mp_map_init(&body);
+	mp_map_init(&record);
+	job_render(job, true, &record);
+	mp_put_map(&body, "job", &record);
+	bool ok = job->state == GPUQ_JOB_DONE;
+	if (!ok)
+		error_render(&job->error, &body);
+	reply_to(c, id, ok, &body);
+}
+
+static void reply_record(struct request *req, const struct job *job, int cancel_requested)
+{
+	struct mp_map body, record;
+	mp_map_init(&body);
+	mp_map_init(&record);
+	job_render(job, true, &record);
+	mp_put_map(&body, "job", &record);
+	if (cancel_requested >= 0)
+		mp_put_bool(&body, "cancel_requested", cancel_requested);
+	reply_ok(req, &body);
+}
+
+/* The record goes along, so that the client knows which job to wait for again. */
+static void waiter_on_timeout(uv_timer_t *timer)
+{
+	struct waiter *w = timer->data;
+	struct gpuq_error err;
+	struct mp_map body, record;
+	gpuq_fail(&err, GPUQ_E_TIMEOUT,
+		  "job %llu is still %s; it goes on (gpuq wait %llu to wait again)",
+		  (unsigned long long)w->job->id, gpuq_job_state_name(job_current_state(w->job)),
+		  (unsigned long long)w->job->id);
+	mp_map_init(&body);
+	mp_map_init(&record);
+	job_render(w->job, false, &record);
+	mp_put_map(&body, "job", &record);
+	error_render(&err, &body);
+	reply_to(w->conn, w->request_id, false, &body);
+	waiter_unlink(w);
+}
+
+static int waiter_add(struct daemon *d, struct conn *c, uint64_t request_id, struct job *job,
+		      uint64_t timeout_ms, struct gpuq_error *err)
+{
+	struct waiter *w = calloc(1, sizeof *w);
+	if (!w)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "no memory to wait for job %llu",
+				 (unsigned long long)job->id);
+	w->job = job;
+	w->conn = c;
+	w->request_id = request_id;
+	if (timeout_ms > 0) {
+		uv_timer_init(d->loop, &w->timer);
+		w->timer.data = w;
+		w->timer_armed = true;
+		uv_timer_start(&w->timer, waiter_on_timeout, timeout_ms, 0);
+	}
+	w->job_next = job->waiters;
+	if (job->waiters)
+		job->waiters->job_prev = w;
+	job->waiters = w;
+	w->conn_next = c->waiters;
+	if (c->waiters)
+		c->waiters->conn_prev = w;
+	c->waiters = w;
+	return 0;
+}
+
+/* Undoes a job that never reached a worker, as if it had failed with err. */
+static void job_abandon(struct daemon *d, struct job *job, const struct gpuq_error *err)
+{
+	job->work.error = *err;
+	if (job->buffer)
+		job->buffer->users--;
+	if (job->kind->finish)
+		job->kind->finish(d, job);
+	if (job->work.fd >= 0)
+		close(job->work.fd);
+	job_discard(&d->jobs, job);
+}
+
+static int read_wait_options(struct request *req, bool *wait, uint64_t *timeout_ms,
+			     struct gpuq_error *err)
+{
+	*wait = false;
+	*timeout_ms = 0;
+	if (msg_get_bool(req->map, "wait", wait, err) < 0 ||
+	    msg_get_u64(req->map, "timeout_ms", timeout_ms, err) < 0)
+		return -1;
+	return 0;
+}
+
+void job_submit(struct request *req, struct job *job)
+{
+	struct daemon *d = req->d;
+	struct gpuq_error err;
+	bool wait;
+	uint64_t timeout_ms;
+	int rc = read_wait_options(req, &wait, &timeout_ms, &err);
+	if (rc == 0 && d->stopping)
+		rc = gpuq_fail(&err, GPUQ_E_SHUTTING_DOWN, "gpuqd is shutting down; no new jobs");
+	if (rc == 0)
+		rc = worker_submit(&d->pool, &job->work, &err);
+	if (rc < 0) {
+		job_abandon(d, job, &err);
+		reply_error(req, &err);
+		return;
+	}
+	d->last_dispatch = monotonic_seconds();
+	log_debug("job %llu: %s on device %d for uid %d", (unsigned long long)job->id,
+		  job->kind->op, job->work.device, (int)job->owner);
+	if (!wait) {
+		reply_record(req, job, -1);
+		return;
+	}
+	if (waiter_add(d, req->conn, req->id, job, timeout_ms, &err) < 0)
+		reply_error(req, &err);
+}
+
+static void job_log_outcome(const struct job *job)
+{
+	if (job->state == GPUQ_JOB_DONE)
+		log_debug("job %llu: %s done in %.6f s", (unsigned long long)job->id, job->kind->op,
+			  job->run_seconds);
+	else
+		log_info("job %llu: %s (uid %d, device %d) %s: %s: %s", (unsigned long long)job->id,
+			 job->kind->op, (int)job->owner, job->work.device,
+			 gpuq_job_state_name(job->state), gpuq_errc_name(job->error.code),
+			 job->error.message);
+}
+
+/*
+ * Everything that follows a job's end, but eviction from the history: the
+ * caller may still need the job (op_cancel renders it afterwards).
+ */
+static void job_complete(struct daemon *d, struct job *job)
+{
+	job_mark_finished(&d->jobs, job);
+	if (job->buffer)
+		job->buffer->users--;
+	if (job->kind->finish)
+		job->kind->finish(d, job);
+	if (job->work.fd >= 0) {
+		close(job->work.fd);
+		job->work.fd = -1;
+	}
+	job_log_outcome(job);
+	while (job->waiters) {
+		struct waiter *w = job->waiters;
+		reply_outcome(w->conn, w->request_id, job);
+		waiter_unlink(w);
+	}
+}
+
+static struct job *job_of_work(struct work *work)
+{
+	return (struct job *)((char *)work - offsetof(struct job, work));
+}
+
+void job_on_done(struct work *work, void *arg)
+{
+	struct daemon *d = arg;
+	job_complete(d, job_of_work(work));
+	job_evict_history(&d->jobs);
+	if (d->stopping)
+		daemon_shutdown(d); /* finishes once the last job is in */
+}
+
+static void cancel_unqueued(struct daemon *d, struct work *work, const char *why)
+{
+	gpuq_fail(&work->error, GPUQ_E_CANCELLED, "%s", why);
+	work->result.seconds = 0;
+	job_complete(d, job_of_work(work));
+}
+
+void jobs_cancel_queued(struct daemon *d)
+{
+	struct work *list = worker_pool_unqueue_all(&d->pool);
+	while (list) {
+		struct work *next = list->next;
+		list->next = NULL;
+		cancel_unqueued(d, list, "cancelled while queued: gpuqd is shutting down");
+		list = next;
+	}
+	job_evict_history(&d->jobs);
+}
+
+void jobs_cancel_running(struct daemon *d)
+{
+	for (struct job *j = d->jobs.oldest; j; j = j->newer)
+		if (!job_is_finished(j))
+			atomic_store(&j->work.cancel, true);
+}
+
+/* The job named by the request's `job` field, if the caller may see it. */
+static struct job *lookup_job(struct request *req, struct gpuq_error *err)
+{
+	uint64_t id;
+	int rc = msg_get_u64(req->map, "job", &id, err);
+	if (rc == 0)
+		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'job' (the job id) is required");
+	if (rc <= 0)
+		return NULL;
+	struct job *job = job_find(&req->d->jobs, id);
+	if (!job) {
+		gpuq_fail(err, GPUQ_E_NOT_FOUND,
+			  "job %llu not found (ids so far: 1-%llu; the last %u finished jobs are kept)",
+			  (unsigned long long)id, (unsigned long long)(req->d->jobs.next_id - 1),
+			  req->d->jobs.history_max);
+		return NULL;
+	}
+	if (!job_visible(job, req->conn->uid)) {
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED, "job %llu belongs to uid %d",
+			  (unsigned long long)id, (int)job->owner);
+		return NULL;
+	}
+	return job;
+}
+
+void op_jobs(struct request *req)
+{
+	struct mp_map body;
+	struct mp_array list;
+	mp_map_init(&body);
+	mp_array_init(&list);
+	for (const struct job *j = req->d->jobs.oldest; j; j = j->newer) {
+		if (!job_visible(j, req->conn->uid))
+			continue;
+		struct mp_map record;
+		mp_map_init(&record);
+		job_render(j, false, &record);
+		mp_array_map(&list, &record);
+	}
+	mp_put_array(&body, "jobs", &list);
+	reply_ok(req, &body);
+}
+
+void op_status(struct request *req)
+{
+	struct gpuq_error err;
+	struct job *job = lookup_job(req, &err);
+	if (!job)
+		reply_error(req, &err);
+	else
+		reply_record(req, job, -1);
+}
+
+void op_wait(struct request *req)
+{
+	struct gpuq_error err;
+	uint64_t timeout_ms = 0;
+	struct job *job = lookup_job(req, &err);
+	if (job && msg_get_u64(req->map, "timeout_ms", &timeout_ms, &err) < 0)
+		job = NULL;
+	if (!job)
+		reply_error(req, &err);
+	else if (job_is_finished(job))
+		reply_outcome(req->conn, req->id, job);
+	else if (waiter_add(req->d, req->conn, req->id, job, timeout_ms, &err) < 0)
+		reply_error(req, &err);
+}
+
+void op_cancel(struct request *req)
+{
+	struct gpuq_error err;
+	struct job *job = lookup_job(req, &err);
+	if (!job) {
+		reply_error(req, &err);
+		return;
+	}
+	if (job_is_finished(job)) {
+		reply_record(req, job, 0);
+		return;
+	}
+	if (worker_unqueue(&req->d->pool, &job->work)) {
+		char why[128];
+		snprintf(why, sizeof why, "cancelled by uid %d while queued", (int)req->conn->uid);
+		cancel_unqueued(req->d, &job->work, why);
+	} else {
+		atomic_store(&job->work.cancel, true);
+	}
+	reply_record(req, job, 1);
+	job_evict_history(&req->d->jobs);
+}

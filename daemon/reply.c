@@ -1,0 +1,31 @@
+/* Building and sending replies. Main thread only. */
+#include "daemon/daemon.h"
+
+void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body)
+{
+	msgpack_sbuffer frame;
+	mp_put_u64(body, "id", id);
+	mp_put_bool(body, "ok", ok);
+	msgpack_sbuffer_init(&frame);
+	mp_map_frame(body, &frame);
+	conn_send(c, frame.data, frame.size);
+	msgpack_sbuffer_destroy(&frame);
+}
+
+void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err)
+{
+	struct mp_map body;
+	mp_map_init(&body);
+	error_render(err, &body);
+	reply_to(c, id, false, &body);
+}
+
+void reply_ok(struct request *req, struct mp_map *body)
+{
+	reply_to(req->conn, req->id, true, body);
+}
+
+void reply_error(struct request *req, const struct gpuq_error *err)
+{
+	reply_error_to(req->conn, req->id, err);
+}

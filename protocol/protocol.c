@@ -1,0 +1,198 @@
+/*
+ * Names of the wire enums (error codes, dtypes, job states), error helpers,
+ * and size parsing. Everything here is pure and safe from any thread.
+ */
+#include "protocol/protocol.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const errc_names[] = {
+#define GPUQ_ERRC_NAME(name, str) [name] = str,
+	GPUQ_ERRORS(GPUQ_ERRC_NAME)
+#undef GPUQ_ERRC_NAME
+};
+
+const char *gpuq_errc_name(enum gpuq_errc code)
+{
+	if ((unsigned)code >= GPUQ_ERRC_COUNT)
+		return errc_names[GPUQ_E_INTERNAL];
+	return errc_names[code];
+}
+
+/* True when s[0..len) spells exactly the NUL-terminated name. */
+static bool name_is(const char *s, size_t len, const char *name)
+{
+	return strlen(name) == len && (len == 0 || memcmp(s, name, len) == 0);
+}
+
+enum gpuq_errc gpuq_errc_from_name(const char *s, size_t len)
+{
+	for (int i = 0; i < GPUQ_ERRC_COUNT; i++)
+		if (name_is(s, len, errc_names[i]))
+			return (enum gpuq_errc)i;
+	return GPUQ_E_INTERNAL;
+}
+
+int gpuq_vfail(struct gpuq_error *err, enum gpuq_errc code, const char *fmt,
+	       va_list ap)
+{
+	if (err) {
+		err->code = code;
+		vsnprintf(err->message, sizeof err->message, fmt, ap);
+	}
+	return -1;
+}
+
+int gpuq_fail(struct gpuq_error *err, enum gpuq_errc code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	gpuq_vfail(err, code, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+void gpuq_error_clear(struct gpuq_error *err)
+{
+	if (err) {
+		err->code = GPUQ_OK;
+		err->message[0] = '\0';
+	}
+}
+
+static const struct {
+	const char *name;
+	size_t size;
+} dtypes[] = {
+#define GPUQ_DTYPE_ROW(name, str, size) [name] = { str, size },
+	GPUQ_DTYPES(GPUQ_DTYPE_ROW)
+#undef GPUQ_DTYPE_ROW
+};
+
+/* ", bytes, u8, ...": the list starts two characters in. */
+static const char dtype_list[] =
+#define GPUQ_DTYPE_LIST(name, str, size) ", " str
+	GPUQ_DTYPES(GPUQ_DTYPE_LIST)
+#undef GPUQ_DTYPE_LIST
+	;
+
+const char *gpuq_dtype_name(enum gpuq_dtype dtype)
+{
+	if ((unsigned)dtype >= GPUQ_DTYPE_COUNT)
+		return "unknown";
+	return dtypes[dtype].name;
+}
+
+/* 0 for a value outside the enum, so a bad dtype never sizes a buffer. */
+size_t gpuq_dtype_size(enum gpuq_dtype dtype)
+{
+	if ((unsigned)dtype >= GPUQ_DTYPE_COUNT)
+		return 0;
+	return dtypes[dtype].size;
+}
+
+int gpuq_dtype_from_name(const char *s, size_t len, enum gpuq_dtype *out)
+{
+	for (int i = 0; i < GPUQ_DTYPE_COUNT; i++) {
+		if (name_is(s, len, dtypes[i].name)) {
+			*out = (enum gpuq_dtype)i;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+const char *gpuq_dtype_list(void)
+{
+	return dtype_list + 2;
+}
+
+static const char *const job_state_names[] = {
+#define GPUQ_JOB_STATE_NAME(name, str) [name] = str,
+	GPUQ_JOB_STATES(GPUQ_JOB_STATE_NAME)
+#undef GPUQ_JOB_STATE_NAME
+};
+
+const char *gpuq_job_state_name(enum gpuq_job_state state)
+{
+	size_t n = sizeof job_state_names / sizeof job_state_names[0];
+	if ((unsigned)state >= n)
+		return "unknown";
+	return job_state_names[state];
+}
+
+/*
+ * The multiplier of a unit suffix: "", "B", or one of K M G T P E (either
+ * case) followed by nothing, "B", or "iB" (also either case). 0 if malformed.
+ */
+static uint64_t size_unit(const char *s)
+{
+	static const char letters[] = "kmgtpe";
+	if (*s == '\0' || ((*s == 'B' || *s == 'b') && s[1] == '\0'))
+		return 1;
+	const char *at = strchr(letters, *s | 0x20); /* ASCII lower case */
+	if (!at)
+		return 0;
+	s++;
+	bool iec = *s == 'i' || *s == 'I';
+	if (iec)
+		s++;
+	if (*s == 'B' || *s == 'b')
+		s++;
+	else if (iec)
+		return 0; /* "Ki" without the B */
+	if (*s != '\0')
+		return 0;
+	return (uint64_t)1 << (10 * (at - letters + 1));
+}
+
+/*
+ * floor(0.DIGITS * mult), exactly and without floating point, working from
+ * the last digit: floor((d + x) / 10) == floor((d + floor(x)) / 10) for an
+ * integer d. With mult <= 2^60 nothing here can overflow.
+ */
+static uint64_t size_fraction(const char *digits, size_t n, uint64_t mult)
+{
+	uint64_t acc = 0;
+	while (n-- > 0)
+		acc = ((uint64_t)(digits[n] - '0') * mult + acc) / 10;
+	return acc;
+}
+
+/*
+ * Grammar: DIGITS [ "." DIGITS ] [ UNIT ]. No sign, no spaces. A fraction is
+ * exact in whole bytes and rounded down below a byte ("1.5" is 1, "0.3K" is
+ * 307), so "1.5G" means exactly 1610612736.
+ */
+int gpuq_parse_size(const char *s, uint64_t *out)
+{
+	if (!s || *s < '0' || *s > '9')
+		return -1;
+	uint64_t whole = 0;
+	for (; *s >= '0' && *s <= '9'; s++) {
+		uint64_t d = (uint64_t)(*s - '0');
+		if (whole > (UINT64_MAX - d) / 10)
+			return -1;
+		whole = whole * 10 + d;
+	}
+	const char *frac = s;
+	size_t nfrac = 0;
+	if (*s == '.') {
+		frac = ++s;
+		while (*s >= '0' && *s <= '9')
+			s++;
+		nfrac = (size_t)(s - frac);
+		if (nfrac == 0)
+			return -1;
+	}
+	uint64_t mult = size_unit(s);
+	if (mult == 0 || whole > UINT64_MAX / mult)
+		return -1;
+	/*
+	 * No overflow check is needed here: whole * mult is at most
+	 * UINT64_MAX - (mult - 1) and the fraction at most mult - 1.
+	 */
+	*out = whole * mult + size_fraction(frac, nfrac, mult);
+	return 0;
+}

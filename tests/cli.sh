@@ -1,0 +1,94 @@
+#!/bin/sh
+# CLI tests: the gpuq command against a private gpuqd on the host backend
+# (the CUDA tier of the integration suite covers the devices themselves).
+# Checks outputs and the documented exit codes; ends with a RESULT line.
+set -u
+BUILD=${1:-build}
+dir=$(mktemp -d /tmp/gpuq-cli.XXXXXX)
+sock="$dir/gpuqd.sock"
+passed=0
+failed=0
+gpuq() { "$BUILD/gpuq" --socket "$sock" "$@"; }
+
+# check NAME WANT_EXIT COMMAND...: runs COMMAND, compares its exit status.
+check() {
+	name=$1 want=$2
+	shift 2
+	"$@" > "$dir/out" 2> "$dir/err"
+	got=$?
+	if [ "$got" -eq "$want" ]; then
+		passed=$((passed + 1))
+		echo "ok   cli/$name"
+	else
+		failed=$((failed + 1))
+		echo "FAIL cli/$name: exit $got, expected $want"
+		sed 's/^/    /' "$dir/out" "$dir/err"
+	fi
+}
+
+# expect NAME PATTERN FILE: the last command's output matches PATTERN.
+expect() {
+	if grep -q -- "$2" "$dir/$3"; then
+		passed=$((passed + 1))
+		echo "ok   cli/$1"
+	else
+		failed=$((failed + 1))
+		echo "FAIL cli/$1: no '$2' in its $3:"
+		sed 's/^/    /' "$dir/$3"
+	fi
+}
+
+check unreachable_is_3 3 gpuq ping
+expect unreachable_names_socket "$sock" err
+
+"$BUILD/gpuqd" --backend host --socket "$sock" --log-level warn > "$dir/gpuqd.log" 2>&1 &
+daemon=$!
+i=0
+until gpuq ping > /dev/null 2>&1; do
+	i=$((i + 1))
+	[ $i -lt 200 ] || { echo "gpuqd did not start"; cat "$dir/gpuqd.log"; break; }
+	sleep 0.05
+done
+
+check help_is_0 0 gpuq --help
+check usage_is_2 2 gpuq alloc
+check unknown_command_is_2 2 gpuq frobnicate
+check ping_is_0 0 gpuq ping
+expect ping_says_host "host" out
+check devices 0 gpuq devices
+expect devices_table "host arena" out
+check alloc 0 gpuq alloc w --bytes 1M
+check alloc_exists_is_1 1 gpuq alloc w --bytes 1M
+expect alloc_exists_error "exists" err
+check alloc_dtype 0 gpuq alloc f --count 1000 --dtype f32 --device 1
+check fill_random 0 gpuq fill w random 7
+check checksum_json 0 gpuq --json checksum w
+expect checksum_json_key '"checksum"' out
+head -c 1048576 /dev/urandom > "$dir/data"
+check put_stdin 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" put - w < \"$dir/data\""
+check get_stdout 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get w - > \"$dir/back\""
+check round_trip_equal 0 cmp "$dir/data" "$dir/back"
+check get_to_file 0 gpuq get w "$dir/back2"
+check round_trip_file_equal 0 cmp "$dir/data" "$dir/back2"
+check put_missing_file_is_2 2 gpuq put "$dir/nonexistent" w
+check free_missing_is_1 1 gpuq free nothere
+expect free_missing_names_it "nothere" err
+check buffers 0 gpuq buffers
+expect buffers_lists_f "f" out
+check detach 0 gpuq noop --detach
+check jobs 0 gpuq jobs
+expect jobs_lists_fill "fill" out
+check status 0 gpuq status 1
+check wait 0 gpuq wait 1
+check status_missing_is_1 1 gpuq status 99999
+check cancel_finished 0 gpuq cancel 1
+check free 0 gpuq free w
+check bench_dispatch 0 gpuq bench dispatch --clients 1 --requests 200
+expect bench_has_echo "echo" out
+
+kill -TERM "$daemon"
+wait "$daemon"
+check daemon_exit_0 0 test $? -eq 0
+rm -rf "$dir"
+echo "RESULT cli: $passed passed, $failed failed, 0 skipped"
+[ "$failed" -eq 0 ]

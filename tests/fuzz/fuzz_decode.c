@@ -1,0 +1,163 @@
+/*
+ * libFuzzer target for the path a client's bytes take: frame_reader ->
+ * msg_decode -> field getters (and msg_print_json, as the CLI uses it).
+ *
+ *   make fuzz && build/fuzz-decode -max_total_time=60 tests/fuzz/corpus
+ *
+ * libFuzzer adds what it finds to the first directory named; to keep the
+ * committed seeds as they are, name a scratch directory first:
+ *   build/fuzz-decode -max_total_time=60 /tmp/gpuq-corpus tests/fuzz/corpus
+ * The seeds are a ping and an alloc request, two frames back to back, and
+ * headers claiming 2^32-1 entries or bytes, deep nesting and a 4 GiB frame.
+ *
+ * Besides "does not crash", it checks three things and abort()s when one
+ * fails, so that libFuzzer keeps the input:
+ *  - feeding the stream whole or in small pieces yields the same frames;
+ *  - whatever msg_check_limits accepts, msgpack-c unpacks completely (the
+ *    walker and the unpacker agree on where an object ends);
+ *  - a decoded map copied with mp_put_object decodes again.
+ * A crashing input found here becomes a regression test in
+ * tests/unit/test_msg.c.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "protocol/frame.h"
+#include "protocol/msg.h"
+
+/* Small, so that the fuzzer reaches the refusal as well as the frames. */
+#define FUZZ_MAX_FRAME 4096
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static FILE *devnull;
+
+static void exercise_getters(const msgpack_object *root)
+{
+	static const char *const keys[] = { "v", "id", "op", "bytes", "name" };
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+		struct gpuq_error err;
+		uint64_t u;
+		int64_t s;
+		double d;
+		bool b;
+		char str[65];
+		const msgpack_object *o;
+		msg_get_u64(root, keys[i], &u, &err);
+		msg_get_i64(root, keys[i], &s, &err);
+		msg_get_f64(root, keys[i], &d, &err);
+		msg_get_bool(root, keys[i], &b, &err);
+		if (msg_get_str(root, keys[i], str, sizeof str, &err) == 1 &&
+		    strlen(str) >= sizeof str)
+			abort();
+		if (msg_get_array(root, keys[i], &o, &err) == 1)
+			msg_print_json(devnull, o);
+		if (msg_get_map(root, keys[i], &o, &err) == 1)
+			msg_print_json(devnull, o);
+		msg_map_get(root, keys[i]);
+	}
+}
+
+/* A decoded map, put whole into a new map, must decode again. */
+static void check_copy(const msgpack_object *root)
+{
+	static const struct msg_limits wider = { 5, 256, 2 * 4096 + 3, 64 * 1024 };
+	struct mp_map m;
+	mp_map_init(&m);
+	mp_put_object(&m, "copy", root);
+	msgpack_sbuffer sb;
+	msgpack_sbuffer_init(&sb);
+	mp_map_finish(&m, &sb);
+	struct msg again;
+	struct gpuq_error err;
+	if (msg_decode(&again, sb.data, sb.size, &wider, &err) < 0) {
+		fprintf(stderr, "copy does not decode: %s\n", err.message);
+		abort();
+	}
+	msg_free(&again);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+/* Decodes one frame; returns a digest of the outcome for comparison. */
+static uint64_t decode_frame(const uint8_t *p, size_t len)
+{
+	struct msg m;
+	struct gpuq_error err;
+	gpuq_error_clear(&err);
+	if (msg_decode(&m, p, len, &msg_request_limits, &err) < 0) {
+		if (err.code != GPUQ_E_BAD_FRAME || err.message[0] == '\0')
+			abort();
+		return 1;
+	}
+	exercise_getters(m.root);
+	msg_print_json(devnull, m.root);
+	check_copy(m.root);
+	uint64_t digest = 2 + m.root->via.map.size;
+	msg_free(&m);
+	return digest;
+}
+
+/*
+ * Feeds data to a reader `chunk` bytes at a time and decodes every frame.
+ * Returns a digest of the frames seen and how the stream ended.
+ */
+static uint64_t feed(const uint8_t *data, size_t size, size_t chunk)
+{
+	struct frame_reader r;
+	frame_reader_init(&r, FUZZ_MAX_FRAME);
+	uint64_t digest = 0;
+	int rc = 0;
+	for (size_t at = 0; at < size && rc >= 0; at += chunk) {
+		size_t n = size - at < chunk ? size - at : chunk;
+		if (frame_reader_append(&r, data + at, n) < 0)
+			abort();
+		const uint8_t *p;
+		size_t len;
+		while ((rc = frame_reader_next(&r, &p, &len)) == 1)
+			digest = digest * 31 + decode_frame(p, len) * 7 + len;
+		if (rc < 0 && (rc != -EMSGSIZE || len <= FUZZ_MAX_FRAME))
+			abort();
+	}
+	digest = digest * 31 + (rc < 0 ? 3 : frame_reader_pending(&r));
+	frame_reader_free(&r);
+	return digest;
+}
+
+/* What the walker accepts with loose limits, msgpack-c must unpack whole. */
+static void check_walker_agrees(const uint8_t *data, size_t size)
+{
+	/* msgpack-c's own stack holds 32 levels. */
+	static const struct msg_limits loose = { 32, UINT32_MAX, UINT32_MAX, UINT32_MAX };
+	if (msg_check_limits(data, size, &loose, NULL) < 0)
+		return;
+	msgpack_unpacked u;
+	msgpack_unpacked_init(&u);
+	size_t off = 0;
+	msgpack_unpack_return rc =
+		msgpack_unpack_next(&u, (const char *)data, size, &off);
+	if (rc != MSGPACK_UNPACK_SUCCESS || off != size) {
+		fprintf(stderr, "walker accepted, msgpack-c returned %d at %zu of %zu\n",
+			rc, off, size);
+		abort();
+	}
+	msg_print_json(devnull, &u.data);
+	msgpack_unpacked_destroy(&u);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (!devnull && !(devnull = fopen("/dev/null", "w")))
+		abort();
+	uint64_t whole = feed(data, size, size ? size : 1);
+	uint64_t pieces = feed(data, size, 1 + size % 7);
+	if (whole != pieces) {
+		fprintf(stderr, "whole and piecewise feeding disagree\n");
+		abort();
+	}
+	check_walker_agrees(data, size);
+	if (size >= 4)
+		check_walker_agrees(data + 4, size - 4);
+	return 0;
+}

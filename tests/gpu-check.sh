@@ -1,0 +1,42 @@
+#!/bin/sh
+# make gpu-check: on a GPU machine, from an existing build/ (nothing is
+# compiled here). Runs the kernel self-test, the whole test suite with the
+# CUDA tier required, and the benchmarks; full logs go to $OUT (or
+# build/gpu-check), and a short table is printed last.
+set -u
+BUILD=${1:-build}
+OUT=${OUT:-$BUILD/gpu-check}
+mkdir -p "$OUT"
+export GPUQ_BUILD="$BUILD" NCCL_NVLS_ENABLE=0
+LOG="$OUT/gpu-check.log"
+: > "$LOG"
+status=0
+
+step() {
+	name=$1
+	shift
+	echo "== $name: $*" | tee -a "$LOG"
+	"$@" > "$OUT/$name.log" 2>&1
+	rc=$?
+	tail -n 25 "$OUT/$name.log" | tee -a "$LOG" > /dev/null
+	echo "   -> exit $rc" | tee -a "$LOG"
+	[ $rc -eq 0 ] || status=1
+	return $rc
+}
+
+nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >> "$OUT/nvidia-smi.txt"
+"$BUILD/gpuqd" --probe --backend cuda > "$OUT/probe.txt" 2>&1
+step kernels "$BUILD/tests/kernels_selftest"
+GPUQ_REQUIRE_GPU=1 GPUQ_TEST_LOG="$OUT/tests-detail.log" step tests sh tests/run.sh "$BUILD"
+step bench sh tests/bench.sh "$BUILD"
+
+echo
+echo "== gpu-check summary"
+cat "$OUT/nvidia-smi.txt"
+cut -f1-5 "$OUT/probe.txt"
+printf '%-10s %s\n' "kernels" "$(tail -n 1 "$OUT/kernels.log")"
+printf '%-10s %s\n' "tests" "$(grep -E '^[0-9]+ passed' "$OUT/tests.log" | tail -n 1)"
+grep -E '^(FAIL|GPU tests)' "$OUT/tests.log" | head -20
+echo "-- benchmarks"
+cat "$OUT/bench-table.txt" 2>/dev/null
+exit $status

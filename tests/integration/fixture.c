@@ -1,0 +1,452 @@
+#include "tests/integration/fixture.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "protocol/frame.h"
+#include "workers/host_patterns.h"
+
+#define MAX_ARGS 48
+
+const char *test_backend(void)
+{
+	const char *b = getenv("GPUQ_TEST_BACKEND");
+	return b && *b ? b : "host";
+}
+
+bool test_backend_is_cuda(void)
+{
+	return strcmp(test_backend(), "cuda") == 0;
+}
+
+static const char *build_dir(void)
+{
+	const char *b = getenv("GPUQ_BUILD");
+	return b && *b ? b : "build";
+}
+
+/* The probe runs once, in the harness's parent; the forked tests inherit its verdict. */
+static int probe_status = -1;
+static char probe_reason[512];
+
+void fixture_probe(void)
+{
+	char cmd[512], line[512];
+	snprintf(cmd, sizeof cmd, "%s/gpuqd --probe --backend %s 2>&1", build_dir(), test_backend());
+	FILE *p = popen(cmd, "r");
+	if (!p) {
+		probe_status = 1;
+		snprintf(probe_reason, sizeof probe_reason, "popen failed: %s", strerror(errno));
+		return;
+	}
+	while (fgets(line, sizeof line, p))
+		snprintf(probe_reason, sizeof probe_reason, "%s", line);
+	probe_status = pclose(p);
+	probe_reason[strcspn(probe_reason, "\n")] = '\0';
+}
+
+void require_backend(void)
+{
+	if (probe_status < 0)
+		fixture_probe();
+	if (probe_status != 0)
+		SKIP("no %s device: %s", test_backend(), probe_reason);
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void exec_daemon(struct daemon_proc *d, char **argv)
+{
+	int log = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (log >= 0) {
+		dup2(log, STDERR_FILENO);
+		dup2(log, STDOUT_FILENO);
+	}
+	execv(argv[0], argv);
+	fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+	_exit(127);
+}
+
+static bool can_connect(const char *path)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+	bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+static void daemon_spawn(struct daemon_proc *d, va_list ap)
+{
+	static char bin[256];
+	char *argv[MAX_ARGS];
+	int argc = 0;
+	snprintf(bin, sizeof bin, "%s/gpuqd", build_dir());
+	argv[argc++] = bin;
+	argv[argc++] = "--socket";
+	argv[argc++] = d->sock;
+	argv[argc++] = "--backend";
+	argv[argc++] = (char *)test_backend();
+	argv[argc++] = "--log-level";
+	argv[argc++] = "debug";
+	char *a;
+	while ((a = va_arg(ap, char *)) != NULL && argc < MAX_ARGS - 1)
+		argv[argc++] = a;
+	argv[argc] = NULL;
+	d->pid = fork();
+	CHECKF(d->pid >= 0, "fork: %s", strerror(errno));
+	if (d->pid == 0)
+		exec_daemon(d, argv);
+	double deadline = now_s() + 20;
+	while (!can_connect(d->sock)) {
+		if (!daemon_alive(d) || now_s() > deadline) {
+			daemon_dump_log(d);
+			harness_fail(__FILE__, __LINE__, "gpuqd did not start serving %s", d->sock);
+		}
+		usleep(5000);
+	}
+}
+
+void daemon_start(struct daemon_proc *d, ...)
+{
+	require_backend();
+	snprintf(d->dir, sizeof d->dir, "/tmp/gpuq-test-XXXXXX");
+	CHECKF(mkdtemp(d->dir), "mkdtemp: %s", strerror(errno));
+	chmod(d->dir, 0711); /* other uids must reach the socket */
+	snprintf(d->sock, sizeof d->sock, "%s/gpuqd.sock", d->dir);
+	snprintf(d->log, sizeof d->log, "%s/gpuqd.log", d->dir);
+	va_list ap;
+	va_start(ap, d);
+	daemon_spawn(d, ap);
+	va_end(ap);
+}
+
+void daemon_restart(struct daemon_proc *d, ...)
+{
+	va_list ap;
+	va_start(ap, d);
+	daemon_spawn(d, ap);
+	va_end(ap);
+}
+
+bool daemon_alive(const struct daemon_proc *d)
+{
+	return waitpid(d->pid, NULL, WNOHANG) == 0;
+}
+
+void daemon_dump_log(const struct daemon_proc *d)
+{
+	FILE *f = fopen(d->log, "r");
+	char line[1024];
+	if (!f)
+		return;
+	fprintf(stderr, "    --- gpuqd log ---\n");
+	while (fgets(line, sizeof line, f))
+		fprintf(stderr, "    %s", line);
+	fclose(f);
+}
+
+void daemon_stop(struct daemon_proc *d)
+{
+	int status = -1;
+	kill(d->pid, SIGTERM);
+	double deadline = now_s() + 30;
+	while (waitpid(d->pid, &status, WNOHANG) == 0) {
+		if (now_s() > deadline) {
+			kill(d->pid, SIGKILL);
+			waitpid(d->pid, &status, 0);
+			daemon_dump_log(d);
+			harness_fail(__FILE__, __LINE__, "gpuqd did not stop within 30 s of SIGTERM");
+		}
+		usleep(5000);
+	}
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		daemon_dump_log(d);
+		harness_fail(__FILE__, __LINE__, "gpuqd exited with status 0x%x", status);
+	}
+	struct stat st;
+	CHECKF(stat(d->sock, &st) < 0, "gpuqd left its socket %s behind", d->sock);
+	unlink(d->log);
+	rmdir(d->dir);
+}
+
+struct gpuq_client *client_open(const struct daemon_proc *d)
+{
+	struct gpuq_client *c;
+	struct gpuq_error err;
+	if (gpuq_connect(d->sock, &c, &err) < 0)
+		harness_fail(__FILE__, __LINE__, "connect: %s", err.message);
+	return c;
+}
+
+struct gpuq_reply *call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds)
+{
+	struct gpuq_reply *r;
+	struct gpuq_error err;
+	if (gpuq_call(c, req, fds, nfds, &r, &err) < 0)
+		harness_fail(__FILE__, __LINE__, "gpuq_call: %s: %s", gpuq_errc_name(err.code),
+			     err.message);
+	return r;
+}
+
+void expect_ok(const struct gpuq_reply *r, const char *what)
+{
+	struct gpuq_error err;
+	if (!gpuq_reply_ok(r)) {
+		gpuq_reply_error(r, &err);
+		harness_fail(__FILE__, __LINE__, "%s failed: %s: %s", what, gpuq_errc_name(err.code),
+			     err.message);
+	}
+}
+
+void expect_error(const struct gpuq_reply *r, enum gpuq_errc code, const char *contains)
+{
+	struct gpuq_error err;
+	CHECKF(!gpuq_reply_ok(r), "expected error %s, got ok", gpuq_errc_name(code));
+	gpuq_reply_error(r, &err);
+	CHECKF(err.code == code, "expected %s, got %s: %s", gpuq_errc_name(code),
+	       gpuq_errc_name(err.code), err.message);
+	CHECKF(!contains || strstr(err.message, contains),
+	       "error message \"%s\" does not mention \"%s\"", err.message, contains);
+}
+
+const msgpack_object *reply_path(const struct gpuq_reply *r, const char *path)
+{
+	char buf[128];
+	snprintf(buf, sizeof buf, "%s", path);
+	const msgpack_object *o = r->root;
+	for (char *save = NULL, *key = strtok_r(buf, ".", &save); key; key = strtok_r(NULL, ".", &save)) {
+		if (!o || o->type != MSGPACK_OBJECT_MAP)
+			return NULL;
+		o = msg_map_get(o, key);
+	}
+	return o;
+}
+
+uint64_t reply_u64(const struct gpuq_reply *r, const char *path)
+{
+	const msgpack_object *o = reply_path(r, path);
+	CHECKF(o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER, "reply has no unsigned '%s'", path);
+	return o->via.u64;
+}
+
+double reply_f64(const struct gpuq_reply *r, const char *path)
+{
+	const msgpack_object *o = reply_path(r, path);
+	CHECKF(o && (o->type == MSGPACK_OBJECT_FLOAT64 || o->type == MSGPACK_OBJECT_FLOAT32),
+	       "reply has no float '%s'", path);
+	return o->via.f64;
+}
+
+void reply_str(const struct gpuq_reply *r, const char *path, char *out, size_t size)
+{
+	const msgpack_object *o = reply_path(r, path);
+	CHECKF(o && o->type == MSGPACK_OBJECT_STR, "reply has no string '%s'", path);
+	snprintf(out, size, "%.*s", (int)o->via.str.size, o->via.str.ptr);
+}
+
+int device_count(struct gpuq_client *c)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "ping");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "ping");
+	int n = (int)reply_u64(r, "devices");
+	gpuq_reply_free(r);
+	return n;
+}
+
+static struct gpuq_reply *job_call(struct gpuq_client *c, const char *op, const char *buffer,
+				   const int *fds, int nfds)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_bool(&req, "wait", true);
+	if (nfds)
+		mp_put_u64(&req, "fds", (uint64_t)nfds);
+	return call(c, &req, fds, nfds);
+}
+
+void do_alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", name);
+	mp_put_u64(&req, "device", (uint64_t)device);
+	mp_put_u64(&req, "bytes", bytes);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "alloc");
+	CHECK_EQ(reply_u64(r, "job.result.bytes"), bytes);
+	gpuq_reply_free(r);
+}
+
+void do_fill_random(struct gpuq_client *c, const char *buffer, uint64_t seed)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "fill");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_str(&req, "pattern", "random");
+	mp_put_u64(&req, "seed", seed);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "fill random");
+	gpuq_reply_free(r);
+}
+
+uint64_t do_checksum(struct gpuq_client *c, const char *buffer)
+{
+	struct gpuq_reply *r = job_call(c, "checksum", buffer, NULL, 0);
+	expect_ok(r, "checksum");
+	uint64_t sum = reply_u64(r, "job.result.checksum");
+	gpuq_reply_free(r);
+	return sum;
+}
+
+void do_free(struct gpuq_client *c, const char *buffer)
+{
+	struct gpuq_reply *r = job_call(c, "free", buffer, NULL, 0);
+	expect_ok(r, "free");
+	gpuq_reply_free(r);
+}
+
+uint64_t do_put(struct gpuq_client *c, const char *buffer, int fd)
+{
+	struct gpuq_reply *r = job_call(c, "put", buffer, &fd, 1);
+	expect_ok(r, "put");
+	uint64_t n = reply_u64(r, "job.result.bytes");
+	gpuq_reply_free(r);
+	return n;
+}
+
+uint64_t do_get(struct gpuq_client *c, const char *buffer, int fd)
+{
+	struct gpuq_reply *r = job_call(c, "get", buffer, &fd, 1);
+	expect_ok(r, "get");
+	uint64_t n = reply_u64(r, "job.result.bytes");
+	gpuq_reply_free(r);
+	return n;
+}
+
+int memfd_random(size_t n, uint64_t seed)
+{
+	int fd = memfd_create("gpuq-test", MFD_CLOEXEC);
+	CHECKF(fd >= 0, "memfd_create: %s", strerror(errno));
+	CHECKF(ftruncate(fd, (off_t)n) == 0, "ftruncate: %s", strerror(errno));
+	if (n) {
+		void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		CHECKF(p != MAP_FAILED, "mmap: %s", strerror(errno));
+		host_fill_random(p, n, GPUQ_DTYPE_BYTES, seed);
+		munmap(p, n);
+	}
+	return fd;
+}
+
+void *fd_slurp(int fd, size_t *n)
+{
+	struct stat st;
+	CHECKF(fstat(fd, &st) == 0, "fstat: %s", strerror(errno));
+	*n = (size_t)st.st_size;
+	char *buf = malloc(*n ? *n : 1);
+	CHECK(buf);
+	size_t got = 0;
+	while (got < *n) {
+		ssize_t r = pread(fd, buf + got, *n - got, (off_t)got);
+		CHECKF(r > 0, "pread: %s", r < 0 ? strerror(errno) : "end of file");
+		got += (size_t)r;
+	}
+	return buf;
+}
+
+int raw_connect(const struct daemon_proc *d)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", d->sock);
+	CHECKF(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect %s: %s",
+	       d->sock, strerror(errno));
+	return fd;
+}
+
+void raw_write(int fd, const void *data, size_t len)
+{
+	size_t put = 0;
+	while (put < len) {
+		ssize_t w = send(fd, (const char *)data + put, len - put, MSG_NOSIGNAL);
+		CHECKF(w > 0, "send: %s", strerror(errno));
+		put += (size_t)w;
+	}
+}
+
+static bool read_exact(int fd, void *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		CHECKF(poll(&p, 1, 10000) == 1, "no reply from gpuqd within 10 s");
+		ssize_t r = read(fd, (char *)buf + got, n - got);
+		if (r <= 0)
+			return false;
+		got += (size_t)r;
+	}
+	return true;
+}
+
+int raw_read_reply(int fd, char *code, size_t size)
+{
+	uint8_t hdr[4];
+	if (!read_exact(fd, hdr, 4))
+		return -1;
+	uint32_t len = frame_get_header(hdr);
+	CHECKF(len < (1u << 24), "reply frame of %u bytes", len);
+	char *buf = malloc(len);
+	CHECK(buf && read_exact(fd, buf, len));
+	struct msg m;
+	struct gpuq_error err;
+	CHECKF(msg_decode(&m, buf, len, &msg_request_limits, &err) == 0, "reply: %s", err.message);
+	const msgpack_object *e = msg_map_get(m.root, "error");
+	const msgpack_object *c = e && e->type == MSGPACK_OBJECT_MAP ? msg_map_get(e, "code") : NULL;
+	if (c && c->type == MSGPACK_OBJECT_STR)
+		snprintf(code, size, "%.*s", (int)c->via.str.size, c->via.str.ptr);
+	else
+		snprintf(code, size, "ok");
+	msg_free(&m);
+	free(buf);
+	return 0;
+}
+
+bool raw_closed_by_peer(int fd, int timeout_ms)
+{
+	char buf[256];
+	double deadline = now_s() + timeout_ms / 1000.0;
+	while (now_s() < deadline) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		if (poll(&p, 1, 50) == 1) {
+			ssize_t r = read(fd, buf, sizeof buf);
+			if (r == 0 || (r < 0 && errno == ECONNRESET))
+				return true;
+		}
+	}
+	return false;
+}

@@ -1,0 +1,84 @@
+/*
+ * Integration-test fixture: a private gpuqd on a temporary socket, clients
+ * that talk to it through libgpuq or raw bytes, and reply helpers.
+ *
+ * The backend under test comes from GPUQ_TEST_BACKEND (host or cuda); the
+ * binaries from GPUQ_BUILD (default build). With the cuda backend and no
+ * usable GPU every test reports itself skipped, saying why.
+ */
+#ifndef GPUQ_TEST_FIXTURE_H
+#define GPUQ_TEST_FIXTURE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "client/gpuq.h"
+#include "tests/harness.h"
+
+struct daemon_proc {
+	pid_t pid;
+	char dir[40];
+	char sock[100];
+	char log[128];
+};
+
+const char *test_backend(void);
+bool test_backend_is_cuda(void);
+/* Runs gpuqd --probe for the backend once (call from main, before the tests). */
+void fixture_probe(void);
+/* Skips the current test unless the probe found a device for the backend. */
+void require_backend(void);
+
+/* Starts gpuqd with the test backend and extra arguments (NULL-terminated). */
+void daemon_start(struct daemon_proc *d, ...);
+/* Starts gpuqd again on the same socket path and directory (after it died). */
+void daemon_restart(struct daemon_proc *d, ...);
+/* SIGTERM; checks a clean exit (status 0) and that the socket file is gone. */
+void daemon_stop(struct daemon_proc *d);
+/* Prints the daemon's log to stderr (for failing tests). */
+void daemon_dump_log(const struct daemon_proc *d);
+bool daemon_alive(const struct daemon_proc *d);
+
+struct gpuq_client *client_open(const struct daemon_proc *d);
+
+/* Sends req (consumed) and returns the reply; fails the test on transport errors. */
+struct gpuq_reply *call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds);
+/* Fails the test unless r is ok (prints the error); frees nothing. */
+void expect_ok(const struct gpuq_reply *r, const char *what);
+/* Fails unless r failed with code and its message contains `contains` (if given). */
+void expect_error(const struct gpuq_reply *r, enum gpuq_errc code, const char *contains);
+
+/* Value at a dotted path ("job.result.checksum") in the reply; fails if absent. */
+uint64_t reply_u64(const struct gpuq_reply *r, const char *path);
+double reply_f64(const struct gpuq_reply *r, const char *path);
+/* Copies a string at path into out. */
+void reply_str(const struct gpuq_reply *r, const char *path, char *out, size_t size);
+const msgpack_object *reply_path(const struct gpuq_reply *r, const char *path);
+
+/* How many devices the daemon serves (from ping). */
+int device_count(struct gpuq_client *c);
+
+/* One-call conveniences for the common jobs (all with wait: true; fail the test if refused). */
+void do_alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes);
+void do_fill_random(struct gpuq_client *c, const char *buffer, uint64_t seed);
+uint64_t do_checksum(struct gpuq_client *c, const char *buffer);
+void do_free(struct gpuq_client *c, const char *buffer);
+/* put/get through fd; returns the bytes the job reports. */
+uint64_t do_put(struct gpuq_client *c, const char *buffer, int fd);
+uint64_t do_get(struct gpuq_client *c, const char *buffer, int fd);
+
+/* A memfd holding n random bytes from seed (offset 0); the caller closes it. */
+int memfd_random(size_t n, uint64_t seed);
+/* Reads a whole fd from offset 0 into a fresh malloc'd buffer of *n bytes. */
+void *fd_slurp(int fd, size_t *n);
+
+/* Raw socket access for malformed-frame tests. */
+int raw_connect(const struct daemon_proc *d);
+void raw_write(int fd, const void *data, size_t len);
+/* Reads one reply frame and returns its error code name in code (or "ok"); -1 on EOF. */
+int raw_read_reply(int fd, char *code, size_t size);
+/* True once the daemon has closed fd (read returns 0 within timeout_ms). */
+bool raw_closed_by_peer(int fd, int timeout_ms);
+
+#endif

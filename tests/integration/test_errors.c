@@ -1,0 +1,289 @@
+/*
+ * Refused requests: each gets a precise error code and message, the
+ * connection stays usable, and nothing else changes.
+ */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tests/integration/fixture.h"
+
+/* Sends op with one string field and one integer field; returns the reply. */
+static struct gpuq_reply *send_op(struct gpuq_client *c, const char *op, const char *skey,
+				  const char *sval, const char *ukey, uint64_t uval)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	if (skey)
+		mp_put_str(&req, skey, sval);
+	if (ukey)
+		mp_put_u64(&req, ukey, uval);
+	mp_put_bool(&req, "wait", true);
+	return call(c, &req, NULL, 0);
+}
+
+static void expect(struct gpuq_reply *r, enum gpuq_errc code, const char *contains)
+{
+	expect_error(r, code, contains);
+	gpuq_reply_free(r);
+}
+
+TEST(unknown_op_and_missing_fields)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	expect(send_op(c, "frobnicate", NULL, NULL, NULL, 0), GPUQ_E_UNKNOWN_OP, "frobnicate");
+	expect(send_op(c, "alloc", NULL, NULL, "bytes", 10), GPUQ_E_BAD_REQUEST, "'name'");
+	expect(send_op(c, "alloc", "name", "x", NULL, 0), GPUQ_E_BAD_REQUEST, "neither");
+	expect(send_op(c, "checksum", NULL, NULL, NULL, 0), GPUQ_E_BAD_REQUEST, "'buffer'");
+	expect(send_op(c, "status", NULL, NULL, NULL, 0), GPUQ_E_BAD_REQUEST, "'job'");
+	expect(send_op(c, "status", NULL, NULL, "job", 999), GPUQ_E_NOT_FOUND, "job 999");
+	expect(send_op(c, "fill", "buffer", "nothere", NULL, 0), GPUQ_E_NOT_FOUND, "nothere");
+	/* the connection is still good */
+	do_alloc(c, "ok", 0, 16);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(wrong_types_name_the_field)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "w");
+	mp_put_str(&req, "bytes", "lots");
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "'bytes'");
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_u64(&req, "name", 7);
+	mp_put_u64(&req, "bytes", 16);
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "'name'");
+	gpuq_request_begin(c, &req, "noop");
+	mp_put_str(&req, "wait", "yes");
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "'wait'");
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "w");
+	mp_put_u64(&req, "count", 4);
+	mp_put_str(&req, "dtype", "f128");
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "f128");
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "bad/name");
+	mp_put_u64(&req, "bytes", 4);
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "bad/name");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(version_and_unknown_keys)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	struct mp_map req;
+	mp_map_init(&req);
+	mp_put_u64(&req, "v", 2);
+	mp_put_u64(&req, "id", 41);
+	mp_put_str(&req, "op", "ping");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	CHECK_EQ(r->id, 41);
+	expect(r, GPUQ_E_UNSUPPORTED_VERSION, "version 2");
+	gpuq_request_begin(c, &req, "ping");
+	mp_put_str(&req, "some_future_key", "ignored");
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "ping with an unknown key");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(alloc_refusals)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 64);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "w");
+	mp_put_u64(&req, "bytes", 64);
+	expect(call(c, &req, NULL, 0), GPUQ_E_EXISTS, "already exists");
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "z");
+	mp_put_u64(&req, "bytes", 64);
+	mp_put_u64(&req, "device", 99);
+	expect(call(c, &req, NULL, 0), GPUQ_E_NOT_FOUND, "device 99");
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "z");
+	mp_put_u64(&req, "bytes", 6);
+	mp_put_str(&req, "dtype", "f32");
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "multiple");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(out_of_memory_is_reported_and_survived)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--host-mem", "64M", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "keep", 0, 1 << 20);
+	do_fill_random(c, "keep", 11);
+	uint64_t before = do_checksum(c, "keep");
+	/* On the GPU: allocate 16 GiB at a time until the device says no. */
+	uint64_t chunk = test_backend_is_cuda() ? (16ull << 30) : (48ull << 20);
+	int n = 0;
+	for (;; n++) {
+		char name[32];
+		snprintf(name, sizeof name, "big%d", n);
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "alloc");
+		mp_put_str(&req, "name", name);
+		mp_put_u64(&req, "bytes", chunk);
+		mp_put_bool(&req, "wait", true);
+		struct gpuq_reply *r = call(c, &req, NULL, 0);
+		bool ok = gpuq_reply_ok(r);
+		if (!ok)
+			expect_error(r, GPUQ_E_OUT_OF_MEMORY, "cannot");
+		gpuq_reply_free(r);
+		if (!ok)
+			break;
+		CHECKF(n < 64, "64 allocations of %llu bytes and no out_of_memory",
+		       (unsigned long long)chunk);
+	}
+	for (int i = 0; i < n; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "big%d", i);
+		do_free(c, name);
+	}
+	CHECK_EQ(do_checksum(c, "keep"), before);
+	do_alloc(c, "after", 0, chunk); /* the memory really came back */
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+static struct gpuq_reply *transfer(struct gpuq_client *c, const char *op, const char *buffer,
+				   int fd, int64_t length)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_str(&req, "buffer", buffer);
+	if (length >= 0)
+		mp_put_u64(&req, "length", (uint64_t)length);
+	mp_put_bool(&req, "wait", true);
+	if (fd < 0)
+		return call(c, &req, NULL, 0);
+	mp_put_u64(&req, "fds", 1);
+	return call(c, &req, &fd, 1);
+}
+
+TEST(transfer_refusals)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 1000);
+	do_fill_random(c, "w", 1);
+	uint64_t before = do_checksum(c, "w");
+	expect(transfer(c, "put", "w", -1, -1), GPUQ_E_BAD_REQUEST, "descriptor");
+	int big = memfd_random(2000, 2);
+	expect(transfer(c, "put", "w", big, -1), GPUQ_E_BAD_REQUEST, "room for 1000");
+	expect(transfer(c, "put", "w", big, 1001), GPUQ_E_BAD_REQUEST, "outside buffer");
+	int ro = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	expect(transfer(c, "get", "w", ro, -1), GPUQ_E_BAD_REQUEST, "reading only");
+	int wo = open("/dev/null", O_WRONLY | O_CLOEXEC);
+	expect(transfer(c, "put", "w", wo, -1), GPUQ_E_BAD_REQUEST, "writing only");
+	CHECK_EQ(do_checksum(c, "w"), before); /* nothing moved */
+	int small = memfd_random(10, 3);
+	expect(transfer(c, "put", "w", small, 20), GPUQ_E_IO, "ended after 10");
+	close(big);
+	close(small);
+	close(ro);
+	close(wo);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(free_refuses_a_buffer_in_use)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 4096);
+	int p[2];
+	CHECK(pipe(p) == 0);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", "w");
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(c, &req, &p[0], 1); /* runs until the pipe closes */
+	expect_ok(r, "put");
+	uint64_t job = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	gpuq_request_begin(c, &req, "free");
+	mp_put_str(&req, "buffer", "w");
+	char want[64];
+	snprintf(want, sizeof want, "in use by job %llu", (unsigned long long)job);
+	expect(call(c, &req, NULL, 0), GPUQ_E_BUSY, want);
+	close(p[1]);
+	gpuq_request_begin(c, &req, "wait");
+	mp_put_u64(&req, "job", job);
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "wait for the put");
+	gpuq_reply_free(r);
+	close(p[0]);
+	do_free(c, "w");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+static struct gpuq_reply *fill_value_u64(struct gpuq_client *c, const char *buffer, uint64_t v)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "fill");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_str(&req, "pattern", "value");
+	mp_put_u64(&req, "value", v);
+	mp_put_bool(&req, "wait", true);
+	return call(c, &req, NULL, 0);
+}
+
+TEST(fill_values_out_of_range)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	struct mp_map req;
+	const char *types[] = { "i64", "u8", "i32" };
+	for (int i = 0; i < 3; i++) {
+		gpuq_request_begin(c, &req, "alloc");
+		mp_put_str(&req, "name", types[i]);
+		mp_put_u64(&req, "count", 16);
+		mp_put_str(&req, "dtype", types[i]);
+		mp_put_bool(&req, "wait", true);
+		gpuq_reply_free(call(c, &req, NULL, 0));
+	}
+	expect(fill_value_u64(c, "i64", UINT64_MAX), GPUQ_E_BAD_REQUEST, "does not fit in i64");
+	expect(fill_value_u64(c, "u8", 300), GPUQ_E_BAD_REQUEST, "does not fit in u8");
+	expect(fill_value_u64(c, "i32", 1ull << 31), GPUQ_E_BAD_REQUEST, "does not fit in i32");
+	gpuq_request_begin(c, &req, "fill");
+	mp_put_str(&req, "buffer", "i32");
+	mp_put_str(&req, "pattern", "value");
+	mp_put_f64(&req, "value", 1.5);
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "does not fit");
+	struct gpuq_reply *r = fill_value_u64(c, "i64", INT64_MAX);
+	expect_ok(r, "fill i64 with INT64_MAX");
+	gpuq_reply_free(r);
+	int fd = memfd_create("out", MFD_CLOEXEC);
+	CHECK_EQ(do_get(c, "i64", fd), 128);
+	int64_t got[16];
+	CHECK_EQ(pread(fd, got, sizeof got, 0), sizeof got);
+	for (int i = 0; i < 16; i++)
+		CHECK(got[i] == INT64_MAX);
+	close(fd);
+	gpuq_close(c);
+	daemon_stop(&d);
+}

@@ -1,0 +1,291 @@
+/*
+ * Jobs and clients over time: ownership, disconnects, cancellation,
+ * timeouts, full queues, bounded history and shutdown.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/integration/fixture.h"
+
+static struct gpuq_reply *job_op(struct gpuq_client *c, const char *op, uint64_t job,
+				 uint64_t timeout_ms);
+
+/* Polls until the worker has taken the job (the queue behind it is then empty). */
+static void wait_running(struct gpuq_client *c, uint64_t job)
+{
+	for (int i = 0; i < 2000; i++) {
+		struct gpuq_reply *r = job_op(c, "status", job, 0);
+		char state[16];
+		reply_str(r, "job.state", state, sizeof state);
+		gpuq_reply_free(r);
+		if (strcmp(state, "queued") != 0)
+			return;
+		usleep(1000);
+	}
+	harness_fail(__FILE__, __LINE__, "job %llu never started", (unsigned long long)job);
+}
+
+/*
+ * Starts a put from a pipe that stalls until the test writes or closes p[1],
+ * and returns once it runs.
+ */
+static uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2])
+{
+	CHECK(pipe(p) == 0);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(c, &req, &p[0], 1);
+	expect_ok(r, "stalled put");
+	uint64_t id = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	close(p[0]);
+	wait_running(c, id);
+	return id;
+}
+
+static struct gpuq_reply *job_op(struct gpuq_client *c, const char *op, uint64_t job,
+				 uint64_t timeout_ms)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_u64(&req, "job", job);
+	if (timeout_ms)
+		mp_put_u64(&req, "timeout_ms", timeout_ms);
+	return call(c, &req, NULL, 0);
+}
+
+static void expect_state(struct gpuq_client *c, uint64_t job, const char *want)
+{
+	struct gpuq_reply *r = job_op(c, "status", job, 0);
+	expect_ok(r, "status");
+	char state[16];
+	reply_str(r, "job.state", state, sizeof state);
+	CHECKF(strcmp(state, want) == 0, "job %llu is %s, expected %s", (unsigned long long)job,
+	       state, want);
+	gpuq_reply_free(r);
+}
+
+TEST(another_uid_cannot_touch_buffers_or_jobs)
+{
+	if (geteuid() != 0)
+		SKIP("needs root to act as a second uid");
+	struct daemon_proc d;
+	daemon_start(&d, "--socket-group", "nogroup", NULL);
+	struct gpuq_client *root = client_open(&d);
+	do_alloc(root, "mine", 0, 4096);
+	do_fill_random(root, "mine", 8);
+	uint64_t sum = do_checksum(root, "mine");
+	struct mp_map req;
+	gpuq_request_begin(root, &req, "noop");
+	struct gpuq_reply *r = call(root, &req, NULL, 0);
+	uint64_t root_job = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	pid_t pid = fork();
+	if (pid == 0) {
+		CHECK(setgid(65534) == 0 && setuid(65534) == 0);
+		struct gpuq_client *c = client_open(&d);
+		gpuq_request_begin(c, &req, "free");
+		mp_put_str(&req, "buffer", "mine");
+		expect_error(call(c, &req, NULL, 0), GPUQ_E_NOT_FOUND, "mine");
+		gpuq_request_begin(c, &req, "checksum");
+		mp_put_str(&req, "buffer", "mine@0");
+		mp_put_u64(&req, "owner", 0);
+		expect_error(call(c, &req, NULL, 0), GPUQ_E_PERMISSION_DENIED, "only root");
+		expect_error(job_op(c, "cancel", root_job, 0), GPUQ_E_PERMISSION_DENIED, "uid 0");
+		gpuq_request_begin(c, &req, "buffers");
+		r = call(c, &req, NULL, 0);
+		CHECK(reply_path(r, "buffers")->via.array.size == 0);
+		/* its own buffer of the same name is its own */
+		do_alloc(c, "mine", 0, 64);
+		_exit(0);
+	}
+	int status;
+	waitpid(pid, &status, 0);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the second uid's checks failed");
+	CHECK_EQ(do_checksum(root, "mine"), sum);
+	gpuq_request_begin(root, &req, "buffers"); /* root sees both */
+	r = call(root, &req, NULL, 0);
+	CHECK(reply_path(r, "buffers")->via.array.size == 2);
+	gpuq_reply_free(r);
+	gpuq_close(root);
+	daemon_stop(&d);
+}
+
+TEST(client_disconnecting_mid_job_loses_nothing)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 5);
+	int p[2];
+	uint64_t job = start_stalled_put(c, "w", p);
+	gpuq_close(c); /* gone while its job runs */
+	CHECK_EQ(write(p[1], "hello", 5), 5);
+	close(p[1]);
+	c = client_open(&d);
+	struct gpuq_reply *r = job_op(c, "wait", job, 10000);
+	expect_ok(r, "wait after reconnecting");
+	CHECK_EQ(reply_u64(r, "job.result.bytes"), 5);
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(cancel_queued_and_running_jobs)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 4096);
+	int p[2];
+	uint64_t running = start_stalled_put(c, "w", p);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "noop"); /* queued behind the stalled put */
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	uint64_t queued = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	r = job_op(c, "cancel", queued, 0);
+	expect_ok(r, "cancel queued");
+	gpuq_reply_free(r);
+	expect_state(c, queued, "cancelled");
+	r = job_op(c, "cancel", running, 0);
+	expect_ok(r, "cancel running");
+	gpuq_reply_free(r);
+	r = job_op(c, "wait", running, 5000);
+	expect_error(r, GPUQ_E_CANCELLED, "cancelled");
+	gpuq_reply_free(r);
+	close(p[1]);
+	do_free(c, "w"); /* the buffer is released by the cancelled job */
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(wait_timeout_leaves_the_job_running)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 3);
+	int p[2];
+	uint64_t job = start_stalled_put(c, "w", p);
+	struct gpuq_reply *r = job_op(c, "wait", job, 100);
+	expect_error(r, GPUQ_E_TIMEOUT, "goes on");
+	CHECK_EQ(reply_u64(r, "job.job"), job); /* the record says which job to wait for */
+	gpuq_reply_free(r);
+	expect_state(c, job, "running");
+	CHECK_EQ(write(p[1], "abc", 3), 3);
+	close(p[1]);
+	r = job_op(c, "wait", job, 10000);
+	expect_ok(r, "wait");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(full_queue_answers_busy)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--queue-depth", "2", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 16);
+	int p[2];
+	start_stalled_put(c, "w", p); /* running: the queue itself is empty */
+	for (int i = 0; i < 2; i++) {
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "noop");
+		struct gpuq_reply *r = call(c, &req, NULL, 0);
+		expect_ok(r, "queued noop");
+		gpuq_reply_free(r);
+	}
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "noop");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_BUSY, "queue is full");
+	gpuq_reply_free(r);
+	if (device_count(c) > 1) { /* another device is not affected */
+		gpuq_request_begin(c, &req, "noop");
+		mp_put_u64(&req, "device", 1);
+		mp_put_bool(&req, "wait", true);
+		r = call(c, &req, NULL, 0);
+		expect_ok(r, "noop on device 1");
+		gpuq_reply_free(r);
+	}
+	close(p[1]);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(job_history_is_bounded)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--job-history", "3", NULL);
+	struct gpuq_client *c = client_open(&d);
+	for (int i = 0; i < 6; i++) {
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "noop");
+		mp_put_bool(&req, "wait", true);
+		gpuq_reply_free(call(c, &req, NULL, 0));
+	}
+	struct gpuq_reply *r = job_op(c, "status", 1, 0);
+	expect_error(r, GPUQ_E_NOT_FOUND, "job 1");
+	gpuq_reply_free(r);
+	expect_state(c, 6, "done");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(sigterm_cancels_stuck_jobs_and_exits_cleanly)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--shutdown-timeout", "200", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 16);
+	int p[2];
+	uint64_t job = start_stalled_put(c, "w", p);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "wait");
+	mp_put_u64(&req, "job", job);
+	struct gpuq_error err;
+	CHECK(gpuq_send(c, &req, NULL, 0, &err) == 0);
+	daemon_stop(&d); /* checks exit status 0 and the socket removed */
+	struct gpuq_reply *r;
+	if (gpuq_recv(c, 0, &r, &err) == 0) {
+		expect_error(r, GPUQ_E_CANCELLED, NULL);
+		gpuq_reply_free(r);
+	}
+	close(p[1]);
+	gpuq_close(c);
+}
+
+TEST(stale_socket_replaced_live_daemon_kept)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	/* a second daemon on the same path must refuse to start */
+	char cmd[512];
+	const char *build = getenv("GPUQ_BUILD") ? getenv("GPUQ_BUILD") : "build";
+	snprintf(cmd, sizeof cmd, "%s/gpuqd --backend host --socket %s 2>/dev/null", build, d.sock);
+	CHECK(system(cmd) != 0);
+	struct gpuq_client *c = client_open(&d); /* the first still serves */
+	gpuq_close(c);
+	struct stat st;
+	CHECK(stat(d.sock, &st) == 0 && S_ISSOCK(st.st_mode));
+	CHECKF((st.st_mode & 0777) == 0660, "socket mode %o, not 0660", st.st_mode & 0777);
+	kill(d.pid, SIGKILL); /* leaves a stale socket file */
+	waitpid(d.pid, NULL, 0);
+	CHECK(stat(d.sock, &st) == 0);
+	daemon_restart(&d, NULL); /* same path: the stale file is replaced */
+	c = client_open(&d);
+	gpuq_close(c);
+	daemon_stop(&d);
+}

@@ -1,0 +1,38 @@
+#!/bin/sh
+# Runs every test tier against the binaries in BUILD (default build/) and
+# ends with one line: "N passed, N failed, N skipped".
+#
+# Tiers: unit (C), integration against the host backend, the same suite
+# against the CUDA backend (each test says "skipped: no cuda device: ..."
+# on a machine without a GPU), and the CLI tests.
+# GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
+set -u
+BUILD=${1:-build}
+export GPUQ_BUILD="$BUILD"
+LOG=${GPUQ_TEST_LOG:-$(mktemp /tmp/gpuq-tests.XXXXXX)}
+: > "$LOG"
+
+tier() {
+	echo "== $*" | tee -a "$LOG"
+	"$@" 2>&1 | tee -a "$LOG"
+}
+
+tier "$BUILD/tests/unit"
+GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
+GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
+tier sh tests/cli.sh "$BUILD"
+
+awk -v require_gpu="${GPUQ_REQUIRE_GPU:-0}" '
+/^RESULT / {
+	tier = $2; sub(":", "", tier)
+	p += $3; f += $5; s += $7
+	if (tier == "integration-cuda" && $7 > 0) gpu_skipped += $7
+}
+END {
+	if (gpu_skipped > 0) {
+		print "GPU tests: " gpu_skipped " skipped (no usable CUDA device here; run make gpu-check on a GPU machine)"
+		if (require_gpu == 1) { print "GPU tests were required (GPUQ_REQUIRE_GPU=1)"; f += 1 }
+	}
+	printf "%d passed, %d failed, %d skipped\n", p, f, s
+	exit (f > 0 || p == 0) ? 1 : 0
+}' "$LOG"

@@ -1,0 +1,6 @@
+#include "tests/harness.h"
+
+int main(int argc, char **argv)
+{
+	return harness_main("unit", argc, argv);
+}

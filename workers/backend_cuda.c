@@ -1,0 +1,616 @@
+/*
+ * The CUDA backend: each struct device is one GPU.
+ *
+ * Threads. device_count runs on the main thread before any worker starts.
+ * Every other operation runs on the device's worker thread, the only thread
+ * that calls CUDA for that device: open makes the device current there
+ * (cudaSetDevice is per thread), so the state in dev->impl needs no lock.
+ * CUDA's last error is per thread as well; cuda_fail clears it after each
+ * failure so that it cannot resurface at a later launch check.
+ *
+ * What open takes, and close gives back in reverse order:
+ *   - the device's primary context, initialised and made current;
+ *   - three non-blocking streams: compute (alloc, release, fill, checksum)
+ *     and h2d and d2h (staged copies), so that copies in both directions
+ *     overlap each other and compute;
+ *   - a memory pool on the device for buffers, which keeps up to
+ *     config.pool_release_bytes of freed memory cached between jobs;
+ *   - the staging ring: one pinned block cut into config.staging_slots slots
+ *     (dev->staging) and one event per slot that marks its last copy;
+ *   - a device word and a pinned host word for checksums;
+ *   - peer access to every other device that allows it (dev->peer_access).
+ *
+ * Every operation leaves the compute stream idle when it returns. The copies
+ * h2d_async and d2h_async enqueue are finished by the caller's slot_wait
+ * (transfer.c waits for every slot before a job ends), so no buffer is still
+ * in use on a copy stream when release frees it on the compute stream.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/hash.h"
+#include "kernels/kernels.h"
+#include "protocol/protocol.h"
+#include "workers/backend.h"
+#include "workers/cuda_check.h"
+
+/* Dtypes are passed to the kernels by value: both enums must agree. */
+_Static_assert((int)KERNELS_BYTES == (int)GPUQ_DTYPE_BYTES && (int)KERNELS_U8 == (int)GPUQ_DTYPE_U8 &&
+		       (int)KERNELS_I32 == (int)GPUQ_DTYPE_I32 &&
+		       (int)KERNELS_I64 == (int)GPUQ_DTYPE_I64 &&
+		       (int)KERNELS_F16 == (int)GPUQ_DTYPE_F16 &&
+		       (int)KERNELS_BF16 == (int)GPUQ_DTYPE_BF16 &&
+		       (int)KERNELS_F32 == (int)GPUQ_DTYPE_F32 &&
+		       (int)KERNELS_F64 == (int)GPUQ_DTYPE_F64,
+	       "enum kernels_dtype must number dtypes as enum gpuq_dtype does");
+
+/* Slots start on page boundaries, which copy engines and memcpy both favour. */
+#define CUDA_SLOT_ALIGN ((size_t)4096)
+
+struct cuda_state {
+	cudaStream_t compute, h2d, d2h;
+	cudaMemPool_t pool;
+	void *staging; /* one pinned block holding every slot */
+	cudaEvent_t slot_done[GPUQ_MAX_STAGING_SLOTS];
+	unsigned long long *d_sum; /* the checksum kernel's accumulator */
+	unsigned long long *h_sum; /* pinned: where d_sum is copied back */
+	bool peer_enabled[GPUQ_MAX_DEVICES]; /* by gpuq index: what close disables */
+	/* Live allocations from the pool, so that close can free what clients left. */
+	void **live;
+	size_t nlive, live_cap;
+};
+
+/* Remembers an allocation; false when the host is out of memory. */
+static bool cuda_track(struct cuda_state *st, void *ptr)
+{
+	if (st->nlive == st->live_cap) {
+		size_t cap = st->live_cap ? st->live_cap * 2 : 64;
+		void **live = realloc(st->live, cap * sizeof *live);
+		if (!live)
+			return false;
+		st->live = live;
+		st->live_cap = cap;
+	}
+	st->live[st->nlive++] = ptr;
+	return true;
+}
+
+static void cuda_untrack(struct cuda_state *st, void *ptr)
+{
+	for (size_t i = 0; i < st->nlive; i++) {
+		if (st->live[i] == ptr) {
+			st->live[i] = st->live[--st->nlive];
+			return;
+		}
+	}
+}
+
+int cuda_fail(struct device *dev, struct gpuq_error *err, cudaError_t e, const char *call,
+	      const char *file, int line)
+{
+	enum gpuq_errc code =
+		e == cudaErrorMemoryAllocation ? GPUQ_E_OUT_OF_MEMORY : GPUQ_E_DEVICE_ERROR;
+	(void)cudaGetLastError(); /* a sticky error stays regardless */
+	if (!cuda_error_is_sticky(e))
+		return gpuq_fail(err, code, "[gpu %d] %s failed: %s (%s) at %s:%d", dev->index,
+				 call, cudaGetErrorString(e), cudaGetErrorName(e), file, line);
+	dev->faulted = true;
+	snprintf(dev->fault_reason, sizeof dev->fault_reason, "%s failed: %s (%s)", call,
+		 cudaGetErrorString(e), cudaGetErrorName(e));
+	return gpuq_fail(err, code,
+			 "[gpu %d] %s failed: %s (%s) at %s:%d; the error is sticky: the CUDA "
+			 "context of gpu %d is lost and it takes no more jobs",
+			 dev->index, call, cudaGetErrorString(e), cudaGetErrorName(e), file, line,
+			 dev->index);
+}
+
+/* The one place teardown failures are reported; the daemon's logger may take over here. */
+void cuda_log_teardown_error(const struct device *dev, cudaError_t e, const char *call,
+			     const char *file, int line)
+{
+	fprintf(stderr, "gpuqd: [gpu %d] %s failed during teardown: %s (%s) at %s:%d\n",
+		dev->index, call, cudaGetErrorString(e), cudaGetErrorName(e), file, line);
+	(void)cudaGetLastError();
+}
+
+/* Main thread. The configuration is the host backend's business; CUDA counts its own. */
+static int cuda_device_count(const struct device_config *config, int *count,
+			     struct gpuq_error *err)
+{
+	(void)config;
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess) {
+		(void)cudaGetLastError();
+		return gpuq_fail(err, GPUQ_E_NO_DEVICE,
+				 "no CUDA devices: cudaGetDeviceCount: %s (%s); run with "
+				 "--backend host for the host backend",
+				 cudaGetErrorString(e), cudaGetErrorName(e));
+	}
+	if (n < 1)
+		return gpuq_fail(err, GPUQ_E_NO_DEVICE,
+				 "no CUDA devices: cudaGetDeviceCount found none; run with "
+				 "--backend host for the host backend");
+	*count = n;
+	return 0;
+}
+
+/* What open relies on from the daemon; a failure here is a bug in the caller. */
+static int cuda_check_config(const struct device *dev, struct gpuq_error *err)
+{
+	const struct device_config *c = &dev->config;
+	if (c->staging_slots < 1 || c->staging_slots > GPUQ_MAX_STAGING_SLOTS ||
+	    c->staging_slot_bytes == 0)
+		return gpuq_fail(err, GPUQ_E_INTERNAL,
+				 "[gpu %d] open: %u staging slots of %zu bytes: need 1..%d slots of "
+				 "at least one byte",
+				 dev->index, c->staging_slots, c->staging_slot_bytes,
+				 GPUQ_MAX_STAGING_SLOTS);
+	if (dev->device_count < 1 || dev->device_count > GPUQ_MAX_DEVICES || !dev->ordinals ||
+	    dev->index < 0 || dev->index >= dev->device_count)
+		return gpuq_fail(err, GPUQ_E_INTERNAL,
+				 "[gpu %d] open: index %d of %d devices (at most %d), ordinals %s",
+				 dev->index, dev->index, dev->device_count, GPUQ_MAX_DEVICES,
+				 dev->ordinals ? "given" : "missing");
+	return 0;
+}
+
+/* Creates the primary context now, so that its failure is open's, not a job's. */
+static int cuda_open_context(struct device *dev, struct gpuq_error *err)
+{
+	CUDA_TRY(dev, err, cudaInitDevice(dev->ordinal, 0, 0));
+	CUDA_TRY(dev, err, cudaSetDevice(dev->ordinal));
+	return 0;
+}
+
+static int cuda_open_streams(struct device *dev, struct cuda_state *st, struct gpuq_error *err)
+{
+	CUDA_TRY(dev, err, cudaStreamCreateWithFlags(&st->compute, cudaStreamNonBlocking));
+	CUDA_TRY(dev, err, cudaStreamCreateWithFlags(&st->h2d, cudaStreamNonBlocking));
+	CUDA_TRY(dev, err, cudaStreamCreateWithFlags(&st->d2h, cudaStreamNonBlocking));
+	return 0;
+}
+
+static int cuda_open_pool(struct device *dev, struct cuda_state *st, struct gpuq_error *err)
+{
+	int supported = 0;
+	CUDA_TRY(dev, err,
+		 cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, dev->ordinal));
+	if (!supported)
+		return gpuq_fail(err, GPUQ_E_NO_DEVICE,
+				 "[gpu %d] CUDA device %d does not support memory pools "
+				 "(cudaDevAttrMemoryPoolsSupported is 0), which gpuq needs",
+				 dev->index, dev->ordinal);
+	struct cudaMemPoolProps props;
+	memset(&props, 0, sizeof props);
+	props.allocType = cudaMemAllocationTypePinned;
+	props.handleTypes = cudaMemHandleTypeNone;
+	props.location.type = cudaMemLocationTypeDevice;
+	props.location.id = dev->ordinal;
+	CUDA_TRY(dev, err, cudaMemPoolCreate(&st->pool, &props));
+	uint64_t threshold = dev->config.pool_release_bytes; /* the attribute is a cuuint64_t */
+	CUDA_TRY(dev, err,
+		 cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+	return 0;
+}
+
+static int cuda_open_staging(struct device *dev, struct cuda_state *st, struct gpuq_error *err)
+{
+	const struct device_config *c = &dev->config;
+	size_t stride = (c->staging_slot_bytes + CUDA_SLOT_ALIGN - 1) / CUDA_SLOT_ALIGN *
+			CUDA_SLOT_ALIGN;
+	if (stride < c->staging_slot_bytes || stride > SIZE_MAX / c->staging_slots)
+		return gpuq_fail(err, GPUQ_E_INTERNAL,
+				 "[gpu %d] open: %u staging slots of %zu bytes overflow size_t",
+				 dev->index, c->staging_slots, c->staging_slot_bytes);
+	CUDA_TRY(dev, err,
+		 cudaHostAlloc(&st->staging, stride * c->staging_slots, cudaHostAllocDefault));
+	for (unsigned i = 0; i < c->staging_slots; i++) {
+		dev->staging[i] = (char *)st->staging + (size_t)i * stride;
+		CUDA_TRY(dev, err,
+			 cudaEventCreateWithFlags(&st->slot_done[i], cudaEventDisableTiming));
+	}
+	return 0;
+}
+
+static int cuda_open_checksum(struct device *dev, struct cuda_state *st, struct gpuq_error *err)
+{
+	void *p;
+	CUDA_TRY(dev, err, cudaMalloc(&p, sizeof *st->d_sum));
+	st->d_sum = p;
+	CUDA_TRY(dev, err, cudaHostAlloc(&p, sizeof *st->h_sum, cudaHostAllocDefault));
+	st->h_sum = p;
+	return 0;
+}
+
+/* Enables access to gpuq device j's memory when CUDA allows it. */
+static int cuda_enable_peer(struct device *dev, struct cuda_state *st, int j,
+			    struct gpuq_error *err)
+{
+	int peer = dev->ordinals[j], can = 0;
+	CUDA_TRY(dev, err, cudaDeviceCanAccessPeer(&can, dev->ordinal, peer));
+	if (!can)
+		return 0;
+	cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+	if (e == cudaErrorPeerAccessAlreadyEnabled) {
+		(void)cudaGetLastError(); /* not an error for us, but CUDA recorded it */
+		e = cudaSuccess;
+	}
+	if (e != cudaSuccess) {
+		char what[96];
+		snprintf(what, sizeof what, "cudaDeviceEnablePeerAccess(%d, 0) for gpu %d", peer, j);
+		return CUDA_FAIL(dev, err, e, what);
+	}
+	st->peer_enabled[j] = true;
+	dev->peer_access[j] = true;
+	return 0;
+}
+
+/*
+ * peer_access[j] (by gpuq index) is true when this device can address device
+ * j's memory directly. A device is not its own peer; the same GPU named twice
+ * in --devices can, trivially.
+ */
+static int cuda_open_peers(struct device *dev, struct cuda_state *st, struct gpuq_error *err)
+{
+	for (int j = 0; j < dev->device_count; j++) {
+		dev->peer_access[j] = false;
+		if (j == dev->index)
+			continue;
+		if (dev->ordinals[j] == dev->ordinal) {
+			dev->peer_access[j] = true;
+			continue;
+		}
+		if (cuda_enable_peer(dev, st, j, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Copies a string that may fill its whole array, unterminated, as cudaDeviceProp.name may. */
+static void cuda_copy_string(char *dst, size_t size, const char *src, size_t src_size)
+{
+	size_t n = strnlen(src, src_size);
+	if (n > size - 1)
+		n = size - 1;
+	memcpy(dst, src, n);
+	dst[n] = '\0';
+}
+
+/* As nvidia-smi shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
+static void cuda_format_uuid(char *out, size_t size, const cudaUUID_t *uuid)
+{
+	const unsigned char *b = (const unsigned char *)uuid->bytes;
+	snprintf(out, size,
+		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+		 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+		 b[14], b[15]);
+}
+
+/* Current thread's device: the worker's, since open. */
+static int cuda_refresh_info(struct device *dev, struct gpuq_error *err)
+{
+	size_t free_bytes, total_bytes;
+	CUDA_TRY(dev, err, cudaMemGetInfo(&free_bytes, &total_bytes));
+	dev->info.mem_free = free_bytes;
+	dev->info.mem_total = total_bytes;
+	return 0;
+}
+
+static int cuda_read_info(struct device *dev, struct gpuq_error *err)
+{
+	struct device_info *info = &dev->info;
+	struct cudaDeviceProp prop;
+	CUDA_TRY(dev, err, cudaGetDeviceProperties(&prop, dev->ordinal));
+	memset(info, 0, sizeof *info);
+	cuda_copy_string(info->name, sizeof info->name, prop.name, sizeof prop.name);
+	cuda_format_uuid(info->uuid, sizeof info->uuid, &prop.uuid);
+	CUDA_TRY(dev, err,
+		 cudaDeviceGetPCIBusId(info->pci_bus_id, (int)sizeof info->pci_bus_id,
+				       dev->ordinal));
+	info->cc_major = prop.major;
+	info->cc_minor = prop.minor;
+	info->sms = prop.multiProcessorCount;
+	info->copy_engines = prop.asyncEngineCount;
+	return cuda_refresh_info(dev, err);
+}
+
+static void cuda_teardown_sync(struct device *dev, struct cuda_state *st)
+{
+	cudaStream_t streams[] = { st->compute, st->h2d, st->d2h };
+	for (size_t i = 0; i < sizeof streams / sizeof streams[0]; i++)
+		if (streams[i])
+			CUDA_LOG(dev, cudaStreamSynchronize(streams[i]));
+}
+
+static void cuda_teardown_staging(struct device *dev, struct cuda_state *st)
+{
+	for (unsigned i = 0; i < GPUQ_MAX_STAGING_SLOTS; i++)
+		if (st->slot_done[i])
+			CUDA_LOG(dev, cudaEventDestroy(st->slot_done[i]));
+	if (st->staging)
+		CUDA_LOG(dev, cudaFreeHost(st->staging));
+	if (st->h_sum)
+		CUDA_LOG(dev, cudaFreeHost(st->h_sum));
+	if (st->d_sum)
+		CUDA_LOG(dev, cudaFree(st->d_sum));
+}
+
+static void cuda_teardown_peers(struct device *dev, struct cuda_state *st)
+{
+	for (int j = 0; j < dev->device_count && j < GPUQ_MAX_DEVICES; j++) {
+		if (st->peer_enabled[j])
+			CUDA_LOG(dev, cudaDeviceDisablePeerAccess(dev->ordinals[j]));
+		dev->peer_access[j] = false;
+	}
+}
+
+/* Frees the buffers clients left, then the pool itself. */
+static void cuda_teardown_pool(struct device *dev, struct cuda_state *st)
+{
+	for (size_t i = 0; i < st->nlive; i++)
+		CUDA_LOG(dev, cudaFreeAsync(st->live[i], st->compute));
+	if (st->nlive)
+		CUDA_LOG(dev, cudaStreamSynchronize(st->compute));
+	free(st->live);
+	st->live = NULL;
+	st->nlive = st->live_cap = 0;
+	if (!st->pool)
+		return;
+	CUDA_LOG(dev, cudaMemPoolTrimTo(st->pool, 0));
+	CUDA_LOG(dev, cudaMemPoolDestroy(st->pool));
+}
+
+static void cuda_teardown_streams(struct device *dev, struct cuda_state *st)
+{
+	cudaStream_t streams[] = { st->compute, st->h2d, st->d2h };
+	for (size_t i = 0; i < sizeof streams / sizeof streams[0]; i++)
+		if (streams[i])
+			CUDA_LOG(dev, cudaStreamDestroy(streams[i]));
+}
+
+/*
+ * Releases whatever of open's work exists (open's failure path uses it too).
+ * A faulted context fails every call the same way, so nothing is asked of it:
+ * the driver reclaims the device's resources when the process exits.
+ */
+static void cuda_teardown(struct device *dev)
+{
+	struct cuda_state *st = dev->impl;
+	if (!st)
+		return;
+	if (!dev->faulted) {
+		cuda_teardown_sync(dev, st);
+		cuda_teardown_staging(dev, st);
+		cuda_teardown_peers(dev, st);
+		cuda_teardown_pool(dev, st);
+		cuda_teardown_streams(dev, st);
+	}
+	memset(dev->staging, 0, sizeof dev->staging);
+	free(st->live);
+	free(st);
+	dev->impl = NULL;
+}
+
+static int cuda_open(struct device *dev, struct gpuq_error *err)
+{
+	if (cuda_check_config(dev, err) != 0)
+		return -1;
+	struct cuda_state *st = calloc(1, sizeof *st);
+	if (!st)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "[gpu %d] open: no host memory for the backend's state", dev->index);
+	dev->impl = st;
+	if (cuda_open_context(dev, err) != 0)
+		goto fail;
+	if (cuda_open_streams(dev, st, err) != 0)
+		goto fail;
+	if (cuda_open_pool(dev, st, err) != 0)
+		goto fail;
+	if (cuda_open_staging(dev, st, err) != 0)
+		goto fail;
+	if (cuda_open_checksum(dev, st, err) != 0)
+		goto fail;
+	if (cuda_open_peers(dev, st, err) != 0)
+		goto fail;
+	if (cuda_read_info(dev, err) != 0)
+		goto fail;
+	return 0;
+fail:
+	cuda_teardown(dev); /* undoes exactly the steps that completed */
+	return -1;
+}
+
+static void cuda_close(struct device *dev)
+{
+	cuda_teardown(dev);
+}
+
+/* An allocation the pool cannot satisfy: say how much was asked and how much is free. */
+static int cuda_fail_oom(struct device *dev, uint64_t bytes, cudaError_t e, struct gpuq_error *err)
+{
+	const double gib = 1024.0 * 1024.0 * 1024.0;
+	size_t free_bytes = 0, total_bytes = 0;
+	(void)cudaGetLastError(); /* out of memory is not sticky: clear it */
+	if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
+		(void)cudaGetLastError();
+	return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+			 "[gpu %d] out of device memory: cannot allocate %" PRIu64
+			 " bytes (%.2f GiB) with %zu bytes (%.2f GiB) of %.2f GiB free "
+			 "(cudaMallocFromPoolAsync: %s); free a buffer on gpu %d or ask for less",
+			 dev->index, bytes, (double)bytes / gib, free_bytes,
+			 (double)free_bytes / gib, (double)total_bytes / gib, cudaGetErrorName(e),
+			 dev->index);
+}
+
+/*
+ * Allocates from the device's pool on the compute stream and waits, so that
+ * the memory is usable on any stream and a failure belongs to this job.
+ * Zero bytes give NULL, which release accepts.
+ */
+static int cuda_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	*ptr = NULL;
+	if (bytes == 0)
+		return 0;
+	cudaError_t e = cudaMallocFromPoolAsync(ptr, bytes, st->pool, st->compute);
+	if (e == cudaErrorMemoryAllocation) {
+		*ptr = NULL;
+		return cuda_fail_oom(dev, bytes, e, err);
+	}
+	if (e != cudaSuccess) {
+		*ptr = NULL;
+		return CUDA_FAIL(dev, err, e, "cudaMallocFromPoolAsync(ptr, bytes, pool, compute)");
+	}
+	CUDA_TRY(dev, err, cudaStreamSynchronize(st->compute));
+	if (!cuda_track(st, *ptr)) {
+		CUDA_LOG(dev, cudaFreeAsync(*ptr, st->compute));
+		*ptr = NULL;
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "[gpu %d] no host memory to record an allocation", dev->index);
+	}
+	return 0;
+}
+
+static int cuda_release(struct device *dev, void *ptr, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	if (!ptr)
+		return 0;
+	cuda_untrack(st, ptr);
+	CUDA_TRY(dev, err, cudaFreeAsync(ptr, st->compute));
+	CUDA_TRY(dev, err, cudaStreamSynchronize(st->compute));
+	return 0;
+}
+
+static bool cuda_dtype_is_float(enum gpuq_dtype dtype)
+{
+	return dtype == GPUQ_DTYPE_F16 || dtype == GPUQ_DTYPE_BF16 || dtype == GPUQ_DTYPE_F32 ||
+	       dtype == GPUQ_DTYPE_F64;
+}
+
+/*
+ * Enqueues the fill on the compute stream. Like the host backend, typed
+ * patterns write whole elements only (a trailing partial element is left as
+ * it was); byte-defined ones (zero; random for bytes and integers) write all.
+ */
+static int cuda_enqueue_fill(struct device *dev, void *ptr, uint64_t bytes,
+			     const struct fill_spec *spec, size_t size, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	enum kernels_dtype kd = (enum kernels_dtype)spec->dtype;
+	uint64_t whole = bytes - bytes % size;
+	switch (spec->pattern) {
+	case FILL_ZERO:
+		CUDA_TRY(dev, err, cudaMemsetAsync(ptr, 0, bytes, st->compute));
+		return 0;
+	case FILL_VALUE:
+		CUDA_TRY(dev, err,
+			 kernels_fill_pattern(ptr, whole, spec->value_bits, (unsigned)size,
+					      st->compute));
+		return 0;
+	case FILL_IOTA:
+		CUDA_TRY(dev, err, kernels_fill_iota(ptr, bytes / size, kd, st->compute));
+		return 0;
+	case FILL_RANDOM:
+		CUDA_TRY(dev, err,
+			 kernels_fill_random(ptr, cuda_dtype_is_float(spec->dtype) ? whole : bytes,
+					     kd, spec->seed, st->compute));
+		return 0;
+	}
+	return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] fill: pattern %d unknown", dev->index,
+			 (int)spec->pattern);
+}
+
+static int cuda_fill(struct device *dev, void *ptr, uint64_t bytes, const struct fill_spec *spec,
+		     struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	size_t size = gpuq_dtype_size(spec->dtype);
+	if (size == 0)
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] fill: dtype %d unknown",
+				 dev->index, (int)spec->dtype);
+	if (cuda_enqueue_fill(dev, ptr, bytes, spec, size, err) != 0)
+		return -1;
+	CUDA_TRY(dev, err, cudaStreamSynchronize(st->compute));
+	return 0;
+}
+
+static int cuda_checksum(struct device *dev, const void *ptr, uint64_t bytes, uint64_t *out,
+			 struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	CUDA_TRY(dev, err, kernels_checksum_sum(ptr, bytes, st->d_sum, st->compute));
+	CUDA_TRY(dev, err,
+		 cudaMemcpyAsync(st->h_sum, st->d_sum, sizeof *st->h_sum, cudaMemcpyDeviceToHost,
+				 st->compute));
+	CUDA_TRY(dev, err, cudaStreamSynchronize(st->compute));
+	*out = gpuq_checksum_finish(*st->h_sum, bytes);
+	return 0;
+}
+
+/* A slot out of range or an oversized copy is a bug in the caller. */
+static int cuda_check_slot(const struct device *dev, const char *op, unsigned slot, size_t n,
+			   struct gpuq_error *err)
+{
+	if (slot < dev->config.staging_slots && n <= dev->config.staging_slot_bytes)
+		return 0;
+	return gpuq_fail(err, GPUQ_E_INTERNAL,
+			 "[gpu %d] %s: slot %u of %u, %zu bytes into a %zu-byte slot: out of range",
+			 dev->index, op, slot, dev->config.staging_slots, n,
+			 dev->config.staging_slot_bytes);
+}
+
+static int cuda_h2d_async(struct device *dev, void *dst, unsigned slot, size_t n,
+			  struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	if (cuda_check_slot(dev, "h2d_async", slot, n, err) != 0)
+		return -1;
+	CUDA_TRY(dev, err,
+		 cudaMemcpyAsync(dst, dev->staging[slot], n, cudaMemcpyHostToDevice, st->h2d));
+	CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[slot], st->h2d));
+	return 0;
+}
+
+static int cuda_d2h_async(struct device *dev, unsigned slot, const void *src, size_t n,
+			  struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	if (cuda_check_slot(dev, "d2h_async", slot, n, err) != 0)
+		return -1;
+	CUDA_TRY(dev, err,
+		 cudaMemcpyAsync(dev->staging[slot], src, n, cudaMemcpyDeviceToHost, st->d2h));
+	CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[slot], st->d2h));
+	return 0;
+}
+
+/* An event never recorded counts as complete, so a fresh slot needs no wait. */
+static int cuda_slot_wait(struct device *dev, unsigned slot, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	if (cuda_check_slot(dev, "slot_wait", slot, 0, err) != 0)
+		return -1;
+	CUDA_TRY(dev, err, cudaEventSynchronize(st->slot_done[slot]));
+	return 0;
+}
+
+const struct backend_ops backend_cuda = {
+	.name = "cuda",
+	.device_count = cuda_device_count,
+	.open = cuda_open,
+	.close = cuda_close,
+	.refresh_info = cuda_refresh_info,
+	.alloc = cuda_alloc,
+	.release = cuda_release,
+	.fill = cuda_fill,
+	.checksum = cuda_checksum,
+	.h2d_async = cuda_h2d_async,
+	.d2h_async = cuda_d2h_async,
+	.slot_wait = cuda_slot_wait,
+};

@@ -1,0 +1,61 @@
+/*
+ * What a worker does with each kind of work. Worker thread only; every
+ * device operation goes through the backend table, so this file serves the
+ * CUDA and the host backend alike.
+ */
+#include "workers/clock.h"
+#include "workers/transfer.h"
+#include "workers/worker.h"
+
+
+const char *work_kind_name(enum work_kind kind)
+{
+	switch (kind) {
+	case WORK_NOOP: return "noop";
+	case WORK_ALLOC: return "alloc";
+	case WORK_FREE: return "free";
+	case WORK_PUT: return "put";
+	case WORK_GET: return "get";
+	case WORK_FILL: return "fill";
+	case WORK_CHECKSUM: return "checksum";
+	}
+	return "unknown";
+}
+
+static int run_kind(struct device *dev, struct work *work)
+{
+	const struct backend_ops *ops = dev->ops;
+	struct gpuq_error *err = &work->error;
+	switch (work->kind) {
+	case WORK_NOOP:
+		return 0;
+	case WORK_ALLOC:
+		work->result.bytes = work->length;
+		return ops->alloc(dev, work->length, &work->dptr, err);
+	case WORK_FREE:
+		work->result.bytes = work->length;
+		return ops->release(dev, work->dptr, err);
+	case WORK_FILL:
+		work->result.bytes = work->length;
+		return ops->fill(dev, work->dptr, work->length, &work->fill, err);
+	case WORK_CHECKSUM:
+		work->result.bytes = work->length;
+		return ops->checksum(dev, work->dptr, work->length, &work->result.checksum, err);
+	case WORK_PUT:
+		return transfer_put(dev, work);
+	case WORK_GET:
+		return transfer_get(dev, work);
+	}
+	return gpuq_fail(err, GPUQ_E_INTERNAL, "work kind %d has no runner", (int)work->kind);
+}
+
+void run_work(struct device *dev, struct work *work)
+{
+	double start = monotonic_seconds();
+	if (run_kind(dev, work) == 0)
+		gpuq_error_clear(&work->error);
+	else if (work->error.code == GPUQ_OK)
+		gpuq_fail(&work->error, GPUQ_E_INTERNAL, "%s failed without saying why",
+			  work_kind_name(work->kind));
+	work->result.seconds = monotonic_seconds() - start;
+}

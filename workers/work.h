@@ -1,0 +1,65 @@
+/*
+ * A unit of work handed from the main thread to a device worker.
+ *
+ * The main thread fills in the inputs and submits it; from then until it
+ * comes back through the completion queue the worker owns every field except
+ * `cancel`, which the main thread may set at any time, and `phase`, which both
+ * read atomically. The daemon embeds a struct work in each job.
+ */
+#ifndef GPUQ_WORK_H
+#define GPUQ_WORK_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "protocol/protocol.h"
+#include "workers/backend.h"
+
+enum work_kind {
+	WORK_NOOP,
+	WORK_ALLOC,
+	WORK_FREE,
+	WORK_PUT,
+	WORK_GET,
+	WORK_FILL,
+	WORK_CHECKSUM,
+};
+
+enum work_phase { WORK_QUEUED, WORK_RUNNING, WORK_FINISHED };
+
+struct work_result {
+	uint64_t bytes;     /* bytes allocated, freed, moved, filled or hashed */
+	uint64_t checksum;  /* WORK_CHECKSUM */
+	double seconds;     /* time spent in the job on the worker */
+	const char *path;   /* how bytes moved: "staged", ... (static string) */
+};
+
+struct work {
+	enum work_kind kind;
+	int device;
+
+	/* Inputs. */
+	void *dptr;        /* the buffer's device memory (WORK_ALLOC: set by the worker) */
+	uint64_t offset;   /* PUT/GET: where in the buffer */
+	uint64_t length;   /* PUT/GET/FILL/CHECKSUM: bytes; ALLOC/FREE: the buffer's size */
+	bool length_exact; /* PUT: exactly `length` bytes must arrive */
+	int fd;            /* PUT/GET: the client's descriptor; the daemon closes it */
+	struct fill_spec fill;
+
+	/* Shared. */
+	atomic_bool cancel;
+	_Atomic int phase;  /* enum work_phase */
+	double started_at;  /* CLOCK_MONOTONIC seconds; written before phase becomes RUNNING */
+
+	/* Outputs, valid once the work comes back. */
+	struct gpuq_error error; /* code GPUQ_OK on success */
+	struct work_result result;
+
+	/* Queue link; owned by whichever queue holds the work. */
+	struct work *next;
+};
+
+const char *work_kind_name(enum work_kind kind);
+
+#endif

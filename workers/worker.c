@@ -1,0 +1,374 @@
+/*
+ * Device worker threads and the queues between them and the main thread.
+ *
+ * Ownership: each worker thread owns its struct device (the backend state,
+ * streams, pool, staging ring) from open to close; nothing else touches it.
+ * The fields under worker.lock (queue, health, info copy, counters) are
+ * shared with the main thread. A work item belongs to the main thread until
+ * worker_submit, to the worker until it reaches the completion queue, and to
+ * the main thread again from the async callback on.
+ */
+#include "workers/worker.h"
+#include "workers/clock.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void pool_push_done(struct worker_pool *pool, struct work *work)
+{
+	pthread_mutex_lock(&pool->done_lock);
+	work->next = NULL;
+	if (pool->done_tail)
+		pool->done_tail->next = work;
+	else
+		pool->done_head = work;
+	pool->done_tail = work;
+	pthread_mutex_unlock(&pool->done_lock);
+	uv_async_send(&pool->async);
+}
+
+/* Main thread: libuv may coalesce wake-ups, so take everything queued. */
+static void pool_on_async(uv_async_t *handle)
+{
+	struct worker_pool *pool = handle->data;
+	pthread_mutex_lock(&pool->done_lock);
+	struct work *list = pool->done_head;
+	pool->done_head = pool->done_tail = NULL;
+	pthread_mutex_unlock(&pool->done_lock);
+	while (list) {
+		struct work *next = list->next;
+		list->next = NULL;
+		pool->on_done(list, pool->on_done_arg);
+		list = next;
+	}
+}
+
+static void worker_mark_opened(struct worker *w, int rc, const struct gpuq_error *err)
+{
+	pthread_mutex_lock(&w->lock);
+	w->healthy = rc == 0;
+	if (rc == 0)
+		snprintf(w->health, sizeof w->health, "ok");
+	else
+		snprintf(w->health, sizeof w->health, "%s", err->message);
+	w->info = w->dev.info;
+	pthread_mutex_unlock(&w->lock);
+
+	struct worker_pool *pool = w->pool;
+	pthread_mutex_lock(&pool->done_lock);
+	pool->opened++;
+	pthread_cond_broadcast(&pool->opened_cond);
+	pthread_mutex_unlock(&pool->done_lock);
+}
+
+/*
+ * Worker thread, without the lock: polls the queue depth for up to spin_us
+ * before the worker sleeps. A client that sends its next job right after
+ * the last reply then finds the worker awake: a futex wake-up costs tens of
+ * microseconds, several times a whole dispatch.
+ */
+static void worker_spin(struct worker *w)
+{
+	double end = monotonic_seconds() + w->pool->spin_us / 1e6;
+	for (unsigned i = 1; atomic_load_explicit(&w->depth, memory_order_relaxed) == 0; i++) {
+		__builtin_ia32_pause();
+		if (i % 64 == 0 && monotonic_seconds() > end)
+			return;
+	}
+}
+
+/* Worker thread: blocks for the next work; NULL when told to stop and drained. */
+static struct work *worker_next(struct worker *w)
+{
+	pthread_mutex_lock(&w->lock);
+	if (!w->head && !w->stopping && w->pool->spin_us) {
+		pthread_mutex_unlock(&w->lock);
+		worker_spin(w);
+		pthread_mutex_lock(&w->lock);
+	}
+	while (!w->head && !w->stopping)
+		pthread_cond_wait(&w->wake, &w->lock);
+	struct work *work = w->head;
+	if (work) {
+		w->head = work->next;
+		if (!w->head)
+			w->tail = NULL;
+		w->depth--;
+		work->next = NULL;
+		work->started_at = monotonic_seconds();
+		atomic_store(&work->phase, WORK_RUNNING);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return work;
+}
+
+static bool work_moves_bytes(enum work_kind kind)
+{
+	return kind == WORK_PUT || kind == WORK_GET;
+}
+
+/* Worker thread: records the outcome, and the device's health after it. */
+static void worker_account(struct worker *w, struct work *work)
+{
+	bool memory_changed = work->kind == WORK_ALLOC || work->kind == WORK_FREE;
+	struct gpuq_error ignored;
+	if (memory_changed && !w->dev.faulted && w->dev.ops->refresh_info)
+		w->dev.ops->refresh_info(&w->dev, &ignored);
+
+	pthread_mutex_lock(&w->lock);
+	w->counters.jobs++;
+	if (work->error.code != GPUQ_OK)
+		w->counters.jobs_failed++;
+	if (work_moves_bytes(work->kind))
+		w->counters.bytes_moved += work->result.bytes;
+	if (w->dev.faulted && w->healthy) {
+		w->healthy = false;
+		snprintf(w->health, sizeof w->health, "%s", w->dev.fault_reason);
+	}
+	if (memory_changed)
+		w->info = w->dev.info;
+	pthread_mutex_unlock(&w->lock);
+}
+
+static void worker_run_one(struct worker *w, struct work *work)
+{
+	gpuq_error_clear(&work->error);
+	if (atomic_load(&work->cancel)) {
+		gpuq_fail(&work->error, GPUQ_E_CANCELLED, "job cancelled before it started");
+	} else if (w->dev.faulted) {
+		gpuq_fail(&work->error, GPUQ_E_NO_DEVICE, "device %d is unhealthy: %s",
+			  w->dev.index, w->dev.fault_reason);
+	} else {
+		run_work(&w->dev, work);
+	}
+	worker_account(w, work);
+	atomic_store(&work->phase, WORK_FINISHED);
+	pool_push_done(w->pool, work);
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct gpuq_error err;
+	gpuq_error_clear(&err);
+	int rc = w->dev.ops->open(&w->dev, &err);
+	worker_mark_opened(w, rc, &err);
+
+	struct work *work;
+	while ((work = worker_next(w)) != NULL) {
+		if (rc != 0) {
+			/* Never opened: refuse what slipped in before health was known. */
+			gpuq_fail(&work->error, GPUQ_E_NO_DEVICE, "device %d is unhealthy: %s",
+				  w->dev.index, err.message);
+			atomic_store(&work->phase, WORK_FINISHED);
+			pool_push_done(w->pool, work);
+			continue;
+		}
+		worker_run_one(w, work);
+	}
+	if (rc == 0)
+		w->dev.ops->close(&w->dev);
+	return NULL;
+}
+
+static void worker_init(struct worker_pool *pool, struct worker *w, int index,
+			const struct device_config *config)
+{
+	memset(w, 0, sizeof *w);
+	w->pool = pool;
+	w->dev.index = index;
+	w->dev.ordinal = pool->ordinals[index];
+	w->dev.ordinals = pool->ordinals;
+	w->dev.ops = pool->ops;
+	w->dev.config = *config;
+	w->dev.device_count = pool->count;
+	snprintf(w->health, sizeof w->health, "starting");
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_cond_init(&w->wake, NULL);
+}
+
+static void pool_wait_opened(struct worker_pool *pool, int started)
+{
+	pthread_mutex_lock(&pool->done_lock);
+	while (pool->opened < started)
+		pthread_cond_wait(&pool->opened_cond, &pool->done_lock);
+	pthread_mutex_unlock(&pool->done_lock);
+}
+
+int worker_pool_start(struct worker_pool *pool, uv_loop_t *loop,
+		      const struct backend_ops *ops, const int *ordinals, int count,
+		      const struct device_config *config, unsigned queue_max,
+		      unsigned spin_us, worker_done_fn on_done, void *arg,
+		      struct gpuq_error *err)
+{
+	if (count < 1 || count > GPUQ_MAX_DEVICES)
+		return gpuq_fail(err, GPUQ_E_NO_DEVICE, "%d devices requested; gpuqd serves 1 to %d",
+				 count, GPUQ_MAX_DEVICES);
+	memset(pool, 0, sizeof *pool);
+	pool->ops = ops;
+	pool->count = count;
+	pool->queue_max = queue_max;
+	pool->spin_us = spin_us;
+	pool->on_done = on_done;
+	pool->on_done_arg = arg;
+	memcpy(pool->ordinals, ordinals, sizeof(int) * (size_t)count);
+	pthread_mutex_init(&pool->done_lock, NULL);
+	pthread_cond_init(&pool->opened_cond, NULL);
+	int rc = uv_async_init(loop, &pool->async, pool_on_async);
+	if (rc < 0)
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "uv_async_init: %s", uv_strerror(rc));
+	pool->async.data = pool;
+	pool->workers = calloc((size_t)count, sizeof *pool->workers);
+	if (!pool->workers) {
+		uv_close((uv_handle_t *)&pool->async, NULL);
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "cannot allocate %d workers", count);
+	}
+	int started = 0;
+	for (int i = 0; i < count; i++) {
+		struct worker *w = &pool->workers[i];
+		worker_init(pool, w, i, config);
+		rc = pthread_create(&w->thread, NULL, worker_main, w);
+		if (rc != 0) {
+			snprintf(w->health, sizeof w->health, "cannot start its thread: %s",
+				 strerror(rc));
+			continue;
+		}
+		w->thread_started = true;
+		started++;
+	}
+	pool_wait_opened(pool, started);
+	if (started == 0)
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "no worker thread could be started");
+	return 0;
+}
+
+int worker_submit(struct worker_pool *pool, struct work *work, struct gpuq_error *err)
+{
+	if (work->device < 0 || work->device >= pool->count)
+		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %d does not exist (devices: 0-%d)",
+				 work->device, pool->count - 1);
+	struct worker *w = &pool->workers[work->device];
+	int rc = 0;
+	pthread_mutex_lock(&w->lock);
+	if (!w->healthy || w->stopping || !w->thread_started) {
+		rc = gpuq_fail(err, GPUQ_E_NO_DEVICE, "device %d is unavailable: %s", work->device,
+			       w->stopping ? "its worker is stopping" : w->health);
+	} else if (w->depth >= pool->queue_max) {
+		rc = gpuq_fail(err, GPUQ_E_BUSY,
+			       "device %d's queue is full (%u jobs); retry later or raise --queue-depth",
+			       work->device, pool->queue_max);
+	} else {
+		work->next = NULL;
+		atomic_store(&work->phase, WORK_QUEUED);
+		if (w->tail)
+			w->tail->next = work;
+		else
+			w->head = work;
+		w->tail = work;
+		w->depth++;
+		pthread_cond_signal(&w->wake);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return rc;
+}
+
+bool worker_unqueue(struct worker_pool *pool, struct work *work)
+{
+	if (work->device < 0 || work->device >= pool->count)
+		return false;
+	struct worker *w = &pool->workers[work->device];
+	bool found = false;
+	pthread_mutex_lock(&w->lock);
+	struct work **link = &w->head, *prev = NULL;
+	while (*link && *link != work) {
+		prev = *link;
+		link = &(*link)->next;
+	}
+	if (*link) {
+		*link = work->next;
+		if (w->tail == work)
+			w->tail = prev;
+		w->depth--;
+		work->next = NULL;
+		found = true;
+	}
+	pthread_mutex_unlock(&w->lock);
+	return found;
+}
+
+struct work *worker_pool_unqueue_all(struct worker_pool *pool)
+{
+	struct work *all = NULL, **end = &all;
+	for (int i = 0; i < pool->count; i++) {
+		struct worker *w = &pool->workers[i];
+		pthread_mutex_lock(&w->lock);
+		*end = w->head;
+		while (*end)
+			end = &(*end)->next;
+		w->head = w->tail = NULL;
+		w->depth = 0;
+		pthread_mutex_unlock(&w->lock);
+	}
+	return all;
+}
+
+void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot *out)
+{
+	struct worker *w = &pool->workers[index];
+	pthread_mutex_lock(&w->lock);
+	out->healthy = w->healthy;
+	snprintf(out->health, sizeof out->health, "%s", w->health);
+	out->info = w->info;
+	memcpy(out->peer_access, w->dev.peer_access, sizeof out->peer_access);
+	out->queue_depth = w->depth;
+	out->counters = w->counters;
+	pthread_mutex_unlock(&w->lock);
+}
+
+static struct timespec deadline_after(unsigned ms)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	t.tv_sec += ms / 1000;
+	t.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (t.tv_nsec >= 1000000000L) {
+		t.tv_sec++;
+		t.tv_nsec -= 1000000000L;
+	}
+	return t;
+}
+
+int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
+{
+	for (int i = 0; i < pool->count; i++) {
+		struct worker *w = &pool->workers[i];
+		pthread_mutex_lock(&w->lock);
+		w->stopping = true;
+		pthread_cond_signal(&w->wake);
+		pthread_mutex_unlock(&w->lock);
+	}
+	struct timespec deadline = deadline_after(timeout_ms);
+	int stuck = 0;
+	for (int i = 0; i < pool->count; i++) {
+		struct worker *w = &pool->workers[i];
+		if (!w->thread_started)
+			continue;
+		if (pthread_timedjoin_np(w->thread, NULL, &deadline) != 0) {
+			stuck++;
+			continue;
+		}
+		w->thread_started = false;
+		pthread_mutex_destroy(&w->lock);
+		pthread_cond_destroy(&w->wake);
+	}
+	/* Work finished during the stop is handed over now, not lost. */
+	pool_on_async(&pool->async);
+	uv_close((uv_handle_t *)&pool->async, NULL);
+	if (stuck == 0)
+		free(pool->workers);
+	pool->workers = stuck ? pool->workers : NULL;
+	return stuck;
+}

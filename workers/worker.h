@@ -1,0 +1,122 @@
+/*
+ * Device workers: one pthread per device, each the only thread that calls
+ * the backend for its device.
+ *
+ * Main -> worker: worker_submit appends to the worker's bounded queue under
+ * its lock and signals its condition variable.
+ * Worker -> main: the worker appends finished work to the pool's completion
+ * queue under done_lock, then calls uv_async_send; the async callback, on the
+ * main thread, takes the whole queue at once (libuv coalesces wake-ups) and
+ * hands each work to on_done after unlocking.
+ *
+ * Only the main thread calls the functions here, except where one says so.
+ */
+#ifndef GPUQ_WORKER_H
+#define GPUQ_WORKER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "workers/backend.h"
+#include "workers/work.h"
+
+/* Per-worker counters, summed under the worker's lock; one list feeds stats. */
+#define WORKER_COUNTERS(X)                                                     \
+	X(jobs)                                                                \
+	X(jobs_failed)                                                         \
+	X(bytes_moved)
+
+struct worker_counters {
+#define WORKER_COUNTER_FIELD(name) uint64_t name;
+	WORKER_COUNTERS(WORKER_COUNTER_FIELD)
+#undef WORKER_COUNTER_FIELD
+};
+
+/* What the main thread may read of a worker, copied out under its lock. */
+struct worker_snapshot {
+	bool healthy;
+	char health[600]; /* "ok", or why not */
+	struct device_info info;
+	bool peer_access[GPUQ_MAX_DEVICES];
+	unsigned queue_depth;
+	struct worker_counters counters;
+};
+
+struct worker_pool;
+
+struct worker {
+	struct device dev; /* owned by the worker thread */
+	struct worker_pool *pool;
+	pthread_t thread;
+	bool thread_started;
+
+	pthread_mutex_t lock; /* guards everything below */
+	pthread_cond_t wake;
+	struct work *head, *tail;
+	_Atomic unsigned depth; /* written under lock; read without it by the spinning worker */
+	bool stopping;
+	bool healthy;
+	char health[600];
+	struct device_info info;
+	struct worker_counters counters;
+};
+
+typedef void (*worker_done_fn)(struct work *work, void *arg);
+
+struct worker_pool {
+	const struct backend_ops *ops;
+	int count;
+	struct worker *workers;
+	int ordinals[GPUQ_MAX_DEVICES];
+	unsigned queue_max;
+	unsigned spin_us; /* how long an idle worker polls its queue before sleeping */
+
+	pthread_mutex_t done_lock; /* guards the completion queue and `opened` */
+	pthread_cond_t opened_cond;
+	int opened; /* workers that finished opening their device */
+	struct work *done_head, *done_tail;
+	uv_async_t async;
+	worker_done_fn on_done;
+	void *on_done_arg;
+};
+
+/*
+ * Starts one worker per device (ordinals: the backend's device numbers) and
+ * waits until each has opened its device or failed to, so that `devices`
+ * is true from the first request. A device that failed to open is kept,
+ * unhealthy, with its reason. Returns 0, or -1 with err when no worker
+ * could be started at all.
+ */
+int worker_pool_start(struct worker_pool *pool, uv_loop_t *loop,
+		      const struct backend_ops *ops, const int *ordinals, int count,
+		      const struct device_config *config, unsigned queue_max,
+		      unsigned spin_us, worker_done_fn on_done, void *arg,
+		      struct gpuq_error *err);
+
+/*
+ * Queues work on its device's worker. -1 with GPUQ_E_BUSY when the queue is
+ * full, GPUQ_E_NO_DEVICE when the device is unhealthy or stopping.
+ */
+int worker_submit(struct worker_pool *pool, struct work *work, struct gpuq_error *err);
+
+/* Takes work back if it has not started: true if it was still queued. */
+bool worker_unqueue(struct worker_pool *pool, struct work *work);
+
+/* Takes back every queued work of every worker; returns them as a list. */
+struct work *worker_pool_unqueue_all(struct worker_pool *pool);
+
+void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot *out);
+
+/*
+ * Lets each worker finish its queue, close its device and exit, waiting at
+ * most timeout_ms for all of them; returns the number still running then.
+ * Closes the async handle (the loop must run once more to finish that).
+ */
+int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms);
+
+/* The work a worker runs: workers/run.c. Worker thread. */
+void run_work(struct device *dev, struct work *work);
+
+#endif
