@@ -32,6 +32,7 @@ NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS ?= -O3 -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP
 STATIC_LIBS := $(LIBDIR_STATIC)/libuv_a.a $(LIBDIR_STATIC)/libmsgpackc.a
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+# [collective] NCCL link flags
 LDLIBS := $(STATIC_LIBS) $(CUDA_LIBS) -lstdc++ -lm -pthread
 
 PROTOCOL_SRC := $(sort $(wildcard protocol/*.c))

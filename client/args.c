@@ -22,6 +22,10 @@ enum {
 	LONG_DETACH,
 	LONG_CLIENTS,
 	LONG_REQUESTS,
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
+	/* [service] */
 };
 
 /* Accepted before the command and after it. */
@@ -48,6 +52,10 @@ static const struct {
 	{ { "detach", no_argument, NULL, LONG_DETACH }, OPT_DETACH },
 	{ { "clients", required_argument, NULL, LONG_CLIENTS }, OPT_CLIENTS },
 	{ { "requests", required_argument, NULL, LONG_REQUESTS }, OPT_REQUESTS },
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
+	/* [service] */
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -163,6 +171,10 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_REQUESTS:
 		return parse_uint_opt(cli, "requests", arg, "a number of requests per client",
 				      &cli->requests, &cli->has_requests);
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
+	/* [service] */
 	}
 	return cli_usage(cli, "unknown option");
 }

@@ -471,16 +471,13 @@ static int run_all(const struct bench_cfg *cfg, const unsigned *counts, int ncou
 	return 0;
 }
 
-int cmd_bench(struct cli *cli)
+int bench_dispatch(struct cli *cli)
 {
 	struct bench_result res[MAX_COUNTS * 3];
 	unsigned counts[MAX_COUNTS];
 	struct bench_cfg cfg = { 0 };
 	int ncounts, rc;
 
-	if (strcmp(cli->args[0], "dispatch") != 0)
-		return cli_usage(cli, "unknown benchmark '%s'; the one there is: dispatch",
-				 cli->args[0]);
 	ncounts = parse_clients(cli, cli->clients ? cli->clients : "1,8", counts);
 	if (ncounts < 0)
 		return -ncounts;
@@ -499,4 +496,29 @@ int cmd_bench(struct cli *cli)
 		print_results(cli, &cfg, res, ncounts * 3);
 	msgpack_sbuffer_destroy(&cfg.frame);
 	return rc;
+}
+
+struct bench_entry {
+	const char *name;
+	int (*run)(struct cli *cli);
+};
+
+static const struct bench_entry bench_kinds[] = {
+	{ "dispatch", bench_dispatch },
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
+};
+
+int cmd_bench(struct cli *cli)
+{
+	char names[128] = "";
+	size_t n = sizeof bench_kinds / sizeof bench_kinds[0];
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(cli->args[0], bench_kinds[i].name) == 0)
+			return bench_kinds[i].run(cli);
+		snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+			 i ? ", " : "", bench_kinds[i].name);
+	}
+	return cli_usage(cli, "unknown benchmark '%s'; there are: %s", cli->args[0], names);
 }

@@ -42,6 +42,10 @@ enum cli_opt {
 	OPT_DETACH = 1u << 6,
 	OPT_CLIENTS = 1u << 7,
 	OPT_REQUESTS = 1u << 8,
+	/* [copy] options: bits 9-12 */
+	/* [chain] options: bits 13-16 */
+	/* [collective] options: bits 17-20 */
+	/* [service] options: bits 21-24 */
 };
 
 struct cli;
@@ -70,6 +74,10 @@ struct cli {
 	bool has_device, has_offset, has_length, has_bytes, has_count, has_requests;
 	uint64_t device, offset, length, bytes, count, requests;
 	const char *dtype, *clients;
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
+	/* [service] */
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */
@@ -124,6 +132,20 @@ int cmd_checksum(struct cli *cli);
 
 /* bench.c */
 int cmd_bench(struct cli *cli);
+/* bench KIND: one function per kind, each in its own client/bench_KIND.c. */
+int bench_dispatch(struct cli *cli);
+/* [copy] */
+/* [chain] */
+/* [collective] */
+/* [service] */
+
+/* Options every bench kind may take (gpuq bench KIND --help says which it uses). */
+#define BENCH_OPTS                                                             \
+	(OPT_CLIENTS | OPT_REQUESTS | OPT_DEVICE                               \
+	 /* [copy] | OPT_... */                                                \
+	 /* [chain] | OPT_... */                                               \
+	 /* [collective] | OPT_... */                                          \
+	 )
 
 /* render.c */
 void render_json(FILE *f, const msgpack_object *obj);

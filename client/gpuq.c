@@ -81,7 +81,11 @@ const struct cli_cmd cli_commands[] = {
 	  "to an echo thread in this process, then of ping, then of noop (waited,\n"
 	  "on --device N). Prints p50/p99 latency, requests/s and the p50 ratio\n"
 	  "to the echo baseline.\n",
-	  OPT_CLIENTS | OPT_REQUESTS | OPT_DEVICE, 1, 1, { "dispatch" }, cmd_bench },
+	  BENCH_OPTS, 1, 1, { "KIND" }, cmd_bench },
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
+	/* [service] */
 	{ NULL, NULL, NULL, NULL, 0, 0, 0, { NULL }, NULL },
 };
 

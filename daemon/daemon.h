@@ -66,6 +66,10 @@ void op_jobs(struct request *req);
 void op_status(struct request *req);
 void op_wait(struct request *req);
 void op_cancel(struct request *req);
+/* [copy] */
+/* [chain] */
+/* [collective] */
+/* [service] */
 
 /* op_buffer.c: pieces shared by the job-creating handlers. */
 extern const struct job_kind kind_put, kind_get;

@@ -24,6 +24,10 @@ static const struct op_entry ops[] = {
 	{ "put", op_put },         { "get", op_get },           { "fill", op_fill },
 	{ "checksum", op_checksum }, { "jobs", op_jobs },       { "status", op_status },
 	{ "wait", op_wait },       { "cancel", op_cancel },
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
+	/* [service] */
 };
 
 static request_handler find_op(const char *name)

@@ -35,4 +35,7 @@ for spin in 50 0; do
 	"$BUILD/gpuq" --socket "$sock" bench dispatch --clients 1,8 --requests 20000 | tee -a "$table"
 	stop_daemon
 done
+# [copy]
+# [chain]
+# [collective]
 rm -rf "$dir"

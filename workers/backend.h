@@ -111,6 +111,10 @@ struct backend_ops {
 	int (*d2h_async)(struct device *dev, unsigned slot, const void *src, size_t n,
 			 struct gpuq_error *err);
 	int (*slot_wait)(struct device *dev, unsigned slot, struct gpuq_error *err);
+
+	/* [copy] operations of the pipelined-copy issue */
+	/* [chain] operations of the kernel-chain issue */
+	/* [collective] operations of the all-reduce issue */
 };
 
 extern const struct backend_ops backend_cuda;

@@ -613,4 +613,7 @@ const struct backend_ops backend_cuda = {
 	.h2d_async = cuda_h2d_async,
 	.d2h_async = cuda_d2h_async,
 	.slot_wait = cuda_slot_wait,
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
 };

@@ -200,4 +200,7 @@ const struct backend_ops backend_host = {
 	.h2d_async = host_h2d,
 	.d2h_async = host_d2h,
 	.slot_wait = host_slot_wait,
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
 };

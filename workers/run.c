@@ -45,6 +45,9 @@ static int run_kind(struct device *dev, struct work *work)
 		return transfer_put(dev, work);
 	case WORK_GET:
 		return transfer_get(dev, work);
+	/* [copy] */
+	/* [chain] */
+	/* [collective] */
 	}
 	return gpuq_fail(err, GPUQ_E_INTERNAL, "work kind %d has no runner", (int)work->kind);
 }

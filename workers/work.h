@@ -24,6 +24,9 @@ enum work_kind {
 	WORK_GET,
 	WORK_FILL,
 	WORK_CHECKSUM,
+	/* [copy] kinds of the pipelined-copy issue */
+	/* [chain] kinds of the kernel-chain issue */
+	/* [collective] kinds of the all-reduce issue */
 };
 
 enum work_phase { WORK_QUEUED, WORK_RUNNING, WORK_FINISHED };
@@ -46,6 +49,7 @@ struct work {
 	bool length_exact; /* PUT: exactly `length` bytes must arrive */
 	int fd;            /* PUT/GET: the client's descriptor; the daemon closes it */
 	struct fill_spec fill;
+	void *spec; /* a kind's own parameters (e.g. a chain), owned by the job */
 
 	/* Shared. */
 	atomic_bool cancel;
