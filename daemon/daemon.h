@@ -78,6 +78,11 @@ struct job *new_job(struct request *req, const struct job_kind *kind, enum work_
 		    int device);
 /* Holds b for the job's life (free refuses meanwhile) and aims the work at it. */
 void job_attach_buffer(struct job *job, struct buffer *b);
+/*
+ * The request's `devices` field (distinct device indexes): 1 with devices/n
+ * set, 0 when absent, -1 with err.
+ */
+int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err);
 /* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
 struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
 

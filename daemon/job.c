@@ -5,6 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void job_free(struct job *job)
+{
+	free(job->parts);
+	free(job);
+}
+
 void job_table_init(struct job_table *t, unsigned history_max)
 {
 	memset(t, 0, sizeof *t);
@@ -17,7 +23,7 @@ void job_table_destroy(struct job_table *t)
 	struct job *j = t->oldest;
 	while (j) {
 		struct job *next = j->newer;
-		free(j);
+		job_free(j);
 		j = next;
 	}
 	memset(t->buckets, 0, sizeof t->buckets);
@@ -44,6 +50,8 @@ struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t o
 	job->submitted = monotonic_seconds();
 	job->work.fd = -1;
 	job->work.device = -1;
+	job->work.gang_size = 1;
+	job->work.owner = job;
 	struct job **bucket = bucket_of(t, job->id);
 	job->hash_next = *bucket;
 	*bucket = job;
@@ -79,7 +87,74 @@ void job_discard(struct job_table *t, struct job *job)
 {
 	job_unlink(t, job);
 	t->active--;
-	free(job);
+	job_free(job);
+}
+
+int job_make_gang(struct job *job, int n)
+{
+	job->parts = calloc((size_t)n, sizeof *job->parts);
+	if (!job->parts)
+		return -1;
+	job->nparts = n;
+	for (int i = 0; i < n; i++) {
+		job->parts[i].kind = job->work.kind;
+		job->parts[i].fd = -1;
+		job->parts[i].device = -1;
+		job->parts[i].gang_size = (unsigned)n;
+		job->parts[i].owner = job;
+	}
+	return 0;
+}
+
+void job_request_cancel(struct job *job)
+{
+	if (!job->parts) {
+		atomic_store(&job->work.cancel, true);
+		return;
+	}
+	for (int i = 0; i < job->nparts; i++)
+		atomic_store(&job->parts[i].cancel, true);
+}
+
+/*
+ * A gang's outcome: the first real failure (a part cancelled because its
+ * sibling failed says less than the sibling's own error), else the first
+ * cancellation; its time is the slowest part's, its bytes all parts'.
+ */
+static void job_merge_gang(struct job *job)
+{
+	const struct work *failed = NULL, *cancelled = NULL;
+	double started = 0;
+	job->work.result.seconds = 0;
+	job->work.result.bytes = 0;
+	for (int i = 0; i < job->nparts; i++) {
+		const struct work *p = &job->parts[i];
+		if (p->error.code == GPUQ_E_CANCELLED && !cancelled)
+			cancelled = p;
+		else if (p->error.code != GPUQ_OK && !failed)
+			failed = p;
+		if (p->result.seconds > job->work.result.seconds)
+			job->work.result.seconds = p->result.seconds;
+		job->work.result.bytes += p->result.bytes;
+		if (p->started_at > 0 && (started == 0 || p->started_at < started))
+			started = p->started_at;
+	}
+	job->work.result.path = job->parts[0].result.path;
+	job->work.started_at = started;
+	gpuq_error_clear(&job->work.error);
+	if (failed || cancelled)
+		job->work.error = (failed ? failed : cancelled)->error;
+	atomic_store(&job->work.phase, WORK_FINISHED);
+}
+
+bool job_work_returned(struct job *job)
+{
+	if (!job->parts)
+		return true;
+	if (++job->parts_done < job->nparts)
+		return false;
+	job_merge_gang(job);
+	return true;
 }
 
 struct job *job_find(struct job_table *t, uint64_t id)
@@ -101,11 +176,25 @@ bool job_is_finished(const struct job *job)
 	       job->state == GPUQ_JOB_CANCELLED;
 }
 
+/* When the job's first work started, or 0 if none has. */
+static double job_started_at(const struct job *job)
+{
+	if (!job->parts || job_is_finished(job))
+		return atomic_load(&job->work.phase) == WORK_QUEUED ? 0 : job->work.started_at;
+	double started = 0;
+	for (int i = 0; i < job->nparts; i++) {
+		const struct work *p = &job->parts[i];
+		if (atomic_load(&p->phase) != WORK_QUEUED && (started == 0 || p->started_at < started))
+			started = p->started_at;
+	}
+	return started;
+}
+
 enum gpuq_job_state job_current_state(const struct job *job)
 {
 	if (job_is_finished(job))
 		return job->state;
-	return atomic_load(&job->work.phase) == WORK_QUEUED ? GPUQ_JOB_QUEUED : GPUQ_JOB_RUNNING;
+	return job_started_at(job) > 0 ? GPUQ_JOB_RUNNING : GPUQ_JOB_QUEUED;
 }
 
 void job_mark_finished(struct job_table *t, struct job *job)
@@ -131,7 +220,7 @@ void job_evict_history(struct job_table *t)
 		if (job_is_finished(j) && !j->waiters) {
 			job_unlink(t, j);
 			t->finished_count--;
-			free(j);
+			job_free(j);
 		}
 		j = newer;
 	}
@@ -149,7 +238,7 @@ void error_render(const struct gpuq_error *err, struct mp_map *out)
 static void render_times(const struct job *job, enum gpuq_job_state state, struct mp_map *out)
 {
 	double now = monotonic_seconds();
-	double started = atomic_load(&job->work.phase) == WORK_QUEUED ? 0 : job->work.started_at;
+	double started = job_started_at(job);
 	double queued = (started > 0 ? started : job_is_finished(job) ? job->finished : now) -
 			job->submitted;
 	double run = 0;
@@ -168,7 +257,14 @@ void job_render(const struct job *job, bool with_result, struct mp_map *out)
 	mp_put_str(out, "op", job->kind->op);
 	mp_put_str(out, "state", gpuq_job_state_name(state));
 	mp_put_u64(out, "owner", (uint64_t)job->owner);
-	mp_put_i64(out, "device", job->work.device);
+	mp_put_i64(out, "device", job->parts ? job->parts[0].device : job->work.device);
+	if (job->parts) {
+		struct mp_array devices;
+		mp_array_init(&devices);
+		for (int i = 0; i < job->nparts; i++)
+			mp_array_i64(&devices, job->parts[i].device);
+		mp_put_array(out, "devices", &devices);
+	}
 	if (job->buffer_label[0])
 		mp_put_str(out, "buffer", job->buffer_label);
 	render_times(job, state, out);

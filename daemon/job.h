@@ -52,6 +52,13 @@ struct job {
 	struct buffer *buffer; /* held (users++) until the job finishes */
 	char buffer_label[BUFFER_NAME_MAX + 16]; /* "w0@1", kept after the buffer goes */
 	struct work work;
+	/*
+	 * A gang job (one work per device, see worker_submit_group) keeps its
+	 * works here; `work` then holds their merged outcome once all are back.
+	 * NULL for an ordinary job, whose one work is `work`.
+	 */
+	struct work *parts;
+	int nparts, parts_done;
 	double submitted, finished;
 	double run_seconds;
 	struct gpuq_error error;
@@ -78,6 +85,20 @@ void job_table_destroy(struct job_table *t);
 /* A new QUEUED job with a fresh id, in the table; NULL when out of memory. */
 struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t owner,
 		       gid_t gid, pid_t pid);
+/*
+ * Makes job a gang of n works (2..GPUQ_MAX_DEVICES), each with its owner
+ * set; the caller fills in their devices and parameters. 0, or -1 when out
+ * of memory.
+ */
+int job_make_gang(struct job *job, int n);
+/* Asks every work of the job to stop at its next chunk. */
+void job_request_cancel(struct job *job);
+/*
+ * Called as each work of the job comes back; true once all have (a gang's
+ * outcome is then merged into job->work).
+ */
+bool job_work_returned(struct job *job);
+
 /* Takes a job that was never submitted back out of the table. */
 void job_discard(struct job_table *t, struct job *job);
 struct job *job_find(struct job_table *t, uint64_t id);

@@ -155,17 +155,56 @@ struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
 	return b;
 }
 
+int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err)
+{
+	const msgpack_object *list;
+	*n = 0;
+	int rc = msg_get_array(req->map, "devices", &list, err);
+	if (rc <= 0)
+		return rc;
+	if (list->via.array.size == 0 || list->via.array.size > (uint32_t)req->d->pool.count)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'devices': %u devices listed; give 1 to %d distinct ones",
+				 list->via.array.size, req->d->pool.count);
+	for (uint32_t i = 0; i < list->via.array.size; i++) {
+		const msgpack_object *o = &list->via.array.ptr[i];
+		if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 >= (uint64_t)req->d->pool.count)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "field 'devices': entry %u is not a device of this daemon (0-%d)",
+					 i, req->d->pool.count - 1);
+		for (int j = 0; j < *n; j++)
+			if (devices[j] == (int)o->via.u64)
+				return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+						 "field 'devices': device %d is listed twice", devices[j]);
+		devices[(*n)++] = (int)o->via.u64;
+	}
+	return 1;
+}
+
+/* noop on `device`, or as a gang on every device in `devices` (measures gang dispatch). */
 void op_noop(struct request *req)
 {
 	struct gpuq_error err;
-	int device;
-	if (read_device(req, &device, &err) < 0) {
+	int device = 0, devices[GPUQ_MAX_DEVICES], n;
+	int rc = read_device_list(req, devices, &n, &err);
+	if (rc == 0)
+		rc = read_device(req, &device, &err);
+	if (rc < 0) {
 		reply_error(req, &err);
 		return;
 	}
-	struct job *job = new_job(req, &kind_noop, WORK_NOOP, device);
-	if (job)
-		job_submit(req, job);
+	struct job *job = new_job(req, &kind_noop, WORK_NOOP, n ? devices[0] : device);
+	if (!job)
+		return;
+	if (n > 1 && job_make_gang(job, n) < 0) {
+		job_discard(&req->d->jobs, job);
+		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a %d-device job", n);
+		reply_error(req, &err);
+		return;
+	}
+	for (int i = 0; i < n && job->parts; i++)
+		job->parts[i].device = devices[i];
+	job_submit(req, job);
 }
 
 /* bytes, or count with dtype: the buffer's shape. */

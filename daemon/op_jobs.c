@@ -147,8 +147,14 @@ void job_submit(struct request *req, struct job *job)
 	int rc = read_wait_options(req, &wait, &timeout_ms, &err);
 	if (rc == 0 && d->stopping)
 		rc = gpuq_fail(&err, GPUQ_E_SHUTTING_DOWN, "gpuqd is shutting down; no new jobs");
-	if (rc == 0)
+	if (rc == 0 && job->parts) {
+		struct work *parts[GPUQ_MAX_DEVICES];
+		for (int i = 0; i < job->nparts; i++)
+			parts[i] = &job->parts[i];
+		rc = worker_submit_group(&d->pool, parts, job->nparts, &err);
+	} else if (rc == 0) {
 		rc = worker_submit(&d->pool, &job->work, &err);
+	}
 	if (rc < 0) {
 		job_abandon(d, job, &err);
 		reply_error(req, &err);
@@ -200,25 +206,29 @@ static void job_complete(struct daemon *d, struct job *job)
 	}
 }
 
-static struct job *job_of_work(struct work *work)
-{
-	return (struct job *)((char *)work - offsetof(struct job, work));
-}
-
 void job_on_done(struct work *work, void *arg)
 {
 	struct daemon *d = arg;
-	job_complete(d, job_of_work(work));
+	struct job *job = work->owner;
+	if (!job_work_returned(job))
+		return; /* other parts of its gang are still out */
+	job_complete(d, job);
 	job_evict_history(&d->jobs);
 	if (d->stopping)
 		daemon_shutdown(d); /* finishes once the last job is in */
 }
 
-static void cancel_unqueued(struct daemon *d, struct work *work, const char *why)
+/* Ends a job none of whose works has started (they are out of every queue). */
+static void cancel_unqueued(struct daemon *d, struct job *job, const char *why)
 {
-	gpuq_fail(&work->error, GPUQ_E_CANCELLED, "%s", why);
-	work->result.seconds = 0;
-	job_complete(d, job_of_work(work));
+	int n = job->parts ? job->nparts : 1;
+	for (int i = 0; i < n; i++) {
+		struct work *w = job->parts ? &job->parts[i] : &job->work;
+		gpuq_fail(&w->error, GPUQ_E_CANCELLED, "%s", why);
+		w->result.seconds = 0;
+		job_work_returned(job);
+	}
+	job_complete(d, job);
 }
 
 void jobs_cancel_queued(struct daemon *d)
@@ -227,7 +237,7 @@ void jobs_cancel_queued(struct daemon *d)
 	while (list) {
 		struct work *next = list->next;
 		list->next = NULL;
-		cancel_unqueued(d, list, "cancelled while queued: gpuqd is shutting down");
+		cancel_unqueued(d, list->owner, "cancelled while queued: gpuqd is shutting down");
 		list = next;
 	}
 	job_evict_history(&d->jobs);
@@ -237,7 +247,7 @@ void jobs_cancel_running(struct daemon *d)
 {
 	for (struct job *j = d->jobs.oldest; j; j = j->newer)
 		if (!job_is_finished(j))
-			atomic_store(&j->work.cancel, true);
+			job_request_cancel(j);
 }
 
 /* The job named by the request's `job` field, if the caller may see it. */
@@ -308,6 +318,17 @@ void op_wait(struct request *req)
 		reply_error(req, &err);
 }
 
+/* Takes every work of the job out of its queue, if none has started. */
+static bool job_unqueue(struct daemon *d, struct job *job)
+{
+	if (!job->parts)
+		return worker_unqueue(&d->pool, &job->work);
+	struct work *parts[GPUQ_MAX_DEVICES];
+	for (int i = 0; i < job->nparts; i++)
+		parts[i] = &job->parts[i];
+	return worker_unqueue_group(&d->pool, parts, job->nparts);
+}
+
 void op_cancel(struct request *req)
 {
 	struct gpuq_error err;
@@ -320,12 +341,12 @@ void op_cancel(struct request *req)
 		reply_record(req, job, 0);
 		return;
 	}
-	if (worker_unqueue(&req->d->pool, &job->work)) {
+	if (job_unqueue(req->d, job)) {
 		char why[128];
 		snprintf(why, sizeof why, "cancelled by uid %d while queued", (int)req->conn->uid);
-		cancel_unqueued(req->d, &job->work, why);
+		cancel_unqueued(req->d, job, why);
 	} else {
-		atomic_store(&job->work.cancel, true);
+		job_request_cancel(job);
 	}
 	reply_record(req, job, 1);
 	job_evict_history(&req->d->jobs);

@@ -60,6 +60,14 @@ struct work {
 	struct gpuq_error error; /* code GPUQ_OK on success */
 	struct work_result result;
 
+	/*
+	 * Gangs: a job that runs on several devices at once (a collective, a peer
+	 * copy) has one work per device, queued in one step by
+	 * worker_submit_group. gang_size is how many; 1 for an ordinary job.
+	 */
+	unsigned gang_size;
+	void *owner; /* the daemon's job; the worker never touches it */
+
 	/* Queue link; owned by whichever queue holds the work. */
 	struct work *next;
 };

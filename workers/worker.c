@@ -245,34 +245,114 @@ int worker_pool_start(struct worker_pool *pool, uv_loop_t *loop,
 	return 0;
 }
 
+/* Whether w can take one more work now; the caller holds w->lock. */
+static int worker_check_room(struct worker_pool *pool, struct worker *w, int device,
+			     struct gpuq_error *err)
+{
+	if (!w->healthy || w->stopping || !w->thread_started)
+		return gpuq_fail(err, GPUQ_E_NO_DEVICE, "device %d is unavailable: %s", device,
+				 w->stopping ? "its worker is stopping" : w->health);
+	if (w->depth >= pool->queue_max)
+		return gpuq_fail(err, GPUQ_E_BUSY,
+				 "device %d's queue is full (%u jobs); retry later or raise --queue-depth",
+				 device, pool->queue_max);
+	return 0;
+}
+
+/* Appends work to w's queue and wakes it; the caller holds w->lock. */
+static void worker_enqueue(struct worker *w, struct work *work)
+{
+	work->next = NULL;
+	atomic_store(&work->phase, WORK_QUEUED);
+	if (w->tail)
+		w->tail->next = work;
+	else
+		w->head = work;
+	w->tail = work;
+	w->depth++;
+	pthread_cond_signal(&w->wake);
+}
+
+static int check_device(struct worker_pool *pool, int device, struct gpuq_error *err)
+{
+	if (device < 0 || device >= pool->count)
+		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %d does not exist (devices: 0-%d)",
+				 device, pool->count - 1);
+	return 0;
+}
+
 int worker_submit(struct worker_pool *pool, struct work *work, struct gpuq_error *err)
 {
-	if (work->device < 0 || work->device >= pool->count)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %d does not exist (devices: 0-%d)",
-				 work->device, pool->count - 1);
+	if (check_device(pool, work->device, err) < 0)
+		return -1;
 	struct worker *w = &pool->workers[work->device];
-	int rc = 0;
 	pthread_mutex_lock(&w->lock);
-	if (!w->healthy || w->stopping || !w->thread_started) {
-		rc = gpuq_fail(err, GPUQ_E_NO_DEVICE, "device %d is unavailable: %s", work->device,
-			       w->stopping ? "its worker is stopping" : w->health);
-	} else if (w->depth >= pool->queue_max) {
-		rc = gpuq_fail(err, GPUQ_E_BUSY,
-			       "device %d's queue is full (%u jobs); retry later or raise --queue-depth",
-			       work->device, pool->queue_max);
-	} else {
-		work->next = NULL;
-		atomic_store(&work->phase, WORK_QUEUED);
-		if (w->tail)
-			w->tail->next = work;
-		else
-			w->head = work;
-		w->tail = work;
-		w->depth++;
-		pthread_cond_signal(&w->wake);
-	}
+	int rc = worker_check_room(pool, w, work->device, err);
+	if (rc == 0)
+		worker_enqueue(w, work);
 	pthread_mutex_unlock(&w->lock);
 	return rc;
+}
+
+/*
+ * Locks the workers of a gang in device order (the main thread is the only
+ * one that ever holds two worker locks, so any fixed order is deadlock-free).
+ */
+static int lock_gang(struct worker_pool *pool, struct work **works, int n, bool lock,
+		     struct gpuq_error *err)
+{
+	bool used[GPUQ_MAX_DEVICES] = { false };
+	for (int i = 0; i < n; i++) {
+		if (check_device(pool, works[i]->device, err) < 0)
+			return -1;
+		if (used[works[i]->device])
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "device %d is named twice",
+					 works[i]->device);
+		used[works[i]->device] = true;
+	}
+	for (int d = 0; d < pool->count; d++) {
+		if (!used[d])
+			continue;
+		if (lock)
+			pthread_mutex_lock(&pool->workers[d].lock);
+		else
+			pthread_mutex_unlock(&pool->workers[d].lock);
+	}
+	return 0;
+}
+
+int worker_submit_group(struct worker_pool *pool, struct work **works, int n,
+			struct gpuq_error *err)
+{
+	if (lock_gang(pool, works, n, true, err) < 0)
+		return -1;
+	int rc = 0;
+	for (int i = 0; i < n && rc == 0; i++)
+		rc = worker_check_room(pool, &pool->workers[works[i]->device], works[i]->device, err);
+	for (int i = 0; i < n && rc == 0; i++) {
+		works[i]->gang_size = (unsigned)n;
+		worker_enqueue(&pool->workers[works[i]->device], works[i]);
+	}
+	lock_gang(pool, works, n, false, err);
+	return rc;
+}
+
+/* Removes work from w's queue if it is there; the caller holds w->lock. */
+static bool worker_remove(struct worker *w, struct work *work)
+{
+	struct work **link = &w->head, *prev = NULL;
+	while (*link && *link != work) {
+		prev = *link;
+		link = &(*link)->next;
+	}
+	if (!*link)
+		return false;
+	*link = work->next;
+	if (w->tail == work)
+		w->tail = prev;
+	w->depth--;
+	work->next = NULL;
+	return true;
 }
 
 bool worker_unqueue(struct worker_pool *pool, struct work *work)
@@ -280,23 +360,24 @@ bool worker_unqueue(struct worker_pool *pool, struct work *work)
 	if (work->device < 0 || work->device >= pool->count)
 		return false;
 	struct worker *w = &pool->workers[work->device];
-	bool found = false;
 	pthread_mutex_lock(&w->lock);
-	struct work **link = &w->head, *prev = NULL;
-	while (*link && *link != work) {
-		prev = *link;
-		link = &(*link)->next;
-	}
-	if (*link) {
-		*link = work->next;
-		if (w->tail == work)
-			w->tail = prev;
-		w->depth--;
-		work->next = NULL;
-		found = true;
-	}
+	bool found = worker_remove(w, work);
 	pthread_mutex_unlock(&w->lock);
 	return found;
+}
+
+bool worker_unqueue_group(struct worker_pool *pool, struct work **works, int n)
+{
+	struct gpuq_error err;
+	if (lock_gang(pool, works, n, true, &err) < 0)
+		return false;
+	bool all_queued = true;
+	for (int i = 0; i < n; i++)
+		all_queued = all_queued && atomic_load(&works[i]->phase) == WORK_QUEUED;
+	for (int i = 0; i < n && all_queued; i++)
+		worker_remove(&pool->workers[works[i]->device], works[i]);
+	lock_gang(pool, works, n, false, &err);
+	return all_queued;
 }
 
 struct work *worker_pool_unqueue_all(struct worker_pool *pool)
@@ -305,11 +386,15 @@ struct work *worker_pool_unqueue_all(struct worker_pool *pool)
 	for (int i = 0; i < pool->count; i++) {
 		struct worker *w = &pool->workers[i];
 		pthread_mutex_lock(&w->lock);
-		*end = w->head;
-		while (*end)
-			end = &(*end)->next;
-		w->head = w->tail = NULL;
-		w->depth = 0;
+		struct work *work = w->head;
+		while (work) {
+			struct work *next = work->next;
+			if (work->gang_size <= 1 && worker_remove(w, work)) {
+				*end = work;
+				end = &work->next;
+			}
+			work = next;
+		}
 		pthread_mutex_unlock(&w->lock);
 	}
 	return all;

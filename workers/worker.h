@@ -101,10 +101,25 @@ int worker_pool_start(struct worker_pool *pool, uv_loop_t *loop,
  */
 int worker_submit(struct worker_pool *pool, struct work *work, struct gpuq_error *err);
 
+/*
+ * Queues the n works of a gang (one per device, devices distinct) in one
+ * step: all or none. Because the main thread is the only one that submits,
+ * two gangs over overlapping devices are queued in the same order on every
+ * device they share, so their parts can never cross.
+ */
+int worker_submit_group(struct worker_pool *pool, struct work **works, int n,
+			struct gpuq_error *err);
+
 /* Takes work back if it has not started: true if it was still queued. */
 bool worker_unqueue(struct worker_pool *pool, struct work *work);
+/* Takes a gang back only if none of its parts has started. */
+bool worker_unqueue_group(struct worker_pool *pool, struct work **works, int n);
 
-/* Takes back every queued work of every worker; returns them as a list. */
+/*
+ * Takes back every queued work of every worker (shutdown) and returns them as
+ * a list. Parts of gangs stay queued: a part that runs waits for its
+ * siblings, so they are cancelled through their flags instead.
+ */
 struct work *worker_pool_unqueue_all(struct worker_pool *pool);
 
 void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot *out);

@@ -289,3 +289,49 @@ TEST(stale_socket_replaced_live_daemon_kept)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+static struct gpuq_reply *gang_noop(struct gpuq_client *c, bool wait)
+{
+	struct mp_map req;
+	struct mp_array devices;
+	gpuq_request_begin(c, &req, "noop");
+	mp_array_init(&devices);
+	mp_array_u64(&devices, 0);
+	mp_array_u64(&devices, 1);
+	mp_put_array(&req, "devices", &devices);
+	mp_put_bool(&req, "wait", wait);
+	return call(c, &req, NULL, 0);
+}
+
+TEST(gang_jobs_run_on_every_device_and_cancel_whole)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	if (device_count(c) < 2)
+		SKIP("needs two devices (the host backend has them; this machine has one GPU)");
+	struct gpuq_reply *r = gang_noop(c, true);
+	expect_ok(r, "gang noop");
+	const msgpack_object *devs = reply_path(r, "job.devices");
+	CHECK(devs && devs->type == MSGPACK_OBJECT_ARRAY && devs->via.array.size == 2);
+	gpuq_reply_free(r);
+	/* queued behind a stalled put on device 0: the whole gang waits, then cancels whole */
+	do_alloc(c, "w", 0, 16);
+	int p[2];
+	start_stalled_put(c, "w", p);
+	r = gang_noop(c, false);
+	expect_ok(r, "queued gang");
+	uint64_t gang = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	usleep(50000); /* device 1's part may have run; the job is not over until part 0 is */
+	expect_state(c, gang, "running");
+	r = job_op(c, "cancel", gang, 0);
+	expect_ok(r, "cancel gang");
+	gpuq_reply_free(r);
+	close(p[1]); /* the put ends; part 0 starts, sees the cancel, and the gang ends cancelled */
+	r = job_op(c, "wait", gang, 5000);
+	expect_error(r, GPUQ_E_CANCELLED, NULL);
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
