@@ -33,7 +33,17 @@ NVCCFLAGS ?= -O3 -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-Werror -M
 STATIC_LIBS := $(LIBDIR_STATIC)/libuv_a.a $(LIBDIR_STATIC)/libmsgpackc.a
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
 # [collective] NCCL link flags
+# NCCL is linked dynamically (libnccl.so.2), with an rpath to the directory
+# found here so that the binaries run on this machine; where that directory
+# does not exist the loader finds libnccl.so.2 through ldconfig (the GPU
+# machine's /usr/lib/x86_64-linux-gnu). NCCL_LIBDIR may name the library or
+# its directory.
+NCCL_LIB_DIR := $(patsubst %/,%,$(if $(findstring libnccl.so,$(notdir $(NCCL_LIBDIR))),$(dir $(NCCL_LIBDIR)),$(NCCL_LIBDIR)))
+NCCL_CFLAGS := $(addprefix -I,$(addsuffix /include,$(filter-out /usr $(CUDA_HOME),$(NCCL_HOME))))
+NCCL_LIBS := $(if $(NCCL_LIB_DIR),-L$(NCCL_LIB_DIR) -Xlinker -rpath -Xlinker $(NCCL_LIB_DIR)) -lnccl
 LDLIBS := $(STATIC_LIBS) $(CUDA_LIBS) -lstdc++ -lm -pthread
+LDLIBS += $(NCCL_LIBS)
+ALL_CFLAGS += $(NCCL_CFLAGS)
 
 PROTOCOL_SRC := $(sort $(wildcard protocol/*.c))
 DAEMON_SRC := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c)))
@@ -51,7 +61,8 @@ CORE_OBJ := $(call obj,$(DAEMON_SRC) $(WORKERS_SRC) $(KERNELS_SRC)) $(PROTOCOL_O
 LIBGPUQ_OBJ := $(call obj,$(LIBGPUQ_SRC)) $(PROTOCOL_OBJ)
 
 BINARIES := $(BUILD)/gpuqd $(BUILD)/gpuq $(BUILD)/libgpuq.a $(BUILD)/include/gpuq.h \
-            $(BUILD)/tests/unit $(BUILD)/tests/itest $(BUILD)/tests/kernels_selftest
+            $(BUILD)/tests/unit $(BUILD)/tests/itest $(BUILD)/tests/kernels_selftest \
+            $(BUILD)/tests/copy_selftest
 
 .PHONY: all test gpu-check demo fuzz asan tsan clean deps
 all: $(BINARIES)
@@ -93,6 +104,11 @@ $(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(cal
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_ARCH) -o $@ $^
 
+# [copy] The SM copy kernel, every alignment pair and length, on the GPU (run by gpu-check).
+$(BUILD)/tests/copy_selftest: $(BUILD)/obj/tests/gpu/copy_selftest.o $(call obj,$(KERNELS_SRC))
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_ARCH) -o $@ $^
+
 # Installs the build dependencies where they are missing (Debian/Ubuntu).
 deps:
 	@sh tests/install-deps.sh
@@ -122,5 +138,80 @@ tsan:
 
 clean:
 	rm -rf build build-asan build-tsan
+
+# [service] -------------------------------------------------------------------
+# gpuqd reads its configuration with inih, linked statically like libuv and
+# msgpack-c (Debian's libinih-dev ships libinih.a).
+LDLIBS += $(LIBDIR_STATIC)/libinih.a
+
+# make install / uninstall: PREFIX (default /usr/local) and DESTDIR. The
+# configuration stays under /etc/gpuq whatever PREFIX is, where gpuqd looks.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= $(PREFIX)/sbin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR ?= $(PREFIX)/share/man
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+SYSCONFDIR ?= /etc
+
+INSTALLED := $(BINDIR)/gpuq $(SBINDIR)/gpuqd $(LIBDIR)/libgpuq.a \
+	$(INCLUDEDIR)/gpuq/gpuq.h $(INCLUDEDIR)/gpuq/protocol/msg.h \
+	$(INCLUDEDIR)/gpuq/protocol/protocol.h \
+	$(UNITDIR)/gpuqd.service $(UNITDIR)/gpuqd.socket \
+	$(SYSUSERSDIR)/gpuq.conf $(TMPFILESDIR)/gpuq.conf \
+	$(MANDIR)/man8/gpuqd.8 $(MANDIR)/man1/gpuq.1 \
+	$(SYSCONFDIR)/gpuq/gpuqd.conf.example
+
+# The service tests' stand-in for the service manager (tests/service.sh).
+all: $(BUILD)/tests/svc-helper
+$(BUILD)/tests/svc-helper: tests/service/svc_helper.c
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -MMD -MP,$(ALL_CFLAGS)) -o $@ $<
+
+.PHONY: install uninstall
+install: $(BUILD)/gpuqd $(BUILD)/gpuq $(BUILD)/libgpuq.a
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBDIR) \
+		$(DESTDIR)$(INCLUDEDIR)/gpuq/protocol $(DESTDIR)$(UNITDIR) \
+		$(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(MANDIR)/man8 \
+		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(SYSCONFDIR)/gpuq
+	install -m 0755 $(BUILD)/gpuq $(DESTDIR)$(BINDIR)/gpuq
+	install -m 0755 $(BUILD)/gpuqd $(DESTDIR)$(SBINDIR)/gpuqd
+	install -m 0644 $(BUILD)/libgpuq.a $(DESTDIR)$(LIBDIR)/libgpuq.a
+	install -m 0644 client/gpuq.h $(DESTDIR)$(INCLUDEDIR)/gpuq/gpuq.h
+	install -m 0644 protocol/msg.h protocol/protocol.h $(DESTDIR)$(INCLUDEDIR)/gpuq/protocol/
+	sed 's|/usr/local/sbin/gpuqd|$(SBINDIR)/gpuqd|' systemd/gpuqd.service \
+		> $(DESTDIR)$(UNITDIR)/gpuqd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/gpuqd.service
+	install -m 0644 systemd/gpuqd.socket $(DESTDIR)$(UNITDIR)/gpuqd.socket
+	install -m 0644 systemd/gpuq.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/gpuq.conf
+	install -m 0644 systemd/gpuq.tmpfiles.conf $(DESTDIR)$(TMPFILESDIR)/gpuq.conf
+	install -m 0644 docs/gpuqd.8 $(DESTDIR)$(MANDIR)/man8/gpuqd.8
+	install -m 0644 docs/gpuq.1 $(DESTDIR)$(MANDIR)/man1/gpuq.1
+	install -m 0644 etc/gpuqd.conf.example $(DESTDIR)$(SYSCONFDIR)/gpuq/gpuqd.conf.example
+
+# Removes what install put there; never /etc/gpuq/gpuqd.conf, which is the operator's.
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	rmdir $(DESTDIR)$(INCLUDEDIR)/gpuq/protocol $(DESTDIR)$(INCLUDEDIR)/gpuq \
+		$(DESTDIR)$(SYSCONFDIR)/gpuq 2>/dev/null || true
+
+# [collective] -----------------------------------------------------------------
+# tests/gpuqd-faults: gpuqd with fault injection (GPUQ_FAULT_INJECTION: an
+# allreduce request may ask one rank to hang), for the tests only. The same
+# objects as gpuqd, but collective.c and op_collective.c compiled again with
+# the flag into obj/faults/; the production gpuqd has none of it.
+FAULT_SRC := workers/collective.c daemon/op_collective.c
+FAULT_OBJ := $(patsubst %.c,$(BUILD)/obj/faults/%.o,$(FAULT_SRC))
+all: $(BUILD)/tests/gpuqd-faults
+$(BUILD)/obj/faults/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DGPUQ_FAULT_INJECTION -c $< -o $@
+$(BUILD)/tests/gpuqd-faults: $(BUILD)/obj/daemon/main.o \
+		$(filter-out $(call obj,$(FAULT_SRC)),$(CORE_OBJ)) $(FAULT_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -40,8 +40,10 @@ struct gpuq_reply {
 
 /*
  * The socket path used when none is given: $GPUQ_SOCKET if set, else
- * /run/gpuq/gpuqd.sock for root, else $XDG_RUNTIME_DIR/gpuq.sock (falling
- * back to /run/gpuq/gpuqd.sock when XDG_RUNTIME_DIR is unset). Static storage.
+ * /run/gpuq/gpuqd.sock for root, else $XDG_RUNTIME_DIR/gpuq.sock (a user's
+ * own daemon) unless it does not exist and /run/gpuq/gpuqd.sock (the system
+ * service's) does, falling back to /run/gpuq/gpuqd.sock when
+ * XDG_RUNTIME_DIR is unset. Static storage.
  */
 const char *gpuq_default_socket(void);
 

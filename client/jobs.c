@@ -119,21 +119,43 @@ int cmd_checksum(struct cli *cli)
 	return buffer_job(cli, "checksum");
 }
 
-/* put and get: the buffer, the window, and the descriptor the bytes move through. */
+/* FILE "scratch:": no file; gpuqd makes the bytes up (put) or drops them (get). */
+#define SCRATCH "scratch:"
+
+/*
+ * put and get: the buffer (BUF may carry a range, NAME[OFFSET:LENGTH]), the
+ * window, the options, and the descriptor the bytes move through (-1: the
+ * scratch source or sink). On a terminal a progress bar runs on stderr
+ * while the job does; it is cleared before the summary is printed.
+ */
 static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
 {
+	struct progress_bar bar;
+	struct gpuq_reply *r;
 	struct mp_map req;
+	char label[128];
 	int rc = job_begin(cli, &req, op);
 
 	if (rc)
 		return rc;
 	mp_put_str(&req, "buffer", buf);
-	mp_put_u64(&req, "fds", 1);
+	if (fd >= 0)
+		mp_put_u64(&req, "fds", 1);
+	else
+		mp_put_bool(&req, "scratch", true);
 	if (cli->has_offset)
 		mp_put_u64(&req, "offset", cli->offset);
 	if (cli->has_length)
 		mp_put_u64(&req, "length", cli->length);
-	return job_send(cli, &req, &fd, 1);
+	if (cli->verify)
+		mp_put_bool(&req, "verify", true);
+	if (cli->path)
+		mp_put_str(&req, "path", cli->path);
+	snprintf(label, sizeof(label), "%s %s", op, buf);
+	progress_begin(cli, &req, &bar, label);
+	rc = cli_call(cli, &req, &fd, fd >= 0, &r);
+	progress_end(cli, &bar);
+	return rc ? rc : cli_finish_job(cli, r);
 }
 
 /* A FILE that cannot be opened is the command line's fault: exit 2. */
@@ -151,6 +173,8 @@ int cmd_put(struct cli *cli)
 
 	if (strcmp(path, "-") == 0)
 		return transfer(cli, "put", cli->args[1], STDIN_FILENO);
+	if (strcmp(path, SCRATCH) == 0)
+		return transfer(cli, "put", cli->args[1], -1);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return open_failed(cli, path, "reading");
@@ -179,7 +203,12 @@ int cmd_get(struct cli *cli)
 
 	if (strcmp(path, "-") == 0)
 		return get_to_stdout(cli);
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	if (strcmp(path, SCRATCH) == 0)
+		return transfer(cli, "get", cli->args[0], -1);
+	/* Read and write where allowed: gpuqd can then map the file and write it in parallel. */
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	if (fd < 0 && errno == EACCES)
+		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
 	if (fd < 0)
 		return open_failed(cli, path, "writing");
 	rc = transfer(cli, "get", cli->args[0], fd);

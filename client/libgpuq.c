@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,15 +72,20 @@ static void default_socket_init(void)
 {
 	const char *env = getenv("GPUQ_SOCKET");
 	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	char own[PATH_MAX];
+	struct stat st;
 
-	if (env && *env)
+	if (env && *env) {
 		snprintf(default_socket_path, sizeof(default_socket_path), "%s", env);
-	else if (geteuid() != 0 && xdg && *xdg)
-		snprintf(default_socket_path, sizeof(default_socket_path),
-			 "%s/gpuq.sock", xdg);
-	else
-		snprintf(default_socket_path, sizeof(default_socket_path),
-			 "/run/gpuq/gpuqd.sock");
+		return;
+	}
+	snprintf(default_socket_path, sizeof(default_socket_path), "/run/gpuq/gpuqd.sock");
+	if (geteuid() == 0 || !xdg || !*xdg)
+		return;
+	/* [service] Others: their own daemon's socket if it exists, else the system service's. */
+	snprintf(own, sizeof(own), "%s/gpuq.sock", xdg);
+	if (stat(own, &st) == 0 || stat(default_socket_path, &st) < 0)
+		snprintf(default_socket_path, sizeof(default_socket_path), "%s", own);
 }
 
 const char *gpuq_default_socket(void)

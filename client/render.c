@@ -151,6 +151,7 @@ void render_devices(FILE *f, const msgpack_object *reply)
 			device_row(&t, &devs->via.array.ptr[i]);
 	table_print(&t, f);
 	table_free(&t);
+	render_peer_paths(f, devs); /* [copy] */
 }
 
 /* Root sees every user's buffers: show owners only when someone else's are there. */
@@ -285,9 +286,10 @@ static void summary_transfer(FILE *f, const char *op, const char *buf,
 	double gbps = field_f64(res, "gbps", s > 0 ? (double)bytes / s / 1e9 : 0);
 
 	human_rate(rate, sizeof(rate), gbps);
-	fprintf(f, "%s %s: %s in %s (%s, %s)\n", op, buf,
+	fprintf(f, "%s %s: %s in %s (%s, %s%s)\n", op, buf,
 		human_bytes(size, sizeof(size), bytes, 2), human_seconds(secs, sizeof(secs), s),
-		rate, field_str(res, "path", path, sizeof(path), "-"));
+		rate, field_str(res, "path", path, sizeof(path), "-"),
+		field_bool(res, "verified", false) ? ", verified" : ""); /* [copy] */
 }
 
 static void summary_alloc(FILE *f, const char *buf, const msgpack_object *rec,
@@ -316,6 +318,8 @@ static void summary_done(FILE *f, const char *op, const char *buf,
 	human_seconds(run, sizeof(run), field_f64(rec, "run_s", -1));
 	if (strcmp(op, "put") == 0 || strcmp(op, "get") == 0)
 		summary_transfer(f, op, buf, res);
+	else if (strcmp(op, "copy") == 0) /* [copy] */
+		render_copy_summary(f, res);
 	else if (strcmp(op, "alloc") == 0)
 		summary_alloc(f, buf, rec, res);
 	else if (strcmp(op, "checksum") == 0)

@@ -63,6 +63,76 @@ int buffer_ref_parse(const char *ref, const char *field, char name[BUFFER_NAME_M
 	return buffer_name_check(name, err);
 }
 
+/* One bound of a range: "" (absent) or a size. 1 when given, 0 absent, -1 malformed. */
+static int parse_bound(const char *s, size_t len, uint64_t *out)
+{
+	char buf[32];
+	if (len == 0)
+		return 0;
+	if (len >= sizeof buf)
+		return -1;
+	memcpy(buf, s, len);
+	buf[len] = '\0';
+	return gpuq_parse_size(buf, out) == 0 ? 1 : -1;
+}
+
+/* "[OFFSET:LENGTH]" at the end of a reference (range points at '['). */
+static int parse_range(const char *ref, const char *range, const char *field,
+		       struct buffer_ref *out, struct gpuq_error *err)
+{
+	const char *colon = strchr(range, ':');
+	size_t len = strlen(range);
+	int has_offset = -1, has_length = -1;
+	if (colon && range[len - 1] == ']' && colon < range + len - 1) {
+		has_offset = parse_bound(range + 1, (size_t)(colon - range - 1), &out->offset);
+		has_length = parse_bound(colon + 1, (size_t)(range + len - 2 - colon), &out->length);
+	}
+	if (has_offset < 0 || has_length < 0 || (!has_offset && !has_length))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field '%s': '%s' has a malformed range; write NAME[OFFSET:LENGTH], "
+				 "NAME[OFFSET:] or NAME[:LENGTH] with sizes such as 4096, 64K, 1G",
+				 field, ref);
+	out->has_range = true;
+	out->has_length = has_length == 1;
+	return 0;
+}
+
+int buffer_ref_parse_range(const char *ref, const char *field, struct buffer_ref *out,
+			   struct gpuq_error *err)
+{
+	char head[BUFFER_NAME_MAX + 32];
+	const char *range = strchr(ref, '[');
+	size_t len = range ? (size_t)(range - ref) : strlen(ref);
+	memset(out, 0, sizeof *out);
+	out->device = -1;
+	if (len >= sizeof head)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': name longer than %d characters",
+				 field, BUFFER_NAME_MAX);
+	memcpy(head, ref, len);
+	head[len] = '\0';
+	if (buffer_ref_parse(head, field, out->name, &out->device, err) < 0)
+		return -1;
+	return range ? parse_range(ref, range, field, out, err) : 0;
+}
+
+int buffer_range_check(const struct buffer *b, uint64_t offset, bool has_length,
+		       uint64_t length, uint64_t *out_length, struct gpuq_error *err)
+{
+	if (offset > b->bytes)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "offset %llu is past the end of buffer '%s@%d' (%llu bytes)",
+				 (unsigned long long)offset, b->name, b->device,
+				 (unsigned long long)b->bytes);
+	if (has_length && length > b->bytes - offset)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "%llu bytes at offset %llu are outside buffer '%s@%d' (%llu bytes); "
+				 "the range must end by byte %llu",
+				 (unsigned long long)length, (unsigned long long)offset, b->name,
+				 b->device, (unsigned long long)b->bytes, (unsigned long long)b->bytes);
+	*out_length = has_length ? length : b->bytes - offset;
+	return 0;
+}
+
 struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name, int device)
 {
 	for (struct buffer *b = t->head; b; b = b->next)

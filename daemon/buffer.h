@@ -48,6 +48,33 @@ int buffer_name_check(const char *name, struct gpuq_error *err);
 int buffer_ref_parse(const char *ref, const char *field, char name[BUFFER_NAME_MAX + 1],
 		     int *device, struct gpuq_error *err);
 
+/*
+ * A reference with an optional byte range, as put, get and copy take it:
+ * NAME, NAME@GPU, either followed by [OFFSET:LENGTH], [OFFSET:] (to the end)
+ * or [:LENGTH] (from 0). OFFSET and LENGTH are sizes (4096, 64K, 1.5G).
+ * "w0@1[4K:1M]" is 1 MiB of w0 on GPU 1 from byte 4096.
+ */
+struct buffer_ref {
+	char name[BUFFER_NAME_MAX + 1];
+	int device;      /* -1 when no @GPU was given */
+	bool has_range;  /* a [...] part was given */
+	uint64_t offset; /* 0 unless given */
+	bool has_length; /* false: to the end of the buffer */
+	uint64_t length;
+};
+
+/* Splits ref as above; -1 with a bad_request naming `field` when malformed. */
+int buffer_ref_parse_range(const char *ref, const char *field, struct buffer_ref *out,
+			   struct gpuq_error *err);
+
+/*
+ * Checks [offset, offset + length) against b's size; without has_length the
+ * range runs to the end of b. Sets *out_length. -1 with a bad_request naming
+ * the buffer, its size and the range when it does not lie inside b.
+ */
+int buffer_range_check(const struct buffer *b, uint64_t offset, bool has_length,
+		       uint64_t length, uint64_t *out_length, struct gpuq_error *err);
+
 /* The buffer of owner called name on device, or NULL. */
 struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name, int device);
 

@@ -12,6 +12,7 @@
 #include "daemon/job.h"
 #include "daemon/options.h"
 #include "daemon/server.h"
+#include "daemon/service.h"
 #include "protocol/msg.h"
 #include "workers/clock.h"
 #include "workers/worker.h"
@@ -31,6 +32,7 @@ struct daemon {
 	uv_timer_t shutdown_timer;
 	bool shutdown_timer_armed;
 	bool shutdown_cancel_sent;
+	struct service svc; /* [service] configuration, systemd, quotas, metrics */
 };
 
 /* One request being handled: what handlers need to read it and answer. */
@@ -67,9 +69,37 @@ void op_status(struct request *req);
 void op_wait(struct request *req);
 void op_cancel(struct request *req);
 /* [copy] */
+void op_bench_copy(struct request *req);
+/* op_copy.c, op_bench_d2d.c: device-to-device copies and their benchmark */
+void op_copy(struct request *req);
+void op_bench_d2d(struct request *req);
+/*
+ * How a copy from device src to device dst travels: "self" when they are
+ * one, the peer link's name ("nvlink", "pcie-p2p", "p2p", "same-gpu",
+ * "host-memcpy") when dst can read src's buffers directly (*direct), else
+ * "host-staged".
+ */
+const char *copy_peer_path(struct daemon *d, int src, int dst, bool *direct);
+/* op_buffer.c: the buffer named by `field`, with an optional [OFFSET:LENGTH] range in *ref. */
+struct buffer *read_buffer_ref(struct request *req, const char *field, struct buffer_ref *ref,
+			       struct gpuq_error *err);
+/* progress.c: progress events for waiters that asked (`progress: true`). */
+void progress_watch(struct daemon *d);
+void progress_close(struct daemon *d);
+/* Marks w (the waiter req just registered) for progress events if req asked. */
+void progress_request(struct request *req, struct waiter *w);
 /* [chain] */
+/* op_chain.c: run (a kernel chain on a buffer), stats (per-device counters), bench_chain */
+void op_run(struct request *req);
+void op_stats(struct request *req);
+void op_bench_chain(struct request *req);
 /* [collective] */
+/* op_collective.c: allreduce (one part per device, queued in one step) and its benchmark */
+void op_allreduce(struct request *req);
+void op_bench_allreduce(struct request *req);
 /* [service] */
+void op_metrics(struct request *req);
+void op_shutdown(struct request *req);
 
 /* op_buffer.c: pieces shared by the job-creating handlers. */
 extern const struct job_kind kind_put, kind_get;
@@ -83,6 +113,12 @@ void job_attach_buffer(struct job *job, struct buffer *b);
  * set, 0 when absent, -1 with err.
  */
 int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err);
+/*
+ * The benchmarks' `sizes` field: 1 to max byte counts of at most 1 TiB;
+ * absent, 256 MiB, 1 GiB and 4 GiB.
+ */
+int read_bench_sizes(struct request *req, uint64_t *sizes, unsigned max, unsigned *n,
+		     struct gpuq_error *err);
 /* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
 struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
 

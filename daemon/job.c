@@ -7,6 +7,8 @@
 
 static void job_free(struct job *job)
 {
+	if (job->release)
+		job->release(job);
 	free(job->parts);
 	free(job);
 }

@@ -29,6 +29,7 @@ struct waiter {
 	uint64_t request_id;
 	uv_timer_t timer; /* armed only with a timeout */
 	bool timer_armed;
+	bool progress; /* the request asked for progress events (daemon/progress.c) */
 	struct waiter *job_prev, *job_next;
 	struct waiter *conn_prev, *conn_next;
 };
@@ -50,6 +51,8 @@ struct job {
 	gid_t gid;
 	pid_t pid;
 	struct buffer *buffer; /* held (users++) until the job finishes */
+	/* [copy] copy's destination (and [chain] run's --out), held like `buffer`; released (and cleared) when the job ends */
+	struct buffer *buffer2;
 	char buffer_label[BUFFER_NAME_MAX + 16]; /* "w0@1", kept after the buffer goes */
 	struct work work;
 	/*
@@ -59,6 +62,8 @@ struct job {
 	 */
 	struct work *parts;
 	int nparts, parts_done;
+	/* Frees what the op attached to the job (work.spec) when the job is freed. May be NULL. */
+	void (*release)(struct job *job);
 	double submitted, finished;
 	double run_seconds;
 	struct gpuq_error error;

@@ -1,13 +1,40 @@
 #include "daemon/log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static _Atomic int current_level = LOG_LEVEL_INFO;
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
+/* syslog priorities: err, warning, info, debug */
+static const int level_priorities[] = { 3, 4, 6, 7 };
+
+/*
+ * Whether stderr is the journal: systemd sets JOURNAL_STREAM to the
+ * device and inode of the stream it connects, and a "<N>" prefix then gives
+ * each line its priority (sd-daemon(3)). The journal records the pid and
+ * the time, so the line carries neither.
+ */
+static pthread_once_t journal_once = PTHREAD_ONCE_INIT;
+static bool to_journal;
+
+static void detect_journal(void)
+{
+	const char *env = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+	char tail;
+	if (env && sscanf(env, "%llu:%llu%c", &dev, &ino, &tail) == 2 &&
+	    fstat(STDERR_FILENO, &st) == 0 && (unsigned long long)st.st_dev == dev &&
+	    (unsigned long long)st.st_ino == ino)
+		to_journal = true;
+}
 
 void log_set_level(enum log_level level)
 {
@@ -35,7 +62,11 @@ void log_msg(enum log_level level, const char *fmt, ...)
 	if ((int)level > atomic_load(&current_level))
 		return;
 	char line[2048];
-	int n = snprintf(line, sizeof line, "gpuqd[%d]: %s: ", (int)getpid(), level_names[level]);
+	pthread_once(&journal_once, detect_journal);
+	int n = to_journal ? snprintf(line, sizeof line, "<%d>%s: ", level_priorities[level],
+				      level_names[level])
+			   : snprintf(line, sizeof line, "gpuqd[%d]: %s: ", (int)getpid(),
+				      level_names[level]);
 	va_list ap;
 	va_start(ap, fmt);
 	int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);

@@ -15,8 +15,13 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "workers/copy_pool.h"
 
 #define EXIT_NO_DEVICE 69
+#define EXIT_CONFIG 78 /* sysexits' EX_CONFIG: the unit does not restart on it */
+
+/* [copy] The host copy threads (workers/copy_pool.h); the workers hold the pointer too. */
+static struct copy_pool *copy_pool;
 
 static void on_signal(uv_signal_t *handle, int signum)
 {
@@ -58,7 +63,14 @@ static int start_workers(struct daemon *d)
 	struct gpuq_error err;
 	if (choose_devices(d, ordinals, &count) < 0)
 		return -1;
-	if (worker_pool_start(&d->pool, d->loop, d->ops, ordinals, count, &d->opt.device,
+	/* [copy] The copy threads serve every worker: they start first and stop last. */
+	struct device_config config = d->opt.device;
+	config.copy_pool = copy_pool = copy_pool_start(d->opt.copy_threads, &err);
+	if (!copy_pool) {
+		log_error("cannot start the copy threads: %s", err.message);
+		return -1;
+	}
+	if (worker_pool_start(&d->pool, d->loop, d->ops, ordinals, count, &config,
 			      d->opt.queue_depth, d->opt.spin_us, job_on_done, d, &err) < 0) {
 		log_error("cannot start the device workers: %s", err.message);
 		return -1;
@@ -92,7 +104,8 @@ static void print_probe(struct daemon *d)
 static int run_probe(struct daemon *d, int healthy)
 {
 	print_probe(d);
-	worker_pool_stop(&d->pool, 5000);
+	if (worker_pool_stop(&d->pool, 5000) == 0)
+		copy_pool_stop(copy_pool); /* [copy] */
 	uv_run(d->loop, UV_RUN_DEFAULT);
 	return healthy > 0 ? 0 : EXIT_NO_DEVICE;
 }
@@ -136,6 +149,9 @@ static void run_loop(struct daemon *d)
 
 static void daemon_free(struct daemon *d)
 {
+	/* [copy] Workers that did not stop may still hand the copy threads work: then leave them. */
+	if (!d->pool.workers)
+		copy_pool_stop(copy_pool);
 	while (d->buffers.head)
 		buffer_remove(&d->buffers, d->buffers.head);
 	job_table_destroy(&d->jobs);
@@ -152,7 +168,9 @@ int main(int argc, char **argv)
 	int rc = options_parse(&d->opt, argc, argv);
 	if (rc != 0)
 		return rc > 0 ? 0 : 2;
-	log_set_level(d->opt.log_level);
+	rc = service_configure(d, argc, argv); /* the file, then the command line again */
+	if (rc != 0)
+		return rc > 0 ? 0 : d->opt.check_config ? 1 : EXIT_CONFIG;
 	signal(SIGPIPE, SIG_IGN);
 	d->loop = uv_default_loop();
 	d->ops = backend_by_name(d->opt.backend);
@@ -167,16 +185,19 @@ int main(int argc, char **argv)
 	if (healthy == 0)
 		log_error("no healthy device; serving anyway so that clients see why");
 	char msg[512] = "";
-	if (init_handles(d) < 0 ||
-	    server_listen(&d->server, d, d->loop, d->opt.socket_path, d->opt.socket_group,
-			  d->opt.max_frame, msg, sizeof msg) < 0) {
+	if (init_handles(d) < 0 || service_listen(d, msg, sizeof msg) < 0) {
 		if (msg[0])
 			log_error("%s", msg);
 		worker_pool_stop(&d->pool, 5000);
 		return 1;
 	}
 	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
-		 d->opt.socket_path, d->pool.count, d->ops->name, (int)getpid());
+		 d->server.path, d->pool.count, d->ops->name, (int)getpid());
+	if (service_start(d) < 0) {
+		daemon_shutdown(d);
+		uv_run(d->loop, UV_RUN_DEFAULT);
+		return 1;
+	}
 	run_loop(d);
 	daemon_free(d);
 	log_info("stopped");

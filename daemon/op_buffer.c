@@ -37,6 +37,10 @@ static void render_transfer(const struct job *job, struct mp_map *out)
 	mp_put_f64(out, "seconds", r->seconds);
 	mp_put_f64(out, "gbps", r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0);
 	mp_put_str(out, "path", r->path ? r->path : "none");
+	if (job->work.verify) { /* [copy] a done job's checksums matched */
+		mp_put_bool(out, "verified", true);
+		mp_put_u64(out, "checksum", r->checksum);
+	}
 }
 
 static void render_alloc(const struct job *job, struct mp_map *out)
@@ -155,6 +159,29 @@ struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
 	return b;
 }
 
+/*
+ * [copy] The buffer named by `field`, which may carry a range
+ * (NAME@GPU[OFFSET:LENGTH], daemon/buffer.h), ready for a job to use; *ref
+ * holds the parsed reference. The range is not checked against the buffer.
+ */
+struct buffer *read_buffer_ref(struct request *req, const char *field, struct buffer_ref *ref,
+			       struct gpuq_error *err)
+{
+	char text[BUFFER_NAME_MAX + 96];
+	uid_t owner;
+	int rc = msg_get_str(req->map, field, text, sizeof text, err);
+	if (rc == 0)
+		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+			  "field '%s' (NAME, NAME@GPU, optionally [OFFSET:LENGTH]) is required", field);
+	if (rc <= 0 || buffer_ref_parse_range(text, field, ref, err) < 0 ||
+	    read_owner(req, &owner, err) < 0)
+		return NULL;
+	struct buffer *b = buffer_resolve(&req->d->buffers, owner, ref->name, ref->device, err);
+	if (b && buffer_check_usable(b, err) < 0)
+		return NULL;
+	return b;
+}
+
 int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err)
 {
 	const msgpack_object *list;
@@ -179,6 +206,35 @@ int read_device_list(struct request *req, int *devices, int *n, struct gpuq_erro
 		devices[(*n)++] = (int)o->via.u64;
 	}
 	return 1;
+}
+
+int read_bench_sizes(struct request *req, uint64_t *sizes, unsigned max, unsigned *n,
+		     struct gpuq_error *err)
+{
+	static const uint64_t defaults[] = { 256ull << 20, 1ull << 30, 4ull << 30 };
+	static const uint64_t max_size = 1ull << 40;
+	const msgpack_object *list;
+	int rc = msg_get_array(req->map, "sizes", &list, err);
+	*n = 0;
+	if (rc < 0)
+		return -1;
+	if (rc == 0) {
+		for (unsigned i = 0; i < 3 && i < max; i++)
+			sizes[(*n)++] = defaults[i];
+		return 0;
+	}
+	if (list->via.array.size == 0 || list->via.array.size > max)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'sizes': give 1 to %u sizes, not %u",
+				 max, list->via.array.size);
+	for (uint32_t i = 0; i < list->via.array.size; i++) {
+		const msgpack_object *o = &list->via.array.ptr[i];
+		if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 == 0 ||
+		    o->via.u64 > max_size)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "field 'sizes': entry %u is not a byte count from 1 to 1 TiB", i);
+		sizes[(*n)++] = o->via.u64;
+	}
+	return 0;
 }
 
 /* noop on `device`, or as a gang on every device in `devices` (measures gang dispatch). */
@@ -263,6 +319,10 @@ void op_alloc(struct request *req)
 		gpuq_fail(&err, GPUQ_E_EXISTS,
 			  "buffer '%s' already exists on device %d (%llu bytes of %s); free it or pick another name",
 			  name, device, (unsigned long long)old->bytes, gpuq_dtype_name(old->dtype));
+		reply_error(req, &err);
+		return;
+	}
+	if (quota_check_alloc(req->d, req->conn, device, bytes, &err) < 0) { /* [service] */
 		reply_error(req, &err);
 		return;
 	}

@@ -53,6 +53,15 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	for (int j = 0; j < d->pool.count; j++)
 		mp_array_bool(&peers, j != index && s.peer_access[j]);
 	mp_put_array(&m, "peer_access", &peers);
+	struct mp_array paths; /* [copy] how a copy from this device to each device travels */
+	mp_array_init(&paths);
+	for (int j = 0; j < d->pool.count; j++) {
+		bool direct;
+		mp_array_str(&paths, copy_peer_path(d, index, j, &direct));
+	}
+	mp_put_array(&m, "peer_path", &paths);
+	if (s.peer_note[0])
+		mp_put_str(&m, "peer_path_note", s.peer_note);
 	mp_put_u64(&m, "queue_depth", s.queue_depth);
 	render_counters(&s.counters, &m);
 	mp_array_map(out, &m);

@@ -120,6 +120,10 @@ static void job_abandon(struct daemon *d, struct job *job, const struct gpuq_err
 	job->work.error = *err;
 	if (job->buffer)
 		job->buffer->users--;
+	if (job->buffer2) { /* [copy] */
+		job->buffer2->users--;
+		job->buffer2 = NULL;
+	}
 	if (job->kind->finish)
 		job->kind->finish(d, job);
 	if (job->work.fd >= 0)
@@ -147,6 +151,8 @@ void job_submit(struct request *req, struct job *job)
 	int rc = read_wait_options(req, &wait, &timeout_ms, &err);
 	if (rc == 0 && d->stopping)
 		rc = gpuq_fail(&err, GPUQ_E_SHUTTING_DOWN, "gpuqd is shutting down; no new jobs");
+	if (rc == 0)
+		rc = quota_check_job(d, req->conn, job, &err);
 	if (rc == 0 && job->parts) {
 		struct work *parts[GPUQ_MAX_DEVICES];
 		for (int i = 0; i < job->nparts; i++)
@@ -161,6 +167,7 @@ void job_submit(struct request *req, struct job *job)
 		return;
 	}
 	d->last_dispatch = monotonic_seconds();
+	service_job_started(d, job);
 	log_debug("job %llu: %s on device %d for uid %d", (unsigned long long)job->id,
 		  job->kind->op, job->work.device, (int)job->owner);
 	if (!wait) {
@@ -169,18 +176,35 @@ void job_submit(struct request *req, struct job *job)
 	}
 	if (waiter_add(d, req->conn, req->id, job, timeout_ms, &err) < 0)
 		reply_error(req, &err);
+	else
+		progress_request(req, job->waiters); /* [copy] the waiter just added */
 }
 
+/*
+ * One line per finished job, in key=value form for log tools: who, what,
+ * where, how much, how long and how it ended. Failures the device caused
+ * are errors, other failures warnings, the rest information.
+ */
 static void job_log_outcome(const struct job *job)
 {
-	if (job->state == GPUQ_JOB_DONE)
-		log_debug("job %llu: %s done in %.6f s", (unsigned long long)job->id, job->kind->op,
-			  job->run_seconds);
-	else
-		log_info("job %llu: %s (uid %d, device %d) %s: %s: %s", (unsigned long long)job->id,
-			 job->kind->op, (int)job->owner, job->work.device,
-			 gpuq_job_state_name(job->state), gpuq_errc_name(job->error.code),
-			 job->error.message);
+	char gpus[160];
+	size_t used = 0;
+	int n = job->parts ? job->nparts : 1;
+	for (int i = 0; i < n && used < sizeof gpus; i++)
+		used += (size_t)snprintf(gpus + used, sizeof gpus - used, "%s%d", i ? "," : "",
+					 job->parts ? job->parts[i].device : job->work.device);
+	enum log_level level = LOG_LEVEL_INFO;
+	if (job->error.code == GPUQ_E_DEVICE_ERROR || job->error.code == GPUQ_E_INTERNAL)
+		level = LOG_LEVEL_ERROR;
+	else if (job->state == GPUQ_JOB_FAILED)
+		level = LOG_LEVEL_WARN;
+	double total = job->finished - job->submitted;
+	bool ok = job->state == GPUQ_JOB_DONE;
+	log_msg(level, "job %llu: uid=%d op=%s gpus=%s bytes=%llu duration_s=%.6f run_s=%.6f result=%s%s%s%s%s%s",
+		(unsigned long long)job->id, (int)job->owner, job->kind->op, gpus,
+		(unsigned long long)job->work.result.bytes, total < 0 ? 0 : total, job->run_seconds,
+		gpuq_errc_name(job->error.code), job->buffer_label[0] ? " buffer=" : "",
+		job->buffer_label, ok ? "" : " error=\"", ok ? "" : job->error.message, ok ? "" : "\"");
 }
 
 /*
@@ -190,8 +214,13 @@ static void job_log_outcome(const struct job *job)
 static void job_complete(struct daemon *d, struct job *job)
 {
 	job_mark_finished(&d->jobs, job);
+	service_job_finished(d, job);
 	if (job->buffer)
 		job->buffer->users--;
+	if (job->buffer2) { /* [copy] */
+		job->buffer2->users--;
+		job->buffer2 = NULL;
+	}
 	if (job->kind->finish)
 		job->kind->finish(d, job);
 	if (job->work.fd >= 0) {
@@ -267,8 +296,9 @@ static struct job *lookup_job(struct request *req, struct gpuq_error *err)
 			  req->d->jobs.history_max);
 		return NULL;
 	}
-	if (!job_visible(job, req->conn->uid)) {
-		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED, "job %llu belongs to uid %d",
+	if (!quota_may_see(req->d, req->conn, job->owner)) {
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  "job %llu belongs to uid %d (rule: a job is its owner's, root's and the admin group's)",
 			  (unsigned long long)id, (int)job->owner);
 		return NULL;
 	}
@@ -281,8 +311,9 @@ void op_jobs(struct request *req)
 	struct mp_array list;
 	mp_map_init(&body);
 	mp_array_init(&list);
+	bool admin = quota_is_admin(req->d, req->conn);
 	for (const struct job *j = req->d->jobs.oldest; j; j = j->newer) {
-		if (!job_visible(j, req->conn->uid))
+		if (!admin && j->owner != req->conn->uid)
 			continue;
 		struct mp_map record;
 		mp_map_init(&record);
@@ -316,6 +347,8 @@ void op_wait(struct request *req)
 		reply_outcome(req->conn, req->id, job);
 	else if (waiter_add(req->d, req->conn, req->id, job, timeout_ms, &err) < 0)
 		reply_error(req, &err);
+	else
+		progress_request(req, job->waiters); /* [copy] */
 }
 
 /* Takes every work of the job out of its queue, if none has started. */

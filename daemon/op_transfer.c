@@ -1,7 +1,7 @@
 /*
  * put and get: bytes between a client's descriptor and a buffer. The main
- * thread checks the descriptor and the range before anything moves, so a
- * refused request changes no byte; the worker does the moving
+ * thread checks the descriptor, the range and the options before anything
+ * moves, so a refused request changes no byte; the worker does the moving
  * (workers/transfer.c). Main thread only.
  */
 #include <errno.h>
@@ -11,52 +11,64 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "workers/transfer.h"
 
 /* The one descriptor a put/get carries, checked for the access it needs. */
 static int read_descriptor(struct request *req, bool for_reading, struct gpuq_error *err)
 {
 	const char *op = for_reading ? "put" : "get";
+	struct stat st;
 	if (req->nfds != 1)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "%s needs exactly one descriptor attached (fds: 1), not %d", op,
 				 req->nfds);
 	int flags = fcntl(req->fds[0], F_GETFL);
-	if (flags < 0)
+	if (flags < 0 || fstat(req->fds[0], &st) < 0)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "the descriptor passed to %s: %s", op,
 				 strerror(errno));
 	int mode = flags & O_ACCMODE;
+	if (flags & O_PATH)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "the descriptor passed to %s was opened with O_PATH and can be neither "
+				 "read nor written", op);
 	if (for_reading && mode == O_WRONLY)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "the descriptor passed to put is open for writing only; open the source for reading");
 	if (!for_reading && mode == O_RDONLY)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "the descriptor passed to get is open for reading only; open the destination for writing");
+	if (S_ISDIR(st.st_mode))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "the descriptor passed to %s is a directory",
+				 op);
 	return 0;
 }
 
-/* offset and length within b; *has_length says whether length was given. */
-static int read_range(struct request *req, const struct buffer *b, uint64_t *offset,
-		      uint64_t *length, int *has_length, struct gpuq_error *err)
+/*
+ * offset and length within b: from the reference's [OFFSET:LENGTH] or from
+ * the `offset` and `length` fields, not both. *has_length says whether a
+ * length was given.
+ */
+static int read_range(struct request *req, const struct buffer *b, const struct buffer_ref *ref,
+		      uint64_t *offset, uint64_t *length, bool *has_length, struct gpuq_error *err)
 {
-	*offset = 0;
-	if (msg_get_u64(req->map, "offset", offset, err) < 0 ||
-	    (*has_length = msg_get_u64(req->map, "length", length, err)) < 0)
+	int has_offset = msg_get_u64(req->map, "offset", offset, err);
+	int has_len = has_offset < 0 ? -1 : msg_get_u64(req->map, "length", length, err);
+	if (has_len < 0)
 		return -1;
-	if (*offset > b->bytes)
+	if (ref->has_range && (has_offset || has_len))
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "offset %llu is past the end of buffer '%s@%d' (%llu bytes)",
-				 (unsigned long long)*offset, b->name, b->device,
-				 (unsigned long long)b->bytes);
-	if (!*has_length) {
-		*length = b->bytes - *offset;
-	} else if (*length > b->bytes - *offset) {
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "range [%llu, %llu) is outside buffer '%s@%d' (%llu bytes)",
-				 (unsigned long long)*offset,
-				 (unsigned long long)(*offset + *length), b->name, b->device,
-				 (unsigned long long)b->bytes);
+				 "buffer '%s@%d' is given a range both in 'buffer' ([OFFSET:LENGTH]) and "
+				 "in 'offset'/'length'; give one",
+				 b->name, b->device);
+	if (ref->has_range) {
+		*offset = ref->offset;
+		*length = ref->length;
+		has_len = ref->has_length;
+	} else if (!has_offset) {
+		*offset = 0;
 	}
-	return 0;
+	*has_length = has_len;
+	return buffer_range_check(b, *offset, *has_length, *length, length, err);
 }
 
 /* A regular file that holds more than the room would fail late: refuse it now. */
@@ -77,17 +89,65 @@ static int check_source_fits(int fd, const struct buffer *b, uint64_t offset, ui
 	return 0;
 }
 
+/* `verify` (bool), `path` (auto, staged, registered), `seed` (scratch). */
+static int read_copy_options(struct request *req, bool put, struct work *w,
+			     struct gpuq_error *err)
+{
+	char path[16] = "auto";
+	w->verify = false;
+	if (msg_get_bool(req->map, "verify", &w->verify, err) < 0 ||
+	    msg_get_str(req->map, "path", path, sizeof path, err) < 0 ||
+	    msg_get_u64(req->map, "seed", &w->seed, err) < 0)
+		return -1;
+	if (strcmp(path, "auto") == 0)
+		w->path = TRANSFER_PATH_AUTO;
+	else if (strcmp(path, "staged") == 0)
+		w->path = TRANSFER_PATH_STAGED;
+	else if (strcmp(path, "registered") == 0)
+		w->path = TRANSFER_PATH_REGISTERED;
+	else
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'path': '%s' is not auto, staged or registered", path);
+	if (w->path == TRANSFER_PATH_REGISTERED && w->scratch)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "path registered needs a memfd; a scratch %s has none",
+				 put ? "source" : "sink");
+	if (w->path == TRANSFER_PATH_REGISTERED)
+		return transfer_check_registrable(req->fds[0], put, err);
+	return 0;
+}
+
+/* `scratch`: no descriptor; otherwise exactly one, with the access it needs. */
+static int read_endpoint(struct request *req, bool put, struct work *w, struct gpuq_error *err)
+{
+	w->scratch = false;
+	if (msg_get_bool(req->map, "scratch", &w->scratch, err) < 0)
+		return -1;
+	if (!w->scratch)
+		return read_descriptor(req, put, err);
+	if (req->nfds != 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "a scratch %s takes no descriptor, but %d came with the request",
+				 put ? "source" : "sink", req->nfds);
+	return 0;
+}
+
 static void submit_transfer(struct request *req, bool put)
 {
 	struct gpuq_error err;
+	struct buffer_ref ref;
+	struct work opts;
 	uint64_t offset = 0, length = 0;
-	int has_length = 0;
-	struct buffer *b = read_buffer(req, &err);
-	int rc = b ? read_descriptor(req, put, &err) : -1;
+	bool has_length = false;
+	memset(&opts, 0, sizeof opts);
+	struct buffer *b = read_buffer_ref(req, "buffer", &ref, &err);
+	int rc = b ? read_endpoint(req, put, &opts, &err) : -1;
 	if (rc == 0)
-		rc = read_range(req, b, &offset, &length, &has_length, &err);
-	if (rc == 0 && put && !has_length)
+		rc = read_range(req, b, &ref, &offset, &length, &has_length, &err);
+	if (rc == 0 && put && !has_length && !opts.scratch)
 		rc = check_source_fits(req->fds[0], b, offset, length, &err);
+	if (rc == 0)
+		rc = read_copy_options(req, put, &opts, &err);
 	if (rc < 0) {
 		reply_error(req, &err);
 		return;
@@ -100,8 +160,14 @@ static void submit_transfer(struct request *req, bool put)
 	job->work.offset = offset;
 	job->work.length = length;
 	job->work.length_exact = put && has_length;
-	job->work.fd = req->fds[0];
-	req->fds[0] = -1; /* the job closes it when done */
+	job->work.verify = opts.verify;
+	job->work.path = opts.path;
+	job->work.scratch = opts.scratch;
+	job->work.seed = opts.seed;
+	if (!opts.scratch) {
+		job->work.fd = req->fds[0];
+		req->fds[0] = -1; /* the job closes it when done */
+	}
 	job_submit(req, job);
 }
 

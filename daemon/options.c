@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "protocol/protocol.h"
+#include "workers/chain.h"
 
 static const char usage_text[] =
 	"usage: gpuqd [OPTIONS]\n"
@@ -22,9 +23,18 @@ static const char usage_text[] =
 	"  --devices LIST          backend devices to serve, e.g. 0,2-3 (default: all)\n"
 	"  --host-devices N        devices the host backend makes (default 2)\n"
 	"  --host-mem SIZE         memory of each host-backend device (default 1G)\n"
-	"  --staging-slot SIZE     size of one staging slot (default 8M)\n"
-	"  --staging-slots N       slots in each worker's staging ring (default 4)\n"
+	"  --staging-slot SIZE     size of one staging slot (default 2M)\n"
+	"  --staging-slots N       slots in each worker's staging ring (default 32)\n"
+	"  --copy-threads N        host threads that read and write descriptors for\n"
+	"                          every worker's copies (default: online CPUs, at most 12)\n"
+	"  --register-min SIZE     put/get with path auto register the client's mapping\n"
+	"                          instead of staging from this size (default 0: never)\n"
 	"  --pool-release SIZE     CUDA pool release threshold (default 0)\n"
+	"  --graph-cache N         kernel-chain plans (CUDA graphs) kept per device,\n"
+	"                          least recently used out first (default 64)\n"
+	"  --collective-timeout MS how long an all-reduce waits for its ranks and for\n"
+	"                          the collective before it fails with `timeout`\n"
+	"                          (default 30000; a request may ask for another)\n"
 	"  --queue-depth N         jobs queued per device before `busy` (default 1024)\n"
 	"  --spin US               how long a worker polls for work, and the main thread\n"
 	"                          for a dispatched job's end, before sleeping\n"
@@ -35,6 +45,18 @@ static const char usage_text[] =
 	"  --log-level LEVEL       error, warn, info (default) or debug\n"
 	"  --probe                 open the devices, print them, and exit\n"
 	"                          (0: at least one healthy device, 69: none)\n"
+	"  --config PATH           the configuration file (default " GPUQD_DEFAULT_CONFIG ",\n"
+	"                          read if it exists); the command line wins over it\n"
+	"  --check-config          check the configuration, print what is wrong as\n"
+	"                          FILE:LINE: message, and exit (0: fine, 1: errors)\n"
+	"  --admin-group GROUP     members may see and cancel every job and stop gpuqd\n"
+	"  --job-deadline S        cancel a job that has run S seconds (default 0: never)\n"
+	"  --job-deadline-grace S  a job still running S seconds after its deadline\n"
+	"                          means a stuck worker: the systemd watchdog is\n"
+	"                          withheld so that gpuqd is restarted (default 30)\n"
+	"  --metrics-textfile PATH write `gpuq metrics` to PATH (atomically), for\n"
+	"                          node_exporter's textfile collector\n"
+	"  --metrics-interval S    how often to write it (default 15)\n"
 	"  --help, --version\n";
 
 enum option_id {
@@ -42,6 +64,15 @@ enum option_id {
 	OPT_HOST_MEM, OPT_STAGING_SLOT, OPT_STAGING_SLOTS, OPT_POOL_RELEASE, OPT_QUEUE_DEPTH,
 	OPT_JOB_HISTORY, OPT_SPIN, OPT_SHUTDOWN_TIMEOUT, OPT_MAX_FRAME, OPT_LOG_LEVEL, OPT_PROBE,
 	OPT_HELP, OPT_VERSION,
+	/* [copy] */
+	OPT_COPY_THREADS, OPT_REGISTER_MIN,
+	/* [chain] */
+	OPT_GRAPH_CACHE,
+	/* [collective] */
+	OPT_COLLECTIVE_TIMEOUT,
+	/* [service] */
+	OPT_CONFIG, OPT_CHECK_CONFIG, OPT_ADMIN_GROUP, OPT_JOB_DEADLINE, OPT_JOB_DEADLINE_GRACE,
+	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
 };
 
 static const struct option long_options[] = {
@@ -63,6 +94,21 @@ static const struct option long_options[] = {
 	{ "probe", no_argument, NULL, OPT_PROBE },
 	{ "help", no_argument, NULL, OPT_HELP },
 	{ "version", no_argument, NULL, OPT_VERSION },
+	/* [copy] */
+	{ "copy-threads", required_argument, NULL, OPT_COPY_THREADS },
+	{ "register-min", required_argument, NULL, OPT_REGISTER_MIN },
+	/* [chain] */
+	{ "graph-cache", required_argument, NULL, OPT_GRAPH_CACHE },
+	/* [collective] */
+	{ "collective-timeout", required_argument, NULL, OPT_COLLECTIVE_TIMEOUT },
+	/* [service] */
+	{ "config", required_argument, NULL, OPT_CONFIG },
+	{ "check-config", no_argument, NULL, OPT_CHECK_CONFIG },
+	{ "admin-group", required_argument, NULL, OPT_ADMIN_GROUP },
+	{ "job-deadline", required_argument, NULL, OPT_JOB_DEADLINE },
+	{ "job-deadline-grace", required_argument, NULL, OPT_JOB_DEADLINE_GRACE },
+	{ "metrics-textfile", required_argument, NULL, OPT_METRICS_TEXTFILE },
+	{ "metrics-interval", required_argument, NULL, OPT_METRICS_INTERVAL },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -81,18 +127,33 @@ void options_defaults(struct options *o)
 	o->job_history = 10000;
 	o->spin_us = 50;
 	o->shutdown_timeout_ms = 10000;
-	o->device.staging_slot_bytes = 8u << 20;
-	o->device.staging_slots = 4;
+	o->device.staging_slot_bytes = 2u << 20;
+	o->device.staging_slots = 32;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	o->copy_threads = cpus < 1 ? 1 : cpus > 12 ? 12 : (unsigned)cpus;
 	o->device.pool_release_bytes = 0;
 	o->device.host_arena_bytes = 1ull << 30;
 	o->device.host_devices = 2;
+	o->device.chain_graph_cache = CHAIN_CACHE_DEFAULT; /* [chain] */
+	o->collective_timeout_ms = 30000; /* [collective] */
+	snprintf(o->config_path, sizeof o->config_path, "%s", GPUQD_DEFAULT_CONFIG);
+	o->job_deadline_grace_s = 30;
+	o->metrics_interval_s = 15;
 }
+
+/* options_set keeps the message instead of printing it (a file's errors carry file:line). */
+static bool capture_errors;
+static char captured_error[512];
 
 static int usage_error(const char *fmt, const char *arg)
 {
-	fprintf(stderr, "gpuqd: ");
-	fprintf(stderr, fmt, arg);
-	fprintf(stderr, "\n(see gpuqd --help)\n");
+	char msg[512];
+	snprintf(msg, sizeof msg, fmt, arg);
+	if (capture_errors) {
+		snprintf(captured_error, sizeof captured_error, "%s", msg);
+		return -1;
+	}
+	fprintf(stderr, "gpuqd: %s\n(see gpuqd --help)\n", msg);
 	return -1;
 }
 
@@ -160,7 +221,7 @@ static int set_number(int id, const char *arg, struct options *o)
 		return 0;
 	case OPT_STAGING_SLOTS:
 		if (parse_uint(arg, 2, GPUQ_MAX_STAGING_SLOTS, &n) < 0)
-			return usage_error("--staging-slots takes 2 to 16, not '%s'", arg);
+			return usage_error("--staging-slots takes 2 to 256, not '%s'", arg);
 		o->device.staging_slots = (unsigned)n;
 		return 0;
 	case OPT_POOL_RELEASE:
@@ -187,10 +248,44 @@ static int set_number(int id, const char *arg, struct options *o)
 			return usage_error("--shutdown-timeout takes milliseconds (0 to 3600000), not '%s'", arg);
 		o->shutdown_timeout_ms = (unsigned)n;
 		return 0;
+	case OPT_COPY_THREADS:
+		if (parse_uint(arg, 0, 256, &n) < 0)
+			return usage_error("--copy-threads takes 0 to 256 (0: the workers read and write "
+					   "descriptors themselves), not '%s'", arg);
+		o->copy_threads = (unsigned)n;
+		return 0;
+	case OPT_REGISTER_MIN:
+		if (parse_size_opt(arg, 0, UINT64_MAX, &o->device.register_min_bytes) < 0)
+			return usage_error("--register-min takes a size such as 256M (0: never), not '%s'", arg);
+		return 0;
+	case OPT_GRAPH_CACHE: /* [chain] */
+		if (parse_uint(arg, 1, CHAIN_CACHE_MAX, &n) < 0)
+			return usage_error("--graph-cache takes 1 to 4096 plans per device, not '%s'", arg);
+		o->device.chain_graph_cache = (unsigned)n;
+		return 0;
+	case OPT_COLLECTIVE_TIMEOUT: /* [collective] */
+		if (parse_uint(arg, 1, 3600000, &n) < 0)
+			return usage_error("--collective-timeout takes milliseconds (1 to 3600000), not '%s'", arg);
+		o->collective_timeout_ms = (unsigned)n;
+		return 0;
 	case OPT_MAX_FRAME:
 		if (parse_size_opt(arg, GPUQ_MIN_MAX_FRAME, 1u << 30, &size) < 0)
 			return usage_error("--max-frame takes a size from 4K to 1G, not '%s'", arg);
 		o->max_frame = (size_t)size;
+		return 0;
+	case OPT_JOB_DEADLINE:
+	case OPT_JOB_DEADLINE_GRACE:
+		if (parse_uint(arg, 0, 30u * 24 * 3600, &n) < 0)
+			return usage_error(id == OPT_JOB_DEADLINE
+						   ? "--job-deadline takes seconds (0: none, up to 2592000), not '%s'"
+						   : "--job-deadline-grace takes seconds (0 to 2592000), not '%s'",
+					   arg);
+		*(id == OPT_JOB_DEADLINE ? &o->job_deadline_s : &o->job_deadline_grace_s) = (unsigned)n;
+		return 0;
+	case OPT_METRICS_INTERVAL:
+		if (parse_uint(arg, 1, 86400, &n) < 0)
+			return usage_error("--metrics-interval takes seconds (1 to 86400), not '%s'", arg);
+		o->metrics_interval_s = (unsigned)n;
 		return 0;
 	}
 	return usage_error("internal: option %s has no parser", arg);
@@ -223,6 +318,26 @@ static int set_option(int id, const char *arg, struct options *o)
 	case OPT_PROBE:
 		o->probe = true;
 		return 0;
+	case OPT_CONFIG:
+		if (!*arg || strlen(arg) >= sizeof o->config_path)
+			return usage_error("--config needs a path of 1 to 255 bytes, not '%s'", arg);
+		snprintf(o->config_path, sizeof o->config_path, "%s", arg);
+		o->config_given = true;
+		return 0;
+	case OPT_CHECK_CONFIG:
+		o->check_config = true;
+		return 0;
+	case OPT_ADMIN_GROUP:
+		if (strlen(arg) >= sizeof o->admin_group)
+			return usage_error("--admin-group needs a group name of at most 63 bytes, not '%s'", arg);
+		snprintf(o->admin_group, sizeof o->admin_group, "%s", arg);
+		return 0;
+	case OPT_METRICS_TEXTFILE:
+		if (strlen(arg) >= sizeof o->metrics_textfile || (*arg && *arg != '/'))
+			return usage_error("--metrics-textfile needs an absolute path of at most 255 bytes (or nothing), not '%s'",
+					   arg);
+		snprintf(o->metrics_textfile, sizeof o->metrics_textfile, "%s", arg);
+		return 0;
 	}
 	return set_number(id, arg, o);
 }
@@ -231,6 +346,7 @@ int options_parse(struct options *o, int argc, char **argv)
 {
 	int id;
 	opterr = 0;
+	optind = 0; /* a full restart of getopt: the service reparses argv on reload */
 	while ((id = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
 		if (id == OPT_HELP) {
 			fputs(usage_text, stdout);
@@ -249,4 +365,44 @@ int options_parse(struct options *o, int argc, char **argv)
 	if (optind < argc)
 		return usage_error("unexpected argument '%s'", argv[optind]);
 	return 0;
+}
+
+/* Options that act rather than set (or that name the file itself) stay on the command line. */
+static bool command_line_only(int id)
+{
+	return id == OPT_PROBE || id == OPT_HELP || id == OPT_VERSION || id == OPT_CONFIG ||
+	       id == OPT_CHECK_CONFIG;
+}
+
+int options_set(struct options *o, const char *name, const char *value, char *msg,
+		size_t msgsize)
+{
+	for (const struct option *opt = long_options; opt->name; opt++) {
+		if (strcmp(opt->name, name) != 0 || command_line_only(opt->val))
+			continue;
+		capture_errors = true;
+		int rc = set_option(opt->val, value, o);
+		capture_errors = false;
+		if (rc < 0) {
+			/* "--queue-depth takes ..." reads as "queue-depth takes ..." in a file */
+			const char *m = captured_error;
+			snprintf(msg, msgsize, "%s", strncmp(m, "--", 2) == 0 ? m + 2 : m);
+			return -1;
+		}
+		return 0;
+	}
+	return -2;
+}
+
+const char *options_names(void)
+{
+	static char names[1024];
+	size_t used = 0;
+	if (names[0])
+		return names;
+	for (const struct option *opt = long_options; opt->name; opt++)
+		if (!command_line_only(opt->val) && used < sizeof names)
+			used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
+						 used ? ", " : "", opt->name);
+	return names;
 }

@@ -25,7 +25,23 @@ struct options {
 	unsigned shutdown_timeout_ms; /* for running jobs at SIGTERM */
 	struct device_config device;
 	bool probe; /* open the devices, print them, exit */
+	/* [copy] */
+	unsigned copy_threads; /* host copy threads shared by the workers (workers/copy_pool.c) */
+	/* [collective] */
+	unsigned collective_timeout_ms; /* an all-reduce's default timeout (and its init's floor) */
+	/* [service] */
+	char config_path[256];         /* --config, or the default if it exists */
+	bool config_given;             /* --config was on the command line: it must exist */
+	bool check_config;             /* --check-config: report and exit */
+	char admin_group[64];          /* "" : root alone administers */
+	unsigned job_deadline_s;       /* 0: none; then jobs are cancelled (service.c) */
+	unsigned job_deadline_grace_s; /* after the deadline, before a worker is stuck */
+	char metrics_textfile[256];    /* "" : none */
+	unsigned metrics_interval_s;
 };
+
+#define GPUQD_DEFAULT_CONFIG "/etc/gpuq/gpuqd.conf"
+
 
 /* Sets every default; the socket path depends on the effective uid. */
 void options_defaults(struct options *o);
@@ -35,5 +51,16 @@ void options_defaults(struct options *o);
  * printed (exit 0), or -1 after printing a usage error to stderr (exit 2).
  */
 int options_parse(struct options *o, int argc, char **argv);
+
+/*
+ * Sets the option called name (its long name without "--") from a
+ * configuration file. Returns 0; -1 with msg when the value is wrong; -2
+ * when no option that a file may set has that name (--config,
+ * --check-config, --probe, --help and --version are the command line's).
+ */
+int options_set(struct options *o, const char *name, const char *value, char *msg,
+		size_t msgsize);
+/* The names options_set takes, comma-separated, for error messages. Static storage. */
+const char *options_names(void);
 
 #endif

@@ -25,9 +25,14 @@ static const struct op_entry ops[] = {
 	{ "checksum", op_checksum }, { "jobs", op_jobs },       { "status", op_status },
 	{ "wait", op_wait },       { "cancel", op_cancel },
 	/* [copy] */
+	{ "bench_copy", op_bench_copy },
+	{ "copy", op_copy },       { "bench_d2d", op_bench_d2d },
 	/* [chain] */
+	{ "run", op_run },         { "stats", op_stats },       { "bench_chain", op_bench_chain },
 	/* [collective] */
+	{ "allreduce", op_allreduce }, { "bench_allreduce", op_bench_allreduce },
 	/* [service] */
+	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
 };
 
 static request_handler find_op(const char *name)
@@ -42,7 +47,7 @@ static void refuse_unknown_op(struct request *req, const char *op)
 {
 	char names[256];
 	size_t used = 0;
-	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+	for (size_t i = 0; i < sizeof ops / sizeof ops[0] && used < sizeof names; i++)
 		used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
 					 ops[i].name);
 	struct gpuq_error err;

@@ -366,8 +366,8 @@ static int bind_socket(const char *path, const char *group, char *msg, size_t ms
 	return fd;
 }
 
-int server_listen(struct server *s, struct daemon *d, uv_loop_t *loop, const char *path,
-		  const char *group, size_t max_frame, char *msg, size_t msgsize)
+static void server_init(struct server *s, struct daemon *d, uv_loop_t *loop, size_t max_frame,
+			char *msg)
 {
 	memset(s, 0, sizeof *s);
 	msg[0] = '\0';
@@ -375,25 +375,60 @@ int server_listen(struct server *s, struct daemon *d, uv_loop_t *loop, const cha
 	s->loop = loop;
 	s->max_frame = max_frame;
 	s->listen_fd = -1;
-	snprintf(s->path, sizeof s->path, "%s", path);
-	if (clear_stale_socket(path, msg, msgsize) < 0)
-		return -1;
-	int fd = bind_socket(path, group, msg, msgsize);
-	if (fd < 0)
-		return -1;
-	int rc = uv_poll_init(loop, &s->listen_poll, fd);
+}
+
+/* Polls the listening fd; on failure closes it. */
+static int server_start_accepting(struct server *s, int fd, char *msg, size_t msgsize)
+{
+	int rc = uv_poll_init(s->loop, &s->listen_poll, fd);
 	if (rc == 0)
 		rc = uv_poll_start(&s->listen_poll, UV_READABLE, server_on_listen);
 	if (rc < 0) {
-		snprintf(msg, msgsize, "uv_poll on %s: %s", path, uv_strerror(rc));
+		snprintf(msg, msgsize, "uv_poll on %s: %s", s->path, uv_strerror(rc));
 		close(fd);
-		unlink(path);
 		return -1;
 	}
 	s->listen_poll.data = s;
 	s->listen_fd = fd;
 	s->listening = true;
 	return 0;
+}
+
+int server_listen(struct server *s, struct daemon *d, uv_loop_t *loop, const char *path,
+		  const char *group, size_t max_frame, char *msg, size_t msgsize)
+{
+	server_init(s, d, loop, max_frame, msg);
+	snprintf(s->path, sizeof s->path, "%s", path);
+	if (clear_stale_socket(path, msg, msgsize) < 0)
+		return -1;
+	int fd = bind_socket(path, group, msg, msgsize);
+	if (fd < 0)
+		return -1;
+	if (server_start_accepting(s, fd, msg, msgsize) < 0) {
+		unlink(path);
+		return -1;
+	}
+	return 0;
+}
+
+int server_adopt(struct server *s, struct daemon *d, uv_loop_t *loop, int fd,
+		 size_t max_frame, char *msg, size_t msgsize)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof sa;
+	server_init(s, d, loop, max_frame, msg);
+	s->adopted = true;
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_path[0])
+		snprintf(s->path, sizeof s->path, "%s", sa.sun_path);
+	else
+		snprintf(s->path, sizeof s->path, "(socket %d from the service manager)", fd);
+	int flags = fcntl(fd, F_GETFL);
+	if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+		snprintf(msg, msgsize, "%s: fcntl: %s", s->path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	return server_start_accepting(s, fd, msg, msgsize);
 }
 
 static void server_on_listen_closed(uv_handle_t *handle)
@@ -410,7 +445,7 @@ void server_stop_listening(struct server *s)
 	s->listening = false;
 	uv_poll_stop(&s->listen_poll);
 	uv_close((uv_handle_t *)&s->listen_poll, server_on_listen_closed);
-	if (unlink(s->path) < 0 && errno != ENOENT)
+	if (!s->adopted && unlink(s->path) < 0 && errno != ENOENT)
 		log_warn("cannot remove %s: %s", s->path, strerror(errno));
 }
 

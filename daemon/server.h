@@ -51,6 +51,7 @@ struct server {
 	uv_poll_t listen_poll;
 	int listen_fd;
 	bool listening;
+	bool adopted; /* the socket came from the service manager: never unlink it */
 	char path[108];
 	size_t max_frame;
 	uint64_t next_serial;
@@ -63,7 +64,15 @@ struct server {
  */
 int server_listen(struct server *s, struct daemon *d, uv_loop_t *loop, const char *path,
 		  const char *group, size_t max_frame, char *msg, size_t msgsize);
-/* Stops accepting and removes the socket file. */
+/*
+ * Serves a listening socket passed by the service manager (socket
+ * activation): the path is the manager's, so stopping leaves it in place and
+ * connections that arrive while gpuqd restarts wait in its backlog.
+ * 0, or -1 with msg filled.
+ */
+int server_adopt(struct server *s, struct daemon *d, uv_loop_t *loop, int fd,
+		 size_t max_frame, char *msg, size_t msgsize);
+/* Stops accepting and removes the socket file (unless it was adopted). */
 void server_stop_listening(struct server *s);
 /* Closes every connection (their unsent output is dropped). */
 void server_close_all(struct server *s);

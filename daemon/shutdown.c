@@ -40,8 +40,10 @@ static void daemon_finish(struct daemon *d)
 	if (stuck)
 		log_error("%d device workers did not stop within 5 s", stuck);
 	close_handle((uv_handle_t *)&d->shutdown_timer);
+	progress_close(d); /* [copy] */
 	close_handle((uv_handle_t *)&d->sigterm);
 	close_handle((uv_handle_t *)&d->sigint);
+	service_close(d);
 }
 
 void daemon_shutdown(struct daemon *d)
@@ -49,6 +51,7 @@ void daemon_shutdown(struct daemon *d)
 	static bool finished;
 	if (!d->stopping) {
 		d->stopping = true;
+		service_stopping(d);
 		server_stop_listening(&d->server);
 		jobs_cancel_queued(d);
 		if (d->jobs.active > 0) {

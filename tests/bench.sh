@@ -2,7 +2,7 @@
 # Benchmarks against a private gpuqd on the CUDA backend (host if
 # GPUQ_BENCH_BACKEND=host), each beside its raw baseline measured in the
 # same run. Writes $OUT/bench-table.txt (the short table) and full output.
-set -eu
+set -u
 BUILD=${1:-build}
 OUT=${OUT:-$BUILD/gpu-check}
 mkdir -p "$OUT"
@@ -36,6 +36,48 @@ for spin in 50 0; do
 	stop_daemon
 done
 # [copy]
+# Host<->device copies (and device<->device, where the daemon has bench_d2d):
+# pageable and pinned cudaMemcpy beside gpuq from a memfd, a file and
+# registered, 256 MiB to 4 GiB on a GPU; the host backend's 1G arena gets
+# smaller sizes.
+copy_sizes=256M,1G,4G
+[ "$backend" = cuda ] || copy_sizes=64M,256M
+start_daemon
+echo "-- copy ($backend backend)" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench copy --sizes "$copy_sizes" | tee -a "$table"
+stop_daemon
+# GPUQ_BENCH_COPY_SWEEP=1: the same at 1 GiB under other ring and thread
+# settings, for tuning the defaults (about 10 s each on the H200).
+if [ "${GPUQ_BENCH_COPY_SWEEP:-0}" = 1 ]; then
+	for cfg in "--staging-slot 1M --staging-slots 64" "--staging-slot 4M --staging-slots 16" \
+		"--copy-threads 16" "--copy-threads 8"; do
+		# shellcheck disable=SC2086 # cfg is a list of options
+		start_daemon $cfg
+		echo "-- copy ($backend backend, $cfg)" | tee -a "$table"
+		"$BUILD/gpuq" --socket "$sock" bench copy --sizes 1G | grep -v '^D2D\|^peer' | tee -a "$table"
+		stop_daemon
+	done
+fi
 # [chain]
+# Kernel chains: launch-bound eager vs graph, bandwidth-bound eager/graph/fused
+# beside cudaMemcpy D2D, and graph instantiate/update/hit (1 GiB on a GPU;
+# the host backend's 1G arena holds two 64M buffers).
+chain_bytes=1G
+[ "$backend" = cuda ] || chain_bytes=64M
+start_daemon
+echo "-- chain ($backend backend)" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench chain --bytes "$chain_bytes" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" stats | tee -a "$table"
+stop_daemon
 # [collective]
+# All-reduce over every device: the daemon's path (allreduce jobs, 8 in
+# flight) beside a raw ncclAllReduce loop on the same communicator, 8 B to
+# 512 MiB by 4, every element checked (the host backend's arenas: to 1M).
+allreduce_bytes=8:1G
+[ "$backend" = cuda ] || allreduce_bytes=8:1M
+start_daemon
+echo "-- allreduce ($backend backend, all devices)" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench allreduce --bytes "$allreduce_bytes" --factor 4 \
+	--devices all | tee -a "$table"
+stop_daemon
 rm -rf "$dir"

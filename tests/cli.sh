@@ -70,6 +70,35 @@ check get_stdout 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get w - > \"$dir/ba
 check round_trip_equal 0 cmp "$dir/data" "$dir/back"
 check get_to_file 0 gpuq get w "$dir/back2"
 check round_trip_file_equal 0 cmp "$dir/data" "$dir/back2"
+# [copy] --verify, a range, the path in the summary; no progress bar off a terminal
+check put_verify 0 gpuq put "$dir/data" w --verify
+expect put_verify_summary "staged, verified" out
+check put_no_bar_off_a_terminal 0 test ! -s "$dir/err"
+check get_range 0 gpuq get 'w[4K:8K]' "$dir/part"
+check get_range_bytes 0 sh -c "tail -c +4097 \"$dir/data\" | head -c 8192 | cmp - \"$dir/part\""
+check get_range_outside_is_1 1 gpuq get 'w[1M:1]' "$dir/part"
+expect get_range_outside_says_so "outside buffer" err
+check alloc_scratch 0 gpuq alloc s --bytes 1M
+check put_scratch 0 gpuq put scratch: s --verify
+expect put_scratch_summary "1.00 MiB in .*staged, verified" out
+check get_scratch 0 gpuq get s scratch:
+check free_scratch 0 gpuq free s
+check bench_copy 0 gpuq bench copy --sizes 1M --requests 1
+expect bench_copy_has_rows "gpuq memfd (host)" out
+# [copy] gpuq copy: within a device and between the two, the path said, refusals exit 1
+check copy_alloc 0 gpuq alloc w2 --bytes 1M --device 1
+check copy_between_devices 0 gpuq copy w w2@1 --verify
+expect copy_says_path_and_verified "by host-memcpy, verified" out
+check copy_host_staged 0 gpuq copy 'w[4K:8K]' 'w2@1[1:]' --path host-staged
+expect copy_host_staged_path "w@0\[4096:8192\] -> w2@1\[1:8192\].*host-staged" out
+check copy_back_get 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get 'w2@1[1:8K]' - > \"$dir/copied\""
+check copy_back_bytes 0 sh -c "tail -c +4097 \"$dir/data\" | head -c 8192 | cmp - \"$dir/copied\""
+check copy_sm_within 0 gpuq copy 'w2@1[:4K]' 'w2@1[512K:]' --engine sm
+expect copy_sm_engine "(engine sm)" out
+check copy_overlap_is_1 1 gpuq copy 'w[0:2K]' 'w[1K:]'
+expect copy_overlap_says_so "overlap" err
+check copy_missing_arg_is_2 2 gpuq copy w
+check copy_free_w2 0 gpuq free w2@1
 check put_missing_file_is_2 2 gpuq put "$dir/nonexistent" w
 check free_missing_is_1 1 gpuq free nothere
 expect free_missing_names_it "nothere" err

@@ -4,7 +4,7 @@
 #
 # Tiers: unit (C), integration against the host backend, the same suite
 # against the CUDA backend (each test says "skipped: no cuda device: ..."
-# on a machine without a GPU), and the CLI tests.
+# on a machine without a GPU), the CLI tests, and the service tests.
 # GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
 set -u
 BUILD=${1:-build}
@@ -21,17 +21,23 @@ tier "$BUILD/tests/unit"
 GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
 GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
 tier sh tests/cli.sh "$BUILD"
+tier sh tests/service.sh "$BUILD" # [service] socket activation, notify, config, install
 
 awk -v require_gpu="${GPUQ_REQUIRE_GPU:-0}" '
 /^RESULT / {
 	tier = $2; sub(":", "", tier)
 	p += $3; f += $5; s += $7
-	if (tier == "integration-cuda" && $7 > 0) gpu_skipped += $7
+	if (tier == "integration-cuda") { gpu_passed += $3; gpu_skipped += $7 }
 }
+/skipped: no cuda device/ { no_gpu = 1 }
 END {
-	if (gpu_skipped > 0) {
+	if (no_gpu)
 		print "GPU tests: " gpu_skipped " skipped (no usable CUDA device here; run make gpu-check on a GPU machine)"
-		if (require_gpu == 1) { print "GPU tests were required (GPUQ_REQUIRE_GPU=1)"; f += 1 }
+	else if (gpu_skipped > 0)
+		print "GPU tests: " gpu_skipped " skipped for what this machine lacks (each says why)"
+	if (require_gpu == 1 && (no_gpu || gpu_passed == 0)) {
+		print "GPU tests were required (GPUQ_REQUIRE_GPU=1) and did not run"
+		f += 1
 	}
 	printf "%d passed, %d failed, %d skipped\n", p, f, s
 	exit (f > 0 || p == 0) ? 1 : 0

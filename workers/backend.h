@@ -12,6 +12,7 @@
 #ifndef GPUQ_BACKEND_H
 #define GPUQ_BACKEND_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,7 +20,7 @@
 #include "protocol/protocol.h"
 
 #define GPUQ_MAX_DEVICES 64
-#define GPUQ_MAX_STAGING_SLOTS 16
+#define GPUQ_MAX_STAGING_SLOTS 256
 
 struct device_info {
 	char name[128];
@@ -47,9 +48,38 @@ struct device_config {
 	uint64_t pool_release_bytes;  /* CUDA pool release threshold */
 	uint64_t host_arena_bytes;    /* host backend: bytes a device may hold */
 	int host_devices;             /* host backend: how many devices to make */
+	/* [copy] */
+	struct copy_pool *copy_pool;  /* host copy threads shared by the workers (daemon-owned) */
+	uint64_t register_min_bytes;  /* path auto: register client mappings from this size (0: never) */
+	/* [chain] */
+	unsigned chain_graph_cache;   /* chain plans (CUDA graphs) kept per device: --graph-cache */
 };
 
 struct backend_ops;
+struct copy_pool;
+/*
+ * [copy] Device-to-device copies (workers/copy.c). How a device reaches
+ * another's memory, as open finds it: the kind of link where the driver can
+ * copy directly, or NONE (copies go through host memory, "host-staged").
+ */
+enum peer_link {
+	PEER_LINK_NONE,   /* no peer access: host-staged */
+	PEER_LINK_SAME,   /* the same GPU named twice in --devices */
+	PEER_LINK_NVLINK, /* peer access over NVLink (NVML says so) */
+	PEER_LINK_PCIE,   /* peer access, and NVML says the pair has no NVLink */
+	PEER_LINK_P2P,    /* peer access; the link's kind is unknown (no NVML: see peer_note) */
+	PEER_LINK_HOST,   /* the host backend: a memcpy between arenas */
+};
+/* The engines a copy within one device may use. */
+enum copy_engine { COPY_ENGINE_CE, COPY_ENGINE_SM };
+/* [collective] workers/collective.h */
+struct coll_cache;
+struct coll_call;
+struct coll_id;
+/* [chain] */
+struct chain_spec;
+struct chain_state;
+#define DEVICE_CHAIN_COUNTERS 8
 
 /* One device as its worker sees it. Owned by that worker thread. */
 struct device {
@@ -71,6 +101,31 @@ struct device {
 	bool faulted;
 	char fault_reason[256];
 	void *impl; /* the backend's private state */
+	/* [chain] The kernel-chain state (workers/chain.h): the graph cache, made by
+	 * the worker at the device's first chain and released by close. */
+	struct chain_state *chain;
+	/* [chain] Chain counters: added to by the worker, read by the main thread's
+	 * `stats` op (the one part of a device it reads), hence atomic. */
+	_Atomic uint64_t chain_counters[DEVICE_CHAIN_COUNTERS];
+	/*
+	 * [copy] Filled by open, read-only afterwards: peer_link[j] is how this
+	 * device reaches device j's memory; pool_shared[j] says whether device j
+	 * was granted access to this device's memory pool (where buffers live);
+	 * peer_note says why a link's kind is unknown ("" when nothing to say).
+	 */
+	enum peer_link peer_link[GPUQ_MAX_DEVICES];
+	bool pool_shared[GPUQ_MAX_DEVICES];
+	char peer_note[160];
+	/*
+	 * [copy] The host-staged peer ring of copies from this device: portable
+	 * pinned memory (host_alloc_portable), made by workers/copy.c at the
+	 * first such copy and freed by close (host_free_portable).
+	 */
+	void *peer_ring;
+	size_t peer_ring_bytes;
+	/* [collective] The warm communicators (workers/collective.h), made by the
+	 * worker at the device's first all-reduce and released by close. */
+	struct coll_cache *coll;
 };
 
 struct backend_ops {
@@ -113,8 +168,98 @@ struct backend_ops {
 	int (*slot_wait)(struct device *dev, unsigned slot, struct gpuq_error *err);
 
 	/* [copy] operations of the pipelined-copy issue */
+	/* Non-blocking slot_wait: *ready is true once the slot's last copy is done. */
+	int (*slot_ready)(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err);
+	/*
+	 * The registered path: pins the host range [ptr, ptr + n) (page-aligned)
+	 * for direct copies; read_only when the device only reads it (a put from
+	 * a read-only mapping). host_unregister undoes it.
+	 */
+	int (*host_register)(struct device *dev, void *ptr, size_t n, bool read_only,
+			     struct gpuq_error *err);
+	int (*host_unregister)(struct device *dev, void *ptr, struct gpuq_error *err);
+	/*
+	 * Synchronous copies between registered (or pinned, or, for the benchmark's
+	 * baselines, pageable) host memory and device memory, on the h2d or d2h
+	 * stream. *seconds (may be NULL) is the copy's time between events
+	 * recorded around it on that stream.
+	 */
+	int (*copy_h2d)(struct device *dev, void *dst, const void *src, size_t n, double *seconds,
+			struct gpuq_error *err);
+	int (*copy_d2h)(struct device *dev, void *dst, const void *src, size_t n, double *seconds,
+			struct gpuq_error *err);
+	/* Pinned host memory outside the ring (the benchmark's ceiling). */
+	int (*host_alloc_pinned)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
+	void (*host_free_pinned)(struct device *dev, void *ptr);
+	/*
+	 * [copy] Device-side copies for copy jobs (workers/copy.c). They enqueue
+	 * on the compute stream and return at once; events order them, across
+	 * devices too, and the caller waits on its own events before it returns.
+	 *
+	 * copy_d2d: dst <- src, both on this device, by the copy engine
+	 * (cudaMemcpyAsync) or the SM kernel (kernels_copy).
+	 * copy_peer: dst on this device <- src on device src_index, by the
+	 * driver's peer copy (cudaMemcpyPeerAsync); only where this device has
+	 * peer access to src_index and that device's pool is shared with it
+	 * (the caller checks: without them CUDA would stage silently).
+	 * ring_d2h / ring_h2d: between device memory and portable pinned memory
+	 * from host_alloc_portable (the host-staged peer path's ring).
+	 */
+	int (*copy_d2d)(struct device *dev, void *dst, const void *src, size_t n,
+			enum copy_engine engine, struct gpuq_error *err);
+	int (*copy_peer)(struct device *dev, void *dst, int src_index, const void *src, size_t n,
+			 struct gpuq_error *err);
+	int (*ring_d2h)(struct device *dev, void *host, const void *src, size_t n,
+			struct gpuq_error *err);
+	int (*ring_h2d)(struct device *dev, void *dst, const void *host, size_t n,
+			struct gpuq_error *err);
+	/* Pinned host memory every device may copy from and to (cudaHostAllocPortable). */
+	int (*host_alloc_portable)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
+	void (*host_free_portable)(struct device *dev, void *ptr);
+	/*
+	 * Events. event_record marks the compute stream's work so far;
+	 * event_wait makes the compute stream wait for an event, which may
+	 * belong to another device (recorded by that device's worker);
+	 * event_sync blocks until one of this device's own events is complete;
+	 * event_elapsed gives the seconds between two timing events.
+	 */
+	int (*event_create)(struct device *dev, bool timing, void **event, struct gpuq_error *err);
+	void (*event_destroy)(struct device *dev, void *event);
+	int (*event_record)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*event_wait)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*event_sync)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*event_elapsed)(struct device *dev, void *start, void *end, double *seconds,
+			     struct gpuq_error *err);
 	/* [chain] operations of the kernel-chain issue */
+	/* Runs spec's chain (workers/chain.h) and fills spec->result; synchronous. */
+	int (*chain)(struct device *dev, struct chain_spec *spec, struct gpuq_error *err);
+	/*
+	 * The chain benchmark's baseline: bytes copied device to device, reps
+	 * times, each timed; *seconds is the median of one copy.
+	 */
+	int (*chain_copy_time)(struct device *dev, void *dst, const void *src, uint64_t bytes,
+			       unsigned reps, double *seconds, struct gpuq_error *err);
 	/* [collective] operations of the all-reduce issue */
+	/*
+	 * workers/collective.h drives them; each runs on the rank's worker and
+	 * polls coll_poll while it waits, so none waits past the call's deadline,
+	 * the collective's failure or the part's cancel flag. coll_unique_id
+	 * makes a fresh communicator id (rank 0 only); coll_comm_init makes this
+	 * rank's communicator from it, with every other rank at the same time,
+	 * and on failure releases what it made; coll_allreduce runs spec's
+	 * all-reduce and waits for it; coll_bench times the raw loop into
+	 * spec->bench_us; coll_comm_abort stops and frees at once (after a
+	 * failure); coll_comm_destroy finalizes, then frees (at close).
+	 */
+	int (*coll_unique_id)(struct device *dev, struct coll_id *id, struct gpuq_error *err);
+	int (*coll_comm_init)(struct device *dev, struct coll_call *call, const struct coll_id *id,
+			      void **comm, struct gpuq_error *err);
+	int (*coll_allreduce)(struct device *dev, void *comm, struct coll_call *call,
+			      struct gpuq_error *err);
+	int (*coll_bench)(struct device *dev, void *comm, struct coll_call *call,
+			  struct gpuq_error *err);
+	void (*coll_comm_abort)(struct device *dev, void *comm);
+	void (*coll_comm_destroy)(struct device *dev, void *comm);
 };
 
 extern const struct backend_ops backend_cuda;

@@ -27,6 +27,7 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,7 +37,11 @@
 #include "kernels/kernels.h"
 #include "protocol/protocol.h"
 #include "workers/backend.h"
+#include "workers/chain.h"
+#include "workers/collective_cuda.h" /* [collective] */
 #include "workers/cuda_check.h"
+#include "workers/numa.h"
+#include "workers/peer_link.h"
 
 /* Dtypes are passed to the kernels by value: both enums must agree. */
 _Static_assert((int)KERNELS_BYTES == (int)GPUQ_DTYPE_BYTES && (int)KERNELS_U8 == (int)GPUQ_DTYPE_U8 &&
@@ -55,6 +60,7 @@ struct cuda_state {
 	cudaStream_t compute, h2d, d2h;
 	cudaMemPool_t pool;
 	void *staging; /* one pinned block holding every slot */
+	size_t ring_mapped; /* [copy] bytes mmap'ed on the GPU's node and registered; 0: cudaHostAlloc */
 	cudaEvent_t slot_done[GPUQ_MAX_STAGING_SLOTS];
 	unsigned long long *d_sum; /* the checksum kernel's accumulator */
 	unsigned long long *h_sum; /* pinned: where d_sum is copied back */
@@ -198,6 +204,58 @@ static int cuda_open_pool(struct device *dev, struct cuda_state *st, struct gpuq
 	return 0;
 }
 
+/*
+ * [copy] The ring on the GPU's NUMA node, where the machine has several and
+ * says which: anonymous memory bound there (preferred) before its first
+ * touch, then pinned by cudaHostRegister. Anything short of that, and every
+ * single-node machine, gets cudaHostAlloc's pages (the allocating thread's
+ * node): placement is an optimisation, never a reason for open to fail.
+ */
+static bool cuda_ring_on_node(struct device *dev, struct cuda_state *st, size_t bytes)
+{
+	char bus_id[32];
+	if (cudaDeviceGetPCIBusId(bus_id, (int)sizeof bus_id, dev->ordinal) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return false;
+	}
+	int node = numa_node_of_pci(bus_id);
+	if (node < 0)
+		return false;
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return false;
+	if (numa_prefer_node(p, bytes, node) != 0 ||
+	    cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+		(void)cudaGetLastError();
+		munmap(p, bytes);
+		return false;
+	}
+	st->staging = p;
+	st->ring_mapped = bytes;
+	return true;
+}
+
+static int cuda_alloc_ring(struct device *dev, struct cuda_state *st, size_t bytes,
+			   struct gpuq_error *err)
+{
+	if (cuda_ring_on_node(dev, st, bytes))
+		return 0;
+	CUDA_TRY(dev, err, cudaHostAlloc(&st->staging, bytes, cudaHostAllocDefault));
+	return 0;
+}
+
+static void cuda_free_ring(struct device *dev, struct cuda_state *st)
+{
+	if (st->staging && st->ring_mapped) {
+		CUDA_LOG(dev, cudaHostUnregister(st->staging));
+		munmap(st->staging, st->ring_mapped);
+	} else if (st->staging) {
+		CUDA_LOG(dev, cudaFreeHost(st->staging));
+	}
+	st->staging = NULL;
+	st->ring_mapped = 0;
+}
+
 static int cuda_open_staging(struct device *dev, struct cuda_state *st, struct gpuq_error *err)
 {
 	const struct device_config *c = &dev->config;
@@ -207,8 +265,8 @@ static int cuda_open_staging(struct device *dev, struct cuda_state *st, struct g
 		return gpuq_fail(err, GPUQ_E_INTERNAL,
 				 "[gpu %d] open: %u staging slots of %zu bytes overflow size_t",
 				 dev->index, c->staging_slots, c->staging_slot_bytes);
-	CUDA_TRY(dev, err,
-		 cudaHostAlloc(&st->staging, stride * c->staging_slots, cudaHostAllocDefault));
+	if (cuda_alloc_ring(dev, st, stride * c->staging_slots, err) != 0)
+		return -1;
 	for (unsigned i = 0; i < c->staging_slots; i++) {
 		dev->staging[i] = (char *)st->staging + (size_t)i * stride;
 		CUDA_TRY(dev, err,
@@ -269,6 +327,71 @@ static int cuda_open_peers(struct device *dev, struct cuda_state *st, struct gpu
 			return -1;
 	}
 	return 0;
+}
+
+/*
+ * [copy] Grants every device that can reach this one's memory access to its
+ * pool: peer access (cudaDeviceEnablePeerAccess) does not cover memory
+ * from a cudaMemPool, which each pool's owner must share itself. A grant
+ * CUDA refuses leaves that pair host-staged, with the reason in peer_note.
+ */
+static int cuda_share_pool(struct device *dev, struct cuda_state *st, struct gpuq_error *err)
+{
+	for (int j = 0; j < dev->device_count; j++) {
+		int can = 0, peer = dev->ordinals[j];
+		dev->pool_shared[j] = j != dev->index && peer == dev->ordinal;
+		if (j == dev->index || peer == dev->ordinal)
+			continue;
+		CUDA_TRY(dev, err, cudaDeviceCanAccessPeer(&can, peer, dev->ordinal));
+		if (!can)
+			continue;
+		struct cudaMemAccessDesc desc;
+		memset(&desc, 0, sizeof desc);
+		desc.location.type = cudaMemLocationTypeDevice;
+		desc.location.id = peer;
+		desc.flags = cudaMemAccessFlagsProtReadWrite;
+		cudaError_t e = cudaMemPoolSetAccess(st->pool, &desc, 1);
+		if (e != cudaSuccess && cuda_error_is_sticky(e))
+			return CUDA_FAIL(dev, err, e, "cudaMemPoolSetAccess(pool, gpu j, read-write)");
+		if (e != cudaSuccess) {
+			(void)cudaGetLastError();
+			snprintf(dev->peer_note, sizeof dev->peer_note,
+				 "cudaMemPoolSetAccess for gpu %d failed: %s; copies to it are host-staged",
+				 j, cudaGetErrorName(e));
+			continue;
+		}
+		dev->pool_shared[j] = true;
+	}
+	return 0;
+}
+
+/* [copy] What kind of link each peer this device can reach is on (NVML, when there). */
+static void cuda_probe_links(struct device *dev)
+{
+	char self_bus[32], bus[32];
+	bool have_self = cudaDeviceGetPCIBusId(self_bus, (int)sizeof self_bus, dev->ordinal) ==
+			 cudaSuccess;
+	(void)cudaGetLastError();
+	for (int j = 0; j < dev->device_count; j++) {
+		dev->peer_link[j] = PEER_LINK_NONE;
+		if (j == dev->index || !dev->peer_access[j])
+			continue;
+		if (dev->ordinals[j] == dev->ordinal) {
+			dev->peer_link[j] = PEER_LINK_SAME;
+			continue;
+		}
+		char note[sizeof dev->peer_note];
+		int nvlink = -1;
+		if (have_self && cudaDeviceGetPCIBusId(bus, (int)sizeof bus, dev->ordinals[j]) == cudaSuccess)
+			nvlink = peer_link_nvlink(self_bus, bus, note, sizeof note);
+		else
+			snprintf(note, sizeof note, "the PCI bus id of gpu %d is unknown", j);
+		(void)cudaGetLastError();
+		dev->peer_link[j] = nvlink > 0 ? PEER_LINK_NVLINK : nvlink == 0 ? PEER_LINK_PCIE
+									: PEER_LINK_P2P;
+		if (nvlink < 0 && !dev->peer_note[0])
+			snprintf(dev->peer_note, sizeof dev->peer_note, "%s", note);
+	}
 }
 
 /* Copies a string that may fill its whole array, unterminated, as cudaDeviceProp.name may. */
@@ -332,8 +455,7 @@ static void cuda_teardown_staging(struct device *dev, struct cuda_state *st)
 	for (unsigned i = 0; i < GPUQ_MAX_STAGING_SLOTS; i++)
 		if (st->slot_done[i])
 			CUDA_LOG(dev, cudaEventDestroy(st->slot_done[i]));
-	if (st->staging)
-		CUDA_LOG(dev, cudaFreeHost(st->staging));
+	cuda_free_ring(dev, st);
 	if (st->h_sum)
 		CUDA_LOG(dev, cudaFreeHost(st->h_sum));
 	if (st->d_sum)
@@ -383,8 +505,12 @@ static void cuda_teardown(struct device *dev)
 	struct cuda_state *st = dev->impl;
 	if (!st)
 		return;
+	chain_cuda_close(dev); /* [chain] its graphs, stream and events, first */
+	collective_device_close(dev); /* [collective] its communicators, after any graph */
 	if (!dev->faulted) {
 		cuda_teardown_sync(dev, st);
+		if (dev->peer_ring) /* [copy] */
+			CUDA_LOG(dev, cudaFreeHost(dev->peer_ring));
 		cuda_teardown_staging(dev, st);
 		cuda_teardown_peers(dev, st);
 		cuda_teardown_pool(dev, st);
@@ -417,6 +543,9 @@ static int cuda_open(struct device *dev, struct gpuq_error *err)
 		goto fail;
 	if (cuda_open_peers(dev, st, err) != 0)
 		goto fail;
+	if (cuda_share_pool(dev, st, err) != 0) /* [copy] */
+		goto fail;
+	cuda_probe_links(dev); /* [copy] */
 	if (cuda_read_info(dev, err) != 0)
 		goto fail;
 	return 0;
@@ -600,6 +729,211 @@ static int cuda_slot_wait(struct device *dev, unsigned slot, struct gpuq_error *
 	return 0;
 }
 
+/* [copy] */
+static int cuda_slot_ready(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	if (cuda_check_slot(dev, "slot_ready", slot, 0, err) != 0)
+		return -1;
+	cudaError_t e = cudaEventQuery(st->slot_done[slot]);
+	*ready = e == cudaSuccess;
+	if (e == cudaErrorNotReady) {
+		(void)cudaGetLastError(); /* "not ready" is an answer, not an error to report later */
+		return 0;
+	}
+	return e == cudaSuccess ? 0 : CUDA_FAIL(dev, err, e, "cudaEventQuery(slot_done[slot])");
+}
+
+static int cuda_host_register(struct device *dev, void *ptr, size_t n, bool read_only,
+			      struct gpuq_error *err)
+{
+	unsigned flags = cudaHostRegisterDefault;
+	if (read_only) {
+		int supported = 0;
+		CUDA_TRY(dev, err,
+			 cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported,
+						dev->ordinal));
+		if (!supported)
+			return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+					 "[gpu %d] cannot register a read-only mapping: the device does "
+					 "not support cudaHostRegisterReadOnly; pass a descriptor open "
+					 "for reading and writing, or use path staged",
+					 dev->index);
+		flags |= cudaHostRegisterReadOnly;
+	}
+	CUDA_TRY(dev, err, cudaHostRegister(ptr, n, flags));
+	return 0;
+}
+
+static int cuda_host_unregister(struct device *dev, void *ptr, struct gpuq_error *err)
+{
+	CUDA_TRY(dev, err, cudaHostUnregister(ptr));
+	return 0;
+}
+
+/* One copy on stream s, waited for; timed between events around it when seconds is given. */
+static int cuda_copy_sync(struct device *dev, cudaStream_t s, void *dst, const void *src,
+			  size_t n, enum cudaMemcpyKind kind, double *seconds,
+			  struct gpuq_error *err)
+{
+	cudaEvent_t ev[2] = { NULL, NULL };
+	float ms = 0;
+	int rc = -1;
+	if (seconds) {
+		CUDA_TRY_GOTO(dev, err, cudaEventCreate(&ev[0]), out);
+		CUDA_TRY_GOTO(dev, err, cudaEventCreate(&ev[1]), out);
+		CUDA_TRY_GOTO(dev, err, cudaEventRecord(ev[0], s), out);
+	}
+	CUDA_TRY_GOTO(dev, err, cudaMemcpyAsync(dst, src, n, kind, s), out);
+	if (seconds)
+		CUDA_TRY_GOTO(dev, err, cudaEventRecord(ev[1], s), out);
+	CUDA_TRY_GOTO(dev, err, cudaStreamSynchronize(s), out);
+	if (seconds) {
+		CUDA_TRY_GOTO(dev, err, cudaEventElapsedTime(&ms, ev[0], ev[1]), out);
+		*seconds = ms / 1e3;
+	}
+	rc = 0;
+out:
+	for (int i = 0; i < 2; i++)
+		if (ev[i])
+			CUDA_LOG(dev, cudaEventDestroy(ev[i]));
+	return rc;
+}
+
+static int cuda_copy_h2d(struct device *dev, void *dst, const void *src, size_t n,
+			 double *seconds, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	return cuda_copy_sync(dev, st->h2d, dst, src, n, cudaMemcpyHostToDevice, seconds, err);
+}
+
+static int cuda_copy_d2h(struct device *dev, void *dst, const void *src, size_t n,
+			 double *seconds, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	return cuda_copy_sync(dev, st->d2h, dst, src, n, cudaMemcpyDeviceToHost, seconds, err);
+}
+
+static int cuda_host_alloc_pinned(struct device *dev, size_t n, void **ptr,
+				  struct gpuq_error *err)
+{
+	*ptr = NULL;
+	CUDA_TRY(dev, err, cudaHostAlloc(ptr, n, cudaHostAllocDefault));
+	return 0;
+}
+
+static void cuda_host_free_pinned(struct device *dev, void *ptr)
+{
+	if (ptr)
+		CUDA_LOG(dev, cudaFreeHost(ptr));
+}
+
+/*
+ * [copy] Device-to-device copies (workers/copy.c): everything on the
+ * compute stream, ordered by events; the caller syncs its own events.
+ */
+static int cuda_copy_d2d(struct device *dev, void *dst, const void *src, size_t n,
+			 enum copy_engine engine, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	if (engine == COPY_ENGINE_SM)
+		CUDA_TRY(dev, err, kernels_copy(dst, src, n, st->compute));
+	else
+		CUDA_TRY(dev, err,
+			 cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st->compute));
+	return 0;
+}
+
+static int cuda_copy_peer(struct device *dev, void *dst, int src_index, const void *src,
+			  size_t n, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	if (src_index < 0 || src_index >= dev->device_count)
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] copy_peer from device %d of %d",
+				 dev->index, src_index, dev->device_count);
+	CUDA_TRY(dev, err,
+		 cudaMemcpyPeerAsync(dst, dev->ordinal, src, dev->ordinals[src_index], n,
+				     st->compute));
+	return 0;
+}
+
+static int cuda_ring_d2h(struct device *dev, void *host, const void *src, size_t n,
+			 struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	CUDA_TRY(dev, err, cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, st->compute));
+	return 0;
+}
+
+static int cuda_ring_h2d(struct device *dev, void *dst, const void *host, size_t n,
+			 struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	CUDA_TRY(dev, err, cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, st->compute));
+	return 0;
+}
+
+static int cuda_host_alloc_portable(struct device *dev, size_t n, void **ptr,
+				    struct gpuq_error *err)
+{
+	*ptr = NULL;
+	CUDA_TRY(dev, err, cudaHostAlloc(ptr, n, cudaHostAllocPortable));
+	return 0;
+}
+
+static void cuda_host_free_portable(struct device *dev, void *ptr)
+{
+	if (ptr)
+		CUDA_LOG(dev, cudaFreeHost(ptr));
+}
+
+static int cuda_event_create(struct device *dev, bool timing, void **event,
+			     struct gpuq_error *err)
+{
+	cudaEvent_t e = NULL;
+	*event = NULL;
+	CUDA_TRY(dev, err,
+		 cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+	*event = e;
+	return 0;
+}
+
+static void cuda_event_destroy(struct device *dev, void *event)
+{
+	if (event)
+		CUDA_LOG(dev, cudaEventDestroy((cudaEvent_t)event));
+}
+
+static int cuda_event_record(struct device *dev, void *event, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	CUDA_TRY(dev, err, cudaEventRecord((cudaEvent_t)event, st->compute));
+	return 0;
+}
+
+/* The event may be another device's: CUDA lets a stream wait for any device's event. */
+static int cuda_event_wait(struct device *dev, void *event, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	CUDA_TRY(dev, err, cudaStreamWaitEvent(st->compute, (cudaEvent_t)event, 0));
+	return 0;
+}
+
+static int cuda_event_sync(struct device *dev, void *event, struct gpuq_error *err)
+{
+	CUDA_TRY(dev, err, cudaEventSynchronize((cudaEvent_t)event));
+	return 0;
+}
+
+static int cuda_event_elapsed(struct device *dev, void *start, void *end, double *seconds,
+			      struct gpuq_error *err)
+{
+	float ms = 0;
+	CUDA_TRY(dev, err, cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end));
+	*seconds = ms / 1e3;
+	return 0;
+}
+
 const struct backend_ops backend_cuda = {
 	.name = "cuda",
 	.device_count = cuda_device_count,
@@ -614,6 +948,33 @@ const struct backend_ops backend_cuda = {
 	.d2h_async = cuda_d2h_async,
 	.slot_wait = cuda_slot_wait,
 	/* [copy] */
+	.slot_ready = cuda_slot_ready,
+	.host_register = cuda_host_register,
+	.host_unregister = cuda_host_unregister,
+	.copy_h2d = cuda_copy_h2d,
+	.copy_d2h = cuda_copy_d2h,
+	.host_alloc_pinned = cuda_host_alloc_pinned,
+	.host_free_pinned = cuda_host_free_pinned,
+	.copy_d2d = cuda_copy_d2d,
+	.copy_peer = cuda_copy_peer,
+	.ring_d2h = cuda_ring_d2h,
+	.ring_h2d = cuda_ring_h2d,
+	.host_alloc_portable = cuda_host_alloc_portable,
+	.host_free_portable = cuda_host_free_portable,
+	.event_create = cuda_event_create,
+	.event_destroy = cuda_event_destroy,
+	.event_record = cuda_event_record,
+	.event_wait = cuda_event_wait,
+	.event_sync = cuda_event_sync,
+	.event_elapsed = cuda_event_elapsed,
 	/* [chain] */
+	.chain = chain_cuda_run,
+	.chain_copy_time = chain_cuda_copy_time,
 	/* [collective] */
+	.coll_unique_id = cuda_coll_unique_id,
+	.coll_comm_init = cuda_coll_comm_init,
+	.coll_allreduce = cuda_coll_allreduce,
+	.coll_bench = cuda_coll_bench,
+	.coll_comm_abort = cuda_coll_comm_abort,
+	.coll_comm_destroy = cuda_coll_comm_destroy,
 };

@@ -14,6 +14,9 @@
 #include <string.h>
 
 #include "workers/backend.h"
+#include "workers/chain.h"
+#include "workers/clock.h"
+#include "workers/collective_host.h" /* [collective] */
 #include "workers/host_patterns.h"
 
 /*
@@ -72,6 +75,10 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 		dev->staging[i] = (char *)h->staging_block + (size_t)i * slot;
 	for (int j = 0; j < dev->device_count; j++)
 		dev->peer_access[j] = false;
+	for (int j = 0; j < dev->device_count; j++) { /* [copy] every pair: a memcpy */
+		dev->peer_link[j] = j == dev->index ? PEER_LINK_NONE : PEER_LINK_HOST;
+		dev->pool_shared[j] = j != dev->index;
+	}
 	dev->impl = h;
 	host_fill_info(dev);
 	return 0;
@@ -80,12 +87,16 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 static void host_close(struct device *dev)
 {
 	struct host_device *h = dev->impl;
+	chain_host_close(dev); /* [chain] its cached plans */
+	collective_device_close(dev); /* [collective] its communicators */
 	while (h->blocks) {
 		struct host_block *b = h->blocks;
 		h->blocks = b->next;
 		free(b);
 	}
 	free(h->staging_block);
+	free(dev->peer_ring); /* [copy] */
+	dev->peer_ring = NULL;
 	free(h);
 	dev->impl = NULL;
 }
@@ -154,11 +165,30 @@ static int host_fill(struct device *dev, void *ptr, uint64_t bytes, const struct
 			 (int)spec->pattern);
 }
 
+/*
+ * [copy] Tests only: GPUQ_HOST_FAULT_DEVICE=N makes host device N's first
+ * checksum fail as a sticky CUDA error does (the device is then unhealthy and
+ * refuses jobs), so that the integration tests reach what becomes of jobs
+ * aimed at an unhealthy device without a GPU. The CUDA backend has no such hook.
+ */
+static int host_fault_if_asked(struct device *dev, struct gpuq_error *err)
+{
+	const char *v = getenv("GPUQ_HOST_FAULT_DEVICE");
+	char *end;
+	if (!v || !*v || strtol(v, &end, 10) != dev->index || *end)
+		return 0;
+	dev->faulted = true;
+	snprintf(dev->fault_reason, sizeof dev->fault_reason,
+		 "simulated sticky fault (GPUQ_HOST_FAULT_DEVICE=%d)", dev->index);
+	return gpuq_fail(err, GPUQ_E_DEVICE_ERROR, "host device %d: %s; it takes no more jobs",
+			 dev->index, dev->fault_reason);
+}
+
 static int host_checksum_op(struct device *dev, const void *ptr, uint64_t bytes, uint64_t *out,
 			    struct gpuq_error *err)
 {
-	(void)dev;
-	(void)err;
+	if (host_fault_if_asked(dev, err) != 0)
+		return -1;
 	*out = host_checksum(ptr, bytes);
 	return 0;
 }
@@ -187,6 +217,158 @@ static int host_slot_wait(struct device *dev, unsigned slot, struct gpuq_error *
 	return 0;
 }
 
+/* [copy] The "copies" are memcpy on the worker thread: nothing is ever in flight. */
+static int host_slot_ready(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)slot;
+	(void)err;
+	*ready = true;
+	return 0;
+}
+
+/* Host memory needs no registering to be memcpy'd. */
+static int host_register_range(struct device *dev, void *ptr, size_t n, bool read_only,
+			       struct gpuq_error *err)
+{
+	(void)dev;
+	(void)ptr;
+	(void)n;
+	(void)read_only;
+	(void)err;
+	return 0;
+}
+
+static int host_unregister_range(struct device *dev, void *ptr, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)ptr;
+	(void)err;
+	return 0;
+}
+
+static int host_copy_timed(void *dst, const void *src, size_t n, double *seconds)
+{
+	double start = monotonic_seconds();
+	memcpy(dst, src, n);
+	if (seconds)
+		*seconds = monotonic_seconds() - start;
+	return 0;
+}
+
+static int host_copy_h2d(struct device *dev, void *dst, const void *src, size_t n,
+			 double *seconds, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)err;
+	return host_copy_timed(dst, src, n, seconds);
+}
+
+static int host_copy_d2h(struct device *dev, void *dst, const void *src, size_t n,
+			 double *seconds, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)err;
+	return host_copy_timed(dst, src, n, seconds);
+}
+
+static int host_alloc_host(struct device *dev, size_t n, void **ptr, struct gpuq_error *err)
+{
+	*ptr = malloc(n ? n : 1);
+	if (!*ptr)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "host device %d: cannot allocate %zu bytes of host memory", dev->index, n);
+	return 0;
+}
+
+static void host_free_host(struct device *dev, void *ptr)
+{
+	(void)dev;
+	free(ptr);
+}
+
+/*
+ * [copy] Device-to-device copies. Both engines and the "peer" copy are a
+ * memcpy (the devices share the process's memory); the host-staged path's
+ * ring copies are memcpy too, through the ring's real slots. Nothing is
+ * ever in flight, so an event is only the time it was recorded at.
+ */
+struct host_event {
+	double at;
+};
+
+static int host_copy_d2d(struct device *dev, void *dst, const void *src, size_t n,
+			 enum copy_engine engine, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)engine;
+	(void)err;
+	memcpy(dst, src, n);
+	return 0;
+}
+
+static int host_copy_peer(struct device *dev, void *dst, int src_index, const void *src,
+			  size_t n, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)src_index;
+	(void)err;
+	memcpy(dst, src, n);
+	return 0;
+}
+
+static int host_ring_copy(struct device *dev, void *dst, const void *src, size_t n,
+			  struct gpuq_error *err)
+{
+	(void)dev;
+	(void)err;
+	memcpy(dst, src, n);
+	return 0;
+}
+
+static int host_event_create(struct device *dev, bool timing, void **event,
+			     struct gpuq_error *err)
+{
+	(void)timing;
+	*event = calloc(1, sizeof(struct host_event));
+	if (!*event)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for an event",
+				 dev->index);
+	return 0;
+}
+
+static void host_event_destroy(struct device *dev, void *event)
+{
+	(void)dev;
+	free(event);
+}
+
+static int host_event_record(struct device *dev, void *event, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)err;
+	((struct host_event *)event)->at = monotonic_seconds();
+	return 0;
+}
+
+/* Waiting and syncing: what was recorded is already done. */
+static int host_event_nothing(struct device *dev, void *event, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)event;
+	(void)err;
+	return 0;
+}
+
+static int host_event_elapsed(struct device *dev, void *start, void *end, double *seconds,
+			      struct gpuq_error *err)
+{
+	(void)dev;
+	(void)err;
+	*seconds = ((struct host_event *)end)->at - ((struct host_event *)start)->at;
+	return 0;
+}
+
 const struct backend_ops backend_host = {
 	.name = "host",
 	.device_count = host_device_count,
@@ -201,6 +383,33 @@ const struct backend_ops backend_host = {
 	.d2h_async = host_d2h,
 	.slot_wait = host_slot_wait,
 	/* [copy] */
+	.slot_ready = host_slot_ready,
+	.host_register = host_register_range,
+	.host_unregister = host_unregister_range,
+	.copy_h2d = host_copy_h2d,
+	.copy_d2h = host_copy_d2h,
+	.host_alloc_pinned = host_alloc_host,
+	.host_free_pinned = host_free_host,
+	.copy_d2d = host_copy_d2d,
+	.copy_peer = host_copy_peer,
+	.ring_d2h = host_ring_copy,
+	.ring_h2d = host_ring_copy,
+	.host_alloc_portable = host_alloc_host,
+	.host_free_portable = host_free_host,
+	.event_create = host_event_create,
+	.event_destroy = host_event_destroy,
+	.event_record = host_event_record,
+	.event_wait = host_event_nothing,
+	.event_sync = host_event_nothing,
+	.event_elapsed = host_event_elapsed,
 	/* [chain] */
+	.chain = chain_host_run,
+	.chain_copy_time = chain_host_copy_time,
 	/* [collective] */
+	.coll_unique_id = host_coll_unique_id,
+	.coll_comm_init = host_coll_comm_init,
+	.coll_allreduce = host_coll_allreduce,
+	.coll_bench = host_coll_bench,
+	.coll_comm_abort = host_coll_comm_release,
+	.coll_comm_destroy = host_coll_comm_release,
 };

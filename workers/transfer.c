@@ -1,208 +1,377 @@
 /*
- * Chunked descriptor <-> device transfers through the staging ring.
- * Worker thread only (see transfer.h).
+ * put and get: choosing the path, the streamed path, verification and the
+ * bookkeeping every path shares. Worker thread only (see transfer.h).
  *
- * Descriptors belong to clients: a pipe may stall for ever. Non-regular
- * descriptors are therefore polled with a short timeout before each read or
- * write, so that a cancel request is seen within POLL_MS.
+ * Descriptors belong to clients: a pipe may stall for ever. Descriptors read
+ * or written in order are therefore polled with a short timeout before each
+ * read or write, so that a cancel request is seen within POLL_MS.
  */
 #include "workers/transfer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kernels/hash.h"
+#include "workers/copy_hash.h"
+#include "workers/transfer_impl.h"
+
 #define POLL_MS 100
 
-struct fd_stream {
-	int fd;
-	bool regular;
-	atomic_bool *cancel;
+static const char *const path_names[] = {
+	[XFER_STAGED] = "staged",
+	[XFER_STREAMED] = "streamed",
+	[XFER_REGISTERED] = "registered",
 };
 
-static int fail_cancelled(struct gpuq_error *err, uint64_t done)
+int xfer_cancelled(struct xfer *x)
 {
-	return gpuq_fail(err, GPUQ_E_CANCELLED, "job cancelled after %llu bytes",
-			 (unsigned long long)done);
+	if (!atomic_load(&x->work->cancel))
+		return 0;
+	return gpuq_fail(x->err, GPUQ_E_CANCELLED, "job cancelled after %llu bytes",
+			 (unsigned long long)x->done);
 }
 
-/* Waits until fd is ready for `events`, or the job is cancelled. */
-static int stream_wait(struct fd_stream *s, short events, uint64_t done, struct gpuq_error *err)
+void xfer_progress(struct xfer *x)
 {
-	if (s->regular)
-		return 0;
+	atomic_store_explicit(&x->work->progress_bytes, x->done, memory_order_relaxed);
+}
+
+int xfer_drain_slots(struct xfer *x, int rc)
+{
+	for (unsigned i = 0; i < x->dev->config.staging_slots; i++) {
+		struct gpuq_error slot_err;
+		if (x->dev->ops->slot_wait(x->dev, i, &slot_err) < 0 && rc == 0) {
+			*x->err = slot_err;
+			rc = -1;
+		}
+	}
+	return rc;
+}
+
+/* ---- the streamed path: in order, by the worker ---- */
+
+/* Waits until the descriptor is ready for `events`, or the job is cancelled. */
+static int stream_wait(struct xfer *x, short events, uint64_t at)
+{
 	for (;;) {
-		if (atomic_load(s->cancel))
-			return fail_cancelled(err, done);
-		struct pollfd p = { .fd = s->fd, .events = events };
+		if (atomic_load(&x->work->cancel))
+			return gpuq_fail(x->err, GPUQ_E_CANCELLED, "job cancelled after %llu bytes",
+					 (unsigned long long)at);
+		struct pollfd p = { .fd = x->fd, .events = events };
 		int n = poll(&p, 1, POLL_MS);
 		if (n > 0)
-			return 0; /* readable, writable, or an error the next call will report */
+			return 0; /* ready, or an error the next call will report */
 		if (n < 0 && errno != EINTR)
-			return gpuq_fail(err, GPUQ_E_IO, "poll on the client's descriptor: %s",
+			return gpuq_fail(x->err, GPUQ_E_IO, "poll on the client's descriptor: %s",
 					 strerror(errno));
 	}
 }
 
 /* Reads up to n bytes; fewer only at end of file. Returns the count or -1. */
-static ssize_t stream_read(struct fd_stream *s, void *buf, size_t n, uint64_t done,
-			   struct gpuq_error *err)
+static ssize_t stream_read(struct xfer *x, void *buf, size_t n)
 {
 	size_t got = 0;
 	while (got < n) {
-		if (stream_wait(s, POLLIN, done + got, err) < 0)
+		if (stream_wait(x, POLLIN, x->done + got) < 0)
 			return -1;
-		ssize_t r = read(s->fd, (char *)buf + got, n - got);
+		ssize_t r = read(x->fd, (char *)buf + got, n - got);
 		if (r > 0) {
 			got += (size_t)r;
+			/* A slow pipe shows progress before its slot is full. */
+			atomic_store_explicit(&x->work->progress_bytes, x->done + got,
+					      memory_order_relaxed);
 		} else if (r == 0) {
 			break;
 		} else if (errno != EINTR && errno != EAGAIN) {
-			return gpuq_fail(err, GPUQ_E_IO, "reading the source after %llu bytes: %s",
-					 (unsigned long long)(done + got), strerror(errno));
+			return gpuq_fail(x->err, GPUQ_E_IO, "reading the source after %llu bytes: %s",
+					 (unsigned long long)(x->done + got), strerror(errno));
 		}
 	}
 	return (ssize_t)got;
 }
 
-static int stream_write(struct fd_stream *s, const void *buf, size_t n, uint64_t done,
-			struct gpuq_error *err)
+static int stream_write(struct xfer *x, const void *buf, size_t n)
 {
 	size_t put = 0;
 	while (put < n) {
-		if (stream_wait(s, POLLOUT, done + put, err) < 0)
+		if (stream_wait(x, POLLOUT, x->done + put) < 0)
 			return -1;
-		ssize_t w = write(s->fd, (const char *)buf + put, n - put);
+		ssize_t w = write(x->fd, (const char *)buf + put, n - put);
 		if (w > 0)
 			put += (size_t)w;
 		else if (w == 0 || (errno != EINTR && errno != EAGAIN))
-			return gpuq_fail(err, GPUQ_E_IO, "writing the destination after %llu bytes: %s",
-					 (unsigned long long)(done + put),
+			return gpuq_fail(x->err, GPUQ_E_IO, "writing the destination after %llu bytes: %s",
+					 (unsigned long long)(x->done + put),
 					 w == 0 ? "wrote nothing" : strerror(errno));
 	}
 	return 0;
 }
 
-static void stream_open(struct fd_stream *s, struct work *work)
+/* One slot at a time in ring order: reading slot k+1 overlaps the DMA of slot k. */
+static int put_streamed(struct xfer *x)
 {
-	struct stat st;
-	s->fd = work->fd;
-	s->regular = fstat(work->fd, &st) == 0 && S_ISREG(st.st_mode);
-	s->cancel = &work->cancel;
-}
-
-/* Waits for every slot; keeps the first error, if one was already set. */
-static int drain_slots(struct device *dev, int rc, struct gpuq_error *err)
-{
-	for (unsigned i = 0; i < dev->config.staging_slots; i++) {
-		struct gpuq_error slot_err;
-		if (dev->ops->slot_wait(dev, i, &slot_err) < 0 && rc == 0) {
-			*err = slot_err;
-			rc = -1;
-		}
-	}
-	return rc;
-}
-
-/* After filling the room: the source must end there. */
-static int require_eof(struct fd_stream *s, uint64_t room, struct gpuq_error *err)
-{
-	char probe;
-	ssize_t r = stream_read(s, &probe, 1, room, err);
-	if (r < 0)
-		return -1;
-	if (r > 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "the source is longer than the %llu bytes of room in the buffer; "
-				 "give --length, or a larger buffer",
-				 (unsigned long long)room);
-	return 0;
-}
-
-int transfer_put(struct device *dev, struct work *work)
-{
-	struct gpuq_error *err = &work->error;
-	struct fd_stream s;
-	stream_open(&s, work);
-	size_t slot_bytes = dev->config.staging_slot_bytes;
-	uint64_t room = work->length, done = 0;
+	struct device *dev = x->dev;
 	unsigned slot = 0;
-	bool eof = false;
 	int rc = 0;
-
-	work->result.path = "staged";
-	while (done < room && rc == 0) {
-		if (atomic_load(&work->cancel)) {
-			rc = fail_cancelled(err, done);
-			break;
-		}
-		size_t want = room - done < slot_bytes ? (size_t)(room - done) : slot_bytes;
-		rc = dev->ops->slot_wait(dev, slot, err);
-		ssize_t got = rc == 0 ? stream_read(&s, dev->staging[slot], want, done, err) : -1;
+	while (x->done < x->total && rc == 0 && (rc = xfer_cancelled(x)) == 0) {
+		size_t want = x->total - x->done < x->chunk ? (size_t)(x->total - x->done) : x->chunk;
+		rc = dev->ops->slot_wait(dev, slot, x->err);
+		ssize_t got = rc == 0 ? stream_read(x, dev->staging[slot], want) : -1;
 		if (got < 0) {
 			rc = -1;
 			break;
 		}
 		if (got > 0) {
-			rc = dev->ops->h2d_async(dev, (char *)work->dptr + work->offset + done, slot,
-						 (size_t)got, err);
-			done += (uint64_t)got;
-			slot = (slot + 1) % dev->config.staging_slots;
+			if (x->verify)
+				x->sum += copy_hash_terms(dev->staging[slot], (size_t)got, x->done / 8);
+			rc = dev->ops->h2d_async(dev, x->base + x->done, slot, (size_t)got, x->err);
+			x->done += (uint64_t)got;
+			xfer_progress(x);
+			slot = (slot + 1) % x->slots;
 		}
-		eof = (size_t)got < want;
-		if (eof)
+		if ((size_t)got < want) {
+			x->eof = true;
 			break;
+		}
 	}
-	rc = drain_slots(dev, rc, err);
-	work->result.bytes = done;
-	if (rc == 0 && work->length_exact && done < room)
-		rc = gpuq_fail(err, GPUQ_E_IO, "the source ended after %llu of the %llu bytes asked for",
-			       (unsigned long long)done, (unsigned long long)room);
-	if (rc == 0 && !work->length_exact && !eof)
-		rc = require_eof(&s, room, err);
+	return xfer_drain_slots(x, rc);
+}
+
+/* Every slot in flight first; then each slot written out is refilled. */
+static int get_streamed(struct xfer *x)
+{
+	struct device *dev = x->dev;
+	size_t sizes[GPUQ_MAX_STAGING_SLOTS] = { 0 };
+	uint64_t issued = 0;
+	int rc = 0;
+	for (unsigned k = 0; k < x->slots && issued < x->total && rc == 0; k++) {
+		sizes[k] = x->total - issued < x->chunk ? (size_t)(x->total - issued) : x->chunk;
+		rc = dev->ops->d2h_async(dev, k, x->base + issued, sizes[k], x->err);
+		issued += sizes[k];
+	}
+	for (unsigned slot = 0; x->done < x->total && rc == 0; slot = (slot + 1) % x->slots) {
+		if ((rc = xfer_cancelled(x)) != 0 || (rc = dev->ops->slot_wait(dev, slot, x->err)) != 0)
+			break;
+		if (x->verify)
+			x->sum += copy_hash_terms(dev->staging[slot], sizes[slot], x->done / 8);
+		if ((rc = stream_write(x, dev->staging[slot], sizes[slot])) != 0)
+			break;
+		x->done += sizes[slot];
+		xfer_progress(x);
+		if (issued < x->total) {
+			sizes[slot] = x->total - issued < x->chunk ? (size_t)(x->total - issued) : x->chunk;
+			rc = dev->ops->d2h_async(dev, slot, x->base + issued, sizes[slot], x->err);
+			issued += sizes[slot];
+		}
+	}
+	return xfer_drain_slots(x, rc);
+}
+
+/* ---- setting up, and what follows every path ---- */
+
+static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
+{
+	struct stat st;
+	memset(x, 0, sizeof *x);
+	x->dev = dev;
+	x->work = work;
+	x->err = &work->error;
+	x->pool = dev->config.copy_pool;
+	x->base = (char *)work->dptr + work->offset;
+	x->fd = work->fd;
+	x->total = work->length;
+	x->chunk = dev->config.staging_slot_bytes & ~(size_t)7;
+	x->slots = dev->config.staging_slots;
+	x->verify = work->verify;
+	x->scratch = work->scratch;
+	x->seed = work->seed;
+	if (x->scratch)
+		return 0; /* no descriptor: staged, at offset 0 */
+	x->fd_flags = fcntl(work->fd, F_GETFL);
+	if (x->fd_flags < 0 || fstat(work->fd, &st) < 0)
+		return gpuq_fail(x->err, GPUQ_E_IO, "the client's descriptor: %s", strerror(errno));
+	x->regular = S_ISREG(st.st_mode);
+	x->size = st.st_size;
+	x->pos = x->regular ? lseek(work->fd, 0, SEEK_CUR) : 0;
+	if (x->pos < 0)
+		return gpuq_fail(x->err, GPUQ_E_IO, "the client's descriptor: lseek: %s",
+				 strerror(errno));
+	return 0;
+}
+
+/*
+ * Staged when the descriptor can be read or written at offsets by several
+ * threads (a regular file or memfd; for a get not O_APPEND, whose writes
+ * land at the end whatever the offset); registered when asked, or from
+ * --register-min bytes for a sealed memfd; streamed otherwise.
+ */
+static int xfer_choose_path(struct xfer *x, bool put)
+{
+	uint64_t reg_min = x->dev->config.register_min_bytes;
+	struct gpuq_error ignored;
+	bool offsets = x->regular && (put || !(x->fd_flags & O_APPEND));
+	x->path = offsets || x->scratch ? XFER_STAGED : XFER_STREAMED;
+	if (x->scratch)
+		return 0;
+	if (x->work->path == TRANSFER_PATH_REGISTERED) {
+		if (transfer_check_registrable(x->fd, put, x->err) < 0)
+			return -1;
+		x->path = XFER_REGISTERED;
+	} else if (x->work->path == TRANSFER_PATH_AUTO && offsets && reg_min && x->total >= reg_min &&
+		   transfer_check_registrable(x->fd, put, &ignored) == 0) {
+		x->path = XFER_REGISTERED;
+	}
+	return 0;
+}
+
+/* A regular source: how much to read, known before the first byte moves. */
+static int put_plan_regular(struct xfer *x)
+{
+	uint64_t avail = x->size > x->pos ? (uint64_t)(x->size - x->pos) : 0;
+	if (x->work->length_exact && avail < x->total)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "the source ended after %llu of the %llu bytes asked for "
+				 "(it holds %llu bytes from its offset %lld); nothing was copied",
+				 (unsigned long long)avail, (unsigned long long)x->total,
+				 (unsigned long long)avail, (long long)x->pos);
+	if (!x->work->length_exact && avail > x->total)
+		return gpuq_fail(x->err, GPUQ_E_BAD_REQUEST,
+				 "the source holds %llu bytes but the buffer has room for %llu; "
+				 "give --length, or a larger buffer",
+				 (unsigned long long)avail, (unsigned long long)x->total);
+	x->total = avail < x->total ? avail : x->total;
+	return 0;
+}
+
+/* After a put that was to read until end of file: the source must end there. */
+static int put_require_eof(struct xfer *x, uint64_t room)
+{
+	char probe;
+	ssize_t r;
+	if (x->path == XFER_STREAMED) {
+		if (x->eof)
+			return 0;
+		r = stream_read(x, &probe, 1);
+	} else {
+		do
+			r = pread(x->fd, &probe, 1, x->pos + (off_t)x->done);
+		while (r < 0 && errno == EINTR);
+	}
+	if (r < 0)
+		return x->path == XFER_STREAMED
+			       ? -1
+			       : gpuq_fail(x->err, GPUQ_E_IO, "reading the source at byte %llu: %s",
+					   (unsigned long long)x->done, strerror(errno));
+	if (r == 0)
+		return 0;
+	if (x->path == XFER_STREAMED && x->done == room)
+		return gpuq_fail(x->err, GPUQ_E_BAD_REQUEST,
+				 "the source is longer than the %llu bytes of room in the buffer; "
+				 "give --length, or a larger buffer",
+				 (unsigned long long)room);
+	return gpuq_fail(x->err, GPUQ_E_IO,
+			 "the source grew while it was read: it held %llu bytes when the put started",
+			 (unsigned long long)x->done);
+}
+
+/* The device's checksum of the first `bytes` of the range. */
+static int xfer_verify_device(struct xfer *x, uint64_t bytes, uint64_t *sum)
+{
+	return x->dev->ops->checksum(x->dev, x->base, bytes, sum, x->err);
+}
+
+/* Compares the host's checksum of the bytes moved with the device's (`device`). */
+static int xfer_verify_compare(struct xfer *x, bool put, uint64_t device)
+{
+	uint64_t host = gpuq_checksum_finish(x->sum, x->done);
+	x->work->result.checksum = host;
+	if (host == device)
+		return 0;
+	return gpuq_fail(x->err, GPUQ_E_DEVICE_ERROR,
+			 "verify failed: the %llu bytes %s hash to 0x%016llx, but bytes [%llu, %llu) "
+			 "of the buffer hash to 0x%016llx on the device",
+			 (unsigned long long)x->done,
+			 put ? "read from the source" : "written to the destination",
+			 (unsigned long long)host, (unsigned long long)x->work->offset,
+			 (unsigned long long)(x->work->offset + x->done), (unsigned long long)device);
+}
+
+/* The descriptor's offset moves past what was read or written, as read() and write() would. */
+static void xfer_close(struct xfer *x, int rc)
+{
+	struct work *work = x->work;
+	work->result.bytes = x->done;
+	work->result.path = path_names[x->path];
+	if (x->regular && x->path != XFER_STREAMED && (rc == 0 || x->done > 0))
+		(void)lseek(x->fd, x->pos + (off_t)x->done, SEEK_SET);
+}
+
+static int put_run(struct xfer *x)
+{
+	switch (x->path) {
+	case XFER_STAGED: return xfer_put_staged(x);
+	case XFER_STREAMED: return put_streamed(x);
+	case XFER_REGISTERED: return xfer_put_registered(x);
+	}
+	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "put: path %d unknown", (int)x->path);
+}
+
+static int get_run(struct xfer *x)
+{
+	switch (x->path) {
+	case XFER_STAGED: return xfer_get_staged(x);
+	case XFER_STREAMED: return get_streamed(x);
+	case XFER_REGISTERED: return xfer_get_registered(x);
+	}
+	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "get: path %d unknown", (int)x->path);
+}
+
+int transfer_put(struct device *dev, struct work *work)
+{
+	struct xfer x;
+	uint64_t room = work->length, device_sum = 0;
+	int rc = xfer_open(&x, dev, work);
+	if (rc == 0)
+		rc = xfer_choose_path(&x, true);
+	if (rc == 0 && x.path != XFER_STREAMED && !x.scratch)
+		rc = put_plan_regular(&x);
+	if (rc == 0) {
+		bool known = x.path != XFER_STREAMED || work->length_exact;
+		atomic_store(&work->progress_total, known ? x.total : 0);
+		rc = put_run(&x);
+	}
+	if (rc == 0 && work->length_exact && x.done < x.total)
+		rc = gpuq_fail(x.err, GPUQ_E_IO, "the source ended after %llu of the %llu bytes asked for",
+			       (unsigned long long)x.done, (unsigned long long)x.total);
+	if (rc == 0 && !work->length_exact && !x.scratch)
+		rc = put_require_eof(&x, room);
+	if (rc == 0 && x.verify && (rc = xfer_verify_device(&x, x.done, &device_sum)) == 0)
+		rc = xfer_verify_compare(&x, true, device_sum);
+	xfer_close(&x, rc);
 	return rc;
 }
 
 int transfer_get(struct device *dev, struct work *work)
 {
-	struct gpuq_error *err = &work->error;
-	struct fd_stream s;
-	stream_open(&s, work);
-	size_t slot_bytes = dev->config.staging_slot_bytes;
-	unsigned slots = dev->config.staging_slots;
-	size_t sizes[GPUQ_MAX_STAGING_SLOTS] = { 0 };
-	const char *src = (const char *)work->dptr + work->offset;
-	uint64_t total = work->length, issued = 0, written = 0;
-	int rc = 0;
-
-	work->result.path = "staged";
-	/* Every slot in flight first; then each written slot is refilled. */
-	for (unsigned k = 0; k < slots && issued < total && rc == 0; k++) {
-		sizes[k] = total - issued < slot_bytes ? (size_t)(total - issued) : slot_bytes;
-		rc = dev->ops->d2h_async(dev, k, src + issued, sizes[k], err);
-		issued += sizes[k];
+	struct xfer x;
+	uint64_t device_sum = 0;
+	int rc = xfer_open(&x, dev, work);
+	if (rc == 0)
+		rc = xfer_choose_path(&x, false);
+	/* The device's bytes first: what the destination must end up holding. */
+	if (rc == 0 && x.verify)
+		rc = xfer_verify_device(&x, x.total, &device_sum);
+	if (rc == 0) {
+		atomic_store(&work->progress_total, x.total);
+		rc = get_run(&x);
 	}
-	for (unsigned slot = 0; written < total && rc == 0; slot = (slot + 1) % slots) {
-		if (atomic_load(&work->cancel)) {
-			rc = fail_cancelled(err, written);
-			break;
-		}
-		rc = dev->ops->slot_wait(dev, slot, err);
-		if (rc == 0)
-			rc = stream_write(&s, dev->staging[slot], sizes[slot], written, err);
-		if (rc < 0)
-			break;
-		written += sizes[slot];
-		if (issued < total) {
-			sizes[slot] = total - issued < slot_bytes ? (size_t)(total - issued) : slot_bytes;
-			rc = dev->ops->d2h_async(dev, slot, src + issued, sizes[slot], err);
-			issued += sizes[slot];
-		}
-	}
-	rc = drain_slots(dev, rc, err);
-	work->result.bytes = written;
+	if (rc == 0 && x.verify)
+		rc = xfer_verify_compare(&x, false, device_sum);
+	xfer_close(&x, rc);
 	return rc;
 }

@@ -96,12 +96,15 @@ static bool can_connect(const char *path)
 	return ok;
 }
 
+/* [collective] The daemon binary daemon_start runs, under GPUQ_BUILD. */
+const char *fixture_daemon_binary = "gpuqd";
+
 static void daemon_spawn(struct daemon_proc *d, va_list ap)
 {
 	static char bin[256];
 	char *argv[MAX_ARGS];
 	int argc = 0;
-	snprintf(bin, sizeof bin, "%s/gpuqd", build_dir());
+	snprintf(bin, sizeof bin, "%s/%s", build_dir(), fixture_daemon_binary);
 	argv[argc++] = bin;
 	argv[argc++] = "--socket";
 	argv[argc++] = d->sock;

@@ -30,6 +30,12 @@ void fixture_probe(void);
 /* Skips the current test unless the probe found a device for the backend. */
 void require_backend(void);
 
+/*
+ * [collective] The binary daemon_start runs, relative to GPUQ_BUILD: "gpuqd",
+ * or "tests/gpuqd-faults" (the fault-injection build) for a test that sets it
+ * before starting its daemon.
+ */
+extern const char *fixture_daemon_binary;
 /* Starts gpuqd with the test backend and extra arguments (NULL-terminated). */
 void daemon_start(struct daemon_proc *d, ...);
 /* Starts gpuqd again on the same socket path and directory (after it died). */

@@ -1,0 +1,344 @@
+/*
+ * Prometheus text exposition of gpuqd's state (see metrics.h). Main thread
+ * only: counters are bumped as jobs finish, gauges read when rendering.
+ *
+ * The kernel chains' graph-cache counters come from workers/chain.h (atomic,
+ * readable from any thread). Communicator counts are not exported: the
+ * all-reduce's communicator cache belongs to each worker and has no counter
+ * the main thread may read; they belong beside the device gauges once it does.
+ */
+#include "daemon/metrics.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "workers/chain.h"
+
+static const double latency_bounds[METRICS_LATENCY_BUCKETS] = {
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+	0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300,
+};
+
+static const char *const quota_limits[3] = { "device-memory", "queued-jobs", "devices" };
+
+static struct metrics_op *op_entry(struct metrics *m, const char *op)
+{
+	for (int i = 0; i < m->nops; i++)
+		if (m->ops[i].op == op || strcmp(m->ops[i].op, op) == 0)
+			return &m->ops[i];
+	if (m->nops == METRICS_MAX_OPS)
+		return NULL;
+	struct metrics_op *e = &m->ops[m->nops++];
+	memset(e, 0, sizeof *e);
+	e->op = op;
+	return e;
+}
+
+static void add_path_bytes(struct metrics *m, const char *op, const char *path, uint64_t bytes)
+{
+	for (int i = 0; i < m->npaths; i++) {
+		struct metrics_path *p = &m->paths[i];
+		if (strcmp(p->op, op) == 0 && strcmp(p->path, path) == 0) {
+			p->bytes += bytes;
+			return;
+		}
+	}
+	if (m->npaths < METRICS_MAX_PATHS)
+		m->paths[m->npaths++] = (struct metrics_path){ op, path, bytes };
+}
+
+void metrics_job_finished(struct metrics *m, const char *op, enum gpuq_errc result,
+			  double latency, const char *path, uint64_t bytes)
+{
+	struct metrics_op *e = op_entry(m, op);
+	if (e) {
+		int b = 0;
+		while (b < METRICS_LATENCY_BUCKETS && latency > latency_bounds[b])
+			b++;
+		e->results[(unsigned)result < GPUQ_ERRC_COUNT ? result : GPUQ_E_INTERNAL]++;
+		e->latency[b]++;
+		e->latency_sum += latency;
+	}
+	if (path && bytes)
+		add_path_bytes(m, op, path, bytes);
+}
+
+void metrics_quota_refusal(struct metrics *m, const char *limit)
+{
+	for (int i = 0; i < 3; i++)
+		if (strcmp(quota_limits[i], limit) == 0)
+			m->quota_refusals[i]++;
+}
+
+void metrics_text_free(struct metrics_text *t)
+{
+	free(t->data);
+	memset(t, 0, sizeof *t);
+}
+
+static void emit(struct metrics_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void emit(struct metrics_text *t, const char *fmt, ...)
+{
+	for (int attempt = 0; attempt < 2 && !t->failed; attempt++) {
+		va_list ap;
+		va_start(ap, fmt);
+		int n = vsnprintf(t->data ? t->data + t->len : NULL, t->data ? t->cap - t->len : 0,
+				  fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			t->failed = 1;
+			return;
+		}
+		if (t->data && t->len + (size_t)n < t->cap) {
+			t->len += (size_t)n;
+			return;
+		}
+		size_t cap = t->cap ? t->cap : 16384;
+		while (cap <= t->len + (size_t)n)
+			cap *= 2;
+		char *data = realloc(t->data, cap);
+		if (!data) {
+			t->failed = 1;
+			return;
+		}
+		t->data = data;
+		t->cap = cap;
+	}
+}
+
+/* A label value with \, " and newlines escaped, as the exposition format asks. */
+static const char *escaped(const char *s, char *buf, size_t size)
+{
+	size_t o = 0;
+	for (; *s && o + 3 < size; s++) {
+		if (*s == '\\' || *s == '"') {
+			buf[o++] = '\\';
+			buf[o++] = *s;
+		} else if (*s == '\n') {
+			buf[o++] = '\\';
+			buf[o++] = 'n';
+		} else {
+			buf[o++] = *s;
+		}
+	}
+	buf[o] = '\0';
+	return buf;
+}
+
+static void header(struct metrics_text *t, const char *name, const char *type, const char *help)
+{
+	emit(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render_jobs(struct daemon *d, struct metrics_text *t)
+{
+	const struct metrics *m = &d->svc.metrics;
+	header(t, "gpuq_jobs_total", "counter",
+	       "Jobs finished, by op and result (ok, or the error code).");
+	for (int i = 0; i < m->nops; i++)
+		for (int r = 0; r < GPUQ_ERRC_COUNT; r++)
+			if (m->ops[i].results[r])
+				emit(t, "gpuq_jobs_total{op=\"%s\",result=\"%s\"} %llu\n", m->ops[i].op,
+				     gpuq_errc_name((enum gpuq_errc)r),
+				     (unsigned long long)m->ops[i].results[r]);
+	header(t, "gpuq_job_latency_seconds", "histogram",
+	       "Seconds from a job's submission to its end, by op.");
+	for (int i = 0; i < m->nops; i++) {
+		const struct metrics_op *e = &m->ops[i];
+		uint64_t cum = 0;
+		for (int b = 0; b < METRICS_LATENCY_BUCKETS; b++) {
+			cum += e->latency[b];
+			emit(t, "gpuq_job_latency_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n", e->op,
+			     latency_bounds[b], (unsigned long long)cum);
+		}
+		cum += e->latency[METRICS_LATENCY_BUCKETS];
+		emit(t, "gpuq_job_latency_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n", e->op,
+		     (unsigned long long)cum);
+		emit(t, "gpuq_job_latency_seconds_sum{op=\"%s\"} %.9g\n", e->op, e->latency_sum);
+		emit(t, "gpuq_job_latency_seconds_count{op=\"%s\"} %llu\n", e->op,
+		     (unsigned long long)cum);
+	}
+	header(t, "gpuq_bytes_moved_total", "counter",
+	       "Bytes moved by jobs, by op and path (how the bytes travelled).");
+	for (int i = 0; i < m->npaths; i++)
+		emit(t, "gpuq_bytes_moved_total{op=\"%s\",path=\"%s\"} %llu\n", m->paths[i].op,
+		     m->paths[i].path, (unsigned long long)m->paths[i].bytes);
+}
+
+static void render_queues(struct daemon *d, struct metrics_text *t, const unsigned *depth)
+{
+	unsigned queued = 0, conns = 0;
+	for (int i = 0; i < d->pool.count; i++)
+		queued += depth[i];
+	for (const struct conn *c = d->server.conns; c; c = c->next)
+		conns++;
+	unsigned running = d->jobs.active > queued ? d->jobs.active - queued : 0;
+	header(t, "gpuq_jobs", "gauge", "Jobs now queued on a worker, or running.");
+	emit(t, "gpuq_jobs{state=\"queued\"} %u\ngpuq_jobs{state=\"running\"} %u\n", queued,
+	     running);
+	header(t, "gpuq_queue_depth", "gauge", "Jobs queued on each device's worker.");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_queue_depth{gpu=\"%d\"} %u\n", i, depth[i]);
+	header(t, "gpuq_connections", "gauge", "Client connections open.");
+	emit(t, "gpuq_connections %u\n", conns);
+}
+
+/* Per-device gauges from the worker snapshots and the buffer registry. */
+static void render_devices(struct daemon *d, struct metrics_text *t,
+			   const struct worker_snapshot *snap)
+{
+	uint64_t held[GPUQ_MAX_DEVICES] = { 0 }, count[GPUQ_MAX_DEVICES] = { 0 };
+	char a[512], b[128], c[128];
+	for (const struct buffer *buf = d->buffers.head; buf; buf = buf->next) {
+		if (buf->device >= 0 && buf->device < GPUQ_MAX_DEVICES) {
+			held[buf->device] += buf->bytes;
+			count[buf->device]++;
+		}
+	}
+	header(t, "gpuq_device_info", "gauge", "The devices gpuqd serves (value 1).");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_device_info{gpu=\"%d\",backend=\"%s\",name=\"%s\",uuid=\"%s\",pci_bus_id=\"%s\"} 1\n",
+		     i, d->ops->name, escaped(snap[i].info.name, a, sizeof a),
+		     escaped(snap[i].info.uuid, b, sizeof b), escaped(snap[i].info.pci_bus_id, c, sizeof c));
+	header(t, "gpuq_device_healthy", "gauge",
+	       "1 if the device's worker takes jobs, 0 if it is unhealthy (gpuq devices says why).");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_device_healthy{gpu=\"%d\"} %d\n", i, snap[i].healthy ? 1 : 0);
+	header(t, "gpuq_device_memory_total_bytes", "gauge", "Device memory, as the driver reports it.");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_device_memory_total_bytes{gpu=\"%d\"} %llu\n", i,
+		     (unsigned long long)snap[i].info.mem_total);
+	header(t, "gpuq_device_memory_free_bytes", "gauge", "Free device memory, as the driver reports it.");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_device_memory_free_bytes{gpu=\"%d\"} %llu\n", i,
+		     (unsigned long long)snap[i].info.mem_free);
+	header(t, "gpuq_pool_bytes", "gauge",
+	       "Bytes held by gpuq's buffers in each device's memory pool.");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_pool_bytes{gpu=\"%d\"} %llu\n", i, (unsigned long long)held[i]);
+	header(t, "gpuq_buffers", "gauge", "Named buffers on each device.");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_buffers{gpu=\"%d\"} %llu\n", i, (unsigned long long)count[i]);
+#define RENDER_COUNTER(name)                                                              \
+	header(t, "gpuq_device_" #name "_total", "counter",                             \
+	       "The worker's " #name " counter (gpuq devices --json shows the same).");   \
+	for (int i = 0; i < d->pool.count; i++)                                          \
+		emit(t, "gpuq_device_" #name "_total{gpu=\"%d\"} %llu\n", i,               \
+		     (unsigned long long)snap[i].counters.name);
+	WORKER_COUNTERS(RENDER_COUNTER)
+#undef RENDER_COUNTER
+}
+
+/* The kernel chains' counters per device; graph_entries is the cache's size now. */
+static void render_chain(struct daemon *d, struct metrics_text *t)
+{
+	static const char *const names[] = {
+#define CHAIN_NAME(name) #name,
+		CHAIN_COUNTERS(CHAIN_NAME)
+#undef CHAIN_NAME
+	};
+	for (int c = 0; c < CHAIN_COUNTER_COUNT; c++) {
+		bool gauge = strcmp(names[c], "graph_entries") == 0;
+		char name[96];
+		snprintf(name, sizeof name, "gpuq_chain_%s%s", names[c], gauge ? "" : "_total");
+		header(t, name, gauge ? "gauge" : "counter",
+		       gauge ? "Kernel-chain plans (CUDA graphs) in each device's graph cache."
+			     : "The device's kernel-chain counter of that name (gpuq stats shows the same).");
+		for (int i = 0; i < d->pool.count; i++)
+			emit(t, "%s{gpu=\"%d\"} %llu\n", name, i,
+			     (unsigned long long)chain_counter_get(&d->pool.workers[i].dev,
+								   (enum chain_counter)c));
+	}
+}
+
+static void render_service(struct daemon *d, struct metrics_text *t)
+{
+	const struct metrics *m = &d->svc.metrics;
+	header(t, "gpuq_quota_refusals_total", "counter",
+	       "Requests refused by a quota rule, by the limit that refused them.");
+	for (int i = 0; i < 3; i++)
+		emit(t, "gpuq_quota_refusals_total{limit=\"%s\"} %llu\n", quota_limits[i],
+		     (unsigned long long)m->quota_refusals[i]);
+	header(t, "gpuq_job_deadline_cancels_total", "counter",
+	       "Jobs cancelled because they ran past --job-deadline.");
+	emit(t, "gpuq_job_deadline_cancels_total %llu\n", (unsigned long long)m->deadline_cancels);
+	header(t, "gpuq_stuck_jobs", "gauge",
+	       "Jobs still running past their deadline and its grace: a stuck worker (the watchdog is withheld).");
+	emit(t, "gpuq_stuck_jobs %u\n", d->svc.stuck_jobs);
+	header(t, "gpuq_config_reloads_total", "counter",
+	       "Configuration reloads (SIGHUP), by result.");
+	emit(t, "gpuq_config_reloads_total{result=\"ok\"} %llu\n", (unsigned long long)m->reloads_ok);
+	emit(t, "gpuq_config_reloads_total{result=\"failed\"} %llu\n",
+	     (unsigned long long)m->reloads_failed);
+}
+
+int metrics_render(struct daemon *d, struct metrics_text *t)
+{
+	static struct worker_snapshot snap[GPUQ_MAX_DEVICES]; /* large; main thread only */
+	unsigned depth[GPUQ_MAX_DEVICES];
+	for (int i = 0; i < d->pool.count; i++) {
+		worker_snapshot(&d->pool, i, &snap[i]);
+		depth[i] = snap[i].queue_depth;
+	}
+	header(t, "gpuq_build_info", "gauge", "gpuqd's version and backend (value 1).");
+	emit(t, "gpuq_build_info{version=\"%s\",backend=\"%s\"} 1\n", GPUQD_VERSION, d->ops->name);
+	header(t, "gpuq_uptime_seconds", "gauge", "Seconds since gpuqd started.");
+	emit(t, "gpuq_uptime_seconds %.3f\n", monotonic_seconds() - d->started);
+	render_jobs(d, t);
+	render_queues(d, t, depth);
+	render_devices(d, t, snap);
+	render_chain(d, t);
+	render_service(d, t);
+	return t->failed ? -1 : 0;
+}
+
+static int write_all(int fd, const char *data, size_t len)
+{
+	while (len > 0) {
+		ssize_t n = write(fd, data, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		data += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int metrics_write_textfile(struct daemon *d, const char *path, char *msg, size_t msgsize)
+{
+	struct metrics_text t = { 0 };
+	char tmp[300];
+	snprintf(tmp, sizeof tmp, "%s.tmp", path); /* the collector reads *.prom only */
+	if (metrics_render(d, &t) < 0) {
+		metrics_text_free(&t);
+		snprintf(msg, msgsize, "no memory to render the metrics");
+		return -1;
+	}
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* 0644 whatever the umask (the unit's is 0077): node_exporter runs as another user. */
+	int rc = fd < 0 || fchmod(fd, 0644) < 0 || write_all(fd, t.data, t.len) < 0 ? -1 : 0;
+	if (rc < 0)
+		snprintf(msg, msgsize, "writing %s: %s", tmp, strerror(errno));
+	if (fd >= 0 && close(fd) < 0 && rc == 0) {
+		snprintf(msg, msgsize, "writing %s: %s", tmp, strerror(errno));
+		rc = -1;
+	}
+	if (rc == 0 && rename(tmp, path) < 0) {
+		snprintf(msg, msgsize, "renaming %s to %s: %s", tmp, path, strerror(errno));
+		rc = -1;
+	}
+	if (rc < 0 && fd >= 0)
+		unlink(tmp);
+	metrics_text_free(&t);
+	return rc;
+}

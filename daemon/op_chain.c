@@ -1,0 +1,498 @@
+/*
+ * Kernel chains, the main thread's part: `run` validates a chain (every op
+ * and argument, naming the op and its position when one is wrong), holds its
+ * buffers and hands a struct chain_spec to the device's worker; `stats`
+ * shows each device's worker and chain counters; `bench_chain` runs the
+ * chain benchmark as a job. Main thread only.
+ *
+ * A run job owns a struct run_job (the spec and what only the daemon needs)
+ * from the request until the job is freed (job->release), so that its
+ * result can be rendered for status and wait as long as the job is kept.
+ * Its --out buffer is held as job->buffer2, which the job's end releases.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "workers/chain.h"
+#include "workers/chain_bench.h"
+
+#define BENCH_DEFAULT_BYTES (1ull << 30)
+#define BENCH_LAUNCH_COUNT 1024
+#define BENCH_DEFAULT_REPEAT 1000
+#define BENCH_MAX_REPEAT (CHAIN_MAX_GRAPH_KERNELS / 20) /* the 20-op chain must fit one graph */
+#define BENCH_DEFAULT_REPS 10
+
+struct run_job {
+	struct chain_spec spec; /* first: work.spec points here */
+	char out_label[BUFFER_NAME_MAX + 16]; /* "y@0" for --out, "" in place */
+};
+
+/* How an op's arguments read in messages: "add C", "clamp LO HI". */
+static const char *op_usage(unsigned kind)
+{
+	switch (kind) {
+	case KERNELS_CHAIN_CLAMP: return "clamp LO HI";
+	case KERNELS_CHAIN_FMA: return "fma A B (x*A+B)";
+	default: break;
+	}
+	static char usage[32];
+	snprintf(usage, sizeof usage, "%s%s", chain_op_name(kind), chain_op_nargs(kind) ? " C" : "");
+	return usage;
+}
+
+/* Argument `arg` (1-based) of op `pos`: a finite number. */
+static int read_op_arg(const msgpack_object *o, unsigned pos, unsigned kind, unsigned arg,
+		       double *out, struct gpuq_error *err)
+{
+	switch (o->type) {
+	case MSGPACK_OBJECT_POSITIVE_INTEGER: *out = (double)o->via.u64; break;
+	case MSGPACK_OBJECT_NEGATIVE_INTEGER: *out = (double)o->via.i64; break;
+	case MSGPACK_OBJECT_FLOAT32:
+	case MSGPACK_OBJECT_FLOAT64: *out = o->via.f64; break;
+	default:
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "op %u '%s': argument %u is not a number (%s)",
+				 pos, chain_op_name(kind), arg, op_usage(kind));
+	}
+	if (!isfinite(*out))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "op %u '%s': argument %u is %g; give a finite number",
+				 pos, chain_op_name(kind), arg, *out);
+	return 0;
+}
+
+/*
+ * An op entry: [name, args...] or {op: name, args: [...]}. Sets *name, and
+ * *args (NULL or an array's elements) with *nargs.
+ */
+static int split_op_entry(const msgpack_object *o, unsigned pos, const msgpack_object **name,
+			  const msgpack_object **args, uint32_t *nargs, struct gpuq_error *err)
+{
+	*args = NULL;
+	*nargs = 0;
+	if (o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size >= 1) {
+		*name = &o->via.array.ptr[0];
+		*args = o->via.array.ptr + 1;
+		*nargs = o->via.array.size - 1;
+	} else if (o->type == MSGPACK_OBJECT_MAP) {
+		*name = msg_map_get(o, "op");
+		const msgpack_object *a = msg_map_get(o, "args");
+		if (a && a->type != MSGPACK_OBJECT_ARRAY && a->type != MSGPACK_OBJECT_NIL)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "op %u: 'args' must be an array of numbers",
+					 pos);
+		if (a && a->type == MSGPACK_OBJECT_ARRAY) {
+			*args = a->via.array.ptr;
+			*nargs = a->via.array.size;
+		}
+	} else {
+		*name = NULL;
+	}
+	if (!*name || (*name)->type != MSGPACK_OBJECT_STR)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "op %u: expected [\"name\", args...] or {\"op\": \"name\", \"args\": [...]}",
+				 pos);
+	return 0;
+}
+
+/* Op `pos` (1-based) of the list, for a buffer of dtype. */
+static int read_op(const msgpack_object *o, unsigned pos, enum gpuq_dtype dtype,
+		   struct kernels_chain_op *op, struct gpuq_error *err)
+{
+	const msgpack_object *name, *args;
+	uint32_t nargs;
+	if (split_op_entry(o, pos, &name, &args, &nargs, err) < 0)
+		return -1;
+	int kind = chain_op_find(name->via.str.ptr, name->via.str.size);
+	if (kind < 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "op %u: unknown op '%.*s' (ops: %s)", pos,
+				 (int)(name->via.str.size > 64 ? 64 : name->via.str.size),
+				 name->via.str.ptr, chain_op_list());
+	op->kind = (uint32_t)kind;
+	op->a = op->b = 0;
+	if (!chain_dtype_supported(dtype))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "op %u '%s': dtype %s is not supported; chains run on f16, bf16, f32 "
+				 "and f64 buffers",
+				 pos, chain_op_name(op->kind), gpuq_dtype_name(dtype));
+	int want = chain_op_nargs(op->kind);
+	if (nargs != (uint32_t)want)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "op %u '%s' takes %d argument%s (%s), not %u", pos,
+				 chain_op_name(op->kind), want, want == 1 ? "" : "s", op_usage(op->kind),
+				 nargs);
+	double *slot[2] = { &op->a, &op->b };
+	for (uint32_t i = 0; i < nargs; i++)
+		if (read_op_arg(&args[i], pos, op->kind, i + 1, slot[i], err) < 0)
+			return -1;
+	return 0;
+}
+
+static int read_ops(struct request *req, enum gpuq_dtype dtype, struct chain_spec *spec,
+		    struct gpuq_error *err)
+{
+	const msgpack_object *list;
+	int rc = msg_get_array(req->map, "ops", &list, err);
+	if (rc == 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'ops' (a list of [name, args...]) is required");
+	if (rc < 0)
+		return -1;
+	uint32_t n = list->via.array.size;
+	if (n == 0 || n > KERNELS_CHAIN_MAX_OPS)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'ops' has %u ops; a chain has 1 to %d", n, KERNELS_CHAIN_MAX_OPS);
+	for (uint32_t i = 0; i < n; i++)
+		if (read_op(&list->via.array.ptr[i], i + 1, dtype, &spec->ops[i], err) < 0)
+			return -1;
+	spec->nops = n;
+	return 0;
+}
+
+static int read_mode_repeat(struct request *req, struct chain_spec *spec, struct gpuq_error *err)
+{
+	char mode[16];
+	int rc = msg_get_str(req->map, "mode", mode, sizeof mode, err);
+	if (rc < 0)
+		return -1;
+	spec->mode = CHAIN_FUSED;
+	if (rc > 0 && chain_mode_find(mode, &spec->mode) < 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'mode': '%s' is not fused, graph or eager",
+				 mode);
+	spec->repeat = 1;
+	if (msg_get_u64(req->map, "repeat", &spec->repeat, err) < 0)
+		return -1;
+	if (spec->repeat < 1 || spec->repeat > CHAIN_MAX_REPEAT)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
+				 spec->repeat, CHAIN_MAX_REPEAT);
+	if (spec->mode == CHAIN_GRAPH && spec->repeat * spec->nops > CHAIN_MAX_GRAPH_KERNELS)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "graph mode captures ops x repeat = %" PRIu64 " kernels into one graph, "
+				 "more than %d; lower 'repeat' or use mode fused",
+				 spec->repeat * spec->nops, CHAIN_MAX_GRAPH_KERNELS);
+	return 0;
+}
+
+/*
+ * The `out` field's buffer, resolved as `buffer` is (the caller's, or for
+ * root `owner`'s), or NULL with *absent when there is none.
+ */
+static struct buffer *resolve_out(struct request *req, bool *absent, struct gpuq_error *err)
+{
+	char ref[BUFFER_NAME_MAX + 32], name[BUFFER_NAME_MAX + 1];
+	int device;
+	uint64_t owner = (uint64_t)req->conn->uid;
+	int rc = msg_get_str(req->map, "out", ref, sizeof ref, err);
+	*absent = rc == 0;
+	if (rc <= 0 || buffer_ref_parse(ref, "out", name, &device, err) < 0 ||
+	    msg_get_u64(req->map, "owner", &owner, err) < 0)
+		return NULL;
+	if (req->conn->uid != 0 && owner != (uint64_t)req->conn->uid) {
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  "only root may name another owner's buffers (you are uid %d)",
+			  (int)req->conn->uid);
+		return NULL;
+	}
+	struct buffer *b = buffer_resolve(&req->d->buffers, (uid_t)owner, name, device, err);
+	if (b && buffer_check_usable(b, err) < 0)
+		return NULL;
+	return b;
+}
+
+/* The out buffer, which must match the input's device, dtype and count. */
+static int read_out(struct request *req, const struct buffer *in, struct buffer **out,
+		    struct gpuq_error *err)
+{
+	bool absent;
+	*out = resolve_out(req, &absent, err);
+	if (!*out)
+		return absent ? 0 : -1;
+	const struct buffer *o = *out;
+	if (o->device != in->device)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "out '%s@%d' is on gpu %d but buffer '%s@%d' on gpu %d; a chain runs on "
+				 "one device: allocate out on gpu %d",
+				 o->name, o->device, o->device, in->name, in->device, in->device,
+				 in->device);
+	if (o->dtype != in->dtype || o->count != in->count)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "out '%s@%d' is %" PRIu64 " x %s but buffer '%s@%d' is %" PRIu64
+				 " x %s; out needs the same shape (alloc --count %" PRIu64 " --dtype %s)",
+				 o->name, o->device, o->count, gpuq_dtype_name(o->dtype), in->name,
+				 in->device, in->count, gpuq_dtype_name(in->dtype), in->count,
+				 gpuq_dtype_name(in->dtype));
+	if (o == in)
+		*out = NULL; /* naming the input is running in place */
+	return 0;
+}
+
+static void render_run(const struct job *job, struct mp_map *out)
+{
+	const struct run_job *rj = job->work.spec;
+	if (!rj)
+		return;
+	const struct chain_spec *s = &rj->spec;
+	const struct chain_result *r = &s->result;
+	mp_put_str(out, "mode", chain_mode_name(s->mode));
+	mp_put_str(out, "graph", chain_cache_outcome_name(r->cache));
+	mp_put_bool(out, "instantiated", r->instantiated);
+	mp_put_u64(out, "ops", s->nops);
+	mp_put_u64(out, "repeat", s->repeat);
+	mp_put_u64(out, "kernels", r->kernels);
+	mp_put_str(out, "dtype", gpuq_dtype_name(s->dtype));
+	mp_put_u64(out, "count", s->count);
+	if (rj->out_label[0])
+		mp_put_str(out, "out", rj->out_label);
+	mp_put_u64(out, "bytes", job->work.result.bytes);
+	mp_put_f64(out, "prepare_s", r->prepare_s);
+	mp_put_f64(out, "device_s", r->device_s);
+	mp_put_f64(out, "gbps", r->device_s > 0 ? (double)job->work.result.bytes / r->device_s / 1e9 : 0);
+}
+
+static void release_spec(struct job *job)
+{
+	free(job->work.spec);
+	job->work.spec = NULL;
+}
+
+static const struct job_kind kind_run = { .op = "run", .render = render_run };
+
+/* Reads everything but the input buffer into rj; 0, or -1 with err. */
+static int read_run(struct request *req, const struct buffer *b, struct run_job *rj,
+		    struct buffer **out, struct gpuq_error *err)
+{
+	struct chain_spec *s = &rj->spec;
+	if (read_ops(req, b->dtype, s, err) < 0 || read_mode_repeat(req, s, err) < 0 ||
+	    read_out(req, b, out, err) < 0)
+		return -1;
+	s->dtype = b->dtype;
+	s->count = b->count;
+	s->in = b->dptr;
+	s->out = *out ? (*out)->dptr : b->dptr;
+	if (*out)
+		snprintf(rj->out_label, sizeof rj->out_label, "%s@%d", (*out)->name, (*out)->device);
+	return 0;
+}
+
+void op_run(struct request *req)
+{
+	struct gpuq_error err;
+	struct buffer *out = NULL;
+	struct run_job *rj = calloc(1, sizeof *rj);
+	struct buffer *b = rj ? read_buffer(req, &err) : NULL;
+	if (!rj)
+		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for another chain");
+	if (!b || read_run(req, b, rj, &out, &err) < 0) {
+		free(rj);
+		reply_error(req, &err);
+		return;
+	}
+	struct job *job = new_job(req, &kind_run, WORK_CHAIN, b->device);
+	if (!job) {
+		free(rj);
+		return;
+	}
+	job_attach_buffer(job, b);
+	job->work.spec = rj;
+	job->work.length = b->bytes;
+	job->release = release_spec;
+	if (out) { /* held like the input until the job ends (op_jobs.c releases buffer2) */
+		job->buffer2 = out;
+		out->users++;
+		out->last_job = job->id;
+	}
+	job_submit(req, job);
+}
+
+/* One device's counters: its worker's, and its chain cache's. */
+static void render_device_stats(struct daemon *d, int index, struct mp_array *out)
+{
+	struct worker_snapshot s;
+	const struct device *dev = &d->pool.workers[index].dev;
+	struct mp_map m, counters, chain;
+	worker_snapshot(&d->pool, index, &s);
+	mp_map_init(&m);
+	mp_map_init(&counters);
+	mp_map_init(&chain);
+	mp_put_i64(&m, "index", index);
+	mp_put_bool(&m, "healthy", s.healthy);
+	mp_put_u64(&m, "queue_depth", s.queue_depth);
+#define PUT_WORKER_COUNTER(name) mp_put_u64(&counters, #name, s.counters.name);
+	WORKER_COUNTERS(PUT_WORKER_COUNTER)
+#undef PUT_WORKER_COUNTER
+#define PUT_CHAIN_COUNTER(name) mp_put_u64(&chain, #name, chain_counter_get(dev, CHAIN_COUNTER_##name));
+	CHAIN_COUNTERS(PUT_CHAIN_COUNTER)
+#undef PUT_CHAIN_COUNTER
+	mp_put_u64(&chain, "graph_capacity", d->opt.device.chain_graph_cache);
+	mp_put_map(&m, "counters", &counters);
+	mp_put_map(&m, "chain", &chain);
+	mp_array_map(out, &m);
+}
+
+void op_stats(struct request *req)
+{
+	struct daemon *d = req->d;
+	struct gpuq_error err;
+	uint64_t device = 0;
+	int has_device = msg_get_u64(req->map, "device", &device, &err);
+	if (has_device > 0 && device >= (uint64_t)d->pool.count)
+		has_device = gpuq_fail(&err, GPUQ_E_NOT_FOUND, "device %" PRIu64 " does not exist (devices: 0-%d)",
+				       device, d->pool.count - 1);
+	if (has_device < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	struct mp_map body;
+	struct mp_array devices;
+	mp_map_init(&body);
+	mp_array_init(&devices);
+	for (int i = 0; i < d->pool.count; i++)
+		if (!has_device || (uint64_t)i == device)
+			render_device_stats(d, i, &devices);
+	mp_put_str(&body, "backend", d->ops->name);
+	mp_put_array(&body, "devices", &devices);
+	reply_ok(req, &body);
+}
+
+static void render_bench_launch(const struct chain_bench *b, struct mp_map *out)
+{
+	struct mp_array list;
+	mp_array_init(&list);
+	for (unsigned i = 0; i < CHAIN_BENCH_LAUNCH_CHAINS; i++) {
+		const struct chain_bench_launch *l = &b->launch[i];
+		struct mp_map m;
+		double k = l->kernels ? (double)l->kernels : 1;
+		mp_map_init(&m);
+		mp_put_u64(&m, "ops", l->nops);
+		mp_put_u64(&m, "kernels", l->kernels);
+		mp_put_f64(&m, "eager_us_per_kernel", l->eager_s / k * 1e6);
+		mp_put_f64(&m, "graph_us_per_kernel", l->graph_s / k * 1e6);
+		mp_put_f64(&m, "graph_over_eager", l->eager_s > 0 ? l->graph_s / l->eager_s : 0);
+		mp_array_map(&list, &m);
+	}
+	mp_put_array(out, "launch", &list);
+}
+
+/* GB/s for passes over the buffer (read + write each) in seconds. */
+static double bench_gbps(const struct chain_bench *b, unsigned passes, double seconds)
+{
+	return seconds > 0 ? 2.0 * (double)b->bytes * passes / seconds / 1e9 : 0;
+}
+
+static void render_bench_bandwidth(const struct chain_bench *b, struct mp_map *out)
+{
+	struct mp_map m;
+	struct mp_array ops;
+	double copy = bench_gbps(b, 1, b->copy_s);
+	mp_map_init(&m);
+	mp_array_init(&ops);
+	mp_put_u64(&m, "bytes", b->bytes);
+	mp_put_f64(&m, "memcpy_gbps", copy);
+	for (unsigned i = 0; i < CHAIN_BENCH_OPS; i++) {
+		struct mp_map o;
+		double g = bench_gbps(b, 1, b->op_s[i]);
+		mp_map_init(&o);
+		mp_put_str(&o, "op", chain_bench_op_name(i));
+		mp_put_f64(&o, "gbps", g);
+		mp_put_f64(&o, "of_memcpy", copy > 0 ? g / copy : 0);
+		mp_array_map(&ops, &o);
+	}
+	mp_put_array(&m, "per_op", &ops);
+	mp_put_f64(&m, "eager_gbps", bench_gbps(b, CHAIN_BENCH_OPS, b->eager_s));
+	mp_put_f64(&m, "graph_gbps", bench_gbps(b, CHAIN_BENCH_OPS, b->graph_s));
+	mp_put_f64(&m, "fused_gbps", bench_gbps(b, 1, b->fused_s));
+	mp_put_f64(&m, "fused_of_memcpy", copy > 0 ? bench_gbps(b, 1, b->fused_s) / copy : 0);
+	mp_put_f64(&m, "eager_s", b->eager_s);
+	mp_put_f64(&m, "graph_s", b->graph_s);
+	mp_put_f64(&m, "fused_s", b->fused_s);
+	mp_put_f64(&m, "fused_speedup_over_graph", b->fused_s > 0 ? b->graph_s / b->fused_s : 0);
+	mp_put_map(out, "bandwidth", &m);
+}
+
+static void render_bench_cache(const struct chain_bench *b, struct mp_map *out)
+{
+	static const char *const names[2] = { "graph", "fused" };
+	struct mp_map m;
+	mp_map_init(&m);
+	for (unsigned i = 0; i < 2; i++) {
+		struct mp_map c;
+		mp_map_init(&c);
+		mp_put_f64(&c, "instantiate_us", b->cache[i].instantiate_s * 1e6);
+		mp_put_f64(&c, "update_us", b->cache[i].update_s * 1e6);
+		mp_put_f64(&c, "hit_us", b->cache[i].hit_s * 1e6);
+		mp_put_map(&m, names[i], &c);
+	}
+	mp_put_u64(&m, "cached_rerun_instantiations", b->cached_rerun_instantiations);
+	mp_put_map(out, "cache", &m);
+}
+
+static void render_bench(const struct job *job, struct mp_map *out)
+{
+	const struct chain_bench *b = job->work.spec;
+	if (!b)
+		return;
+	mp_put_u64(out, "reps", b->reps);
+	mp_put_u64(out, "launch_count", b->launch_count);
+	mp_put_u64(out, "launch_repeat", b->launch_repeat);
+	render_bench_launch(b, out);
+	render_bench_bandwidth(b, out);
+	render_bench_cache(b, out);
+}
+
+static const struct job_kind kind_bench_chain = { .op = "bench_chain", .render = render_bench };
+
+/* device, bytes (f32, a multiple of 16), repeat and reps, each with its default. */
+static int read_bench(struct request *req, int *device, struct chain_bench *b,
+		      struct gpuq_error *err)
+{
+	uint64_t dev = 0, reps = BENCH_DEFAULT_REPS;
+	b->bytes = BENCH_DEFAULT_BYTES;
+	b->launch_repeat = BENCH_DEFAULT_REPEAT;
+	b->launch_count = BENCH_LAUNCH_COUNT;
+	if (msg_get_u64(req->map, "device", &dev, err) < 0 ||
+	    msg_get_u64(req->map, "bytes", &b->bytes, err) < 0 ||
+	    msg_get_u64(req->map, "repeat", &b->launch_repeat, err) < 0 ||
+	    msg_get_u64(req->map, "reps", &reps, err) < 0)
+		return -1;
+	if (dev >= (uint64_t)req->d->pool.count)
+		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %" PRIu64 " does not exist (devices: 0-%d)",
+				 dev, req->d->pool.count - 1);
+	if (b->bytes < 4096 || b->bytes % 16)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'bytes': %" PRIu64 " is not a multiple of 16 of at least 4096", b->bytes);
+	if (b->launch_repeat < 1 || b->launch_repeat > BENCH_MAX_REPEAT)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
+				 b->launch_repeat, BENCH_MAX_REPEAT);
+	if (reps < 1 || reps > CHAIN_MAX_REPS)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'reps': %" PRIu64 " is not 1 to %d", reps,
+				 CHAIN_MAX_REPS);
+	*device = (int)dev;
+	b->reps = (unsigned)reps;
+	return 0;
+}
+
+void op_bench_chain(struct request *req)
+{
+	struct gpuq_error err;
+	int device = 0;
+	struct chain_bench *b = calloc(1, sizeof *b);
+	if (!b) {
+		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a benchmark");
+		reply_error(req, &err);
+		return;
+	}
+	if (read_bench(req, &device, b, &err) < 0) {
+		free(b);
+		reply_error(req, &err);
+		return;
+	}
+	struct job *job = new_job(req, &kind_bench_chain, WORK_BENCH_CHAIN, device);
+	if (!job) {
+		free(b);
+		return;
+	}
+	job->work.spec = b;
+	job->release = release_spec;
+	job_submit(req, job);
+}

@@ -1,0 +1,429 @@
+/* Quotas and rights (see quota.h). Main thread only. */
+#include "daemon/quota.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "daemon/daemon.h"
+
+#define MAX_PEER_GROUPS 1024
+#define MAX_GOVERNING 64
+
+void quota_set_free(struct quota_set *q)
+{
+	free(q->rules);
+	memset(q, 0, sizeof *q);
+}
+
+void quota_usage_free(struct quota_usage *u)
+{
+	free(u->users);
+	memset(u, 0, sizeof *u);
+}
+
+int quota_section(const char *section, enum quota_scope *scope, char *name, size_t namesize)
+{
+	const char *rest;
+	if (strcmp(section, "default") == 0) {
+		*scope = QUOTA_DEFAULT;
+		snprintf(name, namesize, "*");
+		return 1;
+	}
+	if (strncmp(section, "user:", 5) == 0) {
+		*scope = QUOTA_USER;
+		rest = section + 5;
+	} else if (strncmp(section, "group:", 6) == 0) {
+		*scope = QUOTA_GROUP;
+		rest = section + 6;
+	} else {
+		return 0;
+	}
+	snprintf(name, namesize, "%s", rest);
+	return 1;
+}
+
+/* A user or group name, or a decimal id; -1 with msg when there is no such one. */
+static int resolve_id(enum quota_scope scope, const char *name, uint32_t *id, char *msg,
+		      size_t msgsize)
+{
+	char *end;
+	const char *what = scope == QUOTA_USER ? "user" : "group";
+	if (!*name) {
+		snprintf(msg, msgsize, "[%s:] needs a %s name or number", what, what);
+		return -1;
+	}
+	unsigned long v = strtoul(name, &end, 10);
+	if (!*end && name[0] >= '0' && name[0] <= '9' && v < UINT32_MAX) {
+		*id = (uint32_t)v;
+		return 0;
+	}
+	errno = 0;
+	if (scope == QUOTA_USER) {
+		struct passwd *pw = getpwnam(name);
+		if (pw) {
+			*id = (uint32_t)pw->pw_uid;
+			return 0;
+		}
+	} else {
+		struct group *gr = getgrnam(name);
+		if (gr) {
+			*id = (uint32_t)gr->gr_gid;
+			return 0;
+		}
+	}
+	snprintf(msg, msgsize, "no %s named '%s'%s%s", what, name, errno ? ": " : "",
+		 errno ? strerror(errno) : "");
+	return -1;
+}
+
+struct quota_rule *quota_rule_get(struct quota_set *q, enum quota_scope scope, const char *name,
+				  const char *where, char *msg, size_t msgsize)
+{
+	uint32_t id = 0;
+	if (scope != QUOTA_DEFAULT && resolve_id(scope, name, &id, msg, msgsize) < 0)
+		return NULL;
+	for (int i = 0; i < q->count; i++)
+		if (q->rules[i].scope == scope && q->rules[i].id == id)
+			return &q->rules[i];
+	if (q->count == q->cap) {
+		int cap = q->cap ? q->cap * 2 : 8;
+		struct quota_rule *rules = realloc(q->rules, sizeof *rules * (size_t)cap);
+		if (!rules) {
+			snprintf(msg, msgsize, "no memory for another quota rule");
+			return NULL;
+		}
+		q->rules = rules;
+		q->cap = cap;
+	}
+	struct quota_rule *r = &q->rules[q->count++];
+	memset(r, 0, sizeof *r);
+	r->scope = scope;
+	r->id = id;
+	if (scope == QUOTA_DEFAULT)
+		snprintf(r->label, sizeof r->label, "[default]");
+	else
+		snprintf(r->label, sizeof r->label, "[%s:%.80s]",
+			 scope == QUOTA_USER ? "user" : "group", name);
+	snprintf(r->where, sizeof r->where, "%s", where);
+	return r;
+}
+
+/* "all", "none", or a list such as 0,2-3 of device indices below GPUQ_MAX_DEVICES. */
+static int parse_devices(const char *s, uint64_t *mask)
+{
+	char buf[256], *save = NULL;
+	if (strcmp(s, "all") == 0) {
+		*mask = UINT64_MAX;
+		return 0;
+	}
+	*mask = 0;
+	if (strcmp(s, "none") == 0)
+		return 0;
+	snprintf(buf, sizeof buf, "%s", s);
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		char *dash = strchr(tok, '-'), *end;
+		if (dash)
+			*dash = '\0';
+		unsigned long lo = strtoul(tok, &end, 10);
+		if (!*tok || *end || lo >= GPUQ_MAX_DEVICES)
+			return -1;
+		unsigned long hi = lo;
+		if (dash) {
+			hi = strtoul(dash + 1, &end, 10);
+			if (!dash[1] || *end || hi < lo || hi >= GPUQ_MAX_DEVICES)
+				return -1;
+		}
+		for (unsigned long d = lo; d <= hi; d++)
+			*mask |= 1ull << d;
+	}
+	return *mask ? 0 : -1;
+}
+
+int quota_rule_set(struct quota_rule *r, const char *key, const char *value, char *msg,
+		   size_t msgsize)
+{
+	char *end;
+	if (strcmp(key, "device-memory") == 0) {
+		if (gpuq_parse_size(value, &r->device_memory) < 0) {
+			snprintf(msg, msgsize, "device-memory takes a size such as 40G, not '%s'", value);
+			return -1;
+		}
+		r->has_memory = true;
+	} else if (strcmp(key, "queued-jobs") == 0) {
+		unsigned long long n = strtoull(value, &end, 10);
+		if (!*value || *end || value[0] == '-' || n > UINT32_MAX) {
+			snprintf(msg, msgsize, "queued-jobs takes a number of jobs, not '%s'", value);
+			return -1;
+		}
+		r->queued_jobs = n;
+		r->has_jobs = true;
+	} else if (strcmp(key, "devices") == 0) {
+		if (parse_devices(value, &r->devices) < 0) {
+			snprintf(msg, msgsize,
+				 "devices takes all, none or a list of device indices such as 0,2-3 (below %d), not '%s'",
+				 GPUQ_MAX_DEVICES, value);
+			return -1;
+		}
+		r->has_devices = true;
+	} else {
+		snprintf(msg, msgsize,
+			 "unknown limit '%s' in %s (limits: device-memory, queued-jobs, devices)", key,
+			 r->label);
+		return -1;
+	}
+	return 0;
+}
+
+int quota_set_admin(struct quota_set *q, const char *group, char *msg, size_t msgsize)
+{
+	uint32_t gid;
+	q->has_admin = false;
+	snprintf(q->admin_group, sizeof q->admin_group, "%s", group);
+	if (!*group)
+		return 0;
+	if (resolve_id(QUOTA_GROUP, group, &gid, msg, msgsize) < 0)
+		return -1;
+	q->has_admin = true;
+	q->admin_gid = (gid_t)gid;
+	return 0;
+}
+
+const char *quota_devices_text(uint64_t mask, char *buf, size_t size)
+{
+	size_t used = 0;
+	buf[0] = '\0';
+	for (int d = 0; d < GPUQ_MAX_DEVICES && used < size; d++) {
+		if (!(mask >> d & 1) || (d > 0 && (mask >> (d - 1) & 1)))
+			continue;
+		int e = d;
+		while (e + 1 < GPUQ_MAX_DEVICES && (mask >> (e + 1) & 1))
+			e++;
+		if (e == d)
+			used += (size_t)snprintf(buf + used, size - used, "%s%d", used ? "," : "", d);
+		else
+			used += (size_t)snprintf(buf + used, size - used, "%s%d-%d", used ? "," : "", d, e);
+	}
+	if (!buf[0])
+		snprintf(buf, size, "none");
+	return buf;
+}
+
+/* The client's groups: its primary group and those the kernel reports for the connection. */
+struct client_ids {
+	uid_t uid;
+	int ngroups;
+	gid_t groups[MAX_PEER_GROUPS + 1];
+};
+
+static void client_ids(const struct conn *c, struct client_ids *ids)
+{
+	socklen_t len = sizeof(gid_t) * MAX_PEER_GROUPS;
+	ids->uid = c->uid;
+	ids->groups[0] = c->gid;
+	ids->ngroups = 1;
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, &ids->groups[1], &len) == 0)
+		ids->ngroups += (int)(len / sizeof(gid_t));
+	/* ERANGE (over 1024 groups): the primary group alone, which only ever loosens a limit */
+}
+
+static bool in_groups(const struct client_ids *ids, gid_t gid)
+{
+	for (int i = 0; i < ids->ngroups; i++)
+		if (ids->groups[i] == gid)
+			return true;
+	return false;
+}
+
+bool quota_is_admin(struct daemon *d, const struct conn *c)
+{
+	const struct quota_set *q = &d->svc.quotas;
+	if (c->uid == 0)
+		return true;
+	if (!q->has_admin)
+		return false;
+	struct client_ids ids;
+	client_ids(c, &ids);
+	return in_groups(&ids, q->admin_gid);
+}
+
+bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner)
+{
+	return owner == c->uid || quota_is_admin(d, c);
+}
+
+enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES };
+
+static bool rule_sets(const struct quota_rule *r, enum limit which)
+{
+	return which == LIMIT_MEMORY ? r->has_memory : which == LIMIT_JOBS ? r->has_jobs
+									 : r->has_devices;
+}
+
+/*
+ * The rules that govern one limit for the client: its user rule if that
+ * sets the limit; else every rule of its groups that does; else the default.
+ */
+static int governing(const struct quota_set *q, const struct client_ids *ids, enum limit which,
+		     const struct quota_rule **out)
+{
+	int n = 0;
+	for (int pass = QUOTA_USER; pass >= QUOTA_DEFAULT && n == 0; pass--) {
+		for (int i = 0; i < q->count && n < MAX_GOVERNING; i++) {
+			const struct quota_rule *r = &q->rules[i];
+			if ((int)r->scope != pass || !rule_sets(r, which))
+				continue;
+			if ((pass == QUOTA_USER && r->id != ids->uid) ||
+			    (pass == QUOTA_GROUP && !in_groups(ids, (gid_t)r->id)))
+				continue;
+			out[n++] = r;
+		}
+	}
+	return n;
+}
+
+static const char *size_text(uint64_t n, char *buf, size_t size)
+{
+	static const char *const units[] = { "bytes", "KiB", "MiB", "GiB", "TiB" };
+	double v = (double)n;
+	int u = 0;
+	while (v >= 1024 && u < 4) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, size, "%llu bytes", (unsigned long long)n);
+	else
+		snprintf(buf, size, "%.1f %s", v, units[u]);
+	return buf;
+}
+
+static int refuse(struct daemon *d, const char *limit, struct gpuq_error *err, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int refuse(struct daemon *d, const char *limit, struct gpuq_error *err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	gpuq_vfail(err, GPUQ_E_PERMISSION_DENIED, fmt, ap);
+	va_end(ap);
+	metrics_quota_refusal(&d->svc.metrics, limit);
+	return -1;
+}
+
+static int check_device(struct daemon *d, const struct client_ids *ids, int device,
+			struct gpuq_error *err)
+{
+	const struct quota_rule *rules[MAX_GOVERNING];
+	int n = governing(&d->svc.quotas, ids, LIMIT_DEVICES, rules);
+	char list[256];
+	for (int i = 0; i < n; i++)
+		if (device < 0 || device >= GPUQ_MAX_DEVICES || !(rules[i]->devices >> device & 1))
+			return refuse(d, "devices", err,
+				      "quota %s (%s) allows uid %d devices %s, not device %d",
+				      rules[i]->label, rules[i]->where, (int)ids->uid,
+				      quota_devices_text(rules[i]->devices, list, sizeof list), device);
+	return 0;
+}
+
+int quota_check_job(struct daemon *d, const struct conn *c, const struct job *job,
+		    struct gpuq_error *err)
+{
+	if (c->uid == 0 || d->svc.quotas.count == 0)
+		return 0;
+	struct client_ids ids;
+	client_ids(c, &ids);
+	int n = job->parts ? job->nparts : 1;
+	for (int i = 0; i < n; i++)
+		if (check_device(d, &ids, job->parts ? job->parts[i].device : job->work.device, err) < 0)
+			return -1;
+	const struct quota_rule *rules[MAX_GOVERNING];
+	n = governing(&d->svc.quotas, &ids, LIMIT_JOBS, rules);
+	unsigned active = quota_active_jobs(&d->svc.usage, c->uid);
+	for (int i = 0; i < n; i++)
+		if (active >= rules[i]->queued_jobs)
+			return refuse(d, "queued-jobs", err,
+				      "quota %s (%s): queued-jobs %llu reached; uid %d has %u jobs queued or running (wait for one to finish)",
+				      rules[i]->label, rules[i]->where,
+				      (unsigned long long)rules[i]->queued_jobs, (int)c->uid, active);
+	return 0;
+}
+
+static uint64_t owner_bytes_on(const struct buffer_table *t, uid_t owner, int device)
+{
+	uint64_t sum = 0;
+	for (const struct buffer *b = t->head; b; b = b->next)
+		if (b->owner == owner && b->device == device)
+			sum += b->bytes;
+	return sum;
+}
+
+int quota_check_alloc(struct daemon *d, const struct conn *c, int device, uint64_t bytes,
+		      struct gpuq_error *err)
+{
+	if (c->uid == 0 || d->svc.quotas.count == 0)
+		return 0;
+	struct client_ids ids;
+	client_ids(c, &ids);
+	if (check_device(d, &ids, device, err) < 0)
+		return -1;
+	const struct quota_rule *rules[MAX_GOVERNING];
+	int n = governing(&d->svc.quotas, &ids, LIMIT_MEMORY, rules);
+	if (n == 0)
+		return 0;
+	uint64_t held = owner_bytes_on(&d->buffers, c->uid, device);
+	char limit[32], have[32], want[32];
+	for (int i = 0; i < n; i++)
+		if (bytes > rules[i]->device_memory || held > rules[i]->device_memory - bytes)
+			return refuse(d, "device-memory", err,
+				      "quota %s (%s): device-memory %s per device; uid %d holds %s on device %d and asks for %s more",
+				      rules[i]->label, rules[i]->where,
+				      size_text(rules[i]->device_memory, limit, sizeof limit), (int)c->uid,
+				      size_text(held, have, sizeof have), device,
+				      size_text(bytes, want, sizeof want));
+	return 0;
+}
+
+static struct quota_user *usage_find(const struct quota_usage *u, uid_t uid)
+{
+	for (int i = 0; i < u->count; i++)
+		if (u->users[i].uid == uid)
+			return &u->users[i];
+	return NULL;
+}
+
+void quota_job_started(struct quota_usage *u, uid_t uid)
+{
+	struct quota_user *e = usage_find(u, uid);
+	if (!e) {
+		if (u->count == u->cap) {
+			int cap = u->cap ? u->cap * 2 : 16;
+			struct quota_user *users = realloc(u->users, sizeof *users * (size_t)cap);
+			if (!users)
+				return; /* uncounted: the quota is only ever looser for it */
+			u->users = users;
+			u->cap = cap;
+		}
+		e = &u->users[u->count++];
+		e->uid = uid;
+		e->active = 0;
+	}
+	e->active++;
+}
+
+void quota_job_ended(struct quota_usage *u, uid_t uid)
+{
+	struct quota_user *e = usage_find(u, uid);
+	if (e && e->active > 0)
+		e->active--;
+}
+
+unsigned quota_active_jobs(const struct quota_usage *u, uid_t uid)
+{
+	const struct quota_user *e = usage_find(u, uid);
+	return e ? e->active : 0;
+}

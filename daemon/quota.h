@@ -1,0 +1,115 @@
+/*
+ * Quotas and rights. Main thread only.
+ *
+ * A quota rule applies to one user ([user:NAME]), to each member of one
+ * group ([group:NAME]) or to everyone ([default]) and may set three limits:
+ * device-memory (bytes a user's buffers may hold on any one device),
+ * queued-jobs (a user's jobs queued or running at once) and devices (the
+ * device indices a user's jobs may use). For each limit the most specific
+ * rules that set it govern: the user's rule; else every rule of a group the
+ * client belongs to (all must hold, so the strictest wins); else the default.
+ * Root is never limited. A refusal is permission_denied naming the rule and
+ * where it was written.
+ *
+ * Rights: root, and members of the admin group, may see and cancel every
+ * job and stop the daemon. Group membership is the client's primary group
+ * and its supplementary groups as the kernel reports them for the
+ * connection (SO_PEERGROUPS), so no user database is read while serving.
+ */
+#ifndef GPUQ_QUOTA_H
+#define GPUQ_QUOTA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "protocol/protocol.h"
+
+struct conn;
+struct daemon;
+struct job;
+
+enum quota_scope { QUOTA_DEFAULT, QUOTA_GROUP, QUOTA_USER };
+
+struct quota_rule {
+	enum quota_scope scope;
+	uint32_t id;       /* uid or gid; 0 for the default */
+	char label[96];    /* "[group:ml]", as written */
+	char where[300];   /* "/etc/gpuq/gpuqd.conf:12" */
+	bool has_memory, has_jobs, has_devices;
+	uint64_t device_memory; /* bytes on any one device */
+	uint64_t queued_jobs;   /* queued or running at once */
+	uint64_t devices;       /* bit i: device i may be used */
+};
+
+/* The rules and rights of one configuration; replaced whole on reload. */
+struct quota_set {
+	struct quota_rule *rules;
+	int count, cap;
+	bool has_admin;
+	gid_t admin_gid;
+	char admin_group[64];
+};
+
+/* Jobs queued or running per uid: kept across reloads. */
+struct quota_usage {
+	struct quota_user {
+		uid_t uid;
+		unsigned active;
+	} *users;
+	int count, cap;
+};
+
+void quota_set_free(struct quota_set *q);
+void quota_usage_free(struct quota_usage *u);
+
+/*
+ * Whether section names a rule: "default", "user:NAME" or "group:NAME"
+ * (NAME or a number). 1 with *scope and name set; 0 if it is not a rule
+ * section at all.
+ */
+int quota_section(const char *section, enum quota_scope *scope, char *name, size_t namesize);
+
+/*
+ * The rule for scope and name, created on first use (where says where it
+ * starts, for refusals). Resolves NAME with the user or group database;
+ * NULL with msg if there is no such user or group, or no memory.
+ */
+struct quota_rule *quota_rule_get(struct quota_set *q, enum quota_scope scope, const char *name,
+				  const char *where, char *msg, size_t msgsize);
+
+/* Sets one limit of r from key = value; 0, or -1 with msg. */
+int quota_rule_set(struct quota_rule *r, const char *key, const char *value, char *msg,
+		   size_t msgsize);
+
+/* Resolves the admin group (empty: none); 0, or -1 with msg. */
+int quota_set_admin(struct quota_set *q, const char *group, char *msg, size_t msgsize);
+
+/* "devices 0-1,3" style: the set bits of mask as a list, "none" when empty. */
+const char *quota_devices_text(uint64_t mask, char *buf, size_t size);
+
+/* Root, or a member of the admin group. */
+bool quota_is_admin(struct daemon *d, const struct conn *c);
+/* Whether the client may see and cancel a job of owner: its own, or an admin's right. */
+bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner);
+
+/*
+ * Before a job is handed to its worker: the device quota for the job's
+ * device and the queued-jobs quota. 0, or -1 with permission_denied.
+ */
+int quota_check_job(struct daemon *d, const struct conn *c, const struct job *job,
+		    struct gpuq_error *err);
+/*
+ * Before an allocation: the device quota, then the device-memory quota
+ * (the client's buffers on device plus bytes). 0, or -1 with permission_denied.
+ */
+int quota_check_alloc(struct daemon *d, const struct conn *c, int device, uint64_t bytes,
+		      struct gpuq_error *err);
+
+/* A job of uid reached its worker / finished (keeps queued-jobs counts). */
+void quota_job_started(struct quota_usage *u, uid_t uid);
+void quota_job_ended(struct quota_usage *u, uid_t uid);
+unsigned quota_active_jobs(const struct quota_usage *u, uid_t uid);
+
+#endif

@@ -1,0 +1,247 @@
+#include "tests/integration/chain_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kernels/hash.h"
+
+const struct tdtype tdtype_f32 = { "f32", GPUQ_DTYPE_F32, 4, 23, -149 };
+const struct tdtype tdtype_f64 = { "f64", GPUQ_DTYPE_F64, 8, 52, -1074 };
+const struct tdtype tdtype_f16 = { "f16", GPUQ_DTYPE_F16, 2, 10, -24 };
+const struct tdtype tdtype_bf16 = { "bf16", GPUQ_DTYPE_BF16, 2, 7, -133 };
+
+static float f16_to_float(uint16_t h)
+{
+	int exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+	float v;
+	if (exp == 0x1F)
+		v = man ? NAN : INFINITY;
+	else if (exp == 0)
+		v = ldexpf((float)man, -24);
+	else
+		v = ldexpf((float)(man | 0x400), exp - 25);
+	return (h & 0x8000) ? -v : v;
+}
+
+static float bf16_to_float(uint16_t b)
+{
+	uint32_t bits = (uint32_t)b << 16;
+	float f;
+	memcpy(&f, &bits, sizeof f);
+	return f;
+}
+
+long double tload(const struct tdtype *t, const void *p, size_t i)
+{
+	switch (t->dtype) {
+	case GPUQ_DTYPE_F16: return f16_to_float(((const uint16_t *)p)[i]);
+	case GPUQ_DTYPE_BF16: return bf16_to_float(((const uint16_t *)p)[i]);
+	case GPUQ_DTYPE_F32: return ((const float *)p)[i];
+	default: return ((const double *)p)[i];
+	}
+}
+
+void tstore(const struct tdtype *t, void *p, size_t i, long double v)
+{
+	switch (t->dtype) {
+	case GPUQ_DTYPE_F16: ((uint16_t *)p)[i] = gpuq_f32_to_f16_bits((float)v); break;
+	case GPUQ_DTYPE_BF16: ((uint16_t *)p)[i] = gpuq_f32_to_bf16_bits((float)v); break;
+	case GPUQ_DTYPE_F32: ((float *)p)[i] = (float)v; break;
+	default: ((double *)p)[i] = (double)v; break;
+	}
+}
+
+long double tround(const struct tdtype *t, long double v)
+{
+	unsigned char buf[8];
+	tstore(t, buf, 0, v);
+	return tload(t, buf, 0);
+}
+
+long double tulp(const struct tdtype *t, long double v)
+{
+	int e = v == 0 || !isfinite(v) ? t->min_exp + t->mant : ilogbl(v);
+	int p = e - t->mant < t->min_exp ? t->min_exp : e - t->mant;
+	return ldexpl(1.0L, p);
+}
+
+void talloc(struct gpuq_client *c, const char *name, const struct tdtype *t, uint64_t count,
+	    int device)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", name);
+	mp_put_u64(&req, "device", (uint64_t)device);
+	mp_put_u64(&req, "count", count);
+	mp_put_str(&req, "dtype", t->name);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "alloc");
+	gpuq_reply_free(r);
+}
+
+void tput(struct gpuq_client *c, const char *name, const void *data, size_t bytes)
+{
+	int fd = memfd_create("chain-in", MFD_CLOEXEC);
+	CHECK(fd >= 0);
+	CHECK_EQ(pwrite(fd, data, bytes, 0), bytes);
+	CHECK_EQ(do_put(c, name, fd), bytes);
+	close(fd);
+}
+
+void *tget(struct gpuq_client *c, const char *name, size_t bytes)
+{
+	int fd = memfd_create("chain-out", MFD_CLOEXEC);
+	size_t n;
+	CHECK(fd >= 0);
+	CHECK_EQ(do_get(c, name, fd), bytes);
+	void *out = fd_slurp(fd, &n);
+	CHECK_EQ(n, bytes);
+	close(fd);
+	return out;
+}
+
+void tfill_value(struct gpuq_client *c, const char *name, double v)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "fill");
+	mp_put_str(&req, "buffer", name);
+	mp_put_str(&req, "pattern", "value");
+	mp_put_f64(&req, "value", v);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "fill value");
+	gpuq_reply_free(r);
+}
+
+void *trandom(const struct tdtype *t, size_t n, double lo, double hi, uint64_t seed)
+{
+	void *p = malloc(n * t->size);
+	CHECK(p);
+	for (size_t i = 0; i < n; i++)
+		tstore(t, p, i, lo + (hi - lo) * gpuq_uniform_f64(gpuq_random_word(seed, i)));
+	return p;
+}
+
+/* 'add 1 | sqrt' as [["add", 1.0], ["sqrt"]]. */
+static void put_ops(struct mp_map *req, const char *chain)
+{
+	char text[1024], *save = NULL;
+	struct mp_array ops;
+	snprintf(text, sizeof text, "%s", chain);
+	mp_array_init(&ops);
+	for (char *seg = strtok_r(text, "|", &save); seg; seg = strtok_r(NULL, "|", &save)) {
+		struct mp_array op;
+		char *wsave = NULL, *w = strtok_r(seg, " ", &wsave);
+		mp_array_init(&op);
+		mp_array_str(&op, w ? w : "");
+		while ((w = strtok_r(NULL, " ", &wsave)) != NULL)
+			mp_array_f64(&op, strtod(w, NULL));
+		mp_array_array(&ops, &op);
+	}
+	mp_put_array(req, "ops", &ops);
+}
+
+struct gpuq_reply *run_chain(struct gpuq_client *c, const char *buffer, const char *chain,
+			     const char *mode, uint64_t repeat, const char *out)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "run");
+	mp_put_str(&req, "buffer", buffer);
+	put_ops(&req, chain);
+	if (mode)
+		mp_put_str(&req, "mode", mode);
+	if (repeat)
+		mp_put_u64(&req, "repeat", repeat);
+	if (out)
+		mp_put_str(&req, "out", out);
+	mp_put_bool(&req, "wait", true);
+	return call(c, &req, NULL, 0);
+}
+
+void run_ok(struct gpuq_client *c, const char *buffer, const char *chain, const char *mode,
+	    uint64_t repeat, const char *out)
+{
+	struct gpuq_reply *r = run_chain(c, buffer, chain, mode, repeat, out);
+	char what[256];
+	snprintf(what, sizeof what, "run %s '%s' (%s)", buffer, chain, mode ? mode : "fused");
+	expect_ok(r, what);
+	gpuq_reply_free(r);
+}
+
+uint64_t chain_stat(struct gpuq_client *c, int device, const char *counter)
+{
+	struct mp_map req;
+	char path[96];
+	gpuq_request_begin(c, &req, "stats");
+	mp_put_u64(&req, "device", (uint64_t)device);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "stats");
+	const msgpack_object *devs = reply_path(r, "devices");
+	CHECK(devs && devs->type == MSGPACK_OBJECT_ARRAY && devs->via.array.size == 1);
+	snprintf(path, sizeof path, "%s", counter);
+	const msgpack_object *chain = msg_map_get(&devs->via.array.ptr[0], "chain");
+	const msgpack_object *v = msg_map_get(chain, path);
+	CHECKF(v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER, "stats has no chain.%s", counter);
+	uint64_t n = v->via.u64;
+	gpuq_reply_free(r);
+	return n;
+}
+
+/* Constant k of an op's text, as gpuqd uses it for t. */
+static long double op_const(const struct tdtype *t, const char *args, int k)
+{
+	const char *p = args;
+	double v = 0;
+	for (int i = 0; i <= k; i++)
+		v = strtod(p, (char **)&p);
+	return t->dtype == GPUQ_DTYPE_F64 ? (long double)v : (long double)(float)v;
+}
+
+long double ref_op(const struct tdtype *t, const char *op, long double x)
+{
+	char name[16];
+	size_t len = strcspn(op, " ");
+	snprintf(name, sizeof name, "%.*s", (int)len, op);
+	const char *args = op + len;
+	long double a = strchr(args, ' ') ? op_const(t, args, 0) : 0;
+	if (!strcmp(name, "sin")) return sinl(x);
+	if (!strcmp(name, "cos")) return cosl(x);
+	if (!strcmp(name, "tan")) return tanl(x);
+	if (!strcmp(name, "exp")) return expl(x);
+	if (!strcmp(name, "log")) return logl(x);
+	if (!strcmp(name, "log2")) return log2l(x);
+	if (!strcmp(name, "sqrt")) return sqrtl(x);
+	if (!strcmp(name, "rsqrt")) return 1.0L / sqrtl(x);
+	if (!strcmp(name, "abs")) return fabsl(x);
+	if (!strcmp(name, "neg")) return -x;
+	if (!strcmp(name, "relu")) return x > 0 ? x : 0;
+	if (!strcmp(name, "sigmoid")) return 1.0L / (1.0L + expl(-x));
+	if (!strcmp(name, "tanh")) return tanhl(x);
+	if (!strcmp(name, "floor")) return floorl(x);
+	if (!strcmp(name, "ceil")) return ceill(x);
+	if (!strcmp(name, "round")) return roundl(x);
+	if (!strcmp(name, "add")) return x + a;
+	if (!strcmp(name, "sub")) return x - a;
+	if (!strcmp(name, "mul")) return x * a;
+	if (!strcmp(name, "div")) return x / a;
+	if (!strcmp(name, "pow")) return powl(x, a);
+	if (!strcmp(name, "min")) return fminl(x, a);
+	if (!strcmp(name, "max")) return fmaxl(x, a);
+	if (!strcmp(name, "clamp")) return fminl(fmaxl(x, a), op_const(t, args, 1));
+	if (!strcmp(name, "fma")) return x * a + op_const(t, args, 1);
+	harness_fail(__FILE__, __LINE__, "no reference for op '%s'", op);
+}
+
+bool same_value(const struct tdtype *t, const void *a, const void *b, size_t i)
+{
+	const unsigned char *x = (const unsigned char *)a + i * t->size;
+	const unsigned char *y = (const unsigned char *)b + i * t->size;
+	if (memcmp(x, y, t->size) == 0)
+		return true;
+	return isnan(tload(t, a, i)) && isnan(tload(t, b, i));
+}

@@ -1,0 +1,507 @@
+/*
+ * gpuqd as a service: quotas and rights (as other uids, so root only),
+ * metrics, configuration reload on SIGHUP, job deadlines and the log line
+ * of each finished job. The systemd protocols themselves (socket
+ * activation, notification, watchdog) are tested by tests/service.sh.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <regex.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/integration/fixture.h"
+
+#define NOGROUP 65534 /* the socket's group in these tests: every test uid is in it */
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	CHECKF(f && fputs(text, f) >= 0 && fclose(f) == 0, "writing %s: %s", path, strerror(errno));
+}
+
+/* A configuration file beside the daemon's directory (its path in a static buffer). */
+static const char *config_file(const char *text)
+{
+	static char path[64];
+	snprintf(path, sizeof path, "/tmp/gpuq-test-conf-%d", (int)getpid());
+	write_file(path, text);
+	return path;
+}
+
+static void start_with_config(struct daemon_proc *d, const char *text, const char *more)
+{
+	if (geteuid() != 0)
+		SKIP("needs root to act as other uids");
+	const char *path = config_file(text);
+	if (more)
+		daemon_start(d, "--socket-group", "nogroup", "--config", path, more, NULL);
+	else
+		daemon_start(d, "--socket-group", "nogroup", "--config", path, NULL);
+}
+
+/* Runs fn in a child as uid with supplementary groups; fails the test if fn fails. */
+static void as_user(uid_t uid, const gid_t *groups, int ngroups, void (*fn)(void *), void *arg)
+{
+	pid_t pid = fork();
+	CHECKF(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		CHECKF(setgroups((size_t)ngroups, groups) == 0 && setgid(NOGROUP) == 0 && setuid(uid) == 0,
+		       "becoming uid %d: %s", (int)uid, strerror(errno));
+		fn(arg);
+		_exit(0);
+	}
+	int status;
+	waitpid(pid, &status, 0);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the checks as uid %d failed", (int)uid);
+}
+
+static struct gpuq_reply *alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", name);
+	mp_put_u64(&req, "device", (uint64_t)device);
+	mp_put_u64(&req, "bytes", bytes);
+	mp_put_bool(&req, "wait", true);
+	return call(c, &req, NULL, 0);
+}
+
+static struct gpuq_reply *simple(struct gpuq_client *c, const char *op)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	return call(c, &req, NULL, 0);
+}
+
+static struct gpuq_reply *on_job(struct gpuq_client *c, const char *op, uint64_t job)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_u64(&req, "job", job);
+	if (strcmp(op, "wait") == 0)
+		mp_put_u64(&req, "timeout_ms", 10000);
+	return call(c, &req, NULL, 0);
+}
+
+/* A put from a pipe nobody writes: it runs until p[1] is written or closed. */
+static uint64_t stalled_put(struct gpuq_client *c, const char *buffer, int p[2])
+{
+	CHECK(pipe(p) == 0);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(c, &req, &p[0], 1);
+	expect_ok(r, "stalled put");
+	uint64_t id = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	close(p[0]);
+	for (int i = 0; i < 2000; i++) {
+		char state[16];
+		r = on_job(c, "status", id);
+		reply_str(r, "job.state", state, sizeof state);
+		gpuq_reply_free(r);
+		if (strcmp(state, "running") == 0)
+			return id;
+		usleep(1000);
+	}
+	harness_fail(__FILE__, __LINE__, "job %llu never ran", (unsigned long long)id);
+}
+
+static uint64_t noop_on(struct gpuq_client *c, int device, enum gpuq_errc want, const char *contains)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "noop");
+	mp_put_u64(&req, "device", (uint64_t)device);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	uint64_t id = 0;
+	if (want == GPUQ_OK) {
+		expect_ok(r, "noop");
+		id = reply_u64(r, "job.job");
+	} else {
+		expect_error(r, want, contains);
+	}
+	gpuq_reply_free(r);
+	return id;
+}
+
+/* The metrics text (a fresh malloc'd string). */
+static char *metrics_text(struct gpuq_client *c)
+{
+	struct gpuq_reply *r = simple(c, "metrics");
+	expect_ok(r, "metrics");
+	const msgpack_object *t = reply_path(r, "text");
+	CHECK(t && t->type == MSGPACK_OBJECT_STR);
+	char *s = strndup(t->via.str.ptr, t->via.str.size);
+	gpuq_reply_free(r);
+	return s;
+}
+
+static void expect_metric(const char *text, const char *line)
+{
+	CHECKF(strstr(text, line), "metrics lack \"%s\"", line);
+}
+
+/* Polls the metrics until line appears (a reload or a deadline takes a moment). */
+static void await_metric(struct gpuq_client *c, const char *line)
+{
+	for (int i = 0; i < 500; i++) {
+		char *t = metrics_text(c);
+		bool found = strstr(t, line) != NULL;
+		free(t);
+		if (found)
+			return;
+		usleep(10000);
+	}
+	harness_fail(__FILE__, __LINE__, "metrics never showed \"%s\"", line);
+}
+
+static bool log_contains(const struct daemon_proc *d, const char *needle)
+{
+	FILE *f = fopen(d->log, "r");
+	char line[4096];
+	bool found = false;
+	while (f && !found && fgets(line, sizeof line, f))
+		found = strstr(line, needle) != NULL;
+	if (f)
+		fclose(f);
+	return found;
+}
+
+struct quota_args {
+	const struct daemon_proc *d;
+};
+
+/* nobody, no other group: the [default] rule. */
+static void default_rule_limits_memory(void *arg)
+{
+	const struct quota_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = alloc(c, "a", 0, 48 << 10);
+	expect_ok(r, "alloc within the quota");
+	gpuq_reply_free(r);
+	r = alloc(c, "b", 0, 16 << 10); /* exactly the limit */
+	expect_ok(r, "alloc up to the quota");
+	gpuq_reply_free(r);
+	r = alloc(c, "c", 0, 1);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "quota [default]");
+	gpuq_reply_free(r);
+	r = alloc(c, "c", 1, 4096); /* per device: device 1 is empty */
+	expect_ok(r, "alloc on another device");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+/* In group 4242: devices 1 only, two jobs at once. */
+static void group_rule_limits_devices_and_jobs(void *arg)
+{
+	const struct quota_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = alloc(c, "w", 0, 64);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "quota [group:4242]");
+	gpuq_reply_free(r);
+	noop_on(c, 0, GPUQ_E_PERMISSION_DENIED, "allows uid 65534 devices 1, not device 0");
+	r = alloc(c, "w", 1, 64);
+	expect_ok(r, "alloc on an allowed device");
+	gpuq_reply_free(r);
+	int p[2];
+	uint64_t put = stalled_put(c, "w@1", p);
+	uint64_t queued = noop_on(c, 1, GPUQ_OK, NULL);
+	noop_on(c, 1, GPUQ_E_PERMISSION_DENIED, "queued-jobs 2 reached");
+	close(p[1]); /* the put ends (short), the noop runs: room again */
+	gpuq_reply_free(on_job(c, "wait", put));
+	gpuq_reply_free(on_job(c, "wait", queued));
+	noop_on(c, 1, GPUQ_OK, NULL);
+	gpuq_close(c);
+}
+
+/* uid 65533 in group 4242: its user rule's memory limit, the group's devices. */
+static void user_rule_wins_for_what_it_sets(void *arg)
+{
+	const struct quota_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = alloc(c, "big", 1, 512 << 10);
+	expect_ok(r, "alloc under the user rule");
+	gpuq_reply_free(r);
+	r = alloc(c, "more", 1, 600 << 10);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "quota [user:65533]");
+	gpuq_reply_free(r);
+	noop_on(c, 0, GPUQ_E_PERMISSION_DENIED, "[group:4242]");
+	gpuq_close(c);
+}
+
+TEST(quotas_by_default_group_and_user)
+{
+	struct daemon_proc d;
+	start_with_config(&d,
+			  "[default]\n"
+			  "device-memory = 64K\n"
+			  "\n"
+			  "[group:4242]\n"
+			  "devices = 1\n"
+			  "queued-jobs = 2\n"
+			  "\n"
+			  "[user:65533]\n"
+			  "device-memory = 1M\n",
+			  NULL);
+	struct gpuq_client *probe = client_open(&d);
+	if (device_count(probe) < 2)
+		SKIP("the rules under test name device 1 (the host backend has it; this machine has one GPU)");
+	gpuq_close(probe);
+	struct quota_args a = { &d };
+	gid_t g4242 = 4242;
+	as_user(65534, NULL, 0, default_rule_limits_memory, &a);
+	as_user(65534, &g4242, 1, group_rule_limits_devices_and_jobs, &a);
+	as_user(65533, &g4242, 1, user_rule_wins_for_what_it_sets, &a);
+	struct gpuq_client *root = client_open(&d); /* root is never limited */
+	struct gpuq_reply *r = alloc(root, "huge", 0, 4 << 20);
+	expect_ok(r, "root's alloc");
+	gpuq_reply_free(r);
+	char *t = metrics_text(root);
+	expect_metric(t, "gpuq_quota_refusals_total{limit=\"device-memory\"} 2\n");
+	expect_metric(t, "gpuq_quota_refusals_total{limit=\"devices\"} 3\n");
+	expect_metric(t, "gpuq_quota_refusals_total{limit=\"queued-jobs\"} 1\n");
+	free(t);
+	gpuq_close(root);
+	daemon_stop(&d);
+}
+
+struct admin_args {
+	const struct daemon_proc *d;
+	uint64_t job;
+};
+
+static void stranger_cannot_see_or_stop(void *arg)
+{
+	struct admin_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = on_job(c, "cancel", a->job);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "rule");
+	gpuq_reply_free(r);
+	r = simple(c, "jobs");
+	CHECK_EQ(reply_path(r, "jobs")->via.array.size, 0);
+	gpuq_reply_free(r);
+	r = simple(c, "shutdown");
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "members of group '4243'");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+static void admin_sees_and_cancels(void *arg)
+{
+	struct admin_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = simple(c, "jobs");
+	expect_ok(r, "jobs");
+	CHECK(reply_path(r, "jobs")->via.array.size >= 1);
+	gpuq_reply_free(r);
+	r = on_job(c, "cancel", a->job);
+	expect_ok(r, "the admin's cancel");
+	gpuq_reply_free(r);
+	r = on_job(c, "wait", a->job);
+	expect_error(r, GPUQ_E_CANCELLED, NULL);
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+static void admin_stops_the_daemon(void *arg)
+{
+	struct admin_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = simple(c, "shutdown");
+	expect_ok(r, "the admin's shutdown");
+	CHECK(reply_path(r, "stopping")->via.boolean);
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+static void owner_starts_a_job(void *arg)
+{
+	struct admin_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = alloc(c, "w", 0, 64);
+	expect_ok(r, "alloc");
+	gpuq_reply_free(r);
+	int p[2];
+	uint64_t id = stalled_put(c, "w", p);
+	/* Hand the id to the parent through the pipe-less way: the exit status carries nothing,
+	 * so the job's id is predictable instead (alloc, then the put). */
+	CHECK_EQ(id, a->job);
+	/* Keep the pipe open until the admin has cancelled: this child lingers. */
+	gpuq_close(c);
+	pause();
+}
+
+TEST(admin_group_sees_cancels_and_stops)
+{
+	struct daemon_proc d;
+	start_with_config(&d, "[gpuqd]\nadmin-group = 4243\n", NULL);
+	struct admin_args a = { &d, 2 }; /* job 1: the owner's alloc; job 2: its put */
+	pid_t owner = fork();
+	CHECK(owner >= 0);
+	if (owner == 0) {
+		CHECK(setgid(NOGROUP) == 0 && setgroups(0, NULL) == 0 && setuid(65534) == 0);
+		owner_starts_a_job(&a);
+		_exit(0);
+	}
+	struct gpuq_client *root = client_open(&d);
+	for (int i = 0; i < 2000; i++) { /* until the put runs */
+		struct gpuq_reply *r = on_job(root, "status", 2);
+		char state[16] = "";
+		if (gpuq_reply_ok(r))
+			reply_str(r, "job.state", state, sizeof state);
+		gpuq_reply_free(r);
+		if (strcmp(state, "running") == 0)
+			break;
+		usleep(2000);
+	}
+	gid_t admin = 4243;
+	as_user(65532, NULL, 0, stranger_cannot_see_or_stop, &a);
+	as_user(65533, &admin, 1, admin_sees_and_cancels, &a);
+	kill(owner, SIGKILL);
+	waitpid(owner, NULL, 0);
+	gpuq_close(root);
+	as_user(65533, &admin, 1, admin_stops_the_daemon, &a);
+	int status = -1;
+	for (int i = 0; i < 3000 && waitpid(d.pid, &status, WNOHANG) == 0; i++)
+		usleep(5000);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpuqd did not exit 0 (0x%x)", status);
+	CHECK(log_contains(&d, "shutdown requested by uid 65533"));
+	unlink(d.log);
+	rmdir(d.dir);
+}
+
+/* Every sample line is NAME{LABELS} VALUE, and every family has HELP and TYPE. */
+static void check_exposition(const char *text)
+{
+	regex_t sample;
+	CHECK(regcomp(&sample, "^[a-zA-Z_:][a-zA-Z0-9_:]*(\\{[a-z_]+=\"[^\"]*\"(,[a-z_]+=\"[^\"]*\")*\\})? "
+			       "[-+0-9.e]+$",
+		      REG_EXTENDED | REG_NOSUB) == 0);
+	char *copy = strdup(text), *save = NULL;
+	int samples = 0;
+	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		if (strncmp(line, "# HELP ", 7) == 0 || strncmp(line, "# TYPE ", 7) == 0)
+			continue;
+		CHECKF(regexec(&sample, line, 0, NULL, 0) == 0, "not an exposition line: %s", line);
+		samples++;
+	}
+	CHECK(samples > 20);
+	free(copy);
+	regfree(&sample);
+}
+
+TEST(metrics_and_the_job_log)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	int last = device_count(c) - 1; /* 1 on the host backend; 0 on a one-GPU machine */
+	char line[128];
+	do_alloc(c, "w", 0, 4096);
+	int src = memfd_random(4096, 3);
+	CHECK_EQ(do_put(c, "w", src), 4096);
+	close(src);
+	gpuq_reply_free(on_job(c, "wait", noop_on(c, last, GPUQ_OK, NULL)));
+	int p[2];
+	uint64_t stalled = stalled_put(c, "w", p);
+	gpuq_reply_free(on_job(c, "cancel", stalled));
+	gpuq_reply_free(on_job(c, "wait", stalled));
+	close(p[1]);
+	char *t = metrics_text(c);
+	check_exposition(t);
+	expect_metric(t, "gpuq_build_info{version=\"");
+	expect_metric(t, "gpuq_jobs_total{op=\"alloc\",result=\"ok\"} 1\n");
+	expect_metric(t, "gpuq_jobs_total{op=\"put\",result=\"ok\"} 1\n");
+	expect_metric(t, "gpuq_jobs_total{op=\"put\",result=\"cancelled\"} 1\n");
+	expect_metric(t, "# TYPE gpuq_job_latency_seconds histogram\n");
+	expect_metric(t, "gpuq_job_latency_seconds_bucket{op=\"put\",le=\"+Inf\"} 2\n");
+	expect_metric(t, "gpuq_job_latency_seconds_count{op=\"noop\"} 1\n");
+	expect_metric(t, "gpuq_bytes_moved_total{op=\"put\",path=\"");
+	expect_metric(t, "gpuq_jobs{state=\"running\"} 0\n");
+	snprintf(line, sizeof line, "gpuq_queue_depth{gpu=\"%d\"} 0\n", last);
+	expect_metric(t, line);
+	expect_metric(t, "gpuq_pool_bytes{gpu=\"0\"} 4096\n");
+	expect_metric(t, "gpuq_buffers{gpu=\"0\"} 1\n");
+	snprintf(line, sizeof line, "gpuq_device_healthy{gpu=\"%d\"} 1\n", last);
+	expect_metric(t, line);
+	expect_metric(t, "gpuq_device_jobs_total{gpu=\"0\"}");
+	expect_metric(t, "gpuq_connections 1\n");
+	expect_metric(t, "# TYPE gpuq_chain_graph_entries gauge\n");
+	snprintf(line, sizeof line, "gpuq_chain_graph_hits_total{gpu=\"%d\"} 0\n", last);
+	expect_metric(t, line);
+	free(t);
+	CHECK(log_contains(&d, "op=put gpus=0 bytes=4096 "));
+	CHECK(log_contains(&d, "result=ok buffer=w@0"));
+	CHECK(log_contains(&d, "op=put gpus=0 bytes=0 "));
+	CHECK(log_contains(&d, "result=cancelled buffer=w@0 error=\""));
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+static void alloc_one_more(void *arg)
+{
+	struct gpuq_client *c = client_open(arg);
+	struct gpuq_reply *r = alloc(c, "more", 0, 4096);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "device-memory 4.0 KiB");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+static void alloc_first(void *arg)
+{
+	struct gpuq_client *c = client_open(arg);
+	struct gpuq_reply *r = alloc(c, "first", 0, 4096);
+	expect_ok(r, "alloc before the reload");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+TEST(sighup_reloads_quotas_and_keeps_them_on_errors)
+{
+	struct daemon_proc d;
+	start_with_config(&d, "[gpuqd]\nqueue-depth = 8\n", NULL);
+	as_user(65534, NULL, 0, alloc_first, &d);
+	const char *path = config_file("[gpuqd]\nqueue-depth = 8\nspin = 7\n\n[default]\ndevice-memory = 4K\n");
+	kill(d.pid, SIGHUP);
+	struct gpuq_client *root = client_open(&d);
+	await_metric(root, "gpuq_config_reloads_total{result=\"ok\"} 1\n");
+	as_user(65534, NULL, 0, alloc_one_more, &d);
+	CHECK(log_contains(&d, "reload: spin changed; that takes effect when gpuqd restarts"));
+
+	write_file(path, "[default]\ndevice-memory = lots\n");
+	kill(d.pid, SIGHUP);
+	await_metric(root, "gpuq_config_reloads_total{result=\"failed\"} 1\n");
+	CHECK(log_contains(&d, ":2: device-memory takes a size"));
+	as_user(65534, NULL, 0, alloc_one_more, &d); /* the running configuration stays */
+	gpuq_close(root);
+	unlink(path);
+	daemon_stop(&d);
+}
+
+TEST(job_deadline_cancels_a_job_that_runs_too_long)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--job-deadline", "1", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 64);
+	int p[2];
+	uint64_t id = stalled_put(c, "w", p);
+	struct gpuq_reply *r = on_job(c, "wait", id);
+	expect_error(r, GPUQ_E_CANCELLED, NULL);
+	CHECK(reply_f64(r, "job.run_s") >= 1.0);
+	gpuq_reply_free(r);
+	close(p[1]);
+	char *t = metrics_text(c);
+	expect_metric(t, "gpuq_job_deadline_cancels_total 1\n");
+	expect_metric(t, "gpuq_stuck_jobs 0\n");
+	free(t);
+	CHECK(log_contains(&d, "past job-deadline 1 s; cancelling it"));
+	gpuq_close(c);
+	daemon_stop(&d);
+}

@@ -1,0 +1,248 @@
+#!/bin/sh
+# Service tests: gpuqd as systemd runs it, without systemd as init.
+#  - socket activation under systemd-socket-activate (the first client is
+#    served while the daemon starts), and under tests/service/svc_helper.c's
+#    stand-in supervisor, which keeps the socket across a restart (a client
+#    that connects while gpuqd is down is served by the next one);
+#  - readiness, status, watchdog and stopping notifications, received on a
+#    test socket (a path, and an @abstract name);
+#  - journal priority prefixes; --check-config; the metrics textfile;
+#  - make install DESTDIR=... (the tree the README describes), make
+#    uninstall, and systemd-analyze verify and security on the units.
+# Ends with a RESULT line.
+set -u
+BUILD=${1:-build}
+dir=$(mktemp -d /tmp/gpuq-svc.XXXXXX)
+helper="$BUILD/tests/svc-helper"
+gpuqd="$BUILD/gpuqd"
+passed=0
+failed=0
+skipped=0
+pids=""
+
+cleanup() {
+	for p in $pids; do kill "$p" 2>/dev/null; done
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+
+ok() { passed=$((passed + 1)); echo "ok   service/$1"; }
+fail() {
+	failed=$((failed + 1))
+	echo "FAIL service/$1: $2"
+	shift 2
+	for f in "$@"; do [ -f "$f" ] && sed 's/^/    /' "$f"; done
+}
+skip() { skipped=$((skipped + 1)); echo "skip service/$1"; echo "    skipped: $2"; }
+
+# check NAME CONDITION-COMMAND... : passes when the command succeeds.
+check() {
+	name=$1
+	shift
+	if "$@" > /dev/null 2>&1; then ok "$name"; else fail "$name" "'$*' failed" $logs; fi
+}
+
+# wait_until COMMAND...: polls up to 10 s until COMMAND succeeds.
+wait_until() {
+	i=0
+	until "$@" > /dev/null 2>&1; do
+		i=$((i + 1))
+		[ $i -lt 200 ] || return 1
+		sleep 0.05
+	done
+}
+
+# count PATTERN FILE: lines of FILE matching PATTERN.
+count() { grep -c -- "$1" "$2" 2>/dev/null || true; }
+
+gpuq() { "$BUILD/gpuq" --socket "$sock" "$@"; }
+
+# --- socket activation by systemd-socket-activate, notifications to a path ---
+if command -v systemd-socket-activate > /dev/null 2>&1; then
+	sock="$dir/a.sock"
+	notify="$dir/a.notify"
+	logs="$dir/a.log $notify"
+	"$helper" notify-listen "$dir/notify.sock" "$notify" &
+	pids="$pids $!"
+	wait_until test -S "$dir/notify.sock"
+	systemd-socket-activate -l "$sock" -E NOTIFY_SOCKET="$dir/notify.sock" \
+		-E WATCHDOG_USEC=400000 -- "$gpuqd" --backend host --log-level info \
+		--socket "$dir/unused.sock" > "$dir/a.log" 2>&1 &
+	activated=$!
+	pids="$pids $activated"
+	wait_until test -S "$sock"
+	check activation_serves_the_first_client gpuq --timeout 20000 ping
+	check activation_uses_the_passed_socket grep -q "passed by the service manager" "$dir/a.log"
+	check activation_binds_nothing_itself test ! -e "$dir/unused.sock"
+	check ready_after_the_workers grep -q \
+		"READY=1 | STATUS=2 host devices (no GPU); 0 jobs running, 0 queued" "$notify"
+	check starting_status_before_ready sh -c "head -1 '$notify' | grep -q 'STATUS=starting'"
+	sleep 1.3
+	n=$(count "WATCHDOG=1" "$notify")
+	if [ "$n" -ge 4 ]; then ok watchdog_pings_at_half_the_interval
+	else fail watchdog_pings_at_half_the_interval "$n pings in 1.3 s at WATCHDOG_USEC=400000" $logs; fi
+	# A put that waits on a FIFO keeps one job running.
+	mkfifo "$dir/fifo"
+	gpuq alloc w --bytes 64 > /dev/null
+	gpuq put - w --detach < "$dir/fifo" > /dev/null &
+	exec 3> "$dir/fifo"
+	wait_until grep -q '1 jobs running' "$notify"
+	check status_counts_running_jobs grep -q "STATUS=2 host devices (no GPU); 1 jobs running, 0 queued" "$notify"
+	exec 3>&-
+	kill -TERM "$activated"
+	wait "$activated"
+	rc=$?
+	check sigterm_exits_0 test "$rc" -eq 0
+	check stopping_notified grep -q "STOPPING=1 | STATUS=stopping" "$notify"
+	check activated_socket_is_left_to_the_manager test -S "$sock"
+	check plain_log_without_journal grep -q "^gpuqd\[[0-9]*\]: info: gpuqd" "$dir/a.log"
+else
+	skip socket_activation "systemd-socket-activate is not installed (tests/install-deps.sh installs systemd)"
+fi
+
+# --- restart under a supervisor that keeps the socket; abstract NOTIFY_SOCKET ---
+sock="$dir/b.sock"
+notify="$dir/b.notify"
+logs="$dir/b.log $notify"
+abstract="@gpuq-svc-test-$$"
+"$helper" notify-listen "$abstract" "$notify" &
+pids="$pids $!"
+sleep 0.1
+NOTIFY_SOCKET="$abstract" "$helper" supervise "$sock" 1 1500 -- "$gpuqd" --backend host \
+	--log-level info --admin-group "$(id -gn)" > "$dir/b.log" 2>&1 &
+supervisor=$!
+pids="$pids $supervisor"
+wait_until test -S "$sock"
+first=$(gpuq --json --timeout 20000 ping | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p')
+check shutdown_by_an_admin gpuq shutdown
+wait_until grep -q 'exited with status 0x0' "$dir/b.log"
+sleep 0.3 # the supervisor waits 1.5 s before it starts gpuqd again
+second=$(gpuq --json --timeout 20000 ping | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p')
+if [ -n "$first" ] && [ -n "$second" ] && [ "$first" != "$second" ]; then
+	ok client_waiting_through_a_restart_is_served
+else
+	fail client_waiting_through_a_restart_is_served "pids '$first' then '$second'" $logs
+fi
+check abstract_notify_socket test "$(count 'READY=1' "$notify")" -eq 2
+check shutdown_logged grep -q "shutdown requested by uid $(id -u)" "$dir/b.log"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
+# --- the journal's priority prefixes ---
+log="$dir/j.log"
+logs="$log"
+: > "$log"
+sock="$dir/j.sock"
+JOURNAL_STREAM=$(stat -c %d:%i "$log") "$gpuqd" --backend host --socket "$sock" \
+	--log-level info 2>> "$log" &
+jp=$!
+wait_until test -S "$sock"
+kill -TERM "$jp"
+wait "$jp"
+check journal_info_prefix grep -q "^<6>info: gpuqd" "$log"
+check journal_lines_carry_no_pid test "$(count 'gpuqd\[' "$log")" -eq 0
+JOURNAL_STREAM=$(stat -c %d:%i "$log") "$gpuqd" --backend host \
+	--socket "$dir/no/such/dir/x.sock" 2>> "$log"
+check journal_error_prefix grep -q "^<3>error: cannot serve $dir/no/such/dir/x.sock" "$log"
+
+# --- --check-config ---
+good="$dir/good.conf"
+bad="$dir/bad.conf"
+logs="$dir/out $dir/err"
+printf '[gpuqd]\nqueue-depth = 16\n\n[default]\ndevice-memory = 8G\n[group:0]\ndevices = 0-1\n' > "$good"
+printf '[gpuqd]\nqueue-depth = many\nshoe-size = 9\n[user:no-such-user-gpuq]\nqueued-jobs = 1\n' > "$bad"
+"$gpuqd" --check-config --config "$good" > "$dir/out" 2> "$dir/err"
+check check_config_ok_exits_0 test $? -eq 0
+check check_config_ok_says_so grep -q "^$good: ok" "$dir/out"
+check check_config_lists_rules grep -q "\[group:0\] ($good:6): devices 0-1" "$dir/out"
+"$gpuqd" --check-config --config "$bad" > "$dir/out" 2> "$dir/err"
+check check_config_errors_exit_1 test $? -eq 1
+check check_config_file_line_message grep -q "^$bad:2: queue-depth takes 1 to 1048576, not 'many'" "$dir/err"
+check check_config_every_error grep -q "^$bad:3: unknown option 'shoe-size'" "$dir/err"
+check check_config_names_the_section grep -q "^$bad:4: \[user:no-such-user-gpuq\]: no user named" "$dir/err"
+"$gpuqd" --check-config --config "$dir/missing.conf" > "$dir/out" 2> "$dir/err"
+check check_config_missing_file test $? -eq 1
+"$gpuqd" --backend host --socket "$dir/c.sock" --config "$bad" > "$dir/out" 2> "$dir/err"
+check bad_config_refuses_to_start_with_ex_config test $? -eq 78
+check bad_config_logs_file_line grep -q "error: $bad:3: unknown option 'shoe-size'" "$dir/err"
+
+# --- the metrics textfile ---
+sock="$dir/m.sock"
+mkdir "$dir/textfile"
+prom="$dir/textfile/gpuq.prom"
+logs="$dir/m.log"
+"$gpuqd" --backend host --socket "$sock" --metrics-textfile "$prom" --metrics-interval 1 \
+	> "$dir/m.log" 2>&1 &
+mp=$!
+wait_until test -S "$sock"
+gpuq noop > /dev/null
+wait_until grep -q 'gpuq_jobs_total{op="noop",result="ok"} 1' "$prom"
+check textfile_is_written grep -q 'gpuq_jobs_total{op="noop",result="ok"} 1' "$prom"
+check textfile_leaves_no_temporary test ! -e "$prom.tmp"
+gpuq metrics > "$dir/metrics.txt"
+check cli_metrics_prints_the_exposition grep -q "^# TYPE gpuq_job_latency_seconds histogram" "$dir/metrics.txt"
+kill -TERM "$mp"
+wait "$mp"
+
+# --- make install / uninstall, and the units ---
+dest="$dir/root"
+logs="$dir/install.log"
+if ! make -q --no-print-directory BUILD="$BUILD" "$BUILD/gpuqd" "$BUILD/gpuq" "$BUILD/libgpuq.a" \
+	> /dev/null 2>&1; then
+	# A carried build/ (make gpu-check) must not be rebuilt here.
+	skip install_tree "the binaries in $BUILD are not up to date with the sources: make install would compile"
+elif make -s --no-print-directory install BUILD="$BUILD" DESTDIR="$dest" > "$dir/install.log" 2>&1; then
+	(cd "$dest" && find . -type f | sort) > "$dir/tree"
+	cat > "$dir/tree.expected" <<-TREE
+	./etc/gpuq/gpuqd.conf.example
+	./usr/local/bin/gpuq
+	./usr/local/include/gpuq/gpuq.h
+	./usr/local/include/gpuq/protocol/msg.h
+	./usr/local/include/gpuq/protocol/protocol.h
+	./usr/local/lib/libgpuq.a
+	./usr/local/lib/systemd/system/gpuqd.service
+	./usr/local/lib/systemd/system/gpuqd.socket
+	./usr/local/lib/sysusers.d/gpuq.conf
+	./usr/local/lib/tmpfiles.d/gpuq.conf
+	./usr/local/sbin/gpuqd
+	./usr/local/share/man/man1/gpuq.1
+	./usr/local/share/man/man8/gpuqd.8
+	TREE
+	if diff "$dir/tree.expected" "$dir/tree" > "$dir/tree.diff"; then ok install_tree
+	else fail install_tree "the installed tree differs" "$dir/tree.diff"; fi
+	check installed_gpuqd_runs "$dest/usr/local/sbin/gpuqd" --version
+	check installed_example_config_checks "$dest/usr/local/sbin/gpuqd" --check-config \
+		--config "$dest/etc/gpuq/gpuqd.conf.example"
+	check installed_unit_execs_sbin grep -q "^ExecStart=/usr/local/sbin/gpuqd$" \
+		"$dest/usr/local/lib/systemd/system/gpuqd.service"
+	make -s --no-print-directory uninstall DESTDIR="$dest" > /dev/null 2>&1
+	check uninstall_removes_everything test -z "$(find "$dest" -type f)"
+else
+	fail install_tree "make install failed" "$dir/install.log"
+fi
+prefix="$dir/prefix"
+if ! command -v systemd-analyze > /dev/null 2>&1; then
+	skip units_verify "systemd-analyze is not installed"
+elif [ ! -f "$dest/../tree" ]; then
+	skip units_verify "make install was not run"
+elif make -s --no-print-directory install BUILD="$BUILD" PREFIX="$prefix" \
+	SYSCONFDIR="$prefix/etc" > "$dir/install.log" 2>&1; then
+	# Verified where installed (ExecStart= must exist), with the man pages on MANPATH.
+	units="$prefix/lib/systemd/system"
+	if MANPATH="$prefix/share/man:" systemd-analyze verify "$units/gpuqd.socket" \
+		"$units/gpuqd.service" > "$dir/verify" 2>&1 && [ ! -s "$dir/verify" ]; then
+		ok units_verify
+	else
+		fail units_verify "systemd-analyze verify complained" "$dir/verify"
+	fi
+	systemd-analyze security --offline=true "$units/gpuqd.service" > "$dir/security" 2>&1
+	level=$(sed -n 's/.*Overall exposure level for gpuqd.service: \([0-9.]*\).*/\1/p' "$dir/security")
+	echo "    systemd-analyze security: exposure ${level:-?} (lower is safer)"
+	if [ -n "$level" ] && awk -v l="$level" 'BEGIN { exit !(l < 2.5) }'; then ok units_security_exposure_below_2.5
+	else fail units_security_exposure_below_2.5 "exposure '$level'" "$dir/security"; fi
+else
+	fail units_verify "make install PREFIX=$prefix failed" "$dir/install.log"
+fi
+
+echo "RESULT service: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

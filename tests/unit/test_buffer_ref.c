@@ -1,0 +1,101 @@
+/* Unit tests for daemon/buffer.c's references: NAME, NAME@GPU, [OFFSET:LENGTH]. */
+#include "tests/harness.h"
+
+#include "daemon/buffer.h"
+
+static struct buffer_ref parse_ok(const char *ref)
+{
+	struct buffer_ref r;
+	struct gpuq_error err;
+	CHECKF(buffer_ref_parse_range(ref, "buffer", &r, &err) == 0, "'%s': %s", ref, err.message);
+	return r;
+}
+
+static void parse_bad(const char *ref, const char *contains)
+{
+	struct buffer_ref r;
+	struct gpuq_error err;
+	CHECKF(buffer_ref_parse_range(ref, "src", &r, &err) < 0, "'%s' was accepted", ref);
+	CHECK_EQ(err.code, GPUQ_E_BAD_REQUEST);
+	CHECKF(strstr(err.message, contains), "'%s': \"%s\" lacks \"%s\"", ref, err.message,
+	       contains);
+	/* A bad name is buffer_name_check's to describe; a bad range names the field. */
+	CHECKF(strstr(err.message, "buffer name") || strstr(err.message, "'src'"),
+	       "'%s': \"%s\" does not name the field", ref, err.message);
+}
+
+TEST(buffer_ref_plain_names)
+{
+	struct buffer_ref r = parse_ok("w0");
+	CHECK_STR(r.name, "w0");
+	CHECK_EQ(r.device, -1);
+	CHECK(!r.has_range && !r.has_length);
+	CHECK_EQ(r.offset, 0);
+	r = parse_ok("grads.v1@12");
+	CHECK_STR(r.name, "grads.v1");
+	CHECK_EQ(r.device, 12);
+	CHECK(!r.has_range);
+}
+
+TEST(buffer_ref_ranges)
+{
+	struct buffer_ref r = parse_ok("w0@1[4K:1M]");
+	CHECK_STR(r.name, "w0");
+	CHECK_EQ(r.device, 1);
+	CHECK(r.has_range && r.has_length);
+	CHECK_EQ(r.offset, 4096);
+	CHECK_EQ(r.length, 1u << 20);
+	r = parse_ok("w0[100:]");
+	CHECK_EQ(r.device, -1);
+	CHECK(r.has_range && !r.has_length);
+	CHECK_EQ(r.offset, 100);
+	r = parse_ok("w0[:17]");
+	CHECK(r.has_range && r.has_length);
+	CHECK_EQ(r.offset, 0);
+	CHECK_EQ(r.length, 17);
+	r = parse_ok("w0@0[0:0]");
+	CHECK(r.has_range && r.has_length);
+	CHECK_EQ(r.length, 0);
+	r = parse_ok("x[1.5G:3G]");
+	CHECK_EQ(r.offset, 3ull << 29);
+	CHECK_EQ(r.length, 3ull << 30);
+}
+
+TEST(buffer_ref_malformed)
+{
+	parse_bad("w0[", "malformed range");
+	parse_bad("w0[]", "malformed range");
+	parse_bad("w0[:]", "malformed range");
+	parse_bad("w0[10]", "malformed range");
+	parse_bad("w0[1:2", "malformed range");
+	parse_bad("w0[a:2]", "malformed range");
+	parse_bad("w0[1:2]x", "malformed range");
+	parse_bad("w0[-1:2]", "malformed range");
+	parse_bad("w0[1:2:3]", "malformed range");
+	parse_bad("w0[99999999999999999999:1]", "malformed range");
+	parse_bad("w0@x[1:2]", "NAME@GPU");
+	parse_bad("w0@[1:2]", "NAME@GPU");
+	parse_bad("[1:2]", "1 to 64");
+	parse_bad("-w[1:2]", "must not start");
+}
+
+TEST(buffer_range_check_bounds)
+{
+	struct buffer b = { .name = "w", .device = 1, .bytes = 1000 };
+	struct gpuq_error err;
+	uint64_t len = 0;
+	CHECK(buffer_range_check(&b, 0, false, 0, &len, &err) == 0);
+	CHECK_EQ(len, 1000);
+	CHECK(buffer_range_check(&b, 400, false, 0, &len, &err) == 0);
+	CHECK_EQ(len, 600);
+	CHECK(buffer_range_check(&b, 1000, false, 0, &len, &err) == 0);
+	CHECK_EQ(len, 0);
+	CHECK(buffer_range_check(&b, 999, true, 1, &len, &err) == 0);
+	CHECK_EQ(len, 1);
+	CHECK(buffer_range_check(&b, 999, true, 2, &len, &err) < 0);
+	CHECK(strstr(err.message, "outside buffer 'w@1'"));
+	CHECK(buffer_range_check(&b, 1001, false, 0, &len, &err) < 0);
+	CHECK(strstr(err.message, "past the end"));
+	CHECK(buffer_range_check(&b, 10, true, UINT64_MAX, &len, &err) < 0);
+	CHECK_EQ(err.code, GPUQ_E_BAD_REQUEST);
+}

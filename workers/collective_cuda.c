@@ -1,0 +1,347 @@
+/*
+ * The CUDA backend's collectives, over NCCL. Worker threads only: every
+ * function runs on the worker that owns dev, whose device is current there.
+ *
+ * A communicator here is struct cuda_comm: this rank's NCCL communicator and
+ * a stream of its own for its collectives. backend_cuda.c's streams are
+ * private to it, and every job leaves all of its device's streams idle when
+ * it ends, so work on this stream is ordered after and before every other
+ * job by the worker itself.
+ *
+ * Communicators are non-blocking (config.blocking = 0):
+ * ncclCommInitRankConfig returns at once and the worker polls
+ * ncclCommGetAsyncError until the state is ncclSuccess, while coll_poll
+ * watches the deadline, the collective's failure flag and the part's cancel
+ * flag. Any call that returns ncclInProgress is settled the same way before
+ * the next NCCL call, as NCCL requires. Completion of a collective is polled
+ * with cudaStreamQuery (or cudaEventQuery), checking the communicator's
+ * asynchronous error along the way.
+ *
+ * ncclCommAbort and ncclCommDestroy block even for non-blocking
+ * communicators; within one process NCCL frees a communicator's shared
+ * resources when the last of its local ranks destroys or aborts it, so
+ * neither waits for the other ranks. Abort also stops kernels still running
+ * (NCCL's abort flag), which is what frees the ranks of a hung collective.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "workers/clock.h"
+#include "workers/collective_cuda.h"
+#include "workers/cuda_check.h"
+#include "workers/nccl_check.h"
+
+_Static_assert(sizeof(ncclUniqueId) == COLL_ID_BYTES, "COLL_ID_BYTES must be NCCL_UNIQUE_ID_BYTES");
+
+/*
+ * NVLink multicast (NVLS) stays off unless the operator set NCCL_NVLS_ENABLE
+ * (docs/ARCHITECTURE.md says why). This runs before main, while the process
+ * has a single thread, so it cannot race with any getenv (NCCL's included).
+ */
+__attribute__((constructor)) static void cuda_coll_default_environment(void)
+{
+	setenv("NCCL_NVLS_ENABLE", "0", 0);
+}
+
+struct cuda_comm {
+	ncclComm_t comm;
+	cudaStream_t stream;
+};
+
+static const char *nccl_result_name(ncclResult_t r)
+{
+	switch (r) {
+	case ncclSuccess: return "ncclSuccess";
+	case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+	case ncclSystemError: return "ncclSystemError";
+	case ncclInternalError: return "ncclInternalError";
+	case ncclInvalidArgument: return "ncclInvalidArgument";
+	case ncclInvalidUsage: return "ncclInvalidUsage";
+	case ncclRemoteError: return "ncclRemoteError";
+	case ncclInProgress: return "ncclInProgress";
+	default: return "ncclResult?";
+	}
+}
+
+int nccl_fail(struct device *dev, struct gpuq_error *err, ncclResult_t r, const char *call,
+	      const char *file, int line)
+{
+	const char *last = ncclGetLastError(NULL);
+	return gpuq_fail(err, GPUQ_E_DEVICE_ERROR, "[gpu %d] %s failed: %s (%s)%s%s at %s:%d",
+			 dev->index, call, ncclGetErrorString(r), nccl_result_name(r),
+			 last && *last ? ": " : "", last ? last : "", file, line);
+}
+
+void nccl_log_teardown_error(const struct device *dev, ncclResult_t r, const char *call,
+			     const char *file, int line)
+{
+	fprintf(stderr, "gpuqd: [gpu %d] %s failed during teardown: %s (%s) at %s:%d\n",
+		dev->index, call, ncclGetErrorString(r), nccl_result_name(r), file, line);
+}
+
+static int cuda_coll_types(struct device *dev, const struct allreduce_spec *spec,
+			   ncclDataType_t *type, ncclRedOp_t *op, struct gpuq_error *err)
+{
+	static const ncclRedOp_t ops[] = { [COLL_SUM] = ncclSum, [COLL_PROD] = ncclProd,
+					   [COLL_MIN] = ncclMin, [COLL_MAX] = ncclMax,
+					   [COLL_AVG] = ncclAvg };
+	switch (spec->dtype) {
+	case GPUQ_DTYPE_U8: *type = ncclUint8; break;
+	case GPUQ_DTYPE_I32: *type = ncclInt32; break;
+	case GPUQ_DTYPE_I64: *type = ncclInt64; break;
+	case GPUQ_DTYPE_F16: *type = ncclFloat16; break;
+	case GPUQ_DTYPE_BF16: *type = ncclBfloat16; break;
+	case GPUQ_DTYPE_F32: *type = ncclFloat32; break;
+	case GPUQ_DTYPE_F64: *type = ncclFloat64; break;
+	default:
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] allreduce: dtype %s has no NCCL type",
+				 dev->index, gpuq_dtype_name(spec->dtype));
+	}
+	if ((unsigned)spec->op >= sizeof ops / sizeof ops[0])
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] allreduce: op %d unknown",
+				 dev->index, (int)spec->op);
+	*op = ops[spec->op];
+	return 0;
+}
+
+/* Polls a non-blocking communicator until its last call has settled. */
+static int cuda_coll_settle(struct device *dev, ncclComm_t comm, struct coll_call *call,
+			    const char *what, struct gpuq_error *err)
+{
+	for (;;) {
+		ncclResult_t state = ncclSuccess;
+		NCCL_TRY(dev, err, ncclCommGetAsyncError(comm, &state));
+		if (state == ncclSuccess)
+			return 0;
+		if (state != ncclInProgress)
+			return NCCL_FAIL(dev, err, state, what);
+		if (coll_poll(call, err) < 0)
+			return -1;
+		coll_pause(call);
+	}
+}
+
+/* An error NCCL met while the collective ran (a peer gone, a network fault). */
+static int cuda_coll_check_async(struct device *dev, struct cuda_comm *c, struct gpuq_error *err)
+{
+	ncclResult_t state = ncclSuccess;
+	NCCL_TRY(dev, err, ncclCommGetAsyncError(c->comm, &state));
+	if (state != ncclSuccess && state != ncclInProgress)
+		return NCCL_FAIL(dev, err, state, "the communicator (ncclCommGetAsyncError)");
+	return 0;
+}
+
+static int cuda_coll_issue(struct device *dev, struct cuda_comm *c, struct coll_call *call,
+			   ncclDataType_t type, ncclRedOp_t op, struct gpuq_error *err)
+{
+	const struct allreduce_spec *spec = call->spec;
+	int r = call->rank;
+	ncclResult_t res = ncclAllReduce(spec->in[r], spec->out[r], (size_t)spec->count, type, op,
+					 c->comm, c->stream);
+	if (res == ncclInProgress)
+		return cuda_coll_settle(dev, c->comm, call, "ncclAllReduce", err);
+	if (res != ncclSuccess)
+		return NCCL_FAIL(dev, err, res, "ncclAllReduce(in, out, count, type, op, comm, stream)");
+	return 0;
+}
+
+/*
+ * Waits until the stream (or the event done, when given) has completed,
+ * polling the communicator's asynchronous error, the deadline, the
+ * collective's failure and the part's cancel flag.
+ */
+static int cuda_coll_wait(struct device *dev, struct cuda_comm *c, cudaEvent_t done,
+			  struct coll_call *call, struct gpuq_error *err)
+{
+	bool polled = false;
+	for (unsigned turn = 1;; turn++) {
+		cudaError_t e = done ? cudaEventQuery(done) : cudaStreamQuery(c->stream);
+		if (e == cudaSuccess)
+			break;
+		if (e != cudaErrorNotReady)
+			return CUDA_FAIL(dev, err, e,
+					 done ? "cudaEventQuery(done)" : "cudaStreamQuery(stream)");
+		polled = true;
+		if (turn % 16 == 0 && cuda_coll_check_async(dev, c, err) < 0)
+			return -1;
+		if (coll_poll(call, err) < 0)
+			return -1;
+		coll_pause(call);
+	}
+	if (polled)
+		(void)cudaGetLastError(); /* "not ready" is no error for later launch checks */
+	return cuda_coll_check_async(dev, c, err);
+}
+
+int cuda_coll_unique_id(struct device *dev, struct coll_id *id, struct gpuq_error *err)
+{
+	ncclUniqueId uid;
+	NCCL_TRY(dev, err, ncclGetUniqueId(&uid));
+	memcpy(id->bytes, &uid, sizeof uid);
+	return 0;
+}
+
+static void cuda_coll_free(struct device *dev, struct cuda_comm *c)
+{
+	if (c->stream)
+		CUDA_LOG(dev, cudaStreamDestroy(c->stream));
+	free(c);
+}
+
+void cuda_coll_comm_abort(struct device *dev, void *comm)
+{
+	struct cuda_comm *c = comm;
+	if (!c)
+		return;
+	if (c->comm)
+		NCCL_LOG(dev, ncclCommAbort(c->comm));
+	cuda_coll_free(dev, c);
+}
+
+int cuda_coll_comm_init(struct device *dev, struct coll_call *call, const struct coll_id *id,
+			void **comm, struct gpuq_error *err)
+{
+	struct cuda_comm *c = calloc(1, sizeof *c);
+	if (!c)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "[gpu %d] no host memory for a communicator", dev->index);
+	ncclUniqueId uid;
+	memcpy(&uid, id->bytes, sizeof uid);
+	ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+	config.blocking = 0;
+	CUDA_TRY_GOTO(dev, err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), fail);
+	ncclResult_t r = ncclCommInitRankConfig(&c->comm, call->spec->nranks, uid, call->rank,
+						&config);
+	if (r != ncclSuccess && r != ncclInProgress) {
+		NCCL_FAIL(dev, err, r, "ncclCommInitRankConfig(&comm, nranks, id, rank, {blocking = 0})");
+		goto fail;
+	}
+	if (cuda_coll_settle(dev, c->comm, call, "ncclCommInitRankConfig", err) < 0)
+		goto fail;
+	*comm = c;
+	return 0;
+fail:
+	cuda_coll_comm_abort(dev, c);
+	return -1;
+}
+
+/* Finalizes within COLL_FINALIZE_S; false when it failed or took too long. */
+static bool cuda_coll_finalize(struct device *dev, struct cuda_comm *c)
+{
+	ncclResult_t r = ncclCommFinalize(c->comm);
+	if (r != ncclSuccess && r != ncclInProgress) {
+		nccl_log_teardown_error(dev, r, "ncclCommFinalize(comm)", __FILE__, __LINE__);
+		return false;
+	}
+	double deadline = monotonic_seconds() + COLL_FINALIZE_S;
+	for (;;) {
+		ncclResult_t state = ncclSuccess;
+		r = ncclCommGetAsyncError(c->comm, &state);
+		if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+			nccl_log_teardown_error(dev, r != ncclSuccess ? r : state,
+						"ncclCommFinalize(comm), then ncclCommGetAsyncError",
+						__FILE__, __LINE__);
+			return false;
+		}
+		if (state == ncclSuccess)
+			return true;
+		if (monotonic_seconds() > deadline) {
+			fprintf(stderr,
+				"gpuqd: [gpu %d] ncclCommFinalize did not finish within %.0f s; "
+				"aborting the communicator\n",
+				dev->index, COLL_FINALIZE_S);
+			return false;
+		}
+		struct timespec t = { 0, 100000 };
+		nanosleep(&t, NULL);
+	}
+}
+
+void cuda_coll_comm_destroy(struct device *dev, void *comm)
+{
+	struct cuda_comm *c = comm;
+	if (!c)
+		return;
+	if (c->comm && cuda_coll_finalize(dev, c))
+		NCCL_LOG(dev, ncclCommDestroy(c->comm));
+	else if (c->comm)
+		NCCL_LOG(dev, ncclCommAbort(c->comm));
+	cuda_coll_free(dev, c);
+}
+
+int cuda_coll_allreduce(struct device *dev, void *comm, struct coll_call *call,
+			struct gpuq_error *err)
+{
+	struct cuda_comm *c = comm;
+	ncclDataType_t type;
+	ncclRedOp_t op;
+	if (cuda_coll_types(dev, call->spec, &type, &op, err) < 0 ||
+	    cuda_coll_issue(dev, c, call, type, op, err) < 0)
+		return -1;
+	return cuda_coll_wait(dev, c, NULL, call, err);
+}
+
+/* One timed batch: iters all-reduces back to back between two events. */
+static int cuda_coll_batch(struct device *dev, struct cuda_comm *c, struct coll_call *call,
+			   ncclDataType_t type, ncclRedOp_t op, cudaEvent_t start,
+			   cudaEvent_t stop, double *us, struct gpuq_error *err)
+{
+	const struct allreduce_spec *spec = call->spec;
+	coll_wait_begin(call, spec->timeout_s, "the benchmark loop");
+	CUDA_TRY(dev, err, cudaEventRecord(start, c->stream));
+	for (unsigned i = 0; i < spec->iters; i++)
+		if (cuda_coll_issue(dev, c, call, type, op, err) < 0)
+			return -1;
+	CUDA_TRY(dev, err, cudaEventRecord(stop, c->stream));
+	if (cuda_coll_wait(dev, c, stop, call, err) < 0)
+		return -1;
+	float ms = 0;
+	CUDA_TRY(dev, err, cudaEventElapsedTime(&ms, start, stop));
+	*us = (double)ms * 1e3 / (spec->iters ? spec->iters : 1);
+	return 0;
+}
+
+/*
+ * The baseline: a raw ncclAllReduce loop on this communicator, timed with
+ * CUDA events: warm-up, then `repeats` batches of `iters`; the median batch's
+ * time per all-reduce goes to spec->bench_us[rank].
+ */
+int cuda_coll_bench(struct device *dev, void *comm, struct coll_call *call,
+		    struct gpuq_error *err)
+{
+	struct cuda_comm *c = comm;
+	struct allreduce_spec *spec = call->spec;
+	ncclDataType_t type;
+	ncclRedOp_t op;
+	cudaEvent_t start = NULL, stop = NULL;
+	double *samples = calloc(spec->repeats ? spec->repeats : 1, sizeof *samples);
+	int rc = -1;
+	if (!samples)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] bench: no memory for %u samples",
+				 dev->index, spec->repeats);
+	if (cuda_coll_types(dev, spec, &type, &op, err) < 0)
+		goto out;
+	CUDA_TRY_GOTO(dev, err, cudaEventCreate(&start), out);
+	CUDA_TRY_GOTO(dev, err, cudaEventCreate(&stop), out);
+	for (unsigned w = 0; w < spec->warmup; w++)
+		if (cuda_coll_issue(dev, c, call, type, op, err) < 0)
+			goto out;
+	if (cuda_coll_wait(dev, c, NULL, call, err) < 0)
+		goto out;
+	for (unsigned rep = 0; rep < spec->repeats; rep++)
+		if (cuda_coll_batch(dev, c, call, type, op, start, stop, &samples[rep], err) < 0)
+			goto out;
+	spec->bench_us[call->rank] = coll_median(samples, spec->repeats);
+	rc = 0;
+out:
+	if (stop)
+		CUDA_LOG(dev, cudaEventDestroy(stop));
+	if (start)
+		CUDA_LOG(dev, cudaEventDestroy(start));
+	free(samples);
+	return rc;
+}

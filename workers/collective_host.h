@@ -1,0 +1,21 @@
+/*
+ * The host backend's collective operations (collective_host.c), for its
+ * table in backend_host.c. Worker threads, as backend.h says.
+ */
+#ifndef GPUQ_COLLECTIVE_HOST_H
+#define GPUQ_COLLECTIVE_HOST_H
+
+#include "workers/backend.h"
+#include "workers/collective.h"
+
+int host_coll_unique_id(struct device *dev, struct coll_id *id, struct gpuq_error *err);
+int host_coll_comm_init(struct device *dev, struct coll_call *call, const struct coll_id *id,
+			void **comm, struct gpuq_error *err);
+int host_coll_allreduce(struct device *dev, void *comm, struct coll_call *call,
+			struct gpuq_error *err);
+int host_coll_bench(struct device *dev, void *comm, struct coll_call *call,
+		    struct gpuq_error *err);
+/* Abort and destroy are the same on the host: leave the group. */
+void host_coll_comm_release(struct device *dev, void *comm);
+
+#endif

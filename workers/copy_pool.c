@@ -1,0 +1,160 @@
+/*
+ * The host copy threads (see copy_pool.h for who owns what and who wakes
+ * whom). The queue is FIFO, so the chunks of one transfer are taken roughly
+ * in order and the tasks of several workers interleave fairly.
+ */
+#include "workers/copy_pool.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "workers/clock.h"
+
+/*
+ * How long copy_task_wait polls before it sleeps: a little more than a 2 MiB
+ * slot's DMA at pinned speed (~40 µs), so that a worker waiting for the next
+ * chunk of a fast transfer rarely pays a futex wake-up.
+ */
+#define COPY_SPIN_SECONDS 50e-6
+
+struct copy_pool {
+	pthread_mutex_t lock; /* guards the queue and `stopping` */
+	pthread_cond_t work_cond;
+	struct copy_task *head, *tail;
+	bool stopping;
+	unsigned nthreads;
+	pthread_t *threads;
+};
+
+/* The thread's last touch of task is the store of `done`; the group outlives it (copy_group_destroy). */
+static void task_finish(struct copy_task *task)
+{
+	struct copy_group *g = task->group;
+	pthread_mutex_lock(&g->lock);
+	atomic_store_explicit(&task->done, true, memory_order_release);
+	pthread_cond_broadcast(&g->done_cond);
+	pthread_mutex_unlock(&g->lock);
+}
+
+/* Pool thread: runs tasks until stopped and the queue is empty. */
+static void *copy_thread_main(void *arg)
+{
+	struct copy_pool *pool = arg;
+	pthread_mutex_lock(&pool->lock);
+	for (;;) {
+		while (!pool->head && !pool->stopping)
+			pthread_cond_wait(&pool->work_cond, &pool->lock);
+		struct copy_task *task = pool->head;
+		if (!task)
+			break; /* stopping, and nothing is left */
+		pool->head = task->next;
+		if (!pool->head)
+			pool->tail = NULL;
+		pthread_mutex_unlock(&pool->lock);
+		task->fn(task);
+		task_finish(task);
+		pthread_mutex_lock(&pool->lock);
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return NULL;
+}
+
+struct copy_pool *copy_pool_start(unsigned threads, struct gpuq_error *err)
+{
+	struct copy_pool *pool = calloc(1, sizeof *pool);
+	if (!pool || (threads && !(pool->threads = calloc(threads, sizeof *pool->threads)))) {
+		free(pool);
+		gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "no memory for %u copy threads", threads);
+		return NULL;
+	}
+	pthread_mutex_init(&pool->lock, NULL);
+	pthread_cond_init(&pool->work_cond, NULL);
+	for (unsigned i = 0; i < threads; i++) {
+		int rc = pthread_create(&pool->threads[i], NULL, copy_thread_main, pool);
+		if (rc != 0) {
+			gpuq_fail(err, GPUQ_E_INTERNAL, "cannot start copy thread %u of %u: %s", i + 1,
+				  threads, strerror(rc));
+			copy_pool_stop(pool);
+			return NULL;
+		}
+		pool->nthreads++;
+	}
+	return pool;
+}
+
+void copy_pool_stop(struct copy_pool *pool)
+{
+	if (!pool)
+		return;
+	pthread_mutex_lock(&pool->lock);
+	pool->stopping = true;
+	pthread_cond_broadcast(&pool->work_cond);
+	pthread_mutex_unlock(&pool->lock);
+	for (unsigned i = 0; i < pool->nthreads; i++)
+		pthread_join(pool->threads[i], NULL);
+	pthread_mutex_destroy(&pool->lock);
+	pthread_cond_destroy(&pool->work_cond);
+	free(pool->threads);
+	free(pool);
+}
+
+unsigned copy_pool_threads(const struct copy_pool *pool)
+{
+	return pool ? pool->nthreads : 0;
+}
+
+void copy_group_init(struct copy_group *g)
+{
+	pthread_mutex_init(&g->lock, NULL);
+	pthread_cond_init(&g->done_cond, NULL);
+}
+
+/*
+ * A waiter that saw its last task done while spinning may get here while the
+ * pool thread that finished it still holds the lock to broadcast: taking the
+ * lock once waits for that thread to let go.
+ */
+void copy_group_destroy(struct copy_group *g)
+{
+	pthread_mutex_lock(&g->lock);
+	pthread_mutex_unlock(&g->lock);
+	pthread_mutex_destroy(&g->lock);
+	pthread_cond_destroy(&g->done_cond);
+}
+
+void copy_pool_submit(struct copy_pool *pool, struct copy_task *task)
+{
+	atomic_store_explicit(&task->done, false, memory_order_relaxed);
+	task->next = NULL;
+	if (!pool || pool->nthreads == 0) {
+		task->fn(task);
+		atomic_store_explicit(&task->done, true, memory_order_release);
+		return;
+	}
+	pthread_mutex_lock(&pool->lock);
+	if (pool->tail)
+		pool->tail->next = task;
+	else
+		pool->head = task;
+	pool->tail = task;
+	pthread_cond_signal(&pool->work_cond);
+	pthread_mutex_unlock(&pool->lock);
+}
+
+void copy_task_wait(struct copy_task *task)
+{
+	if (copy_task_done(task))
+		return;
+	double end = monotonic_seconds() + COPY_SPIN_SECONDS;
+	for (unsigned i = 1; !copy_task_done(task); i++) {
+		__builtin_ia32_pause();
+		if (i % 64 == 0 && monotonic_seconds() > end)
+			break;
+	}
+	struct copy_group *g = task->group;
+	pthread_mutex_lock(&g->lock);
+	while (!copy_task_done(task))
+		pthread_cond_wait(&g->done_cond, &g->lock);
+	pthread_mutex_unlock(&g->lock);
+}

@@ -1,0 +1,84 @@
+/*
+ * What the three transfer paths share (transfer.c, transfer_staged.c,
+ * transfer_registered.c). Not for use outside them.
+ *
+ * A struct xfer lives on the worker's stack for one put or get; the worker
+ * owns it. Copy threads read its constant fields (fd, pos, verify) while
+ * they run a chunk of it, and write only into their own chunk.
+ */
+#ifndef GPUQ_TRANSFER_IMPL_H
+#define GPUQ_TRANSFER_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "workers/backend.h"
+#include "workers/copy_pool.h"
+#include "workers/work.h"
+
+/* How the bytes move; the job's result names it (`path`). */
+enum xfer_path {
+	XFER_STAGED,     /* copy threads pread/pwrite pinned slots in parallel, DMA per slot */
+	XFER_STREAMED,   /* in order through the slots, read/written by the worker itself */
+	XFER_REGISTERED, /* the client's mapping is pinned and copied directly */
+};
+
+struct xfer {
+	struct device *dev;
+	struct work *work;
+	struct gpuq_error *err;
+	struct copy_pool *pool;
+	char *base;      /* the device range's start: dptr + offset */
+	int fd;
+	int fd_flags;    /* fcntl F_GETFL */
+	bool regular;    /* a regular file or a memfd */
+	off_t size;      /* regular: its size when the job started */
+	off_t pos;       /* regular: the descriptor's offset when the job started */
+	uint64_t total;  /* bytes to move; a put without length moves up to this many */
+	size_t chunk;    /* bytes per staging slot, a multiple of 8 */
+	unsigned slots;
+	bool verify;
+	bool scratch;    /* no descriptor: put the random stream of seed, get into nothing */
+	uint64_t seed;
+	enum xfer_path path;
+	uint64_t done;   /* bytes moved so far */
+	uint64_t sum;    /* checksum terms of the bytes that passed through the host */
+	bool eof;        /* streamed put: the source ended */
+	/*
+	 * Staged get into a descriptor open for reading and writing: the
+	 * destination range mapped shared, written by memcpy (parallel pwrites
+	 * to one file serialise on its inode lock). NULL: pwrite.
+	 */
+	unsigned char *map;
+	size_t map_len;
+	unsigned char *map_data; /* the transfer's first byte in map */
+};
+
+/* One slot's worth of a staged transfer, handed to a copy thread. */
+struct xfer_chunk {
+	struct copy_task task; /* first: the task is the chunk */
+	struct xfer *x;
+	unsigned char *buf; /* the staging slot */
+	uint64_t at;        /* offset within the transfer */
+	size_t n;           /* bytes to read or write */
+	size_t got;         /* bytes read or written */
+	int error;          /* errno of a failed read or write, else 0 */
+	uint64_t sum;       /* checksum terms of buf[0, got) (verify) */
+};
+
+/* transfer.c */
+int xfer_cancelled(struct xfer *x);
+void xfer_progress(struct xfer *x);
+/* Waits for every staging slot; keeps the first error (rc != 0 on entry wins). */
+int xfer_drain_slots(struct xfer *x, int rc);
+
+/* transfer_staged.c */
+int xfer_put_staged(struct xfer *x);
+int xfer_get_staged(struct xfer *x);
+
+/* transfer_registered.c (and transfer_check_registrable, transfer.h) */
+int xfer_put_registered(struct xfer *x);
+int xfer_get_registered(struct xfer *x);
+
+#endif
