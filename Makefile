@@ -109,6 +109,13 @@ $(BUILD)/tests/copy_selftest: $(BUILD)/obj/tests/gpu/copy_selftest.o $(call obj,
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_ARCH) -o $@ $^
 
+# [copy] The host half of a get alone (store functions, populating, chunking,
+# threads), for the GPU machine: build/tests/host_write_bench (see its header).
+all: $(BUILD)/tests/host_write_bench
+$(BUILD)/tests/host_write_bench: $(call obj,tests/bench/host_write_bench.c workers/copy_store.c workers/copy_guard.c)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) -o $@ $^ $(CUDA_LIBS) -lstdc++ -lm -pthread
+
 # Installs the build dependencies where they are missing (Debian/Ubuntu).
 deps:
 	@sh tests/install-deps.sh

@@ -8,6 +8,7 @@
 
 #include "daemon/log.h"
 #include "workers/backend.h"
+#include "workers/copy_store.h"
 
 #define GPUQD_VERSION "0.1.0"
 
@@ -27,6 +28,7 @@ struct options {
 	bool probe; /* open the devices, print them, exit */
 	/* [copy] */
 	unsigned copy_threads; /* host copy threads shared by the workers (workers/copy_pool.c) */
+	enum copy_stores copy_stores; /* how they store into a get's mapping (workers/copy_store.h) */
 	/* [collective] */
 	unsigned collective_timeout_ms; /* an all-reduce's default timeout (and its init's floor) */
 	/* [service] */

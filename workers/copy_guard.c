@@ -41,7 +41,8 @@ static void guard_install(void)
 	page_mask = (uintptr_t)sysconf(_SC_PAGESIZE) - 1;
 }
 
-int copy_guarded(void *dst, const void *src, size_t n)
+/* The copy of copy_guarded and copy_guarded_store, populating first or not. */
+static int guarded(void *dst, const void *src, size_t n, copy_store_fn store, int populate)
 {
 	sigjmp_buf env;
 	pthread_once(&guard_once, guard_install);
@@ -55,8 +56,19 @@ int copy_guarded(void *dst, const void *src, size_t n)
 	 * Where it fails (a kernel before 5.14, a page gone) the copy faults the
 	 * pages in itself, and a page that is gone lands in on_sigbus.
 	 */
-	(void)madvise((void *)start, (uintptr_t)dst + n - start, MADV_POPULATE_WRITE);
-	memcpy(dst, src, n);
+	if (populate)
+		(void)madvise((void *)start, (uintptr_t)dst + n - start, MADV_POPULATE_WRITE);
+	store(dst, src, n);
 	guard_env = NULL;
 	return 0;
+}
+
+int copy_guarded(void *dst, const void *src, size_t n)
+{
+	return guarded(dst, src, n, copy_store_regular, 1);
+}
+
+int copy_guarded_store(void *dst, const void *src, size_t n, copy_store_fn store)
+{
+	return guarded(dst, src, n, store, 0);
 }

@@ -10,11 +10,19 @@
 
 #include <stddef.h>
 
+#include "workers/copy_store.h"
+
 /*
  * Populates the pages of [dst, dst + n) for writing (one system call rather
  * than a fault per page), then copies src there. 0, or EFAULT when the
  * mapping behind dst no longer has a page to write to.
  */
 int copy_guarded(void *dst, const void *src, size_t n);
+
+/*
+ * The same with store (copy_store.h) doing the copy, and no populating:
+ * the caller has done that (or chosen not to).
+ */
+int copy_guarded_store(void *dst, const void *src, size_t n, copy_store_fn store);
 
 #endif

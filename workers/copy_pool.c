@@ -25,6 +25,8 @@ struct copy_pool {
 	bool stopping;
 	unsigned nthreads;
 	pthread_t *threads;
+	copy_store_fn store; /* constant after start */
+	const char *store_name;
 };
 
 /* The thread's last touch of task is the store of `done`; the group outlives it (copy_group_destroy). */
@@ -70,6 +72,11 @@ struct copy_pool *copy_pool_start(unsigned threads, struct gpuq_error *err)
 	}
 	pthread_mutex_init(&pool->lock, NULL);
 	pthread_cond_init(&pool->work_cond, NULL);
+	/*
+	 * The one line to change when a kind wins on every machine measured:
+	 * the kind requested (gpuqd --copy-stores) is regular unless asked.
+	 */
+	pool->store = copy_store_pick(copy_store_requested(), &pool->store_name);
 	for (unsigned i = 0; i < threads; i++) {
 		int rc = pthread_create(&pool->threads[i], NULL, copy_thread_main, pool);
 		if (rc != 0) {
@@ -102,6 +109,16 @@ void copy_pool_stop(struct copy_pool *pool)
 unsigned copy_pool_threads(const struct copy_pool *pool)
 {
 	return pool ? pool->nthreads : 0;
+}
+
+copy_store_fn copy_pool_store(const struct copy_pool *pool)
+{
+	return pool ? pool->store : copy_store_regular;
+}
+
+const char *copy_pool_store_name(const struct copy_pool *pool)
+{
+	return pool ? pool->store_name : "memcpy";
 }
 
 void copy_group_init(struct copy_group *g)

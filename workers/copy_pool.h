@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "protocol/protocol.h"
+#include "workers/copy_store.h"
 
 struct copy_pool;
 struct copy_task;
@@ -55,6 +56,13 @@ struct copy_pool *copy_pool_start(unsigned threads, struct gpuq_error *err);
 /* Runs what is queued, joins the threads and frees the pool (NULL is fine). Main thread, after the workers stopped. */
 void copy_pool_stop(struct copy_pool *pool);
 unsigned copy_pool_threads(const struct copy_pool *pool);
+/*
+ * How the copy threads store into a client's mapping (copy_store.h): picked
+ * once at copy_pool_start from copy_store_requested() and the CPU. A NULL
+ * pool stores regularly. Its name is "memcpy", "nt-avx2" or "nt-sse2".
+ */
+copy_store_fn copy_pool_store(const struct copy_pool *pool);
+const char *copy_pool_store_name(const struct copy_pool *pool);
 
 void copy_group_init(struct copy_group *g);
 void copy_group_destroy(struct copy_group *g);

@@ -10,7 +10,9 @@
  * once the copy thread that wrote its previous chunk out is done, and a
  * finished DMA is handed to a copy thread to write out: by memcpy into a
  * shared mapping of the destination where the descriptor allows it (pwrites
- * to one file serialise on its inode lock; reads do not), else by pwrite.
+ * to one file serialise on its inode lock; reads do not), populated first,
+ * with the copy pool's store function (copy_store.h: memcpy, or
+ * non-temporal stores with --copy-stores nt), else by pwrite.
  * Every chunk handed out
  * is waited for before the transfer returns, whatever happened, so that no
  * copy thread still touches a slot or a chunk afterwards.
@@ -88,7 +90,9 @@ static void chunk_write(struct copy_task *task)
 	if (x->map_data && c->n)
 		populate_for_write(x->map_data + c->at, c->n);
 	if (x->map_data || x->scratch) {
-		c->error = x->scratch ? 0 : copy_guarded(x->map_data + c->at, c->buf, c->n);
+		c->error = x->scratch ? 0
+				      : copy_guarded_store(x->map_data + c->at, c->buf, c->n,
+							   copy_pool_store(x->pool));
 		c->got = c->error ? 0 : c->n;
 		return;
 	}

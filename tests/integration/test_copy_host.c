@@ -239,6 +239,68 @@ TEST(copy_regular_file_both_ways)
 	daemon_stop(&d);
 }
 
+/*
+ * [copy] --copy-stores nt and regular write a get into a mapped memfd or file
+ * with the same bytes: at file offsets of every alignment to a cache line and
+ * a page (the mapping's first byte then sits there), sizes around the slots
+ * and lines, the bytes before and after the range untouched.
+ */
+static void get_at_offsets(struct gpuq_client *c, const unsigned char *data, size_t n,
+			   bool file, const char *kind)
+{
+	const size_t skips[] = { 0, 1, 17, 63, 64, 65, 4095, 4096 + 13 };
+	const size_t lengths[] = { 1, 63, 64, 127, 8192, 8192 + 65, n };
+	char what[128];
+	for (size_t i = 0; i < sizeof skips / sizeof skips[0]; i++) {
+		size_t len = lengths[i % (sizeof lengths / sizeof lengths[0])];
+		size_t skip = skips[i], tail = 100 + i;
+		unsigned char *around = random_bytes(skip + len + tail, 900 + i);
+		unsigned char *want = malloc(skip + len + tail);
+		CHECK(want);
+		memcpy(want, around, skip + len + tail);
+		memcpy(want + skip, data, len);
+		int dst = file ? temp_file(around, skip + len + tail, 0) : memfd_create("dst", MFD_CLOEXEC);
+		if (!file) {
+			CHECK((size_t)write(dst, around, skip + len + tail) == skip + len + tail);
+		}
+		CHECK(lseek(dst, (off_t)skip, SEEK_SET) == (off_t)skip);
+		struct xfer_opts o = plain;
+		o.length = (int64_t)len;
+		o.verify = i % 2 == 1;
+		xfer_ok(c, "get", "st", dst, &o, len, "staged");
+		snprintf(what, sizeof what, "--copy-stores %s: the %s after a get of %zu bytes at %zu",
+			 kind, file ? "file" : "memfd", len, skip);
+		check_fd_holds(dst, want, skip + len + tail, what);
+		close(dst);
+		free(around);
+		free(want);
+	}
+}
+
+TEST(copy_stores_nt_and_regular_write_the_same_bytes)
+{
+	const char *kinds[] = { "regular", "nt" };
+	const size_t n = 300000 + 5;
+	unsigned char *data = random_bytes(n, 77);
+	for (int k = 0; k < 2; k++) {
+		struct daemon_proc d;
+		daemon_start(&d, "--staging-slot", "8K", "--staging-slots", "3", "--copy-threads",
+			     "3", "--copy-stores", kinds[k], NULL);
+		struct gpuq_client *c = client_open(&d);
+		int src = temp_file(data, n, 0);
+		do_alloc(c, "st", 0, n);
+		xfer_ok(c, "put", "st", src, NULL, n, "staged");
+		get_at_offsets(c, data, n, false, kinds[k]);
+		get_at_offsets(c, data, n, true, kinds[k]);
+		round_trip_memfd(c, 3 * 8192 + 63, 78, true);
+		close(src);
+		do_free(c, "st");
+		gpuq_close(c);
+		daemon_stop(&d);
+	}
+	free(data);
+}
+
 /* stdin redirected from a file that was partly read already: the put starts at its offset. */
 TEST(copy_file_from_its_current_offset)
 {
