@@ -119,6 +119,11 @@ int read_device_list(struct request *req, int *devices, int *n, struct gpuq_erro
  */
 int read_bench_sizes(struct request *req, uint64_t *sizes, unsigned max, unsigned *n,
 		     struct gpuq_error *err);
+struct bench_row;
+/* op_bench_copy.c: a copy benchmark's rows, as bench_copy and bench_d2d reply them. */
+void bench_rows_render(const struct bench_row *rows, unsigned n, struct mp_map *out);
+/* Whose namespace buffer names are resolved in: the caller's, or for root, `owner`. */
+int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
 /* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
 struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
 

@@ -13,18 +13,12 @@
 #define DEFAULT_REPEATS 5
 #define MAX_REPEATS 100
 
-static void render_bench_copy(const struct job *job, struct mp_map *out)
+void bench_rows_render(const struct bench_row *rows, unsigned n, struct mp_map *out)
 {
-	const struct bench_copy_spec *s = job->work.spec;
-	struct mp_array rows, notes;
-	mp_put_i64(out, "device", job->work.device);
-	mp_put_u64(out, "repeats", s->repeats);
-	mp_put_u64(out, "copy_threads", s->copy_threads);
-	mp_put_u64(out, "slot_bytes", s->slot_bytes);
-	mp_put_u64(out, "slots", s->slots);
-	mp_array_init(&rows);
-	for (unsigned i = 0; i < s->nrows; i++) {
-		const struct bench_copy_row *r = &s->rows[i];
+	struct mp_array list;
+	mp_array_init(&list);
+	for (unsigned i = 0; i < n; i++) {
+		const struct bench_row *r = &rows[i];
 		struct mp_map row;
 		mp_map_init(&row);
 		mp_put_str(&row, "group", r->group);
@@ -37,9 +31,21 @@ static void render_bench_copy(const struct job *job, struct mp_map *out)
 		mp_put_f64(&row, "ceiling", r->ceiling);
 		mp_put_f64(&row, "ratio", r->ceiling > 0 ? r->gbps / r->ceiling : 0);
 		mp_put_bool(&row, "verified", r->verified);
-		mp_array_map(&rows, &row);
+		mp_array_map(&list, &row);
 	}
-	mp_put_array(out, "rows", &rows);
+	mp_put_array(out, "rows", &list);
+}
+
+static void render_bench_copy(const struct job *job, struct mp_map *out)
+{
+	const struct bench_copy_spec *s = job->work.spec;
+	struct mp_array notes;
+	mp_put_i64(out, "device", job->work.device);
+	mp_put_u64(out, "repeats", s->repeats);
+	mp_put_u64(out, "copy_threads", s->copy_threads);
+	mp_put_u64(out, "slot_bytes", s->slot_bytes);
+	mp_put_u64(out, "slots", s->slots);
+	bench_rows_render(s->rows, s->nrows, out);
 	mp_array_init(&notes);
 	for (unsigned i = 0; i < s->nnotes; i++)
 		mp_array_str(&notes, s->notes[i]);

@@ -14,36 +14,13 @@
 
 #define DEFAULT_REPEATS 5
 
-static void render_rows(const struct bench_d2d *b, struct mp_map *out)
-{
-	struct mp_array rows;
-	mp_array_init(&rows);
-	for (unsigned i = 0; i < b->nrows; i++) {
-		const struct bench_d2d_row *r = &b->rows[i];
-		struct mp_map row;
-		mp_map_init(&row);
-		mp_put_str(&row, "group", r->group);
-		mp_put_u64(&row, "bytes", r->bytes);
-		mp_put_str(&row, "method", r->method);
-		mp_put_str(&row, "role", r->role);
-		if (r->path)
-			mp_put_str(&row, "path", r->path);
-		mp_put_f64(&row, "gbps", r->gbps);
-		mp_put_f64(&row, "ceiling", r->ceiling);
-		mp_put_f64(&row, "ratio", r->ceiling > 0 ? r->gbps / r->ceiling : 0);
-		mp_put_bool(&row, "verified", r->verified);
-		mp_array_map(&rows, &row);
-	}
-	mp_put_array(out, "rows", &rows);
-}
-
 static void render_bench_d2d(const struct job *job, struct mp_map *out)
 {
 	const struct bench_d2d *b = job->work.spec;
 	struct mp_array notes;
 	mp_put_i64(out, "device", b->device);
 	mp_put_u64(out, "repeats", b->repeats);
-	render_rows(b, out);
+	bench_rows_render(b->rows, b->nrows, out);
 	mp_array_init(&notes);
 	for (unsigned i = 0; i < b->nnotes; i++)
 		mp_array_str(&notes, b->notes[i]);

@@ -125,8 +125,7 @@ static int read_device(struct request *req, int *device, struct gpuq_error *err)
 	return 0;
 }
 
-/* Whose namespace a reference is resolved in: the caller's, or for root, `owner`. */
-static int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
+int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
 {
 	uint64_t o;
 	*owner = req->conn->uid;

@@ -143,22 +143,6 @@ static const struct job_kind kind_bench_allreduce = {
 	.op = "bench_allreduce", .finish = finish_allreduce, .render = render_bench
 };
 
-/* Whose buffers the names mean: the caller's, or for root, `owner`. */
-static int read_coll_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
-{
-	uint64_t o;
-	*owner = req->conn->uid;
-	int rc = msg_get_u64(req->map, "owner", &o, err);
-	if (rc <= 0)
-		return rc;
-	if (req->conn->uid != 0 && o != (uint64_t)req->conn->uid)
-		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
-				 "only root may name another owner's buffers (you are uid %d)",
-				 (int)req->conn->uid);
-	*owner = (uid_t)o;
-	return 0;
-}
-
 /* A buffer name field: NAME only, since `devices` says where. */
 static int read_name(struct request *req, const char *field, bool required, char *name,
 		     struct gpuq_error *err)
@@ -297,7 +281,7 @@ static int read_allreduce(struct request *req, struct allreduce_req *a, bool ben
 	int rc;
 	if (read_name(req, "buffer", true, a->name, err) < 0 ||
 	    (rc = read_name(req, "out", false, a->out_name, err)) < 0 ||
-	    read_coll_owner(req, &a->owner, err) < 0)
+	    read_owner(req, &a->owner, err) < 0)
 		return -1;
 	if (rc == 0 || strcmp(a->out_name, a->name) == 0)
 		a->out_name[0] = '\0'; /* in place */

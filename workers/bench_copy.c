@@ -340,7 +340,7 @@ static int check(struct bench *b, bool h2d, enum method_kind kind, bool *ok)
  * that fails is noted and its row left at 0 GB/s; a CUDA baseline that
  * fails, or a cancel, ends the benchmark.
  */
-static int measure(struct bench *b, bool h2d, enum method_kind kind, struct bench_copy_row *row)
+static int measure(struct bench *b, bool h2d, enum method_kind kind, struct bench_row *row)
 {
 	double t[MAX_REPEATS + 1];
 	unsigned n = b->spec->repeats;
@@ -370,13 +370,13 @@ static int measure(struct bench *b, bool h2d, enum method_kind kind, struct benc
 
 /* ---- the table ---- */
 
-static struct bench_copy_row *add_row(struct bench *b, const char *group, const char *method,
+static struct bench_row *add_row(struct bench *b, const char *group, const char *method,
 				      const char *role)
 {
 	struct bench_copy_spec *s = b->spec;
 	if (s->nrows == BENCH_COPY_MAX_ROWS)
 		return NULL;
-	struct bench_copy_row *r = &s->rows[s->nrows++];
+	struct bench_row *r = &s->rows[s->nrows++];
 	memset(r, 0, sizeof *r);
 	snprintf(r->group, sizeof r->group, "%s", group);
 	snprintf(r->method, sizeof r->method, "%s%s", method, b->cuda ? "" : " (host)");
@@ -407,7 +407,7 @@ static int bench_direction(struct bench *b, bool h2d)
 		const char *name = b->cuda ? methods[i].cuda_name : methods[i].host_name;
 		if (!name || (methods[i].kind == M_FILE && b->skip_file))
 			continue;
-		struct bench_copy_row *row = add_row(b, group, name, methods[i].role);
+		struct bench_row *row = add_row(b, group, name, methods[i].role);
 		if (!row || measure(b, h2d, methods[i].kind, row) < 0)
 			return -1;
 		if (strcmp(methods[i].role, "ceiling") == 0)

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "workers/bench_row.h"
 #include "workers/backend.h"
 #include "workers/work.h"
 
@@ -17,24 +18,13 @@
 #define BENCH_COPY_MAX_ROWS 128
 #define BENCH_COPY_MAX_NOTES 16
 
-struct bench_copy_row {
-	char group[8];      /* "H2D" or "D2H" */
-	uint64_t bytes;
-	char method[48];    /* "cudaMemcpy pinned", "gpuq memfd", ... */
-	const char *role;   /* "baseline", "ceiling" or "gpuq" (static) */
-	const char *path;   /* gpuq rows: the path the transfer took (static), else NULL */
-	double gbps;        /* median of the timed repeats */
-	double ceiling;     /* GB/s of the group's ceiling in this run */
-	bool verified;      /* the destination's checksum matched the source's */
-};
-
 struct bench_copy_spec {
 	/* Inputs, from the request. */
 	uint64_t sizes[BENCH_COPY_MAX_SIZES];
 	unsigned nsizes;
 	unsigned repeats; /* timed repeats per measurement, after one warm-up */
 	/* Outputs. */
-	struct bench_copy_row rows[BENCH_COPY_MAX_ROWS];
+	struct bench_row rows[BENCH_COPY_MAX_ROWS];
 	unsigned nrows;
 	char notes[BENCH_COPY_MAX_NOTES][160]; /* what was skipped, and why */
 	unsigned nnotes;

@@ -64,10 +64,10 @@ static void add_row(const struct bench_ctx *c, const char *group, uint64_t bytes
 	if (c->gang)
 		peer_sync_lock(&b->sync);
 	if (b->nrows < BENCH_D2D_MAX_ROWS) {
-		struct bench_d2d_row *r = &b->rows[b->nrows++];
+		struct bench_row *r = &b->rows[b->nrows++];
 		snprintf(r->group, sizeof r->group, "%s", group);
 		r->bytes = bytes;
-		r->method = method;
+		snprintf(r->method, sizeof r->method, "%s", method);
 		r->role = path ? "gpuq" : "ceiling";
 		r->path = path;
 		r->gbps = gbps;

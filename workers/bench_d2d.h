@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "workers/bench_row.h"
 #include "workers/copy.h"
 #include "workers/peer_sync.h"
 #include "workers/work.h"
@@ -38,17 +39,6 @@
 #define BENCH_D2D_MAX_NOTES 8
 
 /* The row form of bench_copy (workers/bench_copy.h), so that one table shows both. */
-struct bench_d2d_row {
-	char group[32];      /* "D2D", "peer 0->1" */
-	uint64_t bytes;
-	const char *method;  /* "cudaMemcpy", "gpuq CE", ... (static) */
-	const char *role;    /* "ceiling" or "gpuq" (static) */
-	const char *path;    /* gpuq rows: the path the copy took (static), else NULL */
-	double gbps;         /* median of the timed repeats */
-	double ceiling;      /* GB/s of the group's ceiling in this run */
-	bool verified;       /* the destination's checksum matched the source's */
-};
-
 struct bench_d2d_pair {
 	int src, dst;          /* part indexes (= device indexes: parts are every device) */
 	bool direct;           /* peer access: the gpuq peer row runs */
@@ -74,7 +64,7 @@ struct bench_d2d {
 	uint64_t pair_sum;       /* and its checksum */
 
 	/* Output, in order. */
-	struct bench_d2d_row rows[BENCH_D2D_MAX_ROWS];
+	struct bench_row rows[BENCH_D2D_MAX_ROWS];
 	unsigned nrows;
 	char notes[BENCH_D2D_MAX_NOTES][200]; /* what was left out or is unknown, and why */
 	unsigned nnotes;
