@@ -114,20 +114,31 @@ static int waiter_add(struct daemon *d, struct conn *c, uint64_t request_id, str
 	return 0;
 }
 
-/* Undoes a job that never reached a worker, as if it had failed with err. */
-static void job_abandon(struct daemon *d, struct job *job, const struct gpuq_error *err)
+/*
+ * What a job holds until it ends, whether it ran or was refused: its
+ * buffers, what its op's finish hook settles, and the client's descriptor.
+ */
+static void job_release(struct daemon *d, struct job *job)
 {
-	job->work.error = *err;
 	if (job->buffer)
 		job->buffer->users--;
-	if (job->buffer2) { /* [copy] */
+	if (job->buffer2) {
 		job->buffer2->users--;
 		job->buffer2 = NULL;
 	}
 	if (job->kind->finish)
 		job->kind->finish(d, job);
-	if (job->work.fd >= 0)
+	if (job->work.fd >= 0) {
 		close(job->work.fd);
+		job->work.fd = -1;
+	}
+}
+
+/* Undoes a job that never reached a worker, as if it had failed with err. */
+static void job_abandon(struct daemon *d, struct job *job, const struct gpuq_error *err)
+{
+	job->work.error = *err;
+	job_release(d, job);
 	job_discard(&d->jobs, job);
 }
 
@@ -215,18 +226,7 @@ static void job_complete(struct daemon *d, struct job *job)
 {
 	job_mark_finished(&d->jobs, job);
 	service_job_finished(d, job);
-	if (job->buffer)
-		job->buffer->users--;
-	if (job->buffer2) { /* [copy] */
-		job->buffer2->users--;
-		job->buffer2 = NULL;
-	}
-	if (job->kind->finish)
-		job->kind->finish(d, job);
-	if (job->work.fd >= 0) {
-		close(job->work.fd);
-		job->work.fd = -1;
-	}
+	job_release(d, job);
 	job_log_outcome(job);
 	while (job->waiters) {
 		struct waiter *w = job->waiters;
