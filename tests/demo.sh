@@ -39,6 +39,15 @@ gpuq alloc staged --bytes 100000000
 gpuq put "$dir/data.bin" staged
 gpuq get staged "$dir/back.bin"
 cmp "$dir/data.bin" "$dir/back.bin"
+gpuq copy staged weights[0:100000000] --verify
+gpuq alloc x --count 1M --dtype f32
+gpuq fill x random 7
+gpuq run x 'sin | add 1 | sqrt | mul 2 | sub 3'
+gpuq run x 'sin | add 1 | sqrt | mul 2 | sub 3' --mode graph --repeat 10
+gpuq stats
+ndev=$(gpuq --json ping | sed -n 's/.*"devices":\([0-9]*\).*/\1/p')
+for d in $(seq 1 $((ndev - 1))); do gpuq alloc x --count 1M --dtype f32 --device "$d"; gpuq fill "x@$d" value 1; done
+gpuq allreduce x --op sum
 gpuq buffers
 gpuq jobs
 gpuq free weights
