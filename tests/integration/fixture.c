@@ -112,6 +112,9 @@ static void daemon_spawn(struct daemon_proc *d, va_list ap)
 	argv[argc++] = (char *)test_backend();
 	argv[argc++] = "--log-level";
 	argv[argc++] = "debug";
+	/* A machine's own /etc/gpuq/gpuqd.conf must not change the tests (a later --config wins). */
+	argv[argc++] = "--config";
+	argv[argc++] = "/dev/null";
 	char *a;
 	while ((a = va_arg(ap, char *)) != NULL && argc < MAX_ARGS - 1)
 		argv[argc++] = a;
