@@ -32,7 +32,7 @@ NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS ?= -O3 -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP
 STATIC_LIBS := $(LIBDIR_STATIC)/libuv_a.a $(LIBDIR_STATIC)/libmsgpackc.a
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
-# [collective] NCCL link flags
+# NCCL link flags
 # NCCL is linked dynamically (libnccl.so.2), with an rpath to the directory
 # found here so that the binaries run on this machine; where that directory
 # does not exist the loader finds libnccl.so.2 through ldconfig (the GPU
@@ -104,12 +104,12 @@ $(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(cal
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_ARCH) -o $@ $^
 
-# [copy] The SM copy kernel, every alignment pair and length, on the GPU (run by gpu-check).
+# The SM copy kernel, every alignment pair and length, on the GPU (run by gpu-check).
 $(BUILD)/tests/copy_selftest: $(BUILD)/obj/tests/gpu/copy_selftest.o $(call obj,$(KERNELS_SRC))
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_ARCH) -o $@ $^
 
-# [copy] The host half of a get alone (store functions, populating, chunking,
+# The host half of a get alone (store functions, populating, chunking,
 # threads), for the GPU machine: build/tests/host_write_bench (see its header).
 all: $(BUILD)/tests/host_write_bench
 $(BUILD)/tests/host_write_bench: $(call obj,tests/bench/host_write_bench.c workers/copy_store.c workers/copy_guard.c)
@@ -146,7 +146,7 @@ tsan:
 clean:
 	rm -rf build build-asan build-tsan
 
-# [service] -------------------------------------------------------------------
+# The service: systemd units, configuration, install ---------------------------
 # gpuqd reads its configuration with inih, linked statically like libuv and
 # msgpack-c (Debian's libinih-dev ships libinih.a).
 LDLIBS += $(LIBDIR_STATIC)/libinih.a
@@ -205,7 +205,7 @@ uninstall:
 	rmdir $(DESTDIR)$(INCLUDEDIR)/gpuq/protocol $(DESTDIR)$(INCLUDEDIR)/gpuq \
 		$(DESTDIR)$(SYSCONFDIR)/gpuq 2>/dev/null || true
 
-# [collective] -----------------------------------------------------------------
+# All-reduce: the fault-injection test build of gpuqd ----------------------------
 # tests/gpuqd-faults: gpuqd with fault injection (GPUQ_FAULT_INJECTION: an
 # allreduce request may ask one rank to hang), for the tests only. The same
 # objects as gpuqd, but collective.c and op_collective.c compiled again with

@@ -22,21 +22,17 @@ enum {
 	LONG_DETACH,
 	LONG_CLIENTS,
 	LONG_REQUESTS,
-	/* [copy] */
 	LONG_VERIFY,
 	LONG_PATH,
 	LONG_SIZES,
 	LONG_ENGINE,
-	/* [chain] */
 	LONG_MODE,
 	LONG_REPEAT,
 	LONG_OUT,
-	/* [collective] */
 	LONG_DEVICES,
 	LONG_REDOP,
 	LONG_FACTOR,
 	LONG_COLL_TIMEOUT,
-	/* [service] */
 };
 
 /* Accepted before the command and after it. */
@@ -63,21 +59,17 @@ static const struct {
 	{ { "detach", no_argument, NULL, LONG_DETACH }, OPT_DETACH },
 	{ { "clients", required_argument, NULL, LONG_CLIENTS }, OPT_CLIENTS },
 	{ { "requests", required_argument, NULL, LONG_REQUESTS }, OPT_REQUESTS },
-	/* [copy] */
 	{ { "verify", no_argument, NULL, LONG_VERIFY }, OPT_VERIFY },
 	{ { "path", required_argument, NULL, LONG_PATH }, OPT_PATH },
 	{ { "sizes", required_argument, NULL, LONG_SIZES }, OPT_SIZES },
 	{ { "engine", required_argument, NULL, LONG_ENGINE }, OPT_ENGINE },
-	/* [chain] */
 	{ { "mode", required_argument, NULL, LONG_MODE }, OPT_MODE },
 	{ { "repeat", required_argument, NULL, LONG_REPEAT }, OPT_REPEAT },
 	{ { "out", required_argument, NULL, LONG_OUT }, OPT_OUT },
-	/* [collective] */
 	{ { "devices", required_argument, NULL, LONG_DEVICES }, OPT_DEVICES },
 	{ { "op", required_argument, NULL, LONG_REDOP }, OPT_REDOP },
 	{ { "factor", required_argument, NULL, LONG_FACTOR }, OPT_FACTOR },
 	{ { "collective-timeout", required_argument, NULL, LONG_COLL_TIMEOUT }, OPT_COLL_TIMEOUT },
-	/* [service] */
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -179,7 +171,7 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 		return parse_size_opt(cli, "length", arg, &cli->length, &cli->has_length);
 	case LONG_BYTES:
 		if (cli->cmd->run == cmd_bench && strchr(arg, ':')) {
-			cli->bytes_range = arg; /* [collective] bench allreduce --bytes MIN:MAX */
+			cli->bytes_range = arg; /* bench allreduce --bytes MIN:MAX */
 			return 0;
 		}
 		return parse_size_opt(cli, "bytes", arg, &cli->bytes, &cli->has_bytes);
@@ -197,7 +189,6 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_REQUESTS:
 		return parse_uint_opt(cli, "requests", arg, "a number of requests per client",
 				      &cli->requests, &cli->has_requests);
-	/* [copy] */
 	case LONG_VERIFY:
 		cli->verify = true;
 		return 0;
@@ -210,7 +201,6 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_ENGINE:
 		cli->engine = arg;
 		return 0;
-	/* [chain] */
 	case LONG_MODE:
 		cli->mode = arg;
 		return 0;
@@ -220,7 +210,6 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_OUT:
 		cli->out_buffer = arg;
 		return 0;
-	/* [collective] */
 	case LONG_DEVICES:
 		cli->devices = arg;
 		return 0;
@@ -233,7 +222,6 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_COLL_TIMEOUT:
 		return parse_uint_opt(cli, "collective-timeout", arg, "a time in milliseconds",
 				      &cli->coll_timeout_ms, &cli->has_coll_timeout);
-	/* [service] */
 	}
 	return cli_usage(cli, "unknown option");
 }

@@ -505,11 +505,8 @@ struct bench_entry {
 
 static const struct bench_entry bench_kinds[] = {
 	{ "dispatch", bench_dispatch },
-	/* [copy] */
 	{ "copy", bench_copy },
-	/* [chain] */
 	{ "chain", bench_chain },
-	/* [collective] */
 	{ "allreduce", bench_allreduce },
 };
 

@@ -43,21 +43,17 @@ enum cli_opt {
 	OPT_DETACH = 1u << 6,
 	OPT_CLIENTS = 1u << 7,
 	OPT_REQUESTS = 1u << 8,
-	/* [copy] options: bits 9-12 */
 	OPT_VERIFY = 1u << 9,  /* --verify: compare checksums of source and destination */
 	OPT_PATH = 1u << 10,   /* --path P: how bytes move (put/get: auto, staged, registered) */
 	OPT_SIZES = 1u << 11,  /* --sizes LIST: bench copy's transfer sizes */
 	OPT_ENGINE = 1u << 12, /* --engine ce|sm: copy's engine within one GPU */
-	/* [chain] options: bits 13-16 */
 	OPT_MODE = 1u << 13,   /* --mode M: how run runs the chain (fused, graph, eager) */
 	OPT_REPEAT = 1u << 14, /* --repeat N: run's passes; bench chain's launch-bound passes */
 	OPT_OUT = 1u << 15,    /* --out BUF: run's output buffer */
-	/* [collective] options: bits 17-20 */
 	OPT_DEVICES = 1u << 17,      /* --devices LIST|all: allreduce's ranks, in order */
 	OPT_REDOP = 1u << 18,        /* --op sum|prod|min|max|avg */
 	OPT_FACTOR = 1u << 19,       /* --factor F: bench allreduce's step between sizes */
 	OPT_COLL_TIMEOUT = 1u << 20, /* --collective-timeout MS */
-	/* [service] options: bits 21-24 */
 };
 
 struct cli;
@@ -86,23 +82,19 @@ struct cli {
 	bool has_device, has_offset, has_length, has_bytes, has_count, has_requests;
 	uint64_t device, offset, length, bytes, count, requests;
 	const char *dtype, *clients;
-	/* [copy] */
 	bool verify;                /* --verify */
 	const char *path;           /* --path */
 	const char *sizes;          /* --sizes */
 	const char *engine;         /* --engine */
-	/* [chain] */
 	const char *mode;           /* --mode */
 	const char *out_buffer;     /* --out */
 	bool has_repeat;
 	uint64_t repeat;            /* --repeat */
-	/* [collective] */
 	const char *devices;        /* --devices */
 	const char *redop;          /* --op */
 	const char *bytes_range;    /* bench --bytes MIN:MAX */
 	bool has_factor, has_coll_timeout;
 	uint64_t factor, coll_timeout_ms;
-	/* [service] */
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */
@@ -159,7 +151,6 @@ int cmd_checksum(struct cli *cli);
 int cmd_bench(struct cli *cli);
 /* bench KIND: one function per kind, each in its own client/bench_KIND.c. */
 int bench_dispatch(struct cli *cli);
-/* [copy] */
 /* bench_copy.c: gpuq bench copy (bench_copy, then the daemon's bench_d2d if it has one) */
 int bench_copy(struct cli *cli);
 /* copy.c: gpuq copy SRC DST, and the summary line of a done copy job (its result map) */
@@ -178,13 +169,11 @@ struct progress_bar {
 void progress_begin(struct cli *cli, struct mp_map *req, struct progress_bar *bar,
 		    const char *label);
 void progress_end(struct cli *cli, struct progress_bar *bar);
-/* [chain] */
 /* chain.c: run a kernel chain on a buffer; the devices' counters */
 int cmd_run(struct cli *cli);
 int cmd_stats(struct cli *cli);
 /* bench_chain.c */
 int bench_chain(struct cli *cli);
-/* [collective] */
 /* allreduce.c: gpuq allreduce; the --devices syntax, shared with bench allreduce */
 int cmd_allreduce(struct cli *cli);
 /*
@@ -195,18 +184,14 @@ int cmd_allreduce(struct cli *cli);
 int cli_parse_devices(struct cli *cli, const char *list, int *devices, int max);
 /* bench_allreduce.c */
 int bench_allreduce(struct cli *cli);
-/* [service] */
 /* service.c: the daemon as a service */
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);
 
 /* Options every bench kind may take (gpuq bench KIND --help says which it uses). */
 #define BENCH_OPTS                                                             \
-	(OPT_CLIENTS | OPT_REQUESTS | OPT_DEVICE                               \
-	 | OPT_SIZES /* [copy] */                                              \
-	 | OPT_BYTES | OPT_REPEAT /* [chain] */                                \
-	 | OPT_DEVICES | OPT_REDOP | OPT_FACTOR | OPT_DTYPE /* [collective] */ \
-	 )
+	(OPT_CLIENTS | OPT_REQUESTS | OPT_DEVICE | OPT_SIZES | OPT_BYTES |       \
+	 OPT_REPEAT | OPT_DEVICES | OPT_REDOP | OPT_FACTOR | OPT_DTYPE)
 
 /* render.c */
 void render_json(FILE *f, const msgpack_object *obj);

@@ -119,7 +119,6 @@ const struct cli_cmd cli_commands[] = {
 	  "time to instantiate, update and find a cached graph. Medians of 10\n"
 	  "timed replays; the H200 targets are marked met or missed.\n",
 	  BENCH_OPTS, 1, 1, { "KIND" }, cmd_bench },
-	/* [copy] */
 	{ "copy", "SRC DST [--engine ce|sm] [--verify] [--path auto|peer|host-staged]",
 	  "copy bytes between buffers, on one GPU or between GPUs",
 	  "Copies SRC into DST. Each is BUF (NAME or NAME@GPU) or a range of one:\n"
@@ -133,7 +132,6 @@ const struct cli_cmd cli_commands[] = {
 	  "pair's. --verify compares checksums of both ranges,\n"
 	  "each computed on its GPU. A cancel stops the copy at its next chunk.\n",
 	  JOB_OPTS | OPT_ENGINE | OPT_VERIFY | OPT_PATH, 2, 2, { "SRC", "DST" }, cmd_copy },
-	/* [chain] */
 	{ "run", "BUF CHAIN [--mode fused|graph|eager] [--repeat N] [--out BUF2]",
 	  "apply a chain of elementwise ops to a buffer on its device",
 	  "Applies CHAIN, one argument such as 'sin | add 1 | sqrt | mul 2 | sub 3',\n"
@@ -153,7 +151,6 @@ const struct cli_cmd cli_commands[] = {
 	  "updates (only the buffers changed), instantiations and evictions, and\n"
 	  "the plans cached out of the capacity (gpuqd --graph-cache).\n",
 	  OPT_DEVICE, 0, 0, { NULL }, cmd_stats },
-	/* [collective] */
 	{ "allreduce",
 	  "NAME [--devices LIST|all] [--op sum|prod|min|max|avg] [--out NAME2] [--count N] "
 	  "[--collective-timeout MS]",
@@ -170,7 +167,6 @@ const struct cli_cmd cli_commands[] = {
 	  "--collective-timeout, 30 s); the communicator is then dropped.\n",
 	  JOB_OPTS | OPT_DEVICES | OPT_REDOP | OPT_OUT | OPT_COUNT | OPT_COLL_TIMEOUT, 1, 1,
 	  { "NAME" }, cmd_allreduce },
-	/* [service] */
 	{ "metrics", "", "print gpuqd's metrics (Prometheus text format)",
 	  "Prints the daemon's metrics in the Prometheus text exposition format:\n"
 	  "jobs by op and result, job latency histograms, bytes moved by path,\n"

@@ -82,7 +82,7 @@ static void default_socket_init(void)
 	snprintf(default_socket_path, sizeof(default_socket_path), "/run/gpuq/gpuqd.sock");
 	if (geteuid() == 0 || !xdg || !*xdg)
 		return;
-	/* [service] Others: their own daemon's socket if it exists, else the system service's. */
+	/* Others: their own daemon's socket if it exists, else the system service's. */
 	snprintf(own, sizeof(own), "%s/gpuq.sock", xdg);
 	if (stat(own, &st) == 0 || stat(default_socket_path, &st) < 0)
 		snprintf(default_socket_path, sizeof(default_socket_path), "%s", own);

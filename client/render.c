@@ -151,7 +151,7 @@ void render_devices(FILE *f, const msgpack_object *reply)
 			device_row(&t, &devs->via.array.ptr[i]);
 	table_print(&t, f);
 	table_free(&t);
-	render_peer_paths(f, devs); /* [copy] */
+	render_peer_paths(f, devs);
 }
 
 /* Root sees every user's buffers: show owners only when someone else's are there. */
@@ -289,7 +289,7 @@ static void summary_transfer(FILE *f, const char *op, const char *buf,
 	fprintf(f, "%s %s: %s in %s (%s, %s%s)\n", op, buf,
 		human_bytes(size, sizeof(size), bytes, 2), human_seconds(secs, sizeof(secs), s),
 		rate, field_str(res, "path", path, sizeof(path), "-"),
-		field_bool(res, "verified", false) ? ", verified" : ""); /* [copy] */
+		field_bool(res, "verified", false) ? ", verified" : "");
 }
 
 static void summary_alloc(FILE *f, const char *buf, const msgpack_object *rec,
@@ -318,7 +318,7 @@ static void summary_done(FILE *f, const char *op, const char *buf,
 	human_seconds(run, sizeof(run), field_f64(rec, "run_s", -1));
 	if (strcmp(op, "put") == 0 || strcmp(op, "get") == 0)
 		summary_transfer(f, op, buf, res);
-	else if (strcmp(op, "copy") == 0) /* [copy] */
+	else if (strcmp(op, "copy") == 0)
 		render_copy_summary(f, res);
 	else if (strcmp(op, "alloc") == 0)
 		summary_alloc(f, buf, rec, res);

@@ -32,7 +32,7 @@ struct daemon {
 	uv_timer_t shutdown_timer;
 	bool shutdown_timer_armed;
 	bool shutdown_cancel_sent;
-	struct service svc; /* [service] configuration, systemd, quotas, metrics */
+	struct service svc; /* configuration, systemd, quotas, metrics */
 };
 
 /* One request being handled: what handlers need to read it and answer. */
@@ -68,7 +68,6 @@ void op_jobs(struct request *req);
 void op_status(struct request *req);
 void op_wait(struct request *req);
 void op_cancel(struct request *req);
-/* [copy] */
 void op_bench_copy(struct request *req);
 /* op_copy.c, op_bench_d2d.c: device-to-device copies and their benchmark */
 void op_copy(struct request *req);
@@ -88,16 +87,13 @@ void progress_watch(struct daemon *d);
 void progress_close(struct daemon *d);
 /* Marks w (the waiter req just registered) for progress events if req asked. */
 void progress_request(struct request *req, struct waiter *w);
-/* [chain] */
 /* op_chain.c: run (a kernel chain on a buffer), stats (per-device counters), bench_chain */
 void op_run(struct request *req);
 void op_stats(struct request *req);
 void op_bench_chain(struct request *req);
-/* [collective] */
 /* op_collective.c: allreduce (one part per device, queued in one step) and its benchmark */
 void op_allreduce(struct request *req);
 void op_bench_allreduce(struct request *req);
-/* [service] */
 void op_metrics(struct request *req);
 void op_shutdown(struct request *req);
 

@@ -51,7 +51,7 @@ struct job {
 	gid_t gid;
 	pid_t pid;
 	struct buffer *buffer; /* held (users++) until the job finishes */
-	/* [copy] copy's destination (and [chain] run's --out), held like `buffer`; released (and cleared) when the job ends */
+	/* copy's destination (and run's --out), held like `buffer`; released (and cleared) when the job ends */
 	struct buffer *buffer2;
 	char buffer_label[BUFFER_NAME_MAX + 16]; /* "w0@1", kept after the buffer goes */
 	struct work work;

@@ -20,7 +20,7 @@
 #define EXIT_NO_DEVICE 69
 #define EXIT_CONFIG 78 /* sysexits' EX_CONFIG: the unit does not restart on it */
 
-/* [copy] The host copy threads (workers/copy_pool.h); the workers hold the pointer too. */
+/* The host copy threads (workers/copy_pool.h); the workers hold the pointer too. */
 static struct copy_pool *copy_pool;
 
 static void on_signal(uv_signal_t *handle, int signum)
@@ -63,7 +63,7 @@ static int start_workers(struct daemon *d)
 	struct gpuq_error err;
 	if (choose_devices(d, ordinals, &count) < 0)
 		return -1;
-	/* [copy] The copy threads serve every worker: they start first and stop last. */
+	/* The copy threads serve every worker: they start first and stop last. */
 	struct device_config config = d->opt.device;
 	config.copy_pool = copy_pool = copy_pool_start(d->opt.copy_threads, &err);
 	if (!copy_pool) {
@@ -105,7 +105,7 @@ static int run_probe(struct daemon *d, int healthy)
 {
 	print_probe(d);
 	if (worker_pool_stop(&d->pool, 5000) == 0)
-		copy_pool_stop(copy_pool); /* [copy] */
+		copy_pool_stop(copy_pool);
 	uv_run(d->loop, UV_RUN_DEFAULT);
 	return healthy > 0 ? 0 : EXIT_NO_DEVICE;
 }
@@ -149,7 +149,7 @@ static void run_loop(struct daemon *d)
 
 static void daemon_free(struct daemon *d)
 {
-	/* [copy] Workers that did not stop may still hand the copy threads work: then leave them. */
+	/* Workers that did not stop may still hand the copy threads work: then leave them. */
 	if (!d->pool.workers)
 		copy_pool_stop(copy_pool);
 	while (d->buffers.head)

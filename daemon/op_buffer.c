@@ -37,7 +37,7 @@ static void render_transfer(const struct job *job, struct mp_map *out)
 	mp_put_f64(out, "seconds", r->seconds);
 	mp_put_f64(out, "gbps", r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0);
 	mp_put_str(out, "path", r->path ? r->path : "none");
-	if (job->work.verify) { /* [copy] a done job's checksums matched */
+	if (job->work.verify) { /* a done job's checksums matched */
 		mp_put_bool(out, "verified", true);
 		mp_put_u64(out, "checksum", r->checksum);
 	}
@@ -159,7 +159,7 @@ struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
 }
 
 /*
- * [copy] The buffer named by `field`, which may carry a range
+ * The buffer named by `field`, which may carry a range
  * (NAME@GPU[OFFSET:LENGTH], daemon/buffer.h), ready for a job to use; *ref
  * holds the parsed reference. The range is not checked against the buffer.
  */
@@ -321,7 +321,7 @@ void op_alloc(struct request *req)
 		reply_error(req, &err);
 		return;
 	}
-	if (quota_check_alloc(req->d, req->conn, device, bytes, &err) < 0) { /* [service] */
+	if (quota_check_alloc(req->d, req->conn, device, bytes, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}

@@ -53,7 +53,7 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	for (int j = 0; j < d->pool.count; j++)
 		mp_array_bool(&peers, j != index && s.peer_access[j]);
 	mp_put_array(&m, "peer_access", &peers);
-	struct mp_array paths; /* [copy] how a copy from this device to each device travels */
+	struct mp_array paths; /* how a copy from this device to each device travels */
 	mp_array_init(&paths);
 	for (int j = 0; j < d->pool.count; j++) {
 		bool direct;

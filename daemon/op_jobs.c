@@ -188,7 +188,7 @@ void job_submit(struct request *req, struct job *job)
 	if (waiter_add(d, req->conn, req->id, job, timeout_ms, &err) < 0)
 		reply_error(req, &err);
 	else
-		progress_request(req, job->waiters); /* [copy] the waiter just added */
+		progress_request(req, job->waiters); /* the waiter just added */
 }
 
 /*
@@ -348,7 +348,7 @@ void op_wait(struct request *req)
 	else if (waiter_add(req->d, req->conn, req->id, job, timeout_ms, &err) < 0)
 		reply_error(req, &err);
 	else
-		progress_request(req, job->waiters); /* [copy] */
+		progress_request(req, job->waiters);
 }
 
 /* Takes every work of the job out of its queue, if none has started. */

@@ -66,13 +66,9 @@ enum option_id {
 	OPT_HOST_MEM, OPT_STAGING_SLOT, OPT_STAGING_SLOTS, OPT_POOL_RELEASE, OPT_QUEUE_DEPTH,
 	OPT_JOB_HISTORY, OPT_SPIN, OPT_SHUTDOWN_TIMEOUT, OPT_MAX_FRAME, OPT_LOG_LEVEL, OPT_PROBE,
 	OPT_HELP, OPT_VERSION,
-	/* [copy] */
 	OPT_COPY_THREADS, OPT_REGISTER_MIN, OPT_COPY_STORES,
-	/* [chain] */
 	OPT_GRAPH_CACHE,
-	/* [collective] */
 	OPT_COLLECTIVE_TIMEOUT,
-	/* [service] */
 	OPT_CONFIG, OPT_CHECK_CONFIG, OPT_ADMIN_GROUP, OPT_JOB_DEADLINE, OPT_JOB_DEADLINE_GRACE,
 	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
 };
@@ -96,15 +92,11 @@ static const struct option long_options[] = {
 	{ "probe", no_argument, NULL, OPT_PROBE },
 	{ "help", no_argument, NULL, OPT_HELP },
 	{ "version", no_argument, NULL, OPT_VERSION },
-	/* [copy] */
 	{ "copy-threads", required_argument, NULL, OPT_COPY_THREADS },
 	{ "register-min", required_argument, NULL, OPT_REGISTER_MIN },
 	{ "copy-stores", required_argument, NULL, OPT_COPY_STORES },
-	/* [chain] */
 	{ "graph-cache", required_argument, NULL, OPT_GRAPH_CACHE },
-	/* [collective] */
 	{ "collective-timeout", required_argument, NULL, OPT_COLLECTIVE_TIMEOUT },
-	/* [service] */
 	{ "config", required_argument, NULL, OPT_CONFIG },
 	{ "check-config", no_argument, NULL, OPT_CHECK_CONFIG },
 	{ "admin-group", required_argument, NULL, OPT_ADMIN_GROUP },
@@ -140,8 +132,8 @@ void options_defaults(struct options *o)
 	o->device.pool_release_bytes = 0;
 	o->device.host_arena_bytes = 1ull << 30;
 	o->device.host_devices = 2;
-	o->device.chain_graph_cache = CHAIN_CACHE_DEFAULT; /* [chain] */
-	o->collective_timeout_ms = 30000; /* [collective] */
+	o->device.chain_graph_cache = CHAIN_CACHE_DEFAULT;
+	o->collective_timeout_ms = 30000;
 	snprintf(o->config_path, sizeof o->config_path, "%s", GPUQD_DEFAULT_CONFIG);
 	o->job_deadline_grace_s = 30;
 	o->metrics_interval_s = 15;
@@ -264,12 +256,12 @@ static int set_number(int id, const char *arg, struct options *o)
 		if (parse_size_opt(arg, 0, UINT64_MAX, &o->device.register_min_bytes) < 0)
 			return usage_error("--register-min takes a size such as 256M (0: never), not '%s'", arg);
 		return 0;
-	case OPT_GRAPH_CACHE: /* [chain] */
+	case OPT_GRAPH_CACHE:
 		if (parse_uint(arg, 1, CHAIN_CACHE_MAX, &n) < 0)
 			return usage_error("--graph-cache takes 1 to 4096 plans per device, not '%s'", arg);
 		o->device.chain_graph_cache = (unsigned)n;
 		return 0;
-	case OPT_COLLECTIVE_TIMEOUT: /* [collective] */
+	case OPT_COLLECTIVE_TIMEOUT:
 		if (parse_uint(arg, 1, 3600000, &n) < 0)
 			return usage_error("--collective-timeout takes milliseconds (1 to 3600000), not '%s'", arg);
 		o->collective_timeout_ms = (unsigned)n;
@@ -338,7 +330,7 @@ static int set_option(int id, const char *arg, struct options *o)
 			return usage_error("--admin-group needs a group name of at most 63 bytes, not '%s'", arg);
 		snprintf(o->admin_group, sizeof o->admin_group, "%s", arg);
 		return 0;
-	case OPT_COPY_STORES: /* [copy] what the copy pool picks when it starts, after the options */
+	case OPT_COPY_STORES: /* what the copy pool picks when it starts, after the options */
 		if (copy_store_parse(arg, &o->copy_stores) < 0)
 			return usage_error("--copy-stores is regular or nt, not '%s'", arg);
 		copy_store_request(o->copy_stores);

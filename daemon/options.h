@@ -26,12 +26,9 @@ struct options {
 	unsigned shutdown_timeout_ms; /* for running jobs at SIGTERM */
 	struct device_config device;
 	bool probe; /* open the devices, print them, exit */
-	/* [copy] */
 	unsigned copy_threads; /* host copy threads shared by the workers (workers/copy_pool.c) */
 	enum copy_stores copy_stores; /* how they store into a get's mapping (workers/copy_store.h) */
-	/* [collective] */
 	unsigned collective_timeout_ms; /* an all-reduce's default timeout (and its init's floor) */
-	/* [service] */
 	char config_path[256];         /* --config, or the default if it exists */
 	bool config_given;             /* --config was on the command line: it must exist */
 	bool check_config;             /* --check-config: report and exit */

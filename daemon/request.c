@@ -24,14 +24,10 @@ static const struct op_entry ops[] = {
 	{ "put", op_put },         { "get", op_get },           { "fill", op_fill },
 	{ "checksum", op_checksum }, { "jobs", op_jobs },       { "status", op_status },
 	{ "wait", op_wait },       { "cancel", op_cancel },
-	/* [copy] */
 	{ "bench_copy", op_bench_copy },
 	{ "copy", op_copy },       { "bench_d2d", op_bench_d2d },
-	/* [chain] */
 	{ "run", op_run },         { "stats", op_stats },       { "bench_chain", op_bench_chain },
-	/* [collective] */
 	{ "allreduce", op_allreduce }, { "bench_allreduce", op_bench_allreduce },
-	/* [service] */
 	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
 };
 

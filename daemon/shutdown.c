@@ -40,7 +40,7 @@ static void daemon_finish(struct daemon *d)
 	if (stuck)
 		log_error("%d device workers did not stop within 5 s", stuck);
 	close_handle((uv_handle_t *)&d->shutdown_timer);
-	progress_close(d); /* [copy] */
+	progress_close(d);
 	close_handle((uv_handle_t *)&d->sigterm);
 	close_handle((uv_handle_t *)&d->sigint);
 	service_close(d);

@@ -56,7 +56,6 @@ cudaError_t kernels_fill_random(void *dst, size_t bytes, enum kernels_dtype dtyp
 cudaError_t kernels_checksum_sum(const void *src, size_t bytes,
 				 unsigned long long *d_sum, cudaStream_t stream);
 
-/* [copy] */
 /*
  * The SM copy (kernels/copy.cu): dst[0, bytes) = src[0, bytes) on the current
  * device, by a persistent grid streaming through shared memory with cp.async.
@@ -65,7 +64,7 @@ cudaError_t kernels_checksum_sum(const void *src, size_t bytes,
 cudaError_t kernels_copy(void *dst, const void *src, size_t bytes, cudaStream_t stream);
 
 /*
- * ---- [chain] Elementwise chains (kernels/chain.cu) ----
+ * ---- Elementwise chains (kernels/chain.cu) ----
  *
  * A chain op maps each element x to f(x, a, b). The ops, their names on the
  * wire and their argument counts are this one list; workers/chain.c and the

@@ -35,7 +35,6 @@ for spin in 50 0; do
 	"$BUILD/gpuq" --socket "$sock" bench dispatch --clients 1,8 --requests 20000 | tee -a "$table"
 	stop_daemon
 done
-# [copy]
 # Host<->device copies (and device<->device, where the daemon has bench_d2d):
 # pageable and pinned cudaMemcpy beside gpuq from a memfd, a file and
 # registered, 256 MiB to 4 GiB on a GPU; the host backend's 1G arena gets
@@ -58,7 +57,6 @@ if [ "${GPUQ_BENCH_COPY_SWEEP:-0}" = 1 ]; then
 		stop_daemon
 	done
 fi
-# [chain]
 # Kernel chains: launch-bound eager vs graph, bandwidth-bound eager/graph/fused
 # beside cudaMemcpy D2D, and graph instantiate/update/hit (1 GiB on a GPU;
 # the host backend's 1G arena holds two 64M buffers).
@@ -69,7 +67,6 @@ echo "-- chain ($backend backend)" | tee -a "$table"
 "$BUILD/gpuq" --socket "$sock" bench chain --bytes "$chain_bytes" | tee -a "$table"
 "$BUILD/gpuq" --socket "$sock" stats | tee -a "$table"
 stop_daemon
-# [collective]
 # All-reduce over every device: the daemon's path (allreduce jobs, 8 in
 # flight) beside a raw ncclAllReduce loop on the same communicator, 8 B to
 # 512 MiB by 4, every element checked (the host backend's arenas: to 1M).

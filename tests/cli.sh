@@ -70,7 +70,7 @@ check get_stdout 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get w - > \"$dir/ba
 check round_trip_equal 0 cmp "$dir/data" "$dir/back"
 check get_to_file 0 gpuq get w "$dir/back2"
 check round_trip_file_equal 0 cmp "$dir/data" "$dir/back2"
-# [copy] --verify, a range, the path in the summary; no progress bar off a terminal
+# --verify, a range, the path in the summary; no progress bar off a terminal
 check put_verify 0 gpuq put "$dir/data" w --verify
 expect put_verify_summary "staged, verified" out
 check put_no_bar_off_a_terminal 0 test ! -s "$dir/err"
@@ -85,7 +85,7 @@ check get_scratch 0 gpuq get s scratch:
 check free_scratch 0 gpuq free s
 check bench_copy 0 gpuq bench copy --sizes 1M --requests 1
 expect bench_copy_has_rows "gpuq memfd (host)" out
-# [copy] gpuq copy: within a device and between the two, the path said, refusals exit 1
+# gpuq copy: within a device and between the two, the path said, refusals exit 1
 check copy_alloc 0 gpuq alloc w2 --bytes 1M --device 1
 check copy_between_devices 0 gpuq copy w w2@1 --verify
 expect copy_says_path_and_verified "by host-memcpy, verified" out

@@ -27,8 +27,8 @@ step() {
 nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >> "$OUT/nvidia-smi.txt"
 "$BUILD/gpuqd" --probe --backend cuda > "$OUT/probe.txt" 2>&1
 step kernels "$BUILD/tests/kernels_selftest"
-step copy-kernel "$BUILD/tests/copy_selftest" --bench # [copy] SM copy: alignments, lengths, 4 GiB rate
-step copy-sass sh tests/gpu/copy_sass.sh "$BUILD"     # [copy] its 16-byte accesses, no spills
+step copy-kernel "$BUILD/tests/copy_selftest" --bench # SM copy: alignments, lengths, 4 GiB rate
+step copy-sass sh tests/gpu/copy_sass.sh "$BUILD"     # its 16-byte accesses, no spills
 # The chain kernels' machine code, kept for reading against the bench (no GPU time).
 step chain-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain.o"
 GPUQ_REQUIRE_GPU=1 GPUQ_TEST_LOG="$OUT/tests-detail.log" step tests sh tests/run.sh "$BUILD"
@@ -39,7 +39,7 @@ echo "== gpu-check summary"
 cat "$OUT/nvidia-smi.txt"
 cut -f1-5 "$OUT/probe.txt"
 printf '%-10s %s\n' "kernels" "$(tail -n 1 "$OUT/kernels.log")"
-printf '%-10s %s\n' "copy-kernel" "$(tail -n 1 "$OUT/copy-kernel.log")" # [copy]
+printf '%-10s %s\n' "copy-kernel" "$(tail -n 1 "$OUT/copy-kernel.log")"
 grep '^bench 4 GiB' "$OUT/copy-kernel.log"
 printf '%-10s %s\n' "copy-sass" "$(tail -n 1 "$OUT/copy-sass.log")"
 printf '%-10s %s\n' "tests" "$(grep -E '^[0-9]+ passed' "$OUT/tests.log" | tail -n 1)"

@@ -9,7 +9,7 @@ missing=""
 [ -f "$libdir/libuv_a.a" ] || [ -f /usr/lib/x86_64-linux-gnu/libuv_a.a ] || missing="$missing libuv1-dev"
 [ -f /usr/lib/x86_64-linux-gnu/libmsgpackc.a ] || missing="$missing libmsgpack-dev"
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
-# [service] inih for the configuration file (static library).
+# inih for the configuration file (static library).
 [ -f /usr/lib/x86_64-linux-gnu/libinih.a ] || missing="$missing libinih-dev"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

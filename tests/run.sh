@@ -21,7 +21,7 @@ tier "$BUILD/tests/unit"
 GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
 GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
 tier sh tests/cli.sh "$BUILD"
-tier sh tests/service.sh "$BUILD" # [service] socket activation, notify, config, install
+tier sh tests/service.sh "$BUILD" # socket activation, notify, config, install
 
 awk -v require_gpu="${GPUQ_REQUIRE_GPU:-0}" '
 /^RESULT / {

@@ -48,17 +48,15 @@ struct device_config {
 	uint64_t pool_release_bytes;  /* CUDA pool release threshold */
 	uint64_t host_arena_bytes;    /* host backend: bytes a device may hold */
 	int host_devices;             /* host backend: how many devices to make */
-	/* [copy] */
 	struct copy_pool *copy_pool;  /* host copy threads shared by the workers (daemon-owned) */
 	uint64_t register_min_bytes;  /* path auto: register client mappings from this size (0: never) */
-	/* [chain] */
 	unsigned chain_graph_cache;   /* chain plans (CUDA graphs) kept per device: --graph-cache */
 };
 
 struct backend_ops;
 struct copy_pool;
 /*
- * [copy] Device-to-device copies (workers/copy.c). How a device reaches
+ * Device-to-device copies (workers/copy.c). How a device reaches
  * another's memory, as open finds it: the kind of link where the driver can
  * copy directly, or NONE (copies go through host memory, "host-staged").
  */
@@ -72,11 +70,10 @@ enum peer_link {
 };
 /* The engines a copy within one device may use. */
 enum copy_engine { COPY_ENGINE_CE, COPY_ENGINE_SM };
-/* [collective] workers/collective.h */
+/* workers/collective.h */
 struct coll_cache;
 struct coll_call;
 struct coll_id;
-/* [chain] */
 struct chain_spec;
 struct chain_state;
 #define DEVICE_CHAIN_COUNTERS 8
@@ -101,14 +98,14 @@ struct device {
 	bool faulted;
 	char fault_reason[256];
 	void *impl; /* the backend's private state */
-	/* [chain] The kernel-chain state (workers/chain.h): the graph cache, made by
+	/* The kernel-chain state (workers/chain.h): the graph cache, made by
 	 * the worker at the device's first chain and released by close. */
 	struct chain_state *chain;
-	/* [chain] Chain counters: added to by the worker, read by the main thread's
+	/* Chain counters: added to by the worker, read by the main thread's
 	 * `stats` op (the one part of a device it reads), hence atomic. */
 	_Atomic uint64_t chain_counters[DEVICE_CHAIN_COUNTERS];
 	/*
-	 * [copy] Filled by open, read-only afterwards: peer_link[j] is how this
+	 * Filled by open, read-only afterwards: peer_link[j] is how this
 	 * device reaches device j's memory; pool_shared[j] says whether device j
 	 * was granted access to this device's memory pool (where buffers live);
 	 * peer_note says why a link's kind is unknown ("" when nothing to say).
@@ -117,13 +114,13 @@ struct device {
 	bool pool_shared[GPUQ_MAX_DEVICES];
 	char peer_note[160];
 	/*
-	 * [copy] The host-staged peer ring of copies from this device: portable
+	 * The host-staged peer ring of copies from this device: portable
 	 * pinned memory (host_alloc_portable), made by workers/copy.c at the
 	 * first such copy and freed by close (host_free_portable).
 	 */
 	void *peer_ring;
 	size_t peer_ring_bytes;
-	/* [collective] The warm communicators (workers/collective.h), made by the
+	/* The warm communicators (workers/collective.h), made by the
 	 * worker at the device's first all-reduce and released by close. */
 	struct coll_cache *coll;
 };
@@ -167,7 +164,7 @@ struct backend_ops {
 			 struct gpuq_error *err);
 	int (*slot_wait)(struct device *dev, unsigned slot, struct gpuq_error *err);
 
-	/* [copy] operations of the pipelined-copy issue */
+	/* operations of the pipelined-copy issue */
 	/* Non-blocking slot_wait: *ready is true once the slot's last copy is done. */
 	int (*slot_ready)(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err);
 	/*
@@ -192,7 +189,7 @@ struct backend_ops {
 	int (*host_alloc_pinned)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
 	void (*host_free_pinned)(struct device *dev, void *ptr);
 	/*
-	 * [copy] Device-side copies for copy jobs (workers/copy.c). They enqueue
+	 * Device-side copies for copy jobs (workers/copy.c). They enqueue
 	 * on the compute stream and return at once; events order them, across
 	 * devices too, and the caller waits on its own events before it returns.
 	 *
@@ -230,7 +227,7 @@ struct backend_ops {
 	int (*event_sync)(struct device *dev, void *event, struct gpuq_error *err);
 	int (*event_elapsed)(struct device *dev, void *start, void *end, double *seconds,
 			     struct gpuq_error *err);
-	/* [chain] operations of the kernel-chain issue */
+	/* operations of the kernel-chain issue */
 	/* Runs spec's chain (workers/chain.h) and fills spec->result; synchronous. */
 	int (*chain)(struct device *dev, struct chain_spec *spec, struct gpuq_error *err);
 	/*
@@ -239,7 +236,7 @@ struct backend_ops {
 	 */
 	int (*chain_copy_time)(struct device *dev, void *dst, const void *src, uint64_t bytes,
 			       unsigned reps, double *seconds, struct gpuq_error *err);
-	/* [collective] operations of the all-reduce issue */
+	/* operations of the all-reduce issue */
 	/*
 	 * workers/collective.h drives them; each runs on the rank's worker and
 	 * polls coll_poll while it waits, so none waits past the call's deadline,

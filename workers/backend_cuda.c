@@ -38,7 +38,7 @@
 #include "protocol/protocol.h"
 #include "workers/backend.h"
 #include "workers/chain.h"
-#include "workers/collective_cuda.h" /* [collective] */
+#include "workers/collective_cuda.h"
 #include "workers/cuda_check.h"
 #include "workers/numa.h"
 #include "workers/peer_link.h"
@@ -60,7 +60,7 @@ struct cuda_state {
 	cudaStream_t compute, h2d, d2h;
 	cudaMemPool_t pool;
 	void *staging; /* one pinned block holding every slot */
-	size_t ring_mapped; /* [copy] bytes mmap'ed on the GPU's node and registered; 0: cudaHostAlloc */
+	size_t ring_mapped; /* bytes mmap'ed on the GPU's node and registered; 0: cudaHostAlloc */
 	cudaEvent_t slot_done[GPUQ_MAX_STAGING_SLOTS];
 	unsigned long long *d_sum; /* the checksum kernel's accumulator */
 	unsigned long long *h_sum; /* pinned: where d_sum is copied back */
@@ -205,7 +205,7 @@ static int cuda_open_pool(struct device *dev, struct cuda_state *st, struct gpuq
 }
 
 /*
- * [copy] The ring on the GPU's NUMA node, where the machine has several and
+ * The ring on the GPU's NUMA node, where the machine has several and
  * says which: anonymous memory bound there (preferred) before its first
  * touch, then pinned by cudaHostRegister. Anything short of that, and every
  * single-node machine, gets cudaHostAlloc's pages (the allocating thread's
@@ -330,7 +330,7 @@ static int cuda_open_peers(struct device *dev, struct cuda_state *st, struct gpu
 }
 
 /*
- * [copy] Grants every device that can reach this one's memory access to its
+ * Grants every device that can reach this one's memory access to its
  * pool: peer access (cudaDeviceEnablePeerAccess) does not cover memory
  * from a cudaMemPool, which each pool's owner must share itself. A grant
  * CUDA refuses leaves that pair host-staged, with the reason in peer_note.
@@ -365,7 +365,7 @@ static int cuda_share_pool(struct device *dev, struct cuda_state *st, struct gpu
 	return 0;
 }
 
-/* [copy] What kind of link each peer this device can reach is on (NVML, when there). */
+/* What kind of link each peer this device can reach is on (NVML, when there). */
 static void cuda_probe_links(struct device *dev)
 {
 	char self_bus[32], bus[32];
@@ -505,11 +505,11 @@ static void cuda_teardown(struct device *dev)
 	struct cuda_state *st = dev->impl;
 	if (!st)
 		return;
-	chain_cuda_close(dev); /* [chain] its graphs, stream and events, first */
-	collective_device_close(dev); /* [collective] its communicators, after any graph */
+	chain_cuda_close(dev); /* its graphs, stream and events, first */
+	collective_device_close(dev); /* its communicators, after any graph */
 	if (!dev->faulted) {
 		cuda_teardown_sync(dev, st);
-		if (dev->peer_ring) /* [copy] */
+		if (dev->peer_ring)
 			CUDA_LOG(dev, cudaFreeHost(dev->peer_ring));
 		cuda_teardown_staging(dev, st);
 		cuda_teardown_peers(dev, st);
@@ -543,9 +543,9 @@ static int cuda_open(struct device *dev, struct gpuq_error *err)
 		goto fail;
 	if (cuda_open_peers(dev, st, err) != 0)
 		goto fail;
-	if (cuda_share_pool(dev, st, err) != 0) /* [copy] */
+	if (cuda_share_pool(dev, st, err) != 0)
 		goto fail;
-	cuda_probe_links(dev); /* [copy] */
+	cuda_probe_links(dev);
 	if (cuda_read_info(dev, err) != 0)
 		goto fail;
 	return 0;
@@ -729,7 +729,6 @@ static int cuda_slot_wait(struct device *dev, unsigned slot, struct gpuq_error *
 	return 0;
 }
 
-/* [copy] */
 static int cuda_slot_ready(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err)
 {
 	struct cuda_state *st = dev->impl;
@@ -829,7 +828,7 @@ static void cuda_host_free_pinned(struct device *dev, void *ptr)
 }
 
 /*
- * [copy] Device-to-device copies (workers/copy.c): everything on the
+ * Device-to-device copies (workers/copy.c): everything on the
  * compute stream, ordered by events; the caller syncs its own events.
  */
 static int cuda_copy_d2d(struct device *dev, void *dst, const void *src, size_t n,
@@ -947,7 +946,6 @@ const struct backend_ops backend_cuda = {
 	.h2d_async = cuda_h2d_async,
 	.d2h_async = cuda_d2h_async,
 	.slot_wait = cuda_slot_wait,
-	/* [copy] */
 	.slot_ready = cuda_slot_ready,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
@@ -967,10 +965,8 @@ const struct backend_ops backend_cuda = {
 	.event_wait = cuda_event_wait,
 	.event_sync = cuda_event_sync,
 	.event_elapsed = cuda_event_elapsed,
-	/* [chain] */
 	.chain = chain_cuda_run,
 	.chain_copy_time = chain_cuda_copy_time,
-	/* [collective] */
 	.coll_unique_id = cuda_coll_unique_id,
 	.coll_comm_init = cuda_coll_comm_init,
 	.coll_allreduce = cuda_coll_allreduce,

@@ -16,7 +16,7 @@
 #include "workers/backend.h"
 #include "workers/chain.h"
 #include "workers/clock.h"
-#include "workers/collective_host.h" /* [collective] */
+#include "workers/collective_host.h"
 #include "workers/host_patterns.h"
 
 /*
@@ -75,7 +75,7 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 		dev->staging[i] = (char *)h->staging_block + (size_t)i * slot;
 	for (int j = 0; j < dev->device_count; j++)
 		dev->peer_access[j] = false;
-	for (int j = 0; j < dev->device_count; j++) { /* [copy] every pair: a memcpy */
+	for (int j = 0; j < dev->device_count; j++) { /* every pair: a memcpy */
 		dev->peer_link[j] = j == dev->index ? PEER_LINK_NONE : PEER_LINK_HOST;
 		dev->pool_shared[j] = j != dev->index;
 	}
@@ -87,15 +87,15 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 static void host_close(struct device *dev)
 {
 	struct host_device *h = dev->impl;
-	chain_host_close(dev); /* [chain] its cached plans */
-	collective_device_close(dev); /* [collective] its communicators */
+	chain_host_close(dev); /* its cached plans */
+	collective_device_close(dev); /* its communicators */
 	while (h->blocks) {
 		struct host_block *b = h->blocks;
 		h->blocks = b->next;
 		free(b);
 	}
 	free(h->staging_block);
-	free(dev->peer_ring); /* [copy] */
+	free(dev->peer_ring);
 	dev->peer_ring = NULL;
 	free(h);
 	dev->impl = NULL;
@@ -166,7 +166,7 @@ static int host_fill(struct device *dev, void *ptr, uint64_t bytes, const struct
 }
 
 /*
- * [copy] Tests only: GPUQ_HOST_FAULT_DEVICE=N makes host device N's first
+ * Tests only: GPUQ_HOST_FAULT_DEVICE=N makes host device N's first
  * checksum fail as a sticky CUDA error does (the device is then unhealthy and
  * refuses jobs), so that the integration tests reach what becomes of jobs
  * aimed at an unhealthy device without a GPU. The CUDA backend has no such hook.
@@ -217,7 +217,7 @@ static int host_slot_wait(struct device *dev, unsigned slot, struct gpuq_error *
 	return 0;
 }
 
-/* [copy] The "copies" are memcpy on the worker thread: nothing is ever in flight. */
+/* The "copies" are memcpy on the worker thread: nothing is ever in flight. */
 static int host_slot_ready(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err)
 {
 	(void)dev;
@@ -288,7 +288,7 @@ static void host_free_host(struct device *dev, void *ptr)
 }
 
 /*
- * [copy] Device-to-device copies. Both engines and the "peer" copy are a
+ * Device-to-device copies. Both engines and the "peer" copy are a
  * memcpy (the devices share the process's memory); the host-staged path's
  * ring copies are memcpy too, through the ring's real slots. Nothing is
  * ever in flight, so an event is only the time it was recorded at.
@@ -382,7 +382,6 @@ const struct backend_ops backend_host = {
 	.h2d_async = host_h2d,
 	.d2h_async = host_d2h,
 	.slot_wait = host_slot_wait,
-	/* [copy] */
 	.slot_ready = host_slot_ready,
 	.host_register = host_register_range,
 	.host_unregister = host_unregister_range,
@@ -402,10 +401,8 @@ const struct backend_ops backend_host = {
 	.event_wait = host_event_nothing,
 	.event_sync = host_event_nothing,
 	.event_elapsed = host_event_elapsed,
-	/* [chain] */
 	.chain = chain_host_run,
 	.chain_copy_time = chain_host_copy_time,
-	/* [collective] */
 	.coll_unique_id = host_coll_unique_id,
 	.coll_comm_init = host_coll_comm_init,
 	.coll_allreduce = host_coll_allreduce,

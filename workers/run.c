@@ -7,9 +7,9 @@
 #include "workers/chain_bench.h"
 #include "workers/clock.h"
 #include "workers/bench_copy.h"
-#include "workers/bench_d2d.h" /* [copy] */
-#include "workers/copy.h"      /* [copy] */
-#include "workers/collective.h" /* [collective] */
+#include "workers/bench_d2d.h"
+#include "workers/copy.h"
+#include "workers/collective.h"
 #include "workers/transfer.h"
 #include "workers/worker.h"
 
@@ -24,13 +24,11 @@ const char *work_kind_name(enum work_kind kind)
 	case WORK_GET: return "get";
 	case WORK_FILL: return "fill";
 	case WORK_CHECKSUM: return "checksum";
-	case WORK_BENCH_COPY: return "bench_copy"; /* [copy] */
+	case WORK_BENCH_COPY: return "bench_copy";
 	case WORK_COPY: return "copy";
 	case WORK_BENCH_D2D: return "bench_d2d";
-	/* [chain] */
 	case WORK_CHAIN: return "run";
 	case WORK_BENCH_CHAIN: return "bench_chain";
-	/* [collective] */
 	case WORK_ALLREDUCE: return "allreduce";
 	case WORK_ALLREDUCE_BENCH: return "bench_allreduce";
 	}
@@ -60,19 +58,16 @@ static int run_kind(struct device *dev, struct work *work)
 		return transfer_put(dev, work);
 	case WORK_GET:
 		return transfer_get(dev, work);
-	/* [copy] */
 	case WORK_BENCH_COPY:
 		return bench_copy_run(dev, work);
 	case WORK_COPY:
 		return copy_run(dev, work);
 	case WORK_BENCH_D2D:
 		return bench_d2d_run(dev, work);
-	/* [chain] */
 	case WORK_CHAIN:
 		return chain_run(dev, work);
 	case WORK_BENCH_CHAIN:
 		return chain_bench_run(dev, work);
-	/* [collective] */
 	case WORK_ALLREDUCE:
 	case WORK_ALLREDUCE_BENCH:
 		return collective_run(dev, work);

@@ -24,14 +24,14 @@ enum work_kind {
 	WORK_GET,
 	WORK_FILL,
 	WORK_CHECKSUM,
-	/* [copy] kinds of the pipelined-copy issue */
+	/* kinds of the pipelined-copy issue */
 	WORK_BENCH_COPY, /* bench_copy: host<->device paths measured on one device */
 	WORK_COPY,       /* copy: one part of a device-to-device copy (spec: struct copy_spec) */
 	WORK_BENCH_D2D,  /* bench_d2d: one part of the D2D/peer benchmark (spec: struct bench_d2d) */
-	/* [chain] kinds of the kernel-chain issue */
+	/* kinds of the kernel-chain issue */
 	WORK_CHAIN,       /* run: an elementwise chain on a buffer (spec: struct chain_spec) */
 	WORK_BENCH_CHAIN, /* bench_chain: the chain benchmark (spec: struct chain_bench) */
-	/* [collective] kinds of the all-reduce issue */
+	/* kinds of the all-reduce issue */
 	WORK_ALLREDUCE,       /* allreduce: one rank's part (spec: struct allreduce_spec) */
 	WORK_ALLREDUCE_BENCH, /* bench_allreduce: the raw loop on the same communicator */
 };
@@ -57,7 +57,7 @@ struct work {
 	int fd;            /* PUT/GET: the client's descriptor; the daemon closes it */
 	struct fill_spec fill;
 	void *spec; /* a kind's own parameters (e.g. a chain), owned by the job */
-	/* [copy] PUT/GET: `verify` compares the checksums of the bytes that passed
+	/* PUT/GET: `verify` compares the checksums of the bytes that passed
 	 * through the host and of the device range; `path` is the `path` field. */
 	bool verify;
 	enum transfer_path { TRANSFER_PATH_AUTO, TRANSFER_PATH_STAGED, TRANSFER_PATH_REGISTERED } path;

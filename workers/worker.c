@@ -107,7 +107,7 @@ static struct work *worker_next(struct worker *w)
 
 static bool work_moves_bytes(enum work_kind kind)
 {
-	return kind == WORK_PUT || kind == WORK_GET || kind == WORK_COPY; /* [copy] */
+	return kind == WORK_PUT || kind == WORK_GET || kind == WORK_COPY;
 }
 
 /* Worker thread: records the outcome, and the device's health after it. */
@@ -408,7 +408,7 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
 	snprintf(out->health, sizeof out->health, "%s", w->health);
 	out->info = w->info;
 	memcpy(out->peer_access, w->dev.peer_access, sizeof out->peer_access);
-	memcpy(out->peer_link, w->dev.peer_link, sizeof out->peer_link); /* [copy] */
+	memcpy(out->peer_link, w->dev.peer_link, sizeof out->peer_link);
 	memcpy(out->pool_shared, w->dev.pool_shared, sizeof out->pool_shared);
 	snprintf(out->peer_note, sizeof out->peer_note, "%s", w->dev.peer_note);
 	out->queue_depth = w->depth;

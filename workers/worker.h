@@ -40,7 +40,7 @@ struct worker_snapshot {
 	char health[600]; /* "ok", or why not */
 	struct device_info info;
 	bool peer_access[GPUQ_MAX_DEVICES];
-	/* [copy] the device's peer links and pool sharing (backend.h), as open found them */
+	/* the device's peer links and pool sharing (backend.h), as open found them */
 	enum peer_link peer_link[GPUQ_MAX_DEVICES];
 	bool pool_shared[GPUQ_MAX_DEVICES];
 	char peer_note[160];

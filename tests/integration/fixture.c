@@ -96,7 +96,7 @@ static bool can_connect(const char *path)
 	return ok;
 }
 
-/* [collective] The daemon binary daemon_start runs, under GPUQ_BUILD. */
+/* The daemon binary daemon_start runs, under GPUQ_BUILD. */
 const char *fixture_daemon_binary = "gpuqd";
 
 static void daemon_spawn(struct daemon_proc *d, va_list ap)

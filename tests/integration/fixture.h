@@ -31,7 +31,7 @@ void fixture_probe(void);
 void require_backend(void);
 
 /*
- * [collective] The binary daemon_start runs, relative to GPUQ_BUILD: "gpuqd",
+ * The binary daemon_start runs, relative to GPUQ_BUILD: "gpuqd",
  * or "tests/gpuqd-faults" (the fault-injection build) for a test that sets it
  * before starting its daemon.
  */

@@ -240,7 +240,7 @@ TEST(copy_regular_file_both_ways)
 }
 
 /*
- * [copy] --copy-stores nt and regular write a get into a mapped memfd or file
+ * --copy-stores nt and regular write a get into a mapped memfd or file
  * with the same bytes: at file offsets of every alignment to a cache line and
  * a page (the mapping's first byte then sits there), sizes around the slots
  * and lines, the bytes before and after the range untouched.
