@@ -355,6 +355,40 @@ uint64_t do_get(struct gpuq_client *c, const char *buffer, int fd)
 	return n;
 }
 
+static void job_state_of(struct gpuq_client *c, uint64_t job, char *state, size_t size)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "status");
+	mp_put_u64(&req, "job", job);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "status");
+	reply_str(r, "job.state", state, size);
+	gpuq_reply_free(r);
+}
+
+uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2])
+{
+	CHECK(pipe(p) == 0);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(c, &req, &p[0], 1);
+	expect_ok(r, "stalled put");
+	uint64_t id = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	close(p[0]);
+	char state[16] = "queued";
+	for (int i = 0; i < 2000 && strcmp(state, "queued") == 0; i++) {
+		job_state_of(c, id, state, sizeof state);
+		if (strcmp(state, "queued") == 0)
+			usleep(1000);
+	}
+	CHECKF(strcmp(state, "running") == 0, "the stalled put (job %llu) is %s, not running",
+	       (unsigned long long)id, state);
+	return id;
+}
+
 int memfd_random(size_t n, uint64_t seed)
 {
 	int fd = memfd_create("gpuq-test", MFD_CLOEXEC);

@@ -74,6 +74,13 @@ void do_free(struct gpuq_client *c, const char *buffer);
 uint64_t do_put(struct gpuq_client *c, const char *buffer, int fd);
 uint64_t do_get(struct gpuq_client *c, const char *buffer, int fd);
 
+/*
+ * Starts a put into buffer from a pipe that nobody writes, so that it runs
+ * until the test writes or closes p[1]; returns its job id once the worker
+ * runs it (fails the test if it does not start running within 2 s).
+ */
+uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2]);
+
 /* A memfd holding n random bytes from seed (offset 0); the caller closes it. */
 int memfd_random(size_t n, uint64_t seed);
 /* Reads a whole fd from offset 0 into a fresh malloc'd buffer of *n bytes. */

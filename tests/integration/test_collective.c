@@ -487,28 +487,6 @@ static struct gpuq_reply *wait_job(struct gpuq_client *c, uint64_t job, uint64_t
 	return call(c, &req, NULL, 0);
 }
 
-/* A put on buffer that reads from a pipe the test holds; returns once it runs. */
-static uint64_t stall_device(struct gpuq_client *c, const char *buffer, int p[2])
-{
-	CHECK(pipe(p) == 0);
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "put");
-	mp_put_str(&req, "buffer", buffer);
-	mp_put_u64(&req, "fds", 1);
-	struct gpuq_reply *r = call(c, &req, &p[0], 1);
-	expect_ok(r, "stalled put");
-	uint64_t id = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	close(p[0]);
-	char state[16] = "queued";
-	for (int i = 0; i < 2000 && strcmp(state, "queued") == 0; i++) {
-		job_state(c, id, state, sizeof state);
-		usleep(1000);
-	}
-	CHECKF(strcmp(state, "running") == 0, "the stalled put is %s", state);
-	return id;
-}
-
 /* Two ranks, f32 inputs from seeds 3 and 4 and an output buffer. */
 static void two_rank_buffers(struct gpuq_client *c, const int *devices, int n)
 {
@@ -568,7 +546,7 @@ TEST(a_rank_that_never_arrives_fails_the_job_naming_it)
 	struct ar a = { .buffer = "g", .out = "o", .devices = devices, .n = 2, .hang_rank = -1 };
 	gpuq_reply_free(allreduce(c, &a)); /* warm */
 	do_alloc(c, "w", 1, 16);
-	stall_device(c, "w@1", p); /* device 1's queue is stuck behind a put */
+	start_stalled_put(c, "w@1", p); /* device 1's queue is stuck behind a put */
 	a.timeout_ms = 300;
 	a.detach = true;
 	struct gpuq_reply *r = allreduce(c, &a);
@@ -597,7 +575,7 @@ TEST(cancel_stops_a_waiting_allreduce_and_holds_buffers_until_it_ends)
 	int devices[2] = { 0, 1 }, p[2];
 	two_rank_buffers(c, devices, 2);
 	do_alloc(c, "w", 1, 16);
-	stall_device(c, "w@1", p);
+	start_stalled_put(c, "w@1", p);
 	struct ar a = { .buffer = "g", .out = "o", .devices = devices, .n = 2, .hang_rank = -1,
 			.detach = true };
 	struct gpuq_reply *r = allreduce(c, &a);
@@ -634,7 +612,7 @@ TEST(sigterm_during_an_allreduce_exits_cleanly)
 	gpuq_reply_free(allreduce(c, &(struct ar){ .buffer = "g", .devices = devices, .n = 2,
 						    .hang_rank = -1 }));
 	do_alloc(c, "w", 1, 16);
-	stall_device(c, "w@1", p);
+	start_stalled_put(c, "w@1", p);
 	struct ar a = { .buffer = "g", .devices = devices, .n = 2, .hang_rank = -1, .detach = true };
 	gpuq_reply_free(allreduce(c, &a));
 	usleep(50 * 1000);

@@ -550,17 +550,7 @@ TEST(d2d_cancel_stops_a_peer_copy_in_both_parts)
 static uint64_t stall_device_1(struct gpuq_client *c, int p[2], uint64_t bytes)
 {
 	do_alloc(c, "stall", 1, bytes);
-	CHECK(pipe(p) == 0);
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "put");
-	mp_put_str(&req, "buffer", "stall@1");
-	mp_put_u64(&req, "fds", 1);
-	struct gpuq_reply *r = call(c, &req, &p[0], 1);
-	expect_ok(r, "stalled put");
-	uint64_t put = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	close(p[0]);
-	return put;
+	return start_stalled_put(c, "stall@1", p);
 }
 
 TEST(d2d_a_peer_copy_waiting_for_a_busy_device_is_cancelled_cleanly)

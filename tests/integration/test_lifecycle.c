@@ -16,44 +16,6 @@
 #include "tests/integration/fixture.h"
 
 static struct gpuq_reply *job_op(struct gpuq_client *c, const char *op, uint64_t job,
-				 uint64_t timeout_ms);
-
-/* Polls until the worker has taken the job (the queue behind it is then empty). */
-static void wait_running(struct gpuq_client *c, uint64_t job)
-{
-	for (int i = 0; i < 2000; i++) {
-		struct gpuq_reply *r = job_op(c, "status", job, 0);
-		char state[16];
-		reply_str(r, "job.state", state, sizeof state);
-		gpuq_reply_free(r);
-		if (strcmp(state, "queued") != 0)
-			return;
-		usleep(1000);
-	}
-	harness_fail(__FILE__, __LINE__, "job %llu never started", (unsigned long long)job);
-}
-
-/*
- * Starts a put from a pipe that stalls until the test writes or closes p[1],
- * and returns once it runs.
- */
-static uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2])
-{
-	CHECK(pipe(p) == 0);
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "put");
-	mp_put_str(&req, "buffer", buffer);
-	mp_put_u64(&req, "fds", 1);
-	struct gpuq_reply *r = call(c, &req, &p[0], 1);
-	expect_ok(r, "stalled put");
-	uint64_t id = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	close(p[0]);
-	wait_running(c, id);
-	return id;
-}
-
-static struct gpuq_reply *job_op(struct gpuq_client *c, const char *op, uint64_t job,
 				 uint64_t timeout_ms)
 {
 	struct mp_map req;

@@ -88,31 +88,6 @@ static struct gpuq_reply *on_job(struct gpuq_client *c, const char *op, uint64_t
 	return call(c, &req, NULL, 0);
 }
 
-/* A put from a pipe nobody writes: it runs until p[1] is written or closed. */
-static uint64_t stalled_put(struct gpuq_client *c, const char *buffer, int p[2])
-{
-	CHECK(pipe(p) == 0);
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "put");
-	mp_put_str(&req, "buffer", buffer);
-	mp_put_u64(&req, "fds", 1);
-	struct gpuq_reply *r = call(c, &req, &p[0], 1);
-	expect_ok(r, "stalled put");
-	uint64_t id = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	close(p[0]);
-	for (int i = 0; i < 2000; i++) {
-		char state[16];
-		r = on_job(c, "status", id);
-		reply_str(r, "job.state", state, sizeof state);
-		gpuq_reply_free(r);
-		if (strcmp(state, "running") == 0)
-			return id;
-		usleep(1000);
-	}
-	harness_fail(__FILE__, __LINE__, "job %llu never ran", (unsigned long long)id);
-}
-
 static uint64_t noop_on(struct gpuq_client *c, int device, enum gpuq_errc want, const char *contains)
 {
 	struct mp_map req;
@@ -210,7 +185,7 @@ static void group_rule_limits_devices_and_jobs(void *arg)
 	expect_ok(r, "alloc on an allowed device");
 	gpuq_reply_free(r);
 	int p[2];
-	uint64_t put = stalled_put(c, "w@1", p);
+	uint64_t put = start_stalled_put(c, "w@1", p);
 	uint64_t queued = noop_on(c, 1, GPUQ_OK, NULL);
 	noop_on(c, 1, GPUQ_E_PERMISSION_DENIED, "queued-jobs 2 reached");
 	close(p[1]); /* the put ends (short), the noop runs: room again */
@@ -328,7 +303,7 @@ static void owner_starts_a_job(void *arg)
 	expect_ok(r, "alloc");
 	gpuq_reply_free(r);
 	int p[2];
-	uint64_t id = stalled_put(c, "w", p);
+	uint64_t id = start_stalled_put(c, "w", p);
 	/* Hand the id to the parent through the pipe-less way: the exit status carries nothing,
 	 * so the job's id is predictable instead (alloc, then the put). */
 	CHECK_EQ(id, a->job);
@@ -409,7 +384,7 @@ TEST(metrics_and_the_job_log)
 	close(src);
 	gpuq_reply_free(on_job(c, "wait", noop_on(c, last, GPUQ_OK, NULL)));
 	int p[2];
-	uint64_t stalled = stalled_put(c, "w", p);
+	uint64_t stalled = start_stalled_put(c, "w", p);
 	gpuq_reply_free(on_job(c, "cancel", stalled));
 	gpuq_reply_free(on_job(c, "wait", stalled));
 	close(p[1]);
@@ -491,7 +466,7 @@ TEST(job_deadline_cancels_a_job_that_runs_too_long)
 	struct gpuq_client *c = client_open(&d);
 	do_alloc(c, "w", 0, 64);
 	int p[2];
-	uint64_t id = stalled_put(c, "w", p);
+	uint64_t id = start_stalled_put(c, "w", p);
 	struct gpuq_reply *r = on_job(c, "wait", id);
 	expect_error(r, GPUQ_E_CANCELLED, NULL);
 	CHECK(reply_f64(r, "job.run_s") >= 1.0);
