@@ -135,15 +135,8 @@ int cmd_allreduce(struct cli *cli)
 
 	if (cli->devices && (n = cli_parse_devices(cli, cli->devices, devices, 256)) < 0)
 		return -n;
-	if ((rc = cli_begin(cli, &req, "allreduce")) != 0)
+	if ((rc = cli_job_begin(cli, &req, "allreduce")) != 0)
 		return rc;
-	if (!cli->detach) {
-		mp_put_bool(&req, "wait", true);
-		if (cli->has_timeout) {
-			mp_put_u64(&req, "timeout_ms", cli->timeout_ms);
-			cli->daemon_waits = true;
-		}
-	}
 	mp_put_str(&req, "buffer", cli->args[0]);
 	if (n > 0) {
 		mp_array_init(&arr);

@@ -56,10 +56,7 @@ static int call_bench(struct cli *cli, const char *op, const uint64_t *sizes, in
 			mp_array_u64(&list, sizes[i]);
 		mp_put_array(&req, "sizes", &list);
 	}
-	if (cli->has_timeout) {
-		mp_put_u64(&req, "timeout_ms", cli->timeout_ms);
-		cli->daemon_waits = true;
-	}
+	cli_put_timeout(cli, &req);
 	return cli_call(cli, &req, NULL, 0, out);
 }
 

@@ -143,7 +143,7 @@ int cmd_run(struct cli *cli)
 
 	if (rc)
 		return rc;
-	if ((rc = cli_begin(cli, &req, "run")) != 0) {
+	if ((rc = cli_job_begin(cli, &req, "run")) != 0) {
 		mp_array_destroy(&ops);
 		return rc;
 	}
@@ -155,13 +155,6 @@ int cmd_run(struct cli *cli)
 		mp_put_u64(&req, "repeat", cli->repeat);
 	if (cli->out_buffer)
 		mp_put_str(&req, "out", cli->out_buffer);
-	if (!cli->detach) {
-		mp_put_bool(&req, "wait", true);
-		if (cli->has_timeout) {
-			mp_put_u64(&req, "timeout_ms", cli->timeout_ms);
-			cli->daemon_waits = true;
-		}
-	}
 	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
 		return rc;
 	return finish_run(cli, r);

@@ -137,6 +137,10 @@ int cmd_wait(struct cli *cli);
 int cmd_cancel(struct cli *cli);
 
 /* jobs.c */
+/* Sends --timeout as the daemon-side timeout_ms (the client then waits longer). */
+void cli_put_timeout(struct cli *cli, struct mp_map *req);
+/* Starts a job request: op, plus wait and the timeout unless --detach. */
+int cli_job_begin(struct cli *cli, struct mp_map *req, const char *op);
 /* Renders a job reply (a job request's, or wait's) and returns the exit code. */
 int cli_finish_job(struct cli *cli, struct gpuq_reply *r);
 int cmd_noop(struct cli *cli);

@@ -152,10 +152,7 @@ int cmd_wait(struct cli *cli)
 	if (rc || (rc = cli_begin(cli, &req, "wait")))
 		return rc;
 	mp_put_u64(&req, "job", job);
-	if (cli->has_timeout) {
-		mp_put_u64(&req, "timeout_ms", cli->timeout_ms);
-		cli->daemon_waits = true;
-	}
+	cli_put_timeout(cli, &req);
 	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
 		return rc;
 	return cli_finish_job(cli, r);

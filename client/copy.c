@@ -15,17 +15,10 @@ int cmd_copy(struct cli *cli)
 	struct gpuq_reply *r;
 	struct mp_map req;
 	char label[160];
-	int rc = cli_begin(cli, &req, "copy");
+	int rc = cli_job_begin(cli, &req, "copy");
 
 	if (rc)
 		return rc;
-	if (!cli->detach) {
-		mp_put_bool(&req, "wait", true);
-		if (cli->has_timeout) {
-			mp_put_u64(&req, "timeout_ms", cli->timeout_ms);
-			cli->daemon_waits = true;
-		}
-	}
 	mp_put_str(&req, "src", cli->args[0]);
 	mp_put_str(&req, "dst", cli->args[1]);
 	if (cli->engine)

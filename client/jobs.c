@@ -12,18 +12,22 @@
 
 #include "client/cli.h"
 
-/* Starts a job request: op, plus wait (and the daemon-side timeout) unless --detach. */
-static int job_begin(struct cli *cli, struct mp_map *req, const char *op)
+void cli_put_timeout(struct cli *cli, struct mp_map *req)
+{
+	if (cli->has_timeout) {
+		mp_put_u64(req, "timeout_ms", cli->timeout_ms);
+		cli->daemon_waits = true;
+	}
+}
+
+int cli_job_begin(struct cli *cli, struct mp_map *req, const char *op)
 {
 	int rc = cli_begin(cli, req, op);
 
 	if (rc || cli->detach)
 		return rc;
 	mp_put_bool(req, "wait", true);
-	if (cli->has_timeout) {
-		mp_put_u64(req, "timeout_ms", cli->timeout_ms);
-		cli->daemon_waits = true;
-	}
+	cli_put_timeout(cli, req);
 	return 0;
 }
 
@@ -57,7 +61,7 @@ int cli_finish_job(struct cli *cli, struct gpuq_reply *r)
 int cmd_noop(struct cli *cli)
 {
 	struct mp_map req;
-	int rc = job_begin(cli, &req, "noop");
+	int rc = cli_job_begin(cli, &req, "noop");
 
 	if (rc)
 		return rc;
@@ -83,7 +87,7 @@ int cmd_alloc(struct cli *cli)
 	struct mp_map req;
 	int rc = check_alloc_size(cli);
 
-	if (rc || (rc = job_begin(cli, &req, "alloc")))
+	if (rc || (rc = cli_job_begin(cli, &req, "alloc")))
 		return rc;
 	mp_put_str(&req, "name", cli->args[0]);
 	if (cli->has_device)
@@ -101,7 +105,7 @@ int cmd_alloc(struct cli *cli)
 static int buffer_job(struct cli *cli, const char *op)
 {
 	struct mp_map req;
-	int rc = job_begin(cli, &req, op);
+	int rc = cli_job_begin(cli, &req, op);
 
 	if (rc)
 		return rc;
@@ -134,7 +138,7 @@ static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
 	struct gpuq_reply *r;
 	struct mp_map req;
 	char label[128];
-	int rc = job_begin(cli, &req, op);
+	int rc = cli_job_begin(cli, &req, op);
 
 	if (rc)
 		return rc;
@@ -301,7 +305,7 @@ int cmd_fill(struct cli *cli)
 	struct mp_map req;
 	int rc = parse_fill_arg(cli, pattern, &arg);
 
-	if (rc || (rc = job_begin(cli, &req, "fill")))
+	if (rc || (rc = cli_job_begin(cli, &req, "fill")))
 		return rc;
 	mp_put_str(&req, "buffer", cli->args[0]);
 	mp_put_str(&req, "pattern", pattern);
