@@ -70,8 +70,12 @@ static int start_workers(struct daemon *d)
 		log_error("cannot start the copy threads: %s", err.message);
 		return -1;
 	}
-	if (worker_pool_start(&d->pool, d->loop, d->ops, ordinals, count, &config,
-			      d->opt.queue_depth, d->opt.spin_us, job_on_done, d, &err) < 0) {
+	struct worker_pool_config pool = {
+		.ops = d->ops, .ordinals = ordinals, .count = count, .device = &config,
+		.queue_max = d->opt.queue_depth, .spin_us = d->opt.spin_us,
+		.max_inflight = d->opt.max_inflight, .on_done = job_on_done, .on_done_arg = d,
+	};
+	if (worker_pool_start(&d->pool, d->loop, &pool, &err) < 0) {
 		log_error("cannot start the device workers: %s", err.message);
 		return -1;
 	}

@@ -8,6 +8,7 @@
 
 #include "protocol/protocol.h"
 #include "workers/chain.h"
+#include "workers/sched.h"
 
 static const char usage_text[] =
 	"usage: gpuqd [OPTIONS]\n"
@@ -38,6 +39,8 @@ static const char usage_text[] =
 	"                          the collective before it fails with `timeout`\n"
 	"                          (default 30000; a request may ask for another)\n"
 	"  --queue-depth N         jobs queued per device before `busy` (default 1024)\n"
+	"  --max-inflight N        jobs each GPU's scheduler keeps in flight at once\n"
+	"                          (default 16; more urgent jobs may take up to twice)\n"
 	"  --spin US               how long a worker polls for work, and the main thread\n"
 	"                          for a dispatched job's end, before sleeping\n"
 	"                          (microseconds; default 50; 0: never)\n"
@@ -71,6 +74,7 @@ enum option_id {
 	OPT_COLLECTIVE_TIMEOUT,
 	OPT_CONFIG, OPT_CHECK_CONFIG, OPT_ADMIN_GROUP, OPT_JOB_DEADLINE, OPT_JOB_DEADLINE_GRACE,
 	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
+	OPT_MAX_INFLIGHT,
 };
 
 static const struct option long_options[] = {
@@ -104,6 +108,7 @@ static const struct option long_options[] = {
 	{ "job-deadline-grace", required_argument, NULL, OPT_JOB_DEADLINE_GRACE },
 	{ "metrics-textfile", required_argument, NULL, OPT_METRICS_TEXTFILE },
 	{ "metrics-interval", required_argument, NULL, OPT_METRICS_INTERVAL },
+	{ "max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -119,6 +124,7 @@ void options_defaults(struct options *o)
 	o->log_level = LOG_LEVEL_INFO;
 	o->max_frame = GPUQ_DEFAULT_MAX_FRAME;
 	o->queue_depth = 1024;
+	o->max_inflight = SCHED_DEFAULT_INFLIGHT;
 	o->job_history = 10000;
 	o->spin_us = 50;
 	o->shutdown_timeout_ms = 10000;
@@ -230,6 +236,11 @@ static int set_number(int id, const char *arg, struct options *o)
 		if (parse_uint(arg, 1, 1u << 20, &n) < 0)
 			return usage_error("--queue-depth takes 1 to 1048576, not '%s'", arg);
 		o->queue_depth = (unsigned)n;
+		return 0;
+	case OPT_MAX_INFLIGHT:
+		if (parse_uint(arg, 1, SCHED_MAX_INFLIGHT, &n) < 0)
+			return usage_error("--max-inflight takes 1 to 256, not '%s'", arg);
+		o->max_inflight = (unsigned)n;
 		return 0;
 	case OPT_JOB_HISTORY:
 		if (parse_uint(arg, 1, 1u << 24, &n) < 0)

@@ -21,6 +21,7 @@ struct options {
 	enum log_level log_level;
 	size_t max_frame;
 	unsigned queue_depth;         /* per worker */
+	unsigned max_inflight;        /* jobs each worker keeps in flight (workers/sched.h) */
 	unsigned spin_us;      /* idle threads poll this long before sleeping */
 	unsigned job_history;         /* finished jobs kept for status/wait */
 	unsigned shutdown_timeout_ms; /* for running jobs at SIGTERM */

@@ -122,6 +122,30 @@ const char *gpuq_job_state_name(enum gpuq_job_state state)
 	return job_state_names[state];
 }
 
+static const char *const priority_names[] = {
+#define GPUQ_PRIORITY_NAME(name, str) [name] = str,
+	GPUQ_PRIORITY_NAMES(GPUQ_PRIORITY_NAME)
+#undef GPUQ_PRIORITY_NAME
+};
+
+const char *gpuq_priority_name(enum gpuq_priority priority)
+{
+	if ((unsigned)priority >= GPUQ_PRIORITIES)
+		return "unknown";
+	return priority_names[priority];
+}
+
+int gpuq_priority_from_name(const char *s, size_t len, enum gpuq_priority *out)
+{
+	for (int i = 0; i < GPUQ_PRIORITIES; i++) {
+		if (strlen(priority_names[i]) == len && memcmp(priority_names[i], s, len) == 0) {
+			*out = (enum gpuq_priority)i;
+			return 0;
+		}
+	}
+	return -1;
+}
+
 /*
  * The multiplier of a unit suffix: "", "B", or one of K M G T P E (either
  * case) followed by nothing, "B", or "iB" (also either case). 0 if malformed.

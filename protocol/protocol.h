@@ -110,6 +110,23 @@ enum gpuq_job_state {
 
 const char *gpuq_job_state_name(enum gpuq_job_state state);
 
+/* Job priorities as they travel; a smaller value is more urgent. */
+#define GPUQ_PRIORITY_NAMES(X)                                                 \
+	X(GPUQ_PRIORITY_HIGH, "high")                                          \
+	X(GPUQ_PRIORITY_NORMAL, "normal")                                      \
+	X(GPUQ_PRIORITY_LOW, "low")
+
+enum gpuq_priority {
+#define GPUQ_PRIORITY_ENUM(name, str) name,
+	GPUQ_PRIORITY_NAMES(GPUQ_PRIORITY_ENUM)
+#undef GPUQ_PRIORITY_ENUM
+	GPUQ_PRIORITIES
+};
+
+const char *gpuq_priority_name(enum gpuq_priority priority);
+/* 0 and *out set when s[0..len) names a priority, -1 otherwise. */
+int gpuq_priority_from_name(const char *s, size_t len, enum gpuq_priority *out);
+
 /*
  * Parses a size such as "4096", "64K", "1.5G" or "2GiB" (powers of 1024).
  * Returns 0 and sets *out, or -1 on anything malformed or overflowing.

@@ -76,6 +76,7 @@ struct coll_call;
 struct coll_id;
 struct chain_spec;
 struct chain_state;
+struct sched;
 #define DEVICE_CHAIN_COUNTERS 8
 
 /* One device as its worker sees it. Owned by that worker thread. */
@@ -123,6 +124,14 @@ struct device {
 	/* The warm communicators (workers/collective.h), made by the
 	 * worker at the device's first all-reduce and released by close. */
 	struct coll_cache *coll;
+	/*
+	 * The scheduler (workers/sched.h) and the lane of the job it runs now:
+	 * set by the scheduler before it resumes a job, NULL between jobs. Every
+	 * operation that enqueues device work enqueues it on dev->lane, or on
+	 * the device's own streams when it is NULL (open, close, code outside jobs).
+	 */
+	struct sched *_Atomic sched; /* read by other threads to notify it (host engines) */
+	void *lane;
 };
 
 struct backend_ops {
@@ -257,6 +266,20 @@ struct backend_ops {
 			  struct gpuq_error *err);
 	void (*coll_comm_abort)(struct device *dev, void *comm);
 	void (*coll_comm_destroy)(struct device *dev, void *comm);
+	/* operations of the scheduler issue */
+	/*
+	 * A lane: the stream of one job in flight (CUDA: a non-blocking stream
+	 * with the CUDA stream priority of `priority`, an enum gpuq_priority;
+	 * host: an ordered queue that the device's engine threads run). The
+	 * scheduler makes them, keeps them between jobs and sets dev->lane.
+	 */
+	int (*lane_create)(struct device *dev, int priority, void **lane, struct gpuq_error *err);
+	void (*lane_destroy)(struct device *dev, void *lane);
+	/*
+	 * Non-blocking: *done once everything the event marks has run. -1 with
+	 * err when the device reports an error instead (a fault).
+	 */
+	int (*event_query)(struct device *dev, void *event, bool *done, struct gpuq_error *err);
 };
 
 extern const struct backend_ops backend_cuda;

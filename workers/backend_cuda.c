@@ -42,6 +42,7 @@
 #include "workers/cuda_check.h"
 #include "workers/numa.h"
 #include "workers/peer_link.h"
+#include "workers/sched.h"
 
 /* Dtypes are passed to the kernels by value: both enums must agree. */
 _Static_assert((int)KERNELS_BYTES == (int)GPUQ_DTYPE_BYTES && (int)KERNELS_U8 == (int)GPUQ_DTYPE_U8 &&
@@ -56,8 +57,19 @@ _Static_assert((int)KERNELS_BYTES == (int)GPUQ_DTYPE_BYTES && (int)KERNELS_U8 ==
 /* Slots start on page boundaries, which copy engines and memcpy both favour. */
 #define CUDA_SLOT_ALIGN ((size_t)4096)
 
+/*
+ * A lane (backend.h): one job's stream, the event its waits are on, and its
+ * own checksum words, so that jobs in flight together share nothing.
+ */
+struct cuda_lane {
+	cudaStream_t stream;
+	cudaEvent_t done;
+	unsigned long long *d_sum, *h_sum;
+};
+
 struct cuda_state {
 	cudaStream_t compute, h2d, d2h;
+	cudaEvent_t sync_done; /* what waits on the device's own streams (outside jobs) use */
 	cudaMemPool_t pool;
 	void *staging; /* one pinned block holding every slot */
 	size_t ring_mapped; /* bytes mmap'ed on the GPU's node and registered; 0: cudaHostAlloc */
@@ -93,6 +105,56 @@ static void cuda_untrack(struct cuda_state *st, void *ptr)
 			return;
 		}
 	}
+}
+
+/* The stream device work goes on: the running job's lane, else the device's own `fallback`. */
+static cudaStream_t cuda_stream(const struct device *dev, cudaStream_t fallback)
+{
+	const struct cuda_lane *lane = dev->lane;
+	return lane ? lane->stream : fallback;
+}
+
+cudaStream_t cuda_current_stream(const struct device *dev)
+{
+	const struct cuda_state *st = dev->impl;
+	return cuda_stream(dev, st->compute);
+}
+
+struct cuda_event_poll {
+	cudaEvent_t event;
+	cudaError_t result;
+};
+
+/* A wait's predicate: the event is complete, or CUDA reports an error instead. */
+static bool cuda_event_settled(void *arg)
+{
+	struct cuda_event_poll *p = arg;
+	p->result = cudaEventQuery(p->event);
+	if (p->result != cudaErrorNotReady)
+		return true;
+	(void)cudaGetLastError(); /* "not ready" is an answer, not an error to report later */
+	return false;
+}
+
+/*
+ * Waits for event without blocking the worker: a job yields to the
+ * scheduler until the event is complete (code outside jobs polls).
+ */
+int cuda_wait_event(struct device *dev, cudaEvent_t event, const char *what, struct gpuq_error *err)
+{
+	struct cuda_event_poll p = { event, cudaErrorNotReady };
+	sched_wait_device(cuda_event_settled, &p);
+	return p.result == cudaSuccess ? 0 : cuda_fail(dev, err, p.result, what, __FILE__, __LINE__);
+}
+
+/* Waits for everything enqueued so far on the current stream (the lane's, or compute). */
+int cuda_sync(struct device *dev, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	struct cuda_lane *lane = dev->lane;
+	cudaEvent_t ev = lane ? lane->done : st->sync_done;
+	CUDA_TRY(dev, err, cudaEventRecord(ev, cuda_current_stream(dev)));
+	return cuda_wait_event(dev, ev, "waiting for the job's stream (cudaEventQuery)", err);
 }
 
 int cuda_fail(struct device *dev, struct gpuq_error *err, cudaError_t e, const char *call,
@@ -178,6 +240,7 @@ static int cuda_open_streams(struct device *dev, struct cuda_state *st, struct g
 	CUDA_TRY(dev, err, cudaStreamCreateWithFlags(&st->compute, cudaStreamNonBlocking));
 	CUDA_TRY(dev, err, cudaStreamCreateWithFlags(&st->h2d, cudaStreamNonBlocking));
 	CUDA_TRY(dev, err, cudaStreamCreateWithFlags(&st->d2h, cudaStreamNonBlocking));
+	CUDA_TRY(dev, err, cudaEventCreateWithFlags(&st->sync_done, cudaEventDisableTiming));
 	return 0;
 }
 
@@ -489,6 +552,8 @@ static void cuda_teardown_pool(struct device *dev, struct cuda_state *st)
 
 static void cuda_teardown_streams(struct device *dev, struct cuda_state *st)
 {
+	if (st->sync_done)
+		CUDA_LOG(dev, cudaEventDestroy(st->sync_done));
 	cudaStream_t streams[] = { st->compute, st->h2d, st->d2h };
 	for (size_t i = 0; i < sizeof streams / sizeof streams[0]; i++)
 		if (streams[i])
@@ -587,18 +652,22 @@ static int cuda_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpu
 	*ptr = NULL;
 	if (bytes == 0)
 		return 0;
-	cudaError_t e = cudaMallocFromPoolAsync(ptr, bytes, st->pool, st->compute);
+	cudaError_t e = cudaMallocFromPoolAsync(ptr, bytes, st->pool, cuda_current_stream(dev));
 	if (e == cudaErrorMemoryAllocation) {
 		*ptr = NULL;
 		return cuda_fail_oom(dev, bytes, e, err);
 	}
 	if (e != cudaSuccess) {
 		*ptr = NULL;
-		return CUDA_FAIL(dev, err, e, "cudaMallocFromPoolAsync(ptr, bytes, pool, compute)");
+		return CUDA_FAIL(dev, err, e, "cudaMallocFromPoolAsync(ptr, bytes, pool, stream)");
 	}
-	CUDA_TRY(dev, err, cudaStreamSynchronize(st->compute));
+	if (cuda_sync(dev, err) != 0) {
+		CUDA_LOG(dev, cudaFreeAsync(*ptr, cuda_current_stream(dev)));
+		*ptr = NULL;
+		return -1;
+	}
 	if (!cuda_track(st, *ptr)) {
-		CUDA_LOG(dev, cudaFreeAsync(*ptr, st->compute));
+		CUDA_LOG(dev, cudaFreeAsync(*ptr, cuda_current_stream(dev)));
 		*ptr = NULL;
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 				 "[gpu %d] no host memory to record an allocation", dev->index);
@@ -612,9 +681,8 @@ static int cuda_release(struct device *dev, void *ptr, struct gpuq_error *err)
 	if (!ptr)
 		return 0;
 	cuda_untrack(st, ptr);
-	CUDA_TRY(dev, err, cudaFreeAsync(ptr, st->compute));
-	CUDA_TRY(dev, err, cudaStreamSynchronize(st->compute));
-	return 0;
+	CUDA_TRY(dev, err, cudaFreeAsync(ptr, cuda_current_stream(dev)));
+	return cuda_sync(dev, err);
 }
 
 static bool cuda_dtype_is_float(enum gpuq_dtype dtype)
@@ -631,25 +699,24 @@ static bool cuda_dtype_is_float(enum gpuq_dtype dtype)
 static int cuda_enqueue_fill(struct device *dev, void *ptr, uint64_t bytes,
 			     const struct fill_spec *spec, size_t size, struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
+	cudaStream_t stream = cuda_current_stream(dev);
 	enum kernels_dtype kd = (enum kernels_dtype)spec->dtype;
 	uint64_t whole = bytes - bytes % size;
 	switch (spec->pattern) {
 	case FILL_ZERO:
-		CUDA_TRY(dev, err, cudaMemsetAsync(ptr, 0, bytes, st->compute));
+		CUDA_TRY(dev, err, cudaMemsetAsync(ptr, 0, bytes, stream));
 		return 0;
 	case FILL_VALUE:
 		CUDA_TRY(dev, err,
-			 kernels_fill_pattern(ptr, whole, spec->value_bits, (unsigned)size,
-					      st->compute));
+			 kernels_fill_pattern(ptr, whole, spec->value_bits, (unsigned)size, stream));
 		return 0;
 	case FILL_IOTA:
-		CUDA_TRY(dev, err, kernels_fill_iota(ptr, bytes / size, kd, st->compute));
+		CUDA_TRY(dev, err, kernels_fill_iota(ptr, bytes / size, kd, stream));
 		return 0;
 	case FILL_RANDOM:
 		CUDA_TRY(dev, err,
 			 kernels_fill_random(ptr, cuda_dtype_is_float(spec->dtype) ? whole : bytes,
-					     kd, spec->seed, st->compute));
+					     kd, spec->seed, stream));
 		return 0;
 	}
 	return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] fill: pattern %d unknown", dev->index,
@@ -659,27 +726,29 @@ static int cuda_enqueue_fill(struct device *dev, void *ptr, uint64_t bytes,
 static int cuda_fill(struct device *dev, void *ptr, uint64_t bytes, const struct fill_spec *spec,
 		     struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
 	size_t size = gpuq_dtype_size(spec->dtype);
 	if (size == 0)
 		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] fill: dtype %d unknown",
 				 dev->index, (int)spec->dtype);
 	if (cuda_enqueue_fill(dev, ptr, bytes, spec, size, err) != 0)
 		return -1;
-	CUDA_TRY(dev, err, cudaStreamSynchronize(st->compute));
-	return 0;
+	return cuda_sync(dev, err);
 }
 
 static int cuda_checksum(struct device *dev, const void *ptr, uint64_t bytes, uint64_t *out,
 			 struct gpuq_error *err)
 {
 	struct cuda_state *st = dev->impl;
-	CUDA_TRY(dev, err, kernels_checksum_sum(ptr, bytes, st->d_sum, st->compute));
+	struct cuda_lane *lane = dev->lane;
+	unsigned long long *d_sum = lane ? lane->d_sum : st->d_sum;
+	unsigned long long *h_sum = lane ? lane->h_sum : st->h_sum;
+	cudaStream_t stream = cuda_current_stream(dev);
+	CUDA_TRY(dev, err, kernels_checksum_sum(ptr, bytes, d_sum, stream));
 	CUDA_TRY(dev, err,
-		 cudaMemcpyAsync(st->h_sum, st->d_sum, sizeof *st->h_sum, cudaMemcpyDeviceToHost,
-				 st->compute));
-	CUDA_TRY(dev, err, cudaStreamSynchronize(st->compute));
-	*out = gpuq_checksum_finish(*st->h_sum, bytes);
+		 cudaMemcpyAsync(h_sum, d_sum, sizeof *h_sum, cudaMemcpyDeviceToHost, stream));
+	if (cuda_sync(dev, err) != 0)
+		return -1;
+	*out = gpuq_checksum_finish(*h_sum, bytes);
 	return 0;
 }
 
@@ -701,9 +770,9 @@ static int cuda_h2d_async(struct device *dev, void *dst, unsigned slot, size_t n
 	struct cuda_state *st = dev->impl;
 	if (cuda_check_slot(dev, "h2d_async", slot, n, err) != 0)
 		return -1;
-	CUDA_TRY(dev, err,
-		 cudaMemcpyAsync(dst, dev->staging[slot], n, cudaMemcpyHostToDevice, st->h2d));
-	CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[slot], st->h2d));
+	cudaStream_t stream = cuda_stream(dev, st->h2d);
+	CUDA_TRY(dev, err, cudaMemcpyAsync(dst, dev->staging[slot], n, cudaMemcpyHostToDevice, stream));
+	CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[slot], stream));
 	return 0;
 }
 
@@ -713,9 +782,9 @@ static int cuda_d2h_async(struct device *dev, unsigned slot, const void *src, si
 	struct cuda_state *st = dev->impl;
 	if (cuda_check_slot(dev, "d2h_async", slot, n, err) != 0)
 		return -1;
-	CUDA_TRY(dev, err,
-		 cudaMemcpyAsync(dev->staging[slot], src, n, cudaMemcpyDeviceToHost, st->d2h));
-	CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[slot], st->d2h));
+	cudaStream_t stream = cuda_stream(dev, st->d2h);
+	CUDA_TRY(dev, err, cudaMemcpyAsync(dev->staging[slot], src, n, cudaMemcpyDeviceToHost, stream));
+	CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[slot], stream));
 	return 0;
 }
 
@@ -725,8 +794,7 @@ static int cuda_slot_wait(struct device *dev, unsigned slot, struct gpuq_error *
 	struct cuda_state *st = dev->impl;
 	if (cuda_check_slot(dev, "slot_wait", slot, 0, err) != 0)
 		return -1;
-	CUDA_TRY(dev, err, cudaEventSynchronize(st->slot_done[slot]));
-	return 0;
+	return cuda_wait_event(dev, st->slot_done[slot], "cudaEventQuery(slot_done[slot])", err);
 }
 
 static int cuda_slot_ready(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err)
@@ -786,7 +854,8 @@ static int cuda_copy_sync(struct device *dev, cudaStream_t s, void *dst, const v
 	CUDA_TRY_GOTO(dev, err, cudaMemcpyAsync(dst, src, n, kind, s), out);
 	if (seconds)
 		CUDA_TRY_GOTO(dev, err, cudaEventRecord(ev[1], s), out);
-	CUDA_TRY_GOTO(dev, err, cudaStreamSynchronize(s), out);
+	if (cuda_sync(dev, err) != 0)
+		goto out;
 	if (seconds) {
 		CUDA_TRY_GOTO(dev, err, cudaEventElapsedTime(&ms, ev[0], ev[1]), out);
 		*seconds = ms / 1e3;
@@ -802,15 +871,15 @@ out:
 static int cuda_copy_h2d(struct device *dev, void *dst, const void *src, size_t n,
 			 double *seconds, struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
-	return cuda_copy_sync(dev, st->h2d, dst, src, n, cudaMemcpyHostToDevice, seconds, err);
+	return cuda_copy_sync(dev, cuda_current_stream(dev), dst, src, n, cudaMemcpyHostToDevice,
+			      seconds, err);
 }
 
 static int cuda_copy_d2h(struct device *dev, void *dst, const void *src, size_t n,
 			 double *seconds, struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
-	return cuda_copy_sync(dev, st->d2h, dst, src, n, cudaMemcpyDeviceToHost, seconds, err);
+	return cuda_copy_sync(dev, cuda_current_stream(dev), dst, src, n, cudaMemcpyDeviceToHost,
+			      seconds, err);
 }
 
 static int cuda_host_alloc_pinned(struct device *dev, size_t n, void **ptr,
@@ -834,41 +903,37 @@ static void cuda_host_free_pinned(struct device *dev, void *ptr)
 static int cuda_copy_d2d(struct device *dev, void *dst, const void *src, size_t n,
 			 enum copy_engine engine, struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
 	if (engine == COPY_ENGINE_SM)
-		CUDA_TRY(dev, err, kernels_copy(dst, src, n, st->compute));
+		CUDA_TRY(dev, err, kernels_copy(dst, src, n, cuda_current_stream(dev)));
 	else
 		CUDA_TRY(dev, err,
-			 cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st->compute));
+			 cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cuda_current_stream(dev)));
 	return 0;
 }
 
 static int cuda_copy_peer(struct device *dev, void *dst, int src_index, const void *src,
 			  size_t n, struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
 	if (src_index < 0 || src_index >= dev->device_count)
 		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] copy_peer from device %d of %d",
 				 dev->index, src_index, dev->device_count);
 	CUDA_TRY(dev, err,
 		 cudaMemcpyPeerAsync(dst, dev->ordinal, src, dev->ordinals[src_index], n,
-				     st->compute));
+				     cuda_current_stream(dev)));
 	return 0;
 }
 
 static int cuda_ring_d2h(struct device *dev, void *host, const void *src, size_t n,
 			 struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
-	CUDA_TRY(dev, err, cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, st->compute));
+	CUDA_TRY(dev, err, cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, cuda_current_stream(dev)));
 	return 0;
 }
 
 static int cuda_ring_h2d(struct device *dev, void *dst, const void *host, size_t n,
 			 struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
-	CUDA_TRY(dev, err, cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, st->compute));
+	CUDA_TRY(dev, err, cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, cuda_current_stream(dev)));
 	return 0;
 }
 
@@ -905,23 +970,85 @@ static void cuda_event_destroy(struct device *dev, void *event)
 
 static int cuda_event_record(struct device *dev, void *event, struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
-	CUDA_TRY(dev, err, cudaEventRecord((cudaEvent_t)event, st->compute));
+	CUDA_TRY(dev, err, cudaEventRecord((cudaEvent_t)event, cuda_current_stream(dev)));
 	return 0;
 }
 
 /* The event may be another device's: CUDA lets a stream wait for any device's event. */
 static int cuda_event_wait(struct device *dev, void *event, struct gpuq_error *err)
 {
-	struct cuda_state *st = dev->impl;
-	CUDA_TRY(dev, err, cudaStreamWaitEvent(st->compute, (cudaEvent_t)event, 0));
+	CUDA_TRY(dev, err, cudaStreamWaitEvent(cuda_current_stream(dev), (cudaEvent_t)event, 0));
 	return 0;
 }
 
 static int cuda_event_sync(struct device *dev, void *event, struct gpuq_error *err)
 {
-	CUDA_TRY(dev, err, cudaEventSynchronize((cudaEvent_t)event));
+	return cuda_wait_event(dev, (cudaEvent_t)event, "cudaEventQuery(event)", err);
+}
+
+static int cuda_event_query(struct device *dev, void *event, bool *done, struct gpuq_error *err)
+{
+	struct cuda_event_poll p = { (cudaEvent_t)event, cudaErrorNotReady };
+	*done = cuda_event_settled(&p) && p.result == cudaSuccess;
+	if (p.result == cudaSuccess || p.result == cudaErrorNotReady)
+		return 0;
+	return CUDA_FAIL(dev, err, p.result, "cudaEventQuery(event)");
+}
+
+/*
+ * Lane priorities: high gets the GPU's greatest stream priority, low its
+ * least (the default streams' too), normal the middle of the range.
+ */
+static int cuda_stream_priority(struct device *dev, int priority, int *out, struct gpuq_error *err)
+{
+	int least = 0, greatest = 0;
+	CUDA_TRY(dev, err, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+	*out = priority == GPUQ_PRIORITY_HIGH ? greatest
+	       : priority == GPUQ_PRIORITY_LOW ? least
+					       : least + (greatest - least) / 2;
 	return 0;
+}
+
+static void cuda_lane_destroy(struct device *dev, void *lane)
+{
+	struct cuda_lane *l = lane;
+	if (!l)
+		return;
+	if (l->stream)
+		CUDA_LOG(dev, cudaStreamDestroy(l->stream));
+	if (l->done)
+		CUDA_LOG(dev, cudaEventDestroy(l->done));
+	if (l->d_sum)
+		CUDA_LOG(dev, cudaFree(l->d_sum));
+	if (l->h_sum)
+		CUDA_LOG(dev, cudaFreeHost(l->h_sum));
+	free(l);
+}
+
+static int cuda_lane_create(struct device *dev, int priority, void **lane, struct gpuq_error *err)
+{
+	int cuda_priority = 0;
+	void *p = NULL;
+	*lane = NULL;
+	struct cuda_lane *l = calloc(1, sizeof *l);
+	if (!l)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] no host memory for a lane",
+				 dev->index);
+	if (cuda_stream_priority(dev, priority, &cuda_priority, err) != 0)
+		goto fail;
+	CUDA_TRY_GOTO(dev, err,
+		      cudaStreamCreateWithPriority(&l->stream, cudaStreamNonBlocking, cuda_priority),
+		      fail);
+	CUDA_TRY_GOTO(dev, err, cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming), fail);
+	CUDA_TRY_GOTO(dev, err, cudaMalloc(&p, sizeof *l->d_sum), fail);
+	l->d_sum = p;
+	CUDA_TRY_GOTO(dev, err, cudaHostAlloc(&p, sizeof *l->h_sum, cudaHostAllocDefault), fail);
+	l->h_sum = p;
+	*lane = l;
+	return 0;
+fail:
+	cuda_lane_destroy(dev, l);
+	return -1;
 }
 
 static int cuda_event_elapsed(struct device *dev, void *start, void *end, double *seconds,
@@ -973,4 +1100,7 @@ const struct backend_ops backend_cuda = {
 	.coll_bench = cuda_coll_bench,
 	.coll_comm_abort = cuda_coll_comm_abort,
 	.coll_comm_destroy = cuda_coll_comm_destroy,
+	.lane_create = cuda_lane_create,
+	.lane_destroy = cuda_lane_destroy,
+	.event_query = cuda_event_query,
 };

@@ -6,22 +6,35 @@
  * against. It is labelled "host" wherever it shows; it never stands in for
  * the CUDA path.
  *
- * Threads: as backend.h says; the arena's state is the worker's alone.
+ * Device work runs on the device's engine threads (host_engine.h), in the
+ * order of the lane it was enqueued on, as on a GPU: the copies of a put,
+ * a get and a kernel chain of three jobs run side by side, and a job waits
+ * for its own work by yielding to the scheduler (sched.h).
+ *
+ * Threads: as backend.h says; the arena's list is shared with the compute
+ * engine (which releases blocks) under the device's lock.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "workers/backend.h"
+#include "workers/backend_host.h"
 #include "workers/chain.h"
 #include "workers/clock.h"
 #include "workers/collective_host.h"
+#include "workers/host_engine.h"
 #include "workers/host_patterns.h"
+#include "workers/sched.h"
 
 /*
  * Each allocation is preceded by a header: its size, so release can return
  * it to the arena, and links, so close can free what clients left behind.
+ * The list and the count of bytes in use are under `lock`: allocations
+ * happen on the worker thread, releases on the compute engine (in stream
+ * order, after whatever the job's lane waited for).
  */
 #define HOST_ALIGN 256
 
@@ -31,10 +44,74 @@ struct host_block {
 };
 
 struct host_device {
+	pthread_mutex_t lock;
 	uint64_t used;
 	struct host_block *blocks;
 	void *staging_block;
+	struct host_engines *engines;
+	struct host_stream *stream;                    /* outside jobs (dev->lane NULL) */
+	struct host_event slot_done[GPUQ_MAX_STAGING_SLOTS]; /* each slot's last copy */
 };
+
+/* The stream device work goes on: the running job's lane, or the device's own. */
+static struct host_stream *host_current(const struct device *dev)
+{
+	const struct host_device *h = dev->impl;
+	return dev->lane ? dev->lane : h->stream;
+}
+
+static bool host_event_settled(void *arg)
+{
+	return host_event_done(arg);
+}
+
+/* Waits for ev: a job yields until an engine thread has got there (it tells the scheduler). */
+static void host_event_wait_host(struct host_event *ev)
+{
+	sched_wait_host(host_event_settled, ev, SCHED_NOT_WAITING);
+}
+
+static int host_enqueue(struct device *dev, enum host_engine_kind kind, host_op_fn fn,
+			const struct host_op *op, struct gpuq_error *err)
+{
+	if (host_stream_enqueue(host_current(dev), kind, fn, op) != 0)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory to queue work",
+				 dev->index);
+	return 0;
+}
+
+/* Waits for everything enqueued so far on the current stream. */
+static int host_sync(struct device *dev, struct gpuq_error *err)
+{
+	struct host_event ev = { 0 };
+	if (host_stream_record(host_current(dev), &ev) != 0)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory to queue work",
+				 dev->index);
+	host_event_wait_host(&ev);
+	return 0;
+}
+
+/* Runs fn(op) on an engine of the current stream and waits for it. */
+static int host_run_sync(struct device *dev, enum host_engine_kind kind, host_op_fn fn,
+			 const struct host_op *op, struct gpuq_error *err)
+{
+	if (host_enqueue(dev, kind, fn, op, err) != 0)
+		return -1;
+	return host_sync(dev, err);
+}
+
+static void op_call(struct host_op *op)
+{
+	void (*fn)(void *) = (void (*)(void *))op->dst;
+	fn(op->arg);
+}
+
+int host_backend_compute(struct device *dev, void (*fn)(void *arg), void *arg,
+			 struct gpuq_error *err)
+{
+	struct host_op op = { .dst = (void *)fn, .arg = arg };
+	return host_run_sync(dev, HOST_ENGINE_COMPUTE, op_call, &op, err);
+}
 
 static int host_device_count(const struct device_config *config, int *count,
 			     struct gpuq_error *err)
@@ -53,8 +130,18 @@ static void host_fill_info(struct device *dev)
 	snprintf(info->name, sizeof info->name, "host arena (no GPU)");
 	snprintf(info->uuid, sizeof info->uuid, "HOST-%d", dev->index);
 	snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "none");
+	info->copy_engines = 3;
+	pthread_mutex_lock(&h->lock);
 	info->mem_total = dev->config.host_arena_bytes;
 	info->mem_free = dev->config.host_arena_bytes - h->used;
+	pthread_mutex_unlock(&h->lock);
+}
+
+static void host_free_state(struct host_device *h)
+{
+	pthread_mutex_destroy(&h->lock);
+	free(h->staging_block);
+	free(h);
 }
 
 static int host_open(struct device *dev, struct gpuq_error *err)
@@ -64,18 +151,30 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 	if (!h)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for its state",
 				 dev->index);
+	pthread_mutex_init(&h->lock, NULL);
 	h->staging_block = malloc(slot * dev->config.staging_slots);
 	if (!h->staging_block) {
-		free(h);
+		host_free_state(h);
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 				 "host device %d: cannot allocate %u staging slots of %zu bytes",
 				 dev->index, dev->config.staging_slots, slot);
 	}
+	h->engines = host_engines_start(dev, err);
+	if (!h->engines) {
+		host_free_state(h);
+		return -1;
+	}
+	h->stream = host_stream_create(h->engines, GPUQ_PRIORITY_NORMAL);
+	if (!h->stream) {
+		host_engines_stop(h->engines);
+		host_free_state(h);
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for a stream",
+				 dev->index);
+	}
 	for (unsigned i = 0; i < dev->config.staging_slots; i++)
 		dev->staging[i] = (char *)h->staging_block + (size_t)i * slot;
-	for (int j = 0; j < dev->device_count; j++)
-		dev->peer_access[j] = false;
 	for (int j = 0; j < dev->device_count; j++) { /* every pair: a memcpy */
+		dev->peer_access[j] = false;
 		dev->peer_link[j] = j == dev->index ? PEER_LINK_NONE : PEER_LINK_HOST;
 		dev->pool_shared[j] = j != dev->index;
 	}
@@ -89,15 +188,15 @@ static void host_close(struct device *dev)
 	struct host_device *h = dev->impl;
 	chain_host_close(dev); /* its cached plans */
 	collective_device_close(dev); /* its communicators */
+	host_engines_stop(h->engines); /* drains every stream first */
 	while (h->blocks) {
 		struct host_block *b = h->blocks;
 		h->blocks = b->next;
 		free(b);
 	}
-	free(h->staging_block);
 	free(dev->peer_ring);
 	dev->peer_ring = NULL;
-	free(h);
+	host_free_state(h);
 	dev->impl = NULL;
 }
 
@@ -112,34 +211,46 @@ static int host_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpu
 {
 	struct host_device *h = dev->impl;
 	uint64_t capacity = dev->config.host_arena_bytes;
-	if (bytes > capacity - h->used)
+	pthread_mutex_lock(&h->lock);
+	uint64_t used = h->used;
+	bool fits = bytes <= capacity - used;
+	if (fits)
+		h->used += bytes; /* reserved now, so two allocations cannot both fit */
+	pthread_mutex_unlock(&h->lock);
+	if (!fits)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 				 "host device %d: cannot allocate %llu bytes: %llu of its %llu are in use "
 				 "(free a buffer, or raise --host-mem)",
-				 dev->index, (unsigned long long)bytes, (unsigned long long)h->used,
+				 dev->index, (unsigned long long)bytes, (unsigned long long)used,
 				 (unsigned long long)capacity);
 	void *block;
-	if (posix_memalign(&block, HOST_ALIGN, HOST_ALIGN + bytes) != 0)
+	if (posix_memalign(&block, HOST_ALIGN, HOST_ALIGN + bytes) != 0) {
+		pthread_mutex_lock(&h->lock);
+		h->used -= bytes;
+		pthread_mutex_unlock(&h->lock);
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 				 "host device %d: malloc of %llu bytes failed", dev->index,
 				 (unsigned long long)bytes);
+	}
 	struct host_block *b = block;
 	b->bytes = bytes;
 	b->prev = NULL;
+	pthread_mutex_lock(&h->lock);
 	b->next = h->blocks;
 	if (h->blocks)
 		h->blocks->prev = b;
 	h->blocks = b;
-	h->used += bytes;
+	pthread_mutex_unlock(&h->lock);
 	*ptr = (char *)block + HOST_ALIGN;
 	return 0;
 }
 
-static int host_release(struct device *dev, void *ptr, struct gpuq_error *err)
+/* Compute engine: the block goes back to the arena once what came before it on the lane has run. */
+static void op_release(struct host_op *op)
 {
-	(void)err;
-	struct host_device *h = dev->impl;
-	struct host_block *b = (struct host_block *)((char *)ptr - HOST_ALIGN);
+	struct host_device *h = op->arg;
+	struct host_block *b = (struct host_block *)((char *)op->dst - HOST_ALIGN);
+	pthread_mutex_lock(&h->lock);
 	if (b->prev)
 		b->prev->next = b->next;
 	else
@@ -147,22 +258,36 @@ static int host_release(struct device *dev, void *ptr, struct gpuq_error *err)
 	if (b->next)
 		b->next->prev = b->prev;
 	h->used -= b->bytes;
+	pthread_mutex_unlock(&h->lock);
 	free(b);
-	return 0;
+}
+
+static int host_release(struct device *dev, void *ptr, struct gpuq_error *err)
+{
+	struct host_op op = { .dst = ptr, .arg = dev->impl };
+	return host_run_sync(dev, HOST_ENGINE_COMPUTE, op_release, &op, err);
+}
+
+static void op_fill(struct host_op *op)
+{
+	const struct fill_spec *spec = op->arg;
+	size_t size = gpuq_dtype_size(spec->dtype);
+	switch (spec->pattern) {
+	case FILL_ZERO: memset(op->dst, 0, op->n); break;
+	case FILL_VALUE: host_fill_pattern(op->dst, op->n, spec->value_bits, size); break;
+	case FILL_IOTA: host_fill_iota(op->dst, op->n / size, spec->dtype); break;
+	case FILL_RANDOM: host_fill_random(op->dst, op->n, spec->dtype, spec->seed); break;
+	}
 }
 
 static int host_fill(struct device *dev, void *ptr, uint64_t bytes, const struct fill_spec *spec,
 		     struct gpuq_error *err)
 {
-	size_t size = gpuq_dtype_size(spec->dtype);
-	switch (spec->pattern) {
-	case FILL_ZERO: memset(ptr, 0, bytes); return 0;
-	case FILL_VALUE: host_fill_pattern(ptr, bytes, spec->value_bits, size); return 0;
-	case FILL_IOTA: host_fill_iota(ptr, bytes / size, spec->dtype); return 0;
-	case FILL_RANDOM: host_fill_random(ptr, bytes, spec->dtype, spec->seed); return 0;
-	}
-	return gpuq_fail(err, GPUQ_E_INTERNAL, "host device %d: fill pattern %d unknown", dev->index,
-			 (int)spec->pattern);
+	if ((unsigned)spec->pattern > FILL_RANDOM)
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "host device %d: fill pattern %d unknown",
+				 dev->index, (int)spec->pattern);
+	struct host_op op = { .dst = ptr, .n = bytes, .arg = (void *)spec };
+	return host_run_sync(dev, HOST_ENGINE_COMPUTE, op_fill, &op, err);
 }
 
 /*
@@ -184,46 +309,63 @@ static int host_fault_if_asked(struct device *dev, struct gpuq_error *err)
 			 dev->index, dev->fault_reason);
 }
 
+static void op_checksum(struct host_op *op)
+{
+	*(uint64_t *)op->arg = host_checksum(op->src, op->n);
+}
+
 static int host_checksum_op(struct device *dev, const void *ptr, uint64_t bytes, uint64_t *out,
 			    struct gpuq_error *err)
 {
 	if (host_fault_if_asked(dev, err) != 0)
 		return -1;
-	*out = host_checksum(ptr, bytes);
+	struct host_op op = { .src = ptr, .n = bytes, .arg = out };
+	return host_run_sync(dev, HOST_ENGINE_COMPUTE, op_checksum, &op, err);
+}
+
+static void op_memcpy(struct host_op *op)
+{
+	memcpy(op->dst, op->src, op->n);
+}
+
+/* An asynchronous copy through a staging slot, marking the slot's event after it. */
+static int host_slot_copy(struct device *dev, enum host_engine_kind kind, void *dst,
+			  const void *src, size_t n, unsigned slot, struct gpuq_error *err)
+{
+	struct host_device *h = dev->impl;
+	struct host_op op = { .dst = dst, .src = src, .n = n };
+	if (host_enqueue(dev, kind, op_memcpy, &op, err) != 0)
+		return -1;
+	if (host_stream_record(host_current(dev), &h->slot_done[slot]) != 0)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory to queue work",
+				 dev->index);
 	return 0;
 }
 
-/* Copies happen at once: the "stream" is the worker thread itself. */
 static int host_h2d(struct device *dev, void *dst, unsigned slot, size_t n, struct gpuq_error *err)
 {
-	(void)err;
-	memcpy(dst, dev->staging[slot], n);
-	return 0;
+	return host_slot_copy(dev, HOST_ENGINE_H2D, dst, dev->staging[slot], n, slot, err);
 }
 
 static int host_d2h(struct device *dev, unsigned slot, const void *src, size_t n,
 		    struct gpuq_error *err)
 {
-	(void)err;
-	memcpy(dev->staging[slot], src, n);
-	return 0;
+	return host_slot_copy(dev, HOST_ENGINE_D2H, dev->staging[slot], src, n, slot, err);
 }
 
 static int host_slot_wait(struct device *dev, unsigned slot, struct gpuq_error *err)
 {
-	(void)dev;
-	(void)slot;
+	struct host_device *h = dev->impl;
 	(void)err;
+	host_event_wait_host(&h->slot_done[slot]);
 	return 0;
 }
 
-/* The "copies" are memcpy on the worker thread: nothing is ever in flight. */
 static int host_slot_ready(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err)
 {
-	(void)dev;
-	(void)slot;
+	struct host_device *h = dev->impl;
 	(void)err;
-	*ready = true;
+	*ready = host_event_done(&h->slot_done[slot]);
 	return 0;
 }
 
@@ -247,29 +389,37 @@ static int host_unregister_range(struct device *dev, void *ptr, struct gpuq_erro
 	return 0;
 }
 
-static int host_copy_timed(void *dst, const void *src, size_t n, double *seconds)
+/* One copy on an engine of the current stream, waited for, timed between marks around it. */
+static int host_copy_timed(struct device *dev, enum host_engine_kind kind, void *dst,
+			   const void *src, size_t n, double *seconds, struct gpuq_error *err)
 {
-	double start = monotonic_seconds();
-	memcpy(dst, src, n);
+	struct host_event start = { 0 }, end = { 0 };
+	struct host_op op = { .dst = dst, .src = src, .n = n };
+	struct host_stream *s = host_current(dev);
+	if (host_stream_record(s, &start) != 0 || host_enqueue(dev, kind, op_memcpy, &op, err) != 0 ||
+	    host_stream_record(s, &end) != 0)
+		return err->code != GPUQ_OK ? -1
+					    : gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+							"host device %d: no memory to queue work",
+							dev->index);
+	host_event_wait_host(&end);
 	if (seconds)
-		*seconds = monotonic_seconds() - start;
+		*seconds = end.at - start.at;
 	return 0;
 }
 
 static int host_copy_h2d(struct device *dev, void *dst, const void *src, size_t n,
 			 double *seconds, struct gpuq_error *err)
 {
-	(void)dev;
-	(void)err;
-	return host_copy_timed(dst, src, n, seconds);
+	gpuq_error_clear(err);
+	return host_copy_timed(dev, HOST_ENGINE_H2D, dst, src, n, seconds, err);
 }
 
 static int host_copy_d2h(struct device *dev, void *dst, const void *src, size_t n,
 			 double *seconds, struct gpuq_error *err)
 {
-	(void)dev;
-	(void)err;
-	return host_copy_timed(dst, src, n, seconds);
+	gpuq_error_clear(err);
+	return host_copy_timed(dev, HOST_ENGINE_D2H, dst, src, n, seconds, err);
 }
 
 static int host_alloc_host(struct device *dev, size_t n, void **ptr, struct gpuq_error *err)
@@ -288,42 +438,38 @@ static void host_free_host(struct device *dev, void *ptr)
 }
 
 /*
- * Device-to-device copies. Both engines and the "peer" copy are a
- * memcpy (the devices share the process's memory); the host-staged path's
- * ring copies are memcpy too, through the ring's real slots. Nothing is
- * ever in flight, so an event is only the time it was recorded at.
+ * Device-to-device copies: the copy engine for the driver's copies, the
+ * compute engine for the SM kernel; the host-staged ring's copies on the
+ * engines of their direction. All enqueued on the current stream.
  */
-struct host_event {
-	double at;
-};
-
 static int host_copy_d2d(struct device *dev, void *dst, const void *src, size_t n,
 			 enum copy_engine engine, struct gpuq_error *err)
 {
-	(void)dev;
-	(void)engine;
-	(void)err;
-	memcpy(dst, src, n);
-	return 0;
+	struct host_op op = { .dst = dst, .src = src, .n = n };
+	return host_enqueue(dev, engine == COPY_ENGINE_SM ? HOST_ENGINE_COMPUTE : HOST_ENGINE_COPY,
+			    op_memcpy, &op, err);
 }
 
 static int host_copy_peer(struct device *dev, void *dst, int src_index, const void *src,
 			  size_t n, struct gpuq_error *err)
 {
-	(void)dev;
 	(void)src_index;
-	(void)err;
-	memcpy(dst, src, n);
-	return 0;
+	struct host_op op = { .dst = dst, .src = src, .n = n };
+	return host_enqueue(dev, HOST_ENGINE_COPY, op_memcpy, &op, err);
 }
 
-static int host_ring_copy(struct device *dev, void *dst, const void *src, size_t n,
-			  struct gpuq_error *err)
+static int host_ring_d2h(struct device *dev, void *host, const void *src, size_t n,
+			 struct gpuq_error *err)
 {
-	(void)dev;
-	(void)err;
-	memcpy(dst, src, n);
-	return 0;
+	struct host_op op = { .dst = host, .src = src, .n = n };
+	return host_enqueue(dev, HOST_ENGINE_D2H, op_memcpy, &op, err);
+}
+
+static int host_ring_h2d(struct device *dev, void *dst, const void *host, size_t n,
+			 struct gpuq_error *err)
+{
+	struct host_op op = { .dst = dst, .src = host, .n = n };
+	return host_enqueue(dev, HOST_ENGINE_H2D, op_memcpy, &op, err);
 }
 
 static int host_event_create(struct device *dev, bool timing, void **event,
@@ -337,26 +483,46 @@ static int host_event_create(struct device *dev, bool timing, void **event,
 	return 0;
 }
 
+/* A mark still queued would stamp freed memory: wait for it first. */
 static void host_event_destroy(struct device *dev, void *event)
 {
 	(void)dev;
+	if (!event)
+		return;
+	host_event_wait_host(event);
 	free(event);
 }
 
 static int host_event_record(struct device *dev, void *event, struct gpuq_error *err)
 {
-	(void)dev;
-	(void)err;
-	((struct host_event *)event)->at = monotonic_seconds();
+	if (host_stream_record(host_current(dev), event) != 0)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory to queue work",
+				 dev->index);
 	return 0;
 }
 
-/* Waiting and syncing: what was recorded is already done. */
-static int host_event_nothing(struct device *dev, void *event, struct gpuq_error *err)
+/* The event may be another device's, as CUDA allows. */
+static int host_event_wait(struct device *dev, void *event, struct gpuq_error *err)
+{
+	if (host_stream_wait_event(host_current(dev), event) != 0)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory to queue work",
+				 dev->index);
+	return 0;
+}
+
+static int host_event_sync(struct device *dev, void *event, struct gpuq_error *err)
 {
 	(void)dev;
-	(void)event;
 	(void)err;
+	host_event_wait_host(event);
+	return 0;
+}
+
+static int host_event_query(struct device *dev, void *event, bool *done, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)err;
+	*done = host_event_done(event);
 	return 0;
 }
 
@@ -367,6 +533,22 @@ static int host_event_elapsed(struct device *dev, void *start, void *end, double
 	(void)err;
 	*seconds = ((struct host_event *)end)->at - ((struct host_event *)start)->at;
 	return 0;
+}
+
+static int host_lane_create(struct device *dev, int priority, void **lane, struct gpuq_error *err)
+{
+	struct host_device *h = dev->impl;
+	*lane = host_stream_create(h->engines, priority);
+	if (!*lane)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for a lane",
+				 dev->index);
+	return 0;
+}
+
+static void host_lane_destroy(struct device *dev, void *lane)
+{
+	(void)dev;
+	host_stream_destroy(lane);
 }
 
 const struct backend_ops backend_host = {
@@ -391,15 +573,15 @@ const struct backend_ops backend_host = {
 	.host_free_pinned = host_free_host,
 	.copy_d2d = host_copy_d2d,
 	.copy_peer = host_copy_peer,
-	.ring_d2h = host_ring_copy,
-	.ring_h2d = host_ring_copy,
+	.ring_d2h = host_ring_d2h,
+	.ring_h2d = host_ring_h2d,
 	.host_alloc_portable = host_alloc_host,
 	.host_free_portable = host_free_host,
 	.event_create = host_event_create,
 	.event_destroy = host_event_destroy,
 	.event_record = host_event_record,
-	.event_wait = host_event_nothing,
-	.event_sync = host_event_nothing,
+	.event_wait = host_event_wait,
+	.event_sync = host_event_sync,
 	.event_elapsed = host_event_elapsed,
 	.chain = chain_host_run,
 	.chain_copy_time = chain_host_copy_time,
@@ -409,4 +591,7 @@ const struct backend_ops backend_host = {
 	.coll_bench = host_coll_bench,
 	.coll_comm_abort = host_coll_comm_release,
 	.coll_comm_destroy = host_coll_comm_release,
+	.lane_create = host_lane_create,
+	.lane_destroy = host_lane_destroy,
+	.event_query = host_event_query,
 };

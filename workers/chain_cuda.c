@@ -2,11 +2,10 @@
  * Kernel chains on the CUDA backend. Worker thread only (backend.h).
  *
  * A device's chain state (workers/chain.c) holds, besides the plan cache, a
- * struct chain_cuda: the stream chains run on and the events that time them.
- * The stream is the chain code's own rather than the backend's compute
- * stream, so that backend_cuda.c's private state stays private; ordering
- * is kept because a worker runs one job at a time and every backend
- * operation, chains included, leaves its streams idle when it returns.
+ * struct chain_cuda: the stream chains are captured on. Runs replay on the
+ * job's lane (the scheduler's stream for the job, backend.h), so that
+ * chains of several jobs in flight run side by side, each timed by events
+ * of its own (struct chain_timing, on the job's stack).
  *
  * Plans. A graph-mode plan is the chain's per-op kernels (ops x repeat of
  * them) captured with stream capture in thread-local mode, so that another
@@ -17,8 +16,9 @@
  * and changes only the kernel parameters. Eager runs launch the same
  * kernels directly and use no plan.
  *
- * Every launch path ends by synchronising the stream, also on failure, so
- * that no kernel of this job still runs when a later job frees its buffers.
+ * Every launch path ends by waiting for the lane (yielding to the
+ * scheduler meanwhile), also on failure, so that no kernel of this job
+ * still runs when the job is reported finished.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,11 +28,16 @@
 
 #include "workers/chain.h"
 #include "workers/cuda_check.h"
+#include "workers/sched.h"
 
 struct chain_cuda {
 	bool ready; /* kernels loaded and stream made */
-	cudaStream_t stream;
-	unsigned nevents; /* pairs made so far */
+	cudaStream_t stream; /* for stream capture only: a capture never yields, so one serves all */
+};
+
+/* The events that time one run's replays. */
+struct chain_timing {
+	unsigned n; /* pairs made */
 	cudaEvent_t start[CHAIN_MAX_REPS], stop[CHAIN_MAX_REPS];
 };
 
@@ -185,29 +190,38 @@ fail:
 	return NULL;
 }
 
-/* Timing events for n replays. */
-static int cuda_events(struct device *dev, struct chain_cuda *cc, unsigned n,
+/* Timing events for n replays (t zeroed by the caller). */
+static int cuda_events(struct device *dev, struct chain_timing *t, unsigned n,
 		       struct gpuq_error *err)
 {
-	for (; cc->nevents < n; cc->nevents++) {
-		CUDA_TRY(dev, err, cudaEventCreate(&cc->start[cc->nevents]));
-		cudaError_t e = cudaEventCreate(&cc->stop[cc->nevents]);
+	for (; t->n < n; t->n++) {
+		CUDA_TRY(dev, err, cudaEventCreate(&t->start[t->n]));
+		cudaError_t e = cudaEventCreate(&t->stop[t->n]);
 		if (e != cudaSuccess) {
-			CUDA_LOG(dev, cudaEventDestroy(cc->start[cc->nevents]));
+			CUDA_LOG(dev, cudaEventDestroy(t->start[t->n]));
 			return CUDA_FAIL(dev, err, e, "cudaEventCreate(&stop)");
 		}
 	}
 	return 0;
 }
 
-/* The median and minimum of the n timed replays, once the stream is idle. */
-static int cuda_times(struct device *dev, struct chain_cuda *cc, unsigned n, double *median,
-		      double *min, struct gpuq_error *err)
+static void cuda_events_destroy(struct device *dev, struct chain_timing *t)
+{
+	for (unsigned i = 0; i < t->n && !dev->faulted; i++) {
+		CUDA_LOG(dev, cudaEventDestroy(t->start[i]));
+		CUDA_LOG(dev, cudaEventDestroy(t->stop[i]));
+	}
+	t->n = 0;
+}
+
+/* The median and minimum of the n timed replays, once the lane is idle. */
+static int cuda_times(struct device *dev, const struct chain_timing *tm, unsigned n,
+		      double *median, double *min, struct gpuq_error *err)
 {
 	double t[CHAIN_MAX_REPS];
 	for (unsigned r = 0; r < n; r++) {
 		float ms = 0;
-		CUDA_TRY(dev, err, cudaEventElapsedTime(&ms, cc->start[r], cc->stop[r]));
+		CUDA_TRY(dev, err, cudaEventElapsedTime(&ms, tm->start[r], tm->stop[r]));
 		t[r] = ms / 1e3;
 	}
 	*median = chain_median(t, n); /* sorts t */
@@ -216,44 +230,44 @@ static int cuda_times(struct device *dev, struct chain_cuda *cc, unsigned n, dou
 }
 
 /*
- * Enqueues n timed replays: each the graph, or the eager kernels. Returns
- * 0, or -1 with err; *stopped when a cancel stopped the eager launches.
+ * Enqueues n timed replays on the job's lane: each the graph, or the eager
+ * kernels. Returns 0, or -1 with err; *stopped when a cancel stopped the
+ * eager launches.
  */
-static int cuda_replays(struct device *dev, struct chain_cuda *cc, const struct chain_spec *spec,
-			cudaGraphExec_t exec, unsigned n, bool *stopped, struct gpuq_error *err)
+static int cuda_replays(struct device *dev, const struct chain_timing *t,
+			const struct chain_spec *spec, cudaGraphExec_t exec, unsigned n,
+			bool *stopped, struct gpuq_error *err)
 {
+	cudaStream_t s = cuda_current_stream(dev);
 	for (unsigned r = 0; r < n && !*stopped; r++) {
-		CUDA_TRY(dev, err, cudaEventRecord(cc->start[r], cc->stream));
+		CUDA_TRY(dev, err, cudaEventRecord(t->start[r], s));
 		if (exec) {
-			CUDA_TRY(dev, err, cudaGraphLaunch(exec, cc->stream));
+			CUDA_TRY(dev, err, cudaGraphLaunch(exec, s));
 		} else {
-			cudaError_t e = chain_enqueue(spec, cc->stream, spec->cancel, stopped);
+			cudaError_t e = chain_enqueue(spec, s, spec->cancel, stopped);
 			if (e != cudaSuccess)
 				return CUDA_FAIL(dev, err, e, "kernels_chain_op (eager launch)");
 		}
-		CUDA_TRY(dev, err, cudaEventRecord(cc->stop[r], cc->stream));
+		CUDA_TRY(dev, err, cudaEventRecord(t->stop[r], s));
 	}
+	sched_publish_tail(dev);
 	return 0;
 }
 
-/* Waits for the stream whatever happened before: nothing may outlive the job. */
-static int cuda_drain(struct device *dev, struct chain_cuda *cc, int rc, struct gpuq_error *err)
+/* Waits for the lane whatever happened before: nothing may outlive the job. */
+static int cuda_drain(struct device *dev, int rc, struct gpuq_error *err)
 {
-	cudaError_t e = cudaStreamSynchronize(cc->stream);
-	if (e == cudaSuccess)
-		return rc;
-	if (rc != 0) {
-		/* The first failure is the job's; this one may still fault the device. */
-		struct gpuq_error ignored;
-		cuda_fail(dev, &ignored, e, "cudaStreamSynchronize(chain stream)", __FILE__, __LINE__);
-		return rc;
-	}
-	return CUDA_FAIL(dev, err, e, "cudaStreamSynchronize(chain stream)");
+	struct gpuq_error drain_err;
+	if (cuda_sync(dev, &drain_err) == 0 || rc != 0)
+		return rc; /* the first failure is the job's; a later one may still fault the device */
+	*err = drain_err;
+	return -1;
 }
 
 int chain_cuda_run(struct device *dev, struct chain_spec *spec, struct gpuq_error *err)
 {
 	struct chain_cuda *cc = cuda_chain_state(dev, err);
+	struct chain_timing t = { 0 };
 	if (!cc)
 		return -1;
 	unsigned n = spec->reps ? spec->reps : 1;
@@ -264,26 +278,29 @@ int chain_cuda_run(struct device *dev, struct chain_spec *spec, struct gpuq_erro
 			return -1;
 		exec = ((struct cuda_plan *)plan)->exec;
 	}
-	if (cuda_events(dev, cc, n, err) != 0)
-		return -1;
 	bool stopped = false;
-	int rc = cuda_drain(dev, cc, cuda_replays(dev, cc, spec, exec, n, &stopped, err), err);
-	if (rc != 0)
-		return -1;
-	if (stopped)
-		return gpuq_fail(err, GPUQ_E_CANCELLED,
-				 "run cancelled: the eager launches stopped at a pass boundary");
-	spec->result.kernels = chain_kernels(spec);
-	return cuda_times(dev, cc, n, &spec->result.device_s, &spec->result.device_min_s, err);
+	int rc = cuda_events(dev, &t, n, err);
+	if (rc == 0)
+		rc = cuda_drain(dev, cuda_replays(dev, &t, spec, exec, n, &stopped, err), err);
+	if (rc == 0 && stopped)
+		rc = gpuq_fail(err, GPUQ_E_CANCELLED,
+			       "run cancelled: the eager launches stopped at a pass boundary");
+	if (rc == 0) {
+		spec->result.kernels = chain_kernels(spec);
+		rc = cuda_times(dev, &t, n, &spec->result.device_s, &spec->result.device_min_s, err);
+	}
+	cuda_events_destroy(dev, &t);
+	return rc;
 }
 
-/* Enqueues timed replay r of the baseline copy. */
-static int cuda_copy_one(struct device *dev, struct chain_cuda *cc, unsigned r, void *dst,
+/* Enqueues timed replay r of the baseline copy on the job's lane. */
+static int cuda_copy_one(struct device *dev, const struct chain_timing *t, unsigned r, void *dst,
 			 const void *src, uint64_t bytes, struct gpuq_error *err)
 {
-	CUDA_TRY(dev, err, cudaEventRecord(cc->start[r], cc->stream));
-	CUDA_TRY(dev, err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cc->stream));
-	CUDA_TRY(dev, err, cudaEventRecord(cc->stop[r], cc->stream));
+	cudaStream_t s = cuda_current_stream(dev);
+	CUDA_TRY(dev, err, cudaEventRecord(t->start[r], s));
+	CUDA_TRY(dev, err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+	CUDA_TRY(dev, err, cudaEventRecord(t->stop[r], s));
 	return 0;
 }
 
@@ -291,20 +308,21 @@ int chain_cuda_copy_time(struct device *dev, void *dst, const void *src, uint64_
 			 unsigned reps, double *seconds, struct gpuq_error *err)
 {
 	struct chain_cuda *cc = cuda_chain_state(dev, err);
+	struct chain_timing t = { 0 };
 	double min;
 	if (!cc)
 		return -1;
 	if (reps < 1 || reps > CHAIN_MAX_REPS)
 		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] copy timing: %u reps (1..%d)",
 				 dev->index, reps, CHAIN_MAX_REPS);
-	if (cuda_events(dev, cc, reps, err) != 0)
-		return -1;
-	int rc = 0;
+	int rc = cuda_events(dev, &t, reps, err);
 	for (unsigned r = 0; r < reps && rc == 0; r++)
-		rc = cuda_copy_one(dev, cc, r, dst, src, bytes, err);
-	if (cuda_drain(dev, cc, rc, err) != 0)
-		return -1;
-	return cuda_times(dev, cc, reps, seconds, &min, err);
+		rc = cuda_copy_one(dev, &t, r, dst, src, bytes, err);
+	rc = cuda_drain(dev, rc, err);
+	if (rc == 0)
+		rc = cuda_times(dev, &t, reps, seconds, &min, err);
+	cuda_events_destroy(dev, &t);
+	return rc;
 }
 
 void chain_cuda_close(struct device *dev)
@@ -313,10 +331,6 @@ void chain_cuda_close(struct device *dev)
 	if (!cc)
 		return;
 	if (!dev->faulted) {
-		for (unsigned i = 0; i < cc->nevents; i++) {
-			CUDA_LOG(dev, cudaEventDestroy(cc->start[i]));
-			CUDA_LOG(dev, cudaEventDestroy(cc->stop[i]));
-		}
 		if (cc->stream) {
 			CUDA_LOG(dev, cudaStreamSynchronize(cc->stream));
 			CUDA_LOG(dev, cudaStreamDestroy(cc->stream));

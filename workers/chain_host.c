@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kernels/hash.h"
+#include "workers/backend_host.h"
 #include "workers/chain.h"
 #include "workers/clock.h"
 
@@ -219,45 +220,72 @@ static const struct chain_plan_ops host_plan_ops = {
 	.destroy = host_plan_destroy,
 };
 
+/* One run's replays, as the compute engine runs them (the device's "kernels"). */
+struct host_replays {
+	struct chain_spec *spec;
+	unsigned n;
+	double t[CHAIN_MAX_REPS];
+	bool stopped;
+	/* the baseline copy's */
+	void *dst;
+	const void *src;
+	uint64_t bytes;
+};
+
+static void host_chain_replays(void *arg)
+{
+	struct host_replays *r = arg;
+	for (unsigned i = 0; i < r->n && !r->stopped; i++) {
+		double start = monotonic_seconds();
+		if (r->spec->mode == CHAIN_FUSED)
+			host_fused(r->spec);
+		else
+			r->stopped = !host_passes(r->spec);
+		r->t[i] = monotonic_seconds() - start;
+	}
+}
+
 int chain_host_run(struct device *dev, struct chain_spec *spec, struct gpuq_error *err)
 {
 	struct chain_state *cs = chain_state_get(dev, &host_plan_ops, err);
-	unsigned n = spec->reps ? spec->reps : 1;
-	double t[CHAIN_MAX_REPS];
+	struct host_replays r = { .spec = spec, .n = spec->reps ? spec->reps : 1 };
 	void *plan;
 	if (!cs)
 		return -1;
 	spec->result.cache = CHAIN_CACHE_NONE;
 	if (spec->mode != CHAIN_EAGER && chain_cache_get(dev, cs, spec, &plan, err) != 0)
 		return -1;
-	for (unsigned r = 0; r < n; r++) {
-		double start = monotonic_seconds();
-		if (spec->mode == CHAIN_FUSED)
-			host_fused(spec);
-		else if (!host_passes(spec))
-			return gpuq_fail(err, GPUQ_E_CANCELLED,
-					 "run cancelled: the eager passes stopped at a pass boundary");
-		t[r] = monotonic_seconds() - start;
-	}
+	if (host_backend_compute(dev, host_chain_replays, &r, err) != 0)
+		return -1;
+	if (r.stopped)
+		return gpuq_fail(err, GPUQ_E_CANCELLED,
+				 "run cancelled: the eager passes stopped at a pass boundary");
 	spec->result.kernels = chain_kernels(spec);
-	spec->result.device_s = chain_median(t, n);
-	spec->result.device_min_s = t[0];
+	spec->result.device_s = chain_median(r.t, r.n);
+	spec->result.device_min_s = r.t[0];
 	return 0;
+}
+
+static void host_copy_replays(void *arg)
+{
+	struct host_replays *r = arg;
+	for (unsigned i = 0; i < r->n; i++) {
+		double start = monotonic_seconds();
+		memcpy(r->dst, r->src, r->bytes);
+		r->t[i] = monotonic_seconds() - start;
+	}
 }
 
 int chain_host_copy_time(struct device *dev, void *dst, const void *src, uint64_t bytes,
 			 unsigned reps, double *seconds, struct gpuq_error *err)
 {
-	double t[CHAIN_MAX_REPS];
+	struct host_replays r = { .n = reps, .dst = dst, .src = src, .bytes = bytes };
 	if (reps < 1 || reps > CHAIN_MAX_REPS)
 		return gpuq_fail(err, GPUQ_E_INTERNAL, "host device %d: copy timing: %u reps (1..%d)",
 				 dev->index, reps, CHAIN_MAX_REPS);
-	for (unsigned r = 0; r < reps; r++) {
-		double start = monotonic_seconds();
-		memcpy(dst, src, bytes);
-		t[r] = monotonic_seconds() - start;
-	}
-	*seconds = chain_median(t, reps);
+	if (host_backend_compute(dev, host_copy_replays, &r, err) != 0)
+		return -1;
+	*seconds = chain_median(r.t, reps);
 	return 0;
 }
 

@@ -6,6 +6,7 @@
  * communicator. Worker threads only; see collective.h for who owns what.
  */
 #include "workers/collective.h"
+#include "workers/sched.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -158,29 +159,23 @@ int coll_poll(struct coll_call *call, struct gpuq_error *err)
 }
 
 /*
- * Spins for the first millisecond of a wait, then yields the CPU between
- * polls up to 10 ms, then sleeps in steps that grow with the wait. A
- * collective's parts usually meet within microseconds, and the end of a
- * collective must be seen at once: every microsecond between one
- * all-reduce's end and the next one's launch is bandwidth lost, and a
- * sleep costs at least the kernel's 50 µs timer slack. A rank spins only
- * while its collective runs, as NCCL's own threads do; a long wait costs
- * little CPU, and a deadline is still noticed within a millisecond.
+ * Polls without pause for the first 10 ms of a wait, then sleeps in steps
+ * that grow with the wait. A collective's parts usually meet within
+ * microseconds, and the end of a collective must be seen at once: every
+ * microsecond between one all-reduce's end and the next one's launch is
+ * bandwidth lost, and a sleep costs at least the kernel's 50 µs timer
+ * slack. So a rank polls while its collective runs, as NCCL's own threads
+ * do; a long wait costs little CPU, and a deadline is still noticed within
+ * a millisecond. Either way the rank's worker goes on with its other jobs
+ * meanwhile (sched_pause and sched_sleep yield to the scheduler).
  */
 void coll_pause(struct coll_call *call)
 {
 	double waited = monotonic_seconds() - call->wait_start;
-	if (waited < 1e-3) {
-		for (int i = 0; i < 32; i++)
-			__builtin_ia32_pause();
-		return;
-	}
-	if (waited < 10e-3) {
-		sched_yield();
-		return;
-	}
-	struct timespec t = { 0, waited < 100e-3 ? 100000 : 1000000 };
-	nanosleep(&t, NULL);
+	if (waited < 10e-3)
+		sched_pause();
+	else
+		sched_sleep(waited < 100e-3 ? 100e-6 : 1e-3);
 }
 
 static int coll_rank_of(const struct allreduce_spec *spec, int device)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "workers/clock.h"
+#include "workers/sched.h"
 
 /*
  * How long copy_task_wait polls before it sleeps: a little more than a 2 MiB
@@ -19,9 +20,9 @@
 #define COPY_SPIN_SECONDS 50e-6
 
 struct copy_pool {
-	pthread_mutex_t lock; /* guards the queue and `stopping` */
+	pthread_mutex_t lock; /* guards the queues and `stopping` */
 	pthread_cond_t work_cond;
-	struct copy_task *head, *tail;
+	struct copy_task *head[GPUQ_PRIORITIES], *tail[GPUQ_PRIORITIES]; /* one FIFO per priority */
 	bool stopping;
 	unsigned nthreads;
 	pthread_t *threads;
@@ -29,14 +30,35 @@ struct copy_pool {
 	const char *store_name;
 };
 
-/* The thread's last touch of task is the store of `done`; the group outlives it (copy_group_destroy). */
+/*
+ * The thread's last touch of task is the store of `done`; the group outlives
+ * it (copy_group_destroy) and so does the submitter's scheduler (sched.h),
+ * which is told last: its job may be yielding until the task is done.
+ */
 static void task_finish(struct copy_task *task)
 {
 	struct copy_group *g = task->group;
+	struct sched *s = task->sched;
 	pthread_mutex_lock(&g->lock);
 	atomic_store_explicit(&task->done, true, memory_order_release);
 	pthread_cond_broadcast(&g->done_cond);
 	pthread_mutex_unlock(&g->lock);
+	sched_notify(s);
+}
+
+/* The next task, the most urgent first; NULL when every queue is empty. Under the lock. */
+static struct copy_task *pool_take(struct copy_pool *pool)
+{
+	for (int p = 0; p < GPUQ_PRIORITIES; p++) {
+		struct copy_task *task = pool->head[p];
+		if (!task)
+			continue;
+		pool->head[p] = task->next;
+		if (!pool->head[p])
+			pool->tail[p] = NULL;
+		return task;
+	}
+	return NULL;
 }
 
 /* Pool thread: runs tasks until stopped and the queue is empty. */
@@ -45,14 +67,11 @@ static void *copy_thread_main(void *arg)
 	struct copy_pool *pool = arg;
 	pthread_mutex_lock(&pool->lock);
 	for (;;) {
-		while (!pool->head && !pool->stopping)
+		struct copy_task *task;
+		while (!(task = pool_take(pool)) && !pool->stopping)
 			pthread_cond_wait(&pool->work_cond, &pool->lock);
-		struct copy_task *task = pool->head;
 		if (!task)
 			break; /* stopping, and nothing is left */
-		pool->head = task->next;
-		if (!pool->head)
-			pool->tail = NULL;
 		pthread_mutex_unlock(&pool->lock);
 		task->fn(task);
 		task_finish(task);
@@ -144,25 +163,36 @@ void copy_pool_submit(struct copy_pool *pool, struct copy_task *task)
 {
 	atomic_store_explicit(&task->done, false, memory_order_relaxed);
 	task->next = NULL;
+	task->sched = sched_self();
 	if (!pool || pool->nthreads == 0) {
 		task->fn(task);
 		atomic_store_explicit(&task->done, true, memory_order_release);
 		return;
 	}
+	int p = sched_current_priority();
 	pthread_mutex_lock(&pool->lock);
-	if (pool->tail)
-		pool->tail->next = task;
+	if (pool->tail[p])
+		pool->tail[p]->next = task;
 	else
-		pool->head = task;
-	pool->tail = task;
+		pool->head[p] = task;
+	pool->tail[p] = task;
 	pthread_cond_signal(&pool->work_cond);
 	pthread_mutex_unlock(&pool->lock);
+}
+
+static bool task_done(void *arg)
+{
+	return copy_task_done(arg);
 }
 
 void copy_task_wait(struct copy_task *task)
 {
 	if (copy_task_done(task))
 		return;
+	if (sched_in_job()) { /* the worker goes on with other jobs meanwhile */
+		sched_wait_host(task_done, task, SCHED_NOT_WAITING);
+		return;
+	}
 	double end = monotonic_seconds() + COPY_SPIN_SECONDS;
 	for (unsigned i = 1; !copy_task_done(task); i++) {
 		__builtin_ia32_pause();

@@ -10,11 +10,14 @@
  * marking it done. Pool threads never call the backend: the device's worker
  * stays the only thread that does (docs/ARCHITECTURE.md).
  *
- * Wake-ups: copy_pool_submit appends to the queue under the pool's lock and
- * signals one thread; a thread that finishes a task sets its done flag and
- * broadcasts its group's condition variable, on which the submitting worker
- * sleeps after a short spin (a 2 MiB chunk's DMA takes about 40 µs at pinned
- * speed, so the wait is often shorter than a futex wake-up).
+ * Wake-ups: copy_pool_submit appends to the queue of the submitting job's
+ * priority under the pool's lock and signals one thread (threads take the
+ * most urgent queue first); a thread that finishes a task sets its done
+ * flag, broadcasts its group's condition variable and tells the submitting
+ * worker's scheduler (sched_notify). A job on a worker yields until its
+ * task is done (sched.h); any other submitter sleeps on the group's
+ * condition variable after a short spin (a 2 MiB chunk's DMA takes about
+ * 40 µs at pinned speed, so the wait is often shorter than a futex wake-up).
  */
 #ifndef GPUQ_COPY_POOL_H
 #define GPUQ_COPY_POOL_H
@@ -30,6 +33,7 @@
 
 struct copy_pool;
 struct copy_task;
+struct sched;
 
 typedef void (*copy_task_fn)(struct copy_task *task);
 
@@ -44,6 +48,7 @@ struct copy_task {
 	copy_task_fn fn;          /* runs on a pool thread (or inline without threads) */
 	struct copy_group *group; /* set by the submitter */
 	atomic_bool done;
+	struct sched *sched;      /* the submitting worker's scheduler, told when the task is done */
 	struct copy_task *next;   /* the pool's queue link */
 };
 

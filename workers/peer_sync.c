@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "workers/clock.h"
+#include "workers/sched.h"
 
 int peer_sync_init(struct peer_sync *s, struct work *const *parts, int nparts,
 		   unsigned timeout_ms)
@@ -54,7 +55,10 @@ void peer_sync_unlock(struct peer_sync *s)
 
 void peer_sync_changed(struct peer_sync *s)
 {
+	atomic_fetch_add(&s->generation, 1);
 	pthread_cond_broadcast(&s->changed);
+	for (int i = 0; i < s->nparts; i++) /* parts that wait on a scheduler rather than the condvar */
+		sched_notify(atomic_load(&s->parts[i]->sched));
 }
 
 void peer_sync_fail(struct peer_sync *s, int self)
@@ -63,7 +67,7 @@ void peer_sync_fail(struct peer_sync *s, int self)
 	if (s->failed_part < 0)
 		s->failed_part = self;
 	atomic_store(&s->abort, true);
-	pthread_cond_broadcast(&s->changed);
+	peer_sync_changed(s);
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -71,7 +75,7 @@ void peer_sync_leave(struct peer_sync *s, int self)
 {
 	pthread_mutex_lock(&s->lock);
 	s->left[self] = true;
-	pthread_cond_broadcast(&s->changed);
+	peer_sync_changed(s);
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -147,6 +151,44 @@ static bool others_ended(const struct peer_sync *s, int self)
 	return true;
 }
 
+/* A job's view of the rendezvous while it yields (sched.h): what ends its wait. */
+struct peer_yield {
+	struct peer_sync *s;
+	unsigned generation;
+	const struct work *part;
+	double until;
+};
+
+static bool peer_yield_over(void *arg)
+{
+	const struct peer_yield *y = arg;
+	return atomic_load(&y->s->generation) != y->generation || atomic_load(&y->s->abort) ||
+	       atomic_load(&y->part->cancel) || monotonic_seconds() >= y->until;
+}
+
+/*
+ * Waits for the next change, at most `seconds`, with the lock held on
+ * entry and exit: a part running as a job yields to its device's
+ * scheduler (which other parts notify); anything else sleeps on the
+ * condition variable.
+ */
+static int wait_change(struct peer_sync *s, int self, double seconds, struct gpuq_error *err)
+{
+	if (sched_in_job()) {
+		struct peer_yield y = { s, atomic_load(&s->generation), s->parts[self],
+					monotonic_seconds() + seconds };
+		pthread_mutex_unlock(&s->lock);
+		sched_wait_host(peer_yield_over, &y, SCHED_WAIT_PEERS);
+		pthread_mutex_lock(&s->lock);
+		return 0;
+	}
+	struct timespec until = deadline_in(seconds);
+	int rc = pthread_cond_timedwait(&s->changed, &s->lock, &until);
+	if (rc != 0 && rc != ETIMEDOUT && rc != EINTR)
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "pthread_cond_timedwait: %s", strerror(rc));
+	return 0;
+}
+
 static int wait_until(struct peer_sync *s, int self, bool (*ready)(void *arg), void *arg,
 		      const char *what, bool stoppable, struct gpuq_error *err)
 {
@@ -166,11 +208,8 @@ static int wait_until(struct peer_sync *s, int self, bool (*ready)(void *arg), v
 					 "queued behind long jobs; peer_timeout_ms sets the limit)",
 					 device_of(s, self), s->timeout_ms, what);
 		double slice = PEER_SYNC_POLL_MS / 1e3;
-		struct timespec until = deadline_in(left < slice ? left : slice);
-		int rc = pthread_cond_timedwait(&s->changed, &s->lock, &until);
-		if (rc != 0 && rc != ETIMEDOUT && rc != EINTR)
-			return gpuq_fail(err, GPUQ_E_INTERNAL, "pthread_cond_timedwait: %s",
-					 strerror(rc));
+		if (wait_change(s, self, left < slice ? left : slice, err) < 0)
+			return -1;
 	}
 }
 
@@ -204,7 +243,7 @@ int peer_sync_barrier(struct peer_sync *s, int self, struct gpuq_error *err)
 	if (++s->barrier_count == (unsigned)s->nparts) {
 		s->barrier_count = 0;
 		s->barrier_generation++;
-		pthread_cond_broadcast(&s->changed);
+		peer_sync_changed(s);
 	}
 	int rc = peer_sync_wait(s, self, barrier_passed, &b, "the other parts at a barrier", err);
 	pthread_mutex_unlock(&s->lock);

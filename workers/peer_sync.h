@@ -6,7 +6,8 @@
  * Every part runs on its own worker thread and calls CUDA only for its own
  * device; what one part hands another (an event to wait for, a ring slot,
  * a checksum) goes through state guarded by `lock`, and every change is
- * broadcast on `changed`. No wait is unbounded: a waiting part gives up when
+ * broadcast on `changed` (and told to the schedulers of parts that run as
+ * jobs, which yield instead of sleeping on it). No wait is unbounded: a waiting part gives up when
  * its own job is cancelled, when another part has failed (`abort`), when a
  * part it waits for has ended without providing what it waits for (as a
  * part that never ran does), or when nothing has changed for timeout_ms.
@@ -32,6 +33,7 @@ struct peer_sync {
 	int nparts;
 	unsigned timeout_ms;   /* the longest a part waits without anything changing */
 	atomic_bool abort;     /* a part failed: every other part stops */
+	_Atomic unsigned generation; /* bumped by every change: what parts yielding to a scheduler watch */
 	int failed_part;       /* which one (the first), for messages; under lock */
 	unsigned barrier_count, barrier_generation; /* peer_sync_barrier's; under lock */
 	bool left[PEER_SYNC_MAX_PARTS]; /* the part has said it provides nothing more; under lock */

@@ -10,6 +10,7 @@
 #include "workers/bench_d2d.h"
 #include "workers/copy.h"
 #include "workers/collective.h"
+#include "workers/sched.h"
 #include "workers/transfer.h"
 #include "workers/worker.h"
 
@@ -31,8 +32,61 @@ const char *work_kind_name(enum work_kind kind)
 	case WORK_BENCH_CHAIN: return "bench_chain";
 	case WORK_ALLREDUCE: return "allreduce";
 	case WORK_ALLREDUCE_BENCH: return "bench_allreduce";
+	case WORK_BENCH_SCHED: return "bench_sched";
 	}
 	return "unknown";
+}
+
+struct memory_wait {
+	struct work *work;
+	struct device *dev;
+	uint64_t epoch;
+	double deadline;
+};
+
+/* Memory was released since the last try, the time is up, or the job was cancelled. */
+static bool memory_wait_over(void *arg)
+{
+	struct memory_wait *m = arg;
+	return sched_memory_epoch(m->dev) != m->epoch || monotonic_seconds() >= m->deadline ||
+	       atomic_load(&m->work->cancel);
+}
+
+/*
+ * An allocation, waiting up to wait_memory_ms for memory that other jobs
+ * release (each release lets every waiting allocation try again, the more
+ * urgent first, since the scheduler resumes jobs in that order).
+ */
+static int run_alloc(struct device *dev, struct work *work)
+{
+	struct memory_wait m = { .work = work, .dev = dev,
+				 .deadline = monotonic_seconds() + work->wait_memory_ms / 1e3 };
+	work->result.bytes = work->length;
+	for (;;) {
+		m.epoch = sched_memory_epoch(dev);
+		if (dev->ops->alloc(dev, work->length, &work->dptr, &work->error) == 0)
+			return 0;
+		if (work->error.code != GPUQ_E_OUT_OF_MEMORY || work->wait_memory_ms == 0 ||
+		    !sched_in_job())
+			return -1;
+		if (atomic_load(&work->cancel))
+			return gpuq_fail(&work->error, GPUQ_E_CANCELLED,
+					 "alloc cancelled while it waited for memory");
+		if (monotonic_seconds() >= m.deadline)
+			return gpuq_fail(&work->error, GPUQ_E_OUT_OF_MEMORY,
+					 "%s; waited %llu ms (wait_memory_ms) without enough being freed",
+					 work->error.message, (unsigned long long)work->wait_memory_ms);
+		sched_wait_host(memory_wait_over, &m, SCHED_WAIT_MEMORY);
+	}
+}
+
+static int run_free(struct device *dev, struct work *work)
+{
+	work->result.bytes = work->length;
+	if (dev->ops->release(dev, work->dptr, &work->error) != 0)
+		return -1;
+	sched_memory_released(dev);
+	return 0;
 }
 
 static int run_kind(struct device *dev, struct work *work)
@@ -43,11 +97,9 @@ static int run_kind(struct device *dev, struct work *work)
 	case WORK_NOOP:
 		return 0;
 	case WORK_ALLOC:
-		work->result.bytes = work->length;
-		return ops->alloc(dev, work->length, &work->dptr, err);
+		return run_alloc(dev, work);
 	case WORK_FREE:
-		work->result.bytes = work->length;
-		return ops->release(dev, work->dptr, err);
+		return run_free(dev, work);
 	case WORK_FILL:
 		work->result.bytes = work->length;
 		return ops->fill(dev, work->dptr, work->length, &work->fill, err);
@@ -71,6 +123,8 @@ static int run_kind(struct device *dev, struct work *work)
 	case WORK_ALLREDUCE:
 	case WORK_ALLREDUCE_BENCH:
 		return collective_run(dev, work);
+	case WORK_BENCH_SCHED:
+		break;
 	}
 	return gpuq_fail(err, GPUQ_E_INTERNAL, "work kind %d has no runner", (int)work->kind);
 }

@@ -3,8 +3,10 @@
  * bookkeeping every path shares. Worker thread only (see transfer.h).
  *
  * Descriptors belong to clients: a pipe may stall for ever. Descriptors read
- * or written in order are therefore polled with a short timeout before each
- * read or write, so that a cancel request is seen within POLL_MS.
+ * or written in order are polled without blocking; while one is not ready
+ * the job sleeps in growing steps up to POLL_MAX_S (yielding to the
+ * scheduler, so other jobs on the device go on), and a cancel is seen at
+ * the next look.
  */
 #include "workers/transfer.h"
 
@@ -13,14 +15,19 @@
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/hash.h"
 #include "workers/copy_hash.h"
+#include "workers/sched.h"
 #include "workers/transfer_impl.h"
 
-#define POLL_MS 100
+#define POLL_FIRST_S 20e-6
+#define POLL_MAX_S 5e-3
 
 static const char *const path_names[] = {
 	[XFER_STAGED] = "staged",
@@ -41,34 +48,36 @@ void xfer_progress(struct xfer *x)
 	atomic_store_explicit(&x->work->progress_bytes, x->done, memory_order_relaxed);
 }
 
-int xfer_drain_slots(struct xfer *x, int rc)
+void xfer_issued_all(struct xfer *x)
 {
-	for (unsigned i = 0; i < x->dev->config.staging_slots; i++) {
-		struct gpuq_error slot_err;
-		if (x->dev->ops->slot_wait(x->dev, i, &slot_err) < 0 && rc == 0) {
-			*x->err = slot_err;
-			rc = -1;
-		}
-	}
-	return rc;
+	if (x->publish_tail)
+		sched_publish_tail(x->dev);
 }
 
 /* ---- the streamed path: in order, by the worker ---- */
 
-/* Waits until the descriptor is ready for `events`, or the job is cancelled. */
+/*
+ * Waits until the descriptor is ready for `events`, or the job is
+ * cancelled: polls without blocking and sleeps between looks, in steps
+ * that grow while nothing comes (so a stalled pipe costs a look every few
+ * milliseconds, and a busy one is read as soon as it has data).
+ */
 static int stream_wait(struct xfer *x, short events, uint64_t at)
 {
+	double pause = POLL_FIRST_S;
 	for (;;) {
 		if (atomic_load(&x->work->cancel))
 			return gpuq_fail(x->err, GPUQ_E_CANCELLED, "job cancelled after %llu bytes",
 					 (unsigned long long)at);
 		struct pollfd p = { .fd = x->fd, .events = events };
-		int n = poll(&p, 1, POLL_MS);
+		int n = poll(&p, 1, 0);
 		if (n > 0)
 			return 0; /* ready, or an error the next call will report */
 		if (n < 0 && errno != EINTR)
 			return gpuq_fail(x->err, GPUQ_E_IO, "poll on the client's descriptor: %s",
 					 strerror(errno));
+		sched_sleep(pause);
+		pause = pause * 2 < POLL_MAX_S ? pause * 2 : POLL_MAX_S;
 	}
 }
 
@@ -95,16 +104,39 @@ static ssize_t stream_read(struct xfer *x, void *buf, size_t n)
 	return (ssize_t)got;
 }
 
+/*
+ * How much may be written now without blocking the worker (the client's
+ * descriptor is its own, blocking, and must stay so): a pipe's free room;
+ * a socket is written with MSG_DONTWAIT instead; anything else in full.
+ */
+static size_t stream_room(struct xfer *x, size_t n)
+{
+	int size = 0, queued = 0;
+	if (!x->fifo || (size = fcntl(x->fd, F_GETPIPE_SZ)) <= 0 || ioctl(x->fd, FIONREAD, &queued) < 0)
+		return n;
+	size_t room = size > queued ? (size_t)(size - queued) : 0;
+	if (room < PIPE_BUF)
+		room = PIPE_BUF; /* poll said writable: at least this much fits */
+	return room < n ? room : n;
+}
+
+static ssize_t stream_write_some(struct xfer *x, const char *buf, size_t n)
+{
+	if (x->socket)
+		return send(x->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+	return write(x->fd, buf, stream_room(x, n));
+}
+
 static int stream_write(struct xfer *x, const void *buf, size_t n)
 {
 	size_t put = 0;
 	while (put < n) {
 		if (stream_wait(x, POLLOUT, x->done + put) < 0)
 			return -1;
-		ssize_t w = write(x->fd, (const char *)buf + put, n - put);
+		ssize_t w = stream_write_some(x, (const char *)buf + put, n - put);
 		if (w > 0)
 			put += (size_t)w;
-		else if (w == 0 || (errno != EINTR && errno != EAGAIN))
+		else if (w == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
 			return gpuq_fail(x->err, GPUQ_E_IO, "writing the destination after %llu bytes: %s",
 					 (unsigned long long)(x->done + put),
 					 w == 0 ? "wrote nothing" : strerror(errno));
@@ -112,64 +144,136 @@ static int stream_write(struct xfer *x, const void *buf, size_t n)
 	return 0;
 }
 
-/* One slot at a time in ring order: reading slot k+1 overlaps the DMA of slot k. */
+/* Slots of a streamed transfer: DMAs in flight in order, each slot given back once its DMA is done. */
+struct stream_ring {
+	unsigned slot[GPUQ_MAX_STAGING_SLOTS];
+	size_t size[GPUQ_MAX_STAGING_SLOTS];
+	unsigned head, count;
+};
+
+static void ring_push(struct stream_ring *r, unsigned slot, size_t size)
+{
+	unsigned at = (r->head + r->count++) % GPUQ_MAX_STAGING_SLOTS;
+	r->slot[at] = slot;
+	r->size[at] = size;
+}
+
+/* Waits for the oldest DMA and takes it off the ring (its slot is still held). */
+static int ring_pop(struct xfer *x, struct stream_ring *r, unsigned *slot, size_t *size)
+{
+	if (r->count == 0)
+		return gpuq_fail(x->err, GPUQ_E_INTERNAL,
+				 "[gpu %d] streamed transfer: no staging slot to be had outside a job",
+				 x->dev->index);
+	*slot = r->slot[r->head];
+	*size = r->size[r->head];
+	r->head = (r->head + 1) % GPUQ_MAX_STAGING_SLOTS;
+	r->count--;
+	return x->dev->ops->slot_wait(x->dev, *slot, x->err);
+}
+
+/* Waits for every DMA still on the ring and gives its slot back; keeps the first error. */
+static int ring_drain(struct xfer *x, struct stream_ring *r, int rc)
+{
+	while (r->count) {
+		unsigned slot;
+		size_t size = 0;
+		struct gpuq_error err;
+		struct gpuq_error *keep = x->err;
+		x->err = &err;
+		if (ring_pop(x, r, &slot, &size) < 0 && rc == 0) {
+			*keep = err;
+			rc = -1;
+		}
+		x->err = keep;
+		sched_slot_release(x->dev, slot);
+	}
+	return rc;
+}
+
+/* A slot for the next chunk: a free one while the job may have more, else the oldest DMA's. */
+static int ring_slot(struct xfer *x, struct stream_ring *r, unsigned *slot)
+{
+	size_t size;
+	if (r->count < x->slots && sched_slot_acquire(x->dev, r->count == 0, slot) == 0)
+		return 0;
+	return ring_pop(x, r, slot, &size);
+}
+
+/* Reading the next chunk into a slot overlaps the DMAs of those before it. */
 static int put_streamed(struct xfer *x)
 {
 	struct device *dev = x->dev;
-	unsigned slot = 0;
+	struct stream_ring ring = { .count = 0 };
 	int rc = 0;
 	while (x->done < x->total && rc == 0 && (rc = xfer_cancelled(x)) == 0) {
 		size_t want = x->total - x->done < x->chunk ? (size_t)(x->total - x->done) : x->chunk;
-		rc = dev->ops->slot_wait(dev, slot, x->err);
-		ssize_t got = rc == 0 ? stream_read(x, dev->staging[slot], want) : -1;
-		if (got < 0) {
-			rc = -1;
+		unsigned slot;
+		if ((rc = ring_slot(x, &ring, &slot)) != 0)
+			break;
+		ssize_t got = stream_read(x, dev->staging[slot], want);
+		if (got <= 0) {
+			sched_slot_release(dev, slot);
+			rc = got < 0 ? -1 : 0;
+			x->eof = got == 0;
 			break;
 		}
-		if (got > 0) {
-			if (x->verify)
-				x->sum += copy_hash_terms(dev->staging[slot], (size_t)got, x->done / 8);
-			rc = dev->ops->h2d_async(dev, x->base + x->done, slot, (size_t)got, x->err);
-			x->done += (uint64_t)got;
-			xfer_progress(x);
-			slot = (slot + 1) % x->slots;
+		if (x->verify)
+			x->sum += copy_hash_terms(dev->staging[slot], (size_t)got, x->done / 8);
+		if ((rc = dev->ops->h2d_async(dev, x->base + x->done, slot, (size_t)got, x->err)) != 0) {
+			sched_slot_release(dev, slot);
+			break;
 		}
-		if ((size_t)got < want) {
+		ring_push(&ring, slot, (size_t)got);
+		x->done += (uint64_t)got;
+		xfer_progress(x);
+		if ((size_t)got < want)
 			x->eof = true;
+		if (x->eof || x->done == x->total)
+			xfer_issued_all(x);
+		if (x->eof)
 			break;
-		}
 	}
-	return xfer_drain_slots(x, rc);
+	return ring_drain(x, &ring, rc);
 }
 
-/* Every slot in flight first; then each slot written out is refilled. */
+/* DMAs into slots ahead; each finished slot is written out, then refilled. */
 static int get_streamed(struct xfer *x)
 {
 	struct device *dev = x->dev;
-	size_t sizes[GPUQ_MAX_STAGING_SLOTS] = { 0 };
+	struct stream_ring ring = { .count = 0 };
 	uint64_t issued = 0;
 	int rc = 0;
-	for (unsigned k = 0; k < x->slots && issued < x->total && rc == 0; k++) {
-		sizes[k] = x->total - issued < x->chunk ? (size_t)(x->total - issued) : x->chunk;
-		rc = dev->ops->d2h_async(dev, k, x->base + issued, sizes[k], x->err);
-		issued += sizes[k];
-	}
-	for (unsigned slot = 0; x->done < x->total && rc == 0; slot = (slot + 1) % x->slots) {
-		if ((rc = xfer_cancelled(x)) != 0 || (rc = dev->ops->slot_wait(dev, slot, x->err)) != 0)
-			break;
-		if (x->verify)
-			x->sum += copy_hash_terms(dev->staging[slot], sizes[slot], x->done / 8);
-		if ((rc = stream_write(x, dev->staging[slot], sizes[slot])) != 0)
-			break;
-		x->done += sizes[slot];
-		xfer_progress(x);
-		if (issued < x->total) {
-			sizes[slot] = x->total - issued < x->chunk ? (size_t)(x->total - issued) : x->chunk;
-			rc = dev->ops->d2h_async(dev, slot, x->base + issued, sizes[slot], x->err);
-			issued += sizes[slot];
+	while (x->done < x->total && rc == 0 && (rc = xfer_cancelled(x)) == 0) {
+		unsigned slot;
+		while (issued < x->total && ring.count < x->slots &&
+		       sched_slot_acquire(dev, ring.count == 0, &slot) == 0) {
+			size_t n = x->total - issued < x->chunk ? (size_t)(x->total - issued) : x->chunk;
+			if ((rc = dev->ops->d2h_async(dev, slot, x->base + issued, n, x->err)) != 0) {
+				sched_slot_release(dev, slot);
+				break;
+			}
+			ring_push(&ring, slot, n);
+			issued += n;
+			if (issued == x->total)
+				xfer_issued_all(x);
 		}
+		size_t size = 0;
+		if (rc != 0 || (rc = ring_pop(x, &ring, &slot, &size)) != 0) {
+			if (size) /* popped: the slot is still ours */
+				sched_slot_release(dev, slot);
+			break;
+		}
+		if (x->verify)
+			x->sum += copy_hash_terms(dev->staging[slot], size, x->done / 8);
+		rc = stream_write(x, dev->staging[slot], size);
+		sched_slot_release(dev, slot);
+		if (rc != 0)
+			break;
+		x->done += size;
+		xfer_progress(x);
 	}
-	return xfer_drain_slots(x, rc);
+	return ring_drain(x, &ring, rc);
 }
 
 /* ---- setting up, and what follows every path ---- */
@@ -188,6 +292,7 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	x->chunk = dev->config.staging_slot_bytes & ~(size_t)7;
 	x->slots = dev->config.staging_slots;
 	x->verify = work->verify;
+	x->publish_tail = true;
 	x->scratch = work->scratch;
 	x->seed = work->seed;
 	if (x->scratch)
@@ -196,6 +301,8 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	if (x->fd_flags < 0 || fstat(work->fd, &st) < 0)
 		return gpuq_fail(x->err, GPUQ_E_IO, "the client's descriptor: %s", strerror(errno));
 	x->regular = S_ISREG(st.st_mode);
+	x->fifo = S_ISFIFO(st.st_mode);
+	x->socket = S_ISSOCK(st.st_mode);
 	x->size = st.st_size;
 	x->pos = x->regular ? lseek(work->fd, 0, SEEK_CUR) : 0;
 	if (x->pos < 0)
@@ -336,6 +443,7 @@ int transfer_put(struct device *dev, struct work *work)
 	struct xfer x;
 	uint64_t room = work->length, device_sum = 0;
 	int rc = xfer_open(&x, dev, work);
+	x.publish_tail = !x.verify; /* verify reads the range on the device after the DMAs */
 	if (rc == 0)
 		rc = xfer_choose_path(&x, true);
 	if (rc == 0 && x.path != XFER_STREAMED && !x.scratch)

@@ -33,6 +33,7 @@ struct xfer {
 	int fd;
 	int fd_flags;    /* fcntl F_GETFL */
 	bool regular;    /* a regular file or a memfd */
+	bool fifo, socket; /* streamed: how to write without blocking */
 	off_t size;      /* regular: its size when the job started */
 	off_t pos;       /* regular: the descriptor's offset when the job started */
 	uint64_t total;  /* bytes to move; a put without length moves up to this many */
@@ -43,6 +44,7 @@ struct xfer {
 	uint64_t seed;
 	enum xfer_path path;
 	uint64_t done;   /* bytes moved so far */
+	bool publish_tail; /* tell the scheduler once the last DMA is issued (no device work follows) */
 	uint64_t sum;    /* checksum terms of the bytes that passed through the host */
 	bool eof;        /* streamed put: the source ended */
 	/*
@@ -59,7 +61,8 @@ struct xfer {
 struct xfer_chunk {
 	struct copy_task task; /* first: the task is the chunk */
 	struct xfer *x;
-	unsigned char *buf; /* the staging slot */
+	unsigned slot;      /* the staging slot it holds (sched_slot_acquire) */
+	unsigned char *buf; /* that slot's memory */
 	uint64_t at;        /* offset within the transfer */
 	size_t n;           /* bytes to read or write */
 	size_t got;         /* bytes read or written */
@@ -70,8 +73,8 @@ struct xfer_chunk {
 /* transfer.c */
 int xfer_cancelled(struct xfer *x);
 void xfer_progress(struct xfer *x);
-/* Waits for every staging slot; keeps the first error (rc != 0 on entry wins). */
-int xfer_drain_slots(struct xfer *x, int rc);
+/* The last DMA is issued: later jobs on the buffer may start (sched_publish_tail). */
+void xfer_issued_all(struct xfer *x);
 
 /* transfer_staged.c */
 int xfer_put_staged(struct xfer *x);

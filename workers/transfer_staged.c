@@ -1,14 +1,17 @@
 /*
  * The staged path: a regular file or memfd moved through the pinned staging
  * ring, its reads (put) or writes (get) done by the copy threads at the
- * file's offsets, several slots at once. Chunk k uses slot k % slots.
+ * file's offsets, several slots at once. The ring is the device's, shared by
+ * the jobs in flight there: each chunk takes a slot from the scheduler
+ * (sched_slot_acquire) and gives it back once its DMA (put) or its write-out
+ * (get) is done, so a transfer holds at most its share of the ring while
+ * others want slots, and a small job never waits behind a large one's ring.
  *
- * Put: the worker keeps up to a ring of chunks handed to the copy threads
- * ahead of the next DMA (chunk j), reusing a slot once its event says its last
- * DMA is done; as each chunk is read, in order, it issues that slot's DMA on
- * the h2d stream. Get is the mirror on the d2h stream: a slot's DMA is issued
- * once the copy thread that wrote its previous chunk out is done, and a
- * finished DMA is handed to a copy thread to write out: by memcpy into a
+ * Put: the job keeps chunks handed to the copy threads ahead of the next DMA
+ * (chunk j), as far as it can have slots without waiting; as each chunk is
+ * read, in order, it issues that slot's DMA on its lane. Get is the mirror:
+ * DMAs are issued into slots ahead, and a finished DMA is handed to a copy
+ * thread to write out: by memcpy into a
  * shared mapping of the destination where the descriptor allows it (pwrites
  * to one file serialise on its inode lock; reads do not), populated first,
  * with the copy pool's store function (copy_store.h: memcpy, or
@@ -29,14 +32,15 @@
 
 #include "workers/copy_guard.h"
 #include "workers/copy_hash.h"
+#include "workers/sched.h"
 #include "workers/transfer_impl.h"
 
 struct staged {
 	struct xfer *x;
-	struct xfer_chunk *ch; /* one per slot */
+	struct xfer_chunk *ch; /* chunk k's record is ch[k % window] */
+	unsigned window;
 	struct copy_group group;
 	uint64_t nchunks;
-	uint64_t next; /* chunks handed to the copy threads so far */
 };
 
 /* Copy thread: the chunk's bytes from the source into its slot, until n or end of file. */
@@ -116,39 +120,47 @@ static int staged_open(struct staged *s, struct xfer *x)
 	memset(s, 0, sizeof *s);
 	s->x = x;
 	s->nchunks = (x->total + x->chunk - 1) / x->chunk;
-	s->ch = calloc(x->slots, sizeof *s->ch);
+	s->window = x->slots;
+	s->ch = calloc(s->window, sizeof *s->ch);
 	if (!s->ch)
 		return gpuq_fail(x->err, GPUQ_E_OUT_OF_MEMORY, "no host memory for %u chunk records",
-				 x->slots);
+				 s->window);
 	copy_group_init(&s->group);
 	return 0;
 }
 
-/* Waits for the chunks handed out from `from` on (those before it were waited for). */
-static void staged_close(struct staged *s, uint64_t from)
+static struct xfer_chunk *chunk_of(struct staged *s, uint64_t k)
 {
-	if (!s->ch)
-		return;
-	for (uint64_t k = from; k < s->next; k++)
-		copy_task_wait(&s->ch[k % s->x->slots].task);
-	copy_group_destroy(&s->group);
-	free(s->ch);
+	return &s->ch[k % s->window];
 }
 
-/* Chunk k's record, set up for its slot (not yet handed out). */
-static struct xfer_chunk *chunk_prepare(struct staged *s, uint64_t k, copy_task_fn fn)
+/* Chunk k's record, with a slot taken (waiting for one only if `wait`); NULL without a slot. */
+static struct xfer_chunk *chunk_prepare(struct staged *s, uint64_t k, copy_task_fn fn, bool wait)
 {
 	struct xfer *x = s->x;
-	unsigned slot = (unsigned)(k % x->slots);
-	struct xfer_chunk *c = &s->ch[slot];
+	unsigned slot;
+	if (sched_slot_acquire(x->dev, wait, &slot) != 0)
+		return NULL;
+	struct xfer_chunk *c = chunk_of(s, k);
 	memset(c, 0, sizeof *c);
 	c->task.fn = fn;
 	c->task.group = &s->group;
 	c->x = x;
+	c->slot = slot;
 	c->buf = x->dev->staging[slot];
 	c->at = k * x->chunk;
 	c->n = x->total - c->at < x->chunk ? (size_t)(x->total - c->at) : x->chunk;
 	return c;
+}
+
+/* Gives a chunk's slot back once its last DMA is done (waiting for it, unless the device faulted). */
+static void chunk_release(struct staged *s, struct xfer_chunk *c, bool dma_issued)
+{
+	struct xfer *x = s->x;
+	struct gpuq_error ignored;
+	if (dma_issued && !x->dev->faulted)
+		x->dev->ops->slot_wait(x->dev, c->slot, &ignored);
+	sched_slot_release(x->dev, c->slot);
 }
 
 /* A finished chunk: its read or write error, or a source that ended early. */
@@ -170,62 +182,114 @@ static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
 	return 0;
 }
 
-/*
- * Hands reads to the copy threads while their slots are free, up to a ring
- * ahead of chunk j, the next to DMA. A slot's last DMA (that of chunk
- * next - slots, before j) is issued already; it is waited for only when
- * chunk j itself needs the slot.
- */
-static int put_fill_ring(struct staged *s, uint64_t j)
+/* ---- put ---- */
+
+/* Where a put is: chunks [r, j) have DMAs issued, [j, next) are being read. */
+struct put_state {
+	uint64_t r, j, next;
+};
+
+/* Gives back the slots of chunks whose DMA has finished, oldest first. */
+static int put_reclaim(struct staged *s, struct put_state *p)
 {
 	struct xfer *x = s->x;
-	struct device *dev = x->dev;
-	while (s->next < s->nchunks && s->next < j + x->slots) {
-		unsigned slot = (unsigned)(s->next % x->slots);
-		if (s->next >= x->slots) {
-			bool ready = true;
-			if (s->next > j && dev->ops->slot_ready(dev, slot, &ready, x->err) < 0)
-				return -1;
-			if (!ready)
-				break;
-			if (s->next == j && dev->ops->slot_wait(dev, slot, x->err) < 0)
-				return -1;
-		}
-		struct xfer_chunk *c = chunk_prepare(s, s->next++, chunk_read);
-		copy_pool_submit(x->pool, &c->task);
+	while (p->r < p->j) {
+		bool ready = false;
+		struct xfer_chunk *c = chunk_of(s, p->r);
+		if (x->dev->ops->slot_ready(x->dev, c->slot, &ready, x->err) < 0)
+			return -1;
+		if (!ready)
+			break;
+		sched_slot_release(x->dev, c->slot);
+		p->r++;
 	}
 	return 0;
+}
+
+/*
+ * Hands reads to the copy threads for as many chunks ahead as the job can
+ * have slots for now. When nothing is being read, chunk j needs a slot: the
+ * oldest DMA's, once done, or a free one, waited for.
+ */
+static int put_fill(struct staged *s, struct put_state *p)
+{
+	struct xfer *x = s->x;
+	while (p->next < s->nchunks && p->next < p->r + s->window) {
+		bool must = p->next == p->j && p->r == p->j;
+		struct xfer_chunk *c = chunk_prepare(s, p->next, chunk_read, must);
+		if (!c)
+			break;
+		copy_pool_submit(x->pool, &c->task);
+		p->next++;
+	}
+	if (p->next > p->j)
+		return 0;
+	/* Nothing is read and no slot is free to us: the oldest DMA's slot comes back first. */
+	struct xfer_chunk *oldest = chunk_of(s, p->r);
+	if (x->dev->ops->slot_wait(x->dev, oldest->slot, x->err) < 0)
+		return -1;
+	sched_slot_release(x->dev, oldest->slot);
+	p->r++;
+	return put_fill(s, p);
+}
+
+/* Waits for what is still out: reads [j, next) and DMAs [r, j); gives every slot back. */
+static void put_close(struct staged *s, const struct put_state *p)
+{
+	for (uint64_t k = p->j; k < p->next; k++) {
+		copy_task_wait(&chunk_of(s, k)->task);
+		chunk_release(s, chunk_of(s, k), false);
+	}
+	for (uint64_t k = p->r; k < p->j; k++)
+		chunk_release(s, chunk_of(s, k), true);
+	copy_group_destroy(&s->group);
+	free(s->ch);
 }
 
 int xfer_put_staged(struct xfer *x)
 {
 	struct staged s;
+	struct put_state p = { 0, 0, 0 };
 	int rc = staged_open(&s, x);
-	uint64_t j = 0;
-	for (; j < s.nchunks && rc == 0; j++) {
-		if ((rc = xfer_cancelled(x)) != 0 || (rc = put_fill_ring(&s, j)) != 0)
+	if (rc != 0)
+		return rc;
+	while (p.j < s.nchunks && rc == 0) {
+		if ((rc = xfer_cancelled(x)) != 0 || (rc = put_reclaim(&s, &p)) != 0 ||
+		    (rc = put_fill(&s, &p)) != 0)
 			break;
-		struct xfer_chunk *c = &s.ch[j % x->slots];
+		struct xfer_chunk *c = chunk_of(&s, p.j);
 		copy_task_wait(&c->task);
 		if ((rc = chunk_check(x, c, true)) != 0)
 			break;
-		rc = x->dev->ops->h2d_async(x->dev, x->base + c->at, (unsigned)(j % x->slots), c->n,
-					    x->err);
-		if (rc == 0) {
-			x->sum += c->sum;
-			x->done += c->n;
-			xfer_progress(x);
-		}
+		rc = x->dev->ops->h2d_async(x->dev, x->base + c->at, c->slot, c->n, x->err);
+		if (rc != 0)
+			break;
+		p.j++;
+		x->sum += c->sum;
+		x->done += c->n;
+		xfer_progress(x);
+		if (p.j == s.nchunks)
+			xfer_issued_all(x);
 	}
-	staged_close(&s, j);
-	return xfer_drain_slots(x, rc);
+	put_close(&s, &p);
+	return rc;
 }
 
-/* A chunk a copy thread has written out: its outcome, counted once. */
-static int get_collect(struct staged *s, struct xfer_chunk *c)
+/* ---- get ---- */
+
+/* Where a get is: chunks [collected, w) are being written out, [w, issued) have DMAs issued. */
+struct get_state {
+	uint64_t collected, w, issued;
+};
+
+/* A chunk a copy thread has written out: its outcome, counted once, and its slot back. */
+static int get_collect(struct staged *s, struct get_state *g)
 {
 	struct xfer *x = s->x;
+	struct xfer_chunk *c = chunk_of(s, g->collected);
 	copy_task_wait(&c->task);
+	g->collected++;
+	sched_slot_release(x->dev, c->slot);
 	if (chunk_check(x, c, false) < 0)
 		return -1;
 	x->sum += c->sum;
@@ -235,28 +299,32 @@ static int get_collect(struct staged *s, struct xfer_chunk *c)
 }
 
 /*
- * Issues DMAs into the slots whose writers are done, up to a ring ahead of
- * chunk w, the next to hand to a writer. The writer of a slot's previous
- * chunk (issued - slots, before w) is waited for only when chunk w itself
- * needs the slot. *collected counts the chunks whose writes were checked.
+ * Issues DMAs for as many chunks ahead as the job can have slots for now;
+ * when none is in flight, chunk w needs one: the oldest write's, once
+ * done, or a free one, waited for.
  */
-static int get_fill_ring(struct staged *s, uint64_t w, uint64_t *issued, uint64_t *collected)
+static int get_fill(struct staged *s, struct get_state *g)
 {
 	struct xfer *x = s->x;
-	while (*issued < s->nchunks && *issued < w + x->slots) {
-		unsigned slot = (unsigned)(*issued % x->slots);
-		if (*issued >= x->slots) {
-			if (*issued > w && !copy_task_done(&s->ch[slot].task))
-				break;
-			if (get_collect(s, &s->ch[slot]) < 0)
-				return -1;
-			(*collected)++;
-		}
-		struct xfer_chunk *c = chunk_prepare(s, (*issued)++, chunk_write);
-		if (x->dev->ops->d2h_async(x->dev, slot, x->base + c->at, c->n, x->err) < 0)
+	while (g->collected < g->w && copy_task_done(&chunk_of(s, g->collected)->task))
+		if (get_collect(s, g) < 0)
 			return -1;
+	while (g->issued < s->nchunks && g->issued < g->collected + s->window) {
+		bool must = g->issued == g->w && g->collected == g->w;
+		struct xfer_chunk *c = chunk_prepare(s, g->issued, chunk_write, must);
+		if (!c)
+			break;
+		g->issued++;
+		if (x->dev->ops->d2h_async(x->dev, c->slot, x->base + c->at, c->n, x->err) < 0)
+			return -1;
+		if (g->issued == s->nchunks)
+			xfer_issued_all(x);
 	}
-	return 0;
+	if (g->issued > g->w)
+		return 0;
+	if (get_collect(s, g) < 0) /* the oldest write's slot comes back first */
+		return -1;
+	return get_fill(s, g);
 }
 
 /*
@@ -323,30 +391,43 @@ static void unmap_destination(struct xfer *x)
 	x->map = x->map_data = NULL;
 }
 
+/* Waits for what is still out: DMAs [w, issued) and writes [collected, w); gives every slot back. */
+static void get_close(struct staged *s, const struct get_state *g)
+{
+	for (uint64_t k = g->collected; k < g->w; k++) {
+		copy_task_wait(&chunk_of(s, k)->task);
+		chunk_release(s, chunk_of(s, k), false);
+	}
+	for (uint64_t k = g->w; k < g->issued; k++)
+		chunk_release(s, chunk_of(s, k), true);
+	copy_group_destroy(&s->group);
+	free(s->ch);
+}
+
 int xfer_get_staged(struct xfer *x)
 {
 	struct staged s;
-	uint64_t issued = 0, collected = 0;
+	struct get_state g = { 0, 0, 0 };
 	get_map_destination(x);
 	int rc = staged_open(&s, x);
-	for (uint64_t w = 0; w < s.nchunks && rc == 0; w++) {
-		if ((rc = xfer_cancelled(x)) != 0 ||
-		    (rc = get_fill_ring(&s, w, &issued, &collected)) != 0)
+	while (rc == 0 && g.w < s.nchunks) {
+		if ((rc = xfer_cancelled(x)) != 0 || (rc = get_fill(&s, &g)) != 0)
 			break;
-		unsigned slot = (unsigned)(w % x->slots);
-		if ((rc = x->dev->ops->slot_wait(x->dev, slot, x->err)) != 0)
+		struct xfer_chunk *c = chunk_of(&s, g.w);
+		if ((rc = x->dev->ops->slot_wait(x->dev, c->slot, x->err)) != 0)
 			break;
-		copy_pool_submit(x->pool, &s.ch[slot].task);
-		s.next = w + 1;
+		copy_pool_submit(x->pool, &c->task);
+		g.w++;
 	}
-	/* The last ring of writes: checked in order, stopping at the first failure. */
-	for (; collected < s.next && rc == 0; collected++)
-		rc = get_collect(&s, &s.ch[collected % x->slots]);
+	/* The last writes: checked in order, stopping at the first failure. */
+	while (rc == 0 && g.collected < g.w)
+		rc = get_collect(&s, &g);
 	if (rc == 0 && x->done < x->total && !atomic_load(&x->work->cancel))
 		rc = gpuq_fail(x->err, GPUQ_E_INTERNAL, "get: %llu of %llu bytes written",
 			       (unsigned long long)x->done, (unsigned long long)x->total);
-	staged_close(&s, collected);
+	if (s.ch)
+		get_close(&s, &g);
 	if (x->map)
 		unmap_destination(x);
-	return xfer_drain_slots(x, rc);
+	return rc;
 }

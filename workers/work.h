@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "protocol/protocol.h"
 #include "workers/backend.h"
@@ -34,9 +35,23 @@ enum work_kind {
 	/* kinds of the all-reduce issue */
 	WORK_ALLREDUCE,       /* allreduce: one rank's part (spec: struct allreduce_spec) */
 	WORK_ALLREDUCE_BENCH, /* bench_allreduce: the raw loop on the same communicator */
+	/* kinds of the scheduler issue */
+	WORK_BENCH_SCHED, /* bench_sched: the raw ceiling of overlapping engines (spec: struct sched_bench) */
 };
 
 enum work_phase { WORK_QUEUED, WORK_RUNNING, WORK_FINISHED };
+
+/*
+ * A range of a buffer a work reads or writes: what the scheduler keeps in
+ * order (workers/sched.h). base is the buffer's device memory (its identity
+ * while it lives), [off, off + len) the range.
+ */
+struct work_access {
+	const void *base;
+	uint64_t off, len;
+	bool write;
+};
+#define WORK_MAX_ACCESS 16
 
 struct work_result {
 	uint64_t bytes;     /* bytes allocated, freed, moved, filled or hashed */
@@ -72,6 +87,34 @@ struct work {
 	 */
 	_Atomic uint64_t progress_bytes;
 	_Atomic uint64_t progress_total;
+
+	/*
+	 * Scheduling, set by the main thread before submission: the priority
+	 * (enum gpuq_priority), whose share it draws on and with what weight,
+	 * the buffer ranges it touches, and for alloc how long it may wait for
+	 * memory (0: fail at once).
+	 */
+	int priority;
+	uid_t owner_uid;
+	double weight;
+	uint64_t job_id; /* the job's id, for waiting reasons ("behind job 12") */
+	struct work_access access[WORK_MAX_ACCESS];
+	unsigned naccess;
+	uint64_t wait_memory_ms;
+
+	/*
+	 * The scheduler's (workers/sched.c): the submission order, the ledger
+	 * links (under the worker's lock), the lane and tail event while in
+	 * flight. `waiting` and `waiting_job` say why the work waits, for the
+	 * main thread to show (atomics: read without the lock).
+	 */
+	uint64_t seq;
+	struct work *ledger_prev, *ledger_next;
+	int sched_state; /* sched.c's enum */
+	void *tail_event;
+	void *_Atomic sched; /* the struct sched running it, once admitted (for sched_notify) */
+	_Atomic int waiting;          /* enum sched_wait */
+	_Atomic uint64_t waiting_job; /* the job it waits behind, where there is one */
 
 	/* Shared. */
 	atomic_bool cancel;

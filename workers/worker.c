@@ -64,47 +64,6 @@ static void worker_mark_opened(struct worker *w, int rc, const struct gpuq_error
 	pthread_mutex_unlock(&pool->done_lock);
 }
 
-/*
- * Worker thread, without the lock: polls the queue depth for up to spin_us
- * before the worker sleeps. A client that sends its next job right after
- * the last reply then finds the worker awake: a futex wake-up costs tens of
- * microseconds, several times a whole dispatch.
- */
-static void worker_spin(struct worker *w)
-{
-	double end = monotonic_seconds() + w->pool->spin_us / 1e6;
-	for (unsigned i = 1; atomic_load_explicit(&w->depth, memory_order_relaxed) == 0; i++) {
-		__builtin_ia32_pause();
-		if (i % 64 == 0 && monotonic_seconds() > end)
-			return;
-	}
-}
-
-/* Worker thread: blocks for the next work; NULL when told to stop and drained. */
-static struct work *worker_next(struct worker *w)
-{
-	pthread_mutex_lock(&w->lock);
-	if (!w->head && !w->stopping && w->pool->spin_us) {
-		pthread_mutex_unlock(&w->lock);
-		worker_spin(w);
-		pthread_mutex_lock(&w->lock);
-	}
-	while (!w->head && !w->stopping)
-		pthread_cond_wait(&w->wake, &w->lock);
-	struct work *work = w->head;
-	if (work) {
-		w->head = work->next;
-		if (!w->head)
-			w->tail = NULL;
-		w->depth--;
-		work->next = NULL;
-		work->started_at = monotonic_seconds();
-		atomic_store(&work->phase, WORK_RUNNING);
-	}
-	pthread_mutex_unlock(&w->lock);
-	return work;
-}
-
 static bool work_moves_bytes(enum work_kind kind)
 {
 	return kind == WORK_PUT || kind == WORK_GET || kind == WORK_COPY;
@@ -133,20 +92,33 @@ static void worker_account(struct worker *w, struct work *work)
 	pthread_mutex_unlock(&w->lock);
 }
 
-static void worker_run_one(struct worker *w, struct work *work)
+void worker_finish_work(struct worker *w, struct work *work)
 {
-	gpuq_error_clear(&work->error);
-	if (atomic_load(&work->cancel)) {
-		gpuq_fail(&work->error, GPUQ_E_CANCELLED, "job cancelled before it started");
-	} else if (w->dev.faulted) {
-		gpuq_fail(&work->error, GPUQ_E_NO_DEVICE, "device %d is unhealthy: %s",
-			  w->dev.index, w->dev.fault_reason);
-	} else {
-		run_work(&w->dev, work);
-	}
 	worker_account(w, work);
 	atomic_store(&work->phase, WORK_FINISHED);
 	pool_push_done(w->pool, work);
+}
+
+/* Worker thread: a device that never opened refuses what slipped in before its health was known. */
+static void worker_refuse_all(struct worker *w, const struct gpuq_error *why)
+{
+	pthread_mutex_lock(&w->lock);
+	for (;;) {
+		while (!w->stopping && !w->queues.queued)
+			pthread_cond_wait(&w->wake, &w->lock);
+		struct work *work = sched_queued_first(&w->queues);
+		if (!work)
+			break;
+		sched_remove(&w->queues, work);
+		w->depth--;
+		pthread_mutex_unlock(&w->lock);
+		gpuq_fail(&work->error, GPUQ_E_NO_DEVICE, "device %d is unhealthy: %s", w->dev.index,
+			  why->message);
+		atomic_store(&work->phase, WORK_FINISHED);
+		pool_push_done(w->pool, work);
+		pthread_mutex_lock(&w->lock);
+	}
+	pthread_mutex_unlock(&w->lock);
 }
 
 static void *worker_main(void *arg)
@@ -155,22 +127,23 @@ static void *worker_main(void *arg)
 	struct gpuq_error err;
 	gpuq_error_clear(&err);
 	int rc = w->dev.ops->open(&w->dev, &err);
-	worker_mark_opened(w, rc, &err);
-
-	struct work *work;
-	while ((work = worker_next(w)) != NULL) {
-		if (rc != 0) {
-			/* Never opened: refuse what slipped in before health was known. */
-			gpuq_fail(&work->error, GPUQ_E_NO_DEVICE, "device %d is unhealthy: %s",
-				  w->dev.index, err.message);
-			atomic_store(&work->phase, WORK_FINISHED);
-			pool_push_done(w->pool, work);
-			continue;
-		}
-		worker_run_one(w, work);
-	}
-	if (rc == 0)
+	struct sched *s = NULL;
+	if (rc == 0 && !(s = sched_create(w, w->pool->max_inflight))) {
+		rc = gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "device %d: no memory for its scheduler",
+			       w->dev.index);
 		w->dev.ops->close(&w->dev);
+	}
+	pthread_mutex_lock(&w->lock);
+	w->sched = s;
+	pthread_mutex_unlock(&w->lock);
+	worker_mark_opened(w, rc, &err);
+	if (rc != 0) {
+		worker_refuse_all(w, &err);
+		return NULL;
+	}
+	sched_run(s);
+	sched_release(s); /* the struct stays for worker_pool_stop: see sched.h */
+	w->dev.ops->close(&w->dev);
 	return NULL;
 }
 
@@ -186,8 +159,13 @@ static void worker_init(struct worker_pool *pool, struct worker *w, int index,
 	w->dev.config = *config;
 	w->dev.device_count = pool->count;
 	snprintf(w->health, sizeof w->health, "starting");
+	sched_queues_init(&w->queues);
 	pthread_mutex_init(&w->lock, NULL);
-	pthread_cond_init(&w->wake, NULL);
+	pthread_condattr_t attr;
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC); /* the scheduler's timed sleeps */
+	pthread_cond_init(&w->wake, &attr);
+	pthread_condattr_destroy(&attr);
 }
 
 static void pool_wait_opened(struct worker_pool *pool, int started)
@@ -199,22 +177,21 @@ static void pool_wait_opened(struct worker_pool *pool, int started)
 }
 
 int worker_pool_start(struct worker_pool *pool, uv_loop_t *loop,
-		      const struct backend_ops *ops, const int *ordinals, int count,
-		      const struct device_config *config, unsigned queue_max,
-		      unsigned spin_us, worker_done_fn on_done, void *arg,
-		      struct gpuq_error *err)
+		      const struct worker_pool_config *c, struct gpuq_error *err)
 {
+	int count = c->count;
 	if (count < 1 || count > GPUQ_MAX_DEVICES)
 		return gpuq_fail(err, GPUQ_E_NO_DEVICE, "%d devices requested; gpuqd serves 1 to %d",
 				 count, GPUQ_MAX_DEVICES);
 	memset(pool, 0, sizeof *pool);
-	pool->ops = ops;
+	pool->ops = c->ops;
 	pool->count = count;
-	pool->queue_max = queue_max;
-	pool->spin_us = spin_us;
-	pool->on_done = on_done;
-	pool->on_done_arg = arg;
-	memcpy(pool->ordinals, ordinals, sizeof(int) * (size_t)count);
+	pool->queue_max = c->queue_max;
+	pool->spin_us = c->spin_us;
+	pool->max_inflight = c->max_inflight;
+	pool->on_done = c->on_done;
+	pool->on_done_arg = c->on_done_arg;
+	memcpy(pool->ordinals, c->ordinals, sizeof(int) * (size_t)count);
 	pthread_mutex_init(&pool->done_lock, NULL);
 	pthread_cond_init(&pool->opened_cond, NULL);
 	int rc = uv_async_init(loop, &pool->async, pool_on_async);
@@ -229,7 +206,7 @@ int worker_pool_start(struct worker_pool *pool, uv_loop_t *loop,
 	int started = 0;
 	for (int i = 0; i < count; i++) {
 		struct worker *w = &pool->workers[i];
-		worker_init(pool, w, i, config);
+		worker_init(pool, w, i, c->device);
 		rc = pthread_create(&w->thread, NULL, worker_main, w);
 		if (rc != 0) {
 			snprintf(w->health, sizeof w->health, "cannot start its thread: %s",
@@ -259,18 +236,18 @@ static int worker_check_room(struct worker_pool *pool, struct worker *w, int dev
 	return 0;
 }
 
-/* Appends work to w's queue and wakes it; the caller holds w->lock. */
-static void worker_enqueue(struct worker *w, struct work *work)
+/* Queues work on w and wakes it; the caller holds w->lock. */
+static int worker_enqueue(struct worker *w, struct work *work, struct gpuq_error *err)
 {
-	work->next = NULL;
 	atomic_store(&work->phase, WORK_QUEUED);
-	if (w->tail)
-		w->tail->next = work;
-	else
-		w->head = work;
-	w->tail = work;
+	atomic_store(&work->sched, NULL);
+	if (sched_enqueue(&w->queues, work) != 0)
+		return gpuq_fail(err, GPUQ_E_BUSY,
+				 "device %d serves %d owners already; retry when some have finished",
+				 work->device, SCHED_MAX_OWNERS);
 	w->depth++;
 	pthread_cond_signal(&w->wake);
+	return 0;
 }
 
 static int check_device(struct worker_pool *pool, int device, struct gpuq_error *err)
@@ -289,7 +266,7 @@ int worker_submit(struct worker_pool *pool, struct work *work, struct gpuq_error
 	pthread_mutex_lock(&w->lock);
 	int rc = worker_check_room(pool, w, work->device, err);
 	if (rc == 0)
-		worker_enqueue(w, work);
+		rc = worker_enqueue(w, work, err);
 	pthread_mutex_unlock(&w->lock);
 	return rc;
 }
@@ -329,29 +306,27 @@ int worker_submit_group(struct worker_pool *pool, struct work **works, int n,
 	int rc = 0;
 	for (int i = 0; i < n && rc == 0; i++)
 		rc = worker_check_room(pool, &pool->workers[works[i]->device], works[i]->device, err);
-	for (int i = 0; i < n && rc == 0; i++) {
+	int queued = 0;
+	for (int i = 0; i < n && rc == 0; i++, queued++) {
 		works[i]->gang_size = (unsigned)n;
-		worker_enqueue(&pool->workers[works[i]->device], works[i]);
+		rc = worker_enqueue(&pool->workers[works[i]->device], works[i], err);
+	}
+	for (int i = 0; rc != 0 && i < queued - 1; i++) { /* all or none */
+		struct worker *w = &pool->workers[works[i]->device];
+		sched_remove(&w->queues, works[i]);
+		w->depth--;
 	}
 	lock_gang(pool, works, n, false, err);
 	return rc;
 }
 
-/* Removes work from w's queue if it is there; the caller holds w->lock. */
+/* Takes work back if it is still queued on w; the caller holds w->lock. */
 static bool worker_remove(struct worker *w, struct work *work)
 {
-	struct work **link = &w->head, *prev = NULL;
-	while (*link && *link != work) {
-		prev = *link;
-		link = &(*link)->next;
-	}
-	if (!*link)
+	if (atomic_load(&work->phase) != WORK_QUEUED || work->sched_state != SCHED_WORK_QUEUED)
 		return false;
-	*link = work->next;
-	if (w->tail == work)
-		w->tail = prev;
+	sched_remove(&w->queues, work);
 	w->depth--;
-	work->next = NULL;
 	return true;
 }
 
@@ -386,12 +361,13 @@ struct work *worker_pool_unqueue_all(struct worker_pool *pool)
 	for (int i = 0; i < pool->count; i++) {
 		struct worker *w = &pool->workers[i];
 		pthread_mutex_lock(&w->lock);
-		struct work *work = w->head;
+		struct work *work = w->queues.ledger_head;
 		while (work) {
-			struct work *next = work->next;
+			struct work *next = work->ledger_next;
 			if (work->gang_size <= 1 && worker_remove(w, work)) {
 				*end = work;
 				end = &work->next;
+				*end = NULL;
 			}
 			work = next;
 		}
@@ -413,6 +389,17 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
 	snprintf(out->peer_note, sizeof out->peer_note, "%s", w->dev.peer_note);
 	out->queue_depth = w->depth;
 	out->counters = w->counters;
+	sched_stats(w->sched, &out->sched);
+	pthread_mutex_unlock(&w->lock);
+}
+
+void worker_kick(struct worker_pool *pool, int device)
+{
+	if (device < 0 || device >= pool->count)
+		return;
+	struct worker *w = &pool->workers[device];
+	pthread_mutex_lock(&w->lock);
+	sched_notify_locked(w->sched);
 	pthread_mutex_unlock(&w->lock);
 }
 
@@ -449,6 +436,9 @@ int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
 			continue;
 		}
 		w->thread_started = false;
+		sched_free(w->sched);
+		w->sched = NULL;
+		sched_queues_destroy(&w->queues);
 		pthread_mutex_destroy(&w->lock);
 		pthread_cond_destroy(&w->wake);
 	}

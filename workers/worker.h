@@ -20,6 +20,7 @@
 #include <uv.h>
 
 #include "workers/backend.h"
+#include "workers/sched.h"
 #include "workers/work.h"
 
 /* Per-worker counters, summed under the worker's lock; one list feeds stats. */
@@ -46,6 +47,7 @@ struct worker_snapshot {
 	char peer_note[160];
 	unsigned queue_depth;
 	struct worker_counters counters;
+	struct sched_stats sched;
 };
 
 struct worker_pool;
@@ -57,9 +59,10 @@ struct worker {
 	bool thread_started;
 
 	pthread_mutex_t lock; /* guards everything below */
-	pthread_cond_t wake;
-	struct work *head, *tail;
-	_Atomic unsigned depth; /* written under lock; read without it by the spinning worker */
+	pthread_cond_t wake;  /* on CLOCK_MONOTONIC: the scheduler's idle sleep */
+	struct sched_queues queues; /* queued and in-flight works (workers/sched_queue.h) */
+	struct sched *sched;  /* the worker thread's scheduler, once made */
+	_Atomic unsigned depth; /* works queued, not yet admitted */
 	bool stopping;
 	bool healthy;
 	char health[600];
@@ -76,6 +79,7 @@ struct worker_pool {
 	int ordinals[GPUQ_MAX_DEVICES];
 	unsigned queue_max;
 	unsigned spin_us; /* how long an idle worker polls its queue before sleeping */
+	unsigned max_inflight; /* jobs each worker keeps in flight (sched.h) */
 
 	pthread_mutex_t done_lock; /* guards the completion queue and `opened` */
 	pthread_cond_t opened_cond;
@@ -93,11 +97,20 @@ struct worker_pool {
  * unhealthy, with its reason. Returns 0, or -1 with err when no worker
  * could be started at all.
  */
+struct worker_pool_config {
+	const struct backend_ops *ops;
+	const int *ordinals; /* the backend's device numbers, count of them */
+	int count;
+	const struct device_config *device;
+	unsigned queue_max;
+	unsigned spin_us;
+	unsigned max_inflight;
+	worker_done_fn on_done;
+	void *on_done_arg;
+};
+
 int worker_pool_start(struct worker_pool *pool, uv_loop_t *loop,
-		      const struct backend_ops *ops, const int *ordinals, int count,
-		      const struct device_config *config, unsigned queue_max,
-		      unsigned spin_us, worker_done_fn on_done, void *arg,
-		      struct gpuq_error *err);
+		      const struct worker_pool_config *config, struct gpuq_error *err);
 
 /*
  * Queues work on its device's worker. -1 with GPUQ_E_BUSY when the queue is
@@ -135,7 +148,15 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
  */
 int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms);
 
+/* Wakes device's scheduler to look at its jobs again (a cancel was asked). */
+void worker_kick(struct worker_pool *pool, int device);
+
 /* The work a worker runs: workers/run.c. Worker thread. */
 void run_work(struct device *dev, struct work *work);
+/*
+ * Worker thread (sched.c): work has ended; records its outcome and the
+ * device's health, and hands it to the main thread.
+ */
+void worker_finish_work(struct worker *w, struct work *work);
 
 #endif

@@ -537,7 +537,7 @@ TEST(hung_rank_fails_within_the_timeout_and_the_next_allreduce_succeeds)
 TEST(a_rank_that_never_arrives_fails_the_job_naming_it)
 {
 	struct daemon_proc d;
-	daemon_start(&d, NULL);
+	daemon_start(&d, "--max-inflight=1", NULL); /* device 1 is busy: one job in flight */
 	struct gpuq_client *c = client_open(&d);
 	if (device_count(c) < 2)
 		SKIP("needs two devices (the host backend has them; this machine has one GPU)");
@@ -568,7 +568,7 @@ TEST(a_rank_that_never_arrives_fails_the_job_naming_it)
 TEST(cancel_stops_a_waiting_allreduce_and_holds_buffers_until_it_ends)
 {
 	struct daemon_proc d;
-	daemon_start(&d, NULL);
+	daemon_start(&d, "--max-inflight=1", NULL); /* device 1 is busy: one job in flight */
 	struct gpuq_client *c = client_open(&d);
 	if (device_count(c) < 2)
 		SKIP("needs two devices (the host backend has them; this machine has one GPU)");

@@ -556,7 +556,7 @@ static uint64_t stall_device_1(struct gpuq_client *c, int p[2], uint64_t bytes)
 TEST(d2d_a_peer_copy_waiting_for_a_busy_device_is_cancelled_cleanly)
 {
 	struct daemon_proc d;
-	daemon_start(&d, NULL);
+	daemon_start(&d, "--max-inflight=1", NULL); /* device 1 is busy: one job in flight */
 	struct gpuq_client *c = client_open(&d);
 	require_two_devices(c);
 	do_alloc(c, "a", 0, 4096);
@@ -608,7 +608,7 @@ TEST(d2d_a_peer_copy_waiting_for_a_busy_device_is_cancelled_cleanly)
 TEST(d2d_a_peer_copy_that_times_out_waiting_fails_and_frees_its_worker)
 {
 	struct daemon_proc d;
-	daemon_start(&d, NULL);
+	daemon_start(&d, "--max-inflight=1", NULL); /* device 1 is busy: one job in flight */
 	struct gpuq_client *c = client_open(&d);
 	require_two_devices(c);
 	do_alloc(c, "a", 0, 4096);

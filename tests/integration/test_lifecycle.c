@@ -106,7 +106,7 @@ TEST(client_disconnecting_mid_job_loses_nothing)
 TEST(cancel_queued_and_running_jobs)
 {
 	struct daemon_proc d;
-	daemon_start(&d, NULL);
+	daemon_start(&d, "--max-inflight=1", NULL); /* one job in flight: the rest queue */
 	struct gpuq_client *c = client_open(&d);
 	do_alloc(c, "w", 0, 4096);
 	int p[2];
@@ -157,7 +157,7 @@ TEST(wait_timeout_leaves_the_job_running)
 TEST(full_queue_answers_busy)
 {
 	struct daemon_proc d;
-	daemon_start(&d, "--queue-depth", "2", NULL);
+	daemon_start(&d, "--queue-depth", "2", "--max-inflight=1", NULL);
 	struct gpuq_client *c = client_open(&d);
 	do_alloc(c, "w", 0, 16);
 	int p[2];
@@ -268,7 +268,7 @@ static struct gpuq_reply *gang_noop(struct gpuq_client *c, bool wait)
 TEST(gang_jobs_run_on_every_device_and_cancel_whole)
 {
 	struct daemon_proc d;
-	daemon_start(&d, NULL);
+	daemon_start(&d, "--max-inflight=1", NULL); /* one job in flight: the rest queue */
 	struct gpuq_client *c = client_open(&d);
 	if (device_count(c) < 2)
 		SKIP("needs two devices (the host backend has them; this machine has one GPU)");

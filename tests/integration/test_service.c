@@ -223,7 +223,7 @@ TEST(quotas_by_default_group_and_user)
 			  "\n"
 			  "[user:65533]\n"
 			  "device-memory = 1M\n",
-			  NULL);
+			  "--max-inflight=1"); /* the noop queues behind the stalled put */
 	struct gpuq_client *probe = client_open(&d);
 	if (device_count(probe) < 2)
 		SKIP("the rules under test name device 1 (the host backend has it; this machine has one GPU)");

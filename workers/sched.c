@@ -1,0 +1,803 @@
+/*
+ * The per-GPU scheduler (see sched.h): the worker thread's loop that admits
+ * queued works, runs each on a fiber with a lane of its own, and resumes
+ * them as what they wait for becomes ready.
+ *
+ * One round of the loop: admit what may start (sched_queue.c decides), then
+ * resume, in priority and submission order, every job whose predicate holds.
+ * A round in which nothing moved ends in an idle wait: polling while some
+ * job waits for the device (its events complete without telling anyone),
+ * sleeping on the worker's condition variable otherwise, until a submission,
+ * a cancel or sched_notify (a copy thread, another device's part) wakes it.
+ *
+ * Threads: everything here runs on the device's worker thread, except
+ * sched_notify and sched_stats (any thread; the latter under the worker's
+ * lock). The queues are the worker's lock's (worker.h).
+ */
+#include "workers/sched.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "workers/clock.h"
+#include "workers/fiber.h"
+#include "workers/worker.h"
+
+/* How often a sleeping scheduler looks again at its host waits anyway (deadlines, cancels). */
+#define SCHED_HOST_RECHECK_S 0.01
+/* Spinning on device waits: pause this many times between rounds, and give up the CPU every so many rounds. */
+#define SCHED_SPIN_PAUSES 32
+#define SCHED_SPIN_YIELD_EVERY 64
+
+struct sched_lane {
+	void *lane;
+	void *tail; /* the event a job records when it has issued all its device work */
+	int priority;
+	struct sched_lane *next;
+};
+
+struct sched_job {
+	struct sched *s;
+	struct work *work;
+	struct fiber *fiber;
+	struct sched_lane *lane;
+	double started;
+	enum sched_engine engine;
+	/* While it waits: the predicate, and whether the worker may sleep meanwhile. */
+	bool (*ready)(void *arg);
+	void *ready_arg;
+	bool device_wait;
+	double wake_at; /* a sleeping job's deadline (sched_sleep), else 0 */
+	bool paused; /* yielded without doing anything (sched_pause) */
+	/* Staging slots: held now; waiting for one. */
+	unsigned slots_held;
+	bool slot_user, slot_waiting;
+	struct sched_job *next; /* in flight, by priority then submission */
+};
+
+struct sched {
+	struct worker *w;
+	struct device *dev;
+	unsigned max_inflight;
+	struct sched_job *jobs; /* 2 x max_inflight records */
+	struct sched_job *free_jobs;
+	unsigned nfree_jobs;
+	struct sched_job *inflight;
+	struct sched_job *current; /* the job whose fiber runs now */
+	unsigned ninflight;
+	unsigned inflight_by_level[GPUQ_PRIORITIES];
+	struct sched_lane *free_lanes[GPUQ_PRIORITIES];
+	struct fiber **free_fibers;
+	unsigned nfree_fibers;
+	/* The staging ring: which slots are free, and which job holds each. */
+	struct sched_job *slot_holder[GPUQ_MAX_STAGING_SLOTS];
+	unsigned slots_free, slot_users;
+	uint64_t memory_epoch;
+	/* Waking from an idle sleep (sched_notify). */
+	atomic_bool notified, sleeping;
+	/* Engines in flight and their busy time; under the worker's lock. */
+	unsigned by_engine[SCHED_ENGINES];
+	double busy_since[SCHED_ENGINES], busy_total[SCHED_ENGINES];
+};
+
+static _Thread_local struct sched *self;
+
+static int level_of(const struct work *w)
+{
+	return w->priority >= 0 && w->priority < GPUQ_PRIORITIES ? w->priority
+								 : GPUQ_PRIORITY_NORMAL;
+}
+
+struct sched *sched_self(void)
+{
+	return self;
+}
+
+int sched_current_priority(void)
+{
+	if (!sched_in_job())
+		return GPUQ_PRIORITY_NORMAL;
+	return level_of(self->current->work);
+}
+
+bool sched_in_job(void)
+{
+	return self && self->current && fiber_current();
+}
+
+const char *sched_engine_name(enum sched_engine engine)
+{
+	static const char *const names[SCHED_ENGINES] = {
+		[SCHED_ENGINE_H2D] = "h2d",       [SCHED_ENGINE_D2H] = "d2h",
+		[SCHED_ENGINE_KERNEL] = "kernel", [SCHED_ENGINE_COPY] = "copy",
+		[SCHED_ENGINE_COLLECTIVE] = "collective", [SCHED_ENGINE_OTHER] = "other",
+	};
+	return (unsigned)engine < SCHED_ENGINES ? names[engine] : "unknown";
+}
+
+enum sched_engine sched_engine_of(const struct work *work)
+{
+	switch (work->kind) {
+	case WORK_PUT: return SCHED_ENGINE_H2D;
+	case WORK_GET: return SCHED_ENGINE_D2H;
+	case WORK_FILL:
+	case WORK_CHECKSUM:
+	case WORK_CHAIN: return SCHED_ENGINE_KERNEL;
+	case WORK_COPY: return SCHED_ENGINE_COPY;
+	case WORK_ALLREDUCE:
+	case WORK_ALLREDUCE_BENCH: return SCHED_ENGINE_COLLECTIVE;
+	default: return SCHED_ENGINE_OTHER;
+	}
+}
+
+/* ---- creating and freeing ---- */
+
+struct sched *sched_create(struct worker *w, unsigned max_inflight)
+{
+	struct sched *s = calloc(1, sizeof *s);
+	if (!s)
+		return NULL;
+	s->w = w;
+	s->dev = &w->dev;
+	s->max_inflight = max_inflight ? max_inflight : SCHED_DEFAULT_INFLIGHT;
+	unsigned records = 2 * s->max_inflight;
+	s->jobs = calloc(records, sizeof *s->jobs);
+	s->free_fibers = calloc(records, sizeof *s->free_fibers);
+	if (!s->jobs || !s->free_fibers) {
+		free(s->jobs);
+		free(s->free_fibers);
+		free(s);
+		return NULL;
+	}
+	for (unsigned i = 0; i < records; i++) {
+		s->jobs[i].s = s;
+		s->jobs[i].next = s->free_jobs;
+		s->free_jobs = &s->jobs[i];
+	}
+	s->nfree_jobs = records;
+	s->slots_free = s->dev->config.staging_slots;
+	s->dev->sched = s;
+	return s;
+}
+
+void sched_release(struct sched *s)
+{
+	if (!s)
+		return;
+	struct device *dev = s->dev;
+	for (int p = 0; p < GPUQ_PRIORITIES; p++) {
+		while (s->free_lanes[p]) {
+			struct sched_lane *l = s->free_lanes[p];
+			s->free_lanes[p] = l->next;
+			if (!dev->faulted) {
+				dev->ops->event_destroy(dev, l->tail);
+				dev->ops->lane_destroy(dev, l->lane);
+			}
+			free(l);
+		}
+	}
+	for (unsigned i = 0; i < s->nfree_fibers; i++)
+		fiber_destroy(s->free_fibers[i]);
+	s->nfree_fibers = 0;
+	dev->sched = NULL;
+	dev->lane = NULL;
+}
+
+void sched_free(struct sched *s)
+{
+	if (!s)
+		return;
+	free(s->free_fibers);
+	free(s->jobs);
+	free(s);
+}
+
+/* ---- lanes and fibers, kept between jobs ---- */
+
+static struct sched_lane *lane_take(struct sched *s, int priority, struct gpuq_error *err)
+{
+	struct sched_lane *l = s->free_lanes[priority];
+	if (l) {
+		s->free_lanes[priority] = l->next;
+		return l;
+	}
+	struct device *dev = s->dev;
+	l = calloc(1, sizeof *l);
+	if (!l) {
+		gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] no host memory for a lane", dev->index);
+		return NULL;
+	}
+	l->priority = priority;
+	if (dev->ops->lane_create(dev, priority, &l->lane, err) != 0) {
+		free(l);
+		return NULL;
+	}
+	if (dev->ops->event_create(dev, false, &l->tail, err) != 0) {
+		dev->ops->lane_destroy(dev, l->lane);
+		free(l);
+		return NULL;
+	}
+	return l;
+}
+
+static void lane_give_back(struct sched *s, struct sched_lane *l)
+{
+	l->next = s->free_lanes[l->priority];
+	s->free_lanes[l->priority] = l;
+}
+
+static void job_fiber_main(void *arg)
+{
+	struct sched_job *j = arg;
+	run_work(j->s->dev, j->work);
+}
+
+static struct fiber *fiber_take(struct sched *s, struct sched_job *j)
+{
+	if (s->nfree_fibers) {
+		struct fiber *f = s->free_fibers[--s->nfree_fibers];
+		fiber_restart(f, job_fiber_main, j);
+		return f;
+	}
+	return fiber_create(job_fiber_main, j, 0);
+}
+
+/* ---- accounting under the worker's lock ---- */
+
+static void engine_busy(struct sched *s, enum sched_engine e, bool start, double now)
+{
+	if (start && s->by_engine[e]++ == 0)
+		s->busy_since[e] = now;
+	if (!start && --s->by_engine[e] == 0)
+		s->busy_total[e] += now - s->busy_since[e];
+}
+
+void sched_stats(struct sched *s, struct sched_stats *out)
+{
+	double now = monotonic_seconds();
+	memset(out, 0, sizeof *out);
+	if (!s)
+		return;
+	out->inflight = s->ninflight;
+	out->max_inflight = s->max_inflight;
+	for (int e = 0; e < SCHED_ENGINES; e++) {
+		out->inflight_by_engine[e] = s->by_engine[e];
+		out->busy_seconds[e] = s->busy_total[e] + (s->by_engine[e] ? now - s->busy_since[e] : 0);
+	}
+}
+
+/* ---- starting and finishing jobs ---- */
+
+/* Inserts j among the jobs in flight: more urgent first, then earlier. */
+static void inflight_insert(struct sched *s, struct sched_job *j)
+{
+	struct sched_job **link = &s->inflight;
+	while (*link && ((*link)->work->priority < j->work->priority ||
+			 ((*link)->work->priority == j->work->priority &&
+			  (*link)->work->seq < j->work->seq)))
+		link = &(*link)->next;
+	j->next = *link;
+	*link = j;
+}
+
+static void inflight_unlink(struct sched *s, struct sched_job *j)
+{
+	struct sched_job **link = &s->inflight;
+	while (*link && *link != j)
+		link = &(*link)->next;
+	if (*link)
+		*link = j->next;
+	j->next = NULL;
+}
+
+/* Job records: 2 x max_inflight of them, kept on a free list. */
+static struct sched_job *job_record_take(struct sched *s)
+{
+	struct sched_job *j = s->free_jobs;
+	s->free_jobs = j->next;
+	s->nfree_jobs--;
+	memset(j, 0, sizeof *j);
+	j->s = s;
+	return j;
+}
+
+static void job_record_put(struct sched *s, struct sched_job *j)
+{
+	j->next = s->free_jobs;
+	s->free_jobs = j;
+	s->nfree_jobs++;
+}
+
+/* Slots a job still holds when it ends (a path that failed between acquire and release). */
+static bool slot_idle(void *arg);
+
+static void reclaim_slots(struct sched *s, struct sched_job *j)
+{
+	struct device *dev = s->dev;
+	for (unsigned i = 0; i < dev->config.staging_slots && j->slots_held; i++) {
+		if (s->slot_holder[i] != j)
+			continue;
+		struct { struct device *dev; unsigned slot; } arg = { dev, i };
+		if (!dev->faulted)
+			sched_wait_device(slot_idle, &arg);
+		s->slot_holder[i] = NULL;
+		s->slots_free++;
+		j->slots_held--;
+	}
+	if (j->slot_user)
+		s->slot_users--;
+}
+
+/* Everything after a work's end: the queues, the share, the counters, the main thread. */
+static void job_retire(struct sched *s, struct work *work, double started, bool counted,
+		       enum sched_engine engine)
+{
+	struct worker *w = s->w;
+	double now = monotonic_seconds();
+	pthread_mutex_lock(&w->lock);
+	if (counted) {
+		sched_retire(&w->queues, work, now - started);
+		engine_busy(s, engine, false, now);
+	} else {
+		sched_remove(&w->queues, work);
+	}
+	pthread_mutex_unlock(&w->lock);
+	worker_finish_work(w, work);
+}
+
+static void job_finish(struct sched *s, struct sched_job *j)
+{
+	struct work *work = j->work;
+	inflight_unlink(s, j);
+	reclaim_slots(s, j);
+	s->ninflight--;
+	s->inflight_by_level[level_of(work)]--;
+	lane_give_back(s, j->lane);
+	s->free_fibers[s->nfree_fibers++] = j->fiber;
+	double started = j->started;
+	enum sched_engine engine = j->engine;
+	memset(j, 0, sizeof *j);
+	j->s = s;
+	job_record_put(s, j);
+	job_retire(s, work, started, true, engine);
+}
+
+/* A work that ends before it starts: cancelled in time, or its device is unhealthy. */
+static bool job_refused(struct sched *s, struct work *work)
+{
+	struct device *dev = s->dev;
+	gpuq_error_clear(&work->error);
+	if (atomic_load(&work->cancel))
+		gpuq_fail(&work->error, GPUQ_E_CANCELLED, "job cancelled before it started");
+	else if (dev->faulted)
+		gpuq_fail(&work->error, GPUQ_E_NO_DEVICE, "device %d is unhealthy: %s", dev->index,
+			  dev->fault_reason);
+	return work->error.code != GPUQ_OK;
+}
+
+/* Makes the job's lane wait for the tail events of the earlier works it depends on. */
+static int job_apply_deps(struct sched *s, struct sched_job *j, const struct sched_deps *deps)
+{
+	struct device *dev = s->dev;
+	for (unsigned i = 0; i < deps->count; i++)
+		if (dev->ops->event_wait(dev, deps->events[i], &j->work->error) != 0)
+			return -1;
+	return 0;
+}
+
+/* Starts an admitted work: on a fiber with a lane, or at once for what never waits. */
+static void job_start(struct sched *s, struct work *work, const struct sched_deps *deps)
+{
+	struct device *dev = s->dev;
+	double now = monotonic_seconds();
+	work->started_at = now;
+	atomic_store(&work->sched, s);
+	atomic_store(&work->phase, WORK_RUNNING);
+	if (job_refused(s, work) || (work->kind == WORK_NOOP && deps->count == 0)) {
+		job_retire(s, work, now, false, SCHED_ENGINE_OTHER);
+		return;
+	}
+	struct sched_job *j = job_record_take(s);
+	j->work = work;
+	j->started = now;
+	j->engine = sched_engine_of(work);
+	j->lane = lane_take(s, level_of(work), &work->error);
+	dev->lane = j->lane ? j->lane->lane : NULL;
+	if (!j->lane || job_apply_deps(s, j, deps) != 0 || !(j->fiber = fiber_take(s, j))) {
+		if (!j->fiber && work->error.code == GPUQ_OK)
+			gpuq_fail(&work->error, GPUQ_E_OUT_OF_MEMORY,
+				  "[gpu %d] cannot map a stack for the job: %s", dev->index,
+				  strerror(errno));
+		if (j->lane)
+			lane_give_back(s, j->lane);
+		dev->lane = NULL;
+		job_record_put(s, j);
+		job_retire(s, work, now, false, SCHED_ENGINE_OTHER);
+		return;
+	}
+	dev->lane = NULL;
+	s->ninflight++;
+	s->inflight_by_level[level_of(work)]++;
+	inflight_insert(s, j);
+	pthread_mutex_lock(&s->w->lock);
+	engine_busy(s, j->engine, true, now);
+	pthread_mutex_unlock(&s->w->lock);
+}
+
+/*
+ * Admits what may start now, under the worker's lock, then starts it
+ * outside. Returns whether anything started.
+ */
+static bool sched_admit(struct sched *s)
+{
+	struct worker *w = s->w;
+	enum { BATCH = 16 };
+	struct work *started[BATCH];
+	struct sched_deps deps[BATCH];
+	unsigned n = 0, room = s->nfree_jobs < BATCH ? s->nfree_jobs : BATCH;
+	if (!atomic_load(&w->queues.dirty))
+		return false;
+	pthread_mutex_lock(&w->lock);
+	atomic_store(&w->queues.dirty, false);
+	struct sched_load load = { .inflight = s->ninflight, .max_inflight = s->max_inflight };
+	memcpy(load.inflight_by_level, s->inflight_by_level, sizeof load.inflight_by_level);
+	while (n < room) {
+		struct work *work = sched_pick(&w->queues, &load, &deps[n]);
+		if (!work)
+			break;
+		sched_admit_work(&w->queues, work);
+		w->depth--;
+		load.inflight++;
+		load.inflight_by_level[level_of(work)]++;
+		started[n++] = work;
+	}
+	if (n == room && w->queues.queued)
+		atomic_store(&w->queues.dirty, true); /* look again next round */
+	pthread_mutex_unlock(&w->lock);
+	for (unsigned i = 0; i < n; i++)
+		job_start(s, started[i], &deps[i]);
+	return n > 0;
+}
+
+/* ---- running ---- */
+
+/* Resumes every job whose wait is over; true when any did something. */
+static bool sched_round(struct sched *s, bool *device_waits)
+{
+	bool progress = false;
+	*device_waits = false;
+	struct sched_job *next;
+	for (struct sched_job *j = s->inflight; j; j = next) {
+		next = j->next;
+		if (j->ready && !j->ready(j->ready_arg)) {
+			*device_waits = *device_waits || j->device_wait;
+			continue;
+		}
+		j->ready = NULL;
+		j->paused = false;
+		s->current = j;
+		s->dev->lane = j->lane->lane;
+		bool done = fiber_resume(j->fiber);
+		s->current = NULL;
+		s->dev->lane = NULL;
+		if (done) {
+			job_finish(s, j);
+			progress = true;
+		} else if (j->paused) {
+			*device_waits = true; /* polling something no one announces */
+		} else {
+			progress = true;
+		}
+	}
+	return progress;
+}
+
+static struct timespec deadline_after(double seconds)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	double ns = (double)t.tv_nsec + seconds * 1e9;
+	t.tv_sec += (time_t)(ns / 1e9);
+	t.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
+	return t;
+}
+
+/* Whether the loop is over: told to stop, nothing queued, nothing in flight. Under the lock. */
+static bool sched_done(const struct sched *s)
+{
+	return s->w->stopping && s->w->queues.queued == 0 && s->ninflight == 0;
+}
+
+/* Polling for the device: a few pauses, and now and then the CPU to others. */
+static void idle_spin(unsigned *rounds)
+{
+	for (int i = 0; i < SCHED_SPIN_PAUSES; i++)
+		__builtin_ia32_pause();
+	if (++*rounds % SCHED_SPIN_YIELD_EVERY == 0)
+		sched_yield();
+}
+
+/* How long the scheduler may sleep: until the earliest sleeping job's deadline, at most the recheck. */
+static double idle_timeout(const struct sched *s)
+{
+	double now = monotonic_seconds(), t = SCHED_HOST_RECHECK_S;
+	for (const struct sched_job *j = s->inflight; j; j = j->next)
+		if (j->wake_at > 0 && j->wake_at - now < t)
+			t = j->wake_at - now;
+	return t > 0 ? t : 0;
+}
+
+/*
+ * Nothing moved in the last round and nothing waits for the device: sleep
+ * until a submission, a cancel or a notification, looking again at least
+ * every SCHED_HOST_RECHECK_S while jobs are in flight. An idle worker first
+ * polls for spin_us (a client's next request often comes at once).
+ */
+static void idle_sleep(struct sched *s)
+{
+	struct worker *w = s->w;
+	if (s->ninflight == 0 && w->pool->spin_us) {
+		double end = monotonic_seconds() + w->pool->spin_us / 1e6;
+		unsigned i = 0;
+		while (!atomic_load(&w->queues.dirty) && !atomic_load(&s->notified)) {
+			__builtin_ia32_pause();
+			if (++i % 64 == 0 && monotonic_seconds() > end)
+				break;
+		}
+	}
+	struct timespec until = deadline_after(idle_timeout(s));
+	pthread_mutex_lock(&w->lock);
+	atomic_store(&s->sleeping, true);
+	while (!atomic_load(&s->notified) && !atomic_load(&w->queues.dirty) && !sched_done(s) &&
+	       !(w->stopping && s->ninflight == 0)) {
+		if (s->ninflight == 0) {
+			pthread_cond_wait(&w->wake, &w->lock);
+		} else if (pthread_cond_timedwait(&w->wake, &w->lock, &until) == ETIMEDOUT) {
+			break;
+		}
+	}
+	atomic_store(&s->sleeping, false);
+	atomic_store(&s->notified, false);
+	pthread_mutex_unlock(&w->lock);
+}
+
+void sched_run(struct sched *s)
+{
+	struct worker *w = s->w;
+	unsigned spins = 0;
+	self = s;
+	for (;;) {
+		bool device_waits = false;
+		bool progress = sched_admit(s);
+		progress = sched_round(s, &device_waits) || progress;
+		pthread_mutex_lock(&w->lock);
+		bool done = sched_done(s);
+		pthread_mutex_unlock(&w->lock);
+		if (done)
+			break;
+		if (progress)
+			continue;
+		if (device_waits)
+			idle_spin(&spins);
+		else
+			idle_sleep(s);
+	}
+	self = NULL;
+}
+
+void sched_notify_locked(struct sched *s)
+{
+	if (!s)
+		return;
+	atomic_store(&s->notified, true);
+	pthread_cond_signal(&s->w->wake);
+}
+
+void sched_notify(struct sched *s)
+{
+	if (!s)
+		return;
+	atomic_store(&s->notified, true);
+	if (atomic_load(&s->sleeping)) {
+		pthread_mutex_lock(&s->w->lock);
+		pthread_cond_signal(&s->w->wake);
+		pthread_mutex_unlock(&s->w->lock);
+	}
+}
+
+/* ---- waiting, from a job ---- */
+
+/* Outside a job: poll ready on this thread, spinning first, then sleeping in growing steps. */
+static void poll_until(bool (*ready)(void *arg), void *arg)
+{
+	unsigned rounds = 0;
+	long sleep_ns = 1000;
+	while (!ready(arg)) {
+		if (++rounds < 1000) {
+			__builtin_ia32_pause();
+			continue;
+		}
+		struct timespec t = { 0, sleep_ns };
+		nanosleep(&t, NULL);
+		if (sleep_ns < 1000000)
+			sleep_ns *= 2;
+	}
+}
+
+static void wait_until(bool (*ready)(void *arg), void *arg, bool device, enum sched_wait why)
+{
+	if (ready(arg))
+		return;
+	if (!sched_in_job()) {
+		poll_until(ready, arg);
+		return;
+	}
+	struct sched_job *j = self->current;
+	if (why != SCHED_NOT_WAITING)
+		atomic_store(&j->work->waiting, why);
+	j->ready = ready;
+	j->ready_arg = arg;
+	j->device_wait = device;
+	fiber_yield();
+	if (why != SCHED_NOT_WAITING)
+		atomic_store(&j->work->waiting, SCHED_NOT_WAITING);
+}
+
+void sched_wait_device(bool (*ready)(void *arg), void *arg)
+{
+	wait_until(ready, arg, true, SCHED_NOT_WAITING);
+}
+
+void sched_wait_host(bool (*ready)(void *arg), void *arg, enum sched_wait why)
+{
+	wait_until(ready, arg, false, why);
+}
+
+static bool sleep_over(void *arg)
+{
+	return monotonic_seconds() >= *(const double *)arg;
+}
+
+void sched_sleep(double seconds)
+{
+	double until = monotonic_seconds() + seconds;
+	if (!sched_in_job()) {
+		struct timespec t = { (time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9) };
+		nanosleep(&t, NULL);
+		return;
+	}
+	self->current->wake_at = until;
+	sched_wait_host(sleep_over, &until, SCHED_NOT_WAITING);
+	self->current->wake_at = 0;
+}
+
+void sched_checkpoint(void)
+{
+	if (sched_in_job())
+		fiber_yield();
+}
+
+void sched_pause(void)
+{
+	if (!sched_in_job()) {
+		sched_yield();
+		return;
+	}
+	self->current->paused = true;
+	fiber_yield();
+}
+
+void sched_publish_tail(struct device *dev)
+{
+	struct sched *s = dev->sched;
+	if (!s || !sched_in_job() || dev->sched != self)
+		return;
+	struct sched_job *j = s->current;
+	struct work *work = j->work;
+	if (work->sched_state != SCHED_WORK_ADMITTED || !sched_work_lane_ordered(work))
+		return;
+	struct gpuq_error ignored;
+	if (dev->ops->event_record(dev, j->lane->tail, &ignored) != 0)
+		return; /* later works then wait for the end instead */
+	pthread_mutex_lock(&s->w->lock);
+	work->tail_event = j->lane->tail;
+	sched_mark_tail(&s->w->queues, work);
+	pthread_mutex_unlock(&s->w->lock);
+}
+
+/* ---- staging slots ---- */
+
+static bool slot_idle(void *arg)
+{
+	struct { struct device *dev; unsigned slot; } *a = arg;
+	bool ready = true;
+	struct gpuq_error ignored;
+	if (a->dev->ops->slot_ready(a->dev, a->slot, &ready, &ignored) != 0)
+		return true; /* a fault: nothing more will run */
+	return ready;
+}
+
+/* A job's fair part of the ring while others use it too. */
+static unsigned slot_share(const struct sched *s)
+{
+	unsigned users = s->slot_users ? s->slot_users : 1;
+	unsigned share = s->dev->config.staging_slots / users;
+	return share ? share : 1;
+}
+
+/* Whether another job has the better claim to the next free slot. */
+static bool slot_outranked(const struct sched *s, const struct sched_job *j)
+{
+	for (const struct sched_job *o = s->inflight; o; o = o->next) {
+		if (o == j || !o->slot_waiting || o->slots_held >= slot_share(s))
+			continue;
+		if (o->work->priority < j->work->priority ||
+		    (o->work->priority == j->work->priority && o->slots_held < j->slots_held))
+			return true;
+	}
+	return false;
+}
+
+static bool slot_takeable(void *arg)
+{
+	struct sched_job *j = arg;
+	const struct sched *s = j->s;
+	return s->slots_free > 0 && (j->slots_held < slot_share(s) || s->slot_users == 1) &&
+	       !slot_outranked(s, j);
+}
+
+int sched_slot_acquire(struct device *dev, bool wait, unsigned *slot)
+{
+	struct sched *s = dev->sched;
+	struct sched_job *j = s && sched_in_job() && dev->sched == self ? s->current : NULL;
+	if (!j) /* outside a job: the device is otherwise idle (open, tests) */
+		return -1;
+	if (!j->slot_user) {
+		j->slot_user = true;
+		s->slot_users++;
+	}
+	if (!slot_takeable(j)) {
+		if (!wait)
+			return -1;
+		j->slot_waiting = true;
+		sched_wait_host(slot_takeable, j, SCHED_WAIT_SLOTS);
+		j->slot_waiting = false;
+	}
+	for (unsigned i = 0; i < dev->config.staging_slots; i++) {
+		if (s->slot_holder[i])
+			continue;
+		s->slot_holder[i] = j;
+		s->slots_free--;
+		j->slots_held++;
+		*slot = i;
+		return 0;
+	}
+	return -1; /* slots_free said otherwise: a bug, but refuse rather than share */
+}
+
+void sched_slot_release(struct device *dev, unsigned slot)
+{
+	struct sched *s = dev->sched;
+	if (!s || slot >= dev->config.staging_slots || !s->slot_holder[slot])
+		return;
+	s->slot_holder[slot]->slots_held--;
+	s->slot_holder[slot] = NULL;
+	s->slots_free++;
+}
+
+/* ---- memory ---- */
+
+void sched_memory_released(struct device *dev)
+{
+	if (dev->sched)
+		dev->sched->memory_epoch++;
+}
+
+uint64_t sched_memory_epoch(struct device *dev)
+{
+	return dev->sched ? dev->sched->memory_epoch : 0;
+}
