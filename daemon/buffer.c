@@ -231,10 +231,20 @@ void buffer_remove(struct buffer_table *t, struct buffer *b)
 		if (*link == b) {
 			*link = b->next;
 			t->count--;
-			free(b);
+			b->removed = true;
+			if (b->users == 0)
+				free(b);
 			return;
 		}
 	}
+}
+
+void buffer_unhold(struct buffer *b)
+{
+	if (b->users > 0)
+		b->users--;
+	if (b->removed && b->users == 0)
+		free(b);
 }
 
 uint64_t buffer_bytes_on(const struct buffer_table *t, int device)

@@ -27,6 +27,7 @@ struct buffer {
 	enum buffer_state state;
 	double created; /* CLOCK_MONOTONIC seconds */
 	unsigned users; /* jobs queued or running on it */
+	bool removed;   /* freed and out of the registry; the struct goes with its last user */
 	uint64_t last_job; /* the latest job that used it, for `busy` messages */
 	struct buffer *next;
 };
@@ -89,7 +90,14 @@ struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *n
 /* A new buffer in state ALLOCATING, or NULL when memory runs out. */
 struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, uid_t owner,
 			  enum gpuq_dtype dtype, uint64_t count, uint64_t bytes);
+/*
+ * Takes b out of the registry. A job may still hold it (one that ended on
+ * the device before the free but not yet on the host, such as a get still
+ * writing out): the struct is then freed by the last buffer_unhold.
+ */
 void buffer_remove(struct buffer_table *t, struct buffer *b);
+/* A job lets go of b (users--), freeing a removed buffer's struct with its last user. */
+void buffer_unhold(struct buffer *b);
 
 /* Bytes held by buffers on device. */
 uint64_t buffer_bytes_on(const struct buffer_table *t, int device);

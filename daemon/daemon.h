@@ -102,8 +102,16 @@ extern const struct job_kind kind_put, kind_get;
 /* A new job of kind for the caller; on failure req is answered and NULL returned. */
 struct job *new_job(struct request *req, const struct job_kind *kind, enum work_kind work_kind,
 		    int device);
-/* Holds b for the job's life (free refuses meanwhile) and aims the work at it. */
+/*
+ * Holds b for the job's life and aims the work at it, as a write of the
+ * whole buffer for the scheduler (which keeps jobs on one buffer in order).
+ */
 void job_attach_buffer(struct job *job, struct buffer *b);
+/* Tells the scheduler w touches [offset, offset + length) of b, reading or writing. */
+void work_add_access(struct work *w, const struct buffer *b, uint64_t offset, uint64_t length,
+		     bool write);
+/* Narrows what job_attach_buffer said: the range and whether it writes. */
+void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write);
 /*
  * The request's `devices` field (distinct device indexes): 1 with devices/n
  * set, 0 when absent, -1 with err.
@@ -135,6 +143,8 @@ void job_on_done(struct work *work, void *arg);
 void jobs_cancel_queued(struct daemon *d);
 /* Asks every running job to stop at its next chunk. */
 void jobs_cancel_running(struct daemon *d);
+/* Asks one running job to stop at its next chunk, and wakes its workers to see it. */
+void job_cancel_running(struct daemon *d, struct job *job);
 
 /* Starts the orderly shutdown (main.c). */
 void daemon_shutdown(struct daemon *d);

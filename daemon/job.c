@@ -1,5 +1,7 @@
 /* The job table. Main thread only (see job.h). */
 #include "daemon/job.h"
+
+#include "workers/sched.h"
 #include "workers/clock.h"
 
 #include <stdlib.h>
@@ -49,6 +51,9 @@ struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t o
 	job->owner = owner;
 	job->gid = gid;
 	job->pid = pid;
+	job->priority = GPUQ_PRIORITY_NORMAL;
+	job->work.priority = GPUQ_PRIORITY_NORMAL;
+	job->work.weight = 1;
 	job->submitted = monotonic_seconds();
 	job->work.fd = -1;
 	job->work.device = -1;
@@ -252,6 +257,76 @@ static void render_times(const struct job *job, enum gpuq_job_state state, struc
 	mp_put_f64(out, "run_s", run);
 }
 
+/* Why the work waits, for people: the reason's words, the job it is behind, the buffer. */
+static void waiting_text(const struct job *job, const struct work *w, enum sched_wait why,
+			 uint64_t behind, char *out, size_t size)
+{
+	switch (why) {
+	case SCHED_WAIT_QUEUE:
+		snprintf(out, size, "queued: more urgent jobs, or other users' turns, go first on device %d",
+			 w->device);
+		return;
+	case SCHED_WAIT_BUFFER:
+		snprintf(out, size, "behind job %llu on %s%s", (unsigned long long)behind,
+			 job->buffer2 || job->parts || !job->buffer_label[0] ? "one of its buffers"
+									  : "buffer ",
+			 job->buffer2 || job->parts ? "" : job->buffer_label);
+		return;
+	case SCHED_WAIT_GANG:
+		snprintf(out, size,
+			 "behind job %llu, an earlier multi-device job (they keep one order on every device)",
+			 (unsigned long long)behind);
+		return;
+	case SCHED_WAIT_EXCLUSIVE:
+		if (behind)
+			snprintf(out, size, "behind job %llu: benchmarks run alone on device %d",
+				 (unsigned long long)behind, w->device);
+		else
+			snprintf(out, size, "waiting for device %d to be idle: benchmarks run alone",
+				 w->device);
+		return;
+	case SCHED_WAIT_INFLIGHT:
+		snprintf(out, size, "device %d has as many jobs in flight as it takes (--max-inflight)",
+			 w->device);
+		return;
+	case SCHED_WAIT_SLOTS:
+		snprintf(out, size, "waiting for a pinned staging slot on device %d", w->device);
+		return;
+	case SCHED_WAIT_MEMORY:
+		snprintf(out, size, "waiting for memory on device %d (wait_memory_ms)", w->device);
+		return;
+	case SCHED_WAIT_PEERS:
+		snprintf(out, size, "waiting for its parts on other devices");
+		return;
+	case SCHED_NOT_WAITING:
+	case SCHED_WAIT_COUNT:
+		break;
+	}
+	out[0] = '\0';
+}
+
+/* `waiting` (why, in words), `waiting_reason` and `waiting_job`: the first part that waits. */
+static void render_waiting(const struct job *job, struct mp_map *out)
+{
+	int n = job->parts ? job->nparts : 1;
+	for (int i = 0; i < n; i++) {
+		const struct work *w = job->parts ? &job->parts[i] : &job->work;
+		if (atomic_load(&w->phase) == WORK_FINISHED)
+			continue;
+		enum sched_wait why = (enum sched_wait)atomic_load(&w->waiting);
+		uint64_t behind = atomic_load(&w->waiting_job);
+		char text[200];
+		waiting_text(job, w, why, behind, text, sizeof text);
+		if (!text[0])
+			continue;
+		mp_put_str(out, "waiting", text);
+		mp_put_str(out, "waiting_reason", sched_wait_name(why));
+		if (behind)
+			mp_put_u64(out, "waiting_job", behind);
+		return;
+	}
+}
+
 void job_render(const struct job *job, bool with_result, struct mp_map *out)
 {
 	enum gpuq_job_state state = job_current_state(job);
@@ -269,6 +344,9 @@ void job_render(const struct job *job, bool with_result, struct mp_map *out)
 	}
 	if (job->buffer_label[0])
 		mp_put_str(out, "buffer", job->buffer_label);
+	mp_put_str(out, "priority", gpuq_priority_name((enum gpuq_priority)job->priority));
+	if (state == GPUQ_JOB_QUEUED || state == GPUQ_JOB_RUNNING)
+		render_waiting(job, out);
 	render_times(job, state, out);
 	if (state == GPUQ_JOB_DONE && with_result) {
 		struct mp_map result;

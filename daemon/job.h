@@ -49,11 +49,19 @@ struct job {
 	enum gpuq_job_state state;
 	uid_t owner;
 	gid_t gid;
+	int priority; /* enum gpuq_priority */
 	pid_t pid;
 	struct buffer *buffer; /* held (users++) until the job finishes */
 	/* copy's destination (and run's --out), held like `buffer`; released (and cleared) when the job ends */
 	struct buffer *buffer2;
 	char buffer_label[BUFFER_NAME_MAX + 16]; /* "w0@1", kept after the buffer goes */
+	/* The buffer as it was when attached, for records rendered after it is gone. */
+	struct {
+		char name[BUFFER_NAME_MAX + 1];
+		int device;
+		enum gpuq_dtype dtype;
+		uint64_t count, bytes;
+	} brief;
 	struct work work;
 	/*
 	 * A gang job (one work per device, see worker_submit_group) keeps its

@@ -13,6 +13,9 @@
 
 #include "protocol/protocol.h"
 
+/* The quota limits refusals are counted by: device-memory, queued-jobs, devices, max-priority. */
+#define METRICS_QUOTA_LIMITS 4
+
 struct daemon;
 
 #define METRICS_MAX_OPS 48
@@ -37,7 +40,7 @@ struct metrics {
 	int nops;
 	struct metrics_path paths[METRICS_MAX_PATHS];
 	int npaths;
-	uint64_t quota_refusals[3]; /* device-memory, queued-jobs, devices */
+	uint64_t quota_refusals[METRICS_QUOTA_LIMITS]; /* device-memory, queued-jobs, devices, max-priority */
 	uint64_t deadline_cancels;
 	uint64_t reloads_ok, reloads_failed;
 	uint64_t textfile_errors;

@@ -45,14 +45,11 @@ static void render_transfer(const struct job *job, struct mp_map *out)
 
 static void render_alloc(const struct job *job, struct mp_map *out)
 {
-	const struct buffer *b = job->buffer;
-	if (!b)
-		return;
-	mp_put_str(out, "name", b->name);
-	mp_put_i64(out, "device", b->device);
-	mp_put_str(out, "dtype", gpuq_dtype_name(b->dtype));
-	mp_put_u64(out, "count", b->count);
-	mp_put_u64(out, "bytes", b->bytes);
+	mp_put_str(out, "name", job->brief.name);
+	mp_put_i64(out, "device", job->brief.device);
+	mp_put_str(out, "dtype", gpuq_dtype_name(job->brief.dtype));
+	mp_put_u64(out, "count", job->brief.count);
+	mp_put_u64(out, "bytes", job->brief.bytes);
 }
 
 static void finish_alloc(struct daemon *d, struct job *job)
@@ -63,16 +60,14 @@ static void finish_alloc(struct daemon *d, struct job *job)
 		b->state = BUFFER_READY;
 		return;
 	}
-	buffer_remove(&d->buffers, b);
-	job->buffer = NULL;
+	buffer_remove(&d->buffers, b); /* the struct goes once the job lets go of it */
 }
 
 static void finish_free(struct daemon *d, struct job *job)
 {
 	struct buffer *b = job->buffer;
 	if (job->work.error.code == GPUQ_OK) {
-		buffer_remove(&d->buffers, b);
-		job->buffer = NULL;
+		buffer_remove(&d->buffers, b); /* the struct goes once every job lets go of it */
 	} else {
 		b->state = BUFFER_READY;
 	}
@@ -108,8 +103,32 @@ void job_attach_buffer(struct job *job, struct buffer *b)
 	b->users++;
 	b->last_job = job->id;
 	snprintf(job->buffer_label, sizeof job->buffer_label, "%s@%d", b->name, b->device);
+	snprintf(job->brief.name, sizeof job->brief.name, "%s", b->name);
+	job->brief.device = b->device;
+	job->brief.dtype = b->dtype;
+	job->brief.count = b->count;
+	job->brief.bytes = b->bytes;
 	job->work.dptr = b->dptr;
 	job->work.device = b->device;
+	job->work.naccess = 0;
+	work_add_access(&job->work, b, 0, b->bytes, true); /* ops that read, or touch less, narrow it */
+}
+
+void work_add_access(struct work *w, const struct buffer *b, uint64_t offset, uint64_t length,
+		     bool write)
+{
+	if (!b->dptr || w->naccess == WORK_MAX_ACCESS)
+		return; /* a buffer being allocated has no memory yet: nothing to order against */
+	w->access[w->naccess++] = (struct work_access){ b->dptr, offset, length, write };
+}
+
+void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write)
+{
+	if (w->naccess == 0)
+		return;
+	w->access[0].off = offset;
+	w->access[0].len = length;
+	w->access[0].write = write;
 }
 
 /* The `device` field: absent means 0; it must name one of this daemon's devices. */
@@ -298,18 +317,31 @@ static int read_shape(struct request *req, enum gpuq_dtype *dtype, uint64_t *cou
 	return 0;
 }
 
+/* `wait_memory_ms`: how long an alloc may wait for memory others free (0, the default: not at all). */
+static int read_wait_memory(struct request *req, uint64_t *ms, struct gpuq_error *err)
+{
+	if (msg_get_u64(req->map, "wait_memory_ms", ms, err) < 0)
+		return -1;
+	if (*ms > 3600000)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'wait_memory_ms': %llu is out of range (0 to 3600000)",
+				 (unsigned long long)*ms);
+	return 0;
+}
+
 void op_alloc(struct request *req)
 {
 	struct gpuq_error err;
 	char name[BUFFER_NAME_MAX + 2];
 	int device = 0;
 	enum gpuq_dtype dtype;
-	uint64_t count = 0, bytes = 0;
+	uint64_t count = 0, bytes = 0, wait_memory_ms = 0;
 	int rc = msg_get_str(req->map, "name", name, sizeof name, &err);
 	if (rc == 0)
 		rc = gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "field 'name' is required");
 	if (rc < 0 || buffer_name_check(name, &err) < 0 || read_device(req, &device, &err) < 0 ||
-	    read_shape(req, &dtype, &count, &bytes, &err) < 0) {
+	    read_shape(req, &dtype, &count, &bytes, &err) < 0 ||
+	    read_wait_memory(req, &wait_memory_ms, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
@@ -338,18 +370,14 @@ void op_alloc(struct request *req)
 	}
 	job_attach_buffer(job, b);
 	job->work.length = bytes;
+	job->work.wait_memory_ms = wait_memory_ms;
 	job_submit(req, job);
 }
 
 void op_free(struct request *req)
 {
 	struct gpuq_error err;
-	struct buffer *b = read_buffer(req, &err);
-	if (b && b->users > 0) {
-		gpuq_fail(&err, GPUQ_E_BUSY, "buffer '%s@%d' is in use by job %llu; free it when that job is done",
-			  b->name, b->device, (unsigned long long)b->last_job);
-		b = NULL;
-	}
+	struct buffer *b = read_buffer(req, &err); /* jobs already on it run first: the scheduler keeps their order */
 	if (!b) {
 		reply_error(req, &err);
 		return;
@@ -376,6 +404,7 @@ void op_checksum(struct request *req)
 		return;
 	job_attach_buffer(job, b);
 	job->work.length = b->bytes;
+	work_narrow_access(&job->work, 0, b->bytes, false);
 	job_submit(req, job);
 }
 

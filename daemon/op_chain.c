@@ -301,6 +301,8 @@ void op_run(struct request *req)
 		job->buffer2 = out;
 		out->users++;
 		out->last_job = job->id;
+		work_narrow_access(&job->work, 0, b->bytes, false);
+		work_add_access(&job->work, out, 0, out->bytes, true);
 	}
 	job_submit(req, job);
 }

@@ -64,7 +64,7 @@ static void finish_allreduce(struct daemon *d, struct job *job)
 	(void)d;
 	struct allreduce_job *aj = job->work.spec;
 	for (int i = 0; aj && i < aj->nheld; i++)
-		aj->held[i]->users--;
+		buffer_unhold(aj->held[i]);
 	if (aj)
 		aj->nheld = 0;
 }
@@ -330,6 +330,10 @@ static void fill_job(struct daemon *d, struct job *job, struct allreduce_job *aj
 		hold(aj, a->in[r], job->id);
 		if (a->out[r] != a->in[r])
 			hold(aj, a->out[r], job->id);
+		struct work *w = job->parts ? &job->parts[r] : &job->work;
+		work_add_access(w, a->in[r], 0, a->in[r]->bytes, a->out[r] == a->in[r]);
+		if (a->out[r] != a->in[r])
+			work_add_access(w, a->out[r], 0, a->out[r]->bytes, true);
 	}
 	snprintf(aj->name, sizeof aj->name, "%s", a->name);
 	snprintf(aj->out_name, sizeof aj->out_name, "%s", a->out_name);

@@ -257,6 +257,17 @@ static int make_copy_gang(struct job *job, struct copy_spec *s, unsigned timeout
 	return 0;
 }
 
+/* Within a device one work reads the source and writes the destination; a gang splits them. */
+static void copy_set_access(struct job *job, const struct copy_side *src, const struct copy_side *dst,
+			    uint64_t bytes)
+{
+	struct work *s = job->parts ? &job->parts[COPY_PART_SRC] : &job->work;
+	struct work *d = job->parts ? &job->parts[COPY_PART_DST] : &job->work;
+	s->naccess = d->naccess = 0;
+	work_add_access(s, src->b, src->offset, bytes, false);
+	work_add_access(d, dst->b, dst->offset, bytes, true);
+}
+
 void op_copy(struct request *req)
 {
 	struct gpuq_error err;
@@ -292,5 +303,6 @@ void op_copy(struct request *req)
 	dst.b->last_job = job->id;
 	job->work.offset = src.offset;
 	job->work.length = s->bytes;
+	copy_set_access(job, &src, &dst, s->bytes);
 	job_submit(req, job);
 }

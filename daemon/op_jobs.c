@@ -4,6 +4,7 @@
  */
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "daemon/daemon.h"
@@ -120,14 +121,16 @@ static int waiter_add(struct daemon *d, struct conn *c, uint64_t request_id, str
  */
 static void job_release(struct daemon *d, struct job *job)
 {
-	if (job->buffer)
-		job->buffer->users--;
 	if (job->buffer2) {
-		job->buffer2->users--;
+		buffer_unhold(job->buffer2);
 		job->buffer2 = NULL;
 	}
-	if (job->kind->finish)
+	if (job->kind->finish) /* while the job still holds its buffer (free and alloc's may remove it) */
 		job->kind->finish(d, job);
+	if (job->buffer) {
+		buffer_unhold(job->buffer);
+		job->buffer = NULL; /* the record keeps job->brief */
+	}
 	if (job->work.fd >= 0) {
 		close(job->work.fd);
 		job->work.fd = -1;
@@ -153,13 +156,47 @@ static int read_wait_options(struct request *req, bool *wait, uint64_t *timeout_
 	return 0;
 }
 
+/* The request's `priority`: high, normal (absent) or low, within what the caller's quota allows. */
+static int read_priority(struct request *req, int *priority, struct gpuq_error *err)
+{
+	char name[16];
+	enum gpuq_priority p = GPUQ_PRIORITY_NORMAL;
+	int rc = msg_get_str(req->map, "priority", name, sizeof name, err);
+	if (rc < 0)
+		return -1;
+	if (rc > 0 && gpuq_priority_from_name(name, strlen(name), &p) < 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'priority': '%s' is not a priority (high, normal, low)", name);
+	*priority = (int)p;
+	return quota_check_priority(req->d, req->conn, *priority, err);
+}
+
+/* What every work of the job tells its scheduler: priority, whose share, which job. */
+static void job_set_scheduling(struct job *job, int priority, double weight)
+{
+	int n = job->parts ? job->nparts : 1;
+	job->priority = priority;
+	for (int i = 0; i < n; i++) {
+		struct work *w = job->parts ? &job->parts[i] : &job->work;
+		w->priority = priority;
+		w->owner_uid = job->owner;
+		w->weight = weight;
+		w->job_id = job->id;
+	}
+}
+
 void job_submit(struct request *req, struct job *job)
 {
 	struct daemon *d = req->d;
 	struct gpuq_error err;
 	bool wait;
 	uint64_t timeout_ms;
+	int priority = GPUQ_PRIORITY_NORMAL;
 	int rc = read_wait_options(req, &wait, &timeout_ms, &err);
+	if (rc == 0)
+		rc = read_priority(req, &priority, &err);
+	if (rc == 0)
+		job_set_scheduling(job, priority, quota_weight(d, req->conn));
 	if (rc == 0 && d->stopping)
 		rc = gpuq_fail(&err, GPUQ_E_SHUTTING_DOWN, "gpuqd is shutting down; no new jobs");
 	if (rc == 0)
@@ -272,11 +309,19 @@ void jobs_cancel_queued(struct daemon *d)
 	job_evict_history(&d->jobs);
 }
 
+void job_cancel_running(struct daemon *d, struct job *job)
+{
+	job_request_cancel(job);
+	int n = job->parts ? job->nparts : 1;
+	for (int i = 0; i < n; i++) /* a job waiting for something slow looks at its flag now */
+		worker_kick(&d->pool, job->parts ? job->parts[i].device : job->work.device);
+}
+
 void jobs_cancel_running(struct daemon *d)
 {
 	for (struct job *j = d->jobs.oldest; j; j = j->newer)
 		if (!job_is_finished(j))
-			job_request_cancel(j);
+			job_cancel_running(d, j);
 }
 
 /* The job named by the request's `job` field, if the caller may see it. */
@@ -379,7 +424,7 @@ void op_cancel(struct request *req)
 		snprintf(why, sizeof why, "cancelled by uid %d while queued", (int)req->conn->uid);
 		cancel_unqueued(req->d, job, why);
 	} else {
-		job_request_cancel(job);
+		job_cancel_running(req->d, job);
 	}
 	reply_record(req, job, 1);
 	job_evict_history(&req->d->jobs);

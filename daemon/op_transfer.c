@@ -159,6 +159,7 @@ static void submit_transfer(struct request *req, bool put)
 	job_attach_buffer(job, b);
 	job->work.offset = offset;
 	job->work.length = length;
+	work_narrow_access(&job->work, offset, length, put);
 	job->work.length_exact = put && has_length;
 	job->work.verify = opts.verify;
 	job->work.path = opts.path;

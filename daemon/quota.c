@@ -162,6 +162,22 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 		}
 		r->queued_jobs = n;
 		r->has_jobs = true;
+	} else if (strcmp(key, "max-priority") == 0) {
+		enum gpuq_priority p;
+		if (gpuq_priority_from_name(value, strlen(value), &p) < 0) {
+			snprintf(msg, msgsize, "max-priority takes high, normal or low, not '%s'", value);
+			return -1;
+		}
+		r->max_priority = (int)p;
+		r->has_priority = true;
+	} else if (strcmp(key, "weight") == 0) {
+		double w = strtod(value, &end);
+		if (!*value || *end || !(w >= 0.01 && w <= 10000)) {
+			snprintf(msg, msgsize, "weight takes a number from 0.01 to 10000, not '%s'", value);
+			return -1;
+		}
+		r->weight = w;
+		r->has_weight = true;
 	} else if (strcmp(key, "devices") == 0) {
 		if (parse_devices(value, &r->devices) < 0) {
 			snprintf(msg, msgsize,
@@ -172,7 +188,8 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 		r->has_devices = true;
 	} else {
 		snprintf(msg, msgsize,
-			 "unknown limit '%s' in %s (limits: device-memory, queued-jobs, devices)", key,
+			 "unknown limit '%s' in %s (limits: device-memory, queued-jobs, devices, "
+			 "max-priority, weight)", key,
 			 r->label);
 		return -1;
 	}
@@ -256,12 +273,18 @@ bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner)
 	return owner == c->uid || quota_is_admin(d, c);
 }
 
-enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES };
+enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_PRIORITY, LIMIT_WEIGHT };
 
 static bool rule_sets(const struct quota_rule *r, enum limit which)
 {
-	return which == LIMIT_MEMORY ? r->has_memory : which == LIMIT_JOBS ? r->has_jobs
-									 : r->has_devices;
+	switch (which) {
+	case LIMIT_MEMORY: return r->has_memory;
+	case LIMIT_JOBS: return r->has_jobs;
+	case LIMIT_DEVICES: return r->has_devices;
+	case LIMIT_PRIORITY: return r->has_priority;
+	case LIMIT_WEIGHT: return r->has_weight;
+	}
+	return false;
 }
 
 /*
@@ -351,6 +374,40 @@ int quota_check_job(struct daemon *d, const struct conn *c, const struct job *jo
 				      rules[i]->label, rules[i]->where,
 				      (unsigned long long)rules[i]->queued_jobs, (int)c->uid, active);
 	return 0;
+}
+
+int quota_check_priority(struct daemon *d, const struct conn *c, int priority,
+			 struct gpuq_error *err)
+{
+	if (c->uid == 0 || d->svc.quotas.count == 0)
+		return 0;
+	struct client_ids ids;
+	client_ids(c, &ids);
+	const struct quota_rule *rules[MAX_GOVERNING];
+	int n = governing(&d->svc.quotas, &ids, LIMIT_PRIORITY, rules);
+	for (int i = 0; i < n; i++)
+		if (priority < rules[i]->max_priority)
+			return refuse(d, "max-priority", err,
+				      "quota %s (%s): max-priority %s; uid %d may not ask for priority %s",
+				      rules[i]->label, rules[i]->where,
+				      gpuq_priority_name((enum gpuq_priority)rules[i]->max_priority),
+				      (int)c->uid, gpuq_priority_name((enum gpuq_priority)priority));
+	return 0;
+}
+
+double quota_weight(struct daemon *d, const struct conn *c)
+{
+	if (d->svc.quotas.count == 0)
+		return 1;
+	struct client_ids ids;
+	client_ids(c, &ids);
+	const struct quota_rule *rules[MAX_GOVERNING];
+	int n = governing(&d->svc.quotas, &ids, LIMIT_WEIGHT, rules);
+	double w = n ? rules[0]->weight : 1;
+	for (int i = 1; i < n; i++)
+		if (rules[i]->weight > w)
+			w = rules[i]->weight;
+	return w;
 }
 
 static uint64_t owner_bytes_on(const struct buffer_table *t, uid_t owner, int device)

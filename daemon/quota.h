@@ -2,10 +2,13 @@
  * Quotas and rights. Main thread only.
  *
  * A quota rule applies to one user ([user:NAME]), to each member of one
- * group ([group:NAME]) or to everyone ([default]) and may set three limits:
+ * group ([group:NAME]) or to everyone ([default]) and may set limits:
  * device-memory (bytes a user's buffers may hold on any one device),
- * queued-jobs (a user's jobs queued or running at once) and devices (the
- * device indices a user's jobs may use). For each limit the most specific
+ * queued-jobs (a user's jobs queued or running at once), devices (the
+ * device indices a user's jobs may use) and max-priority (the most urgent
+ * priority a user's jobs may ask for); and a weight, the user's share of each
+ * GPU against other users' within one priority (the scheduler's fair share;
+ * a group's rules give the largest weight among them). For each limit the most specific
  * rules that set it govern: the user's rule; else every rule of a group the
  * client belongs to (all must hold, so the strictest wins); else the default.
  * Root is never limited. A refusal is permission_denied naming the rule and
@@ -37,10 +40,12 @@ struct quota_rule {
 	uint32_t id;       /* uid or gid; 0 for the default */
 	char label[96];    /* "[group:ml]", as written */
 	char where[300];   /* "/etc/gpuq/gpuqd.conf:12" */
-	bool has_memory, has_jobs, has_devices;
+	bool has_memory, has_jobs, has_devices, has_priority, has_weight;
 	uint64_t device_memory; /* bytes on any one device */
 	uint64_t queued_jobs;   /* queued or running at once */
 	uint64_t devices;       /* bit i: device i may be used */
+	int max_priority;       /* the most urgent enum gpuq_priority a job may ask for */
+	double weight;          /* the share of each GPU's time against other users' (fair share) */
 };
 
 /* The rules and rights of one configuration; replaced whole on reload. */
@@ -100,6 +105,12 @@ bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner);
  */
 int quota_check_job(struct daemon *d, const struct conn *c, const struct job *job,
 		    struct gpuq_error *err);
+/* A job asks for priority: 0, or -1 with permission_denied naming the max-priority rule. */
+int quota_check_priority(struct daemon *d, const struct conn *c, int priority,
+			 struct gpuq_error *err);
+/* The client's fair-share weight (1 unless a rule says otherwise). */
+double quota_weight(struct daemon *d, const struct conn *c);
+
 /*
  * Before an allocation: the device quota, then the device-memory quota
  * (the client's buffers on device plus bytes). 0, or -1 with permission_denied.

@@ -173,7 +173,7 @@ void service_scan_deadlines(struct job_table *t, double now, unsigned deadline_s
 		out->over++;
 		const atomic_bool *flag = j->parts ? &j->parts[0].cancel : &j->work.cancel;
 		if (!atomic_load(flag)) {
-			job_request_cancel(j);
+			job_request_cancel(j); /* waiting jobs look at it within SCHED_HOST_RECHECK_S */
 			out->cancelled++;
 			log_warn("job %llu (%s on device %d, uid %d) has run %.0f s, past job-deadline %u s; cancelling it",
 				 (unsigned long long)j->id, j->kind->op, job_device(j), (int)j->owner,

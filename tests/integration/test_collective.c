@@ -583,10 +583,16 @@ TEST(cancel_stops_a_waiting_allreduce_and_holds_buffers_until_it_ends)
 	gpuq_reply_free(r);
 	usleep(50 * 1000); /* rank 0 waits at the rendezvous */
 	struct mp_map req;
-	gpuq_request_begin(c, &req, "free");
+	gpuq_request_begin(c, &req, "free"); /* waits for the all-reduce holding g@0 */
 	mp_put_str(&req, "buffer", "g@0");
-	mp_put_bool(&req, "wait", true);
-	expect_job_error(call(c, &req, NULL, 0), GPUQ_E_BUSY, "in use by job");
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "free, queued behind the all-reduce");
+	uint64_t freeing = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	usleep(50 * 1000);
+	char state[16];
+	job_state(c, freeing, state, sizeof state);
+	CHECKF(strcmp(state, "queued") == 0, "the free is %s while the all-reduce holds g@0", state);
 	gpuq_request_begin(c, &req, "cancel");
 	mp_put_u64(&req, "job", job);
 	r = call(c, &req, NULL, 0);
@@ -594,8 +600,10 @@ TEST(cancel_stops_a_waiting_allreduce_and_holds_buffers_until_it_ends)
 	gpuq_reply_free(r);
 	close(p[1]);
 	expect_job_error(wait_job(c, job, 10000), GPUQ_E_CANCELLED, NULL);
+	gpuq_reply_free(wait_job(c, freeing, 10000)); /* released by the cancelled job: freed now */
+	alloc_typed(c, "g", 0, GPUQ_DTYPE_F32, 512);
+	fill_seed(c, "g", 0, 3);
 	expect_fresh_and_right(c, devices, 2);
-	free_on(c, "g", 0); /* released by the cancelled job */
 	gpuq_close(c);
 	daemon_stop(&d);
 }

@@ -207,7 +207,7 @@ TEST(transfer_refusals)
 	daemon_stop(&d);
 }
 
-TEST(free_refuses_a_buffer_in_use)
+TEST(free_waits_for_the_jobs_on_its_buffer)
 {
 	struct daemon_proc d;
 	daemon_start(&d, NULL);
@@ -225,17 +225,38 @@ TEST(free_refuses_a_buffer_in_use)
 	gpuq_reply_free(r);
 	gpuq_request_begin(c, &req, "free");
 	mp_put_str(&req, "buffer", "w");
-	char want[64];
-	snprintf(want, sizeof want, "in use by job %llu", (unsigned long long)job);
-	expect(call(c, &req, NULL, 0), GPUQ_E_BUSY, want);
-	close(p[1]);
-	gpuq_request_begin(c, &req, "wait");
-	mp_put_u64(&req, "job", job);
 	r = call(c, &req, NULL, 0);
-	expect_ok(r, "wait for the put");
+	expect_ok(r, "free, queued behind the put");
+	uint64_t freeing = reply_u64(r, "job.job");
 	gpuq_reply_free(r);
+	char want[64], state[16], waiting[160];
+	snprintf(want, sizeof want, "behind job %llu", (unsigned long long)job);
+	gpuq_request_begin(c, &req, "status");
+	mp_put_u64(&req, "job", freeing);
+	r = call(c, &req, NULL, 0);
+	reply_str(r, "job.state", state, sizeof state);
+	reply_str(r, "job.waiting", waiting, sizeof waiting);
+	CHECK_STR(state, "queued");
+	CHECKF(strstr(waiting, want), "waiting: '%s', not '%s'", waiting, want);
+	gpuq_reply_free(r);
+	gpuq_request_begin(c, &req, "checksum"); /* nothing new may start on a buffer being freed */
+	mp_put_str(&req, "buffer", "w");
+	expect(call(c, &req, NULL, 0), GPUQ_E_BUSY, "being freed");
+	close(p[1]);
+	uint64_t jobs[2] = { job, freeing };
+	for (int i = 0; i < 2; i++) { /* the put ends first, then the free */
+		gpuq_request_begin(c, &req, "wait");
+		mp_put_u64(&req, "job", jobs[i]);
+		mp_put_u64(&req, "timeout_ms", 10000);
+		r = call(c, &req, NULL, 0);
+		expect_ok(r, i ? "the free" : "the put");
+		gpuq_reply_free(r);
+	}
 	close(p[0]);
-	do_free(c, "w");
+	gpuq_request_begin(c, &req, "buffers");
+	r = call(c, &req, NULL, 0);
+	CHECK_EQ(reply_path(r, "buffers")->via.array.size, 0);
+	gpuq_reply_free(r);
 	gpuq_close(c);
 	daemon_stop(&d);
 }
