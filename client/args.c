@@ -33,6 +33,8 @@ enum {
 	LONG_REDOP,
 	LONG_FACTOR,
 	LONG_COLL_TIMEOUT,
+	LONG_PRIORITY,
+	LONG_WAIT_MEMORY,
 };
 
 /* Accepted before the command and after it. */
@@ -70,6 +72,8 @@ static const struct {
 	{ { "op", required_argument, NULL, LONG_REDOP }, OPT_REDOP },
 	{ { "factor", required_argument, NULL, LONG_FACTOR }, OPT_FACTOR },
 	{ { "collective-timeout", required_argument, NULL, LONG_COLL_TIMEOUT }, OPT_COLL_TIMEOUT },
+	{ { "priority", required_argument, NULL, LONG_PRIORITY }, OPT_PRIORITY },
+	{ { "wait-memory", required_argument, NULL, LONG_WAIT_MEMORY }, OPT_WAIT_MEMORY },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -222,6 +226,12 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_COLL_TIMEOUT:
 		return parse_uint_opt(cli, "collective-timeout", arg, "a time in milliseconds",
 				      &cli->coll_timeout_ms, &cli->has_coll_timeout);
+	case LONG_PRIORITY:
+		cli->priority = arg; /* the daemon says which names it takes */
+		return 0;
+	case LONG_WAIT_MEMORY:
+		return parse_uint_opt(cli, "wait-memory", arg, "a time in milliseconds",
+				      &cli->wait_memory_ms, &cli->has_wait_memory);
 	}
 	return cli_usage(cli, "unknown option");
 }

@@ -54,6 +54,8 @@ enum cli_opt {
 	OPT_REDOP = 1u << 18,        /* --op sum|prod|min|max|avg */
 	OPT_FACTOR = 1u << 19,       /* --factor F: bench allreduce's step between sizes */
 	OPT_COLL_TIMEOUT = 1u << 20, /* --collective-timeout MS */
+	OPT_PRIORITY = 1u << 21,     /* --priority high|normal|low: every job command */
+	OPT_WAIT_MEMORY = 1u << 22,  /* --wait-memory MS: alloc waits for memory others free */
 };
 
 struct cli;
@@ -93,8 +95,9 @@ struct cli {
 	const char *devices;        /* --devices */
 	const char *redop;          /* --op */
 	const char *bytes_range;    /* bench --bytes MIN:MAX */
-	bool has_factor, has_coll_timeout;
-	uint64_t factor, coll_timeout_ms;
+	bool has_factor, has_coll_timeout, has_wait_memory;
+	uint64_t factor, coll_timeout_ms, wait_memory_ms;
+	const char *priority;       /* --priority */
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */

@@ -11,7 +11,7 @@
 
 #include "client/cli.h"
 
-#define JOB_OPTS (OPT_DETACH)
+#define JOB_OPTS (OPT_DETACH | OPT_PRIORITY)
 
 const struct cli_cmd cli_commands[] = {
 	{ "ping", "", "check that gpuqd answers; show its version and backend",
@@ -26,14 +26,17 @@ const struct cli_cmd cli_commands[] = {
 	  "Sends a job that does nothing through device N's worker (default 0):\n"
 	  "it measures dispatch.\n",
 	  JOB_OPTS | OPT_DEVICE, 0, 0, { NULL }, cmd_noop },
-	{ "alloc", "NAME (--bytes SIZE | --count N --dtype T) [--device N]",
+	{ "alloc", "NAME (--bytes SIZE | --count N --dtype T) [--device N] [--wait-memory MS]",
 	  "allocate a named buffer on a device",
 	  "Allocates buffer NAME on device N (default 0), sized either in bytes or\n"
-	  "as N elements of dtype T (bytes u8 i32 i64 f16 bf16 f32 f64).\n",
-	  JOB_OPTS | OPT_BYTES | OPT_COUNT | OPT_DTYPE | OPT_DEVICE, 1, 1, { "NAME" },
+	  "as N elements of dtype T (bytes u8 i32 i64 f16 bf16 f32 f64). Without\n"
+	  "room on the device it fails at once (out_of_memory), or with --wait-memory\n"
+	  "MS waits up to MS milliseconds for other jobs to free enough.\n",
+	  JOB_OPTS | OPT_BYTES | OPT_COUNT | OPT_DTYPE | OPT_DEVICE | OPT_WAIT_MEMORY, 1, 1, { "NAME" },
 	  cmd_alloc },
 	{ "free", "BUF", "free a buffer",
-	  "Frees buffer BUF; refused (busy) while another job uses it.\n",
+	  "Frees buffer BUF once the jobs already queued or running on it have\n"
+	  "finished; no new job may use it meanwhile.\n",
 	  JOB_OPTS, 1, 1, { "BUF" }, cmd_free },
 	{ "buffers", "[--device N]", "list your buffers (every user's for root)",
 	  "Lists buffers, on device N only if given.\n", OPT_DEVICE, 0, 0, { NULL },
@@ -197,7 +200,8 @@ static const char global_help[] =
 	"\n"
 	"BUF is NAME or NAME@GPU (w0@1). SIZE and N take K, M, G suffixes (powers\n"
 	"of 1024). Job commands (noop alloc free put get copy fill checksum run)\n"
-	"wait for the job and print what it did; --detach prints the job id at once.\n"
+	"wait for the job and print what it did; --detach prints the job id at once,\n"
+	"and --priority high|normal|low says how urgent the job is (default normal).\n"
 	"\n"
 	"Exit status:\n"
 	"  0  success\n"
@@ -212,7 +216,7 @@ static void print_help(FILE *f)
 
 	fprintf(f, "usage: gpuq [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]\n\n"
 		   "Talks to gpuqd, the GPU job daemon, over its UNIX socket.\n\n"
-		   "Commands (job commands also take --detach):\n");
+		   "Commands (job commands also take --detach and --priority):\n");
 	for (cmd = cli_commands; cmd->name; cmd++) {
 		int w = fprintf(f, "  %s%s%s", cmd->name, *cmd->synopsis ? " " : "",
 				cmd->synopsis);
@@ -234,7 +238,9 @@ void cli_print_command_help(FILE *f, const struct cli_cmd *cmd)
 		cmd->opts & OPT_DETACH ? " [--detach]" : "", cmd->help);
 	if (cmd->opts & OPT_DETACH)
 		fprintf(f, "\n--detach prints the job id as soon as the job is queued;\n"
-			   "`gpuq wait JOB` waits for it later. --timeout MS bounds the wait.\n");
+			   "`gpuq wait JOB` waits for it later. --timeout MS bounds the wait.\n"
+			   "--priority high|normal|low: the job's priority on its GPU (default\n"
+			   "normal; a quota rule may cap it).\n");
 	fprintf(f, "\nThe global options (--socket, --json, --timeout) work here too;\n"
 		   "gpuq --help lists them and the exit status.\n");
 }

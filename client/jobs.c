@@ -24,6 +24,8 @@ int cli_job_begin(struct cli *cli, struct mp_map *req, const char *op)
 {
 	int rc = cli_begin(cli, req, op);
 
+	if (rc == 0 && cli->priority)
+		mp_put_str(req, "priority", cli->priority);
 	if (rc || cli->detach)
 		return rc;
 	mp_put_bool(req, "wait", true);
@@ -98,6 +100,8 @@ int cmd_alloc(struct cli *cli)
 		mp_put_u64(&req, "count", cli->count);
 	if (cli->dtype)
 		mp_put_str(&req, "dtype", cli->dtype);
+	if (cli->has_wait_memory)
+		mp_put_u64(&req, "wait_memory_ms", cli->wait_memory_ms);
 	return job_send(cli, &req, NULL, 0);
 }
 

@@ -233,19 +233,24 @@ static void job_row(struct table *t, const msgpack_object *j)
 	table_cell(t, "%" PRIu64, field_u64(j, "job", 0));
 	table_cell(t, "%s", field_str(j, "op", s, sizeof(s), "-"));
 	table_cell(t, "%s", field_str(j, "state", s, sizeof(s), "-"));
+	table_cell(t, "%s", field_str(j, "priority", s, sizeof(s), "-"));
 	table_cell(t, "%" PRIu64, field_u64(j, "device", 0));
 	table_cell(t, "%s", field_str(j, "buffer", s, sizeof(s), "-"));
 	table_cell(t, "%s", human_seconds(s, sizeof(s), field_f64(j, "queued_s", -1)));
 	table_cell(t, "%s", human_seconds(s, sizeof(s), field_f64(j, "run_s", -1)));
-	/* Only the code: `gpuq status JOB` has the whole message. */
-	table_cell(t, "%s", record_error_code(j, s, sizeof(s)));
+	/* Only the code (`gpuq status JOB` has the whole message), or why it waits. */
+	if (msg_map_get(j, "error"))
+		table_cell(t, "%s", record_error_code(j, s, sizeof(s)));
+	else
+		table_cell(t, "%s", field_str(j, "waiting", s, sizeof(s), "-"));
 }
 
 void render_jobs(FILE *f, const msgpack_object *reply)
 {
 	static const struct table_col cols[] = {
-		{ "JOB", true },    { "OP", false },     { "STATE", false }, { "GPU", true },
-		{ "BUFFER", false }, { "QUEUED", true }, { "RUN", true },    { "ERROR", false },
+		{ "JOB", true },     { "OP", false },    { "STATE", false },           { "PRIO", false },
+		{ "GPU", true },     { "BUFFER", false }, { "QUEUED", true },          { "RUN", true },
+		{ "ERROR/WAITING", false },
 	};
 	const msgpack_object *jobs = field_array(reply, "jobs");
 	struct table t;
@@ -364,6 +369,9 @@ void render_job_record(FILE *f, const msgpack_object *rec)
 	fprintf(f, "job     %" PRIu64 "\n", field_u64(rec, "job", 0));
 	fprintf(f, "op      %s\n", field_str(rec, "op", s, sizeof(s), "-"));
 	fprintf(f, "state   %s\n", field_str(rec, "state", s, sizeof(s), "-"));
+	if (msg_map_get(rec, "waiting"))
+		fprintf(f, "waiting %s\n", field_str(rec, "waiting", s, sizeof(s), "-"));
+	fprintf(f, "priority %s\n", field_str(rec, "priority", s, sizeof(s), "normal"));
 	fprintf(f, "owner   %" PRIu64 "\n", field_u64(rec, "owner", 0));
 	fprintf(f, "device  %" PRIu64 "\n", field_u64(rec, "device", 0));
 	fprintf(f, "buffer  %s\n", field_str(rec, "buffer", s, sizeof(s), "-"));

@@ -82,6 +82,8 @@ const char *copy_peer_path(struct daemon *d, int src, int dst, bool *direct);
 /* op_buffer.c: the buffer named by `field`, with an optional [OFFSET:LENGTH] range in *ref. */
 struct buffer *read_buffer_ref(struct request *req, const char *field, struct buffer_ref *ref,
 			       struct gpuq_error *err);
+/* op_info.c: a device's `scheduler` map (jobs in flight per engine, busy time), for devices and stats. */
+void render_scheduler(const struct worker_snapshot *s, struct mp_map *out);
 /* progress.c: progress events for waiters that asked (`progress: true`). */
 void progress_watch(struct daemon *d);
 void progress_close(struct daemon *d);

@@ -29,6 +29,14 @@ static const double latency_bounds[METRICS_LATENCY_BUCKETS] = {
 static const char *const quota_limits[METRICS_QUOTA_LIMITS] = { "device-memory", "queued-jobs", "devices",
 									"max-priority" };
 
+static int latency_bucket(double seconds)
+{
+	int b = 0;
+	while (b < METRICS_LATENCY_BUCKETS && seconds > latency_bounds[b])
+		b++;
+	return b;
+}
+
 static struct metrics_op *op_entry(struct metrics *m, const char *op)
 {
 	for (int i = 0; i < m->nops; i++)
@@ -60,15 +68,21 @@ void metrics_job_finished(struct metrics *m, const char *op, enum gpuq_errc resu
 {
 	struct metrics_op *e = op_entry(m, op);
 	if (e) {
-		int b = 0;
-		while (b < METRICS_LATENCY_BUCKETS && latency > latency_bounds[b])
-			b++;
+		int b = latency_bucket(latency);
 		e->results[(unsigned)result < GPUQ_ERRC_COUNT ? result : GPUQ_E_INTERNAL]++;
 		e->latency[b]++;
 		e->latency_sum += latency;
 	}
 	if (path && bytes)
 		add_path_bytes(m, op, path, bytes);
+}
+
+void metrics_queue_wait(struct metrics *m, int priority, double seconds)
+{
+	if (priority < 0 || priority >= GPUQ_PRIORITIES)
+		return;
+	m->queue_wait[priority][latency_bucket(seconds)]++;
+	m->queue_wait_sum[priority] += seconds;
 }
 
 void metrics_quota_refusal(struct metrics *m, const char *limit)
@@ -139,6 +153,32 @@ static void header(struct metrics_text *t, const char *name, const char *type, c
 	emit(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* One histogram's series: buckets (not cumulative) with their sum, under name{label="value"}. */
+static void emit_histogram(struct metrics_text *t, const char *name, const char *label,
+			   const char *value, const uint64_t *buckets, double sum)
+{
+	uint64_t cum = 0;
+	for (int b = 0; b < METRICS_LATENCY_BUCKETS; b++) {
+		cum += buckets[b];
+		emit(t, "%s_bucket{%s=\"%s\",le=\"%g\"} %llu\n", name, label, value, latency_bounds[b],
+		     (unsigned long long)cum);
+	}
+	cum += buckets[METRICS_LATENCY_BUCKETS];
+	emit(t, "%s_bucket{%s=\"%s\",le=\"+Inf\"} %llu\n", name, label, value, (unsigned long long)cum);
+	emit(t, "%s_sum{%s=\"%s\"} %.9g\n", name, label, value, sum);
+	emit(t, "%s_count{%s=\"%s\"} %llu\n", name, label, value, (unsigned long long)cum);
+}
+
+static void render_queue_wait(const struct metrics *m, struct metrics_text *t)
+{
+	header(t, "gpuq_queue_wait_seconds", "histogram",
+	       "Seconds from a job's submission to its start on its worker, by priority.");
+	for (int p = 0; p < GPUQ_PRIORITIES; p++)
+		emit_histogram(t, "gpuq_queue_wait_seconds", "priority",
+			       gpuq_priority_name((enum gpuq_priority)p), m->queue_wait[p],
+			       m->queue_wait_sum[p]);
+}
+
 static void render_jobs(struct daemon *d, struct metrics_text *t)
 {
 	const struct metrics *m = &d->svc.metrics;
@@ -152,21 +192,10 @@ static void render_jobs(struct daemon *d, struct metrics_text *t)
 				     (unsigned long long)m->ops[i].results[r]);
 	header(t, "gpuq_job_latency_seconds", "histogram",
 	       "Seconds from a job's submission to its end, by op.");
-	for (int i = 0; i < m->nops; i++) {
-		const struct metrics_op *e = &m->ops[i];
-		uint64_t cum = 0;
-		for (int b = 0; b < METRICS_LATENCY_BUCKETS; b++) {
-			cum += e->latency[b];
-			emit(t, "gpuq_job_latency_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n", e->op,
-			     latency_bounds[b], (unsigned long long)cum);
-		}
-		cum += e->latency[METRICS_LATENCY_BUCKETS];
-		emit(t, "gpuq_job_latency_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n", e->op,
-		     (unsigned long long)cum);
-		emit(t, "gpuq_job_latency_seconds_sum{op=\"%s\"} %.9g\n", e->op, e->latency_sum);
-		emit(t, "gpuq_job_latency_seconds_count{op=\"%s\"} %llu\n", e->op,
-		     (unsigned long long)cum);
-	}
+	for (int i = 0; i < m->nops; i++)
+		emit_histogram(t, "gpuq_job_latency_seconds", "op", m->ops[i].op, m->ops[i].latency,
+			       m->ops[i].latency_sum);
+	render_queue_wait(m, t);
 	header(t, "gpuq_bytes_moved_total", "counter",
 	       "Bytes moved by jobs, by op and path (how the bytes travelled).");
 	for (int i = 0; i < m->npaths; i++)
@@ -190,6 +219,27 @@ static void render_queues(struct daemon *d, struct metrics_text *t, const unsign
 		emit(t, "gpuq_queue_depth{gpu=\"%d\"} %u\n", i, depth[i]);
 	header(t, "gpuq_connections", "gauge", "Client connections open.");
 	emit(t, "gpuq_connections %u\n", conns);
+}
+
+/* Each device's scheduler: jobs in flight, per engine, and how long each engine was busy. */
+static void render_engines(struct daemon *d, struct metrics_text *t,
+			   const struct worker_snapshot *snap)
+{
+	header(t, "gpuq_jobs_inflight", "gauge", "Jobs each device's scheduler has in flight.");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_jobs_inflight{gpu=\"%d\"} %u\n", i, snap[i].sched.inflight);
+	header(t, "gpuq_engine_inflight", "gauge",
+	       "Jobs in flight per engine (h2d, d2h, kernel, copy, collective, other).");
+	for (int i = 0; i < d->pool.count; i++)
+		for (int e = 0; e < SCHED_ENGINES; e++)
+			emit(t, "gpuq_engine_inflight{gpu=\"%d\",engine=\"%s\"} %u\n", i,
+			     sched_engine_name((enum sched_engine)e), snap[i].sched.inflight_by_engine[e]);
+	header(t, "gpuq_engine_busy_seconds_total", "counter",
+	       "Seconds each engine had at least one job in flight (its rate is the busy fraction).");
+	for (int i = 0; i < d->pool.count; i++)
+		for (int e = 0; e < SCHED_ENGINES; e++)
+			emit(t, "gpuq_engine_busy_seconds_total{gpu=\"%d\",engine=\"%s\"} %.6f\n", i,
+			     sched_engine_name((enum sched_engine)e), snap[i].sched.busy_seconds[e]);
 }
 
 /* Per-device gauges from the worker snapshots and the buffer registry. */
@@ -236,6 +286,7 @@ static void render_devices(struct daemon *d, struct metrics_text *t,
 		     (unsigned long long)snap[i].counters.name);
 	WORKER_COUNTERS(RENDER_COUNTER)
 #undef RENDER_COUNTER
+	render_engines(d, t, snap);
 }
 
 /* The kernel chains' counters per device; graph_entries is the cache's size now. */

@@ -36,6 +36,9 @@ struct metrics_path {
 };
 
 struct metrics {
+	/* Seconds from submission to start, per priority: what the scheduler made jobs wait. */
+	uint64_t queue_wait[GPUQ_PRIORITIES][METRICS_LATENCY_BUCKETS + 1];
+	double queue_wait_sum[GPUQ_PRIORITIES];
 	struct metrics_op ops[METRICS_MAX_OPS];
 	int nops;
 	struct metrics_path paths[METRICS_MAX_PATHS];
@@ -50,7 +53,9 @@ struct metrics {
 /* A job finished: latency is seconds from submission to its end. */
 void metrics_job_finished(struct metrics *m, const char *op, enum gpuq_errc result,
 			  double latency, const char *path, uint64_t bytes);
-/* limit: "device-memory", "queued-jobs" or "devices". */
+/* A job of that priority started `seconds` after its submission. */
+void metrics_queue_wait(struct metrics *m, int priority, double seconds);
+/* limit: "device-memory", "queued-jobs", "devices" or "max-priority". */
 void metrics_quota_refusal(struct metrics *m, const char *limit);
 
 /* A growable text buffer. */

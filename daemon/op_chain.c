@@ -329,6 +329,7 @@ static void render_device_stats(struct daemon *d, int index, struct mp_array *ou
 	mp_put_u64(&chain, "graph_capacity", d->opt.device.chain_graph_cache);
 	mp_put_map(&m, "counters", &counters);
 	mp_put_map(&m, "chain", &chain);
+	render_scheduler(&s, &m);
 	mp_array_map(out, &m);
 }
 

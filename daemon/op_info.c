@@ -27,6 +27,23 @@ static void render_counters(const struct worker_counters *c, struct mp_map *out)
 	mp_put_map(out, "counters", &m);
 }
 
+void render_scheduler(const struct worker_snapshot *s, struct mp_map *out)
+{
+	struct mp_map sched, inflight, busy;
+	mp_map_init(&sched);
+	mp_map_init(&inflight);
+	mp_map_init(&busy);
+	mp_put_u64(&sched, "inflight", s->sched.inflight);
+	mp_put_u64(&sched, "max_inflight", s->sched.max_inflight);
+	for (int e = 0; e < SCHED_ENGINES; e++) {
+		mp_put_u64(&inflight, sched_engine_name((enum sched_engine)e), s->sched.inflight_by_engine[e]);
+		mp_put_f64(&busy, sched_engine_name((enum sched_engine)e), s->sched.busy_seconds[e]);
+	}
+	mp_put_map(&sched, "inflight_by_engine", &inflight);
+	mp_put_map(&sched, "busy_s", &busy);
+	mp_put_map(out, "scheduler", &sched);
+}
+
 static void render_device(struct daemon *d, int index, struct mp_array *out)
 {
 	struct worker_snapshot s;
@@ -64,6 +81,7 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 		mp_put_str(&m, "peer_path_note", s.peer_note);
 	mp_put_u64(&m, "queue_depth", s.queue_depth);
 	render_counters(&s.counters, &m);
+	render_scheduler(&s, &m);
 	mp_array_map(out, &m);
 }
 

@@ -421,4 +421,7 @@ void service_job_finished(struct daemon *d, const struct job *job)
 	metrics_job_finished(&d->svc.metrics, job->kind->op, job->error.code,
 			     job->finished - job->submitted, job->work.result.path,
 			     job->work.result.bytes);
+	const struct work *first = job->parts ? &job->parts[0] : &job->work;
+	if (first->started_at > 0) /* it reached its worker (not cancelled while queued) */
+		metrics_queue_wait(&d->svc.metrics, job->priority, first->started_at - job->submitted);
 }

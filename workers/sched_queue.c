@@ -312,13 +312,20 @@ static enum sched_wait admissible(struct sched_queues *q, struct work *w,
 	return SCHED_NOT_WAITING;
 }
 
-/* An owner's claim to go next at its level: less served per weight first, then fewer in flight. */
-static bool owner_before(const struct sched_owner *a, const struct sched_owner *b)
+/*
+ * Whether candidate a (of owner oa) goes before b (of ob) at one level: the
+ * owner with less device time per weight first, then the one with fewer
+ * works in flight, then the earlier work.
+ */
+static bool candidate_before(const struct work *a, const struct sched_owner *oa,
+			     const struct work *b, const struct sched_owner *ob)
 {
-	double va = a->served / a->weight, vb = b->served / b->weight;
+	double va = oa->served / oa->weight, vb = ob->served / ob->weight;
 	if (va != vb)
 		return va < vb;
-	return a->inflight < b->inflight;
+	if (oa->inflight != ob->inflight)
+		return oa->inflight < ob->inflight;
+	return a->seq < b->seq;
 }
 
 /*
@@ -354,13 +361,9 @@ struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
 		struct sched_owner *best_owner = NULL;
 		struct sched_deps trial;
 		for (struct sched_owner_queue *oq = q->levels[level]; oq; oq = oq->next) {
-			if (!oq->head)
-				continue;
-			struct sched_owner *o = owner_find(q, oq->uid);
-			if (!o || (best_owner && !owner_before(o, best_owner)))
-				continue;
-			struct work *w = queue_candidate(q, oq, load, &trial);
-			if (!w)
+			struct sched_owner *o = oq->head ? owner_find(q, oq->uid) : NULL;
+			struct work *w = o ? queue_candidate(q, oq, load, &trial) : NULL;
+			if (!w || (best && !candidate_before(w, o, best, best_owner)))
 				continue;
 			best = w;
 			best_owner = o;

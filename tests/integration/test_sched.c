@@ -1,0 +1,632 @@
+/*
+ * The per-GPU scheduler, seen from clients: independent jobs overlap, jobs
+ * on one buffer keep their order, urgent jobs pass queued ones, owners share
+ * a device, allocations wait for memory, and 8 clients' random jobs end with
+ * the same buffers as a serial replay. Timings only as ratios, with wide
+ * margins; on the host backend the engines are slowed
+ * (GPUQ_HOST_ENGINE_DELAY_US) so that sleeps, not this machine's cores, set
+ * the pace.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/integration/fixture.h"
+#include "workers/host_patterns.h"
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* The engine delays only mean something on the host backend; the GPU is fast enough as it is. */
+static void slow_engines(const char *spec)
+{
+	if (!test_backend_is_cuda())
+		setenv("GPUQ_HOST_ENGINE_DELAY_US", spec, 1);
+}
+
+static struct gpuq_reply *job_call_id(struct gpuq_client *c, const char *op, uint64_t job,
+				      uint64_t timeout_ms)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_u64(&req, "job", job);
+	if (timeout_ms)
+		mp_put_u64(&req, "timeout_ms", timeout_ms);
+	return call(c, &req, NULL, 0);
+}
+
+static void wait_ok(struct gpuq_client *c, uint64_t job, const char *what)
+{
+	struct gpuq_reply *r = job_call_id(c, "wait", job, 60000);
+	expect_ok(r, what);
+	gpuq_reply_free(r);
+}
+
+static void state_of(struct gpuq_client *c, uint64_t job, char *state, size_t size)
+{
+	struct gpuq_reply *r = job_call_id(c, "status", job, 0);
+	expect_ok(r, "status");
+	reply_str(r, "job.state", state, size);
+	gpuq_reply_free(r);
+}
+
+/* Sends a prepared job request detached (or waiting) and returns its job id. */
+static uint64_t submit(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds)
+{
+	struct gpuq_reply *r = call(c, req, fds, nfds);
+	expect_ok(r, "job request");
+	uint64_t id = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	return id;
+}
+
+static uint64_t start_put_memfd(struct gpuq_client *c, const char *buffer, size_t n, uint64_t seed,
+				const char *priority)
+{
+	int fd = memfd_random(n, seed);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_u64(&req, "fds", 1);
+	if (priority)
+		mp_put_str(&req, "priority", priority);
+	uint64_t id = submit(c, &req, &fd, 1);
+	close(fd);
+	return id;
+}
+
+static uint64_t start_simple(struct gpuq_client *c, const char *op, const char *buffer,
+			     const char *priority)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	if (buffer)
+		mp_put_str(&req, "buffer", buffer);
+	if (priority)
+		mp_put_str(&req, "priority", priority);
+	return submit(c, &req, NULL, 0);
+}
+
+/* The seconds a finished job ran, from its record. */
+static double ran_s(struct gpuq_client *c, uint64_t job)
+{
+	struct gpuq_reply *r = job_call_id(c, "status", job, 0);
+	double s = reply_f64(r, "job.run_s");
+	gpuq_reply_free(r);
+	return s;
+}
+
+TEST(sched_a_small_job_on_another_buffer_passes_a_long_one)
+{
+	slow_engines("h2d:40000");
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	size_t big = test_backend_is_cuda() ? (size_t)1 << 30 : (size_t)8 << 20;
+	do_alloc(c, "big", 0, big);
+	do_alloc(c, "small", 0, 4096);
+	do_fill_random(c, "small", 7);
+	double t0 = now_s();
+	uint64_t put = start_put_memfd(c, "big", big, 1, NULL); /* 4 slots' DMAs at 40 ms each here */
+	usleep(20000);
+	uint64_t sum = start_simple(c, "checksum", "small", NULL);
+	wait_ok(c, sum, "the checksum");
+	double small_done = now_s() - t0;
+	char state[16];
+	state_of(c, put, state, sizeof state);
+	CHECKF(strcmp(state, "running") == 0, "the long put is %s when the checksum is done", state);
+	wait_ok(c, put, "the put");
+	double put_done = now_s() - t0;
+	CHECKF(small_done < 0.5 * put_done, "the checksum took %.3f s, the put %.3f s", small_done,
+	       put_done);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(sched_jobs_on_one_buffer_keep_their_order)
+{
+	slow_engines("h2d:20000");
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	size_t n = (size_t)6 << 20;
+	do_alloc(c, "w", 0, n);
+	do_fill_random(c, "w", 99);
+	/* put (slow), then get, checksum and fill on the same buffer, all detached at once */
+	uint64_t put = start_put_memfd(c, "w", n, 5, "low");
+	int out = memfd_random(0, 0);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "get");
+	mp_put_str(&req, "buffer", "w");
+	mp_put_u64(&req, "fds", 1);
+	mp_put_str(&req, "priority", "high");
+	uint64_t get = submit(c, &req, &out, 1);
+	uint64_t sum = start_simple(c, "checksum", "w", "high");
+	gpuq_request_begin(c, &req, "fill");
+	mp_put_str(&req, "buffer", "w");
+	mp_put_str(&req, "pattern", "zero");
+	uint64_t fill = submit(c, &req, NULL, 0);
+	uint64_t after = start_simple(c, "checksum", "w", NULL);
+	uint64_t jobs[] = { put, get, sum, fill, after };
+	for (int i = 0; i < 5; i++)
+		wait_ok(c, jobs[i], "a job on w");
+	/* the get and the first checksum saw the put's bytes; the last checksum the zeros */
+	size_t got_n;
+	unsigned char *got = fd_slurp(out, &got_n);
+	unsigned char *want = malloc(n);
+	host_fill_random(want, n, GPUQ_DTYPE_BYTES, 5);
+	CHECK_EQ(got_n, n);
+	CHECK(memcmp(got, want, n) == 0);
+	struct gpuq_reply *r = job_call_id(c, "status", sum, 0);
+	CHECK_EQ(reply_u64(r, "job.result.checksum"), host_checksum(want, n));
+	gpuq_reply_free(r);
+	memset(want, 0, n);
+	r = job_call_id(c, "status", after, 0);
+	CHECK_EQ(reply_u64(r, "job.result.checksum"), host_checksum(want, n));
+	gpuq_reply_free(r);
+	free(got);
+	free(want);
+	close(out);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/* put, get and a kernel job on three buffers: together well under the sum of their times alone. */
+TEST(sched_a_put_a_get_and_a_fill_overlap)
+{
+	if (test_backend_is_cuda())
+		SKIP("on the GPU, gpuq bench sched measures the overlap against the hardware's ceiling");
+	slow_engines("h2d:30000,d2h:30000,compute:120000");
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	size_t n = (size_t)8 << 20; /* 4 slots: 120 ms of copies each way */
+	do_alloc(c, "a", 0, n);
+	do_alloc(c, "b", 0, n);
+	do_alloc(c, "k", 0, n);
+	double alone = 0, t0;
+	uint64_t ids[3];
+	for (int round = 0; round < 2; round++) {
+		t0 = now_s();
+		int out = memfd_random(0, 0);
+		for (int j = 0; j < 3; j++) {
+			struct mp_map req;
+			if (j == 0) {
+				ids[j] = start_put_memfd(c, "a", n, 3, NULL);
+			} else if (j == 1) {
+				gpuq_request_begin(c, &req, "get");
+				mp_put_str(&req, "buffer", "b");
+				mp_put_u64(&req, "fds", 1);
+				ids[j] = submit(c, &req, &out, 1);
+			} else {
+				gpuq_request_begin(c, &req, "fill");
+				mp_put_str(&req, "buffer", "k");
+				mp_put_str(&req, "pattern", "zero");
+				ids[j] = submit(c, &req, NULL, 0);
+			}
+			if (round == 0) { /* alone: one after another */
+				wait_ok(c, ids[j], "alone");
+				alone += ran_s(c, ids[j]);
+			}
+		}
+		for (int j = 0; round == 1 && j < 3; j++)
+			wait_ok(c, ids[j], "together");
+		close(out);
+	}
+	double together = now_s() - t0;
+	CHECKF(together < 0.75 * alone, "together %.3f s, one after another %.3f s", together, alone);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(sched_urgent_jobs_go_first)
+{
+	slow_engines("compute:30000");
+	struct daemon_proc d;
+	daemon_start(&d, "--max-inflight=1", NULL);
+	struct gpuq_client *c = client_open(&d);
+	for (int i = 0; i < 4; i++) {
+		char name[8];
+		snprintf(name, sizeof name, "b%d", i);
+		do_alloc(c, name, 0, 4096);
+	}
+	do_alloc(c, "w", 0, 16);
+	int p[2];
+	uint64_t put = start_stalled_put(c, "w", p); /* normal: the one job in flight */
+	uint64_t low1 = start_simple(c, "checksum", "b0", "low");
+	uint64_t low2 = start_simple(c, "checksum", "b1", "low");
+	uint64_t normal = start_simple(c, "checksum", "b2", "normal");
+	uint64_t high = start_simple(c, "checksum", "b3", "high");
+	/* high passes the full device at once; the others wait their turn */
+	wait_ok(c, high, "high");
+	char state[16];
+	state_of(c, low1, state, sizeof state);
+	CHECK_STR(state, "queued");
+	struct gpuq_reply *r = job_call_id(c, "status", low1, 0);
+	char reason[32], prio[16];
+	reply_str(r, "job.waiting_reason", reason, sizeof reason);
+	reply_str(r, "job.priority", prio, sizeof prio);
+	CHECK_STR(reason, "inflight");
+	CHECK_STR(prio, "low");
+	gpuq_reply_free(r);
+	close(p[1]);
+	wait_ok(c, put, "the put");
+	wait_ok(c, low2, "low 2");
+	double q_normal, q_low1, q_low2;
+	r = job_call_id(c, "status", normal, 0);
+	q_normal = reply_f64(r, "job.queued_s");
+	gpuq_reply_free(r);
+	r = job_call_id(c, "status", low1, 0);
+	q_low1 = reply_f64(r, "job.queued_s");
+	gpuq_reply_free(r);
+	r = job_call_id(c, "status", low2, 0);
+	q_low2 = reply_f64(r, "job.queued_s");
+	gpuq_reply_free(r);
+	/* submitted after both lows, started before them: normal, then low 1, then low 2 */
+	CHECKF(q_normal < q_low1 && q_low1 < q_low2, "queued: normal %.3f, low1 %.3f, low2 %.3f",
+	       q_normal, q_low1, q_low2);
+	close(p[0]);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(sched_quota_caps_the_priority_a_user_may_ask_for)
+{
+	if (geteuid() != 0)
+		SKIP("needs root to act as another uid");
+	char path[64];
+	snprintf(path, sizeof path, "/tmp/gpuq-test-prio-%d", (int)getpid());
+	FILE *f = fopen(path, "w");
+	CHECK(f && fputs("[default]\nmax-priority = normal\nweight = 2\n", f) >= 0 && fclose(f) == 0);
+	struct daemon_proc d;
+	daemon_start(&d, "--socket-group", "nogroup", "--config", path, NULL);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		CHECK(setgid(65534) == 0 && setuid(65534) == 0);
+		struct gpuq_client *c = client_open(&d);
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "noop");
+		mp_put_str(&req, "priority", "high");
+		expect_error(call(c, &req, NULL, 0), GPUQ_E_PERMISSION_DENIED, "max-priority normal");
+		gpuq_request_begin(c, &req, "noop");
+		mp_put_str(&req, "priority", "low");
+		mp_put_bool(&req, "wait", true);
+		struct gpuq_reply *r = call(c, &req, NULL, 0);
+		expect_ok(r, "a low-priority noop");
+		gpuq_reply_free(r);
+		gpuq_close(c);
+		_exit(0);
+	}
+	int status;
+	waitpid(pid, &status, 0);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the checks as uid 65534 failed");
+	struct gpuq_client *root = client_open(&d); /* root is never limited */
+	struct mp_map req;
+	gpuq_request_begin(root, &req, "noop");
+	mp_put_str(&req, "priority", "high");
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(root, &req, NULL, 0);
+	expect_ok(r, "root's high-priority noop");
+	gpuq_reply_free(r);
+	gpuq_request_begin(root, &req, "noop");
+	mp_put_str(&req, "priority", "urgent");
+	expect_error(call(root, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "'urgent' is not a priority");
+	gpuq_close(root);
+	daemon_stop(&d);
+	unlink(path);
+}
+
+/* One owner floods a device; another's few jobs still get every other turn. */
+static void flood(const struct daemon_proc *d, int jobs, const char *buffer, uint64_t *last)
+{
+	struct gpuq_client *c = client_open(d);
+	for (int i = 0; i < jobs; i++)
+		*last = start_simple(c, "checksum", buffer, NULL);
+	gpuq_close(c);
+}
+
+TEST(sched_owners_share_a_device)
+{
+	if (geteuid() != 0)
+		SKIP("needs root to act as another uid");
+	slow_engines("compute:10000");
+	struct daemon_proc d;
+	daemon_start(&d, "--socket-group", "nogroup", "--max-inflight=1", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "mine", 0, 4096);
+	int p[2];
+	CHECK(pipe(p) == 0);
+	pid_t pid = fork(); /* uid 65534: 4 jobs, submitted after root's 40 */
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		CHECK(setgid(65534) == 0 && setuid(65534) == 0);
+		struct gpuq_client *o = client_open(&d);
+		struct mp_map req;
+		gpuq_request_begin(o, &req, "alloc");
+		mp_put_str(&req, "name", "theirs");
+		mp_put_u64(&req, "bytes", 4096);
+		mp_put_bool(&req, "wait", true);
+		gpuq_reply_free(call(o, &req, NULL, 0));
+		char go;
+		CHECK(read(p[0], &go, 1) == 1);
+		uint64_t last = 0;
+		flood(&d, 4, "theirs", &last);
+		struct gpuq_reply *r = job_call_id(o, "wait", last, 60000);
+		expect_ok(r, "the other owner's last job");
+		gpuq_reply_free(r);
+		gpuq_close(o);
+		_exit(0);
+	}
+	uint64_t last = 0;
+	flood(&d, 40, "mine", &last);
+	CHECK(write(p[1], "g", 1) == 1);
+	int status;
+	waitpid(pid, &status, 0); /* the other owner's 4 jobs are done */
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the other owner's jobs failed");
+	/* by then root's flood is far from done: turns alternated, they did not queue behind it */
+	char state[16];
+	state_of(c, last, state, sizeof state);
+	CHECKF(strcmp(state, "queued") == 0, "root's last job is %s when the other owner is done",
+	       state);
+	struct gpuq_reply *r = job_call_id(c, "status", last - 30, 0);
+	reply_str(r, "job.state", state, sizeof state);
+	gpuq_reply_free(r);
+	CHECKF(strcmp(state, "queued") == 0, "root's 10th job is %s already", state);
+	wait_ok(c, last, "root's last job");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(sched_an_alloc_waits_for_memory_another_job_frees)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--host-mem", "1M", NULL);
+	struct gpuq_client *c = client_open(&d);
+	if (test_backend_is_cuda())
+		SKIP("a GPU's memory is too large to fill in a test: the host backend's arena stands in");
+	do_alloc(c, "first", 0, 768 << 10);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "second");
+	mp_put_u64(&req, "bytes", 512 << 10);
+	mp_put_u64(&req, "wait_memory_ms", 20000);
+	uint64_t waiting = submit(c, &req, NULL, 0);
+	usleep(100000);
+	struct gpuq_reply *r = job_call_id(c, "status", waiting, 0);
+	char state[16], reason[32];
+	reply_str(r, "job.state", state, sizeof state);
+	reply_str(r, "job.waiting_reason", reason, sizeof reason);
+	CHECK_STR(state, "running");
+	CHECK_STR(reason, "memory");
+	gpuq_reply_free(r);
+	do_free(c, "first");
+	wait_ok(c, waiting, "the waiting alloc, once memory was freed");
+	/* without enough freed in time: out_of_memory, saying how long it waited */
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "third");
+	mp_put_u64(&req, "bytes", 768 << 10);
+	mp_put_u64(&req, "wait_memory_ms", 200);
+	mp_put_bool(&req, "wait", true);
+	double t0 = now_s();
+	r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_OUT_OF_MEMORY, "waited 200 ms");
+	gpuq_reply_free(r);
+	CHECKF(now_s() - t0 >= 0.19, "it gave up after %.3f s", now_s() - t0);
+	/* and without wait_memory_ms, at once */
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "third");
+	mp_put_u64(&req, "bytes", 768 << 10);
+	mp_put_bool(&req, "wait", true);
+	expect_error(call(c, &req, NULL, 0), GPUQ_E_OUT_OF_MEMORY, "cannot allocate");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(sched_cancel_and_shutdown_with_jobs_in_flight)
+{
+	slow_engines("h2d:30000,d2h:30000");
+	struct daemon_proc d;
+	/* two slots: a put has at most two chunks ahead of a cancel */
+	daemon_start(&d, "--shutdown-timeout", "300", "--staging-slots", "2", NULL);
+	struct gpuq_client *c = client_open(&d);
+	size_t n = test_backend_is_cuda() ? (size_t)1 << 30 : (size_t)16 << 20;
+	uint64_t jobs[4];
+	for (int i = 0; i < 4; i++) {
+		char name[8];
+		snprintf(name, sizeof name, "w%d", i);
+		do_alloc(c, name, 0, n);
+		jobs[i] = start_put_memfd(c, name, n, (uint64_t)i, NULL);
+	}
+	usleep(50000);
+	struct gpuq_reply *r = job_call_id(c, "cancel", jobs[0], 0);
+	expect_ok(r, "cancel a job in flight");
+	gpuq_reply_free(r);
+	r = job_call_id(c, "wait", jobs[0], 10000);
+	expect_error(r, GPUQ_E_CANCELLED, NULL);
+	gpuq_reply_free(r);
+	daemon_stop(&d); /* the rest are in flight: they finish or are cancelled, and gpuqd exits 0 */
+	gpuq_close(c);
+}
+
+/* ---- 8 clients, random jobs, and a serial replay of each buffer ---- */
+
+#define STRESS_CLIENTS 8
+#define STRESS_BUFFERS 2 /* per client */
+#define STRESS_BYTES 8192
+
+struct stress_client {
+	const struct daemon_proc *d;
+	int index, jobs;
+	unsigned seed;
+	unsigned char model[STRESS_BUFFERS][STRESS_BYTES]; /* what each buffer holds, replayed */
+};
+
+static void stress_name(const struct stress_client *s, int b, char *out, size_t size)
+{
+	snprintf(out, size, "s%d_%d", s->index, b);
+}
+
+static const char *const priorities[] = { "low", "normal", "high" };
+
+/* A put of random bytes into [off, off + len) of buffer b. */
+static uint64_t stress_put(struct gpuq_client *c, struct stress_client *s, int b, size_t off,
+			   size_t len)
+{
+	char name[48];
+	stress_name(s, b, name, 16);
+	snprintf(name + strlen(name), sizeof name - strlen(name), "[%zu:%zu]", off, len);
+	uint64_t seed = rand_r(&s->seed);
+	int fd = memfd_random(len, seed);
+	host_fill_random(s->model[b] + off, len, GPUQ_DTYPE_BYTES, seed);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", name);
+	mp_put_u64(&req, "fds", 1);
+	mp_put_str(&req, "priority", priorities[rand_r(&s->seed) % 3]);
+	uint64_t id = submit(c, &req, &fd, 1);
+	close(fd);
+	return id;
+}
+
+/* A get of buffer b, checked against the model when it ends: ordering, seen from outside. */
+struct pending_get {
+	uint64_t job;
+	int fd;
+	unsigned char want[STRESS_BYTES];
+};
+
+static uint64_t stress_job(struct gpuq_client *c, struct stress_client *s, struct pending_get *g,
+			   bool *is_get)
+{
+	int b = rand_r(&s->seed) % STRESS_BUFFERS, kind = rand_r(&s->seed) % 6;
+	char name[48], other[16];
+	stress_name(s, b, name, sizeof name);
+	stress_name(s, 1 - b, other, sizeof other);
+	size_t off = (size_t)(rand_r(&s->seed) % (STRESS_BYTES / 8)) * 8;
+	size_t len = STRESS_BYTES - off;
+	struct mp_map req;
+	*is_get = false;
+	switch (kind) {
+	case 0:
+		return stress_put(c, s, b, off, len);
+	case 1: { /* fill random: the whole buffer */
+		uint64_t seed = rand_r(&s->seed);
+		host_fill_random(s->model[b], STRESS_BYTES, GPUQ_DTYPE_BYTES, seed);
+		gpuq_request_begin(c, &req, "fill");
+		mp_put_str(&req, "buffer", name);
+		mp_put_str(&req, "pattern", "random");
+		mp_put_u64(&req, "seed", seed);
+		break;
+	}
+	case 2: /* copy the other buffer's first len bytes here, at off */
+		memmove(s->model[b] + off, s->model[1 - b], len);
+		gpuq_request_begin(c, &req, "copy");
+		snprintf(name + strlen(name), sizeof name - strlen(name), "[%zu:]", off);
+		snprintf(other + strlen(other), sizeof other - strlen(other), "[:%zu]", len);
+		mp_put_str(&req, "src", other);
+		mp_put_str(&req, "dst", name);
+		break;
+	case 3:
+		gpuq_request_begin(c, &req, "checksum");
+		mp_put_str(&req, "buffer", name);
+		break;
+	default: /* get: to be compared with what the buffer holds at this point */
+		g->fd = memfd_random(0, 0);
+		memcpy(g->want, s->model[b], STRESS_BYTES);
+		*is_get = true;
+		gpuq_request_begin(c, &req, "get");
+		mp_put_str(&req, "buffer", name);
+		mp_put_u64(&req, "fds", 1);
+		mp_put_str(&req, "priority", priorities[rand_r(&s->seed) % 3]);
+		g->job = submit(c, &req, &g->fd, 1);
+		return g->job;
+	}
+	mp_put_str(&req, "priority", priorities[rand_r(&s->seed) % 3]);
+	return submit(c, &req, NULL, 0);
+}
+
+static void check_get(struct gpuq_client *c, struct pending_get *g)
+{
+	wait_ok(c, g->job, "a get");
+	size_t n;
+	unsigned char *got = fd_slurp(g->fd, &n);
+	CHECK_EQ(n, STRESS_BYTES);
+	CHECKF(memcmp(got, g->want, STRESS_BYTES) == 0, "get job %llu saw bytes out of order",
+	       (unsigned long long)g->job);
+	free(got);
+	close(g->fd);
+}
+
+static void stress_run(struct stress_client *s)
+{
+	struct gpuq_client *c = client_open(s->d);
+	static struct pending_get gets[64];
+	int ngets = 0;
+	uint64_t last = 0;
+	char name[16];
+	for (int b = 0; b < STRESS_BUFFERS; b++) {
+		stress_name(s, b, name, sizeof name);
+		do_alloc(c, name, 0, STRESS_BYTES);
+		memset(s->model[b], 0, STRESS_BYTES);
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "fill");
+		mp_put_str(&req, "buffer", name);
+		mp_put_str(&req, "pattern", "zero");
+		mp_put_bool(&req, "wait", true);
+		gpuq_reply_free(call(c, &req, NULL, 0));
+	}
+	for (int i = 0; i < s->jobs; i++) {
+		bool is_get;
+		last = stress_job(c, s, &gets[ngets], &is_get);
+		ngets += is_get;
+		if (ngets == 64 || i == s->jobs - 1) { /* check the gets in flight, in order */
+			for (int k = 0; k < ngets; k++)
+				check_get(c, &gets[k]);
+			ngets = 0;
+		}
+	}
+	wait_ok(c, last, "the last job");
+	for (int b = 0; b < STRESS_BUFFERS; b++) { /* the final bytes equal the serial replay */
+		stress_name(s, b, name, sizeof name);
+		CHECKF(do_checksum(c, name) == host_checksum(s->model[b], STRESS_BYTES),
+		       "client %d's buffer %s differs from its serial replay", s->index, name);
+	}
+	gpuq_close(c);
+}
+
+TEST(sched_stress_random_jobs_from_8_clients_match_a_serial_replay)
+{
+	alarm(240); /* longer than the tier's default: 10,000 jobs */
+	struct daemon_proc d;
+	daemon_start(&d, "--queue-depth", "20000", NULL); /* every client's jobs may be queued at once */
+	int per_client = 10000 / STRESS_CLIENTS;
+	pid_t pids[STRESS_CLIENTS];
+	for (int i = 0; i < STRESS_CLIENTS; i++) {
+		pids[i] = fork();
+		CHECK(pids[i] >= 0);
+		if (pids[i] == 0) {
+			static struct stress_client s;
+			s = (struct stress_client){ .d = &d, .index = i, .jobs = per_client,
+						    .seed = 1000u + (unsigned)i };
+			stress_run(&s);
+			_exit(0);
+		}
+	}
+	int failed = 0;
+	for (int i = 0; i < STRESS_CLIENTS; i++) {
+		int status;
+		waitpid(pids[i], &status, 0);
+		failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	}
+	CHECKF(failed == 0, "%d of %d clients found their buffers wrong (see above)", failed,
+	       STRESS_CLIENTS);
+	daemon_stop(&d);
+}

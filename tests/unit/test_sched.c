@@ -1,0 +1,294 @@
+/*
+ * Unit tests for the scheduler's admission rule (workers/sched_queue.c) and
+ * for fibers (workers/fiber.c): which queued work starts next, and what it
+ * must wait for, with no worker thread and no device.
+ */
+#include <string.h>
+
+#include "tests/harness.h"
+#include "workers/fiber.h"
+#include "workers/sched_queue.h"
+
+static char buffer_a[64], buffer_b[64]; /* stand-ins for device memory */
+static double add_weight = 1; /* the weight add() gives its works */
+
+struct bench {
+	struct sched_queues q;
+	struct work works[64];
+	int n;
+	struct sched_load load;
+	struct sched_deps deps;
+};
+
+static void bench_init(struct bench *b, unsigned max_inflight)
+{
+	memset(b, 0, sizeof *b);
+	sched_queues_init(&b->q);
+	b->load.max_inflight = max_inflight;
+}
+
+/* A queued work: kind, owner, priority, and one access (base NULL: none). */
+static struct work *add(struct bench *b, enum work_kind kind, uid_t uid, int priority,
+			const void *base, uint64_t off, uint64_t len, bool write)
+{
+	struct work *w = &b->works[b->n++];
+	memset(w, 0, sizeof *w);
+	w->kind = kind;
+	w->owner_uid = uid;
+	w->priority = priority;
+	w->weight = add_weight;
+	w->gang_size = 1;
+	w->job_id = (uint64_t)b->n;
+	if (base)
+		w->access[w->naccess++] = (struct work_access){ base, off, len, write };
+	CHECK(sched_enqueue(&b->q, w) == 0);
+	return w;
+}
+
+/* Picks and admits the next work, as the worker would; NULL when none may start. */
+static struct work *next(struct bench *b)
+{
+	struct work *w = sched_pick(&b->q, &b->load, &b->deps);
+	if (!w)
+		return NULL;
+	sched_admit_work(&b->q, w);
+	b->load.inflight++;
+	b->load.inflight_by_level[w->priority]++;
+	return w;
+}
+
+static void finish(struct bench *b, struct work *w, double seconds)
+{
+	sched_retire(&b->q, w, seconds);
+	b->load.inflight--;
+	b->load.inflight_by_level[w->priority]--;
+}
+
+TEST(sched_independent_works_all_start)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work *put = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	struct work *get = add(&b, WORK_GET, 1, GPUQ_PRIORITY_NORMAL, buffer_b, 0, 64, false);
+	struct work *noop = add(&b, WORK_NOOP, 1, GPUQ_PRIORITY_NORMAL, NULL, 0, 0, false);
+	CHECK(next(&b) == put);
+	CHECK(next(&b) == get);
+	CHECK(next(&b) == noop);
+	CHECK(next(&b) == NULL);
+}
+
+TEST(sched_same_buffer_keeps_submission_order)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work *put = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_LOW, buffer_a, 0, 64, true);
+	/* more urgent, and on the same bytes: still after the put */
+	struct work *get = add(&b, WORK_GET, 1, GPUQ_PRIORITY_HIGH, buffer_a, 16, 8, false);
+	CHECK(next(&b) == put);
+	CHECK(next(&b) == NULL);
+	CHECK_EQ(atomic_load(&get->waiting), SCHED_WAIT_BUFFER);
+	CHECK_EQ(atomic_load(&get->waiting_job), put->job_id);
+	/* once the put has issued everything, the get starts and waits for it on the device */
+	static int tail_event;
+	put->tail_event = &tail_event;
+	sched_mark_tail(&b.q, put);
+	CHECK(next(&b) == get);
+	CHECK_EQ(b.deps.count, 1);
+	CHECK(b.deps.events[0] == &tail_event);
+}
+
+TEST(sched_reads_share_and_disjoint_ranges_overlap)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work *r1 = add(&b, WORK_CHECKSUM, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	struct work *r2 = add(&b, WORK_GET, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	struct work *w1 = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_NORMAL, buffer_b, 0, 32, true);
+	struct work *w2 = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_NORMAL, buffer_b, 32, 32, true);
+	struct work *w3 = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 63, 1, true);
+	CHECK(next(&b) == r1);
+	CHECK(next(&b) == r2);
+	CHECK(next(&b) == w1);
+	CHECK(next(&b) == w2); /* [32, 64) does not overlap [0, 32) */
+	CHECK(next(&b) == NULL); /* w3 writes byte 63 the reads read */
+	CHECK_EQ(atomic_load(&w3->waiting), SCHED_WAIT_BUFFER);
+	finish(&b, r1, 0.001);
+	CHECK(next(&b) == NULL);
+	finish(&b, r2, 0.001);
+	CHECK(next(&b) == w3);
+}
+
+TEST(sched_streams_cannot_wait_for_gangs_on_the_device)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work *ar = add(&b, WORK_ALLREDUCE, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	ar->gang_size = 2;
+	struct work *get = add(&b, WORK_GET, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	CHECK(next(&b) == ar);
+	static int tail_event;
+	ar->tail_event = &tail_event;
+	sched_mark_tail(&b.q, ar); /* ignored for a gang's part: it is not lane-ordered */
+	CHECK(next(&b) == NULL);
+	finish(&b, ar, 0.001);
+	CHECK(next(&b) == get);
+	CHECK_EQ(b.deps.count, 0);
+}
+
+TEST(sched_gang_parts_keep_their_order_and_go_one_at_a_time)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work *g1 = add(&b, WORK_ALLREDUCE, 1, GPUQ_PRIORITY_LOW, buffer_a, 0, 64, true);
+	struct work *g2 = add(&b, WORK_COPY, 2, GPUQ_PRIORITY_HIGH, buffer_b, 0, 64, true);
+	struct work *noop = add(&b, WORK_NOOP, 3, GPUQ_PRIORITY_LOW, NULL, 0, 0, false);
+	g1->gang_size = g2->gang_size = 2;
+	CHECK(next(&b) == g1); /* g2 is more urgent but later: gangs never cross */
+	CHECK(next(&b) == noop);
+	CHECK(next(&b) == NULL);
+	CHECK_EQ(atomic_load(&g2->waiting), SCHED_WAIT_GANG);
+	finish(&b, g1, 0.001);
+	CHECK(next(&b) == g2);
+}
+
+TEST(sched_benchmarks_run_alone)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work *before = add(&b, WORK_FILL, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	struct work *bench = add(&b, WORK_BENCH_COPY, 1, GPUQ_PRIORITY_NORMAL, NULL, 0, 0, false);
+	struct work *after = add(&b, WORK_NOOP, 1, GPUQ_PRIORITY_HIGH, NULL, 0, 0, false);
+	CHECK(next(&b) == before);
+	CHECK(next(&b) == NULL);
+	CHECK_EQ(atomic_load(&bench->waiting), SCHED_WAIT_EXCLUSIVE);
+	CHECK_EQ(atomic_load(&after->waiting), SCHED_WAIT_EXCLUSIVE);
+	finish(&b, before, 0.001);
+	CHECK(next(&b) == bench);
+	CHECK(next(&b) == NULL);
+	finish(&b, bench, 0.5);
+	CHECK(next(&b) == after);
+}
+
+TEST(sched_priority_first_and_urgent_work_passes_a_full_device)
+{
+	struct bench b;
+	bench_init(&b, 2);
+	struct work *low[3];
+	for (int i = 0; i < 3; i++)
+		low[i] = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_LOW, buffer_a, (uint64_t)i * 8, 8, true);
+	CHECK(next(&b) == low[0]);
+	CHECK(next(&b) == low[1]);
+	CHECK(next(&b) == NULL); /* two in flight: the limit */
+	CHECK_EQ(atomic_load(&low[2]->waiting), SCHED_WAIT_INFLIGHT);
+	struct work *normal = add(&b, WORK_NOOP, 1, GPUQ_PRIORITY_NORMAL, NULL, 0, 0, false);
+	struct work *high = add(&b, WORK_CHECKSUM, 1, GPUQ_PRIORITY_HIGH, buffer_b, 0, 64, false);
+	CHECK(next(&b) == high); /* more urgent first, and low work does not keep it out */
+	CHECK(next(&b) == normal);
+	CHECK(next(&b) == NULL); /* four in flight: twice the limit */
+}
+
+TEST(sched_owners_take_turns_by_time_used)
+{
+	struct bench b;
+	bench_init(&b, 1);
+	struct work *many[6], *few[2];
+	for (int i = 0; i < 6; i++)
+		many[i] = add(&b, WORK_PUT, 100, GPUQ_PRIORITY_NORMAL, buffer_a, (uint64_t)i, 1, true);
+	for (int i = 0; i < 2; i++)
+		few[i] = add(&b, WORK_PUT, 200, GPUQ_PRIORITY_NORMAL, buffer_b, (uint64_t)i, 1, true);
+	struct work *order[8];
+	for (int i = 0; i < 8; i++) {
+		order[i] = next(&b);
+		CHECK(order[i] != NULL);
+		finish(&b, order[i], 1.0);
+	}
+	/* equal times per job: they alternate while both have work, submission order within each */
+	CHECK(order[0] == many[0] && order[1] == few[0] && order[2] == many[1] &&
+	      order[3] == few[1] && order[4] == many[2]);
+}
+
+TEST(sched_a_weight_buys_a_larger_share)
+{
+	struct bench b;
+	bench_init(&b, 1);
+	for (int i = 0; i < 12; i++) {
+		add_weight = 3;
+		add(&b, WORK_NOOP, 300, GPUQ_PRIORITY_NORMAL, NULL, 0, 0, false);
+		add_weight = 1;
+		add(&b, WORK_NOOP, 400, GPUQ_PRIORITY_NORMAL, NULL, 0, 0, false);
+	}
+	int heavy = 0;
+	for (int i = 0; i < 8; i++) {
+		struct work *w = next(&b);
+		heavy += w->owner_uid == 300;
+		finish(&b, w, 1.0);
+	}
+	CHECKF(heavy == 6, "the weight-3 owner got %d of 8 turns, not 6", heavy);
+}
+
+TEST(sched_removed_work_unblocks_what_waited_for_it)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work *put = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	struct work *get = add(&b, WORK_GET, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	struct work *get2 = add(&b, WORK_GET, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	CHECK(next(&b) == put);
+	CHECK(next(&b) == NULL);
+	sched_remove(&b.q, get); /* cancelled while queued */
+	CHECK(sched_queued_first(&b.q) == get2);
+	finish(&b, put, 0.01);
+	CHECK(next(&b) == get2);
+	CHECK(sched_queued_first(&b.q) == NULL);
+}
+
+/* ---- fibers ---- */
+
+struct steps {
+	int trace[8];
+	int n;
+};
+
+static void fiber_body(void *arg)
+{
+	struct steps *s = arg;
+	s->trace[s->n++] = 1;
+	fiber_yield();
+	s->trace[s->n++] = 3;
+	CHECK(fiber_current() != NULL);
+}
+
+TEST(fiber_runs_until_it_yields_and_resumes_where_it_stopped)
+{
+	struct steps s = { .n = 0 };
+	struct fiber *f = fiber_create(fiber_body, &s, 0);
+	CHECK(f != NULL);
+	CHECK(fiber_current() == NULL);
+	CHECK(!fiber_resume(f));
+	s.trace[s.n++] = 2;
+	CHECK(fiber_resume(f));
+	CHECK_EQ(s.n, 3);
+	CHECK(s.trace[0] == 1 && s.trace[1] == 2 && s.trace[2] == 3);
+	s.n = 0; /* a finished fiber runs another function on the same stack */
+	fiber_restart(f, fiber_body, &s);
+	CHECK(!fiber_resume(f));
+	CHECK(fiber_resume(f));
+	CHECK_EQ(s.n, 2);
+	fiber_destroy(f);
+}
+
+static void deep(void *arg)
+{
+	volatile char page[64 << 10]; /* a deep frame: the stack is large enough for real calls */
+	memset((char *)page, 1, sizeof page);
+	*(int *)arg = page[100];
+}
+
+TEST(fiber_stack_holds_large_frames)
+{
+	int out = 0;
+	struct fiber *f = fiber_create(deep, &out, 0);
+	CHECK(f && fiber_resume(f));
+	CHECK_EQ(out, 1);
+	fiber_destroy(f);
+}
