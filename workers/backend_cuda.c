@@ -964,7 +964,7 @@ static int cuda_event_create(struct device *dev, bool timing, void **event,
 
 static void cuda_event_destroy(struct device *dev, void *event)
 {
-	if (event)
+	if (event && !dev->faulted)
 		CUDA_LOG(dev, cudaEventDestroy((cudaEvent_t)event));
 }
 
@@ -1014,6 +1014,10 @@ static void cuda_lane_destroy(struct device *dev, void *lane)
 	struct cuda_lane *l = lane;
 	if (!l)
 		return;
+	if (dev->faulted) { /* a lost context fails every call: the driver reclaims at exit */
+		free(l);
+		return;
+	}
 	if (l->stream)
 		CUDA_LOG(dev, cudaStreamDestroy(l->stream));
 	if (l->done)

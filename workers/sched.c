@@ -173,10 +173,8 @@ void sched_release(struct sched *s)
 		while (s->free_lanes[p]) {
 			struct sched_lane *l = s->free_lanes[p];
 			s->free_lanes[p] = l->next;
-			if (!dev->faulted) {
-				dev->ops->event_destroy(dev, l->tail);
-				dev->ops->lane_destroy(dev, l->lane);
-			}
+			dev->ops->event_destroy(dev, l->tail); /* the backends skip the device if it faulted */
+			dev->ops->lane_destroy(dev, l->lane);
 			free(l);
 		}
 	}

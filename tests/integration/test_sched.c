@@ -250,7 +250,7 @@ TEST(sched_urgent_jobs_go_first)
 	daemon_start(&d, "--max-inflight=1", NULL);
 	struct gpuq_client *c = client_open(&d);
 	for (int i = 0; i < 4; i++) {
-		char name[8];
+		char name[16];
 		snprintf(name, sizeof name, "b%d", i);
 		do_alloc(c, name, 0, 4096);
 	}
@@ -458,13 +458,13 @@ TEST(sched_cancel_and_shutdown_with_jobs_in_flight)
 	uint64_t jobs[4];
 	int src[4];
 	for (int i = 0; i < 4; i++) {
-		char name[8];
+		char name[16];
 		snprintf(name, sizeof name, "w%d", i);
 		do_alloc(c, name, 0, n);
 		src[i] = memfd_random(n, (uint64_t)i);
 	}
 	for (int i = 0; i < 4; i++) {
-		char name[8];
+		char name[16];
 		snprintf(name, sizeof name, "w%d", i);
 		jobs[i] = start_put_fd(c, name, src[i], NULL);
 		close(src[i]);
