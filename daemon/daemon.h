@@ -96,6 +96,8 @@ void op_bench_chain(struct request *req);
 /* op_collective.c: allreduce (one part per device, queued in one step) and its benchmark */
 void op_allreduce(struct request *req);
 void op_bench_allreduce(struct request *req);
+/* op_bench_sched.c: the overlap ceiling `gpuq bench sched` compares the scheduler with */
+void op_bench_sched(struct request *req);
 void op_metrics(struct request *req);
 void op_shutdown(struct request *req);
 

@@ -29,6 +29,7 @@ static const struct op_entry ops[] = {
 	{ "run", op_run },         { "stats", op_stats },       { "bench_chain", op_bench_chain },
 	{ "allreduce", op_allreduce }, { "bench_allreduce", op_bench_allreduce },
 	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
+	{ "bench_sched", op_bench_sched },
 };
 
 static request_handler find_op(const char *name)

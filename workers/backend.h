@@ -280,6 +280,8 @@ struct backend_ops {
 	 * err when the device reports an error instead (a fault).
 	 */
 	int (*event_query)(struct device *dev, void *event, bool *done, struct gpuq_error *err);
+	/* Enqueues spec's fused chain on the current lane without waiting (the scheduler's ceiling). */
+	int (*chain_enqueue)(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err);
 };
 
 extern const struct backend_ops backend_cuda;

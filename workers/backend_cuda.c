@@ -1107,4 +1107,5 @@ const struct backend_ops backend_cuda = {
 	.lane_create = cuda_lane_create,
 	.lane_destroy = cuda_lane_destroy,
 	.event_query = cuda_event_query,
+	.chain_enqueue = chain_cuda_enqueue,
 };

@@ -106,6 +106,12 @@ static void op_call(struct host_op *op)
 	fn(op->arg);
 }
 
+int host_backend_enqueue(struct device *dev, enum host_engine_kind kind, host_op_fn fn,
+			 const struct host_op *op, struct gpuq_error *err)
+{
+	return host_enqueue(dev, kind, fn, op, err);
+}
+
 int host_backend_compute(struct device *dev, void (*fn)(void *arg), void *arg,
 			 struct gpuq_error *err)
 {
@@ -594,4 +600,5 @@ const struct backend_ops backend_host = {
 	.lane_create = host_lane_create,
 	.lane_destroy = host_lane_destroy,
 	.event_query = host_event_query,
+	.chain_enqueue = chain_host_enqueue,
 };

@@ -7,7 +7,11 @@
 #define GPUQ_BACKEND_HOST_H
 
 #include "workers/backend.h"
+#include "workers/host_engine.h"
 
+/* Enqueues fn(op) on engine `kind` of the current lane, not waited for. */
+int host_backend_enqueue(struct device *dev, enum host_engine_kind kind, host_op_fn fn,
+			 const struct host_op *op, struct gpuq_error *err);
 int host_backend_compute(struct device *dev, void (*fn)(void *arg), void *arg,
 			 struct gpuq_error *err);
 

@@ -164,10 +164,13 @@ int chain_run(struct device *dev, struct work *work);
 
 /* Backends' implementations, referenced from their tables. */
 int chain_cuda_run(struct device *dev, struct chain_spec *spec, struct gpuq_error *err);
+/* The fused kernel of spec on the current lane, not waited for (backend.h's chain_enqueue). */
+int chain_cuda_enqueue(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err);
 int chain_cuda_copy_time(struct device *dev, void *dst, const void *src, uint64_t bytes,
 			 unsigned reps, double *seconds, struct gpuq_error *err);
 void chain_cuda_close(struct device *dev);
 int chain_host_run(struct device *dev, struct chain_spec *spec, struct gpuq_error *err);
+int chain_host_enqueue(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err);
 int chain_host_copy_time(struct device *dev, void *dst, const void *src, uint64_t bytes,
 			 unsigned reps, double *seconds, struct gpuq_error *err);
 void chain_host_close(struct device *dev);

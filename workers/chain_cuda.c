@@ -325,6 +325,16 @@ int chain_cuda_copy_time(struct device *dev, void *dst, const void *src, uint64_
 	return rc;
 }
 
+int chain_cuda_enqueue(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err)
+{
+	if (!cuda_chain_state(dev, err))
+		return -1;
+	CUDA_TRY(dev, err,
+		 kernels_chain_fused(spec->in, spec->out, spec->count, (enum kernels_dtype)spec->dtype,
+				     spec->ops, spec->nops, spec->repeat, cuda_current_stream(dev)));
+	return 0;
+}
+
 void chain_cuda_close(struct device *dev)
 {
 	struct chain_cuda *cc = chain_state_close(dev);

@@ -266,6 +266,17 @@ int chain_host_run(struct device *dev, struct chain_spec *spec, struct gpuq_erro
 	return 0;
 }
 
+static void host_fused_op(struct host_op *op)
+{
+	host_fused(op->arg);
+}
+
+int chain_host_enqueue(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err)
+{
+	struct host_op op = { .arg = (void *)spec };
+	return host_backend_enqueue(dev, HOST_ENGINE_COMPUTE, host_fused_op, &op, err);
+}
+
 static void host_copy_replays(void *arg)
 {
 	struct host_replays *r = arg;

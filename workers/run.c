@@ -11,6 +11,7 @@
 #include "workers/copy.h"
 #include "workers/collective.h"
 #include "workers/sched.h"
+#include "workers/sched_bench.h"
 #include "workers/transfer.h"
 #include "workers/worker.h"
 
@@ -124,7 +125,7 @@ static int run_kind(struct device *dev, struct work *work)
 	case WORK_ALLREDUCE_BENCH:
 		return collective_run(dev, work);
 	case WORK_BENCH_SCHED:
-		break;
+		return sched_bench_run(dev, work);
 	}
 	return gpuq_fail(err, GPUQ_E_INTERNAL, "work kind %d has no runner", (int)work->kind);
 }
