@@ -129,8 +129,9 @@ class Dispatcher:
     def receive(self, sock: socket.socket) -> Tuple[bool, Optional[BaseException]]:
         """Reads once from ``sock`` (readable, or non-blocking) and routes what came.
 
-        Returns whether bytes came, and the error that ends the connection if
-        one did: the daemon closed it or sent what cannot be read.
+        Returns whether there may be more to read at once (the read filled
+        its chunk), and the error that ends the connection if one came: the
+        daemon closed it or sent what cannot be read.
         """
         try:
             data = sock.recv(READ_CHUNK)
@@ -144,9 +145,10 @@ class Dispatcher:
         if not data:
             return False, self.eof_error()
         try:
-            return True, self.route(self.reader.feed(data), time.monotonic())
+            fatal = self.route(self.reader.feed(data), time.monotonic())
         except ConnectionError as exc:  # ProtocolError
             return False, exc
+        return len(data) == READ_CHUNK, fatal
 
     def salvage(self, sock: socket.socket) -> Optional[BaseException]:
         """After a send failed: the daemon's last words, if they are already here.
@@ -160,8 +162,8 @@ class Dispatcher:
         ready = select.poll()
         ready.register(sock.fileno(), select.POLLIN)
         while ready.poll(0):
-            got, fatal = self.receive(sock)
-            if fatal is not None or not got:
+            _, fatal = self.receive(sock)
+            if fatal is not None:
                 return fatal if isinstance(fatal, GpuqError) else None
         return None
 
