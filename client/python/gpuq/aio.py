@@ -59,6 +59,7 @@ class AsyncConnection(ConnectionBase):
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._send_lock: Optional[asyncio.Lock] = None
         self._ticker: Optional[asyncio.TimerHandle] = None
+        self._pinger: Optional["asyncio.Task[None]"] = None  # held: the loop keeps weak ones
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
@@ -159,7 +160,7 @@ class AsyncConnection(ConnectionBase):
             return
         if verdict == "ping" and self._loop is not None:
             frame = self._d.ping_frame(time.monotonic())
-            self._loop.create_task(self._ping(frame))
+            self._pinger = self._loop.create_task(self._ping(frame))
         self._arm()
 
     async def _ping(self, frame: bytes) -> None:

@@ -252,3 +252,15 @@ def test_priority_is_accepted_by_every_job_method(client, name):
     client.fill(name, "zero", priority="low")
     assert client.checksum(name, priority="normal").state == "done"
     client.free(name, priority="high")
+
+
+def test_shutdown_stops_the_daemon(private_daemon):
+    if os.geteuid() != 0:
+        pytest.skip("only root and the admin group may stop the daemon "
+                    "(test_errors checks the refusal)")
+    d = private_daemon()
+    with d.client() as c:
+        reply = c.shutdown()
+        assert reply["stopping"] is True and reply["jobs_active"] == 0
+        assert reply["shutdown_timeout_ms"] > 0
+    assert d.proc.wait(20) == 0
