@@ -41,8 +41,12 @@ def test_a_wait_in_one_thread_does_not_hold_up_another(stalled):
     waited = []
     waiter = threading.Thread(target=lambda: waited.append(s.job.wait(timeout=30)))
     waiter.start()
-    for _ in range(50):  # the waiter's pending wait does not delay these replies
-        assert s.client.noop(device=1, timeout=5).state == "done"
+    others = [s.client.ping, s.client.buffers]  # answered by the daemon's main thread
+    if len(s.client.devices()) > 1:
+        others.append(lambda: s.client.noop(device=1, timeout=5))  # a job on another device
+    for _ in range(20):  # the waiter's pending wait does not delay these replies
+        for other in others:
+            other()
     s.end()
     waiter.join(30)
     assert waited and waited[0].state == "done"
