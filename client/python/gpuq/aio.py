@@ -19,7 +19,6 @@ from .api import Plan
 from .client import ClientBase
 from .connection import ConnectionBase, _copy_error
 from .dispatch import Call
-from .errors import ReplyTimeout
 
 __all__ = ["AsyncClient", "AsyncConnection"]
 
@@ -74,8 +73,8 @@ class AsyncConnection(ConnectionBase):
 
     async def call(self, call: Call) -> Dict[str, Any]:
         """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
-        loop = self._start()
         self._check_open()
+        loop = self._start()
         future: "asyncio.Future[Dict[str, Any]]" = loop.create_future()
         rid, frame = self._d.add(call, _FutureSlot(future, call.on_event))
         deadline = self._d.deadline(call, time.monotonic())
@@ -97,11 +96,10 @@ class AsyncConnection(ConnectionBase):
                 expiry.cancel()
 
     def _expire(self, rid: int) -> None:
+        error = self._d.late_error(rid)
         slot = self._d.forget(rid)
         if slot is not None:
-            slot.fail(ReplyTimeout(
-                f"gpuqd at {self.path} did not answer request {rid} within "
-                f"{self.timeout:g} s (the client's timeout); it may still be carried out"))
+            slot.fail(error)
 
     async def _send(self, data: bytes, fds: Sequence[int]) -> None:
         """Sends one whole frame, the descriptors with its first byte; a failure

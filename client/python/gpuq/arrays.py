@@ -114,7 +114,7 @@ def _prepare(arr: Any, dtype: Optional[str]) -> Tuple[Any, str]:
     return arr, dtype
 
 
-def _check_fit(buf: Dict[str, Any], arr: Any, dtype: str, spec: str) -> None:
+def _check_fit(buf: Dict[str, Any], arr: Any, dtype: str) -> None:
     have = (f"buffer '{buf.get('name')}@{buf.get('device')}' holds {buf.get('count')} "
             f"{buf.get('dtype')} ({buf.get('bytes')} bytes)")
     want = f"the array is {arr.size} {dtype} ({arr.nbytes} bytes)"
@@ -143,7 +143,7 @@ def put_array_plan(api: "Api", arr: Any, spec: str, dtype: Optional[str],
             buf = yield from lookup_plan(api, name, device)
             if buf is None:
                 raise
-    _check_fit(buf, arr, gd, spec)
+    _check_fit(buf, arr, gd)
     label = f"{name}@{buf['device']}"
     found = memfd.find(arr)
     fd = (memfd.open_range(found[0], found[1], writable=False) if found

@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .dispatch import Call, Dispatcher
-from .errors import GpuqError, ReplyTimeout
+from .errors import GpuqError
 
 __all__ = ["Connection", "ConnectionBase", "connect_socket"]
 
@@ -196,10 +196,7 @@ class Connection(ConnectionBase):
                 self._check_open()
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    raise ReplyTimeout(
-                        f"gpuqd at {self.path} did not answer request {rid} within "
-                        f"{self.timeout:g} s (the client's timeout); it may still be "
-                        "carried out")
+                    raise self._d.late_error(rid)
                 if not self._reading:
                     self._reading = True
                     return [], True

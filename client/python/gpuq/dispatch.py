@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from .errors import BadFrame, GpuqError, error_from_map
+from .errors import BadFrame, GpuqError, ReplyTimeout, error_from_map
 from .wire import MAX_FDS, MAX_REPLY_FRAME, FrameReader, encode_request
 
 __all__ = ["Call", "Dispatcher", "READ_CHUNK"]
@@ -63,6 +63,7 @@ class Dispatcher:
         self.reader = FrameReader(max_frame)
         self.pending: Dict[int, Any] = {}
         self.waits: Set[int] = set()  # pending ids that wait for a job
+        self.ops: Dict[int, str] = {}  # pending ids' ops, for messages
         self._ids = itertools.count(1)
         self.last_heard = 0.0
         self.ping_id: Optional[int] = None
@@ -83,6 +84,7 @@ class Dispatcher:
             fields["fds"] = len(call.fds)
         frame = encode_request(call.op, rid, fields)
         self.pending[rid] = slot
+        self.ops[rid] = call.op
         if call.waits:
             self.waits.add(rid)
         return rid, frame
@@ -90,6 +92,7 @@ class Dispatcher:
     def forget(self, rid: int) -> Any:
         """Takes request ``rid`` off the books (answered, failed or given up); its slot."""
         self.waits.discard(rid)
+        self.ops.pop(rid, None)
         return self.pending.pop(rid, None)
 
     def deadline(self, call: Call, now: float) -> Optional[float]:
@@ -186,6 +189,14 @@ class Dispatcher:
         self.ping_sent = now
         return encode_request("ping", self.ping_id, {})
 
+    def late_error(self, rid: int) -> ReplyTimeout:
+        """The reply to request ``rid`` did not come by its deadline."""
+        op = self.ops.get(rid, "request")
+        return ReplyTimeout(
+            f"gpuqd at {self.path} did not answer {op} (request {rid}) in time: the client "
+            f"allows {self.timeout:g} s (its timeout) beyond any wait the request asked "
+            "for; it may still be carried out")
+
     def silent_error(self) -> ConnectionError:
         return ConnectionError(
             f"gpuqd at {self.path} sent nothing for {self.timeout:g} s and did not answer "
@@ -200,5 +211,6 @@ class Dispatcher:
         slots = list(self.pending.values())
         self.pending.clear()
         self.waits.clear()
+        self.ops.clear()
         for slot in slots:
             slot.fail(make_error())
