@@ -77,4 +77,24 @@ echo "-- allreduce ($backend backend, all devices)" | tee -a "$table"
 "$BUILD/gpuq" --socket "$sock" bench allreduce --bytes "$allreduce_bytes" --factor 4 \
 	--devices all | tee -a "$table"
 stop_daemon
+# The Python client (client/python/bench.py): ping/noop round trips beside
+# the C client's, put_array/get_array beside bench_copy's memfd rows, in the
+# same run; with $GPUQ_PYTHON, else the first of /usr/bin/python3 and python3
+# that has msgpack and numpy.
+py=""
+for candidate in "${GPUQ_PYTHON:-}" /usr/bin/python3 python3; do
+	[ -n "$candidate" ] && "$candidate" -c 'import msgpack, numpy' > /dev/null 2>&1 &&
+		{ py=$candidate; break; }
+done
+py_bytes=1G
+[ "$backend" = cuda ] || py_bytes=256M
+start_daemon
+echo "-- python client ($backend backend)" | tee -a "$table"
+if [ -n "$py" ]; then
+	"$py" client/python/bench.py --socket "$sock" --gpuq "$BUILD/gpuq" --bytes "$py_bytes" \
+		2>&1 | tee -a "$table"
+else
+	echo "skipped: no python3 with msgpack and numpy (set GPUQ_PYTHON)" | tee -a "$table"
+fi
+stop_daemon
 rm -rf "$dir"

@@ -8,6 +8,10 @@ BUILD=${1:-build}
 OUT=${OUT:-$BUILD/gpu-check}
 mkdir -p "$OUT"
 export GPUQ_BUILD="$BUILD" NCCL_NVLS_ENABLE=0
+# The Python client's suite and bench want msgpack, numpy and pytest: the
+# GPU machine's torch venv has them (GPUQ_PYTHON names another).
+[ -n "${GPUQ_PYTHON:-}" ] || [ ! -x /opt/torch/.venv/bin/python3 ] ||
+	export GPUQ_PYTHON=/opt/torch/.venv/bin/python3
 LOG="$OUT/gpu-check.log"
 : > "$LOG"
 status=0
@@ -44,6 +48,7 @@ grep '^bench 4 GiB' "$OUT/copy-kernel.log"
 printf '%-10s %s\n' "copy-sass" "$(tail -n 1 "$OUT/copy-sass.log")"
 printf '%-10s %s\n' "tests" "$(grep -E '^[0-9]+ passed' "$OUT/tests.log" | tail -n 1)"
 grep -E '^(FAIL|GPU tests)' "$OUT/tests.log" | head -20
+grep -E '^RESULT python' "$OUT/tests.log"
 echo "-- benchmarks"
 cat "$OUT/bench-table.txt" 2>/dev/null
 # Everything but the summary and the table in one archive: the device tool

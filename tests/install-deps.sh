@@ -1,8 +1,9 @@
 #!/bin/sh
 # Installs gpuq's build dependencies where they are missing (Debian/Ubuntu):
-# libuv, msgpack-c and inih (their static libraries are linked in), and,
-# if it can, systemd's tools for the service tests. The CUDA
-# toolkit with NCCL is expected under $CUDA_HOME (default /usr/local/cuda).
+# libuv, msgpack-c and inih (their static libraries are linked in), what
+# the Python client's tests need, and, if it can, systemd's tools for the
+# service tests. The CUDA toolkit with NCCL is expected under $CUDA_HOME
+# (default /usr/local/cuda).
 set -eu
 libdir=$(pkg-config --variable=libdir libuv 2>/dev/null || echo /usr/lib/x86_64-linux-gnu)
 missing=""
@@ -11,6 +12,14 @@ missing=""
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
 # inih for the configuration file (static library).
 [ -f /usr/lib/x86_64-linux-gnu/libinih.a ] || missing="$missing libinih-dev"
+# The Python client's tier runs on Debian's /usr/bin/python3 (the python3
+# first on PATH may be another interpreter): msgpack, numpy and pytest for
+# its suite, venv, setuptools and wheel for its pip-install check.
+py=/usr/bin/python3
+for mod in msgpack:python3-msgpack numpy:python3-numpy pytest:python3-pytest \
+	ensurepip:python3-venv setuptools:python3-setuptools wheel:python3-wheel; do
+	"$py" -c "import ${mod%%:*}" > /dev/null 2>&1 || missing="$missing ${mod#*:}"
+done
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 if [ -n "$missing" ]; then

@@ -4,7 +4,8 @@
 #
 # Tiers: unit (C), integration against the host backend, the same suite
 # against the CUDA backend (each test says "skipped: no cuda device: ..."
-# on a machine without a GPU), the CLI tests, and the service tests.
+# on a machine without a GPU), the CLI tests, the service tests, and the
+# Python client's suite on each backend.
 # GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
 set -u
 BUILD=${1:-build}
@@ -22,12 +23,14 @@ GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
 GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
 tier sh tests/cli.sh "$BUILD"
 tier sh tests/service.sh "$BUILD" # socket activation, notify, config, install
+tier sh tests/python.sh "$BUILD"  # the Python client: pip install, then its suite
+GPUQ_TEST_BACKEND=cuda tier sh tests/python.sh "$BUILD"
 
 awk -v require_gpu="${GPUQ_REQUIRE_GPU:-0}" '
 /^RESULT / {
 	tier = $2; sub(":", "", tier)
 	p += $3; f += $5; s += $7
-	if (tier == "integration-cuda") { gpu_passed += $3; gpu_skipped += $7 }
+	if (tier ~ /-cuda$/) { gpu_passed += $3; gpu_skipped += $7 }
 }
 /skipped: no cuda device/ { no_gpu = 1 }
 END {

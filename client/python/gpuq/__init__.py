@@ -1,0 +1,30 @@
+"""gpuq: the Python client of gpuqd, the GPU job daemon.
+
+``gpuq.Client`` (blocking, thread-safe) and ``gpuq.AsyncClient`` (asyncio)
+have the same methods: one per request of docs/protocol.md. Job requests
+return a :class:`Job`; refusals and failures raise a :class:`GpuqError`
+subclass named after the protocol's error code; numpy arrays go in and out
+with ``put_array`` and ``get_array``. See docs/python.md for a tour.
+"""
+
+from .aio import AsyncClient
+from .api import parse_ops
+from .client import DEFAULT_TIMEOUT, Client
+from .errors import (ERRORS, BadFrame, BadRequest, Busy, Cancelled, DeviceError, Exists,
+                     GpuqError, Internal, IoError, NoDevice, NotFound, OutOfMemory,
+                     PermissionDenied, ProtocolError, ReplyTimeout, ShuttingDown, Timeout,
+                     UnknownOp, UnsupportedVersion, error_class)
+from .job import Job
+from .memfd import memfd_array
+from .wire import PROTOCOL_VERSION, default_socket
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "AsyncClient", "Job", "DEFAULT_TIMEOUT", "PROTOCOL_VERSION",
+    "default_socket", "memfd_array", "parse_ops", "ERRORS", "error_class",
+    "GpuqError", "BadRequest", "BadFrame", "UnsupportedVersion", "UnknownOp", "NotFound",
+    "Exists", "NoDevice", "OutOfMemory", "Busy", "PermissionDenied", "Cancelled",
+    "Timeout", "IoError", "DeviceError", "ShuttingDown", "Internal", "ProtocolError",
+    "ReplyTimeout", "__version__",
+]

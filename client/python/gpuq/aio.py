@@ -1,0 +1,238 @@
+"""gpuq.AsyncClient: the asyncio client, and the connection under it.
+
+The connection lives on the event loop that first uses it. Its socket is
+non-blocking; the loop calls :meth:`AsyncConnection._readable` when bytes
+arrive, which routes each frame to its request's future (dispatch.py), so
+any number of requests can be in flight on one connection, their replies
+matched by id. A timer checks deadlines and liveness while requests are
+pending; progress events run their request's ``on_event`` on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Any, Dict, Optional, Sequence
+
+from .api import Plan
+from .client import ClientBase
+from .connection import ConnectionBase, _copy_error
+from .dispatch import Call
+
+__all__ = ["AsyncClient", "AsyncConnection"]
+
+
+class _FutureSlot:
+    """A pending request: the future its caller awaits, and its event handler."""
+
+    __slots__ = ("future", "on_event")
+
+    def __init__(self, future: "asyncio.Future[Dict[str, Any]]", on_event: Any) -> None:
+        self.future = future
+        self.on_event = on_event
+
+    def deliver(self, reply: Dict[str, Any]) -> None:
+        if not self.future.done():
+            self.future.set_result(reply)
+
+    def event(self, event: Dict[str, Any]) -> None:
+        if self.on_event is None or self.future.done():
+            return
+        try:
+            self.on_event(event)
+        except BaseException as exc:  # the caller's handler failed: its call fails
+            self.future.set_exception(exc)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class AsyncConnection(ConnectionBase):
+    """One connection to gpuqd, used from one event loop."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__(path, timeout)
+        self._sock.setblocking(False)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._send_lock: Optional[asyncio.Lock] = None
+        self._ticker: Optional[asyncio.TimerHandle] = None
+        self._pinger: Optional["asyncio.Task[None]"] = None  # held: the loop keeps weak ones
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            self._send_lock = asyncio.Lock()
+            self._d.last_heard = time.monotonic()
+            loop.add_reader(self._sock.fileno(), self._readable)
+        elif self._loop is not loop:
+            raise RuntimeError("an AsyncClient is bound to the event loop it first ran on")
+        return loop
+
+    async def call(self, call: Call) -> Dict[str, Any]:
+        """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
+        self._check_open()
+        loop = self._start()
+        future: "asyncio.Future[Dict[str, Any]]" = loop.create_future()
+        rid, frame = self._d.add(call, _FutureSlot(future, call.on_event))
+        deadline = self._d.deadline(call, time.monotonic())
+        expiry = None if deadline is None else loop.call_at(
+            loop.time() + (deadline - time.monotonic()), self._expire, rid)
+        if call.waits:
+            self._arm()
+        try:
+            try:
+                await self._send(frame, call.fds)
+            except ConnectionError:
+                if future.done() and future.exception() is not None:
+                    raise future.exception() from None  # the daemon said why it closed
+                raise
+            return await future
+        finally:
+            self._d.forget(rid)
+            if expiry is not None:
+                expiry.cancel()
+
+    def _expire(self, rid: int) -> None:
+        error = self._d.late_error(rid)
+        slot = self._d.forget(rid)
+        if slot is not None:
+            slot.fail(error)
+
+    async def _send(self, data: bytes, fds: Sequence[int]) -> None:
+        """Sends one whole frame, the descriptors with its first byte; a failure
+        part way leaves the stream out of step and closes the connection."""
+        assert self._send_lock is not None
+        async with self._send_lock:
+            try:
+                sent = 0
+                while sent < len(data):
+                    try:
+                        if sent == 0 and fds:
+                            sent = socket.send_fds(self._sock, [data], list(fds))
+                        else:
+                            sent += self._sock.send(memoryview(data)[sent:])
+                    except (BlockingIOError, InterruptedError):
+                        await self._writable()
+            except OSError as exc:
+                why = ConnectionError(f"cannot send to gpuqd at {self.path}: "
+                                      f"{exc.strerror or exc}")
+                self._break((self._d.salvage(self._sock) if self._closed is None else None)
+                            or why)
+                raise why from exc
+
+    async def _writable(self) -> None:
+        assert self._loop is not None
+        ready = self._loop.create_future()
+        fd = self._sock.fileno()
+        self._loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await asyncio.wait_for(ready, self.timeout)
+        except asyncio.TimeoutError:
+            raise OSError(f"the daemon took nothing for {self.timeout:g} s") from None
+        finally:
+            self._loop.remove_writer(fd)
+
+    def _readable(self) -> None:
+        """The loop's reader callback: reads what is there and routes it."""
+        more = True
+        while more and self._closed is None:
+            more, fatal = self._d.receive(self._sock)
+            if fatal is not None:
+                self._break(fatal)
+
+    def _arm(self) -> None:
+        """Keeps a liveness timer running while waits for jobs are pending."""
+        if self._ticker is None and self._loop is not None and self._closed is None:
+            self._ticker = self._loop.call_later(self.timeout / 4, self._tick)
+
+    def _tick(self) -> None:
+        self._ticker = None
+        if not self._d.waits or self._closed is not None:
+            return
+        verdict = self._d.liveness(time.monotonic())
+        if verdict == "dead":
+            self._break(self._d.silent_error())
+            return
+        if verdict == "ping" and self._loop is not None:
+            frame = self._d.ping_frame(time.monotonic())
+            self._pinger = self._loop.create_task(self._ping(frame))
+        self._arm()
+
+    async def _ping(self, frame: bytes) -> None:
+        try:
+            await self._send(frame, ())
+        except ConnectionError:
+            pass  # _send closed the connection; the waiters learn why
+
+    def _break(self, error: BaseException) -> None:
+        if self._closed is not None:
+            return
+        self._closed = f"closed: {error}"
+        self._d.fail_all(lambda: _copy_error(error))
+        self._detach()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _detach(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.fileno())
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+
+    def close(self, why: str = "closed by the client") -> None:
+        if self._closed is None:
+            self._closed = why
+            self._d.fail_all(lambda: ConnectionError(
+                f"the connection to gpuqd at {self.path} was {why}"))
+            self._detach()
+        self._sock.close()
+
+
+class AsyncClient(ClientBase):
+    """The asyncio twin of :class:`gpuq.Client`: the same methods, each returning an
+    awaitable of what the sync client's returns.
+
+    Many requests may be in flight on one connection (start them as tasks,
+    or ``asyncio.gather`` them); replies are matched by id. The connection
+    is made by the constructor (an unreachable daemon raises
+    :class:`ConnectionError` there) and is bound to the event loop that
+    first uses it. Jobs it returns have awaitable ``wait``, ``refresh`` and
+    ``cancel``; progress handlers run on the loop::
+
+        async with gpuq.AsyncClient() as client:
+            jobs = await asyncio.gather(*(client.noop(detach=True) for _ in range(8)))
+            await asyncio.gather(*(job.wait() for job in jobs))
+    """
+
+    _connection_class = AsyncConnection
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def _drive(self, plan: Plan) -> Any:  # type: ignore[override]
+        """Runs a plan, awaiting each of its requests in turn."""
+        try:
+            call = next(plan)
+            while True:
+                try:
+                    reply = await self._conn.call(call)
+                except BaseException as exc:
+                    call = plan.throw(exc)
+                else:
+                    call = self._advance(plan, reply)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            plan.close()

@@ -1,0 +1,418 @@
+"""Every request of docs/protocol.md as a method, written once for both clients.
+
+Each method builds a *plan*: a generator that yields the requests it needs
+(:class:`~gpuq.dispatch.Call`) and receives their replies, and returns the
+method's result. :class:`gpuq.Client` runs plans by blocking on each reply,
+:class:`gpuq.AsyncClient` by awaiting it, so the two have the same methods
+with the same arguments and documentation; on the async client each returns
+an awaitable of what the sync one returns. A reply that is not ``ok`` is
+raised into the plan as the :class:`~gpuq.GpuqError` its code names, so a
+plan can catch one (``put_array`` catches :class:`~gpuq.Exists`).
+
+A method for a new op is a few lines over :meth:`Api.request` (replies) or
+:meth:`Api.job` (jobs). Named methods take ``**fields`` too: keys the method
+does not name are sent as they are, so a field that a newer daemon accepts
+(``owner`` for root, ``ephemeral``, ...) needs no client change.
+
+Units: ``timeout`` arguments are seconds, as in Python's own APIs; fields
+that the protocol names ``*_ms`` keep their names and unit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import (Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
+
+from . import arrays, endpoints
+from .dispatch import Call
+from .errors import GpuqError, error_from_map
+from .job import Job, timeout_ms
+
+__all__ = ["Api", "Plan", "parse_ops"]
+
+Plan = Generator[Call, Any, Any]
+ProgressHandler = Callable[[Dict[str, Any]], None]
+JobRef = Union[int, Job]
+Ops = Union[str, Sequence[Any]]
+
+
+def parse_ops(ops: Ops) -> List[Any]:
+    """A chain for ``run``: ``"sin | add 1 | mul 2"`` or a list of ops, as the protocol's list.
+
+    In a string, ops are separated by ``|`` and arguments by spaces, as the
+    CLI writes them; numbers become ints or floats. A list is sent as it is,
+    each op a name, ``[name, args...]`` or ``{"op": name, "args": [...]}``.
+    """
+    if not isinstance(ops, str):
+        return [[op] if isinstance(op, str) else op for op in ops]
+    chain: List[Any] = []
+    for stage in ops.split("|"):
+        words = stage.split()
+        if words:
+            chain.append([words[0]] + [_number(w) for w in words[1:]])
+    return chain
+
+
+def _number(word: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(word)
+        except ValueError:
+            pass
+    return word  # not a number: the daemon names the argument in its refusal
+
+
+def _job_id(job: JobRef) -> int:
+    return job.id if isinstance(job, Job) else int(job)
+
+
+def _body(reply: Mapping[str, Any]) -> Dict[str, Any]:
+    """A reply without the envelope (``id``, ``ok``)."""
+    return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+
+class Api:
+    """The methods shared by :class:`gpuq.Client` and :class:`gpuq.AsyncClient`."""
+
+    def __init__(self) -> None:
+        # Shapes of the arrays put_array stored, by NAME@GPU (see arrays.py).
+        self._shapes: Dict[str, Tuple[int, ...]] = {}
+
+    # Subclasses run plans (blocking or awaiting) ------------------------------
+
+    def _drive(self, plan: Plan) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _uid(self) -> int:
+        """Whose buffers ``put_array``/``get_array`` look for: this process's."""
+        return os.geteuid()
+
+    def _refusal(self, reply: Mapping[str, Any]) -> GpuqError:
+        """The exception for a reply that is not ``ok``, with its job if it names one."""
+        record = reply.get("job")
+        job = Job(self, record) if isinstance(record, Mapping) and "job" in record else None
+        return error_from_map(reply.get("error"), job=job, reply=reply)
+
+    # Plans ----------------------------------------------------------------
+
+    def _request_plan(self, op: str, fields: Mapping[str, Any],
+                      fds: Sequence[int] = ()) -> Plan:
+        reply = yield Call(op, fields, fds)
+        return reply
+
+    def _job_plan(self, op: str, fields: Mapping[str, Any], fds: Sequence[int] = (),
+                  priority: Optional[str] = None, detach: bool = False,
+                  timeout: Optional[float] = None,
+                  on_progress: Optional[ProgressHandler] = None) -> Plan:
+        """Submits a job; waits for it unless ``detach``; returns its :class:`Job`."""
+        req = dict(fields)
+        if priority is not None:
+            req["priority"] = priority
+        if not detach:
+            req.update(wait=True, timeout_ms=timeout_ms(timeout),
+                       progress=True if on_progress else None)
+        elif timeout is not None or on_progress is not None:
+            raise ValueError("timeout and on_progress apply to waiting; with detach=True "
+                             "pass them to job.wait()")
+        reply = yield Call(op, req, fds, waits=not detach, wait_s=timeout,
+                           on_event=on_progress)
+        return Job(self, reply["job"])
+
+    def _transfer_plan(self, op: str, what: Any, fields: Dict[str, Any],
+                       job: Dict[str, Any]) -> Plan:
+        """A put or get: the descriptor is opened here, inside the plan, so that
+        whatever happens to the request (even a coroutine never awaited) it
+        is closed."""
+        # A range in the name has a length this client does not parse: then
+        # only descriptors bounded by their own end (or checked after) are used.
+        share = "[" not in str(fields.get("buffer"))
+        end = (endpoints.source if op == "put" else endpoints.sink)(what, share)
+        try:
+            if end.copy_back is not None and job.get("detach"):
+                raise ValueError("get into a bytes-like object must wait (detach=False)")
+            if end.limit is not None and share:
+                length = fields.get("length")
+                if length is not None and length > end.limit:
+                    raise ValueError(f"{op}: length {length} is more than the {end.limit} "
+                                     "bytes of the object given")
+                fields = dict(fields, length=end.limit if length is None else length)
+            done = yield from self._job_plan(op, fields, fds=end.fds, **job)
+            if op == "get" and done.result is not None:
+                end.finish(int(done.result.get("bytes", 0)))
+            return done
+        finally:
+            end.close()
+
+    # Generic requests ---------------------------------------------------------
+
+    def request(self, op: str, *, fds: Sequence[int] = (), **fields: Any) -> Dict[str, Any]:
+        """Sends any request and returns its reply (without ``id`` and ``ok``).
+
+        ``fields`` are the request's keys (None values are left out); ``fds``
+        are descriptors to pass with it. Raises the :class:`GpuqError` of the
+        reply's code when it is not ``ok``. For a job op whose reply you want
+        as a :class:`Job`, use :meth:`job`.
+        """
+        return self._drive(self._body_plan(op, fields, fds))
+
+    def _body_plan(self, op: str, fields: Mapping[str, Any], fds: Sequence[int]) -> Plan:
+        reply = yield from self._request_plan(op, fields, fds)
+        return _body(reply)
+
+    def job(self, op: str, *, fds: Sequence[int] = (), priority: Optional[str] = None,
+            detach: bool = False, timeout: Optional[float] = None,
+            on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
+        """Submits any job op and returns its :class:`Job` (see :meth:`noop` for the options).
+
+        ``client.job("bench_copy", sizes=[1 << 30])`` runs the copy benchmark.
+        """
+        return self._drive(self._job_plan(op, fields, fds, priority, detach, timeout,
+                                          on_progress))
+
+    # Answered by the main thread ---------------------------------------------
+
+    def ping(self) -> Dict[str, Any]:
+        """The daemon's ``server``, protocol ``version``, ``backend``, ``devices``,
+        ``uptime_s`` and ``pid``."""
+        return self.request("ping")
+
+    def devices(self, **fields: Any) -> List[Dict[str, Any]]:
+        """One map per device: name, memory, health, queue, peer access and paths, counters."""
+        return self._drive(self._key_plan("devices", "devices", fields))
+
+    def buffers(self, device: Optional[int] = None, **fields: Any) -> List[Dict[str, Any]]:
+        """Your buffers (everyone's for root), each a map: ``name``, ``device``,
+        ``dtype``, ``count``, ``bytes``, ``owner``, ``age_s``, ``state``."""
+        return self._drive(self._key_plan("buffers", "buffers", dict(fields, device=device)))
+
+    def stats(self, device: Optional[int] = None, **fields: Any) -> List[Dict[str, Any]]:
+        """Per device: ``index``, ``healthy``, ``queue_depth``, ``counters`` and the
+        kernel chains' ``chain`` counters."""
+        return self._drive(self._key_plan("stats", "devices", dict(fields, device=device)))
+
+    def metrics(self) -> str:
+        """The Prometheus text that ``gpuq metrics`` prints."""
+        return self._drive(self._key_plan("metrics", "text", {}))
+
+    def shutdown(self) -> Dict[str, Any]:
+        """Stops the daemon as SIGTERM does (root and the admin group only):
+        ``stopping``, ``jobs_active``, ``shutdown_timeout_ms``."""
+        return self.request("shutdown")
+
+    def _key_plan(self, op: str, key: str, fields: Mapping[str, Any]) -> Plan:
+        reply = yield from self._request_plan(op, fields)
+        return reply.get(key)
+
+    # Jobs and their records ----------------------------------------------------
+
+    def jobs(self) -> List[Job]:
+        """Your jobs (everyone's for root and the admin group), newest last, without results."""
+        return self._drive(self._jobs_plan())
+
+    def _jobs_plan(self) -> Plan:
+        reply = yield from self._request_plan("jobs", {})
+        return [Job(self, record) for record in reply.get("jobs", [])]
+
+    def status(self, job: JobRef) -> Job:
+        """The job's record as it stands now."""
+        return Job(self, {"job": _job_id(job)}).refresh()
+
+    def wait(self, job: JobRef, timeout: Optional[float] = None,
+             on_progress: Optional[ProgressHandler] = None) -> Job:
+        """Waits for a job (an id or a :class:`Job`) to end; see :meth:`Job.wait`."""
+        return Job(self, {"job": _job_id(job)}).wait(timeout, on_progress)
+
+    def cancel(self, job: JobRef) -> bool:
+        """Asks for a job to be cancelled; False when it had already finished."""
+        return Job(self, {"job": _job_id(job)}).cancel()
+
+    # Job requests --------------------------------------------------------------
+
+    def noop(self, device: Optional[int] = None, *, devices: Optional[Sequence[int]] = None,
+             priority: Optional[str] = None, detach: bool = False,
+             timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
+             **fields: Any) -> Job:
+        """An empty job through a device's worker (``devices``: a gang, one part on each).
+
+        Every job method takes these options:
+
+        - ``priority``: ``"high"``, ``"normal"`` or ``"low"`` (sent only when
+          given; daemons without a scheduler ignore it).
+        - ``detach``: return the job as soon as it is queued, rather than
+          when it has ended (then ``job.wait()``).
+        - ``timeout``: seconds to wait for the job; when they run out
+          :class:`~gpuq.Timeout` is raised with the job, which goes on.
+        - ``on_progress``: called with each progress event while waiting.
+
+        Waiting, a job that fails raises the :class:`~gpuq.GpuqError` of its
+        code, with ``error.job``; a finished job is returned.
+        """
+        return self.job("noop", device=device, devices=devices, priority=priority,
+                        detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+
+    def alloc(self, name: str, *, nbytes: Optional[int] = None, count: Optional[int] = None,
+              dtype: Optional[str] = None, device: Optional[int] = None,
+              wait_memory_ms: Optional[int] = None, priority: Optional[str] = None,
+              detach: bool = False, timeout: Optional[float] = None,
+              on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
+        """Allocates a buffer ``name`` on ``device`` (default 0): ``nbytes`` bytes, or
+        ``count`` elements of ``dtype`` (``u8 i32 i64 f16 bf16 f32 f64``).
+
+        ``wait_memory_ms``: with a scheduler that admits allocations, how long
+        to wait for memory instead of :class:`~gpuq.OutOfMemory` at once.
+        Result: ``name``, ``device``, ``dtype``, ``count``, ``bytes``.
+        """
+        return self.job("alloc", name=name, bytes=nbytes, count=count, dtype=dtype,
+                        device=device, wait_memory_ms=wait_memory_ms, priority=priority,
+                        detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+
+    def free(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False,
+             timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
+             **fields: Any) -> Job:
+        """Frees a buffer (``NAME`` or ``NAME@GPU``). Result: ``bytes`` freed."""
+        return self._drive(self._free_plan(buffer, fields, dict(
+            priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
+
+    def _free_plan(self, buffer: str, fields: Dict[str, Any], job: Dict[str, Any]) -> Plan:
+        done = yield from self._job_plan("free", dict(fields, buffer=buffer), **job)
+        self._shapes.pop(done.record.get("buffer", buffer), None)
+        return done
+
+    def put(self, src: Any, buffer: str, *, offset: Optional[int] = None,
+            length: Optional[int] = None, verify: Optional[bool] = None,
+            path: Optional[str] = None, scratch: Optional[bool] = None,
+            seed: Optional[int] = None, priority: Optional[str] = None, detach: bool = False,
+            timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
+            **fields: Any) -> Job:
+        """Copies bytes from ``src`` into ``buffer`` (``NAME``, ``NAME@GPU``, with an
+        optional range ``NAME[OFFSET:LENGTH]``).
+
+        ``src``: a path (opened here and passed), a descriptor (read from its
+        current offset), a file object (its descriptor), a bytes-like object
+        (through a memfd), or None with ``scratch=True``. ``offset``/``length``
+        place the bytes in the buffer; ``verify`` checksums both sides;
+        ``path``: ``auto``, ``staged`` or ``registered``. Result: ``bytes``,
+        ``seconds``, ``gbps``, ``path`` (and ``verified``, ``checksum``).
+        """
+        req = dict(fields, buffer=buffer, offset=offset, length=length, verify=verify,
+                   path=path, scratch=scratch, seed=seed)
+        return self._drive(self._transfer_plan("put", src, req, dict(
+            priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
+
+    def get(self, buffer: str, dst: Any, *, offset: Optional[int] = None,
+            length: Optional[int] = None, verify: Optional[bool] = None,
+            path: Optional[str] = None, scratch: Optional[bool] = None,
+            priority: Optional[str] = None, detach: bool = False,
+            timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
+            **fields: Any) -> Job:
+        """Copies ``buffer`` (or a range of it) into ``dst``.
+
+        ``dst``: a path (created or truncated), a descriptor (written from its
+        current offset), a file object, a writable bytes-like object (filled
+        from its start), or None with ``scratch=True``. Otherwise as :meth:`put`.
+        """
+        req = dict(fields, buffer=buffer, offset=offset, length=length, verify=verify,
+                   path=path, scratch=scratch)
+        return self._drive(self._transfer_plan("get", dst, req, dict(
+            priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
+
+    def copy(self, src: str, dst: str, *, engine: Optional[str] = None,
+             path: Optional[str] = None, verify: Optional[bool] = None,
+             chunk_bytes: Optional[int] = None, peer_timeout_ms: Optional[int] = None,
+             priority: Optional[str] = None, detach: bool = False,
+             timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
+             **fields: Any) -> Job:
+        """Copies one buffer range to another, on one GPU or between two.
+
+        ``engine``: ``ce`` or ``sm`` within a GPU; ``path``: ``auto``, ``peer`` or
+        ``host-staged`` between GPUs. Result: ``src``, ``dst``, ``bytes``,
+        ``seconds``, ``gbps``, ``path``, ``engine``, ``verified``.
+        """
+        return self.job("copy", src=src, dst=dst, engine=engine, path=path, verify=verify,
+                        chunk_bytes=chunk_bytes, peer_timeout_ms=peer_timeout_ms,
+                        priority=priority, detach=detach, timeout=timeout,
+                        on_progress=on_progress, **fields)
+
+    def fill(self, buffer: str, pattern: str, *, value: Optional[float] = None,
+             seed: Optional[int] = None, priority: Optional[str] = None, detach: bool = False,
+             timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
+             **fields: Any) -> Job:
+        """Fills a buffer on its device: ``"zero"``, ``"value"`` (with ``value``),
+        ``"iota"`` or ``"random"`` (with ``seed``). Result: ``bytes``."""
+        return self.job("fill", buffer=buffer, pattern=pattern, value=value, seed=seed,
+                        priority=priority, detach=detach, timeout=timeout,
+                        on_progress=on_progress, **fields)
+
+    def checksum(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False,
+                 timeout: Optional[float] = None,
+                 on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
+        """The buffer's 64-bit hash, computed on its device: result ``checksum``, ``bytes``."""
+        return self.job("checksum", buffer=buffer, priority=priority, detach=detach,
+                        timeout=timeout, on_progress=on_progress, **fields)
+
+    def run(self, buffer: str, ops: Ops, *, mode: Optional[str] = None,
+            repeat: Optional[int] = None, out: Optional[str] = None,
+            priority: Optional[str] = None, detach: bool = False,
+            timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
+            **fields: Any) -> Job:
+        """Applies a chain of elementwise ops to every element of a float buffer.
+
+        ``ops``: ``"sin | add 1 | sqrt"`` or a list (see :func:`parse_ops`);
+        ``mode``: ``fused`` (default), ``graph`` or ``eager``; ``repeat`` the
+        whole chain; ``out``: another buffer of the same shape (default in place).
+        """
+        return self.job("run", buffer=buffer, ops=parse_ops(ops), mode=mode, repeat=repeat,
+                        out=out, priority=priority, detach=detach, timeout=timeout,
+                        on_progress=on_progress, **fields)
+
+    def allreduce(self, buffer: str, *, devices: Optional[Sequence[int]] = None,
+                  reduce: Optional[str] = None, out: Optional[str] = None,
+                  count: Optional[int] = None, collective_timeout_ms: Optional[int] = None,
+                  priority: Optional[str] = None, detach: bool = False,
+                  timeout: Optional[float] = None,
+                  on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
+        """Reduces the buffers called ``buffer`` on ``devices`` (default: every device
+        holding it) and leaves the result in each (or in ``out``).
+
+        ``reduce``: ``sum`` (default), ``prod``, ``min``, ``max`` or ``avg``.
+        """
+        return self.job("allreduce", buffer=buffer, devices=devices, reduce=reduce, out=out,
+                        count=count, collective_timeout_ms=collective_timeout_ms,
+                        priority=priority, detach=detach, timeout=timeout,
+                        on_progress=on_progress, **fields)
+
+    # numpy ---------------------------------------------------------------------
+
+    def put_array(self, array: Any, buffer: str, *, dtype: Optional[str] = None,
+                  priority: Optional[str] = None, timeout: Optional[float] = None,
+                  on_progress: Optional[ProgressHandler] = None) -> Job:
+        """Stores a numpy array in ``buffer`` (``NAME`` or ``NAME@GPU``) and waits.
+
+        A buffer that does not exist is allocated with the array's dtype and
+        element count (on the ``@GPU`` named, default 0); one that exists
+        must hold exactly that dtype and count, or :class:`~gpuq.BadRequest`
+        says what it holds and nothing is sent. ``dtype``: store as this gpuq
+        dtype instead (``"bf16"`` for a ``uint16`` array of bfloat16 bits,
+        ``"bytes"`` for any array's raw bytes). The array's shape is kept by
+        this client for :meth:`get_array`. Returns the put's :class:`Job`.
+        """
+        return self._drive(arrays.put_array_plan(self, array, buffer, dtype, dict(
+            priority=priority, timeout=timeout, on_progress=on_progress)))
+
+    def get_array(self, buffer: str, out: Any = None, *, dtype: Any = None,
+                  shape: Optional[Sequence[int]] = None, priority: Optional[str] = None,
+                  timeout: Optional[float] = None,
+                  on_progress: Optional[ProgressHandler] = None) -> Any:
+        """Reads a whole buffer into a numpy array, bit for bit, and returns it.
+
+        The dtype is the buffer's (``bytes`` reads as ``uint8``, ``bf16`` as
+        ml_dtypes' ``bfloat16`` when installed, else ``uint16``), or
+        ``dtype`` to read its bytes as another. The shape is ``out``'s, else
+        ``shape``, else the one :meth:`put_array` stored here, else 1-D. A new
+        array lives in a memfd (:func:`gpuq.memfd_array`), so putting it back
+        copies nothing on the client side; ``out`` must be a writable
+        C-contiguous array of that dtype and size.
+        """
+        return self._drive(arrays.get_array_plan(self, buffer, out, dtype, shape, dict(
+            priority=priority, timeout=timeout, on_progress=on_progress)))

@@ -1,0 +1,96 @@
+"""gpuq.Client: the blocking client."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from .api import Api, Plan
+from .connection import Connection
+from .dispatch import Call
+from .wire import default_socket
+
+__all__ = ["Client", "ClientBase", "DEFAULT_TIMEOUT"]
+
+#: Seconds the daemon has to answer anything (see ``Client``'s ``timeout``).
+DEFAULT_TIMEOUT = 30.0
+
+
+class ClientBase(Api):
+    """What both clients hold: the socket path and a connection to it."""
+
+    _connection_class: Any = Connection
+
+    def __init__(self, socket: Optional[str] = None, *,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        super().__init__()
+        self.socket = socket or default_socket()
+        self._conn = self._connection_class(self.socket, timeout)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds the daemon has to answer (see the class's documentation)."""
+        return self._conn.timeout
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed (by :meth:`close`, or because it broke)."""
+        return self._conn.closed
+
+    def close(self) -> None:
+        """Closes the connection; requests in flight fail with ConnectionError.
+        Jobs already submitted run on in the daemon."""
+        self._conn.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<gpuq.{type(self).__name__} {self.socket} {state}>"
+
+    def _advance(self, plan: Plan, reply: Dict[str, Any]) -> Call:
+        """Hands a reply to a plan (raised into it when not ``ok``); its next request."""
+        if not reply.get("ok"):
+            return plan.throw(self._refusal(reply))
+        return plan.send(reply)
+
+
+class Client(ClientBase):
+    """A connection to gpuqd, with one method per request of the protocol.
+
+    ``socket``: the daemon's socket path; by default ``$GPUQ_SOCKET``, else
+    the one the ``gpuq`` CLI would use (:func:`gpuq.default_socket`).
+    ``timeout``: seconds the daemon has to answer a request that it answers
+    at once, and the silence after which a long wait for a job checks with a
+    ``ping`` that the daemon is still there (a wait for a job itself is
+    bounded only by its own ``timeout``). An unreachable daemon raises
+    :class:`ConnectionError` naming the socket.
+
+    One client may be used from several threads at once: their requests
+    share the connection and each thread gets its own replies. Use it as a
+    context manager, or call :meth:`close`::
+
+        with gpuq.Client() as client:
+            client.alloc("w", count=1024, dtype="f32")
+            client.fill("w", "random", seed=1)
+            print(client.checksum("w").result["checksum"])
+    """
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _drive(self, plan: Plan) -> Any:
+        """Runs a plan, blocking on each of its requests in turn."""
+        try:
+            call = next(plan)
+            while True:
+                try:
+                    reply = self._conn.call(call)
+                except BaseException as exc:
+                    call = plan.throw(exc)
+                else:
+                    call = self._advance(plan, reply)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            plan.close()

@@ -1,0 +1,251 @@
+"""The blocking connection under :class:`gpuq.Client`: safe to share between threads.
+
+Threads that call at the same time each send their request (one frame at a
+time, under the send lock) and park a slot for its reply. No background
+thread reads: one of the waiting threads at a time is the *reader*; it reads
+what has arrived, routes each frame to its slot (dispatch.py) and wakes the
+others, which look at their slots and one of which becomes the next reader
+when needed. A thread's progress events are queued on its slot and its
+``on_event`` callback runs in that thread, between reads.
+
+Every wait is bounded: the reader polls in slices of at most a quarter of
+the client's timeout, so deadlines and the liveness ping (dispatch.py) are
+looked at even when nothing arrives.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .dispatch import Call, Dispatcher
+from .errors import GpuqError
+
+__all__ = ["Connection", "ConnectionBase", "connect_socket"]
+
+
+def connect_socket(path: str, timeout: float) -> socket.socket:
+    """A connected UNIX stream socket, or ConnectionError naming ``path`` and a fix."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise ConnectionError(f"cannot connect to gpuqd at {path}: {_reason(exc)}") from exc
+    return sock
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a connect failed, and what the user can do about it (as the CLI says)."""
+    if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
+        return f"{exc.strerror} (is gpuqd running? set GPUQ_SOCKET or name the socket)"
+    if isinstance(exc, PermissionError):
+        return f"{exc.strerror} (the socket's permissions do not let this user in)"
+    if isinstance(exc, socket.timeout):
+        return "the daemon did not accept the connection in time (is it overloaded?)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
+
+
+class _Slot:
+    """Where the reader leaves one request's reply, events or failure."""
+
+    __slots__ = ("reply", "events", "error")
+
+    def __init__(self) -> None:
+        self.reply: Optional[Dict[str, Any]] = None
+        self.events: List[Dict[str, Any]] = []
+        self.error: Optional[BaseException] = None
+
+    def deliver(self, reply: Dict[str, Any]) -> None:
+        self.reply = reply
+
+    def event(self, event: Dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+
+
+class ConnectionBase:
+    """What both connections hold: the socket, its dispatcher, and whether it is closed."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        self._d = Dispatcher(path, timeout)
+        self.path = path
+        # A UNIX socket connects at once; doing it here makes an unreachable
+        # daemon an error of the client's constructor.
+        self._sock = connect_socket(path, timeout)
+        self._closed: Optional[str] = None  # why, once closed
+        self._d.last_heard = time.monotonic()
+
+    @property
+    def timeout(self) -> float:
+        return self._d.timeout
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise ConnectionError(f"the connection to gpuqd at {self.path} is closed "
+                                  f"({self._closed}); make a new client")
+
+
+class Connection(ConnectionBase):
+    """One connection to gpuqd; :meth:`call` may be used from many threads at once."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__(path, timeout)
+        self._poll = select.poll()
+        self._poll.register(self._sock.fileno(), select.POLLIN)
+        self._cond = threading.Condition(threading.Lock())
+        self._send_lock = threading.Lock()
+        self._reading = False
+
+    def call(self, call: Call) -> Dict[str, Any]:
+        """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
+        slot = _Slot()
+        with self._cond:
+            self._check_open()
+            rid, frame = self._d.add(call, slot)
+        try:  # the slot goes in before the frame goes out: the reply may come at once
+            try:
+                self._send(frame, call.fds)
+            except ConnectionError:
+                if slot.error is not None:  # the daemon said why it closed
+                    raise slot.error from None
+                raise
+            return self._await(rid, slot, self._d.deadline(call, time.monotonic()),
+                               call.on_event)
+        finally:
+            with self._cond:
+                self._d.forget(rid)
+
+    def close(self, why: str = "closed by the client") -> None:
+        with self._cond:
+            if self._closed is None:
+                self._closed = why
+                self._d.fail_all(lambda: ConnectionError(
+                    f"the connection to gpuqd at {self.path} was {why}"))
+                self._cond.notify_all()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def _send(self, data: bytes, fds: Sequence[int]) -> None:
+        """Sends one whole frame, the descriptors on its first byte.
+
+        A frame cut short leaves the stream out of step, so any failure
+        closes the connection, with the daemon's reason when it gave one.
+        """
+        with self._send_lock:
+            try:
+                sent = socket.send_fds(self._sock, [data], list(fds)) if fds else 0
+                if sent < len(data):
+                    self._sock.sendall(memoryview(data)[sent:])
+            except OSError as exc:
+                why = ConnectionError(f"cannot send to gpuqd at {self.path}: "
+                                      f"{exc.strerror or exc}")
+                self._break(self._salvage() or why)
+                raise why from exc
+
+    def _salvage(self) -> Optional[BaseException]:
+        with self._cond:
+            if self._reading or self._closed is not None:
+                return None  # the reader will see what the daemon sent
+            return self._d.salvage(self._sock)
+
+    def _await(self, rid: int, slot: _Slot, deadline: Optional[float],
+               on_event: Optional[Callable[[Dict[str, Any]], None]]) -> Dict[str, Any]:
+        while True:
+            events, lead = self._next_step(rid, slot, deadline)
+            if slot.reply is not None and not events:
+                return slot.reply
+            for event in events:
+                if on_event is not None:
+                    on_event(event)
+            if lead:
+                try:
+                    self._read_once(deadline)
+                finally:
+                    with self._cond:
+                        self._reading = False
+                        self._cond.notify_all()
+
+    def _next_step(self, rid: int, slot: _Slot,
+                   deadline: Optional[float]) -> Tuple[List[Dict[str, Any]], bool]:
+        """Waits until this thread has events to handle, its reply, or the reader's turn."""
+        with self._cond:
+            while True:
+                if slot.events:
+                    events, slot.events = slot.events, []
+                    return events, False
+                if slot.reply is not None:
+                    return [], False
+                if slot.error is not None:
+                    raise slot.error
+                self._check_open()
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise self._d.late_error(rid)
+                if not self._reading:
+                    self._reading = True
+                    return [], True
+                self._cond.wait(self._slice(deadline, now))
+
+    def _slice(self, deadline: Optional[float], now: float) -> float:
+        step = self.timeout / 4
+        return step if deadline is None else max(0.0, min(step, deadline - now))
+
+    def _read_once(self, deadline: Optional[float]) -> None:
+        """Reads what arrives within one slice and routes it (the reader only)."""
+        now = time.monotonic()
+        if not self._poll.poll(self._slice(deadline, now) * 1000):
+            self._check_liveness()
+            return
+        with self._cond:
+            _, fatal = self._d.receive(self._sock)
+            self._cond.notify_all()
+        if fatal is not None:
+            self._break(fatal)
+
+    def _check_liveness(self) -> None:
+        with self._cond:
+            verdict = self._d.liveness(time.monotonic())
+            frame = self._d.ping_frame(time.monotonic()) if verdict == "ping" else None
+        if verdict == "dead":
+            self._break(self._d.silent_error())
+        elif frame is not None:
+            try:
+                self._send(frame, ())
+            except ConnectionError:
+                pass  # _send closed the connection; the waiters learn why
+
+    def _break(self, error: BaseException) -> None:
+        """Closes the connection, failing every pending request with ``error``."""
+        with self._cond:
+            if self._closed is not None:
+                return
+            self._closed = f"closed: {error}"
+            self._d.fail_all(lambda: _copy_error(error))
+            self._cond.notify_all()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """A fresh exception like ``error``, so that threads do not share one object."""
+    if isinstance(error, GpuqError):
+        return type(error)(error.message, code=error.code, reply=error.reply)
+    return type(error)(*error.args)

@@ -1,0 +1,216 @@
+"""What the sync and asyncio connections share: ids, deadlines, routing, liveness.
+
+A connection sends a request and parks a *slot* under its id; every frame
+read is routed here to the slot it belongs to: a reply (matched by ``id``)
+or a progress event (a frame with ``event``, carrying the waiting request's
+id). Slots are the connection's own objects with three methods, ``deliver``,
+``event`` and ``fail``; this module never blocks and does no I/O.
+
+Every read has a time limit. A request that the daemon answers at once
+(everything but a wait for a job) must be answered within the client's
+``timeout``. A wait for a job may take as long as the job; while one is
+pending and nothing has arrived for ``timeout`` seconds, the connection asks
+:meth:`Dispatcher.liveness` and sends a ``ping`` (answered by the daemon's
+main thread whatever its workers do): no frame at all within another
+``timeout`` means the daemon is stuck or gone, and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from .errors import BadFrame, GpuqError, ReplyTimeout, error_from_map
+from .wire import MAX_FDS, MAX_REPLY_FRAME, FrameReader, encode_request
+
+__all__ = ["Call", "Dispatcher", "READ_CHUNK"]
+
+READ_CHUNK = 1 << 18
+
+EventHandler = Callable[[Dict[str, Any]], None]
+
+
+@dataclass
+class Call:
+    """One request to send: its op and fields, descriptors, and how long it may take.
+
+    ``waits``: the daemon answers when a job ends (a job request with
+    ``wait``, or the ``wait`` op), so the reply may take as long as the job.
+    ``wait_s``: the request's own limit on that wait (its ``timeout_ms``),
+    ``None`` for none. ``on_event``: called with each progress event.
+    """
+
+    op: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    fds: Sequence[int] = ()
+    waits: bool = False
+    wait_s: Optional[float] = None
+    on_event: Optional[EventHandler] = None
+
+
+class Dispatcher:
+    """The bookkeeping of one connection to gpuqd at ``path`` (see the module doc)."""
+
+    def __init__(self, path: str, timeout: float, max_frame: int = MAX_REPLY_FRAME) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self.path = path
+        self.timeout = float(timeout)
+        self.reader = FrameReader(max_frame)
+        self.pending: Dict[int, Any] = {}
+        self.waits: Set[int] = set()  # pending ids that wait for a job
+        self.ops: Dict[int, str] = {}  # pending ids' ops, for messages
+        self._ids = itertools.count(1)
+        self.last_heard = 0.0
+        self.ping_id: Optional[int] = None
+        self.ping_sent = 0.0
+
+    def add(self, call: Call, slot: Any) -> Tuple[int, bytes]:
+        """Parks ``slot`` under a fresh id; returns the id and the frame of ``call``.
+
+        Raises ValueError for too many descriptors, TypeError for a field
+        msgpack cannot carry; nothing is parked then.
+        """
+        if len(call.fds) > MAX_FDS:
+            raise ValueError(f"a request carries at most {MAX_FDS} descriptors, "
+                             f"not {len(call.fds)}")
+        rid = next(self._ids)
+        fields = dict(call.fields)
+        if call.fds:
+            fields["fds"] = len(call.fds)
+        frame = encode_request(call.op, rid, fields)
+        self.pending[rid] = slot
+        self.ops[rid] = call.op
+        if call.waits:
+            self.waits.add(rid)
+        return rid, frame
+
+    def forget(self, rid: int) -> Any:
+        """Takes request ``rid`` off the books (answered, failed or given up); its slot."""
+        self.waits.discard(rid)
+        self.ops.pop(rid, None)
+        return self.pending.pop(rid, None)
+
+    def deadline(self, call: Call, now: float) -> Optional[float]:
+        """When to give up on the reply to ``call`` (``None``: only liveness applies)."""
+        if not call.waits:
+            return now + self.timeout
+        if call.wait_s is None:
+            return None
+        return now + call.wait_s + self.timeout
+
+    def route(self, frames: List[Dict[str, Any]], now: float) -> Optional[GpuqError]:
+        """Hands each frame to its slot. Returns the error that ends the connection, if any.
+
+        A reply with id 0 answers a frame the daemon could not read; this
+        client only sends well-formed frames, so it is a ``bad_frame`` (or
+        worse) and the daemon is about to close the connection.
+        """
+        self.last_heard = now
+        for frame in frames:
+            rid = frame.get("id")
+            if "event" in frame:
+                slot = self.pending.get(rid)
+                if slot is not None:
+                    slot.event(frame)
+            elif rid is not None and rid == self.ping_id:
+                self.ping_id = None
+            elif rid == 0 or rid is None:
+                err = frame.get("error")
+                return error_from_map(err, reply=frame) if err is not None else BadFrame(
+                    f"gpuqd sent a reply without an id: {frame!r}", reply=frame)
+            else:
+                slot = self.forget(rid)
+                if slot is not None:
+                    slot.deliver(frame)
+        return None
+
+    def receive(self, sock: socket.socket) -> Tuple[bool, Optional[BaseException]]:
+        """Reads once from ``sock`` (readable, or non-blocking) and routes what came.
+
+        Returns whether there may be more to read at once (the read filled
+        its chunk), and the error that ends the connection if one came: the
+        daemon closed it or sent what cannot be read.
+        """
+        try:
+            data = sock.recv(READ_CHUNK)
+        except (BlockingIOError, InterruptedError, socket.timeout):
+            return False, None
+        except ConnectionResetError:
+            return False, self.eof_error(" (reset)")
+        except OSError as exc:
+            return False, ConnectionError(f"reading from gpuqd at {self.path} failed: "
+                                          f"{exc.strerror or exc}")
+        if not data:
+            return False, self.eof_error()
+        try:
+            fatal = self.route(self.reader.feed(data), time.monotonic())
+        except ConnectionError as exc:  # ProtocolError
+            return False, exc
+        return len(data) == READ_CHUNK, fatal
+
+    def salvage(self, sock: socket.socket) -> Optional[BaseException]:
+        """After a send failed: the daemon's last words, if they are already here.
+
+        gpuqd refuses an oversized frame as soon as it reads its length, and
+        closes the connection while the client may still be sending: the
+        ``bad_frame`` reply saying why is waiting to be read. Reads only what
+        has arrived (never blocks) and routes it; returns the error that
+        ended the connection, if one came. Call it as the only reader.
+        """
+        ready = select.poll()
+        ready.register(sock.fileno(), select.POLLIN)
+        while ready.poll(0):
+            _, fatal = self.receive(sock)
+            if fatal is not None:
+                return fatal if isinstance(fatal, GpuqError) else None
+        return None
+
+    def liveness(self, now: float) -> Optional[str]:
+        """``"ping"`` when a ping should be sent now, ``"dead"`` when one went unanswered.
+
+        Only waits for jobs need it: every other request has its deadline.
+        """
+        if not self.waits:
+            return None
+        if self.ping_id is not None:
+            return "dead" if now - self.ping_sent >= self.timeout else None
+        if now - self.last_heard >= self.timeout:
+            return "ping"
+        return None
+
+    def ping_frame(self, now: float) -> bytes:
+        """The frame of a liveness ping; its reply is consumed by :meth:`route`."""
+        self.ping_id = next(self._ids)
+        self.ping_sent = now
+        return encode_request("ping", self.ping_id, {})
+
+    def late_error(self, rid: int) -> ReplyTimeout:
+        """The reply to request ``rid`` did not come by its deadline."""
+        op = self.ops.get(rid, "request")
+        return ReplyTimeout(
+            f"gpuqd at {self.path} did not answer {op} (request {rid}) in time: the client "
+            f"allows {self.timeout:g} s (its timeout) beyond any wait the request asked "
+            "for; it may still be carried out")
+
+    def silent_error(self) -> ConnectionError:
+        return ConnectionError(
+            f"gpuqd at {self.path} sent nothing for {self.timeout:g} s and did not answer "
+            f"a ping within {self.timeout:g} s more; the connection is closed (is the "
+            "daemon stopped or overloaded? raise the client's timeout if it is only slow)")
+
+    def eof_error(self, how: str = "") -> ConnectionError:
+        return ConnectionError(f"gpuqd at {self.path} closed the connection{how}")
+
+    def fail_all(self, make_error: Callable[[], BaseException]) -> None:
+        """Fails every pending slot, each with its own exception object."""
+        slots = list(self.pending.values())
+        self.pending.clear()
+        self.waits.clear()
+        self.ops.clear()
+        for slot in slots:
+            slot.fail(make_error())

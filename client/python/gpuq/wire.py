@@ -1,0 +1,120 @@
+"""The wire format of docs/protocol.md, without any I/O.
+
+A frame is a 4-byte big-endian payload length, then one msgpack map. This
+module builds request frames and splits a byte stream into reply maps; the
+sync and asyncio connections feed it whatever their sockets read.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping
+
+import msgpack
+
+from .errors import ProtocolError
+
+__all__ = ["PROTOCOL_VERSION", "MAX_FDS", "MAX_REPLY_FRAME", "default_socket",
+           "encode_request", "encode_frame", "FrameReader"]
+
+#: The protocol version this client speaks (every request's ``v``).
+PROTOCOL_VERSION = 1
+#: Descriptors that may ride on one request (SCM_RIGHTS).
+MAX_FDS = 4
+#: The largest reply frame accepted, as libgpuq's default: a ``jobs`` reply
+#: listing the whole job history fits with room to spare.
+MAX_REPLY_FRAME = 64 << 20
+HEADER = 4
+
+
+def default_socket() -> str:
+    """The socket used when none is given, resolved as the ``gpuq`` CLI does.
+
+    ``$GPUQ_SOCKET`` if set; else ``/run/gpuq/gpuqd.sock`` for root or when
+    ``$XDG_RUNTIME_DIR`` is unset; else ``$XDG_RUNTIME_DIR/gpuq.sock`` (a
+    user's own daemon) unless it does not exist and the system service's does.
+    """
+    env = os.environ.get("GPUQ_SOCKET")
+    if env:
+        return env
+    system = "/run/gpuq/gpuqd.sock"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if os.geteuid() == 0 or not xdg:
+        return system
+    own = os.path.join(xdg, "gpuq.sock")
+    if os.path.exists(own) or not os.path.exists(system):
+        return own
+    return system
+
+
+def _plain(value: Any) -> Any:
+    """msgpack's fallback: numpy scalars and paths become what they stand for."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "item") and hasattr(value, "dtype"):  # a numpy scalar
+        return value.item()
+    if hasattr(value, "__index__"):
+        return value.__index__()
+    if hasattr(value, "__float__") and not isinstance(value, (str, bytes)):
+        return float(value)
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    raise TypeError(f"a request cannot carry a {type(value).__name__} ({value!r}); "
+                    "use str, int, float, bool, list or dict")
+
+
+def encode_frame(message: Mapping[str, Any]) -> bytes:
+    """One frame holding ``message`` (any map: tests send malformed requests with it)."""
+    payload = msgpack.packb(message, use_bin_type=True, default=_plain)
+    return len(payload).to_bytes(HEADER, "big") + payload
+
+
+def encode_request(op: str, request_id: int, fields: Mapping[str, Any]) -> bytes:
+    """The frame of a request: ``v``, ``id``, ``op``, then every field not None."""
+    message: Dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
+    for key, value in fields.items():
+        if value is not None and key not in message:
+            message[key] = value
+    return encode_frame(message)
+
+
+class FrameReader:
+    """Splits the bytes read from the daemon into reply maps.
+
+    ``feed`` returns every map that is complete. Anything that is not a
+    frame holding one msgpack map raises :class:`ProtocolError`: the stream
+    cannot be trusted after it, so the connection must be closed. Strings
+    that are not valid UTF-8 are decoded with replacement characters rather
+    than failing the connection.
+    """
+
+    def __init__(self, max_frame: int = MAX_REPLY_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> List[Dict[str, Any]]:
+        self._buf += data
+        maps: List[Dict[str, Any]] = []
+        while len(self._buf) >= HEADER:
+            size = int.from_bytes(self._buf[:HEADER], "big")
+            if size > self.max_frame:
+                raise ProtocolError(f"gpuqd sent a frame of {size} bytes, above the "
+                                    f"{self.max_frame} this client accepts")
+            if len(self._buf) < HEADER + size:
+                break
+            payload = bytes(self._buf[HEADER:HEADER + size])
+            del self._buf[:HEADER + size]
+            maps.append(self._decode(payload))
+        return maps
+
+    @staticmethod
+    def _decode(payload: bytes) -> Dict[str, Any]:
+        try:
+            obj = msgpack.unpackb(payload, raw=False, unicode_errors="replace",
+                                  strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated classes
+            raise ProtocolError(f"gpuqd sent a frame that is not msgpack: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise ProtocolError(f"gpuqd sent a frame holding a {type(obj).__name__}, "
+                                "not a map")
+        return obj

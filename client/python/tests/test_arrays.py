@@ -1,0 +1,209 @@
+"""numpy round trips: bit-exact for every dtype at odd sizes, shapes, refusals, memfds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuq
+from gpuq import memfd
+
+SIZES = [1, 3, 4097, 100003]
+
+
+def random_bits(dtype, n, seed):
+    """n elements of every bit pattern, NaNs, infinities and -0.0 included."""
+    dt = np.dtype(dtype)
+    raw = np.random.default_rng(seed).integers(0, 256, n * dt.itemsize, dtype=np.uint8)
+    return raw.view(dt)
+
+
+def bits(a):
+    return a.view(np.dtype(f"u{a.dtype.itemsize}") if a.dtype.itemsize > 1 else np.uint8)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("dtype", ["uint8", "int32", "int64", "float16", "float32", "float64"])
+def test_round_trip_is_bit_exact(client, name, dtype, size):
+    a = random_bits(dtype, size, seed=size)
+    job = client.put_array(a, name)
+    try:
+        assert job.result["bytes"] == a.nbytes
+        [buf] = [b for b in client.buffers() if b["name"] == name]
+        assert buf["dtype"] == gpuq.arrays.gpuq_dtype(a.dtype) and buf["count"] == size
+        back = client.get_array(name)
+        assert back.dtype == a.dtype and back.shape == a.shape
+        assert np.array_equal(bits(back), bits(a))
+    finally:
+        client.free(name)
+
+
+@pytest.mark.parametrize("size", [1, 4097])
+def test_bf16_as_uint16_bits(client, name, size):
+    a = random_bits("uint16", size, seed=7)
+    client.put_array(a, name, dtype="bf16")
+    try:
+        assert [b["dtype"] for b in client.buffers() if b["name"] == name] == ["bf16"]
+        back = client.get_array(name)
+        assert back.dtype.itemsize == 2 and back.shape == (size,)
+        assert np.array_equal(back.view(np.uint16), a)
+        try:
+            import ml_dtypes
+            assert back.dtype == np.dtype(ml_dtypes.bfloat16)
+        except ImportError:
+            assert back.dtype == np.uint16
+    finally:
+        client.free(name)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint32", "complex64", "bool"])
+def test_other_numpy_dtypes_go_as_bytes(client, name, dtype):
+    a = random_bits("uint8", 999 * np.dtype(dtype).itemsize, seed=3).view(dtype)
+    if dtype == "bool":
+        a = a.view(np.uint8) & 1
+        a = a.astype(bool)
+    with pytest.raises(gpuq.BadRequest, match="dtype='bytes'"):
+        client.put_array(a, name)
+    assert name not in {b["name"] for b in client.buffers()}  # nothing allocated
+    client.put_array(a, name, dtype="bytes")
+    try:
+        back = client.get_array(name, dtype=a.dtype)
+        assert back.dtype == a.dtype and np.array_equal(bits(back), bits(a))
+        raw = client.get_array(name)
+        assert raw.dtype == np.uint8 and raw.nbytes == a.nbytes
+    finally:
+        client.free(name)
+
+
+def test_shape_is_kept_by_the_client(client, name, daemon):
+    a = random_bits("float32", 2 * 3 * 5, seed=1).reshape(2, 3, 5)
+    client.put_array(a, f"{name}@0")
+    try:
+        assert client.get_array(name).shape == (2, 3, 5)
+        assert client.get_array(name, shape=(6, 5)).shape == (6, 5)
+        with daemon.client() as other:  # another client knows the count, not the shape
+            assert other.get_array(name).shape == (30,)
+        with pytest.raises(gpuq.BadRequest, match="shape"):
+            client.get_array(name, shape=(7, 5))
+    finally:
+        client.free(name)
+    assert f"{name}@0" not in client._shapes
+
+
+def test_non_contiguous_and_big_endian_arrays(client, name):
+    a = random_bits("float64", 64 * 3, seed=2).reshape(64, 3)
+    col = a[::2, 1]
+    client.put_array(col, name)
+    assert np.array_equal(bits(client.get_array(name)), bits(np.ascontiguousarray(col)))
+    client.free(name)
+    be = np.arange(100, dtype=">i4")
+    client.put_array(be, name)
+    try:
+        back = client.get_array(name)
+        assert back.dtype == np.int32 and back.tolist() == list(range(100))
+    finally:
+        client.free(name)
+
+
+def test_an_existing_buffer_must_match(client, name):
+    client.alloc(name, count=10, dtype="f32")
+    try:
+        client.fill(name, "value", value=3)
+        with pytest.raises(gpuq.BadRequest, match=r"holds 10 f32 .*the array is 10 f64"):
+            client.put_array(np.zeros(10), name)
+        with pytest.raises(gpuq.BadRequest, match="holds 10 f32 .*the array is 11 f32"):
+            client.put_array(np.zeros(11, np.float32), name)
+        assert client.get_array(name).tolist() == [3.0] * 10  # untouched
+        client.put_array(np.ones(10, np.float32), name)  # a match goes in
+        assert client.get_array(name).tolist() == [1.0] * 10
+    finally:
+        client.free(name)
+
+
+def test_out_arrays(client, name):
+    a = random_bits("int64", 1001, seed=4)
+    client.put_array(a, name)
+    try:
+        plain = np.empty(1001, np.int64)
+        assert client.get_array(name, out=plain) is plain
+        assert np.array_equal(plain, a)
+        shared = gpuq.memfd_array((7, 143), np.int64)
+        assert client.get_array(name, out=shared) is shared
+        assert np.array_equal(shared.ravel(), a)
+        for bad in (np.empty(1000, np.int64), np.empty(1001, np.int32),
+                    np.empty((1001, 2), np.int64)[:, 0]):
+            with pytest.raises(gpuq.BadRequest, match="out="):
+                client.get_array(name, out=bad)
+    finally:
+        client.free(name)
+
+
+def test_memfd_arrays_travel_without_a_client_side_copy(client, name, monkeypatch):
+    def no_copy(*a, **kw):
+        raise AssertionError("copied into a fresh memfd")
+    shared = gpuq.memfd_array(5000, np.float32)
+    shared[:] = np.arange(5000, dtype=np.float32)
+    assert memfd.find(shared) is not None and memfd.find(np.zeros(3)) is None
+    monkeypatch.setattr(memfd, "from_bytes", no_copy)
+    client.put_array(shared[1000:2000], name)  # a view at an offset into the memfd
+    try:
+        back = client.get_array(name)
+        assert memfd.find(back) is not None
+        assert back.tolist() == list(range(1000, 2000))
+        back *= 2
+        client.put_array(back, name)
+        assert client.get_array(name)[:3].tolist() == [2000.0, 2002.0, 2004.0]
+        client.put(shared[:1000], name)  # put takes memfd arrays as bytes, too
+        assert client.get_array(name)[-1] == 999.0
+    finally:
+        client.free(name)
+    with pytest.raises(AssertionError, match="copied"):
+        client.put_array(np.zeros(4, np.float32), name)  # a plain array is copied
+
+
+def test_names_for_arrays(client, name):
+    with pytest.raises(gpuq.BadRequest, match="range"):
+        client.put_array(np.zeros(4), f"{name}[0:8]")
+    with pytest.raises(gpuq.BadRequest, match="GPU"):
+        client.get_array(f"{name}@x")
+    with pytest.raises(gpuq.NotFound, match=name):
+        client.get_array(name)
+    n = len(client.devices())
+    if n > 1:
+        client.put_array(np.zeros(4), f"{name}@0")
+        client.put_array(np.ones(4), f"{name}@1")
+        try:
+            with pytest.raises(gpuq.BadRequest, match="several devices"):
+                client.get_array(name)
+            assert client.get_array(f"{name}@1").tolist() == [1.0] * 4
+        finally:
+            client.free(f"{name}@0")
+            client.free(f"{name}@1")
+
+
+def test_an_empty_array_is_refused_by_the_daemon(client, name):
+    with pytest.raises(gpuq.BadRequest):
+        client.put_array(np.zeros(0, np.float32), name)
+    assert gpuq.memfd_array(0).shape == (0,)
+
+
+def test_transfers_with_part_of_a_memfd_array_stay_inside_it(client, name):
+    whole = gpuq.memfd_array(3000, np.uint8)
+    whole[:] = 7
+    data = np.random.default_rng(5).integers(0, 256, 1000, dtype=np.uint8)
+    client.put_array(data, name, dtype="bytes")
+    try:
+        client.get(name, whole[1000:2000])  # bounded by the view, not the memfd
+        assert np.array_equal(whole[1000:2000], data)
+        assert set(whole[:1000].tolist()) == {7} == set(whole[2000:].tolist())
+        whole[1000:2000] = 9
+        client.get(f"{name}[0:500]", whole[1000:2000])  # a range: copied back, 500 bytes
+        assert np.array_equal(whole[1000:1500], data[:500])
+        assert set(whole[1500:2000].tolist()) == {9}
+        client.put(whole[2000:2500], f"{name}[500:]")  # a range: its own exact memfd
+        client.put(whole[:500], name, length=500)
+        assert client.get_array(name).tolist() == [7] * 1000
+        with pytest.raises(ValueError, match="more than"):
+            client.put(whole[:10], name, length=11)
+    finally:
+        client.free(name)

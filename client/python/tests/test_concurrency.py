@@ -1,0 +1,120 @@
+"""Many requests in flight on one connection: threads, and asyncio tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import gpuq
+
+
+def test_threads_share_one_client(client, name):
+    errors, results = [], {}
+
+    def work(t):
+        try:
+            buf = f"{name}{t}"
+            a = np.full(1000 + t, t, dtype=np.int32)
+            for i in range(15):
+                client.put_array(a + i, buf)
+                assert client.get_array(buf).tolist() == (a + i).tolist()
+                assert client.noop().state == "done"
+                assert client.ping()["version"] == 1
+            results[t] = client.checksum(buf).result["checksum"]
+            client.free(buf)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(results) == 8 and len(set(results.values())) == 8
+
+
+def test_a_wait_in_one_thread_does_not_hold_up_another(stalled):
+    s = stalled()
+    waited = []
+    waiter = threading.Thread(target=lambda: waited.append(s.job.wait(timeout=30)))
+    waiter.start()
+    others = [s.client.ping, s.client.buffers]  # answered by the daemon's main thread
+    if len(s.client.devices()) > 1:
+        others.append(lambda: s.client.noop(device=1, timeout=5))  # a job on another device
+    for _ in range(20):  # the waiter's pending wait does not delay these replies
+        for other in others:
+            other()
+    s.end()
+    waiter.join(30)
+    assert waited and waited[0].state == "done"
+
+
+def test_asyncio_tasks_on_one_connection(daemon, name):
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket) as c:
+            jobs = await asyncio.gather(*(c.noop(detach=True) for _ in range(100)))
+            assert len({j.id for j in jobs}) == 100
+            done = await asyncio.gather(*(j.wait(timeout=30) for j in jobs))
+            assert all(j.state == "done" for j in done)
+
+            async def one(t):
+                buf = f"{name}{t}"
+                a = np.arange(t * 100, t * 100 + 77, dtype=np.int64)
+                await c.put_array(a, buf)
+                back = await c.get_array(buf)
+                sums = await c.checksum(buf)
+                await c.free(buf)
+                return t, back.tolist() == a.tolist(), sums.result["checksum"]
+            out = await asyncio.gather(*(one(t) for t in range(20)))
+            assert all(ok for _, ok, _ in out) and len({s for _, _, s in out}) == 20
+            assert (await c.ping())["version"] == 1
+            assert isinstance(await c.devices(), list)
+    asyncio.run(main())
+
+
+def test_asyncio_job_methods_and_errors(daemon, name):
+    async def main():
+        c = gpuq.AsyncClient(daemon.socket)
+        try:
+            with pytest.raises(gpuq.NotFound):
+                await c.free(name)
+            job = await c.alloc(name, nbytes=64, detach=True)
+            await job.wait(timeout=10)
+            assert (await job.refresh()).state == "done"
+            assert await job.cancel() is False
+            assert (await c.status(job.id)).state == "done"
+            assert job.id in [j.id for j in await c.jobs()]
+            assert (await c.wait(job)).state == "done"
+            await c.free(name)
+            assert "gpuq_jobs_total" in await c.metrics()
+        finally:
+            await c.aclose()
+        assert c.closed
+        with pytest.raises(ConnectionError, match="closed"):
+            await c.ping()
+    asyncio.run(main())
+
+
+def test_asyncio_progress_and_a_wait_that_runs_out(stalled):
+    s = stalled()
+    job = s.job
+
+    async def main():
+        async with gpuq.AsyncClient(s.daemon.socket) as c:
+            events = []
+            waiting = asyncio.ensure_future(c.wait(job.id, timeout=30,
+                                                   on_progress=events.append))
+            with pytest.raises(gpuq.Timeout) as info:
+                await c.wait(job.id, timeout=0.2)
+            assert info.value.job.state == "running"
+            for _ in range(5):
+                s.feed(b"z" * 100)
+                await asyncio.sleep(0.3)
+            s.end()
+            done = await waiting
+            assert done.state == "done" and done.result["bytes"] == 500
+            assert events and all(e["job"] == job.id for e in events)
+    asyncio.run(main())
