@@ -24,8 +24,32 @@
 
 enum coll_op { COLL_SUM, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG };
 
-/* The ops' names for messages; collective.c maps names to ops. */
+/* The ops' names, as requests give them. */
 #define COLL_OP_LIST "sum, prod, min, max, avg"
+
+static inline const char *coll_op_name(enum coll_op op)
+{
+	switch (op) {
+	case COLL_SUM: return "sum";
+	case COLL_PROD: return "prod";
+	case COLL_MIN: return "min";
+	case COLL_MAX: return "max";
+	case COLL_AVG: return "avg";
+	}
+	return "unknown";
+}
+
+/* 0 with *out, or -1 when name is no op. */
+static inline int coll_op_from_name(const char *name, enum coll_op *out)
+{
+	for (int op = COLL_SUM; op <= COLL_AVG; op++) {
+		if (strcmp(name, coll_op_name((enum coll_op)op)) == 0) {
+			*out = (enum coll_op)op;
+			return 0;
+		}
+	}
+	return -1;
+}
 
 /* binary16 bits -> float: exact (every half is a float). */
 static inline float gpuq_f16_bits_to_f32(uint16_t h)

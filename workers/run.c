@@ -29,8 +29,8 @@ const char *work_kind_name(enum work_kind kind)
 	case WORK_BENCH_D2D: return "bench_d2d";
 	case WORK_CHAIN: return "run";
 	case WORK_BENCH_CHAIN: return "bench_chain";
-	case WORK_ALLREDUCE: return "allreduce";
-	case WORK_ALLREDUCE_BENCH: return "bench_allreduce";
+	case WORK_COLLECTIVE: return "collective";
+	case WORK_COLLECTIVE_BENCH: return "bench_collective";
 	}
 	return "unknown";
 }
@@ -68,8 +68,8 @@ static int run_kind(struct device *dev, struct work *work)
 		return chain_run(dev, work);
 	case WORK_BENCH_CHAIN:
 		return chain_bench_run(dev, work);
-	case WORK_ALLREDUCE:
-	case WORK_ALLREDUCE_BENCH:
+	case WORK_COLLECTIVE:
+	case WORK_COLLECTIVE_BENCH:
 		return collective_run(dev, work);
 	}
 	return gpuq_fail(err, GPUQ_E_INTERNAL, "work kind %d has no runner", (int)work->kind);

@@ -110,6 +110,7 @@ TEST(collective_op_names_round_trip)
 		CHECK_EQ(op, i);
 	}
 	CHECK(coll_op_from_name("mean", &op) < 0);
-	CHECK(!coll_dtype_supported(GPUQ_DTYPE_BYTES));
-	CHECK(coll_dtype_supported(GPUQ_DTYPE_BF16));
+	CHECK(!coll_dtype_supported(COLL_ALLREDUCE, GPUQ_DTYPE_BYTES));
+	CHECK(coll_dtype_supported(COLL_BROADCAST, GPUQ_DTYPE_BYTES));
+	CHECK(coll_dtype_supported(COLL_REDUCE_SCATTER, GPUQ_DTYPE_BF16));
 }
