@@ -270,6 +270,7 @@ static void fill_spec(struct daemon *d, struct coll_job *cj, struct coll_plan *p
 	p->tasks = NULL;
 	p->names = NULL;
 	cj->group = p->group;
+	s->group = p->group;
 	s->timeout_s = (double)p->timeout_ms / 1e3;
 	uint64_t init_ms = p->timeout_ms > d->opt.collective_timeout_ms ? p->timeout_ms
 									 : d->opt.collective_timeout_ms;

@@ -66,7 +66,7 @@ void coll_spec_destroy(struct coll_spec *spec)
 
 const char *coll_spec_name(const struct coll_spec *spec)
 {
-	return spec->ntasks == 1 ? coll_prim_name(spec->tasks[0].layout.prim) : "group";
+	return spec->group ? "group" : coll_prim_name(spec->tasks[0].layout.prim);
 }
 
 void coll_format_devices(const struct coll_spec *spec, char *out, size_t size)

@@ -115,6 +115,7 @@ struct coll_spec {
 	int devices[GPUQ_MAX_DEVICES]; /* rank i runs on devices[i] */
 	struct coll_task *tasks;       /* ntasks (1 to COLL_GROUP_MAX), owned by the job */
 	int ntasks;
+	bool group;                    /* a group request (messages say "group") */
 	double timeout_s;       /* the collective itself, from its launch */
 	double init_timeout_s;  /* a communicator's creation (at least timeout_s) */
 	double arrive_deadline; /* CLOCK_MONOTONIC seconds: submission + timeout */

@@ -363,7 +363,7 @@ TEST(cancel_stops_a_waiting_allreduce_and_holds_buffers_until_it_ends)
 	expect_ok(r, "cancel");
 	gpuq_reply_free(r);
 	close(p[1]);
-	coll_expect_error(coll_wait(c, job, 10000), GPUQ_E_CANCELLED, NULL);
+	coll_expect_error(coll_wait(c, job, 10000), GPUQ_E_CANCELLED, "allreduce cancelled (rank 0");
 	expect_fresh_and_right(c, devices, 2);
 	coll_free(c, "g", 0); /* released by the cancelled job */
 	gpuq_close(c);
@@ -405,7 +405,21 @@ static int run_cli(const struct daemon_proc *d, const char *args, char *out, siz
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-TEST(cli_allreduce_and_bench_allreduce)
+/* Runs the CLI and fails the test unless it exits with want and prints every one of expect. */
+static void expect_cli(const struct daemon_proc *d, const char *args, int want,
+		       const char *const *expect)
+{
+	static char out[16384];
+	int rc = run_cli(d, args, out, sizeof out);
+	bool all = rc == want;
+	for (int i = 0; all && expect && expect[i]; i++)
+		all = strstr(out, expect[i]) != NULL;
+	CHECKF(all, "gpuq %s: exit %d (expected %d):\n%s", args, rc, want, out);
+}
+
+#define SAYS(...) ((const char *const[]){ __VA_ARGS__, NULL })
+
+TEST(cli_collectives_and_their_benchmarks)
 {
 	struct daemon_proc d;
 	daemon_start(&d, NULL);
@@ -413,20 +427,63 @@ TEST(cli_allreduce_and_bench_allreduce)
 	int devices[2], n = coll_ranks(c, 2, devices);
 	for (int r = 0; r < n; r++) {
 		coll_alloc(c, "grads", devices[r], GPUQ_DTYPE_BF16, 4096);
+		coll_alloc(c, "full", devices[r], GPUQ_DTYPE_BF16, 4096 * (uint64_t)n);
+		coll_alloc(c, "full2", devices[r], GPUQ_DTYPE_BF16, 4096 * (uint64_t)n);
 		coll_fill(c, "grads", devices[r], 9 + (uint64_t)r);
 	}
-	static char out[16384];
-	int rc = run_cli(&d, "allreduce grads --devices all --op avg", out, sizeof out);
-	CHECKF(rc == 0 && strstr(out, "allreduce grads over devices") && strstr(out, "avg of 4096 x bf16"),
-	       "gpuq allreduce: exit %d:\n%s", rc, out);
-	rc = run_cli(&d, "allreduce grads --devices 0 --op mean", out, sizeof out);
-	CHECKF(rc == 1 && strstr(out, "'mean' is not one of"), "bad op: exit %d:\n%s", rc, out);
-	rc = run_cli(&d, "allreduce grads --devices 0-x", out, sizeof out);
-	CHECKF(rc == 2, "bad --devices: exit %d:\n%s", rc, out);
-	rc = run_cli(&d, "bench allreduce --bytes 8:4K --factor 8 --devices all --requests 20", out,
-		     sizeof out);
-	CHECKF(rc == 0 && strstr(out, "RAW µs") && strstr(out, "4 KiB") && strstr(out, "0/0"),
-	       "gpuq bench allreduce: exit %d:\n%s", rc, out);
+	char args[256];
+	expect_cli(&d, "allreduce grads --devices all --op avg", 0,
+		   SAYS("allreduce grads over devices", "avg of 4096 x bf16"));
+	expect_cli(&d, "all-gather grads --out full --devices all", 0,
+		   SAYS("all_gather grads over devices", "4096 x bf16", "into full"));
+	expect_cli(&d, "reduce-scatter full --out grads --op max --devices all", 0,
+		   SAYS("reduce_scatter full over devices", "max of 4096 x bf16"));
+	snprintf(args, sizeof args, "broadcast grads --root %d --devices all", n - 1);
+	expect_cli(&d, args, 0, SAYS("broadcast grads over", "root rank", "in place"));
+	expect_cli(&d, "reduce grads --root 0 --op min --devices all", 0, SAYS("min of 4096"));
+	expect_cli(&d, "all-to-all full --out full2 --devices all", 0, SAYS("all_to_all full over"));
+	snprintf(args, sizeof args, "sendrecv 'grads@0[0:64]' 'full@%d[64:64]'", devices[n - 1]);
+	expect_cli(&d, args, 0, SAYS("sendrecv over device", "grads@0[0:64] -> full@", "32 x bf16"));
+	expect_cli(&d, "group --devices all 'all-gather grads --out full' 'reduce full2 --root 0'",
+		   0, SAYS("group of 2 over devices", "  all_gather grads: 4096 x bf16", "  reduce full2"));
+	expect_cli(&d, "group 'all-gather grads --out full'", 2, SAYS("needs --devices"));
+	expect_cli(&d, "group --devices all 'gather grads'", 2, SAYS("does not start with a collective"));
+	expect_cli(&d, "group --devices all 'reduce grads --root'", 2, SAYS("--root needs a value"));
+	expect_cli(&d, "allreduce grads --devices 0 --op mean", 1, SAYS("'mean' is not one of"));
+	expect_cli(&d, "allreduce grads --devices 0-x", 2, NULL);
+	expect_cli(&d, "bench allreduce --bytes 8:4K --factor 8 --devices all --requests 20", 0,
+		   SAYS("RAW µs", "4 KiB", "0/0"));
+	expect_cli(&d, "bench collective --op all-gather --bytes 8:4K --factor 8 --requests 20", 0,
+		   SAYS("bench all_gather", "nccl-tests' bus factor for all_gather", "0/0"));
+	expect_cli(&d, "bench collective --op sendrecv --bytes 256 --requests 10 --dtype bytes", 0,
+		   SAYS("bench sendrecv", "a ring", "0/0"));
+	expect_cli(&d, "bench collective --op reduce --root 1 --reduce max --bytes 64 --requests 10",
+		   n > 1 ? 0 : 1, SAYS("reduce"));
+	expect_cli(&d, "bench collective --bytes 64", 2, SAYS("needs --op PRIMITIVE"));
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/* bench_allreduce, the request, is still served (the CLI sends bench_collective). */
+TEST(bench_allreduce_request_times_the_raw_loop)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	int devices[2], n = coll_ranks(c, 2, devices);
+	two_rank_buffers(c, devices, n);
+	struct gpuq_collective ar = { .op = "bench_allreduce", .buffer = "g", .out = "o", .root = -1 };
+	struct mp_map req;
+	gpuq_collective_begin(c, &req, &ar, devices, n);
+	mp_put_u64(&req, "iters", 3);
+	mp_put_u64(&req, "repeats", 2);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "bench_allreduce");
+	CHECK(reply_f64(r, "job.result.us") > 0);
+	CHECK_EQ(reply_path(r, "job.result.rank_us")->via.array.size, n);
+	CHECK_EQ(reply_u64(r, "job.result.iters"), 3);
+	gpuq_reply_free(r);
 	gpuq_close(c);
 	daemon_stop(&d);
 }
