@@ -220,6 +220,8 @@ static void on_arrival_deadline(uv_timer_t *timer)
 	struct work *taken[GPUQ_MAX_DEVICES];
 	bool late[GPUQ_MAX_DEVICES] = { false };
 	int ntaken = 0, nparts = job->parts ? job->nparts : 1;
+	if (d->stopping && d->jobs.active == 0)
+		return; /* a shutdown gave up on stuck jobs: the workers may be gone */
 	for (int r = 0; r < nparts; r++) {
 		struct work *w = job->parts ? &job->parts[r] : &job->work;
 		if (worker_unqueue(&d->pool, w)) {
@@ -304,6 +306,7 @@ static struct coll_job *coll_job_new(struct daemon *d, struct job *job)
 		return NULL;
 	}
 	timer->data = cj;
+	uv_unref((uv_handle_t *)timer); /* a deadline never keeps the loop (and a shutdown) alive */
 	cj->deadline = timer;
 	cj->d = d;
 	cj->job = job;

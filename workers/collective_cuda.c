@@ -8,6 +8,12 @@
  * it ends, so work on this stream is ordered after and before every other
  * job by the worker itself.
  *
+ * A job's primitives (spec->tasks) are enqueued by cuda_coll_issue, each
+ * with NCCL's own call (all_to_all as a send and a receive with every
+ * rank), between ncclGroupStart and ncclGroupEnd when there are several or
+ * the primitive is made of several calls; a lone collective is issued bare,
+ * as nccl-tests issues it. The benchmark's raw loop issues the same calls.
+ *
  * Communicators are non-blocking (config.blocking = 0):
  * ncclCommInitRankConfig returns at once and the worker polls
  * ncclCommGetAsyncError until the state is ncclSuccess, while coll_poll

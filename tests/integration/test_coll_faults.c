@@ -118,6 +118,38 @@ TEST(queued_ranks_are_taken_back_when_the_timeout_from_submission_passes)
 	daemon_stop(&d);
 }
 
+/* The same for a one-rank collective (not a gang): it runs on one GPU too. */
+TEST(a_one_rank_collective_queued_past_its_timeout_is_taken_back)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	int devices[1] = { 0 }, p[2];
+	buffers(c, devices, 1);
+	do_alloc(c, "w", 0, 16);
+	uint64_t put = start_stalled_put(c, "w@0", p);
+	struct gpuq_collective rs = { .op = "reduce_scatter", .buffer = "y", .out = "x",
+				      .reduce = "avg", .root = -1, .count = 8 };
+	struct mp_map req;
+	gpuq_collective_begin(c, &req, &rs, devices, 1);
+	mp_put_u64(&req, "collective_timeout_ms", 150);
+	mp_put_bool(&req, "wait", true);
+	double t0 = coll_now();
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_on_time(coll_now() - t0, 0.15, "one rank queued");
+	coll_expect_error(r, GPUQ_E_TIMEOUT, "reduce_scatter over device 0: rank 0 (device 0) did "
+			  "not arrive within 150 ms of the job's submission");
+	char state[16];
+	coll_job_state(c, put, state, sizeof state);
+	CHECK_STR(state, "running");
+	close(p[1]);
+	r = coll_run(c, &rs, devices, 1, false); /* the device is free again: it runs */
+	expect_ok(r, "reduce_scatter");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(a_hung_rank_in_a_group_fails_it_on_time_and_the_next_one_is_fresh)
 {
 	fixture_daemon_binary = "tests/gpuqd-faults";
