@@ -1,11 +1,12 @@
 /*
- * The arithmetic of all-reduce that the daemon, the tests and the benchmark
- * share: the reduction ops, the inverses of kernels/hash.h's float ->
- * f16/bf16 conversions, the elements `fill random` makes, and the reference
- * an output element is checked against. Plain C, header-only, any thread.
+ * The arithmetic of the reducing collectives that the daemon, the tests
+ * and the benchmark share: the reduction ops and their names, the inverses
+ * of kernels/hash.h's float -> f16/bf16 conversions, the elements `fill
+ * random` makes, and the reference an output element is checked against.
+ * Plain C, header-only, any thread.
  *
  * The reference is computed independently of the host backend's reduction
- * (collective_host.c): integers exactly, with NCCL's semantics (sums and
+ * (collective_host_reduce.c): integers exactly, with NCCL's semantics (sums and
  * products wrap; avg divides the wrapped sum by n, truncating toward zero;
  * min and max compare signed for i32/i64, unsigned for u8), floats in double,
  * with a tolerance for the dtype's rounding in whatever order the backend
@@ -136,7 +137,7 @@ static inline double coll_float_value(enum gpuq_dtype t, uint64_t bits)
 	}
 }
 
-/* The reference result of an integer all-reduce of in[0..n), as raw bits. */
+/* The reference result of an integer reduction of in[0..n), as raw bits. */
 static inline uint64_t coll_reference_int(enum gpuq_dtype t, enum coll_op op, int n,
 					  const uint64_t *in)
 {
@@ -193,7 +194,7 @@ static inline double coll_tiny(enum gpuq_dtype t)
 }
 
 /*
- * Whether out is a right result of a float all-reduce of in[0..n): within
+ * Whether out is a right result of a float reduction of in[0..n): within
  * 2(n + 2) unit roundoffs of the inputs' magnitude (the rounding of n - 1
  * steps, of avg's 1/n and of its products, in any order), min and max
  * exactly.
@@ -225,7 +226,7 @@ static inline bool coll_check_float(enum gpuq_dtype t, enum coll_op op, int n,
 	return isfinite(got) && fabs(got - ref) <= tol;
 }
 
-/* Whether out is the right result of an all-reduce of in[0..n) in dtype t. */
+/* Whether out is the right result of a reduction of in[0..n) in dtype t. */
 static inline bool coll_check_element(enum gpuq_dtype t, enum coll_op op, int n,
 				      const uint64_t *in, uint64_t out)
 {
