@@ -323,7 +323,7 @@ static void refuse(struct request *req, struct job *job, struct coll_job *cj,
 		uv_close((uv_handle_t *)cj->deadline, free_handle);
 		free(cj);
 	}
-	coll_plan_free(p);
+	op_collective_plan_free(p);
 	job_discard(&req->d->jobs, job);
 	gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for %s", what);
 	reply_error(req, &err);
@@ -334,14 +334,14 @@ static void submit_collective(struct request *req, const struct job_kind *kind, 
 {
 	struct gpuq_error err;
 	struct coll_plan p;
-	if (coll_read_request(req, group, prim, bench, &p, &err) < 0) {
+	if (op_collective_read(req, group, prim, bench, &p, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
 	struct job *job = new_job(req, kind, bench ? WORK_COLLECTIVE_BENCH : WORK_COLLECTIVE,
 				  p.devices[0]);
 	if (!job) {
-		coll_plan_free(&p);
+		op_collective_plan_free(&p);
 		return;
 	}
 	struct coll_job *cj = coll_job_new(req->d, job);
@@ -351,7 +351,7 @@ static void submit_collective(struct request *req, const struct job_kind *kind, 
 	}
 	uint64_t timeout_ms = p.timeout_ms;
 	fill_spec(req->d, cj, &p, bench);
-	coll_plan_free(&p);
+	op_collective_plan_free(&p);
 	job->work.spec = &cj->spec;
 	job->release = release_collective;
 	label_job(job, cj);

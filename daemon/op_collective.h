@@ -51,9 +51,9 @@ struct coll_plan {
  * top level) or a group (`ops`, each entry one primitive), and the bench's
  * loop sizes when bench. 0, or -1 with err and nothing allocated.
  */
-int coll_read_request(struct request *req, bool group, enum coll_prim prim, bool bench,
+int op_collective_read(struct request *req, bool group, enum coll_prim prim, bool bench,
 		      struct coll_plan *plan, struct gpuq_error *err);
 /* Frees what the plan still owns (tasks and names are NULL once a job took them). */
-void coll_plan_free(struct coll_plan *plan);
+void op_collective_plan_free(struct coll_plan *plan);
 
 #endif

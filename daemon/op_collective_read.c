@@ -546,7 +546,7 @@ static int read_tasks(struct request *req, struct coll_plan *p, enum coll_prim p
 	return check_overlaps(p, err);
 }
 
-int coll_read_request(struct request *req, bool group, enum coll_prim prim, bool bench,
+int op_collective_read(struct request *req, bool group, enum coll_prim prim, bool bench,
 		      struct coll_plan *plan, struct gpuq_error *err)
 {
 	memset(plan, 0, sizeof *plan);
@@ -561,11 +561,11 @@ int coll_read_request(struct request *req, bool group, enum coll_prim prim, bool
 			       "of a group runs on the same ranks");
 	if (rc >= 0 && read_tasks(req, plan, prim, err) == 0 && read_knobs(req, plan, bench, err) == 0)
 		return 0;
-	coll_plan_free(plan);
+	op_collective_plan_free(plan);
 	return -1;
 }
 
-void coll_plan_free(struct coll_plan *plan)
+void op_collective_plan_free(struct coll_plan *plan)
 {
 	free(plan->tasks);
 	free(plan->names);
