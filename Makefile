@@ -49,7 +49,7 @@ PROTOCOL_SRC := $(sort $(wildcard protocol/*.c))
 DAEMON_SRC := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c)))
 WORKERS_SRC := $(sort $(wildcard workers/*.c))
 KERNELS_SRC := $(sort $(wildcard kernels/*.cu))
-LIBGPUQ_SRC := client/libgpuq.c
+LIBGPUQ_SRC := client/libgpuq.c client/libgpuq_collective.c
 CLI_SRC := $(filter-out $(LIBGPUQ_SRC),$(sort $(wildcard client/*.c)))
 UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
 ITEST_SRC := $(sort $(wildcard tests/integration/*.c))
@@ -205,12 +205,12 @@ uninstall:
 	rmdir $(DESTDIR)$(INCLUDEDIR)/gpuq/protocol $(DESTDIR)$(INCLUDEDIR)/gpuq \
 		$(DESTDIR)$(SYSCONFDIR)/gpuq 2>/dev/null || true
 
-# All-reduce: the fault-injection test build of gpuqd ----------------------------
-# tests/gpuqd-faults: gpuqd with fault injection (GPUQ_FAULT_INJECTION: an
-# allreduce request may ask one rank to hang), for the tests only. The same
-# objects as gpuqd, but collective.c and op_collective.c compiled again with
-# the flag into obj/faults/; the production gpuqd has none of it.
-FAULT_SRC := workers/collective.c daemon/op_collective.c
+# Collectives: the fault-injection test build of gpuqd --------------------------
+# tests/gpuqd-faults: gpuqd with fault injection (GPUQ_FAULT_INJECTION: a
+# collective request may ask one rank to hang), for the tests only. The same
+# objects as gpuqd, but collective.c and op_collective_read.c compiled again
+# with the flag into obj/faults/; the production gpuqd has none of it.
+FAULT_SRC := workers/collective.c daemon/op_collective_read.c
 FAULT_OBJ := $(patsubst %.c,$(BUILD)/obj/faults/%.o,$(FAULT_SRC))
 all: $(BUILD)/tests/gpuqd-faults
 $(BUILD)/obj/faults/%.o: %.c

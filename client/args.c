@@ -35,6 +35,8 @@ enum {
 	LONG_COLL_TIMEOUT,
 	LONG_PRIORITY,
 	LONG_WAIT_MEMORY,
+	LONG_ROOT,
+	LONG_REDUCE,
 };
 
 /* Accepted before the command and after it. */
@@ -74,6 +76,8 @@ static const struct {
 	{ { "collective-timeout", required_argument, NULL, LONG_COLL_TIMEOUT }, OPT_COLL_TIMEOUT },
 	{ { "priority", required_argument, NULL, LONG_PRIORITY }, OPT_PRIORITY },
 	{ { "wait-memory", required_argument, NULL, LONG_WAIT_MEMORY }, OPT_WAIT_MEMORY },
+	{ { "root", required_argument, NULL, LONG_ROOT }, OPT_ROOT },
+	{ { "reduce", required_argument, NULL, LONG_REDUCE }, OPT_REDUCE },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -232,6 +236,12 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_WAIT_MEMORY:
 		return parse_uint_opt(cli, "wait-memory", arg, "a time in milliseconds",
 				      &cli->wait_memory_ms, &cli->has_wait_memory);
+	case LONG_ROOT:
+		return parse_uint_opt(cli, "root", arg, "a rank (an index into --devices)",
+				      &cli->root, &cli->has_root);
+	case LONG_REDUCE:
+		cli->reduce = arg;
+		return 0;
 	}
 	return cli_usage(cli, "unknown option");
 }

@@ -56,6 +56,8 @@ enum cli_opt {
 	OPT_COLL_TIMEOUT = 1u << 20, /* --collective-timeout MS */
 	OPT_PRIORITY = 1u << 21,     /* --priority high|normal|low: every job command */
 	OPT_WAIT_MEMORY = 1u << 22,  /* --wait-memory MS: alloc waits for memory others free */
+	OPT_ROOT = 1u << 23,         /* --root N: broadcast's and reduce's root rank */
+	OPT_REDUCE = 1u << 24,       /* --reduce OP: bench collective's reduction (--op: its primitive) */
 };
 
 struct cli;
@@ -66,7 +68,7 @@ struct cli_cmd {
 	const char *summary;    /* one line for gpuq --help */
 	const char *help;       /* the rest of gpuq NAME --help */
 	unsigned opts;          /* enum cli_opt bits */
-	int min_args, max_args; /* positional arguments */
+	int min_args, max_args; /* positional arguments (at most 64) */
 	const char *arg_names[3];
 	int (*run)(struct cli *cli);
 };
@@ -98,6 +100,9 @@ struct cli {
 	bool has_factor, has_coll_timeout, has_wait_memory;
 	uint64_t factor, coll_timeout_ms, wait_memory_ms;
 	const char *priority;       /* --priority */
+	bool has_root;
+	uint64_t root;              /* --root */
+	const char *reduce;         /* --reduce */
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */
@@ -181,16 +186,28 @@ int cmd_run(struct cli *cli);
 int cmd_stats(struct cli *cli);
 /* bench_chain.c */
 int bench_chain(struct cli *cli);
-/* allreduce.c: gpuq allreduce; the --devices syntax, shared with bench allreduce */
-int cmd_allreduce(struct cli *cli);
+/*
+ * collectives.c: gpuq allreduce, reduce-scatter, all-gather, broadcast,
+ * reduce, all-to-all (cmd_collective: the op is the command's name),
+ * sendrecv and group; the --devices syntax, shared with bench collective.
+ */
+int cmd_collective(struct cli *cli);
+int cmd_sendrecv(struct cli *cli);
+int cmd_group(struct cli *cli);
 /*
  * Parses --devices: "all" (the daemon's devices, asked with ping), or a list
  * such as 0-3 or 3,1,0 (rank order as given). Returns the count, or
  * -(exit code) after printing why.
  */
 int cli_parse_devices(struct cli *cli, const char *list, int *devices, int max);
-/* bench_allreduce.c */
+/*
+ * The protocol's name of a collective given as the command line spells it
+ * (all-gather or all_gather); NULL if it names none.
+ */
+const char *cli_collective_op(const char *name);
+/* bench_collective.c: bench allreduce, and bench collective --op PRIMITIVE */
 int bench_allreduce(struct cli *cli);
+int bench_collective(struct cli *cli);
 /* service.c: the daemon as a service */
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);
@@ -198,7 +215,7 @@ int cmd_shutdown(struct cli *cli);
 /* Options every bench kind may take (gpuq bench KIND --help says which it uses). */
 #define BENCH_OPTS                                                             \
 	(OPT_CLIENTS | OPT_REQUESTS | OPT_DEVICE | OPT_SIZES | OPT_BYTES |       \
-	 OPT_REPEAT | OPT_DEVICES | OPT_REDOP | OPT_FACTOR | OPT_DTYPE)
+	 OPT_REPEAT | OPT_DEVICES | OPT_REDOP | OPT_FACTOR | OPT_DTYPE | OPT_ROOT | OPT_REDUCE)
 
 /* render.c */
 void render_json(FILE *f, const msgpack_object *obj);

@@ -12,6 +12,7 @@
 #include "client/cli.h"
 
 #define JOB_OPTS (OPT_DETACH | OPT_PRIORITY)
+#define COLL_OPTS (OPT_DEVICES | OPT_REDOP | OPT_OUT | OPT_COUNT | OPT_COLL_TIMEOUT | OPT_ROOT)
 
 const struct cli_cmd cli_commands[] = {
 	{ "ping", "", "check that gpuqd answers; show its version and backend",
@@ -113,6 +114,13 @@ const struct cli_cmd cli_commands[] = {
 	  "results are checked element by element. An nccl-tests style table:\n"
 	  "time, algbw, busbw (algbw x 2(n-1)/n), wrong elements, the ratio.\n"
 	  "\n"
+	  "bench collective --op PRIMITIVE [--bytes MIN:MAX] [--factor F] [--devices\n"
+	  "LIST|all] [--dtype T] [--reduce OP] [--root N]: the same for all-gather,\n"
+	  "reduce-scatter, broadcast, reduce, all-to-all or sendrecv (a ring: rank r\n"
+	  "sends to rank r+1, one group), with nccl-tests' size and bus factor for\n"
+	  "each ((n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for\n"
+	  "broadcast, reduce and sendrecv).\n"
+	  "\n"
 	  "bench chain [--device N] [--bytes SIZE] [--repeat N]: gpuqd measures\n"
 	  "kernel chains on device N as a job: launch-bound, 1024 f32 elements and\n"
 	  "chains of 1, 5 and 20 ops applied N times (default 1000), eager against\n"
@@ -161,15 +169,65 @@ const struct cli_cmd cli_commands[] = {
 	  "Reduces the buffers called NAME on each of the GPUs in LIST (rank order\n"
 	  "as given: 0-3, 3,1,0; 'all': every GPU; default: every GPU holding NAME)\n"
 	  "with --op (default sum) and leaves the result in all of them, or in the\n"
-	  "buffers called NAME2 (--out: same dtype and count on each). Every copy of\n"
-	  "NAME must have the same dtype and count; --count N reduces the first N\n"
-	  "elements only. Types: u8 i32 i64 f16 bf16 f32 f64. The communicator for\n"
-	  "an ordered set of GPUs is made at its first use and kept warm.\n"
-	  "--collective-timeout MS fails the job with `timeout` when a rank does not\n"
-	  "arrive or the collective does not finish in time (default: gpuqd's\n"
-	  "--collective-timeout, 30 s); the communicator is then dropped.\n",
-	  JOB_OPTS | OPT_DEVICES | OPT_REDOP | OPT_OUT | OPT_COUNT | OPT_COLL_TIMEOUT, 1, 1,
-	  { "NAME" }, cmd_allreduce },
+	  "buffers called NAME2 (--out). Every copy of NAME must have one dtype and\n"
+	  "hold --count N elements (default: rank 0's count); an error names a\n"
+	  "buffer that is too small and by how much. Types: u8 i32 i64 f16 bf16 f32\n"
+	  "f64. The communicator for an ordered set of GPUs is made at its first use\n"
+	  "and kept warm. --collective-timeout MS fails the job with `timeout` when\n"
+	  "a rank has not arrived MS after submission (a rank still queued is taken\n"
+	  "out of its queue) or the collective does not finish in time (default:\n"
+	  "gpuqd's --collective-timeout, 30 s); the communicator is then dropped.\n"
+	  "The other collectives: reduce-scatter, all-gather, broadcast, reduce,\n"
+	  "sendrecv, all-to-all, group.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "reduce-scatter", "NAME [--devices LIST|all] [--op OP] [--out NAME2] [--count N]",
+	  "reduce NAME across GPUs, leaving block r of the result on rank r",
+	  "NCCL's reduce-scatter: every rank's NAME holds n blocks of --count N\n"
+	  "elements (default: NAME's count / n); block r of the reduction (--op,\n"
+	  "default sum) goes to rank r's NAME2 (--out, N elements), or in place to\n"
+	  "block r of its NAME. --devices, --collective-timeout as for allreduce.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "all-gather", "NAME [--devices LIST|all] [--out NAME2] [--count N]",
+	  "gather every rank's NAME into every rank's NAME2",
+	  "NCCL's all-gather: rank r's NAME (--count N elements, default its count)\n"
+	  "becomes block r of NAME2 (--out, n x N elements) on every rank. In place\n"
+	  "(no --out) NAME holds the n blocks and rank r's own is block r of it\n"
+	  "(N defaults to its count / n). Any dtype, bytes too.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "broadcast", "NAME --root N [--devices LIST|all] [--out NAME2] [--count N]",
+	  "copy root rank N's NAME to every rank",
+	  "NCCL's broadcast: --count elements (default the root's count) of NAME on\n"
+	  "rank N (--root: an index into --devices, default 0) go to NAME on every\n"
+	  "rank, or to NAME2 (--out; then only the root needs NAME). Any dtype.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "reduce", "NAME --root N [--op OP] [--devices LIST|all] [--out NAME2] [--count N]",
+	  "reduce NAME across GPUs onto root rank N",
+	  "NCCL's reduce: NAME of every rank, reduced with --op (default sum), goes\n"
+	  "to NAME on rank N (--root, default 0), or to its NAME2 (--out: only the\n"
+	  "root needs it).\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "sendrecv", "SRC DST [--count N] [--devices LIST]",
+	  "send a buffer range from one GPU to another (NCCL send/recv)",
+	  "One job runs both ends: SRC (NAME@GPU, optionally [OFFSET:LENGTH]) is sent\n"
+	  "to DST on another GPU with ncclSend and ncclRecv, --count elements\n"
+	  "(default: SRC's range). The communicator is that of the two GPUs\n"
+	  "(ascending), or of --devices, which must list both.\n",
+	  JOB_OPTS | OPT_COUNT | OPT_DEVICES | OPT_COLL_TIMEOUT, 2, 2, { "SRC", "DST" },
+	  cmd_sendrecv },
+	{ "all-to-all", "NAME --out NAME2 [--devices LIST|all] [--count N]",
+	  "exchange blocks: block j of rank r's NAME to block r of rank j's NAME2",
+	  "NCCL's all-to-all, from grouped send/recv: every rank's NAME and NAME2\n"
+	  "(--out, required: it cannot run in place) hold n blocks of --count N\n"
+	  "elements (default NAME's count / n). Any dtype.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "group", "--devices LIST 'OP ARGS' ...",
+	  "run several collectives as one NCCL group (one job)",
+	  "Each argument is one collective as its command takes it, quoted:\n"
+	  "'all-gather a --out b', 'reduce g --root 1 --op max', 'sendrecv x@0 y@1'\n"
+	  "(options: --out, --op, --root, --count). All run on the ranks of\n"
+	  "--devices between ncclGroupStart and ncclGroupEnd, as one job; none may\n"
+	  "write a range another uses. An all-to-all of n GPUs is n x n sendrecvs.\n",
+	  JOB_OPTS | OPT_DEVICES | OPT_COLL_TIMEOUT, 1, 64, { "OP" }, cmd_group },
 	{ "metrics", "", "print gpuqd's metrics (Prometheus text format)",
 	  "Prints the daemon's metrics in the Prometheus text exposition format:\n"
 	  "jobs by op and result, job latency histograms, bytes moved by path,\n"
@@ -199,9 +257,10 @@ static const char global_help[] =
 	"  -V, --version      gpuq's version and protocol version\n"
 	"\n"
 	"BUF is NAME or NAME@GPU (w0@1). SIZE and N take K, M, G suffixes (powers\n"
-	"of 1024). Job commands (noop alloc free put get copy fill checksum run)\n"
-	"wait for the job and print what it did; --detach prints the job id at once,\n"
-	"and --priority high|normal|low says how urgent the job is (default normal).\n"
+	"of 1024). Job commands (noop alloc free put get copy fill checksum run and\n"
+	"the collectives) wait for the job and print what it did; --detach prints\n"
+	"the job id at once, and --priority high|normal|low says how urgent the job\n"
+	"is (default normal).\n"
 	"\n"
 	"Exit status:\n"
 	"  0  success\n"

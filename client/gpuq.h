@@ -98,4 +98,47 @@ void gpuq_reply_error(const struct gpuq_reply *r, struct gpuq_error *err);
 const msgpack_object *gpuq_reply_get(const struct gpuq_reply *r, const char *key);
 void gpuq_reply_free(struct gpuq_reply *r);
 
+/*
+ * Collectives (docs/protocol.md): one primitive's fields, for a request of
+ * its own or for an entry of a group's `ops`. Requests built with these are
+ * sent like any other (gpuq_call, or gpuq_send with `wait` added).
+ *
+ *     struct gpuq_collective ag = { .op = "all_gather", .buffer = "shard",
+ *                                   .out = "full" };
+ *     int devices[] = { 0, 1, 2, 3 };
+ *     gpuq_collective_begin(c, &req, &ag, devices, 4);
+ *     mp_put_bool(&req, "wait", true);
+ *     gpuq_call(c, &req, NULL, 0, &r, &err);
+ */
+struct gpuq_collective {
+	const char *op;      /* allreduce reduce_scatter all_gather broadcast reduce sendrecv all_to_all */
+	const char *buffer;  /* NAME: the input on every rank (not sendrecv) */
+	const char *out;     /* NAME2: the output; NULL: in place */
+	const char *src;     /* sendrecv: NAME@GPU[OFFSET:LENGTH] it sends from */
+	const char *dst;     /* sendrecv: NAME@GPU[OFFSET:LENGTH] it receives into */
+	const char *reduce;  /* reducing primitives: sum prod min max avg; NULL: sum */
+	int root;            /* broadcast, reduce: the root rank; -1: rank 0 */
+	uint64_t count;      /* NCCL's count; 0: the default from the buffers */
+};
+
+/* Adds c's fields but `op` to m (a request, or a group entry). */
+void gpuq_collective_put(struct mp_map *m, const struct gpuq_collective *c);
+/* Adds a group's `ops` to m: one entry (op and fields) per collective of c[0..nops). */
+void gpuq_group_put(struct mp_map *m, const struct gpuq_collective *c, int nops);
+/*
+ * Starts a request for the collective c over devices[0..ndevices), in rank
+ * order (ndevices 0: leave `devices` out for the daemon's default).
+ * Returns the request id.
+ */
+uint64_t gpuq_collective_begin(struct gpuq_client *cl, struct mp_map *req,
+			       const struct gpuq_collective *c, const int *devices, int ndevices);
+/*
+ * Starts a group request (op "group", or "bench_collective" for its
+ * benchmark) running the nops collectives c[] as one NCCL group over
+ * devices[0..ndevices). Returns the request id.
+ */
+uint64_t gpuq_group_begin(struct gpuq_client *cl, struct mp_map *req, const char *op,
+			  const struct gpuq_collective *c, int nops, const int *devices,
+			  int ndevices);
+
 #endif

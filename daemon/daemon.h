@@ -93,9 +93,12 @@ void progress_request(struct request *req, struct waiter *w);
 void op_run(struct request *req);
 void op_stats(struct request *req);
 void op_bench_chain(struct request *req);
-/* op_collective.c: allreduce (one part per device, queued in one step) and its benchmark */
-void op_allreduce(struct request *req);
-void op_bench_allreduce(struct request *req);
+/*
+ * op_collective.c: every collective op (allreduce ... all_to_all, group,
+ * bench_allreduce, bench_collective): NCCL's primitives, one part per
+ * device queued in one step; the request's `op` says which.
+ */
+void op_collective(struct request *req);
 /* op_bench_sched.c: the overlap ceiling `gpuq bench sched` compares the scheduler with */
 void op_bench_sched(struct request *req);
 void op_metrics(struct request *req);

@@ -136,8 +136,8 @@ static void job_merge_gang(struct job *job)
 	job->work.result.bytes = 0;
 	for (int i = 0; i < job->nparts; i++) {
 		const struct work *p = &job->parts[i];
-		if (p->error.code == GPUQ_E_CANCELLED && !cancelled)
-			cancelled = p;
+		if (p->error.code == GPUQ_E_CANCELLED)
+			cancelled = cancelled ? cancelled : p;
 		else if (p->error.code != GPUQ_OK && !failed)
 			failed = p;
 		if (p->result.seconds > job->work.result.seconds)

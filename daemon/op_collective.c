@@ -1,125 +1,175 @@
 /*
- * All-reduce, the main thread's part. `allreduce` resolves the buffer on
- * every listed device and checks that the copies agree (dtype, count), and
- * the same for `out`, before any rank starts; it holds every one of those
- * buffers for the job and queues one part per device in one step (a gang:
- * worker_submit_group), which is what keeps collectives over overlapping
- * devices in the same order everywhere. `bench_allreduce` does the same for
- * the benchmark's raw loop on the same communicator. Main thread only.
+ * The collectives, the main thread's part: allreduce, reduce_scatter,
+ * all_gather, broadcast, reduce, sendrecv, all_to_all, group (several of
+ * them as one NCCL group), and the benchmarks' raw loops (bench_allreduce,
+ * bench_collective). op_collective_read.c reads and checks a request into a
+ * plan before anything is held or queued; here a plan becomes a job that
+ * holds every buffer it names and queues one part per device in one step
+ * (a gang: worker_submit_group), which is what keeps collectives over
+ * overlapping devices in the same order everywhere. Main thread only.
  *
- * A job owns a struct allreduce_job from the request until the job is freed
- * (job->release): the spec its parts share and the buffers it holds. The
- * kind's finish lets go of the buffers, when the job ends and, through
+ * A job owns a struct coll_job from the request until the job is freed
+ * (job->release): the spec its parts share, the names its result shows,
+ * the buffers it holds and its arrival deadline. The kind's finish lets go
+ * of the buffers and the deadline, when the job ends and, through
  * job_abandon, when it never reached a worker.
+ *
+ * The arrival deadline. A collective's timeout counts from its submission:
+ * a rank still queued behind other jobs when it passes must not keep the
+ * job (and its client) waiting until that rank starts. So a timer per job
+ * fires at submission + timeout and takes back every part still queued
+ * (worker_unqueue); each ends with the collective's timeout, which the
+ * ranks already started see at their next poll (coll_fail_withdrawn) and
+ * which the ranks' own wait at the rendezvous also reaches then.
  */
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
-#include "workers/collective.h"
+#include "daemon/op_collective.h"
 
-#define COLL_MAX_TIMEOUT_MS 3600000u
-#define BENCH_DEFAULT_WARMUP 5u
-#define BENCH_DEFAULT_ITERS 20u
-#define BENCH_DEFAULT_REPEATS 5u
-#define BENCH_MAX_WARMUP 10000u
-#define BENCH_MAX_ITERS 100000u
-#define BENCH_MAX_REPEATS 100u
-
-struct allreduce_job {
-	struct allreduce_spec spec; /* first: work.spec points here */
-	struct buffer *held[2 * GPUQ_MAX_DEVICES];
+struct coll_job {
+	struct coll_spec spec; /* first: work.spec points here */
+	struct coll_names *names; /* one per task */
+	struct buffer **held;
 	int nheld;
-	char name[BUFFER_NAME_MAX + 1];
-	char out_name[BUFFER_NAME_MAX + 1]; /* "" in place */
+	bool group;
+	uv_timer_t *deadline; /* armed from submission until the job ends */
+	struct daemon *d;
+	struct job *job;
 };
 
-/* What the request asks for, resolved; nothing is held yet. */
-struct allreduce_req {
-	uid_t owner;
-	char name[BUFFER_NAME_MAX + 1], out_name[BUFFER_NAME_MAX + 1];
-	int devices[GPUQ_MAX_DEVICES], n;
-	struct buffer *in[GPUQ_MAX_DEVICES], *out[GPUQ_MAX_DEVICES];
-	enum coll_op op;
-	uint64_t count;
-	uint64_t timeout_ms;
-	uint64_t warmup, iters, repeats;
-	int hang_rank;
-};
-
-static void release_allreduce(struct job *job)
+static void release_collective(struct job *job)
 {
-	struct allreduce_spec *spec = job->work.spec;
-	if (!spec)
+	struct coll_job *cj = job->work.spec;
+	if (!cj)
 		return;
-	coll_spec_destroy(spec);
-	free(spec); /* the allreduce_job it begins */
+	coll_spec_destroy(&cj->spec);
+	free(cj->spec.tasks);
+	free(cj->names);
+	free(cj->held);
+	free(cj); /* the coll_spec it begins */
 	job->work.spec = NULL;
 }
 
-static void finish_allreduce(struct daemon *d, struct job *job)
+static void free_handle(uv_handle_t *handle)
+{
+	free(handle);
+}
+
+static void finish_collective(struct daemon *d, struct job *job)
 {
 	(void)d;
-	struct allreduce_job *aj = job->work.spec;
-	for (int i = 0; aj && i < aj->nheld; i++)
-		buffer_unhold(aj->held[i]);
-	if (aj)
-		aj->nheld = 0;
+	struct coll_job *cj = job->work.spec;
+	if (!cj)
+		return;
+	for (int i = 0; i < cj->nheld; i++)
+		buffer_unhold(cj->held[i]);
+	cj->nheld = 0;
+	if (cj->deadline) {
+		uv_timer_stop(cj->deadline);
+		uv_close((uv_handle_t *)cj->deadline, free_handle);
+		cj->deadline = NULL;
+	}
 }
 
-/* The slowest rank's time, and the bandwidths nccl-tests reports for it. */
-static void render_rates(struct mp_map *out, const struct allreduce_spec *s, double seconds)
+/* One primitive's keys: what it did, on which buffers, how much. */
+static void render_task(const struct coll_task *t, const struct coll_names *nm,
+			const struct coll_spec *s, struct mp_map *out)
 {
-	double bytes = (double)s->count * (double)gpuq_dtype_size(s->dtype);
-	double algbw = seconds > 0 ? bytes / seconds / 1e9 : 0;
-	mp_put_f64(out, "algbw_gbps", algbw);
-	mp_put_f64(out, "busbw_gbps", algbw * 2.0 * (s->nranks - 1) / s->nranks);
+	const struct coll_layout *l = &t->layout;
+	mp_put_str(out, "collective", coll_prim_name(l->prim));
+	if (l->prim == COLL_SENDRECV) {
+		mp_put_str(out, "src", nm->in);
+		mp_put_str(out, "dst", nm->out);
+	} else {
+		mp_put_str(out, "buffer", nm->in);
+		mp_put_str(out, "out", nm->out);
+		mp_put_bool(out, "in_place", nm->in_place);
+	}
+	if (coll_prim_reduces(l->prim))
+		mp_put_str(out, "reduce", coll_op_name(t->op));
+	if (coll_prim_has_root(l->prim)) {
+		mp_put_u64(out, "root", (uint64_t)l->root);
+		mp_put_u64(out, "root_device", (uint64_t)s->devices[l->root]);
+	}
+	mp_put_str(out, "dtype", gpuq_dtype_name(t->dtype));
+	mp_put_u64(out, "count", l->count);
+	mp_put_u64(out, "bytes", coll_size_elements(l) * gpuq_dtype_size(t->dtype));
 }
 
-static void render_common(const struct allreduce_job *aj, struct mp_map *out)
+/* The group's bytes (nccl-tests' sizes, summed) and its bus bytes (each times its factor). */
+static void spec_bytes(const struct coll_spec *s, double *bytes, double *bus)
 {
-	const struct allreduce_spec *s = &aj->spec;
-	struct mp_array devices;
+	*bytes = *bus = 0;
+	for (int i = 0; i < s->ntasks; i++) {
+		const struct coll_task *t = &s->tasks[i];
+		double b = (double)(coll_size_elements(&t->layout) * gpuq_dtype_size(t->dtype));
+		*bytes += b;
+		*bus += b * coll_bus_factor(t->layout.prim, s->nranks);
+	}
+}
+
+/* The bandwidths nccl-tests reports for a run of `seconds`. */
+static void render_rates(struct mp_map *out, const struct coll_spec *s, double seconds)
+{
+	double bytes, bus;
+	spec_bytes(s, &bytes, &bus);
+	mp_put_f64(out, "algbw_gbps", seconds > 0 ? bytes / seconds / 1e9 : 0);
+	mp_put_f64(out, "busbw_gbps", seconds > 0 ? bus / seconds / 1e9 : 0);
+}
+
+static void render_common(const struct coll_job *cj, struct mp_map *out)
+{
+	const struct coll_spec *s = &cj->spec;
+	struct mp_array devices, ops;
 	bool created = false;
-	mp_put_str(out, "buffer", aj->name);
-	mp_put_str(out, "out", aj->out_name[0] ? aj->out_name : aj->name);
-	mp_put_bool(out, "in_place", aj->out_name[0] == '\0');
+	if (!cj->group) {
+		render_task(&s->tasks[0], &cj->names[0], s, out);
+	} else {
+		double bytes, bus;
+		spec_bytes(s, &bytes, &bus);
+		mp_put_str(out, "collective", "group");
+		mp_array_init(&ops);
+		for (int i = 0; i < s->ntasks; i++) {
+			struct mp_map op;
+			mp_map_init(&op);
+			render_task(&s->tasks[i], &cj->names[i], s, &op);
+			mp_array_map(&ops, &op);
+		}
+		mp_put_array(out, "ops", &ops);
+		mp_put_u64(out, "bytes", (uint64_t)bytes);
+	}
 	mp_array_init(&devices);
 	for (int r = 0; r < s->nranks; r++) {
 		mp_array_i64(&devices, s->devices[r]);
 		created = created || s->created[r];
 	}
 	mp_put_array(out, "devices", &devices);
-	mp_put_str(out, "reduce", coll_op_name(s->op));
-	mp_put_str(out, "dtype", gpuq_dtype_name(s->dtype));
-	mp_put_u64(out, "count", s->count);
-	mp_put_u64(out, "bytes", s->count * gpuq_dtype_size(s->dtype));
 	mp_put_str(out, "communicator", created ? "created" : "cached");
 	mp_put_u64(out, "generation", s->generation[0]);
 }
 
-static void render_allreduce(const struct job *job, struct mp_map *out)
+static void render_collective(const struct job *job, struct mp_map *out)
 {
-	const struct allreduce_job *aj = job->work.spec;
-	if (!aj)
+	const struct coll_job *cj = job->work.spec;
+	if (!cj)
 		return;
 	double seconds = 0;
-	for (int r = 0; r < aj->spec.nranks; r++)
-		if (aj->spec.seconds[r] > seconds)
-			seconds = aj->spec.seconds[r];
-	render_common(aj, out);
+	for (int r = 0; r < cj->spec.nranks; r++)
+		if (cj->spec.seconds[r] > seconds)
+			seconds = cj->spec.seconds[r];
+	render_common(cj, out);
 	mp_put_f64(out, "seconds", seconds);
-	render_rates(out, &aj->spec, seconds);
+	render_rates(out, &cj->spec, seconds);
 }
 
 static void render_bench(const struct job *job, struct mp_map *out)
 {
-	const struct allreduce_job *aj = job->work.spec;
-	if (!aj)
+	const struct coll_job *cj = job->work.spec;
+	if (!cj)
 		return;
-	const struct allreduce_spec *s = &aj->spec;
+	const struct coll_spec *s = &cj->spec;
 	struct mp_array ranks;
 	double us = 0;
 	mp_array_init(&ranks);
@@ -127,7 +177,7 @@ static void render_bench(const struct job *job, struct mp_map *out)
 		mp_array_f64(&ranks, s->bench_us[r]);
 		us = s->bench_us[r] > us ? s->bench_us[r] : us;
 	}
-	render_common(aj, out);
+	render_common(cj, out);
 	mp_put_f64(out, "us", us);
 	mp_put_array(out, "rank_us", &ranks);
 	mp_put_u64(out, "warmup", s->warmup);
@@ -136,259 +186,232 @@ static void render_bench(const struct job *job, struct mp_map *out)
 	render_rates(out, s, us / 1e6);
 }
 
-static const struct job_kind kind_allreduce = {
-	.op = "allreduce", .finish = finish_allreduce, .render = render_allreduce
+#define COLL_KIND(name) { .op = name, .finish = finish_collective, .render = render_collective }
+#define BENCH_KIND(name) { .op = name, .finish = finish_collective, .render = render_bench }
+
+/* Every collective op: its job kind, and how its request is read. */
+static const struct coll_op_entry {
+	struct job_kind kind;
+	bool group, bench;
+	enum coll_prim prim; /* the one primitive of a request that is not a group */
+} coll_ops[] = {
+	{ COLL_KIND("allreduce"), false, false, COLL_ALLREDUCE },
+	{ COLL_KIND("reduce_scatter"), false, false, COLL_REDUCE_SCATTER },
+	{ COLL_KIND("all_gather"), false, false, COLL_ALL_GATHER },
+	{ COLL_KIND("broadcast"), false, false, COLL_BROADCAST },
+	{ COLL_KIND("reduce"), false, false, COLL_REDUCE },
+	{ COLL_KIND("sendrecv"), false, false, COLL_SENDRECV },
+	{ COLL_KIND("all_to_all"), false, false, COLL_ALL_TO_ALL },
+	{ COLL_KIND("group"), true, false, COLL_ALLREDUCE },
+	{ BENCH_KIND("bench_allreduce"), false, true, COLL_ALLREDUCE },
+	{ BENCH_KIND("bench_collective"), true, true, COLL_ALLREDUCE },
 };
-static const struct job_kind kind_bench_allreduce = {
-	.op = "bench_allreduce", .finish = finish_allreduce, .render = render_bench
-};
 
-/* A buffer name field: NAME only, since `devices` says where. */
-static int read_name(struct request *req, const char *field, bool required, char *name,
-		     struct gpuq_error *err)
+/*
+ * The arrival deadline has passed: every part still queued is taken back
+ * and ends with the collective's timeout; the parts that started see it at
+ * their next poll. The last part back completes the job, which may free it.
+ */
+static void on_arrival_deadline(uv_timer_t *timer)
 {
-	char ref[BUFFER_NAME_MAX + 32];
-	int device;
-	int rc = msg_get_str(req->map, field, ref, sizeof ref, err);
-	if (rc == 0 && required)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s' (a buffer NAME) is required", field);
-	if (rc <= 0)
-		return rc;
-	if (buffer_ref_parse(ref, field, name, &device, err) < 0)
-		return -1;
-	if (device >= 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field '%s': give the buffer's NAME ('%s'), not NAME@GPU: "
-				 "'devices' says which GPUs take part",
-				 field, name);
-	return 1;
-}
-
-/* No `devices`: every device that has the buffer, in index order. */
-static int devices_holding(struct request *req, struct allreduce_req *a, struct gpuq_error *err)
-{
-	a->n = 0;
-	for (int d = 0; d < req->d->pool.count; d++)
-		if (buffer_find(&req->d->buffers, a->owner, a->name, d))
-			a->devices[a->n++] = d;
-	if (a->n > 0)
-		return 0;
-	buffer_resolve(&req->d->buffers, a->owner, a->name, -1, err); /* lists yours */
-	return -1;
-}
-
-static int check_typed(const struct buffer *b, struct gpuq_error *err)
-{
-	if (coll_dtype_supported(b->dtype))
-		return 0;
-	return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			 "buffer '%s@%d' is untyped (%s); allreduce reduces elements: allocate it "
-			 "with --count N --dtype T (T one of " COLL_DTYPE_LIST ")",
-			 b->name, b->device, gpuq_dtype_name(b->dtype));
-}
-
-/* b must match first (rank 0's input): same dtype and count. */
-static int check_same_shape(const struct buffer *b, const struct buffer *first,
-			    struct gpuq_error *err)
-{
-	if (b->dtype == first->dtype && b->count == first->count)
-		return 0;
-	return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			 "buffer '%s@%d' is %" PRIu64 " x %s but '%s@%d' is %" PRIu64
-			 " x %s; allreduce needs the same dtype and count on every device",
-			 b->name, b->device, b->count, gpuq_dtype_name(b->dtype), first->name,
-			 first->device, first->count, gpuq_dtype_name(first->dtype));
-}
-
-/* Resolves name on every device into bufs; each must exist, be usable and match bufs[0]. */
-static int resolve_all(struct request *req, struct allreduce_req *a, const char *name,
-		       struct buffer **bufs, struct gpuq_error *err)
-{
-	for (int i = 0; i < a->n; i++) {
-		struct buffer *b = buffer_resolve(&req->d->buffers, a->owner, name, a->devices[i], err);
-		if (!b || buffer_check_usable(b, err) < 0 || check_typed(b, err) < 0 ||
-		    check_same_shape(b, a->in[0] ? a->in[0] : b, err) < 0)
-			return -1;
-		bufs[i] = b;
-	}
-	return 0;
-}
-
-static int read_op_and_count(struct request *req, struct allreduce_req *a, struct gpuq_error *err)
-{
-	char op[16] = "sum";
-	if (msg_get_str(req->map, "reduce", op, sizeof op, err) < 0)
-		return -1;
-	if (coll_op_from_name(op, &a->op) < 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'reduce': '%s' is not one of " COLL_OP_LIST, op);
-	a->count = a->in[0]->count;
-	int rc = msg_get_u64(req->map, "count", &a->count, err);
-	if (rc < 0)
-		return -1;
-	if (rc > 0 && (a->count == 0 || a->count > a->in[0]->count))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'count': %" PRIu64 " elements; '%s' holds %" PRIu64
-				 ", so give 1 to %" PRIu64,
-				 a->count, a->name, a->in[0]->count, a->in[0]->count);
-	return 0;
-}
-
-static int read_u64_in(struct request *req, const char *field, uint64_t lo, uint64_t hi,
-		       uint64_t *out, struct gpuq_error *err)
-{
-	int rc = msg_get_u64(req->map, field, out, err);
-	if (rc > 0 && (*out < lo || *out > hi))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': %" PRIu64 " is not in %" PRIu64
-				 " to %" PRIu64, field, *out, lo, hi);
-	return rc < 0 ? -1 : 0;
-}
-
-/* The timeout, the benchmark's loop sizes and (in test builds) the hang to inject. */
-static int read_knobs(struct request *req, struct allreduce_req *a, bool bench,
-		      struct gpuq_error *err)
-{
-	a->timeout_ms = req->d->opt.collective_timeout_ms;
-	a->warmup = BENCH_DEFAULT_WARMUP;
-	a->iters = BENCH_DEFAULT_ITERS;
-	a->repeats = BENCH_DEFAULT_REPEATS;
-	a->hang_rank = -1;
-	if (read_u64_in(req, "collective_timeout_ms", 1, COLL_MAX_TIMEOUT_MS, &a->timeout_ms, err) < 0)
-		return -1;
-	if (bench && (read_u64_in(req, "warmup", 0, BENCH_MAX_WARMUP, &a->warmup, err) < 0 ||
-		      read_u64_in(req, "iters", 1, BENCH_MAX_ITERS, &a->iters, err) < 0 ||
-		      read_u64_in(req, "repeats", 1, BENCH_MAX_REPEATS, &a->repeats, err) < 0))
-		return -1;
-#ifdef GPUQ_FAULT_INJECTION
-	uint64_t hang = 0;
-	int rc = msg_get_u64(req->map, "inject_hang_rank", &hang, err);
-	if (rc < 0)
-		return -1;
-	if (rc > 0 && hang >= (uint64_t)a->n)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'inject_hang_rank': %" PRIu64
-				 " is not a rank (0-%d)", hang, a->n - 1);
-	if (rc > 0)
-		a->hang_rank = (int)hang;
-#endif
-	return 0;
-}
-
-/* Everything the request says, checked, before anything is held or queued. */
-static int read_allreduce(struct request *req, struct allreduce_req *a, bool bench,
-			  struct gpuq_error *err)
-{
-	memset(a, 0, sizeof *a);
-	int rc;
-	if (read_name(req, "buffer", true, a->name, err) < 0 ||
-	    (rc = read_name(req, "out", false, a->out_name, err)) < 0 ||
-	    read_owner(req, &a->owner, err) < 0)
-		return -1;
-	if (rc == 0 || strcmp(a->out_name, a->name) == 0)
-		a->out_name[0] = '\0'; /* in place */
-	rc = read_device_list(req, a->devices, &a->n, err);
-	if (rc < 0 || (rc == 0 && devices_holding(req, a, err) < 0))
-		return -1;
-	if (resolve_all(req, a, a->name, a->in, err) < 0)
-		return -1;
-	if (a->out_name[0] && resolve_all(req, a, a->out_name, a->out, err) < 0)
-		return -1;
-	if (!a->out_name[0])
-		memcpy(a->out, a->in, sizeof a->out);
-	return read_op_and_count(req, a, err) < 0 ? -1 : read_knobs(req, a, bench, err);
-}
-
-static void hold(struct allreduce_job *aj, struct buffer *b, uint64_t job_id)
-{
-	b->users++;
-	b->last_job = job_id;
-	aj->held[aj->nheld++] = b;
-}
-
-/* The job's spec from the request; holds the buffers. */
-static void fill_job(struct daemon *d, struct job *job, struct allreduce_job *aj,
-		     const struct allreduce_req *a, bool bench)
-{
-	struct allreduce_spec *s = &aj->spec;
-	coll_spec_init(s);
-	s->op = a->op;
-	s->dtype = a->in[0]->dtype;
-	s->count = a->count;
-	s->nranks = a->n;
-	s->timeout_s = (double)a->timeout_ms / 1e3;
-	s->init_timeout_s = (double)(a->timeout_ms > d->opt.collective_timeout_ms
-					     ? a->timeout_ms
-					     : d->opt.collective_timeout_ms) / 1e3;
-	s->bench = bench;
-	s->warmup = (unsigned)a->warmup;
-	s->iters = (unsigned)a->iters;
-	s->repeats = (unsigned)a->repeats;
-	s->inject_hang_rank = a->hang_rank;
-	for (int r = 0; r < a->n; r++) {
-		s->devices[r] = a->devices[r];
-		s->in[r] = a->in[r]->dptr;
-		s->out[r] = a->out[r]->dptr;
-		hold(aj, a->in[r], job->id);
-		if (a->out[r] != a->in[r])
-			hold(aj, a->out[r], job->id);
+	struct coll_job *cj = timer->data;
+	struct job *job = cj->job;
+	struct daemon *d = cj->d;
+	struct work *taken[GPUQ_MAX_DEVICES];
+	bool late[GPUQ_MAX_DEVICES] = { false };
+	int ntaken = 0, nparts = job->parts ? job->nparts : 1;
+	if (d->stopping && d->jobs.active == 0)
+		return; /* a shutdown gave up on stuck jobs: the workers may be gone */
+	for (int r = 0; r < nparts; r++) {
 		struct work *w = job->parts ? &job->parts[r] : &job->work;
-		work_add_access(w, a->in[r], 0, a->in[r]->bytes, a->out[r] == a->in[r]);
-		if (a->out[r] != a->in[r])
-			work_add_access(w, a->out[r], 0, a->out[r]->bytes, true);
+		if (worker_unqueue(&d->pool, w)) {
+			late[r] = true;
+			taken[ntaken++] = w;
+		}
 	}
-	snprintf(aj->name, sizeof aj->name, "%s", a->name);
-	snprintf(aj->out_name, sizeof aj->out_name, "%s", a->out_name);
-	if (a->n == 1)
-		snprintf(job->buffer_label, sizeof job->buffer_label, "%s@%d", a->name, a->devices[0]);
-	else
-		snprintf(job->buffer_label, sizeof job->buffer_label, "%s", a->name);
+	if (ntaken == 0)
+		return;
+	struct gpuq_error err;
+	coll_fail_withdrawn(&cj->spec, late, &err);
+	for (int i = 0; i < ntaken; i++) {
+		taken[i]->error = err;
+		taken[i]->result.seconds = 0;
+		atomic_store(&taken[i]->phase, WORK_FINISHED); /* not queued: cancel leaves it be */
+	}
+	for (int i = 0; i < ntaken; i++)
+		job_on_done(taken[i], d);
 }
 
-static void refuse_oom(struct request *req, struct job *job, const char *what)
+/* The part of the job that runs on device (the job's one work when it is not a gang). */
+static struct work *part_on(struct job *job, int device)
+{
+	for (int r = 0; job->parts && r < job->nparts; r++)
+		if (job->parts[r].device == device)
+			return &job->parts[r];
+	return &job->work;
+}
+
+/*
+ * Holds every buffer the plan's regions name, each once (the regions are
+ * sorted by buffer), and tells each device's scheduler which ranges its
+ * part reads and writes. The parts' devices are set.
+ */
+static int hold_buffers(struct job *job, struct coll_job *cj, const struct coll_plan *p)
+{
+	cj->held = calloc((size_t)p->nregions + 1, sizeof *cj->held);
+	if (!cj->held)
+		return -1;
+	for (int i = 0; i < p->nregions; i++) {
+		const struct coll_region *g = &p->regions[i];
+		work_add_access(part_on(job, g->buffer->device), g->buffer, g->lo, g->hi - g->lo,
+				g->write);
+	}
+	uint64_t job_id = job->id;
+	for (int i = 0; i < p->nregions; i++) {
+		struct buffer *b = p->regions[i].buffer;
+		if (cj->nheld > 0 && cj->held[cj->nheld - 1] == b)
+			continue;
+		b->users++;
+		b->last_job = job_id;
+		cj->held[cj->nheld++] = b;
+	}
+	return 0;
+}
+
+/* The spec from the plan, which gives up its tasks and names to the job. */
+static void fill_spec(struct daemon *d, struct coll_job *cj, struct coll_plan *p, bool bench)
+{
+	struct coll_spec *s = &cj->spec;
+	coll_spec_init(s);
+	s->nranks = p->n;
+	memcpy(s->devices, p->devices, sizeof s->devices);
+	s->tasks = p->tasks;
+	s->ntasks = p->ntasks;
+	cj->names = p->names;
+	p->tasks = NULL;
+	p->names = NULL;
+	cj->group = p->group;
+	s->group = p->group;
+	s->timeout_s = (double)p->timeout_ms / 1e3;
+	uint64_t init_ms = p->timeout_ms > d->opt.collective_timeout_ms ? p->timeout_ms
+									 : d->opt.collective_timeout_ms;
+	s->init_timeout_s = (double)init_ms / 1e3;
+	s->arrive_deadline = monotonic_seconds() + s->timeout_s;
+	s->bench = bench;
+	s->warmup = (unsigned)p->warmup;
+	s->iters = (unsigned)p->iters;
+	s->repeats = (unsigned)p->repeats;
+	s->inject_hang_rank = p->hang_rank;
+}
+
+static void label_job(struct job *job, const struct coll_job *cj)
+{
+	const char *name = cj->names[0].in;
+	if (cj->spec.nranks == 1 && cj->spec.tasks[0].layout.prim != COLL_SENDRECV)
+		snprintf(job->buffer_label, sizeof job->buffer_label, "%.64s@%d", name,
+			 cj->spec.devices[0]);
+	else
+		snprintf(job->buffer_label, sizeof job->buffer_label, "%.72s", name);
+}
+
+/* A job's collective state with its deadline timer initialised (not started); NULL: no memory. */
+static struct coll_job *coll_job_new(struct daemon *d, struct job *job)
+{
+	struct coll_job *cj = calloc(1, sizeof *cj);
+	uv_timer_t *timer = malloc(sizeof *timer);
+	if (!cj || !timer || uv_timer_init(d->loop, timer) != 0) {
+		free(cj);
+		free(timer);
+		return NULL;
+	}
+	timer->data = cj;
+	uv_unref((uv_handle_t *)timer); /* a deadline never keeps the loop (and a shutdown) alive */
+	cj->deadline = timer;
+	cj->d = d;
+	cj->job = job;
+	return cj;
+}
+
+/* Undoes coll_job_new and what was added since, for a job never submitted. */
+static void refuse(struct request *req, struct job *job, struct coll_job *cj,
+		   struct coll_plan *p, const char *what)
 {
 	struct gpuq_error err;
+	if (cj) {
+		free(cj->held);
+		uv_close((uv_handle_t *)cj->deadline, free_handle);
+		free(cj);
+	}
+	op_collective_plan_free(p);
 	job_discard(&req->d->jobs, job);
 	gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for %s", what);
 	reply_error(req, &err);
 }
 
-static void submit_allreduce(struct request *req, bool bench)
+static void submit_collective(struct request *req, const struct job_kind *kind, bool group,
+			      enum coll_prim prim, bool bench)
 {
 	struct gpuq_error err;
-	struct allreduce_req a;
-	if (read_allreduce(req, &a, bench, &err) < 0) {
+	struct coll_plan p;
+	if (op_collective_read(req, group, prim, bench, &p, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
-	struct job *job = new_job(req, bench ? &kind_bench_allreduce : &kind_allreduce,
-				  bench ? WORK_ALLREDUCE_BENCH : WORK_ALLREDUCE, a.devices[0]);
-	if (!job)
-		return;
-	struct allreduce_job *aj = calloc(1, sizeof *aj);
-	if (!aj) {
-		refuse_oom(req, job, "an allreduce");
+	struct job *job = new_job(req, kind, bench ? WORK_COLLECTIVE_BENCH : WORK_COLLECTIVE,
+				  p.devices[0]);
+	if (!job) {
+		op_collective_plan_free(&p);
 		return;
 	}
-	if (a.n > 1 && job_make_gang(job, a.n) < 0) {
-		free(aj);
-		refuse_oom(req, job, "a gang of parts");
+	struct coll_job *cj = coll_job_new(req->d, job);
+	if (!cj || (p.n > 1 && job_make_gang(job, p.n) < 0)) {
+		refuse(req, job, cj, &p, "a collective job");
 		return;
 	}
-	fill_job(req->d, job, aj, &a, bench);
-	job->work.spec = &aj->spec;
-	job->release = release_allreduce;
-	for (int r = 0; job->parts && r < a.n; r++) {
-		job->parts[r].device = a.devices[r];
-		job->parts[r].spec = &aj->spec;
+	for (int r = 0; job->parts && r < p.n; r++)
+		job->parts[r].device = p.devices[r];
+	if (hold_buffers(job, cj, &p) < 0) {
+		refuse(req, job, cj, &p, "a collective job");
+		return;
+	}
+	uint64_t timeout_ms = p.timeout_ms;
+	fill_spec(req->d, cj, &p, bench);
+	op_collective_plan_free(&p);
+	job->work.spec = &cj->spec;
+	job->release = release_collective;
+	label_job(job, cj);
+	for (int r = 0; job->parts && r < cj->spec.nranks; r++) {
+		job->parts[r].device = cj->spec.devices[r];
+		job->parts[r].spec = &cj->spec;
+	}
+	/* From here the job's finish and release undo everything, job_submit's refusals included. */
+	int rc = uv_timer_start(cj->deadline, on_arrival_deadline, timeout_ms, 0);
+	if (rc != 0) {
+		finish_collective(req->d, job);
+		job_discard(&req->d->jobs, job);
+		gpuq_fail(&err, GPUQ_E_INTERNAL, "uv_timer_start (a collective's deadline): %s",
+			  uv_strerror(rc));
+		reply_error(req, &err);
+		return;
 	}
 	job_submit(req, job);
 }
 
-void op_allreduce(struct request *req)
+void op_collective(struct request *req)
 {
-	submit_allreduce(req, false);
-}
-
-void op_bench_allreduce(struct request *req)
-{
-	submit_allreduce(req, true);
+	char op[32] = "";
+	struct gpuq_error err;
+	if (msg_get_str(req->map, "op", op, sizeof op, &err) < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	for (size_t i = 0; i < sizeof coll_ops / sizeof coll_ops[0]; i++) {
+		const struct coll_op_entry *e = &coll_ops[i];
+		if (strcmp(op, e->kind.op) == 0) {
+			submit_collective(req, &e->kind, e->group, e->prim, e->bench);
+			return;
+		}
+	}
+	gpuq_fail(&err, GPUQ_E_INTERNAL, "op '%s' reached the collectives, which do not have it", op);
+	reply_error(req, &err);
 }

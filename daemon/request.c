@@ -27,7 +27,11 @@ static const struct op_entry ops[] = {
 	{ "bench_copy", op_bench_copy },
 	{ "copy", op_copy },       { "bench_d2d", op_bench_d2d },
 	{ "run", op_run },         { "stats", op_stats },       { "bench_chain", op_bench_chain },
-	{ "allreduce", op_allreduce }, { "bench_allreduce", op_bench_allreduce },
+	{ "allreduce", op_collective }, { "bench_allreduce", op_collective },
+	{ "reduce_scatter", op_collective }, { "all_gather", op_collective },
+	{ "broadcast", op_collective }, { "reduce", op_collective }, { "sendrecv", op_collective },
+	{ "all_to_all", op_collective }, { "group", op_collective },
+	{ "bench_collective", op_collective },
 	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
 	{ "bench_sched", op_bench_sched },
 };

@@ -97,4 +97,17 @@ else
 	echo "skipped: no python3 with msgpack and numpy (set GPUQ_PYTHON)" | tee -a "$table"
 fi
 stop_daemon
+# NCCL's other primitives over every device, each beside the same NCCL calls
+# in a raw loop on the same communicator, with nccl-tests' size and bus
+# factor, every element checked (8 B to 128 MiB by 8; the host backend's
+# arenas: to 256K). On one GPU busbw is 0 where the factor is (n-1)/n.
+coll_bytes=8:128M
+[ "$backend" = cuda ] || coll_bytes=8:256K
+start_daemon
+for op in all-gather reduce-scatter broadcast reduce all-to-all sendrecv; do
+	echo "-- $op ($backend backend, all devices)" | tee -a "$table"
+	"$BUILD/gpuq" --socket "$sock" bench collective --op "$op" --bytes "$coll_bytes" \
+		--factor 8 --devices all | tee -a "$table"
+done
+stop_daemon
 rm -rf "$dir"

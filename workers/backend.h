@@ -122,7 +122,7 @@ struct device {
 	void *peer_ring;
 	size_t peer_ring_bytes;
 	/* The warm communicators (workers/collective.h), made by the
-	 * worker at the device's first all-reduce and released by close. */
+	 * worker at the device's first collective and released by close. */
 	struct coll_cache *coll;
 	/*
 	 * The scheduler (workers/sched.h) and the lane of the job it runs now:
@@ -245,23 +245,24 @@ struct backend_ops {
 	 */
 	int (*chain_copy_time)(struct device *dev, void *dst, const void *src, uint64_t bytes,
 			       unsigned reps, double *seconds, struct gpuq_error *err);
-	/* operations of the all-reduce issue */
+	/* operations of the collectives (all-reduce, then NCCL's other primitives) */
 	/*
 	 * workers/collective.h drives them; each runs on the rank's worker and
 	 * polls coll_poll while it waits, so none waits past the call's deadline,
 	 * the collective's failure or the part's cancel flag. coll_unique_id
 	 * makes a fresh communicator id (rank 0 only); coll_comm_init makes this
 	 * rank's communicator from it, with every other rank at the same time,
-	 * and on failure releases what it made; coll_allreduce runs spec's
-	 * all-reduce and waits for it; coll_bench times the raw loop into
+	 * and on failure releases what it made; coll_run runs this rank's part
+	 * of spec's primitives (one group) and waits for it; coll_bench times the
+	 * raw loop into
 	 * spec->bench_us; coll_comm_abort stops and frees at once (after a
 	 * failure); coll_comm_destroy finalizes, then frees (at close).
 	 */
 	int (*coll_unique_id)(struct device *dev, struct coll_id *id, struct gpuq_error *err);
 	int (*coll_comm_init)(struct device *dev, struct coll_call *call, const struct coll_id *id,
 			      void **comm, struct gpuq_error *err);
-	int (*coll_allreduce)(struct device *dev, void *comm, struct coll_call *call,
-			      struct gpuq_error *err);
+	int (*coll_run)(struct device *dev, void *comm, struct coll_call *call,
+			struct gpuq_error *err);
 	int (*coll_bench)(struct device *dev, void *comm, struct coll_call *call,
 			  struct gpuq_error *err);
 	void (*coll_comm_abort)(struct device *dev, void *comm);

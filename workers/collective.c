@@ -1,5 +1,5 @@
 /*
- * One rank's part of an all-reduce, the same for every backend: arrive at
+ * One rank's part of a collective, the same for every backend: arrive at
  * the rendezvous, agree on a communicator (the warm one, or a fresh one made
  * from an id rank 0 hands over), run the collective through the backend, and
  * on any failure make the failure shared, abort and drop this rank's
@@ -34,33 +34,16 @@ struct coll_cache {
 /* Generations: unique to one creation of one communicator, daemon-wide. */
 static _Atomic uint64_t coll_next_gen = 1;
 
-static const char *const op_names[] = { "sum", "prod", "min", "max", "avg" };
-
-const char *coll_op_name(enum coll_op op)
+bool coll_dtype_supported(enum coll_prim prim, enum gpuq_dtype dtype)
 {
-	return (unsigned)op < sizeof op_names / sizeof op_names[0] ? op_names[op] : "unknown";
+	if ((unsigned)dtype >= GPUQ_DTYPE_COUNT)
+		return false;
+	return dtype != GPUQ_DTYPE_BYTES || !coll_prim_reduces(prim);
 }
 
-int coll_op_from_name(const char *name, enum coll_op *out)
-{
-	for (unsigned i = 0; i < sizeof op_names / sizeof op_names[0]; i++) {
-		if (strcmp(name, op_names[i]) == 0) {
-			*out = (enum coll_op)i;
-			return 0;
-		}
-	}
-	return -1;
-}
-
-bool coll_dtype_supported(enum gpuq_dtype dtype)
-{
-	return dtype != GPUQ_DTYPE_BYTES && (unsigned)dtype < GPUQ_DTYPE_COUNT;
-}
-
-void coll_spec_init(struct allreduce_spec *spec)
+void coll_spec_init(struct coll_spec *spec)
 {
 	memset(spec, 0, sizeof *spec);
-	spec->op = COLL_SUM;
 	spec->inject_hang_rank = -1;
 	struct coll_sync *s = &spec->sync;
 	pthread_mutex_init(&s->lock, NULL);
@@ -70,7 +53,6 @@ void coll_spec_init(struct allreduce_spec *spec)
 		atomic_init(&s->host_rank_finished[i], 0);
 		atomic_init(&s->host_group[i], NULL);
 	}
-	atomic_init(&s->arrive_deadline_ns, 0);
 	atomic_init(&s->all_arrived, false);
 	atomic_init(&s->id_ready, false);
 	atomic_init(&s->failed, false);
@@ -78,14 +60,20 @@ void coll_spec_init(struct allreduce_spec *spec)
 	atomic_init(&s->host_finish, 0);
 }
 
-void coll_spec_destroy(struct allreduce_spec *spec)
+void coll_spec_destroy(struct coll_spec *spec)
 {
 	pthread_mutex_destroy(&spec->sync.lock);
 }
 
-void coll_format_devices(const struct allreduce_spec *spec, char *out, size_t size)
+const char *coll_spec_name(const struct coll_spec *spec)
 {
-	size_t used = (size_t)snprintf(out, size, "device%s ", spec->nranks == 1 ? "" : "s");
+	return spec->group ? "group" : coll_prim_name(spec->tasks[0].layout.prim);
+}
+
+void coll_format_devices(const struct coll_spec *spec, char *out, size_t size)
+{
+	size_t used = (size_t)snprintf(out, size, "%s over device%s ", coll_spec_name(spec),
+				       spec->nranks == 1 ? "" : "s");
 	for (int r = 0; r < spec->nranks && used < size; r++)
 		used += (size_t)snprintf(out + used, size - used, "%s%d", r ? "," : "",
 					 spec->devices[r]);
@@ -105,13 +93,13 @@ double coll_median(double *samples, unsigned n)
 	return n % 2 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
 }
 
-bool coll_failed(const struct allreduce_spec *spec)
+bool coll_failed(const struct coll_spec *spec)
 {
 	return atomic_load_explicit(&spec->sync.failed, memory_order_acquire);
 }
 
 /* Records err as the collective's cause unless another rank's came first. */
-static void coll_record_failure(struct allreduce_spec *spec, const struct gpuq_error *err)
+static void coll_record_failure(struct coll_spec *spec, const struct gpuq_error *err)
 {
 	struct coll_sync *s = &spec->sync;
 	pthread_mutex_lock(&s->lock);
@@ -123,7 +111,7 @@ static void coll_record_failure(struct allreduce_spec *spec, const struct gpuq_e
 }
 
 /* The collective's first failure, into err; returns -1. */
-static int coll_shared_error(struct allreduce_spec *spec, struct gpuq_error *err)
+static int coll_shared_error(struct coll_spec *spec, struct gpuq_error *err)
 {
 	pthread_mutex_lock(&spec->sync.lock);
 	*err = spec->sync.error;
@@ -143,17 +131,17 @@ int coll_poll(struct coll_call *call, struct gpuq_error *err)
 	if (coll_failed(call->spec))
 		return coll_shared_error(call->spec, err);
 	if (atomic_load_explicit(&call->work->cancel, memory_order_relaxed))
-		return gpuq_fail(err, GPUQ_E_CANCELLED,
-				 "allreduce cancelled (rank %d on device %d was waiting for %s)",
-				 call->rank, call->dev->index, call->phase);
+		return gpuq_fail(err, GPUQ_E_CANCELLED, "%s cancelled (rank %d on device %d was "
+				 "waiting for %s)", coll_spec_name(call->spec), call->rank,
+				 call->dev->index, call->phase);
 	double now = monotonic_seconds();
 	if (now <= call->deadline)
 		return 0;
 	char devs[256];
 	coll_format_devices(call->spec, devs, sizeof devs);
 	return gpuq_fail(err, GPUQ_E_TIMEOUT,
-			 "allreduce over %s: rank %d (device %d) gave up after %.0f ms waiting for "
-			 "%s; the communicator is dropped",
+			 "%s: rank %d (device %d) gave up after %.0f ms waiting for %s; the "
+			 "communicator is dropped",
 			 devs, call->rank, call->dev->index, (now - call->wait_start) * 1e3,
 			 call->phase);
 }
@@ -178,7 +166,7 @@ void coll_pause(struct coll_call *call)
 		sched_sleep(waited < 100e-3 ? 100e-6 : 1e-3);
 }
 
-static int coll_rank_of(const struct allreduce_spec *spec, int device)
+static int coll_rank_of(const struct coll_spec *spec, int device)
 {
 	for (int r = 0; r < spec->nranks; r++)
 		if (spec->devices[r] == device)
@@ -187,7 +175,7 @@ static int coll_rank_of(const struct allreduce_spec *spec, int device)
 }
 
 /* The cache entry for the spec's ordered device list, or NULL. */
-static struct coll_comm *coll_cache_find(struct device *dev, const struct allreduce_spec *spec)
+static struct coll_comm *coll_cache_find(struct device *dev, const struct coll_spec *spec)
 {
 	struct coll_cache *c = dev->coll;
 	for (int i = 0; c && i < c->count; i++) {
@@ -206,7 +194,7 @@ static void coll_cache_remove(struct device *dev, struct coll_comm *e)
 }
 
 /* Aborts and forgets this device's communicator for the spec's set, if it has one. */
-static void coll_cache_drop(struct device *dev, const struct allreduce_spec *spec)
+static void coll_cache_drop(struct device *dev, const struct coll_spec *spec)
 {
 	struct coll_comm *e = coll_cache_find(dev, spec);
 	if (!e)
@@ -240,7 +228,7 @@ static int coll_cache_reserve(struct device *dev, struct gpuq_error *err)
 	return 0;
 }
 
-static struct coll_comm *coll_cache_add(struct device *dev, const struct allreduce_spec *spec,
+static struct coll_comm *coll_cache_add(struct device *dev, const struct coll_spec *spec,
 					uint64_t gen, void *handle)
 {
 	struct coll_cache *c = dev->coll;
@@ -254,7 +242,7 @@ static struct coll_comm *coll_cache_add(struct device *dev, const struct allredu
 }
 
 /* The last arrival decides, under the lock: the warm communicator, or a fresh one. */
-static void coll_decide(struct allreduce_spec *spec)
+static void coll_decide(struct coll_spec *spec)
 {
 	struct coll_sync *s = &spec->sync;
 	bool same = s->gens[0] != 0;
@@ -266,38 +254,58 @@ static void coll_decide(struct allreduce_spec *spec)
 	atomic_store_explicit(&s->all_arrived, true, memory_order_release);
 }
 
+/* "rank 1 (device 1), rank 3 (device 3)": the ranks marked in which. */
+static void coll_format_ranks(const struct coll_spec *spec, const bool *which, char *out,
+			      size_t size)
+{
+	size_t used = 0;
+	int n = 0;
+	out[0] = '\0';
+	for (int r = 0; r < spec->nranks && used < size; r++)
+		if (which[r])
+			used += (size_t)snprintf(out + used, size - used, "%srank %d (device %d)",
+						 n++ ? ", " : "", r, spec->devices[r]);
+}
+
+/* The timeout of ranks that did not arrive by the deadline, counted from submission. */
+static int coll_late_error(const struct coll_spec *spec, const bool *late, const char *what,
+			   struct gpuq_error *err)
+{
+	char devs[256], ranks[256];
+	coll_format_devices(spec, devs, sizeof devs);
+	coll_format_ranks(spec, late, ranks, sizeof ranks);
+	return gpuq_fail(err, GPUQ_E_TIMEOUT,
+			 "%s: %s did not arrive within %.0f ms of the job's submission (%s); the "
+			 "communicator is dropped",
+			 devs, ranks, spec->timeout_s * 1e3, what);
+}
+
 /* A timeout at the rendezvous names the ranks that never came. */
 static void coll_name_missing(struct coll_call *call, struct gpuq_error *err)
 {
-	const struct allreduce_spec *spec = call->spec;
-	char devs[256], missing[256] = "";
-	size_t used = 0;
-	int n = 0;
-	for (int r = 0; r < spec->nranks && used < sizeof missing; r++) {
-		if (atomic_load(&spec->sync.rank_arrived[r]))
-			continue;
-		used += (size_t)snprintf(missing + used, sizeof missing - used, "%srank %d (device %d)",
-					 n++ ? ", " : "", r, spec->devices[r]);
-	}
-	coll_format_devices(spec, devs, sizeof devs);
-	gpuq_fail(err, GPUQ_E_TIMEOUT,
-		  "allreduce over %s: %s did not arrive within %.0f ms (queued behind other jobs "
-		  "there, or its worker is stuck); the communicator is dropped",
-		  devs, missing, spec->timeout_s * 1e3);
+	bool late[GPUQ_MAX_DEVICES] = { false };
+	for (int r = 0; r < call->spec->nranks; r++)
+		late[r] = !atomic_load(&call->spec->sync.rank_arrived[r]);
+	coll_late_error(call->spec, late,
+			"queued behind other jobs there, or its worker is stuck", err);
+}
+
+void coll_fail_withdrawn(struct coll_spec *spec, const bool *withdrawn, struct gpuq_error *err)
+{
+	coll_late_error(spec, withdrawn, "queued behind other jobs there; taken out of the queue",
+			err);
+	coll_record_failure(spec, err);
+	coll_shared_error(spec, err);
 }
 
 /* The rendezvous: every rank says which communicator it has; the last decides. */
 static int coll_arrive(struct coll_call *call, struct gpuq_error *err)
 {
-	struct allreduce_spec *spec = call->spec;
+	struct coll_spec *spec = call->spec;
 	struct coll_sync *s = &spec->sync;
 	struct coll_comm *cached = coll_cache_find(call->dev, spec);
 	if (coll_failed(spec))
 		return coll_shared_error(spec, err); /* a late rank: the others gave up */
-	double now = monotonic_seconds();
-	int64_t unset = 0;
-	atomic_compare_exchange_strong(&s->arrive_deadline_ns, &unset,
-				       (int64_t)((now + spec->timeout_s) * 1e9));
 	pthread_mutex_lock(&s->lock);
 	s->gens[call->rank] = cached ? cached->gen : 0;
 	atomic_store(&s->rank_arrived[call->rank], true);
@@ -307,8 +315,8 @@ static int coll_arrive(struct coll_call *call, struct gpuq_error *err)
 	pthread_mutex_unlock(&s->lock);
 	if (last)
 		return 0;
-	call->wait_start = now;
-	call->deadline = (double)atomic_load(&s->arrive_deadline_ns) / 1e9;
+	call->wait_start = monotonic_seconds();
+	call->deadline = spec->arrive_deadline;
 	call->phase = "the other ranks to arrive";
 	while (!atomic_load_explicit(&s->all_arrived, memory_order_acquire)) {
 		if (coll_poll(call, err) < 0) {
@@ -346,14 +354,15 @@ static int coll_handoff_id(struct coll_call *call, struct coll_id *id, struct gp
 static int coll_ensure_comm(struct coll_call *call, struct coll_comm **out,
 			    struct gpuq_error *err)
 {
-	struct allreduce_spec *spec = call->spec;
+	struct coll_spec *spec = call->spec;
 	struct device *dev = call->dev;
 	int r = call->rank;
 	if (!spec->sync.need_new) {
 		*out = coll_cache_find(dev, spec);
 		if (!*out)
 			return gpuq_fail(err, GPUQ_E_INTERNAL,
-					 "[gpu %d] allreduce: the warm communicator vanished", dev->index);
+					 "[gpu %d] %s: the warm communicator vanished", dev->index,
+					 coll_spec_name(spec));
 		(*out)->last_use = ++dev->coll->tick;
 		spec->generation[r] = (*out)->gen;
 		return 0;
@@ -396,32 +405,42 @@ static int coll_inject_hang(struct coll_call *call, struct gpuq_error *err)
 #endif
 }
 
+/* The bytes this rank's part writes: its output of every primitive. */
+static uint64_t coll_rank_bytes(const struct coll_spec *spec, int rank)
+{
+	uint64_t bytes = 0;
+	for (int t = 0; t < spec->ntasks; t++)
+		bytes += coll_out_count(&spec->tasks[t].layout, rank) *
+			 gpuq_dtype_size(spec->tasks[t].dtype);
+	return bytes;
+}
+
 static int coll_execute(struct coll_call *call, struct coll_comm *comm, struct gpuq_error *err)
 {
-	struct allreduce_spec *spec = call->spec;
+	struct coll_spec *spec = call->spec;
 	struct device *dev = call->dev;
 	double start = monotonic_seconds();
 	coll_wait_begin(call, spec->timeout_s, spec->bench ? "the benchmark loop" : "the collective");
 	int rc = spec->bench ? dev->ops->coll_bench(dev, comm->handle, call, err)
-			     : dev->ops->coll_allreduce(dev, comm->handle, call, err);
+			     : dev->ops->coll_run(dev, comm->handle, call, err);
 	spec->seconds[call->rank] = monotonic_seconds() - start;
 	return rc;
 }
 
 int collective_run(struct device *dev, struct work *work)
 {
-	struct allreduce_spec *spec = work->spec;
+	struct coll_spec *spec = work->spec;
 	struct gpuq_error *err = &work->error;
-	if (!dev->ops->coll_allreduce)
+	if (!dev->ops->coll_run)
 		return gpuq_fail(err, GPUQ_E_INTERNAL, "the %s backend has no collectives",
 				 dev->ops->name);
 	struct coll_call call = { .spec = spec, .work = work, .dev = dev };
 	call.rank = spec ? coll_rank_of(spec, dev->index) : -1;
 	if (call.rank < 0)
 		return gpuq_fail(err, GPUQ_E_INTERNAL,
-				 "[gpu %d] an allreduce part reached a device that is not one of its ranks",
-				 dev->index);
-	work->result.bytes = spec->count * gpuq_dtype_size(spec->dtype);
+				 "[gpu %d] a collective's part reached a device that is not one of its "
+				 "ranks", dev->index);
+	work->result.bytes = coll_rank_bytes(spec, call.rank);
 	struct coll_comm *comm = NULL;
 	int rc = coll_arrive(&call, err);
 	if (rc == 0)

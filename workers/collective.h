@@ -1,12 +1,14 @@
 /*
- * All-reduce across device workers: the state the parts of one collective
- * share (struct allreduce_spec), their rendezvous, the in-process hand-off of
- * the communicator id, and each device's cache of warm communicators.
+ * Collectives across device workers: the state the parts of one collective
+ * job share (struct coll_spec: one primitive, or a group of them run as one
+ * NCCL group), their rendezvous, the in-process hand-off of the
+ * communicator id, and each device's cache of warm communicators.
  *
  * Threads and ownership.
  *   - The main thread fills a spec (coll_spec_init, then the inputs) before
  *     the job is queued, and reads the outputs after every part is back; it
- *     touches nothing else in it.
+ *     touches nothing else in it, but for coll_fail_withdrawn (the arrival
+ *     deadline, which takes the sync lock).
  *   - Each part runs collective_run on its device's worker thread. The parts
  *     of one job meet in spec->sync: a mutex for the arrival and the first
  *     failure, atomics for everything that is polled. Every wait polls the
@@ -42,18 +44,20 @@
 
 #include "protocol/protocol.h"
 #include "workers/backend.h"
+#include "workers/collective_layout.h"
 #include "workers/collective_math.h"
 #include "workers/work.h"
 
 #define COLL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES; collective_cuda.c checks it */
 #define COLL_CACHE_MAX 16 /* communicators a device keeps; the least recently used goes */
 #define COLL_FINALIZE_S 5.0 /* how long close lets a communicator finalize before aborting it */
+#define COLL_GROUP_MAX 64 /* primitives in one group (an all-to-all of 8 ranks as 64 sendrecvs) */
 
-/* "sum" ... "avg" (enum coll_op: collective_math.h); coll_op_from_name: 0, or -1. */
-const char *coll_op_name(enum coll_op op);
-int coll_op_from_name(const char *name, enum coll_op *out);
-/* Whether all-reduce takes buffers of this dtype (every typed dtype; not bytes). */
-bool coll_dtype_supported(enum gpuq_dtype dtype);
+/*
+ * Whether a primitive takes buffers of this dtype: reducing primitives every
+ * typed dtype (not bytes), the others every dtype (bytes move as u8).
+ */
+bool coll_dtype_supported(enum coll_prim prim, enum gpuq_dtype dtype);
 #define COLL_DTYPE_LIST "u8, i32, i64, f16, bf16, f32, f64"
 
 /* An opaque communicator id, as rank 0's backend made it. */
@@ -67,7 +71,6 @@ struct coll_sync {
 	int arrived;
 	uint64_t gens[GPUQ_MAX_DEVICES];   /* each rank's cached generation (0: none) */
 	atomic_bool rank_arrived[GPUQ_MAX_DEVICES];
-	_Atomic int64_t arrive_deadline_ns; /* the first arrival + the timeout */
 	/* Written by the last arrival before all_arrived is set. */
 	bool need_new;
 	uint64_t new_gen;
@@ -86,21 +89,37 @@ struct coll_sync {
 };
 
 /*
- * One all-reduce (or its benchmark) across nranks devices. The inputs are
- * the main thread's, written before the job is queued; the outputs are
- * written by the ranks and read by the main thread once every part is back.
+ * One primitive of a collective job, with each rank's buffers: in[r] and
+ * out[r] point at rank r's first element, NULL where the layout has the
+ * rank read or write nothing (broadcast's input off the root, reduce's
+ * output off it, sendrecv's buffers off its two ends). In place they point
+ * into one buffer as coll_in_place_offsets says.
  */
-struct allreduce_spec {
-	/* Inputs. */
-	enum coll_op op;
+struct coll_task {
+	struct coll_layout layout;
+	enum coll_op op; /* reducing primitives */
 	enum gpuq_dtype dtype;
-	uint64_t count; /* elements per rank */
+	void *in[GPUQ_MAX_DEVICES], *out[GPUQ_MAX_DEVICES];
+};
+
+/*
+ * One collective job (or its benchmark) across nranks devices: ntasks
+ * primitives on the communicator of devices, issued by every rank as one
+ * group. The inputs are the main thread's, written before the job is
+ * queued; the outputs are written by the ranks and read by the main thread
+ * once every part is back.
+ */
+struct coll_spec {
+	/* Inputs. */
 	int nranks;
 	int devices[GPUQ_MAX_DEVICES]; /* rank i runs on devices[i] */
-	void *in[GPUQ_MAX_DEVICES], *out[GPUQ_MAX_DEVICES]; /* in == out: in place */
-	double timeout_s;      /* arrival and the collective itself */
-	double init_timeout_s; /* a communicator's creation (at least timeout_s) */
-	bool bench;            /* WORK_ALLREDUCE_BENCH: the raw loop below */
+	struct coll_task *tasks;       /* ntasks (1 to COLL_GROUP_MAX), owned by the job */
+	int ntasks;
+	bool group;                    /* a group request (messages say "group") */
+	double timeout_s;       /* the collective itself, from its launch */
+	double init_timeout_s;  /* a communicator's creation (at least timeout_s) */
+	double arrive_deadline; /* CLOCK_MONOTONIC seconds: submission + timeout */
+	bool bench;             /* WORK_COLLECTIVE_BENCH: the raw loop below */
 	unsigned warmup, iters, repeats;
 	int inject_hang_rank; /* fault-injection builds: this rank hangs (-1: none) */
 
@@ -110,19 +129,22 @@ struct allreduce_spec {
 	double seconds[GPUQ_MAX_DEVICES];  /* the collective itself */
 	bool created[GPUQ_MAX_DEVICES];    /* this job made the communicator */
 	uint64_t generation[GPUQ_MAX_DEVICES];
-	double bench_us[GPUQ_MAX_DEVICES]; /* bench: median time of one all-reduce */
+	double bench_us[GPUQ_MAX_DEVICES]; /* bench: median time of one run of the group */
 };
 
-/* Main thread: defaults (sum, no hang) and a fresh rendezvous; destroy undoes it. */
-void coll_spec_init(struct allreduce_spec *spec);
-void coll_spec_destroy(struct allreduce_spec *spec);
+/* Main thread: no tasks, no hang, and a fresh rendezvous; destroy undoes it. */
+void coll_spec_init(struct coll_spec *spec);
+void coll_spec_destroy(struct coll_spec *spec);
+
+/* What the job is called in messages: its primitive's name, or "group". */
+const char *coll_spec_name(const struct coll_spec *spec);
 
 /*
  * One rank's view of the collective while it runs, handed to the backend's
  * collective operations. deadline and phase describe the current wait.
  */
 struct coll_call {
-	struct allreduce_spec *spec;
+	struct coll_spec *spec;
 	struct work *work; /* this rank's part: its cancel flag */
 	struct device *dev;
 	int rank;
@@ -133,9 +155,9 @@ struct coll_call {
 };
 
 /*
- * Worker thread: runs this device's part of an all-reduce (WORK_ALLREDUCE)
- * or of its benchmark (WORK_ALLREDUCE_BENCH). 0, or -1 with work->error set
- * to the collective's first failure.
+ * Worker thread: runs this device's part of a collective (WORK_COLLECTIVE)
+ * or of its benchmark (WORK_COLLECTIVE_BENCH). 0, or -1 with work->error
+ * set to the collective's first failure.
  */
 int collective_run(struct device *dev, struct work *work);
 
@@ -145,6 +167,15 @@ int collective_run(struct device *dev, struct work *work);
  * ranks of one communicator meet) and frees the cache.
  */
 void collective_device_close(struct device *dev);
+
+/*
+ * Main thread, at the arrival deadline: the ranks marked in withdrawn were
+ * still queued and have been taken out of their queues. Records their
+ * timeout as the collective's failure (so that the ranks that started stop
+ * at their next poll) and sets err to the collective's first failure, which
+ * each withdrawn part reports.
+ */
+void coll_fail_withdrawn(struct coll_spec *spec, const bool *withdrawn, struct gpuq_error *err);
 
 /*
  * For the backends' waits. coll_wait_begin starts a wait of timeout_s
@@ -158,10 +189,10 @@ int coll_poll(struct coll_call *call, struct gpuq_error *err);
 void coll_pause(struct coll_call *call);
 
 /* Whether the collective has failed (on any rank). */
-bool coll_failed(const struct allreduce_spec *spec);
+bool coll_failed(const struct coll_spec *spec);
 
-/* "devices 0,1,3" for messages. */
-void coll_format_devices(const struct allreduce_spec *spec, char *out, size_t size);
+/* "allreduce over devices 0,1,3" for messages. */
+void coll_format_devices(const struct coll_spec *spec, char *out, size_t size);
 
 /* Any thread: the median of n samples (sorts them). */
 double coll_median(double *samples, unsigned n);

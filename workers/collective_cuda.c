@@ -8,6 +8,12 @@
  * it ends, so work on this stream is ordered after and before every other
  * job by the worker itself.
  *
+ * A job's primitives (spec->tasks) are enqueued by cuda_coll_issue, each
+ * with NCCL's own call (all_to_all as a send and a receive with every
+ * rank), between ncclGroupStart and ncclGroupEnd when there are several or
+ * the primitive is made of several calls; a lone collective is issued bare,
+ * as nccl-tests issues it. The benchmark's raw loop issues the same calls.
+ *
  * Communicators are non-blocking (config.blocking = 0):
  * ncclCommInitRankConfig returns at once and the worker polls
  * ncclCommGetAsyncError until the state is ncclSuccess, while coll_poll
@@ -83,13 +89,15 @@ void nccl_log_teardown_error(const struct device *dev, ncclResult_t r, const cha
 		dev->index, call, ncclGetErrorString(r), nccl_result_name(r), file, line);
 }
 
-static int cuda_coll_types(struct device *dev, const struct allreduce_spec *spec,
-			   ncclDataType_t *type, ncclRedOp_t *op, struct gpuq_error *err)
+/* NCCL's type of a dtype (bytes move as ncclUint8) and op of a reduction. */
+static int cuda_coll_types(struct device *dev, const struct coll_task *t, ncclDataType_t *type,
+			   ncclRedOp_t *op, struct gpuq_error *err)
 {
 	static const ncclRedOp_t ops[] = { [COLL_SUM] = ncclSum, [COLL_PROD] = ncclProd,
 					   [COLL_MIN] = ncclMin, [COLL_MAX] = ncclMax,
 					   [COLL_AVG] = ncclAvg };
-	switch (spec->dtype) {
+	switch (t->dtype) {
+	case GPUQ_DTYPE_BYTES:
 	case GPUQ_DTYPE_U8: *type = ncclUint8; break;
 	case GPUQ_DTYPE_I32: *type = ncclInt32; break;
 	case GPUQ_DTYPE_I64: *type = ncclInt64; break;
@@ -98,13 +106,13 @@ static int cuda_coll_types(struct device *dev, const struct allreduce_spec *spec
 	case GPUQ_DTYPE_F32: *type = ncclFloat32; break;
 	case GPUQ_DTYPE_F64: *type = ncclFloat64; break;
 	default:
-		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] allreduce: dtype %s has no NCCL type",
-				 dev->index, gpuq_dtype_name(spec->dtype));
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] %s: dtype %s has no NCCL type",
+				 dev->index, coll_prim_name(t->layout.prim), gpuq_dtype_name(t->dtype));
 	}
-	if ((unsigned)spec->op >= sizeof ops / sizeof ops[0])
-		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] allreduce: op %d unknown",
-				 dev->index, (int)spec->op);
-	*op = ops[spec->op];
+	if ((unsigned)t->op >= sizeof ops / sizeof ops[0])
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] %s: op %d unknown", dev->index,
+				 coll_prim_name(t->layout.prim), (int)t->op);
+	*op = ops[t->op];
 	return 0;
 }
 
@@ -135,17 +143,121 @@ static int cuda_coll_check_async(struct device *dev, struct cuda_comm *c, struct
 	return 0;
 }
 
-static int cuda_coll_issue(struct device *dev, struct cuda_comm *c, struct coll_call *call,
-			   ncclDataType_t type, ncclRedOp_t op, struct gpuq_error *err)
+/* all_to_all as NCCL's own tests run it: a send and a receive of block j with every rank j. */
+static ncclResult_t cuda_coll_all_to_all(const struct coll_task *t, int r, ncclDataType_t type,
+					 struct cuda_comm *c, const char **what)
 {
-	const struct allreduce_spec *spec = call->spec;
-	int r = call->rank;
-	ncclResult_t res = ncclAllReduce(spec->in[r], spec->out[r], (size_t)spec->count, type, op,
-					 c->comm, c->stream);
+	size_t n = (size_t)t->layout.count, block = n * gpuq_dtype_size(t->dtype);
+	for (int j = 0; j < t->layout.nranks; j++) {
+		*what = "ncclSend(in + j*count, count, type, j, comm, stream)";
+		ncclResult_t res = ncclSend((const char *)t->in[r] + (size_t)j * block, n, type, j,
+					    c->comm, c->stream);
+		if (res != ncclSuccess && res != ncclInProgress)
+			return res;
+		*what = "ncclRecv(out + j*count, count, type, j, comm, stream)";
+		res = ncclRecv((char *)t->out[r] + (size_t)j * block, n, type, j, c->comm, c->stream);
+		if (res != ncclSuccess && res != ncclInProgress)
+			return res;
+	}
+	return ncclSuccess;
+}
+
+/* sendrecv: the sender sends, the receiver receives (both, sending to itself). */
+static ncclResult_t cuda_coll_sendrecv(const struct coll_task *t, int r, ncclDataType_t type,
+				       struct cuda_comm *c, const char **what)
+{
+	const struct coll_layout *l = &t->layout;
+	ncclResult_t res = ncclSuccess;
+	if (r == l->root) {
+		*what = "ncclSend(in, count, type, peer, comm, stream)";
+		res = ncclSend(t->in[r], (size_t)l->count, type, l->peer, c->comm, c->stream);
+	}
+	if (r == l->peer && (res == ncclSuccess || res == ncclInProgress)) {
+		*what = "ncclRecv(out, count, type, root, comm, stream)";
+		res = ncclRecv(t->out[r], (size_t)l->count, type, l->root, c->comm, c->stream);
+	}
+	return res;
+}
+
+/*
+ * Enqueues rank r's calls for one primitive, with NCCL's arguments: the
+ * root's input for broadcast (the others pass their output, as ncclBcast
+ * does), NULL for reduce's output off the root (nccl.h allows it).
+ */
+static ncclResult_t cuda_coll_enqueue(const struct coll_task *t, int r, ncclDataType_t type,
+				      ncclRedOp_t op, struct cuda_comm *c, const char **what)
+{
+	const struct coll_layout *l = &t->layout;
+	size_t n = (size_t)l->count;
+	switch (l->prim) {
+	case COLL_ALLREDUCE:
+		*what = "ncclAllReduce(in, out, count, type, op, comm, stream)";
+		return ncclAllReduce(t->in[r], t->out[r], n, type, op, c->comm, c->stream);
+	case COLL_REDUCE_SCATTER:
+		*what = "ncclReduceScatter(in, out, recvcount, type, op, comm, stream)";
+		return ncclReduceScatter(t->in[r], t->out[r], n, type, op, c->comm, c->stream);
+	case COLL_ALL_GATHER:
+		*what = "ncclAllGather(in, out, sendcount, type, comm, stream)";
+		return ncclAllGather(t->in[r], t->out[r], n, type, c->comm, c->stream);
+	case COLL_BROADCAST:
+		*what = "ncclBroadcast(in, out, count, type, root, comm, stream)";
+		return ncclBroadcast(r == l->root ? t->in[r] : t->out[r], t->out[r], n, type, l->root,
+				     c->comm, c->stream);
+	case COLL_REDUCE:
+		*what = "ncclReduce(in, out, count, type, op, root, comm, stream)";
+		return ncclReduce(t->in[r], r == l->root ? t->out[r] : NULL, n, type, op, l->root,
+				  c->comm, c->stream);
+	case COLL_SENDRECV: return cuda_coll_sendrecv(t, r, type, c, what);
+	case COLL_ALL_TO_ALL: return cuda_coll_all_to_all(t, r, type, c, what);
+	}
+	*what = "an unknown primitive";
+	return ncclInvalidArgument;
+}
+
+/*
+ * Whether the job's calls go between ncclGroupStart and ncclGroupEnd:
+ * several primitives (a group request), or one made of several calls that
+ * must progress together (all_to_all's sends and receives, a send to
+ * oneself). A lone collective is issued bare, as nccl-tests issues it.
+ */
+static bool cuda_coll_grouped(const struct coll_spec *spec)
+{
+	enum coll_prim p = spec->tasks[0].layout.prim;
+	return spec->ntasks > 1 || p == COLL_SENDRECV || p == COLL_ALL_TO_ALL;
+}
+
+/* Enqueues every primitive of the job once, as one group where it needs one. */
+static int cuda_coll_issue(struct device *dev, struct cuda_comm *c, struct coll_call *call,
+			   struct gpuq_error *err)
+{
+	const struct coll_spec *spec = call->spec;
+	bool grouped = cuda_coll_grouped(spec);
+	ncclResult_t res = ncclSuccess;
+	const char *what = "ncclGroupEnd()";
+	if (grouped)
+		NCCL_TRY(dev, err, ncclGroupStart());
+	for (int i = 0; i < spec->ntasks && (res == ncclSuccess || res == ncclInProgress); i++) {
+		ncclDataType_t type = ncclUint8;
+		ncclRedOp_t op = ncclSum;
+		if (cuda_coll_types(dev, &spec->tasks[i], &type, &op, err) < 0) {
+			if (grouped)
+				NCCL_LOG(dev, ncclGroupEnd());
+			return -1;
+		}
+		res = cuda_coll_enqueue(&spec->tasks[i], call->rank, type, op, c, &what);
+	}
+	if (grouped) {
+		/* Always closed, even after a failed call: NCCL cleans the group up there. */
+		ncclResult_t end = ncclGroupEnd();
+		if (res == ncclSuccess || res == ncclInProgress) {
+			res = end;
+			what = "ncclGroupEnd()";
+		}
+	}
 	if (res == ncclInProgress)
-		return cuda_coll_settle(dev, c->comm, call, "ncclAllReduce", err);
+		return cuda_coll_settle(dev, c->comm, call, what, err);
 	if (res != ncclSuccess)
-		return NCCL_FAIL(dev, err, res, "ncclAllReduce(in, out, count, type, op, comm, stream)");
+		return NCCL_FAIL(dev, err, res, what);
 	return 0;
 }
 
@@ -273,28 +385,23 @@ void cuda_coll_comm_destroy(struct device *dev, void *comm)
 	cuda_coll_free(dev, c);
 }
 
-int cuda_coll_allreduce(struct device *dev, void *comm, struct coll_call *call,
-			struct gpuq_error *err)
+int cuda_coll_run(struct device *dev, void *comm, struct coll_call *call, struct gpuq_error *err)
 {
 	struct cuda_comm *c = comm;
-	ncclDataType_t type;
-	ncclRedOp_t op;
-	if (cuda_coll_types(dev, call->spec, &type, &op, err) < 0 ||
-	    cuda_coll_issue(dev, c, call, type, op, err) < 0)
+	if (cuda_coll_issue(dev, c, call, err) < 0)
 		return -1;
 	return cuda_coll_wait(dev, c, NULL, call, err);
 }
 
-/* One timed batch: iters all-reduces back to back between two events. */
+/* One timed batch: iters runs of the job's primitives back to back between two events. */
 static int cuda_coll_batch(struct device *dev, struct cuda_comm *c, struct coll_call *call,
-			   ncclDataType_t type, ncclRedOp_t op, cudaEvent_t start,
-			   cudaEvent_t stop, double *us, struct gpuq_error *err)
+			   cudaEvent_t start, cudaEvent_t stop, double *us, struct gpuq_error *err)
 {
-	const struct allreduce_spec *spec = call->spec;
+	const struct coll_spec *spec = call->spec;
 	coll_wait_begin(call, spec->timeout_s, "the benchmark loop");
 	CUDA_TRY(dev, err, cudaEventRecord(start, c->stream));
 	for (unsigned i = 0; i < spec->iters; i++)
-		if (cuda_coll_issue(dev, c, call, type, op, err) < 0)
+		if (cuda_coll_issue(dev, c, call, err) < 0)
 			return -1;
 	CUDA_TRY(dev, err, cudaEventRecord(stop, c->stream));
 	if (cuda_coll_wait(dev, c, stop, call, err) < 0)
@@ -306,34 +413,31 @@ static int cuda_coll_batch(struct device *dev, struct cuda_comm *c, struct coll_
 }
 
 /*
- * The baseline: a raw ncclAllReduce loop on this communicator, timed with
- * CUDA events: warm-up, then `repeats` batches of `iters`; the median batch's
- * time per all-reduce goes to spec->bench_us[rank].
+ * The baseline: the job's NCCL calls in a raw loop on this communicator,
+ * the same calls cuda_coll_run makes, timed with CUDA events: warm-up, then
+ * `repeats` batches of `iters`; the median batch's time per run goes to
+ * spec->bench_us[rank].
  */
 int cuda_coll_bench(struct device *dev, void *comm, struct coll_call *call,
 		    struct gpuq_error *err)
 {
 	struct cuda_comm *c = comm;
-	struct allreduce_spec *spec = call->spec;
-	ncclDataType_t type;
-	ncclRedOp_t op;
+	struct coll_spec *spec = call->spec;
 	cudaEvent_t start = NULL, stop = NULL;
 	double *samples = calloc(spec->repeats ? spec->repeats : 1, sizeof *samples);
 	int rc = -1;
 	if (!samples)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] bench: no memory for %u samples",
 				 dev->index, spec->repeats);
-	if (cuda_coll_types(dev, spec, &type, &op, err) < 0)
-		goto out;
 	CUDA_TRY_GOTO(dev, err, cudaEventCreate(&start), out);
 	CUDA_TRY_GOTO(dev, err, cudaEventCreate(&stop), out);
 	for (unsigned w = 0; w < spec->warmup; w++)
-		if (cuda_coll_issue(dev, c, call, type, op, err) < 0)
+		if (cuda_coll_issue(dev, c, call, err) < 0)
 			goto out;
 	if (cuda_coll_wait(dev, c, NULL, call, err) < 0)
 		goto out;
 	for (unsigned rep = 0; rep < spec->repeats; rep++)
-		if (cuda_coll_batch(dev, c, call, type, op, start, stop, &samples[rep], err) < 0)
+		if (cuda_coll_batch(dev, c, call, start, stop, &samples[rep], err) < 0)
 			goto out;
 	spec->bench_us[call->rank] = coll_median(samples, spec->repeats);
 	rc = 0;

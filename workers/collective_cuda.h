@@ -11,8 +11,7 @@
 int cuda_coll_unique_id(struct device *dev, struct coll_id *id, struct gpuq_error *err);
 int cuda_coll_comm_init(struct device *dev, struct coll_call *call, const struct coll_id *id,
 			void **comm, struct gpuq_error *err);
-int cuda_coll_allreduce(struct device *dev, void *comm, struct coll_call *call,
-			struct gpuq_error *err);
+int cuda_coll_run(struct device *dev, void *comm, struct coll_call *call, struct gpuq_error *err);
 int cuda_coll_bench(struct device *dev, void *comm, struct coll_call *call,
 		    struct gpuq_error *err);
 void cuda_coll_comm_abort(struct device *dev, void *comm);

@@ -11,20 +11,14 @@
  * checks that every rank's communicator is the same group.
  *
  * The collective itself runs among the ranks' worker threads: after a
- * barrier, rank r reduces elements [count*r/n, count*(r+1)/n) of every
- * rank's input into every rank's output, and a second barrier ends it. So
- * each rank's thread reads and writes other devices' arenas here, and only
- * between those barriers, while their workers wait in the same collective.
- *
- * Semantics, as NCCL's: each element is reduced in rank order in the
- * dtype's own precision, rounding after every step (f16 and bf16 through
- * float and kernels/hash.h's conversions, which is exact: float has more
- * than twice their precision); integers wrap; min and max of floats ignore
- * NaNs (fmin/fmax); avg of floats multiplies each input by 1/n (rounded to
- * the dtype) before the sum, as NCCL's PreMulSum does; avg of integers
- * divides the wrapped sum by n, truncating toward zero.
+ * barrier, each rank does its share of every primitive of the job
+ * (host_task_share: allreduce's and reduce's elements split among the
+ * ranks, every other primitive's output filled by its own rank), and a
+ * second barrier ends it. So each rank's thread reads and writes other
+ * devices' arenas here, and only between those barriers, while their
+ * workers wait in the same collective. The arithmetic, with NCCL's
+ * semantics, is collective_host_reduce.c's.
  */
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +30,6 @@
 #include "workers/clock.h"
 #include "workers/collective.h"
 #include "workers/collective_host.h"
-#include "workers/collective_math.h"
 
 struct host_group {
 	struct coll_id id;
@@ -158,132 +151,72 @@ void host_coll_comm_release(struct device *dev, void *comm)
 	free(hc);
 }
 
-/* Integers: wrapping arithmetic in the low `size` bytes, signed or not. */
-static uint64_t int_mask(size_t size)
+/* dst <- src, count elements (nothing when they are the same: in place). */
+static void host_copy(void *dst, const void *src, uint64_t count, size_t elt)
 {
-	return size == 8 ? UINT64_MAX : (UINT64_C(1) << (8 * size)) - 1;
+	if (dst != src)
+		memcpy(dst, src, count * elt);
 }
 
-static int64_t int_signed(uint64_t v, size_t size)
+static void *host_at(void *base, uint64_t element, size_t elt)
 {
-	uint64_t sign = UINT64_C(1) << (8 * size - 1);
-	return (int64_t)((v ^ sign) - sign); /* sign-extends from bit 8*size-1 */
+	return (char *)base + element * elt;
 }
 
-static uint64_t int_step(enum coll_op op, uint64_t a, uint64_t b, size_t size, bool is_signed)
+/* Elements [lo, hi) of every rank's input reduced into out[0..ndst). */
+static void host_reduce_slice(const struct coll_task *t, uint64_t lo, uint64_t hi,
+			      void *const *out, int ndst)
 {
-	uint64_t mask = int_mask(size);
-	switch (op) {
-	case COLL_SUM:
-	case COLL_AVG: return (a + b) & mask;
-	case COLL_PROD: return (a * b) & mask;
-	case COLL_MIN:
-	case COLL_MAX: {
-		bool less = is_signed ? int_signed(a, size) < int_signed(b, size) : a < b;
-		return (op == COLL_MIN) == less ? a : b;
+	size_t elt = gpuq_dtype_size(t->dtype);
+	struct host_reduction h = { .dtype = t->dtype, .op = t->op, .nsrc = t->layout.nranks,
+				    .ndst = ndst };
+	for (int k = 0; k < h.nsrc; k++)
+		h.src[k] = host_at(t->in[k], lo, elt);
+	for (int d = 0; d < ndst; d++)
+		h.dst[d] = host_at(out[d], lo, elt);
+	host_reduce(&h, hi - lo);
+}
+
+/*
+ * Rank r's share of one primitive, between the barriers: allreduce and
+ * reduce split the elements among the ranks (rank r reduces its slice of
+ * every input into every output, or the root's); every other primitive has
+ * each rank fill its own output, reading the others' inputs. Nothing a rank
+ * writes is read by another rank in the same share (in place included, as
+ * coll_in_place_offsets lays it out), so the shares need no order.
+ */
+static void host_task_share(const struct coll_task *t, int r)
+{
+	const struct coll_layout *l = &t->layout;
+	size_t elt = gpuq_dtype_size(t->dtype);
+	uint64_t n = (uint64_t)l->nranks, c = l->count, lo = c * (uint64_t)r / n,
+		 hi = c * (uint64_t)(r + 1) / n;
+	void *const root_out[1] = { t->out[l->root] };
+	switch (l->prim) {
+	case COLL_ALLREDUCE: host_reduce_slice(t, lo, hi, t->out, l->nranks); return;
+	case COLL_REDUCE: host_reduce_slice(t, lo, hi, root_out, 1); return;
+	case COLL_REDUCE_SCATTER: {
+		struct host_reduction h = { .dtype = t->dtype, .op = t->op, .nsrc = l->nranks,
+					    .ndst = 1, .dst = { t->out[r] } };
+		for (int k = 0; k < l->nranks; k++)
+			h.src[k] = host_at(t->in[k], (uint64_t)r * c, elt);
+		host_reduce(&h, c);
+		return;
 	}
-	}
-	return a;
-}
-
-static void host_reduce_int(const struct allreduce_spec *spec, uint64_t lo, uint64_t hi)
-{
-	size_t size = gpuq_dtype_size(spec->dtype);
-	bool is_signed = spec->dtype != GPUQ_DTYPE_U8;
-	uint64_t mask = int_mask(size);
-	for (uint64_t i = lo; i < hi; i++) {
-		uint64_t acc = 0, x = 0;
-		memcpy(&acc, (const char *)spec->in[0] + i * size, size); /* little-endian */
-		for (int r = 1; r < spec->nranks; r++) {
-			memcpy(&x, (const char *)spec->in[r] + i * size, size);
-			acc = int_step(spec->op, acc, x, size, is_signed);
-		}
-		if (spec->op == COLL_AVG && is_signed)
-			acc = (uint64_t)(int_signed(acc, size) / spec->nranks) & mask;
-		else if (spec->op == COLL_AVG)
-			acc /= (uint64_t)spec->nranks;
-		for (int r = 0; r < spec->nranks; r++)
-			memcpy((char *)spec->out[r] + i * size, &acc, size);
-	}
-}
-
-/* Floats: values carried as double, rounded to the dtype after every step. */
-static double float_round(double v, enum gpuq_dtype dtype)
-{
-	switch (dtype) {
-	case GPUQ_DTYPE_F16: return gpuq_f16_bits_to_f32(gpuq_f32_to_f16_bits((float)v));
-	case GPUQ_DTYPE_BF16: return gpuq_bf16_bits_to_f32(gpuq_f32_to_bf16_bits((float)v));
-	case GPUQ_DTYPE_F32: return (float)v;
-	default: return v;
-	}
-}
-
-static double float_load(const void *base, uint64_t i, enum gpuq_dtype dtype)
-{
-	const char *p = base;
-	uint16_t h;
-	float f;
-	double d;
-	switch (dtype) {
-	case GPUQ_DTYPE_F16: memcpy(&h, p + i * 2, 2); return gpuq_f16_bits_to_f32(h);
-	case GPUQ_DTYPE_BF16: memcpy(&h, p + i * 2, 2); return gpuq_bf16_bits_to_f32(h);
-	case GPUQ_DTYPE_F32: memcpy(&f, p + i * 4, 4); return f;
-	default: memcpy(&d, p + i * 8, 8); return d;
-	}
-}
-
-static void float_store(void *base, uint64_t i, enum gpuq_dtype dtype, double v)
-{
-	char *p = base;
-	uint16_t h;
-	float f = (float)v;
-	switch (dtype) {
-	case GPUQ_DTYPE_F16: h = gpuq_f32_to_f16_bits(f); memcpy(p + i * 2, &h, 2); return;
-	case GPUQ_DTYPE_BF16: h = gpuq_f32_to_bf16_bits(f); memcpy(p + i * 2, &h, 2); return;
-	case GPUQ_DTYPE_F32: memcpy(p + i * 4, &f, 4); return;
-	default: memcpy(p + i * 8, &v, 8); return;
-	}
-}
-
-static double float_step(enum coll_op op, double a, double b, enum gpuq_dtype dtype)
-{
-	switch (op) {
-	case COLL_SUM:
-	case COLL_AVG: return float_round(a + b, dtype);
-	case COLL_PROD: return float_round(a * b, dtype);
-	case COLL_MIN: return fmin(a, b);
-	case COLL_MAX: return fmax(a, b);
-	}
-	return a;
-}
-
-static void host_reduce_float(const struct allreduce_spec *spec, uint64_t lo, uint64_t hi)
-{
-	enum gpuq_dtype t = spec->dtype;
-	double scale = float_round(1.0 / spec->nranks, t);
-	bool avg = spec->op == COLL_AVG;
-	for (uint64_t i = lo; i < hi; i++) {
-		double acc = float_load(spec->in[0], i, t);
-		if (avg)
-			acc = float_round(acc * scale, t);
-		for (int r = 1; r < spec->nranks; r++) {
-			double x = float_load(spec->in[r], i, t);
-			acc = float_step(spec->op, acc, avg ? float_round(x * scale, t) : x, t);
-		}
-		for (int r = 0; r < spec->nranks; r++)
-			float_store(spec->out[r], i, t, acc);
-	}
-}
-
-/* Elements [lo, hi) of every input reduced into every output. */
-static void host_reduce(const struct allreduce_spec *spec, uint64_t lo, uint64_t hi)
-{
-	switch (spec->dtype) {
-	case GPUQ_DTYPE_F16:
-	case GPUQ_DTYPE_BF16:
-	case GPUQ_DTYPE_F32:
-	case GPUQ_DTYPE_F64: host_reduce_float(spec, lo, hi); return;
-	default: host_reduce_int(spec, lo, hi); return;
+	case COLL_ALL_GATHER:
+		for (uint64_t k = 0; k < n; k++)
+			host_copy(host_at(t->out[r], k * c, elt), t->in[k], c, elt);
+		return;
+	case COLL_BROADCAST: host_copy(t->out[r], t->in[l->root], c, elt); return;
+	case COLL_SENDRECV:
+		if (r == l->peer)
+			host_copy(t->out[r], t->in[l->root], c, elt);
+		return;
+	case COLL_ALL_TO_ALL:
+		for (uint64_t k = 0; k < n; k++)
+			host_copy(host_at(t->out[r], k * c, elt), host_at(t->in[k], (uint64_t)r * c, elt),
+				  c, elt);
+		return;
 	}
 }
 
@@ -291,7 +224,7 @@ static void host_reduce(const struct allreduce_spec *spec, uint64_t lo, uint64_t
 static int host_name_laggards(struct coll_call *call, const _Atomic unsigned *progress,
 			      unsigned want, const char *what, struct gpuq_error *err)
 {
-	const struct allreduce_spec *spec = call->spec;
+	const struct coll_spec *spec = call->spec;
 	if (err->code != GPUQ_E_TIMEOUT || coll_failed(spec))
 		return -1;
 	char devs[256], late[256] = "";
@@ -303,7 +236,7 @@ static int host_name_laggards(struct coll_call *call, const _Atomic unsigned *pr
 						 n++ ? ", " : "", r, spec->devices[r]);
 	coll_format_devices(spec, devs, sizeof devs);
 	return gpuq_fail(err, GPUQ_E_TIMEOUT,
-			 "allreduce over %s: %s did not %s within %.0f ms; the communicator is dropped",
+			 "%s: %s did not %s within %.0f ms; the communicator is dropped",
 			 devs, late, what, (call->deadline - call->wait_start) * 1e3);
 }
 
@@ -327,17 +260,17 @@ static int host_check_group(struct coll_call *call, struct host_comm *hc, struct
 	for (int r = 0; r < call->spec->nranks; r++)
 		if (atomic_load(&s->host_group[r]) != hc->group)
 			return gpuq_fail(err, GPUQ_E_INTERNAL,
-					 "allreduce: rank %d and rank %d hold different communicators "
+					 "%s: rank %d and rank %d hold different communicators "
 					 "(a stale communicator cache)",
-					 call->rank, r);
+					 coll_spec_name(call->spec), call->rank, r);
 	return 0;
 }
 
-/* One all-reduce among the ranks' threads: barrier, this rank's slice, barrier. */
+/* One run of the spec's primitives among the ranks' threads: barrier, this rank's shares, barrier. */
 static int host_collective_once(struct coll_call *call, struct host_comm *hc,
 				struct gpuq_error *err)
 {
-	struct allreduce_spec *spec = call->spec;
+	struct coll_spec *spec = call->spec;
 	struct coll_sync *s = &spec->sync;
 	unsigned k = ++call->host_ops, n = (unsigned)spec->nranks, r = (unsigned)call->rank;
 	atomic_store(&s->host_group[r], hc->group);
@@ -348,15 +281,16 @@ static int host_collective_once(struct coll_call *call, struct host_comm *hc,
 		return -1;
 	if (k == 1 && host_check_group(call, hc, err) < 0)
 		return -1;
-	host_reduce(spec, spec->count * r / n, spec->count * (r + 1) / n);
+	for (int t = 0; t < spec->ntasks; t++)
+		host_task_share(&spec->tasks[t], (int)r);
 	atomic_store(&s->host_rank_finished[r], k);
 	atomic_fetch_add(&s->host_finish, 1);
 	return host_barrier(call, &s->host_finish, n * k, s->host_rank_finished, k,
 			    "finish its share of the collective", err);
 }
 
-int host_coll_allreduce(struct device *dev, void *comm, struct coll_call *call,
-			struct gpuq_error *err)
+int host_coll_run(struct device *dev, void *comm, struct coll_call *call,
+		  struct gpuq_error *err)
 {
 	(void)dev;
 	return host_collective_once(call, comm, err);
@@ -367,7 +301,7 @@ int host_coll_bench(struct device *dev, void *comm, struct coll_call *call,
 		    struct gpuq_error *err)
 {
 	(void)dev;
-	struct allreduce_spec *spec = call->spec;
+	struct coll_spec *spec = call->spec;
 	double *samples = calloc(spec->repeats ? spec->repeats : 1, sizeof *samples);
 	if (!samples)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "bench: no memory for %u samples",

@@ -1,11 +1,12 @@
 /*
- * The arithmetic of all-reduce that the daemon, the tests and the benchmark
- * share: the reduction ops, the inverses of kernels/hash.h's float ->
- * f16/bf16 conversions, the elements `fill random` makes, and the reference
- * an output element is checked against. Plain C, header-only, any thread.
+ * The arithmetic of the reducing collectives that the daemon, the tests
+ * and the benchmark share: the reduction ops and their names, the inverses
+ * of kernels/hash.h's float -> f16/bf16 conversions, the elements `fill
+ * random` makes, and the reference an output element is checked against.
+ * Plain C, header-only, any thread.
  *
  * The reference is computed independently of the host backend's reduction
- * (collective_host.c): integers exactly, with NCCL's semantics (sums and
+ * (collective_host_reduce.c): integers exactly, with NCCL's semantics (sums and
  * products wrap; avg divides the wrapped sum by n, truncating toward zero;
  * min and max compare signed for i32/i64, unsigned for u8), floats in double,
  * with a tolerance for the dtype's rounding in whatever order the backend
@@ -24,8 +25,32 @@
 
 enum coll_op { COLL_SUM, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG };
 
-/* The ops' names for messages; collective.c maps names to ops. */
+/* The ops' names, as requests give them. */
 #define COLL_OP_LIST "sum, prod, min, max, avg"
+
+static inline const char *coll_op_name(enum coll_op op)
+{
+	switch (op) {
+	case COLL_SUM: return "sum";
+	case COLL_PROD: return "prod";
+	case COLL_MIN: return "min";
+	case COLL_MAX: return "max";
+	case COLL_AVG: return "avg";
+	}
+	return "unknown";
+}
+
+/* 0 with *out, or -1 when name is no op. */
+static inline int coll_op_from_name(const char *name, enum coll_op *out)
+{
+	for (int op = COLL_SUM; op <= COLL_AVG; op++) {
+		if (strcmp(name, coll_op_name((enum coll_op)op)) == 0) {
+			*out = (enum coll_op)op;
+			return 0;
+		}
+	}
+	return -1;
+}
 
 /* binary16 bits -> float: exact (every half is a float). */
 static inline float gpuq_f16_bits_to_f32(uint16_t h)
@@ -112,7 +137,7 @@ static inline double coll_float_value(enum gpuq_dtype t, uint64_t bits)
 	}
 }
 
-/* The reference result of an integer all-reduce of in[0..n), as raw bits. */
+/* The reference result of an integer reduction of in[0..n), as raw bits. */
 static inline uint64_t coll_reference_int(enum gpuq_dtype t, enum coll_op op, int n,
 					  const uint64_t *in)
 {
@@ -169,7 +194,7 @@ static inline double coll_tiny(enum gpuq_dtype t)
 }
 
 /*
- * Whether out is a right result of a float all-reduce of in[0..n): within
+ * Whether out is a right result of a float reduction of in[0..n): within
  * 2(n + 2) unit roundoffs of the inputs' magnitude (the rounding of n - 1
  * steps, of avg's 1/n and of its products, in any order), min and max
  * exactly.
@@ -201,7 +226,7 @@ static inline bool coll_check_float(enum gpuq_dtype t, enum coll_op op, int n,
 	return isfinite(got) && fabs(got - ref) <= tol;
 }
 
-/* Whether out is the right result of an all-reduce of in[0..n) in dtype t. */
+/* Whether out is the right result of a reduction of in[0..n) in dtype t. */
 static inline bool coll_check_element(enum gpuq_dtype t, enum coll_op op, int n,
 				      const uint64_t *in, uint64_t out)
 {

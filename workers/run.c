@@ -31,8 +31,8 @@ const char *work_kind_name(enum work_kind kind)
 	case WORK_BENCH_D2D: return "bench_d2d";
 	case WORK_CHAIN: return "run";
 	case WORK_BENCH_CHAIN: return "bench_chain";
-	case WORK_ALLREDUCE: return "allreduce";
-	case WORK_ALLREDUCE_BENCH: return "bench_allreduce";
+	case WORK_COLLECTIVE: return "collective";
+	case WORK_COLLECTIVE_BENCH: return "bench_collective";
 	case WORK_BENCH_SCHED: return "bench_sched";
 	}
 	return "unknown";
@@ -121,8 +121,8 @@ static int run_kind(struct device *dev, struct work *work)
 		return chain_run(dev, work);
 	case WORK_BENCH_CHAIN:
 		return chain_bench_run(dev, work);
-	case WORK_ALLREDUCE:
-	case WORK_ALLREDUCE_BENCH:
+	case WORK_COLLECTIVE:
+	case WORK_COLLECTIVE_BENCH:
 		return collective_run(dev, work);
 	case WORK_BENCH_SCHED:
 		return sched_bench_run(dev, work);

@@ -128,8 +128,8 @@ enum sched_engine sched_engine_of(const struct work *work)
 	case WORK_CHECKSUM:
 	case WORK_CHAIN: return SCHED_ENGINE_KERNEL;
 	case WORK_COPY: return SCHED_ENGINE_COPY;
-	case WORK_ALLREDUCE:
-	case WORK_ALLREDUCE_BENCH: return SCHED_ENGINE_COLLECTIVE;
+	case WORK_COLLECTIVE:
+	case WORK_COLLECTIVE_BENCH: return SCHED_ENGINE_COLLECTIVE;
 	default: return SCHED_ENGINE_OTHER;
 	}
 }

@@ -26,7 +26,7 @@ bool sched_work_exclusive(const struct work *w)
 	case WORK_BENCH_COPY:
 	case WORK_BENCH_D2D:
 	case WORK_BENCH_CHAIN:
-	case WORK_ALLREDUCE_BENCH:
+	case WORK_COLLECTIVE_BENCH:
 	case WORK_BENCH_SCHED:
 		return true;
 	default:

@@ -32,9 +32,9 @@ enum work_kind {
 	/* kinds of the kernel-chain issue */
 	WORK_CHAIN,       /* run: an elementwise chain on a buffer (spec: struct chain_spec) */
 	WORK_BENCH_CHAIN, /* bench_chain: the chain benchmark (spec: struct chain_bench) */
-	/* kinds of the all-reduce issue */
-	WORK_ALLREDUCE,       /* allreduce: one rank's part (spec: struct allreduce_spec) */
-	WORK_ALLREDUCE_BENCH, /* bench_allreduce: the raw loop on the same communicator */
+	/* kinds of the collectives */
+	WORK_COLLECTIVE,       /* allreduce ... group: one rank's part (spec: struct coll_spec) */
+	WORK_COLLECTIVE_BENCH, /* bench_collective: the raw loop on the same communicator */
 	/* kinds of the scheduler issue */
 	WORK_BENCH_SCHED, /* bench_sched: the raw ceiling of overlapping engines (spec: struct sched_bench) */
 };

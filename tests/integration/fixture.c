@@ -294,18 +294,34 @@ static struct gpuq_reply *job_call(struct gpuq_client *c, const char *op, const 
 	return call(c, &req, fds, nfds);
 }
 
-void do_alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes)
+/* An alloc of bytes (dtype NULL) or of count elements of dtype, waited for. */
+static void alloc_waited(struct gpuq_client *c, const char *name, int device, const char *dtype,
+			 uint64_t size)
 {
 	struct mp_map req;
 	gpuq_request_begin(c, &req, "alloc");
 	mp_put_str(&req, "name", name);
 	mp_put_u64(&req, "device", (uint64_t)device);
-	mp_put_u64(&req, "bytes", bytes);
+	mp_put_u64(&req, dtype ? "count" : "bytes", size);
+	if (dtype)
+		mp_put_str(&req, "dtype", dtype);
 	mp_put_bool(&req, "wait", true);
 	struct gpuq_reply *r = call(c, &req, NULL, 0);
 	expect_ok(r, "alloc");
-	CHECK_EQ(reply_u64(r, "job.result.bytes"), bytes);
+	if (!dtype)
+		CHECK_EQ(reply_u64(r, "job.result.bytes"), size);
 	gpuq_reply_free(r);
+}
+
+void do_alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes)
+{
+	alloc_waited(c, name, device, NULL, bytes);
+}
+
+void do_alloc_typed(struct gpuq_client *c, const char *name, int device, const char *dtype,
+		    uint64_t count)
+{
+	alloc_waited(c, name, device, dtype, count);
 }
 
 void do_fill_random(struct gpuq_client *c, const char *buffer, uint64_t seed)

@@ -67,6 +67,9 @@ int device_count(struct gpuq_client *c);
 
 /* One-call conveniences for the common jobs (all with wait: true; fail the test if refused). */
 void do_alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes);
+/* count elements of dtype ("f32", ...) */
+void do_alloc_typed(struct gpuq_client *c, const char *name, int device, const char *dtype,
+		    uint64_t count);
 void do_fill_random(struct gpuq_client *c, const char *buffer, uint64_t seed);
 uint64_t do_checksum(struct gpuq_client *c, const char *buffer);
 void do_free(struct gpuq_client *c, const char *buffer);

@@ -231,14 +231,19 @@ TEST(free_waits_for_the_jobs_on_its_buffer)
 	gpuq_reply_free(r);
 	char want[64], state[16], waiting[160];
 	snprintf(want, sizeof want, "behind job %llu", (unsigned long long)job);
-	gpuq_request_begin(c, &req, "status");
-	mp_put_u64(&req, "job", freeing);
-	r = call(c, &req, NULL, 0);
-	reply_str(r, "job.state", state, sizeof state);
-	reply_str(r, "job.waiting", waiting, sizeof waiting);
+	for (int i = 0; i < 200; i++) { /* until its worker has looked at it */
+		gpuq_request_begin(c, &req, "status");
+		mp_put_u64(&req, "job", freeing);
+		r = call(c, &req, NULL, 0);
+		reply_str(r, "job.state", state, sizeof state);
+		reply_str(r, "job.waiting", waiting, sizeof waiting);
+		gpuq_reply_free(r);
+		if (strstr(waiting, want))
+			break;
+		usleep(10000);
+	}
 	CHECK_STR(state, "queued");
 	CHECKF(strstr(waiting, want), "waiting: '%s', not '%s'", waiting, want);
-	gpuq_reply_free(r);
 	gpuq_request_begin(c, &req, "checksum"); /* nothing new may start on a buffer being freed */
 	mp_put_str(&req, "buffer", "w");
 	expect(call(c, &req, NULL, 0), GPUQ_E_BUSY, "being freed");

@@ -122,7 +122,7 @@ TEST(sched_streams_cannot_wait_for_gangs_on_the_device)
 {
 	struct bench b;
 	bench_init(&b, 16);
-	struct work *ar = add(&b, WORK_ALLREDUCE, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	struct work *ar = add(&b, WORK_COLLECTIVE, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
 	ar->gang_size = 2;
 	struct work *get = add(&b, WORK_GET, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
 	CHECK(next(&b) == ar);
@@ -139,7 +139,7 @@ TEST(sched_gang_parts_keep_their_order_and_go_one_at_a_time)
 {
 	struct bench b;
 	bench_init(&b, 16);
-	struct work *g1 = add(&b, WORK_ALLREDUCE, 1, GPUQ_PRIORITY_LOW, buffer_a, 0, 64, true);
+	struct work *g1 = add(&b, WORK_COLLECTIVE, 1, GPUQ_PRIORITY_LOW, buffer_a, 0, 64, true);
 	struct work *g2 = add(&b, WORK_COPY, 2, GPUQ_PRIORITY_HIGH, buffer_b, 0, 64, true);
 	struct work *noop = add(&b, WORK_NOOP, 3, GPUQ_PRIORITY_LOW, NULL, 0, 0, false);
 	g1->gang_size = g2->gang_size = 2;
