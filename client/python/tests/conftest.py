@@ -130,7 +130,9 @@ def private_daemon() -> Iterator[Callable[..., Daemon]]:
 
 class Stalled:
     """A private daemon whose device 0 runs a put (into ``w@0``) from a pipe that
-    nothing feeds: the job runs until it is fed and ended, or cancelled."""
+    nothing feeds: the job runs until it is fed and ended, or cancelled. The
+    daemon keeps one job in flight per device (``--max-inflight=1``), so that
+    later jobs there stay queued behind the put."""
 
     def __init__(self, daemon: Daemon, timeout: float) -> None:
         self.daemon = daemon
@@ -166,7 +168,7 @@ def stalled(private_daemon) -> Iterator[Callable[..., Stalled]]:
     made: List[Stalled] = []
 
     def start(*args: str, timeout: float = gpuq.DEFAULT_TIMEOUT) -> Stalled:
-        s = Stalled(private_daemon(*args), timeout)
+        s = Stalled(private_daemon("--max-inflight=1", *args), timeout)
         made.append(s)
         return s
     yield start

@@ -108,13 +108,14 @@ def test_io_error_when_the_source_ends_early(client, name):
         client.free(name)
 
 
-def test_busy_while_a_job_holds_the_buffer(stalled):
+def test_busy_while_a_buffer_is_being_freed(stalled):
     s = stalled()
-    with pytest.raises(gpuq.Busy, match="w"):
-        s.client.free("w")
+    freeing = s.client.free("w", detach=True)  # queued behind the put that holds w
+    with pytest.raises(gpuq.Busy, match="being freed"):
+        s.client.checksum("w")
     s.end()
     s.job.wait(timeout=10)
-    s.client.free("w")
+    assert freeing.wait(timeout=10).state == "done"
 
 
 def test_device_error_then_no_device(private_daemon):
