@@ -508,6 +508,7 @@ static const struct bench_entry bench_kinds[] = {
 	{ "copy", bench_copy },
 	{ "chain", bench_chain },
 	{ "allreduce", bench_allreduce },
+	{ "sched", bench_sched },
 };
 
 int cmd_bench(struct cli *cli)

@@ -191,6 +191,8 @@ int cmd_allreduce(struct cli *cli);
 int cli_parse_devices(struct cli *cli, const char *list, int *devices, int max);
 /* bench_allreduce.c */
 int bench_allreduce(struct cli *cli);
+/* bench_sched.c (and bench_sched_*.c, bench_sched.h): gpuq bench sched */
+int bench_sched(struct cli *cli);
 /* service.c: the daemon as a service */
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);
