@@ -509,6 +509,7 @@ static const struct bench_entry bench_kinds[] = {
 	{ "chain", bench_chain },
 	{ "allreduce", bench_allreduce },
 	{ "collective", bench_collective },
+	{ "sched", bench_sched },
 };
 
 int cmd_bench(struct cli *cli)

@@ -208,6 +208,8 @@ const char *cli_collective_op(const char *name);
 /* bench_collective.c: bench allreduce, and bench collective --op PRIMITIVE */
 int bench_allreduce(struct cli *cli);
 int bench_collective(struct cli *cli);
+/* bench_sched.c (and bench_sched_*.c, bench_sched.h): gpuq bench sched */
+int bench_sched(struct cli *cli);
 /* service.c: the daemon as a service */
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);

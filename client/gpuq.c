@@ -128,7 +128,23 @@ const struct cli_cmd cli_commands[] = {
 	  "sin | add 1 | sqrt | mul 2 | sub 3, each op alone and the chain eager,\n"
 	  "graph and fused in GB/s beside cudaMemcpy device to device; and the\n"
 	  "time to instantiate, update and find a cached graph. Medians of 10\n"
-	  "timed replays; the H200 targets are marked met or missed.\n",
+	  "timed replays; the H200 targets are marked met or missed.\n"
+	  "\n"
+	  "bench sched [--device N] [--bytes SIZE] [--repeat R] [--requests S]:\n"
+	  "gpuqd's scheduler on device N beside what the device does alone, in one\n"
+	  "run. (1) overlap: a put from scratch:, a get to scratch: and the fused\n"
+	  "chain sin | add 1 | sqrt | mul 2 | sub 3, SIZE each (default 4G, less on\n"
+	  "a small device, 16M on the host backend), alone and all three at once,\n"
+	  "beside gpuqd's raw ceiling of the same (pinned copies and the kernel on\n"
+	  "three streams); medians of R rounds (default 3). (2) head of line: p50\n"
+	  "and p99 of a 1 MiB checksum and a 1 MiB put, S of each (default 200),\n"
+	  "idle and while a 32 GiB put runs. (3) priority: a high-priority checksum\n"
+	  "behind 1000 queued low-priority 256 MiB puts, against idle. (4) fairness:\n"
+	  "two owners, one sending 800 puts and then the other 80: each one's share\n"
+	  "of the bytes moved (and of the time in flight) while both have jobs\n"
+	  "queued; needs root (a child process becomes uid 65534, and gpuqd's\n"
+	  "--socket-group must let it in), skipped otherwise. Sizes shrink on the\n"
+	  "host backend. A closing table marks the H200 targets met or MISSED.\n",
 	  BENCH_OPTS, 1, 1, { "KIND" }, cmd_bench },
 	{ "copy", "SRC DST [--engine ce|sm] [--verify] [--path auto|peer|host-staged]",
 	  "copy bytes between buffers, on one GPU or between GPUs",

@@ -110,4 +110,15 @@ for op in all-gather reduce-scatter broadcast reduce all-to-all sendrecv; do
 		--factor 8 --devices all | tee -a "$table"
 done
 stop_daemon
+# The scheduler: a put, a get and a chain (4 GiB each on a GPU) alone and at
+# once beside bench_sched's raw ceiling; a small job's latency behind a long
+# put and behind 1000 low-priority puts; two owners' shares. The second
+# owner is a child of gpuq (root) as uid 65534: the socket's group must be
+# its group and the directory enterable. No configuration: equal weights.
+other_group=$(getent group 65534 | cut -d: -f1)
+chmod 0711 "$dir"
+start_daemon --config /dev/null ${other_group:+--socket-group "$other_group"}
+echo "-- sched ($backend backend)" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench sched | tee -a "$table"
+stop_daemon
 rm -rf "$dir"

@@ -41,7 +41,11 @@ expect() {
 check unreachable_is_3 3 gpuq ping
 expect unreachable_names_socket "$sock" err
 
-"$BUILD/gpuqd" --backend host --socket "$sock" --log-level warn > "$dir/gpuqd.log" 2>&1 &
+# bench sched's second owner (uid 65534) must reach the socket: its group, a directory others enter.
+other_group=$(getent group 65534 | cut -d: -f1)
+chmod 0711 "$dir"
+"$BUILD/gpuqd" --backend host --socket "$sock" --log-level warn \
+	${other_group:+--socket-group "$other_group"} > "$dir/gpuqd.log" 2>&1 &
 daemon=$!
 i=0
 until gpuq ping > /dev/null 2>&1; do
@@ -114,6 +118,28 @@ check cancel_finished 0 gpuq cancel 1
 check free 0 gpuq free w
 check bench_dispatch 0 gpuq bench dispatch --clients 1 --requests 200
 expect bench_has_echo "echo" out
+# gpuq bench sched, small: every part measured (fairness needs root, else says why it is
+# skipped), nothing failed, nothing on stderr. check truncates out and err: keep copies.
+check bench_sched 0 gpuq bench sched --bytes 4M --requests 10
+cp "$dir/out" "$dir/sched.out"
+cp "$dir/err" "$dir/sched.err"
+expect bench_sched_overlap "together / raw together" out
+expect bench_sched_head_of_line "put p99 busy / idle" out
+expect bench_sched_priority "high checksum / idle  " out
+if [ "$(id -u)" -eq 0 ]; then
+	expect bench_sched_fairness "owner of 80 jobs: % of bytes" out
+else
+	expect bench_sched_fairness "fairness skipped: a second owner needs a second uid" out
+fi
+expect bench_sched_summary "^targets (H200): [0-9]* of [0-9]* met" out
+check bench_sched_nothing_failed 1 grep -q "FAILED" "$dir/sched.out"
+check bench_sched_quiet_stderr 0 test ! -s "$dir/sched.err"
+check bench_sched_json 0 gpuq --json bench sched --bytes 4M --requests 5
+expect bench_sched_json_parts '"head_of_line":{"state":"ran"' out
+check bench_sched_buffers 0 gpuq buffers
+cp "$dir/out" "$dir/buffers.out"
+check bench_sched_freed_its_buffers 1 grep -q "bsched" "$dir/buffers.out"
+check bench_sched_bad_bytes_is_2 2 gpuq bench sched --bytes 1M:4M
 
 kill -TERM "$daemon"
 wait "$daemon"

@@ -282,6 +282,22 @@ int device_count(struct gpuq_client *c)
 	return n;
 }
 
+uint64_t device_mem_free(struct gpuq_client *c, int device)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "devices");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "devices");
+	const msgpack_object *devs = reply_path(r, "devices");
+	CHECKF(devs && devs->type == MSGPACK_OBJECT_ARRAY && (int)devs->via.array.size > device,
+	       "devices lists no device %d", device);
+	const msgpack_object *v = msg_map_get(&devs->via.array.ptr[device], "mem_free");
+	CHECKF(v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER, "device %d has no mem_free", device);
+	uint64_t n = v->via.u64;
+	gpuq_reply_free(r);
+	return n;
+}
+
 static struct gpuq_reply *job_call(struct gpuq_client *c, const char *op, const char *buffer,
 				   const int *fds, int nfds)
 {

@@ -64,6 +64,8 @@ const msgpack_object *reply_path(const struct gpuq_reply *r, const char *path);
 
 /* How many devices the daemon serves (from ping). */
 int device_count(struct gpuq_client *c);
+/* A device's free memory as `devices` reports it (the host arena counts exactly). */
+uint64_t device_mem_free(struct gpuq_client *c, int device);
 
 /* One-call conveniences for the common jobs (all with wait: true; fail the test if refused). */
 void do_alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes);

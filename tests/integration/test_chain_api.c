@@ -285,28 +285,12 @@ TEST(chain_cli_run_stats_and_bench)
 	daemon_stop(&d);
 }
 
-/* Device 0's free memory as `devices` reports it. */
-static uint64_t mem_free(struct gpuq_client *c)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "devices");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "devices");
-	const msgpack_object *devs = reply_path(r, "devices");
-	CHECK(devs && devs->type == MSGPACK_OBJECT_ARRAY && devs->via.array.size > 0);
-	const msgpack_object *v = msg_map_get(&devs->via.array.ptr[0], "mem_free");
-	CHECK(v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
-	uint64_t n = v->via.u64;
-	gpuq_reply_free(r);
-	return n;
-}
-
 TEST(chain_bench_job_reports_every_part)
 {
 	struct daemon_proc d;
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
-	uint64_t free_before = mem_free(c);
+	uint64_t free_before = device_mem_free(c, 0);
 	struct mp_map req;
 	gpuq_request_begin(c, &req, "bench_chain");
 	mp_put_u64(&req, "bytes", 1 << 16);
@@ -324,7 +308,7 @@ TEST(chain_bench_job_reports_every_part)
 	gpuq_reply_free(r);
 	/* The benchmark's buffers are gone (the host arena counts exactly). */
 	if (!test_backend_is_cuda())
-		CHECK_EQ(mem_free(c), free_before);
+		CHECK_EQ(device_mem_free(c, 0), free_before);
 	gpuq_request_begin(c, &req, "bench_chain");
 	mp_put_u64(&req, "bytes", 1000);
 	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "'bytes'");
