@@ -107,6 +107,22 @@ static bool retire_ready(struct host_engines *e)
 	return any;
 }
 
+/*
+ * Moves s behind the other streams of its priority, so that streams of one
+ * priority take turns on an engine as a GPU's do. The lock is held.
+ */
+static void stream_take_turn(struct host_engines *e, struct host_stream *s)
+{
+	struct host_stream **link = &e->streams;
+	while (*link != s)
+		link = &(*link)->next;
+	*link = s->next;
+	while (*link && (*link)->priority <= s->priority)
+		link = &(*link)->next;
+	s->next = *link;
+	*link = s;
+}
+
 /* The most urgent stream whose head runs on `kind` and is free to start; the lock is held. */
 static struct host_stream *runnable(struct host_engines *e, enum host_engine_kind kind)
 {
@@ -152,6 +168,7 @@ static void *engine_main(void *arg)
 		}
 		struct qop *q = s->head;
 		s->running = true;
+		stream_take_turn(e, s);
 		pthread_mutex_unlock(&engines_lock);
 		engine_delay(e->delay_us[kind]);
 		q->fn(&q->op);

@@ -338,7 +338,7 @@ static void job_retire(struct sched *s, struct work *work, double started, bool 
 	double now = monotonic_seconds();
 	pthread_mutex_lock(&w->lock);
 	if (counted) {
-		sched_retire(&w->queues, work, now - started);
+		sched_retire(&w->queues, work, started, now);
 		engine_busy(s, engine, false, now);
 	} else {
 		sched_remove(&w->queues, work);
@@ -447,7 +447,7 @@ static bool sched_admit(struct sched *s)
 		struct work *work = sched_pick(&w->queues, &load, &deps[n]);
 		if (!work)
 			break;
-		sched_admit_work(&w->queues, work);
+		sched_admit_work(&w->queues, work, monotonic_seconds());
 		w->depth--;
 		load.inflight++;
 		load.inflight_by_level[level_of(work)]++;

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "workers/clock.h"
+
 /* How deep admission looks into one owner's queue for a work that may pass those before it. */
 #define SCHED_SCAN_DEPTH 8
 
@@ -87,15 +89,21 @@ static struct sched_owner *owner_find(struct sched_queues *q, uid_t uid)
 	return NULL;
 }
 
+/* An owner's device time per weight so far: its finished works', and its works' in flight until now. */
+static double owner_usage(const struct sched_owner *o, double now)
+{
+	return (o->served + o->inflight * now - o->inflight_since) / o->weight;
+}
+
 /* The least served owner's figure among those with work queued or in flight. */
-static double owners_min_served(const struct sched_queues *q)
+static double owners_min_served(const struct sched_queues *q, double now)
 {
 	double min = -1;
 	for (unsigned i = 0; i < SCHED_MAX_OWNERS; i++) {
 		const struct sched_owner *o = &q->owners[i];
 		if (!o->used || (o->queued == 0 && o->inflight == 0))
 			continue;
-		double v = o->served / o->weight;
+		double v = owner_usage(o, now);
 		if (min < 0 || v < min)
 			min = v;
 	}
@@ -126,7 +134,7 @@ static struct sched_owner *owner_take(struct sched_queues *q, uid_t uid, double 
 	}
 	o->weight = weight > 0 ? weight : 1;
 	if (o->queued == 0 && o->inflight == 0) {
-		double floor = owners_min_served(q) * o->weight;
+		double floor = owners_min_served(q, monotonic_seconds()) * o->weight;
 		if (o->served < floor)
 			o->served = floor;
 	}
@@ -197,85 +205,6 @@ static void ledger_unlink(struct sched_queues *q, struct work *w)
 	w->ledger_prev = w->ledger_next = NULL;
 }
 
-int sched_enqueue(struct sched_queues *q, struct work *w)
-{
-	int level = level_of(w);
-	struct sched_owner_queue *oq = queue_of(q, level, w->owner_uid, true);
-	struct sched_owner *o = oq ? owner_take(q, w->owner_uid, w->weight) : NULL;
-	if (!o)
-		return -1;
-	w->seq = q->next_seq++;
-	w->sched_state = SCHED_WORK_QUEUED;
-	w->tail_event = NULL;
-	atomic_store(&w->waiting, SCHED_WAIT_QUEUE);
-	atomic_store(&w->waiting_job, 0);
-	w->next = NULL;
-	if (oq->tail)
-		oq->tail->next = w;
-	else
-		oq->head = w;
-	oq->tail = w;
-	oq->count++;
-	o->queued++;
-	q->queued++;
-	ledger_append(q, w);
-	q->dirty = true;
-	return 0;
-}
-
-/* Unlinks w from its owner queue (it is queued there). */
-static void owner_queue_unlink(struct sched_queues *q, struct work *w)
-{
-	struct sched_owner_queue *oq = queue_of(q, level_of(w), w->owner_uid, false);
-	struct work **link = oq ? &oq->head : NULL, *prev = NULL;
-	while (link && *link && *link != w) {
-		prev = *link;
-		link = &(*link)->next;
-	}
-	if (!link || !*link)
-		return;
-	*link = w->next;
-	if (oq->tail == w)
-		oq->tail = prev;
-	oq->count--;
-	w->next = NULL;
-	struct sched_owner *o = owner_find(q, w->owner_uid);
-	if (o)
-		o->queued--;
-	q->queued--;
-}
-
-void sched_remove(struct sched_queues *q, struct work *w)
-{
-	owner_queue_unlink(q, w);
-	ledger_unlink(q, w);
-	w->sched_state = SCHED_WORK_FINISHED;
-	atomic_store(&w->waiting, SCHED_NOT_WAITING);
-	q->dirty = true;
-}
-
-void sched_retire(struct sched_queues *q, struct work *w, double served_seconds)
-{
-	struct sched_owner *o = owner_find(q, w->owner_uid);
-	if (o) {
-		o->inflight--;
-		o->served += served_seconds;
-	}
-	ledger_unlink(q, w);
-	w->sched_state = SCHED_WORK_FINISHED;
-	q->dirty = true;
-}
-
-void sched_mark_tail(struct sched_queues *q, struct work *w)
-{
-	if (w->sched_state == SCHED_WORK_ADMITTED) {
-		w->sched_state = SCHED_WORK_TAIL;
-		q->dirty = true;
-	}
-}
-
-/* ---- admission ---- */
-
 static enum sched_wait blocked(struct work *w, enum sched_wait why, const struct work *behind)
 {
 	atomic_store(&w->waiting, why);
@@ -312,15 +241,99 @@ static enum sched_wait admissible(struct sched_queues *q, struct work *w,
 	return SCHED_NOT_WAITING;
 }
 
+int sched_enqueue(struct sched_queues *q, struct work *w)
+{
+	int level = level_of(w);
+	struct sched_owner_queue *oq = queue_of(q, level, w->owner_uid, true);
+	struct sched_owner *o = oq ? owner_take(q, w->owner_uid, w->weight) : NULL;
+	if (!o)
+		return -1;
+	w->seq = q->next_seq++;
+	w->sched_state = SCHED_WORK_QUEUED;
+	w->tail_event = NULL;
+	atomic_store(&w->waiting, SCHED_WAIT_QUEUE);
+	atomic_store(&w->waiting_job, 0);
+	w->next = NULL;
+	if (oq->tail)
+		oq->tail->next = w;
+	else
+		oq->head = w;
+	oq->tail = w;
+	oq->count++;
+	o->queued++;
+	q->queued++;
+	ledger_append(q, w);
+	q->dirty = true;
+	/* Its reason now, so that a status right after submission says it (admission refines it). */
+	struct sched_deps ignored;
+	struct sched_load none = { .max_inflight = 1 };
+	admissible(q, w, &none, &ignored);
+	return 0;
+}
+
+/* Unlinks w from its owner queue (it is queued there). */
+static void owner_queue_unlink(struct sched_queues *q, struct work *w)
+{
+	struct sched_owner_queue *oq = queue_of(q, level_of(w), w->owner_uid, false);
+	struct work **link = oq ? &oq->head : NULL, *prev = NULL;
+	while (link && *link && *link != w) {
+		prev = *link;
+		link = &(*link)->next;
+	}
+	if (!link || !*link)
+		return;
+	*link = w->next;
+	if (oq->tail == w)
+		oq->tail = prev;
+	oq->count--;
+	w->next = NULL;
+	struct sched_owner *o = owner_find(q, w->owner_uid);
+	if (o)
+		o->queued--;
+	q->queued--;
+}
+
+void sched_remove(struct sched_queues *q, struct work *w)
+{
+	owner_queue_unlink(q, w);
+	ledger_unlink(q, w);
+	w->sched_state = SCHED_WORK_FINISHED;
+	atomic_store(&w->waiting, SCHED_NOT_WAITING);
+	q->dirty = true;
+}
+
+void sched_retire(struct sched_queues *q, struct work *w, double started, double now)
+{
+	struct sched_owner *o = owner_find(q, w->owner_uid);
+	if (o) {
+		o->inflight--;
+		o->inflight_since -= started;
+		o->served += now - started;
+	}
+	ledger_unlink(q, w);
+	w->sched_state = SCHED_WORK_FINISHED;
+	q->dirty = true;
+}
+
+void sched_mark_tail(struct sched_queues *q, struct work *w)
+{
+	if (w->sched_state == SCHED_WORK_ADMITTED) {
+		w->sched_state = SCHED_WORK_TAIL;
+		q->dirty = true;
+	}
+}
+
+/* ---- admission ---- */
+
 /*
  * Whether candidate a (of owner oa) goes before b (of ob) at one level: the
  * owner with less device time per weight first, then the one with fewer
  * works in flight, then the earlier work.
  */
 static bool candidate_before(const struct work *a, const struct sched_owner *oa,
-			     const struct work *b, const struct sched_owner *ob)
+			     const struct work *b, const struct sched_owner *ob, double now)
 {
-	double va = oa->served / oa->weight, vb = ob->served / ob->weight;
+	double va = owner_usage(oa, now), vb = owner_usage(ob, now);
 	if (va != vb)
 		return va < vb;
 	if (oa->inflight != ob->inflight)
@@ -356,6 +369,7 @@ static struct work *queue_candidate(struct sched_queues *q, struct sched_owner_q
 struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
 			struct sched_deps *deps)
 {
+	double now = monotonic_seconds();
 	for (int level = 0; level < GPUQ_PRIORITIES; level++) {
 		struct work *best = NULL;
 		struct sched_owner *best_owner = NULL;
@@ -363,7 +377,7 @@ struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
 		for (struct sched_owner_queue *oq = q->levels[level]; oq; oq = oq->next) {
 			struct sched_owner *o = oq->head ? owner_find(q, oq->uid) : NULL;
 			struct work *w = o ? queue_candidate(q, oq, load, &trial) : NULL;
-			if (!w || (best && !candidate_before(w, o, best, best_owner)))
+			if (!w || (best && !candidate_before(w, o, best, best_owner, now)))
 				continue;
 			best = w;
 			best_owner = o;
@@ -380,12 +394,14 @@ struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
 	return NULL;
 }
 
-void sched_admit_work(struct sched_queues *q, struct work *w)
+void sched_admit_work(struct sched_queues *q, struct work *w, double now)
 {
 	owner_queue_unlink(q, w);
 	struct sched_owner *o = owner_find(q, w->owner_uid);
-	if (o)
+	if (o) {
 		o->inflight++;
+		o->inflight_since += now;
+	}
 	w->sched_state = SCHED_WORK_ADMITTED;
 	atomic_store(&w->waiting, SCHED_NOT_WAITING);
 	atomic_store(&w->waiting_job, 0);

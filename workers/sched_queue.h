@@ -50,7 +50,8 @@ struct sched_owner_queue {
 struct sched_owner {
 	uid_t uid;
 	double weight;
-	double served; /* seconds its works were in flight, summed */
+	double served; /* seconds its finished works were in flight, summed */
+	double inflight_since; /* the start times of its works in flight, summed */
 	unsigned queued, inflight;
 	bool used;
 };
@@ -101,12 +102,12 @@ struct work *sched_queued_first(struct sched_queues *q);
  */
 struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
 			struct sched_deps *deps);
-/* w (just picked) is in flight now. */
-void sched_admit_work(struct sched_queues *q, struct work *w);
+/* w (just picked) is in flight now, since `now` (CLOCK_MONOTONIC seconds). */
+void sched_admit_work(struct sched_queues *q, struct work *w, double now);
 /* w has issued all its device work; tail_event is set. */
 void sched_mark_tail(struct sched_queues *q, struct work *w);
-/* w has finished after served_seconds in flight. */
-void sched_retire(struct sched_queues *q, struct work *w, double served_seconds);
+/* w, in flight since `started`, has finished at `now`. */
+void sched_retire(struct sched_queues *q, struct work *w, double started, double now);
 
 bool sched_work_exclusive(const struct work *w);
 bool sched_work_lane_ordered(const struct work *w);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "tests/harness.h"
+#include "workers/clock.h"
 #include "workers/fiber.h"
 #include "workers/sched_queue.h"
 
@@ -18,6 +19,7 @@ struct bench {
 	int n;
 	struct sched_load load;
 	struct sched_deps deps;
+	double now; /* the clock admissions and retirements are stamped with */
 };
 
 static void bench_init(struct bench *b, unsigned max_inflight)
@@ -25,6 +27,7 @@ static void bench_init(struct bench *b, unsigned max_inflight)
 	memset(b, 0, sizeof *b);
 	sched_queues_init(&b->q);
 	b->load.max_inflight = max_inflight;
+	b->now = monotonic_seconds();
 }
 
 /* A queued work: kind, owner, priority, and one access (base NULL: none). */
@@ -51,15 +54,19 @@ static struct work *next(struct bench *b)
 	struct work *w = sched_pick(&b->q, &b->load, &b->deps);
 	if (!w)
 		return NULL;
-	sched_admit_work(&b->q, w);
+	w->started_at = b->now;
+	sched_admit_work(&b->q, w, b->now);
 	b->load.inflight++;
 	b->load.inflight_by_level[w->priority]++;
 	return w;
 }
 
+/* w finishes `seconds` after it started; the clock moves on to then if it was earlier. */
 static void finish(struct bench *b, struct work *w, double seconds)
 {
-	sched_retire(&b->q, w, seconds);
+	if (b->now < w->started_at + seconds)
+		b->now = w->started_at + seconds;
+	sched_retire(&b->q, w, w->started_at, w->started_at + seconds);
 	b->load.inflight--;
 	b->load.inflight_by_level[w->priority]--;
 }
