@@ -208,10 +208,16 @@ uninstall:
 # Collectives: the fault-injection test build of gpuqd --------------------------
 # tests/gpuqd-faults: gpuqd with fault injection (GPUQ_FAULT_INJECTION: a
 # collective request may ask one rank to hang), for the tests only. The same
-# objects as gpuqd, but collective.c and op_collective_read.c compiled again
-# with the flag into obj/faults/; the production gpuqd has none of it.
-FAULT_SRC := workers/collective.c daemon/op_collective_read.c
-FAULT_OBJ := $(patsubst %.c,$(BUILD)/obj/faults/%.o,$(FAULT_SRC))
+# objects as gpuqd, but collective.c, op_collective_read.c, request.c and
+# run.c compiled again with the flag into obj/faults/, and the fault
+# injection's own files added; the production gpuqd has none of it.
+FAULT_SRC := workers/collective.c daemon/op_collective_read.c daemon/request.c workers/run.c
+# Only in gpuqd-faults: a job that makes a device fault (inject_fault), for the
+# device-reset tests (workers/device_reset.c).
+FAULT_ONLY_SRC := daemon/faults/op_fault.c workers/faults/fault_inject.c kernels/faults/fault.cu
+FAULT_OBJ := $(patsubst %.c,$(BUILD)/obj/faults/%.o,$(FAULT_SRC)) \
+	$(patsubst %.c,$(BUILD)/obj/faults/%.o,$(filter %.c,$(FAULT_ONLY_SRC))) \
+	$(patsubst %.cu,$(BUILD)/obj/%.o,$(filter %.cu,$(FAULT_ONLY_SRC)))
 all: $(BUILD)/tests/gpuqd-faults
 $(BUILD)/obj/faults/%.o: %.c
 	@mkdir -p $(dir $@)

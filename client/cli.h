@@ -213,6 +213,7 @@ int bench_sched(struct cli *cli);
 /* service.c: the daemon as a service */
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);
+int cmd_reset_device(struct cli *cli);
 
 /* Options every bench kind may take (gpuq bench KIND --help says which it uses). */
 #define BENCH_OPTS                                                             \
@@ -239,6 +240,8 @@ void render_cancel(FILE *f, const msgpack_object *reply);
 uint64_t field_u64(const msgpack_object *map, const char *key, uint64_t dflt);
 double field_f64(const msgpack_object *map, const char *key, double dflt);
 bool field_bool(const msgpack_object *map, const char *key, bool dflt);
+/* The array at key, or NULL when absent or not an array. */
+const msgpack_object *field_array(const msgpack_object *map, const char *key);
 /* Copies a string field into buf (dflt when absent) and returns buf. */
 const char *field_str(const msgpack_object *map, const char *key, char *buf,
 		      size_t size, const char *dflt);

@@ -256,6 +256,13 @@ const struct cli_cmd cli_commands[] = {
 	  "Only root and members of gpuqd's admin group may. Under systemd, prefer\n"
 	  "systemctl stop gpuqd (the socket starts it again at the next client).\n",
 	  0, 0, 0, { NULL }, cmd_shutdown },
+	{ "reset-device", "GPU", "reset one GPU and serve it again (root and the admin group)",
+	  "Cancels the GPU's running jobs, resets the device (cudaDeviceReset) once\n"
+	  "they have ended and opens it again, as gpuqd does by itself after a fault;\n"
+	  "the buffers there are lost (listed as such until freed). Also brings back\n"
+	  "a GPU that faulted more often than --reset-limit allows. Waits until the\n"
+	  "reset is done (--timeout MS, default 60 s) and prints the GPU's health.\n",
+	  0, 1, 1, { "GPU" }, cmd_reset_device },
 	{ NULL, NULL, NULL, NULL, 0, 0, 0, { NULL }, NULL },
 };
 

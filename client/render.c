@@ -53,7 +53,7 @@ const char *field_str(const msgpack_object *map, const char *key, char *buf,
 }
 
 /* The array under key, or NULL. */
-static const msgpack_object *field_array(const msgpack_object *map, const char *key)
+const msgpack_object *field_array(const msgpack_object *map, const char *key)
 {
 	const msgpack_object *o = msg_map_get(map, key);
 

@@ -12,6 +12,7 @@ const char *buffer_state_name(enum buffer_state state)
 	case BUFFER_ALLOCATING: return "allocating";
 	case BUFFER_READY: return "ready";
 	case BUFFER_FREEING: return "freeing";
+	case BUFFER_LOST: return "lost";
 	}
 	return "unknown";
 }
@@ -247,11 +248,24 @@ void buffer_unhold(struct buffer *b)
 		free(b);
 }
 
+unsigned buffer_mark_lost(struct buffer_table *t, int device)
+{
+	unsigned n = 0;
+	for (struct buffer *b = t->head; b; b = b->next) {
+		if (b->device != device || b->state == BUFFER_ALLOCATING)
+			continue; /* an allocation still queued gets memory of the new context */
+		b->state = BUFFER_LOST;
+		b->dptr = NULL;
+		n++;
+	}
+	return n;
+}
+
 uint64_t buffer_bytes_on(const struct buffer_table *t, int device)
 {
 	uint64_t sum = 0;
 	for (const struct buffer *b = t->head; b; b = b->next)
-		if (b->device == device)
+		if (b->device == device && b->state != BUFFER_LOST)
 			sum += b->bytes;
 	return sum;
 }
@@ -265,5 +279,10 @@ int buffer_check_usable(const struct buffer *b, struct gpuq_error *err)
 	if (b->state == BUFFER_FREEING)
 		return gpuq_fail(err, GPUQ_E_BUSY, "buffer '%s@%d' is being freed (job %llu)",
 				 b->name, b->device, (unsigned long long)b->last_job);
+	if (b->state == BUFFER_LOST)
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+				 "buffer '%s@%d' was lost when gpu %d was reset after a fault (`gpuq devices` "
+				 "says why); free it and allocate it again",
+				 b->name, b->device, b->device);
 	return 0;
 }

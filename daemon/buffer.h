@@ -14,7 +14,8 @@
 
 #define BUFFER_NAME_MAX 64
 
-enum buffer_state { BUFFER_ALLOCATING, BUFFER_READY, BUFFER_FREEING };
+/* LOST: its device was reset after a fault; it names no memory, and only free takes it. */
+enum buffer_state { BUFFER_ALLOCATING, BUFFER_READY, BUFFER_FREEING, BUFFER_LOST };
 
 struct buffer {
 	char name[BUFFER_NAME_MAX + 1];
@@ -101,6 +102,8 @@ void buffer_unhold(struct buffer *b);
 
 /* Bytes held by buffers on device. */
 uint64_t buffer_bytes_on(const struct buffer_table *t, int device);
+/* Device was reset: its buffers name no memory any more. Returns how many were marked lost. */
+unsigned buffer_mark_lost(struct buffer_table *t, int device);
 
 /* 0 if jobs may use b now; -1 with `busy` saying why not. */
 int buffer_check_usable(const struct buffer *b, struct gpuq_error *err);

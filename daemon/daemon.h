@@ -102,6 +102,11 @@ void op_collective(struct request *req);
 /* op_bench_sched.c: the overlap ceiling `gpuq bench sched` compares the scheduler with */
 void op_bench_sched(struct request *req);
 void op_metrics(struct request *req);
+/* op_admin.c: an administrator's device reset, and what follows any reset (the pool's callback) */
+void op_reset_device(struct request *req);
+/* daemon/faults/op_fault.c: tests/gpuqd-faults only */
+void op_inject_fault(struct request *req);
+void device_on_reset(int index, void *arg);
 void op_shutdown(struct request *req);
 
 /* op_buffer.c: pieces shared by the job-creating handlers. */
@@ -146,12 +151,19 @@ struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
 void job_submit(struct request *req, struct job *job);
 /* Main thread: the worker pool's completion callback. */
 void job_on_done(struct work *work, void *arg);
+/*
+ * A job whose work needs no device (the free of a buffer a reset lost):
+ * done at once, on the main thread, and answered with its record.
+ */
+void job_finish_now(struct request *req, struct job *job);
 /* Cancels every queued job (shutdown), answering their waiters. */
 void jobs_cancel_queued(struct daemon *d);
 /* Asks every running job to stop at its next chunk. */
 void jobs_cancel_running(struct daemon *d);
 /* Asks one running job to stop at its next chunk, and wakes its workers to see it. */
 void job_cancel_running(struct daemon *d, struct job *job);
+/* The same for every running job with a part on device. */
+void jobs_cancel_running_on(struct daemon *d, int device);
 
 /* Starts the orderly shutdown (main.c). */
 void daemon_shutdown(struct daemon *d);

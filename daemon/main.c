@@ -73,7 +73,8 @@ static int start_workers(struct daemon *d)
 	struct worker_pool_config pool = {
 		.ops = d->ops, .ordinals = ordinals, .count = count, .device = &config,
 		.queue_max = d->opt.queue_depth, .spin_us = d->opt.spin_us,
-		.max_inflight = d->opt.max_inflight, .on_done = job_on_done, .on_done_arg = d,
+		.max_inflight = d->opt.max_inflight, .on_done = job_on_done,
+		.on_reset = device_on_reset, .on_done_arg = d,
 	};
 	if (worker_pool_start(&d->pool, d->loop, &pool, &err) < 0) {
 		log_error("cannot start the device workers: %s", err.message);

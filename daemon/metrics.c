@@ -225,6 +225,10 @@ static void render_queues(struct daemon *d, struct metrics_text *t, const unsign
 static void render_engines(struct daemon *d, struct metrics_text *t,
 			   const struct worker_snapshot *snap)
 {
+	header(t, "gpuq_device_resets_total", "counter",
+	       "Times each device was reset (after a fault, or asked) and opened again.");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_device_resets_total{gpu=\"%d\"} %u\n", i, snap[i].resets);
 	header(t, "gpuq_jobs_inflight", "gauge", "Jobs each device's scheduler has in flight.");
 	for (int i = 0; i < d->pool.count; i++)
 		emit(t, "gpuq_jobs_inflight{gpu=\"%d\"} %u\n", i, snap[i].sched.inflight);

@@ -25,6 +25,61 @@ void op_metrics(struct request *req)
 	reply_ok(req, &body);
 }
 
+void device_on_reset(int index, void *arg)
+{
+	struct daemon *d = arg;
+	struct worker_snapshot s;
+	worker_snapshot(&d->pool, index, &s);
+	unsigned lost = buffer_mark_lost(&d->buffers, index);
+	if (s.healthy)
+		log_warn("gpu %d was reset after %s in %.3f s (reset %u); %u buffers there are lost",
+			 index, s.last_reset, s.last_reset_s, s.resets, lost);
+	else
+		log_error("gpu %d is unhealthy: %s; %u buffers there are lost", index, s.health, lost);
+}
+
+/*
+ * reset_device: an administrator's reset of one device (workers/device_reset.h).
+ * Its running jobs are cancelled; the worker resets the device once they
+ * have ended, and the reply says only that it was asked: `devices` shows
+ * the reset (`resets`, `last_reset`, health) once it happened.
+ */
+void op_reset_device(struct request *req)
+{
+	struct daemon *d = req->d;
+	struct gpuq_error err;
+	uint64_t device = 0;
+	char why[160];
+	int rc = msg_get_u64(req->map, "device", &device, &err);
+	if (rc == 0)
+		rc = gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "field 'device' is required");
+	if (rc > 0 && device >= (uint64_t)d->pool.count)
+		rc = gpuq_fail(&err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
+			       (unsigned long long)device, d->pool.count - 1);
+	if (rc > 0 && !quota_is_admin(d, req->conn))
+		rc = gpuq_fail(&err, GPUQ_E_PERMISSION_DENIED,
+			       "only root and members of the admin group may reset a device (rule: "
+			       "admin-group)");
+	struct worker_snapshot s;
+	if (rc > 0) {
+		worker_snapshot(&d->pool, (int)device, &s);
+		snprintf(why, sizeof why, "a reset asked by uid %d", (int)req->conn->uid);
+		jobs_cancel_running_on(d, (int)device);
+		rc = worker_ask_reset(&d->pool, (int)device, why, &err) < 0 ? -1 : 1;
+	}
+	if (rc < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	log_warn("gpu %d: %s", (int)device, why);
+	struct mp_map body;
+	mp_map_init(&body);
+	mp_put_u64(&body, "device", device);
+	mp_put_bool(&body, "reset_requested", true);
+	mp_put_u64(&body, "resets", s.resets);
+	reply_ok(req, &body);
+}
+
 void op_shutdown(struct request *req)
 {
 	struct daemon *d = req->d;

@@ -160,7 +160,8 @@ int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
 }
 
 /* The buffer named by the `buffer` field, ready for a job to use. */
-struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
+/* The buffer the request's `buffer` field names, whatever its state; NULL with err. */
+static struct buffer *lookup_buffer(struct request *req, struct gpuq_error *err)
 {
 	char ref[BUFFER_NAME_MAX + 32], name[BUFFER_NAME_MAX + 1];
 	int device;
@@ -171,7 +172,12 @@ struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
 	if (rc <= 0 || buffer_ref_parse(ref, "buffer", name, &device, err) < 0 ||
 	    read_owner(req, &owner, err) < 0)
 		return NULL;
-	struct buffer *b = buffer_resolve(&req->d->buffers, owner, name, device, err);
+	return buffer_resolve(&req->d->buffers, owner, name, device, err);
+}
+
+struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
+{
+	struct buffer *b = lookup_buffer(req, err);
 	if (b && buffer_check_usable(b, err) < 0)
 		return NULL;
 	return b;
@@ -374,10 +380,17 @@ void op_alloc(struct request *req)
 	job_submit(req, job);
 }
 
+/*
+ * Jobs already on the buffer run first (the scheduler keeps their order).
+ * A buffer a device reset lost names no memory: its free needs no device
+ * (which may be unhealthy) and is done at once.
+ */
 void op_free(struct request *req)
 {
 	struct gpuq_error err;
-	struct buffer *b = read_buffer(req, &err); /* jobs already on it run first: the scheduler keeps their order */
+	struct buffer *b = lookup_buffer(req, &err);
+	if (b && b->state != BUFFER_LOST && buffer_check_usable(b, &err) < 0)
+		b = NULL;
 	if (!b) {
 		reply_error(req, &err);
 		return;
@@ -385,10 +398,16 @@ void op_free(struct request *req)
 	struct job *job = new_job(req, &kind_free, WORK_FREE, b->device);
 	if (!job)
 		return;
+	bool lost = b->state == BUFFER_LOST;
 	job_attach_buffer(job, b);
 	b->state = BUFFER_FREEING;
 	job->work.length = b->bytes;
-	job_submit(req, job);
+	if (lost) {
+		job->work.result.bytes = b->bytes;
+		job_finish_now(req, job);
+	}
+	else
+		job_submit(req, job);
 }
 
 void op_checksum(struct request *req)

@@ -82,6 +82,11 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	mp_put_u64(&m, "queue_depth", s.queue_depth);
 	render_counters(&s.counters, &m);
 	render_scheduler(&s, &m);
+	mp_put_u64(&m, "resets", s.resets);
+	if (s.resets) {
+		mp_put_str(&m, "last_reset", s.last_reset);
+		mp_put_f64(&m, "last_reset_s", s.last_reset_s);
+	}
 	mp_array_map(out, &m);
 }
 

@@ -272,6 +272,16 @@ static void job_complete(struct daemon *d, struct job *job)
 	}
 }
 
+void job_finish_now(struct request *req, struct job *job)
+{
+	struct daemon *d = req->d;
+	gpuq_error_clear(&job->work.error);
+	service_job_started(d, job);
+	job_complete(d, job);
+	reply_outcome(req->conn, req->id, job); /* done: the same with or without wait */
+	job_evict_history(&d->jobs);
+}
+
 void job_on_done(struct work *work, void *arg)
 {
 	struct daemon *d = arg;
@@ -315,6 +325,20 @@ void job_cancel_running(struct daemon *d, struct job *job)
 	int n = job->parts ? job->nparts : 1;
 	for (int i = 0; i < n; i++) /* a job waiting for something slow looks at its flag now */
 		worker_kick(&d->pool, job->parts ? job->parts[i].device : job->work.device);
+}
+
+void jobs_cancel_running_on(struct daemon *d, int device)
+{
+	for (struct job *j = d->jobs.oldest; j; j = j->newer) {
+		if (job_current_state(j) != GPUQ_JOB_RUNNING)
+			continue;
+		int n = j->parts ? j->nparts : 1;
+		for (int i = 0; i < n; i++)
+			if ((j->parts ? j->parts[i].device : j->work.device) == device) {
+				job_cancel_running(d, j);
+				break;
+			}
+	}
 }
 
 void jobs_cancel_running(struct daemon *d)

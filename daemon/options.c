@@ -42,6 +42,10 @@ static const char usage_text[] =
 	"  --queue-depth N         jobs queued per device before `busy` (default 1024)\n"
 	"  --max-inflight N        jobs each GPU's scheduler keeps in flight at once\n"
 	"                          (default 16; more urgent jobs may take up to twice)\n"
+	"  --reset-limit N         a GPU that faults is reset and serves again, up to N\n"
+	"                          times within --reset-window (default 3; 0: never,\n"
+	"                          it stays unhealthy for an operator)\n"
+	"  --reset-window S        the window of --reset-limit (seconds, default 3600)\n"
 	"  --spin US               how long a worker polls for work, and the main thread\n"
 	"                          for a dispatched job's end, before sleeping\n"
 	"                          (microseconds; default 50; 0: never)\n"
@@ -75,7 +79,7 @@ enum option_id {
 	OPT_COLLECTIVE_TIMEOUT,
 	OPT_CONFIG, OPT_CHECK_CONFIG, OPT_ADMIN_GROUP, OPT_JOB_DEADLINE, OPT_JOB_DEADLINE_GRACE,
 	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
-	OPT_MAX_INFLIGHT,
+	OPT_MAX_INFLIGHT, OPT_RESET_LIMIT, OPT_RESET_WINDOW,
 };
 
 static const struct option long_options[] = {
@@ -110,6 +114,8 @@ static const struct option long_options[] = {
 	{ "metrics-textfile", required_argument, NULL, OPT_METRICS_TEXTFILE },
 	{ "metrics-interval", required_argument, NULL, OPT_METRICS_INTERVAL },
 	{ "max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT },
+	{ "reset-limit", required_argument, NULL, OPT_RESET_LIMIT },
+	{ "reset-window", required_argument, NULL, OPT_RESET_WINDOW },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -126,6 +132,8 @@ void options_defaults(struct options *o)
 	o->max_frame = GPUQ_DEFAULT_MAX_FRAME;
 	o->queue_depth = 1024;
 	o->max_inflight = SCHED_DEFAULT_INFLIGHT;
+	o->device.reset_limit = 3;
+	o->device.reset_window_s = 3600;
 	o->job_history = 10000;
 	o->spin_us = 50;
 	o->shutdown_timeout_ms = 10000;
@@ -242,6 +250,16 @@ static int set_number(int id, const char *arg, struct options *o)
 		if (parse_uint(arg, 1, SCHED_MAX_INFLIGHT, &n) < 0)
 			return usage_error("--max-inflight takes 1 to 256, not '%s'", arg);
 		o->max_inflight = (unsigned)n;
+		return 0;
+	case OPT_RESET_LIMIT:
+		if (parse_uint(arg, 0, 7, &n) < 0)
+			return usage_error("--reset-limit takes 0 to 7 resets, not '%s'", arg);
+		o->device.reset_limit = (unsigned)n;
+		return 0;
+	case OPT_RESET_WINDOW:
+		if (parse_uint(arg, 1, 30u * 24 * 3600, &n) < 0)
+			return usage_error("--reset-window takes seconds (1 to 2592000), not '%s'", arg);
+		o->device.reset_window_s = (unsigned)n;
 		return 0;
 	case OPT_JOB_HISTORY:
 		if (parse_uint(arg, 1, 1u << 24, &n) < 0)

@@ -33,7 +33,10 @@ static const struct op_entry ops[] = {
 	{ "all_to_all", op_collective }, { "group", op_collective },
 	{ "bench_collective", op_collective },
 	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
-	{ "bench_sched", op_bench_sched },
+	{ "bench_sched", op_bench_sched }, { "reset_device", op_reset_device },
+#ifdef GPUQ_FAULT_INJECTION
+	{ "inject_fault", op_inject_fault }, /* tests/gpuqd-faults only */
+#endif
 };
 
 static request_handler find_op(const char *name)

@@ -140,6 +140,15 @@ check bench_sched_buffers 0 gpuq buffers
 cp "$dir/out" "$dir/buffers.out"
 check bench_sched_freed_its_buffers 1 grep -q "bsched" "$dir/buffers.out"
 check bench_sched_bad_bytes_is_2 2 gpuq bench sched --bytes 1M:4M
+# reset-device: the device comes back, its buffers are lost; a bad index is refused
+check reset_alloc 0 gpuq alloc r --bytes 4K --device 1
+check reset_device 0 gpuq reset-device 1
+expect reset_device_says_ok "gpu 1 reset in .* s: ok" out
+check reset_lost_buffer_is_1 1 gpuq checksum r@1
+expect reset_lost_buffer_says_why "was lost when gpu 1 was reset" err
+check reset_lost_buffer_freed 0 gpuq free r@1
+check reset_device_unknown_is_1 1 gpuq reset-device 9
+check reset_device_usage_is_2 2 gpuq reset-device one
 
 kill -TERM "$daemon"
 wait "$daemon"

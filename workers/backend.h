@@ -51,6 +51,8 @@ struct device_config {
 	struct copy_pool *copy_pool;  /* host copy threads shared by the workers (daemon-owned) */
 	uint64_t register_min_bytes;  /* path auto: register client mappings from this size (0: never) */
 	unsigned chain_graph_cache;   /* chain plans (CUDA graphs) kept per device: --graph-cache */
+	unsigned reset_limit;         /* faults recovered within reset_window_s before a device stays unhealthy */
+	unsigned reset_window_s;
 };
 
 struct backend_ops;
@@ -98,6 +100,8 @@ struct device {
 	 */
 	bool faulted;
 	char fault_reason[256];
+	/* A reset failed to open it again: nothing of the backend's is held (workers/device_reset.c). */
+	bool lost;
 	void *impl; /* the backend's private state */
 	/* The kernel-chain state (workers/chain.h): the graph cache, made by
 	 * the worker at the device's first chain and released by close. */
@@ -281,6 +285,12 @@ struct backend_ops {
 	 * err when the device reports an error instead (a fault).
 	 */
 	int (*event_query)(struct device *dev, void *event, bool *done, struct gpuq_error *err);
+	/*
+	 * Between a close and the next open of a device that faulted or is
+	 * reset on demand: makes it new (CUDA: cudaDeviceReset, which destroys
+	 * the primary context and everything in it). workers/device_reset.c.
+	 */
+	int (*reset)(struct device *dev, struct gpuq_error *err);
 	/* Enqueues spec's fused chain on the current lane without waiting (the scheduler's ceiling). */
 	int (*chain_enqueue)(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err);
 };

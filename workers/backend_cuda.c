@@ -624,6 +624,22 @@ static void cuda_close(struct device *dev)
 	cuda_teardown(dev);
 }
 
+/*
+ * Destroys the device's primary context and everything in it, on this
+ * (the worker's) thread, so that the next open makes a fresh one: what
+ * recovers a context a sticky error has poisoned without a restart.
+ */
+static int cuda_reset(struct device *dev, struct gpuq_error *err)
+{
+	CUDA_TRY(dev, err, cudaSetDevice(dev->ordinal));
+	cudaError_t e = cudaDeviceReset();
+	(void)cudaGetLastError();
+	if (e != cudaSuccess)
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR, "[gpu %d] cudaDeviceReset failed: %s (%s)",
+				 dev->index, cudaGetErrorString(e), cudaGetErrorName(e));
+	return 0;
+}
+
 /* An allocation the pool cannot satisfy: say how much was asked and how much is free. */
 static int cuda_fail_oom(struct device *dev, uint64_t bytes, cudaError_t e, struct gpuq_error *err)
 {
@@ -1108,4 +1124,5 @@ const struct backend_ops backend_cuda = {
 	.lane_destroy = cuda_lane_destroy,
 	.event_query = cuda_event_query,
 	.chain_enqueue = chain_cuda_enqueue,
+	.reset = cuda_reset,
 };

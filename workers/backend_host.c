@@ -298,15 +298,19 @@ static int host_fill(struct device *dev, void *ptr, uint64_t bytes, const struct
 
 /*
  * Tests only: GPUQ_HOST_FAULT_DEVICE=N makes host device N's first
- * checksum fail as a sticky CUDA error does (the device is then unhealthy and
- * refuses jobs), so that the integration tests reach what becomes of jobs
- * aimed at an unhealthy device without a GPU. The CUDA backend has no such hook.
+ * checksum fail as a sticky CUDA error does (the device is unhealthy, and is
+ * reset: workers/device_reset.c), so that the integration tests reach what
+ * becomes of a faulting device without a GPU. Only the first checksum of the
+ * process: the reset device then serves (with --reset-limit 0 it stays
+ * unhealthy). The CUDA backend has no such hook.
  */
 static int host_fault_if_asked(struct device *dev, struct gpuq_error *err)
 {
+	static atomic_bool fired[GPUQ_MAX_DEVICES];
 	const char *v = getenv("GPUQ_HOST_FAULT_DEVICE");
 	char *end;
-	if (!v || !*v || strtol(v, &end, 10) != dev->index || *end)
+	if (!v || !*v || strtol(v, &end, 10) != dev->index || *end || dev->index >= GPUQ_MAX_DEVICES ||
+	    atomic_exchange(&fired[dev->index], true))
 		return 0;
 	dev->faulted = true;
 	snprintf(dev->fault_reason, sizeof dev->fault_reason,
@@ -541,6 +545,14 @@ static int host_event_elapsed(struct device *dev, void *start, void *end, double
 	return 0;
 }
 
+/* Between close and open: the arena's blocks went with close, as a GPU's memory goes with its context. */
+static int host_reset(struct device *dev, struct gpuq_error *err)
+{
+	(void)dev;
+	(void)err;
+	return 0;
+}
+
 static int host_lane_create(struct device *dev, int priority, void **lane, struct gpuq_error *err)
 {
 	struct host_device *h = dev->impl;
@@ -601,4 +613,5 @@ const struct backend_ops backend_host = {
 	.lane_destroy = host_lane_destroy,
 	.event_query = host_event_query,
 	.chain_enqueue = chain_host_enqueue,
+	.reset = host_reset,
 };

@@ -12,6 +12,9 @@
 #include "workers/collective.h"
 #include "workers/sched.h"
 #include "workers/sched_bench.h"
+#ifdef GPUQ_FAULT_INJECTION
+#include "workers/faults/fault_inject.h"
+#endif
 #include "workers/transfer.h"
 #include "workers/worker.h"
 
@@ -34,6 +37,7 @@ const char *work_kind_name(enum work_kind kind)
 	case WORK_COLLECTIVE: return "collective";
 	case WORK_COLLECTIVE_BENCH: return "bench_collective";
 	case WORK_BENCH_SCHED: return "bench_sched";
+	case WORK_FAULT: return "inject_fault";
 	}
 	return "unknown";
 }
@@ -126,6 +130,12 @@ static int run_kind(struct device *dev, struct work *work)
 		return collective_run(dev, work);
 	case WORK_BENCH_SCHED:
 		return sched_bench_run(dev, work);
+	case WORK_FAULT:
+#ifdef GPUQ_FAULT_INJECTION
+		return fault_inject_run(dev, work);
+#else
+		break; /* the production gpuqd never queues one */
+#endif
 	}
 	return gpuq_fail(err, GPUQ_E_INTERNAL, "work kind %d has no runner", (int)work->kind);
 }

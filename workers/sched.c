@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "workers/clock.h"
+#include "workers/device_reset.h"
 #include "workers/fiber.h"
 #include "workers/worker.h"
 
@@ -164,10 +165,8 @@ struct sched *sched_create(struct worker *w, unsigned max_inflight)
 	return s;
 }
 
-void sched_release(struct sched *s)
+void sched_drop_lanes(struct sched *s)
 {
-	if (!s)
-		return;
 	struct device *dev = s->dev;
 	for (int p = 0; p < GPUQ_PRIORITIES; p++) {
 		while (s->free_lanes[p]) {
@@ -178,6 +177,14 @@ void sched_release(struct sched *s)
 			free(l);
 		}
 	}
+}
+
+void sched_release(struct sched *s)
+{
+	if (!s)
+		return;
+	struct device *dev = s->dev;
+	sched_drop_lanes(s);
 	for (unsigned i = 0; i < s->nfree_fibers; i++)
 		fiber_destroy(s->free_fibers[i]);
 	s->nfree_fibers = 0;
@@ -437,8 +444,8 @@ static bool sched_admit(struct sched *s)
 	struct work *started[BATCH];
 	struct sched_deps deps[BATCH];
 	unsigned n = 0, room = s->nfree_jobs < BATCH ? s->nfree_jobs : BATCH;
-	if (!atomic_load(&w->queues.dirty))
-		return false;
+	if (!atomic_load(&w->queues.dirty) || device_reset_due(w))
+		return false; /* a reset first waits for the jobs in flight to end */
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&w->queues.dirty, false);
 	struct sched_load load = { .inflight = s->ninflight, .max_inflight = s->max_inflight };
@@ -570,6 +577,8 @@ void sched_run(struct sched *s)
 	self = s;
 	for (;;) {
 		bool device_waits = false;
+		if (s->ninflight == 0 && device_reset_due(w))
+			device_reset_run(w, s);
 		bool progress = sched_admit(s);
 		progress = sched_round(s, &device_waits) || progress;
 		pthread_mutex_lock(&w->lock);

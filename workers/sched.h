@@ -83,6 +83,8 @@ struct sched *sched_create(struct worker *w, unsigned max_inflight);
  */
 void sched_release(struct sched *s);
 void sched_free(struct sched *s);
+/* Worker thread, with nothing in flight: frees the lanes (a device reset makes new ones). */
+void sched_drop_lanes(struct sched *s);
 /*
  * Worker thread: admits and runs works until the worker is told to stop
  * and nothing is queued or in flight. The worker's lock must not be held.

@@ -37,6 +37,7 @@ enum work_kind {
 	WORK_COLLECTIVE_BENCH, /* bench_collective: the raw loop on the same communicator */
 	/* kinds of the scheduler issue */
 	WORK_BENCH_SCHED, /* bench_sched: the raw ceiling of overlapping engines (spec: struct sched_bench) */
+	WORK_FAULT,       /* inject_fault: tests/gpuqd-faults only (workers/faults/fault_inject.c) */
 };
 
 enum work_phase { WORK_QUEUED, WORK_RUNNING, WORK_FINISHED };

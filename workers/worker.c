@@ -44,6 +44,16 @@ static void pool_on_async(uv_async_t *handle)
 		pool->on_done(list, pool->on_done_arg);
 		list = next;
 	}
+	/* After the jobs a reset failed: then their buffers are marked lost. */
+	for (int i = 0; i < pool->count && pool->workers; i++) {
+		struct worker *w = &pool->workers[i];
+		unsigned done = atomic_load(&w->resets_done);
+		if (done != w->resets_seen) {
+			w->resets_seen = done;
+			if (pool->on_reset)
+				pool->on_reset(i, pool->on_done_arg);
+		}
+	}
 }
 
 static void worker_mark_opened(struct worker *w, int rc, const struct gpuq_error *err)
@@ -90,6 +100,11 @@ static void worker_account(struct worker *w, struct work *work)
 	if (memory_changed)
 		w->info = w->dev.info;
 	pthread_mutex_unlock(&w->lock);
+}
+
+void worker_wake_main(struct worker *w)
+{
+	uv_async_send(&w->pool->async);
 }
 
 void worker_finish_work(struct worker *w, struct work *work)
@@ -190,6 +205,7 @@ int worker_pool_start(struct worker_pool *pool, uv_loop_t *loop,
 	pool->spin_us = c->spin_us;
 	pool->max_inflight = c->max_inflight;
 	pool->on_done = c->on_done;
+	pool->on_reset = c->on_reset;
 	pool->on_done_arg = c->on_done_arg;
 	memcpy(pool->ordinals, c->ordinals, sizeof(int) * (size_t)count);
 	pthread_mutex_init(&pool->done_lock, NULL);
@@ -390,7 +406,29 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
 	out->queue_depth = w->depth;
 	out->counters = w->counters;
 	sched_stats(w->sched, &out->sched);
+	out->resets = w->resets;
+	snprintf(out->last_reset, sizeof out->last_reset, "%s", w->last_reset);
+	out->last_reset_s = w->last_reset_s;
 	pthread_mutex_unlock(&w->lock);
+}
+
+int worker_ask_reset(struct worker_pool *pool, int device, const char *why, struct gpuq_error *err)
+{
+	if (check_device(pool, device, err) < 0)
+		return -1;
+	struct worker *w = &pool->workers[device];
+	pthread_mutex_lock(&w->lock);
+	if (!w->sched) {
+		pthread_mutex_unlock(&w->lock);
+		return gpuq_fail(err, GPUQ_E_NO_DEVICE,
+				 "device %d has no worker to reset it (it never opened: %s)", device,
+				 w->health);
+	}
+	w->reset_asked = true;
+	snprintf(w->reset_why, sizeof w->reset_why, "%s", why);
+	sched_notify_locked(w->sched);
+	pthread_mutex_unlock(&w->lock);
+	return 0;
 }
 
 void worker_kick(struct worker_pool *pool, int device)

@@ -48,6 +48,10 @@ struct worker_snapshot {
 	unsigned queue_depth;
 	struct worker_counters counters;
 	struct sched_stats sched;
+	/* resets (workers/device_reset.h): how many, the last one's cause and duration */
+	unsigned resets;
+	char last_reset[320];
+	double last_reset_s;
 };
 
 struct worker_pool;
@@ -68,9 +72,21 @@ struct worker {
 	char health[600];
 	struct device_info info;
 	struct worker_counters counters;
+	/* Device resets (workers/device_reset.c). */
+	unsigned resets;
+	double reset_times[8];     /* the latest resets, a ring: the limit's window */
+	char last_reset[320];      /* why the last one happened */
+	double last_reset_s;       /* how long it took */
+	atomic_bool reset_asked;   /* an administrator asked for one (reset_why says who) */
+	bool reset_gave_up;        /* faulted past the limit: left unhealthy for an operator */
+	char reset_why[160];
+	_Atomic unsigned resets_done; /* written by the worker; the main thread compares with resets_seen */
+	unsigned resets_seen;         /* main thread only */
 };
 
 typedef void (*worker_done_fn)(struct work *work, void *arg);
+/* Main thread: device index was reset; its buffers are gone. */
+typedef void (*worker_reset_fn)(int index, void *arg);
 
 struct worker_pool {
 	const struct backend_ops *ops;
@@ -87,6 +103,7 @@ struct worker_pool {
 	struct work *done_head, *done_tail;
 	uv_async_t async;
 	worker_done_fn on_done;
+	worker_reset_fn on_reset;
 	void *on_done_arg;
 };
 
@@ -106,6 +123,7 @@ struct worker_pool_config {
 	unsigned spin_us;
 	unsigned max_inflight;
 	worker_done_fn on_done;
+	worker_reset_fn on_reset;
 	void *on_done_arg;
 };
 
@@ -150,6 +168,11 @@ int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms);
 
 /* Wakes device's scheduler to look at its jobs again (a cancel was asked). */
 void worker_kick(struct worker_pool *pool, int device);
+/*
+ * Asks device's worker to reset its device once its jobs in flight have
+ * ended (the caller cancels them); why says who asked. -1 with not_found.
+ */
+int worker_ask_reset(struct worker_pool *pool, int device, const char *why, struct gpuq_error *err);
 
 /* The work a worker runs: workers/run.c. Worker thread. */
 void run_work(struct device *dev, struct work *work);
@@ -158,5 +181,7 @@ void run_work(struct device *dev, struct work *work);
  * device's health, and hands it to the main thread.
  */
 void worker_finish_work(struct worker *w, struct work *work);
+/* Worker thread: the main thread should look at the workers (a reset happened). */
+void worker_wake_main(struct worker *w);
 
 #endif

@@ -649,7 +649,7 @@ TEST(d2d_copy_to_an_unhealthy_device_is_refused)
 		SKIP("an unhealthy GPU cannot be made on purpose; the host tier covers this");
 	setenv("GPUQ_HOST_FAULT_DEVICE", "1", 1); /* device 1's first checksum faults it */
 	struct daemon_proc d;
-	daemon_start(&d, NULL);
+	daemon_start(&d, "--reset-limit", "0", NULL); /* and it stays unhealthy: no reset */
 	struct gpuq_client *c = client_open(&d);
 	do_alloc(c, "a", 0, 64);
 	do_alloc(c, "b", 1, 64);

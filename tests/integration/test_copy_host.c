@@ -667,7 +667,7 @@ TEST(copy_to_an_unhealthy_device_is_refused)
 		SKIP("a device cannot be made unhealthy on purpose on the cuda backend");
 	setenv("GPUQ_HOST_FAULT_DEVICE", "1", 1);
 	struct daemon_proc d;
-	daemon_start(&d, NULL);
+	daemon_start(&d, "--reset-limit", "0", NULL); /* the device stays unhealthy: no reset */
 	unsetenv("GPUQ_HOST_FAULT_DEVICE");
 	struct gpuq_client *c = client_open(&d);
 	do_alloc(c, "u", 1, 4096);

@@ -120,7 +120,7 @@ def test_busy_while_a_buffer_is_being_freed(stalled):
 
 def test_device_error_then_no_device(private_daemon):
     host_only()
-    d = private_daemon(env={"GPUQ_HOST_FAULT_DEVICE": "1"})
+    d = private_daemon("--reset-limit", "0", env={"GPUQ_HOST_FAULT_DEVICE": "1"})
     with d.client() as c:
         c.alloc("w", nbytes=64, device=1)
         with pytest.raises(gpuq.DeviceError, match="simulated sticky fault"):

@@ -1,0 +1,248 @@
+/*
+ * A device that faults is reset and serves again, without restarting gpuqd
+ * (workers/device_reset.c): jobs in flight fail, buffers there are lost (and
+ * say so), new jobs succeed, other devices carry on; too many faults leave it
+ * unhealthy for an operator, whose reset-device brings it back. On the cuda
+ * tier the fault is a real illegal address (tests/gpuqd-faults' inject_fault).
+ */
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/integration/fixture.h"
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Device index's `resets` and health, from `devices`. */
+static uint64_t device_resets(struct gpuq_client *c, int index, bool *healthy)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "devices");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "devices");
+	const msgpack_object *list = reply_path(r, "devices");
+	CHECK(list && list->type == MSGPACK_OBJECT_ARRAY && (int)list->via.array.size > index);
+	const msgpack_object *dev = &list->via.array.ptr[index];
+	const msgpack_object *resets = msg_map_get(dev, "resets");
+	const msgpack_object *ok = msg_map_get(dev, "healthy");
+	CHECK(resets && resets->type == MSGPACK_OBJECT_POSITIVE_INTEGER && ok);
+	uint64_t n = resets->via.u64;
+	*healthy = ok->via.boolean;
+	gpuq_reply_free(r);
+	return n;
+}
+
+/* Waits (up to 20 s) until device index has been reset `want` times and is healthy; the seconds it took. */
+static double wait_reset(struct gpuq_client *c, int index, uint64_t want, double since)
+{
+	bool healthy = false;
+	uint64_t n = 0;
+	for (int i = 0; i < 2000; i++) {
+		n = device_resets(c, index, &healthy);
+		if (n >= want && healthy)
+			return now_s() - since;
+		usleep(10000);
+	}
+	CHECKF(false, "device %d: %llu resets, healthy %d, after 20 s", index,
+	       (unsigned long long)n, healthy);
+	return 0;
+}
+
+static void fill_seed(struct gpuq_client *c, const char *buffer, uint64_t seed)
+{
+	do_fill_random(c, buffer, seed);
+}
+
+static void inject_fault(struct gpuq_client *c, int device)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "inject_fault");
+	mp_put_u64(&req, "device", (uint64_t)device);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_DEVICE_ERROR, NULL);
+	gpuq_reply_free(r);
+}
+
+static void expect_buffer_error(struct gpuq_client *c, const char *op, const char *buffer,
+				enum gpuq_errc code, const char *says)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, code, says);
+	gpuq_reply_free(r);
+}
+
+TEST(device_reset_after_a_fault_serves_again_and_reports_lost_buffers)
+{
+	fixture_daemon_binary = "tests/gpuqd-faults";
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	int other = device_count(c) > 1 ? 1 : -1;
+	do_alloc(c, "before", 0, 1 << 20);
+	fill_seed(c, "before", 5);
+	if (other >= 0) {
+		do_alloc(c, "elsewhere", other, 4096);
+		fill_seed(c, "elsewhere", 6);
+	}
+	uint64_t elsewhere = other >= 0 ? do_checksum(c, "elsewhere") : 0;
+	double t0 = now_s();
+	inject_fault(c, 0);
+	double took = wait_reset(c, 0, 1, t0);
+	fprintf(stderr, "    fault to healthy on device 0 (%s): %.3f s\n", test_backend(), took);
+	CHECKF(took < 10, "the reset took %.3f s", took);
+	/* the buffer is listed, lost, refused with device_error, and freeable */
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "buffers");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	const msgpack_object *list = reply_path(r, "buffers");
+	bool lost = false;
+	for (uint32_t i = 0; list && i < list->via.array.size; i++) {
+		const msgpack_object *name = msg_map_get(&list->via.array.ptr[i], "name");
+		const msgpack_object *st = msg_map_get(&list->via.array.ptr[i], "state");
+		lost = lost || (name && st && name->via.str.size == 6 &&
+				memcmp(name->via.str.ptr, "before", 6) == 0 && st->via.str.size == 4 &&
+				memcmp(st->via.str.ptr, "lost", 4) == 0);
+	}
+	gpuq_reply_free(r);
+	CHECKF(lost, "buffer 'before' is not listed as lost");
+	expect_buffer_error(c, "checksum", "before", GPUQ_E_DEVICE_ERROR, "was lost when gpu 0 was reset");
+	do_free(c, "before");
+	/* new work on the reset device: alloc, put, run, checksum, all-reduce */
+	do_alloc(c, "after", 0, 1 << 20);
+	int fd = memfd_random(1 << 20, 9);
+	CHECK_EQ(do_put(c, "after", fd), 1 << 20);
+	close(fd);
+	uint64_t sum = do_checksum(c, "after");
+	CHECK(sum != 0);
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "f");
+	mp_put_u64(&req, "count", 1024);
+	mp_put_str(&req, "dtype", "f32");
+	mp_put_bool(&req, "wait", true);
+	gpuq_reply_free(call(c, &req, NULL, 0));
+	gpuq_request_begin(c, &req, "run");
+	mp_put_str(&req, "buffer", "f");
+	struct mp_array ops, op;
+	mp_array_init(&ops);
+	mp_array_init(&op);
+	mp_array_str(&op, "add");
+	mp_array_f64(&op, 1);
+	mp_array_array(&ops, &op);
+	mp_put_array(&req, "ops", &ops);
+	mp_put_bool(&req, "wait", true);
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "a chain on the reset device");
+	gpuq_reply_free(r);
+	gpuq_request_begin(c, &req, "allreduce");
+	mp_put_str(&req, "buffer", "f");
+	struct mp_array devices;
+	mp_array_init(&devices);
+	mp_array_u64(&devices, 0);
+	mp_put_array(&req, "devices", &devices);
+	mp_put_bool(&req, "wait", true);
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "an all-reduce on the reset device (a fresh communicator)");
+	gpuq_reply_free(r);
+	if (other >= 0) /* the other device never noticed */
+		CHECK_EQ(do_checksum(c, "elsewhere"), elsewhere);
+	gpuq_request_begin(c, &req, "metrics");
+	r = call(c, &req, NULL, 0);
+	char text[65536];
+	reply_str(r, "text", text, sizeof text);
+	gpuq_reply_free(r);
+	CHECKF(strstr(text, "gpuq_device_resets_total{gpu=\"0\"} 1\n"), "the metric counts the reset");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+static void reset_device(struct gpuq_client *c, int device, enum gpuq_errc want)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "reset_device");
+	mp_put_u64(&req, "device", (uint64_t)device);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	if (want == GPUQ_OK)
+		expect_ok(r, "reset_device");
+	else
+		expect_error(r, want, NULL);
+	gpuq_reply_free(r);
+}
+
+TEST(device_past_its_reset_limit_stays_unhealthy_until_an_operator_resets_it)
+{
+	fixture_daemon_binary = "tests/gpuqd-faults";
+	struct daemon_proc d;
+	daemon_start(&d, "--reset-limit", "1", "--reset-window", "600", NULL);
+	struct gpuq_client *c = client_open(&d);
+	inject_fault(c, 0);
+	wait_reset(c, 0, 1, now_s());
+	inject_fault(c, 0); /* the second within the window: left for an operator */
+	bool healthy = true;
+	for (int i = 0; i < 200 && healthy; i++, usleep(10000))
+		device_resets(c, 0, &healthy);
+	CHECK(!healthy);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "noop");
+	mp_put_bool(&req, "wait", true);
+	expect_error(call(c, &req, NULL, 0), GPUQ_E_NO_DEVICE, "reset-limit");
+	reset_device(c, 0, GPUQ_OK);
+	wait_reset(c, 0, 2, now_s());
+	do_alloc(c, "again", 0, 4096);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+static void stranger_may_not_reset(const struct daemon_proc *d)
+{
+	struct gpuq_client *c = client_open(d);
+	reset_device(c, 0, GPUQ_E_PERMISSION_DENIED);
+	gpuq_close(c);
+}
+
+TEST(reset_device_is_an_administrators_and_cancels_what_runs)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--socket-group", "nogroup", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 64);
+	int p[2];
+	uint64_t put = start_stalled_put(c, "w", p);
+	double t0 = now_s();
+	reset_device(c, 0, GPUQ_OK);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "wait");
+	mp_put_u64(&req, "job", put);
+	mp_put_u64(&req, "timeout_ms", 10000);
+	expect_error(call(c, &req, NULL, 0), GPUQ_E_CANCELLED, NULL);
+	wait_reset(c, 0, 1, t0);
+	expect_buffer_error(c, "checksum", "w", GPUQ_E_DEVICE_ERROR, "lost");
+	reset_device(c, 99, GPUQ_E_NOT_FOUND);
+	if (geteuid() == 0) {
+		pid_t pid = fork();
+		CHECK(pid >= 0);
+		if (pid == 0) {
+			CHECK(setgid(65534) == 0 && setuid(65534) == 0);
+			stranger_may_not_reset(&d);
+			_exit(0);
+		}
+		int status;
+		waitpid(pid, &status, 0);
+		CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "uid 65534 could reset a device");
+	}
+	close(p[1]);
+	close(p[0]);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
