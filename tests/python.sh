@@ -33,6 +33,13 @@ pick() {
 
 install=""
 py=""
+# gpu-check: the host-backend run is CI's (the GPU machine's system Python
+# has no pytest or venv); the cuda run below is the one that needs the GPU.
+if [ "$backend" = host ] && [ "${GPUQ_REQUIRE_GPU:-0}" = 1 ]; then
+	echo "skip $tier: the host-backend Python tier runs in CI (make test); gpu-check runs python-cuda"
+	echo "RESULT $tier: 0 passed, 0 failed, 1 skipped"
+	exit 0
+fi
 if [ "$backend" = host ] && pick /usr/bin/python3 > /dev/null &&
 	/usr/bin/python3 -c 'import ensurepip, setuptools, wheel' > /dev/null 2>&1; then
 	# uid 65534 runs one test's child process from this venv.

@@ -140,6 +140,12 @@ struct device {
 
 struct backend_ops {
 	const char *name; /* "cuda" or "host" */
+	/*
+	 * Whether the device's completions wake the scheduler by themselves
+	 * (sched_notify: the host backend's engine threads do); if not (CUDA),
+	 * a job waiting for the device makes the worker poll.
+	 */
+	bool completions_notify;
 
 	/*
 	 * Devices this backend can serve (the host backend: config->host_devices).

@@ -580,6 +580,9 @@ static void cuda_teardown(struct device *dev)
 		cuda_teardown_peers(dev, st);
 		cuda_teardown_pool(dev, st);
 		cuda_teardown_streams(dev, st);
+	} else if (st->staging && st->ring_mapped) {
+		/* The context's registrations die with it (a reset); our mapping does not. */
+		munmap(st->staging, st->ring_mapped);
 	}
 	memset(dev->staging, 0, sizeof dev->staging);
 	free(st->live);
@@ -631,10 +634,12 @@ static void cuda_close(struct device *dev)
  */
 static int cuda_reset(struct device *dev, struct gpuq_error *err)
 {
-	CUDA_TRY(dev, err, cudaSetDevice(dev->ordinal));
-	cudaError_t e = cudaDeviceReset();
+	/* Both may report the sticky error that brought us here: the reset clears it. */
+	cudaError_t e = cudaSetDevice(dev->ordinal);
+	if (e == cudaSuccess || cuda_error_is_sticky(e))
+		e = cudaDeviceReset();
 	(void)cudaGetLastError();
-	if (e != cudaSuccess)
+	if (e != cudaSuccess && !cuda_error_is_sticky(e))
 		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR, "[gpu %d] cudaDeviceReset failed: %s (%s)",
 				 dev->index, cudaGetErrorString(e), cudaGetErrorName(e));
 	return 0;

@@ -571,6 +571,7 @@ static void host_lane_destroy(struct device *dev, void *lane)
 
 const struct backend_ops backend_host = {
 	.name = "host",
+	.completions_notify = true,
 	.device_count = host_device_count,
 	.open = host_open,
 	.close = host_close,

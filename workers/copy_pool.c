@@ -22,7 +22,8 @@
 struct copy_pool {
 	pthread_mutex_t lock; /* guards the queues and `stopping` */
 	pthread_cond_t work_cond;
-	struct copy_task *head[GPUQ_PRIORITIES], *tail[GPUQ_PRIORITIES]; /* one FIFO per priority */
+	/* Per priority, the ring of groups with tasks queued; each group's own FIFO. */
+	struct copy_group *ring_head[GPUQ_PRIORITIES], *ring_tail[GPUQ_PRIORITIES];
 	bool stopping;
 	unsigned nthreads;
 	pthread_t *threads;
@@ -46,16 +47,38 @@ static void task_finish(struct copy_task *task)
 	sched_notify(s);
 }
 
-/* The next task, the most urgent first; NULL when every queue is empty. Under the lock. */
+static void ring_append(struct copy_pool *pool, int p, struct copy_group *g)
+{
+	g->next_ready = NULL;
+	g->in_ring = true;
+	if (pool->ring_tail[p])
+		pool->ring_tail[p]->next_ready = g;
+	else
+		pool->ring_head[p] = g;
+	pool->ring_tail[p] = g;
+}
+
+/*
+ * The next task: the most urgent priority first, and within it the first
+ * task of the group at the ring's head, which then goes to the ring's end.
+ * NULL when nothing is queued. Under the lock.
+ */
 static struct copy_task *pool_take(struct copy_pool *pool)
 {
 	for (int p = 0; p < GPUQ_PRIORITIES; p++) {
-		struct copy_task *task = pool->head[p];
-		if (!task)
+		struct copy_group *g = pool->ring_head[p];
+		if (!g)
 			continue;
-		pool->head[p] = task->next;
-		if (!pool->head[p])
-			pool->tail[p] = NULL;
+		pool->ring_head[p] = g->next_ready;
+		if (!pool->ring_head[p])
+			pool->ring_tail[p] = NULL;
+		g->in_ring = false;
+		struct copy_task *task = g->head;
+		g->head = task->next;
+		if (!g->head)
+			g->tail = NULL;
+		else
+			ring_append(pool, p, g);
 		return task;
 	}
 	return NULL;
@@ -142,6 +165,7 @@ const char *copy_pool_store_name(const struct copy_pool *pool)
 
 void copy_group_init(struct copy_group *g)
 {
+	memset(g, 0, sizeof *g);
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_cond_init(&g->done_cond, NULL);
 }
@@ -170,12 +194,15 @@ void copy_pool_submit(struct copy_pool *pool, struct copy_task *task)
 		return;
 	}
 	int p = sched_current_priority();
+	struct copy_group *g = task->group;
 	pthread_mutex_lock(&pool->lock);
-	if (pool->tail[p])
-		pool->tail[p]->next = task;
+	if (g->tail)
+		g->tail->next = task;
 	else
-		pool->head[p] = task;
-	pool->tail[p] = task;
+		g->head = task;
+	g->tail = task;
+	if (!g->in_ring)
+		ring_append(pool, p, g);
 	pthread_cond_signal(&pool->work_cond);
 	pthread_mutex_unlock(&pool->lock);
 }

@@ -10,9 +10,10 @@
  * marking it done. Pool threads never call the backend: the device's worker
  * stays the only thread that does (docs/ARCHITECTURE.md).
  *
- * Wake-ups: copy_pool_submit appends to the queue of the submitting job's
- * priority under the pool's lock and signals one thread (threads take the
- * most urgent queue first); a thread that finishes a task sets its done
+ * Wake-ups: copy_pool_submit appends to its group's queue under the pool's
+ * lock and signals one thread. Threads take the most urgent priority first
+ * and, within one, the groups in turn (a small transfer's chunk does not
+ * wait behind a large one's ring of reads); a thread that finishes a task sets its done
  * flag, broadcasts its group's condition variable and tells the submitting
  * worker's scheduler (sched_notify). A job on a worker yields until its
  * task is done (sched.h); any other submitter sleeps on the group's
@@ -37,10 +38,17 @@ struct sched;
 
 typedef void (*copy_task_fn)(struct copy_task *task);
 
-/* The tasks of one submitter (a transfer): what their waiter sleeps on. */
+/*
+ * The tasks of one submitter (a transfer): what their waiter sleeps on, and
+ * their own queue in the pool (under the pool's lock), so that the threads
+ * take the groups of one priority in turn.
+ */
 struct copy_group {
 	pthread_mutex_t lock;
 	pthread_cond_t done_cond;
+	struct copy_task *head, *tail; /* queued, not yet taken */
+	struct copy_group *next_ready;  /* in the pool's ring of groups with tasks queued */
+	bool in_ring;
 };
 
 /* One unit of host work; embed it in a struct of your own and recover it with container_of-style casts. */

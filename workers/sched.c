@@ -475,6 +475,8 @@ static bool sched_round(struct sched *s, bool *device_waits)
 {
 	bool progress = false;
 	*device_waits = false;
+	/* Every predicate is looked at below: what was announced before now is seen. */
+	atomic_store(&s->notified, false);
 	struct sched_job *next;
 	for (struct sched_job *j = s->inflight; j; j = next) {
 		next = j->next;
@@ -635,6 +637,19 @@ static void poll_until(bool (*ready)(void *arg), void *arg)
 	}
 }
 
+/*
+ * Whether the running job is the device's only business: nothing else in
+ * flight, nothing queued that might start. Then a wait for the device
+ * polls on the job's own stack: a switch to the scheduler and back costs
+ * two system calls (the signal mask), which a collective's end would wait
+ * for on every poll.
+ */
+static bool job_alone(const struct sched *s)
+{
+	return s->ninflight == 1 && !atomic_load(&s->w->queues.dirty) &&
+	       !atomic_load(&s->notified) && !device_reset_due(s->w);
+}
+
 static void wait_until(bool (*ready)(void *arg), void *arg, bool device, enum sched_wait why)
 {
 	if (ready(arg))
@@ -643,12 +658,20 @@ static void wait_until(bool (*ready)(void *arg), void *arg, bool device, enum sc
 		poll_until(ready, arg);
 		return;
 	}
+	if (device && !self->dev->ops->completions_notify) {
+		while (job_alone(self)) {
+			for (int i = 0; i < SCHED_SPIN_PAUSES; i++)
+				__builtin_ia32_pause();
+			if (ready(arg))
+				return;
+		}
+	}
 	struct sched_job *j = self->current;
 	if (why != SCHED_NOT_WAITING)
 		atomic_store(&j->work->waiting, why);
 	j->ready = ready;
 	j->ready_arg = arg;
-	j->device_wait = device;
+	j->device_wait = device && !self->dev->ops->completions_notify;
 	fiber_yield();
 	if (why != SCHED_NOT_WAITING)
 		atomic_store(&j->work->waiting, SCHED_NOT_WAITING);
@@ -692,6 +715,11 @@ void sched_pause(void)
 {
 	if (!sched_in_job()) {
 		sched_yield();
+		return;
+	}
+	if (job_alone(self) && !self->dev->ops->completions_notify) { /* as wait_until: poll in place */
+		for (int i = 0; i < SCHED_SPIN_PAUSES; i++)
+			__builtin_ia32_pause();
 		return;
 	}
 	self->current->paused = true;

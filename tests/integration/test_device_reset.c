@@ -20,7 +20,9 @@ static double now_s(void)
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-/* Device index's `resets` and health, from `devices`. */
+static char last_health[640];
+
+/* Device index's `resets` and health, from `devices` (the health's words in last_health). */
 static uint64_t device_resets(struct gpuq_client *c, int index, bool *healthy)
 {
 	struct mp_map req;
@@ -35,6 +37,9 @@ static uint64_t device_resets(struct gpuq_client *c, int index, bool *healthy)
 	CHECK(resets && resets->type == MSGPACK_OBJECT_POSITIVE_INTEGER && ok);
 	uint64_t n = resets->via.u64;
 	*healthy = ok->via.boolean;
+	const msgpack_object *h = msg_map_get(dev, "health");
+	snprintf(last_health, sizeof last_health, "%.*s", h ? (int)h->via.str.size : 0,
+		 h ? h->via.str.ptr : "");
 	gpuq_reply_free(r);
 	return n;
 }
@@ -50,8 +55,8 @@ static double wait_reset(struct gpuq_client *c, int index, uint64_t want, double
 			return now_s() - since;
 		usleep(10000);
 	}
-	CHECKF(false, "device %d: %llu resets, healthy %d, after 20 s", index,
-	       (unsigned long long)n, healthy);
+	CHECKF(false, "device %d: %llu resets, healthy %d (%s), after 20 s", index,
+	       (unsigned long long)n, healthy, last_health);
 	return 0;
 }
 
