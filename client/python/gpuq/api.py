@@ -200,6 +200,13 @@ class Api:
         ``stopping``, ``jobs_active``, ``shutdown_timeout_ms``."""
         return self.request("shutdown")
 
+    def reset_device(self, device: int) -> Dict[str, Any]:
+        """Resets one device and serves it again, as gpuqd does by itself after a
+        fault (root and the admin group only): its running jobs are cancelled and
+        its buffers lost. Returns at once: ``device``, ``reset_requested``,
+        ``resets`` (the count before this one); :meth:`devices` shows the reset."""
+        return self.request("reset_device", device=device)
+
     def _key_plan(self, op: str, key: str, fields: Mapping[str, Any]) -> Plan:
         reply = yield from self._request_plan(op, fields)
         return reply.get(key)

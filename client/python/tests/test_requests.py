@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -246,12 +247,30 @@ def test_extra_fields_reach_the_daemon(client, name):
 
 
 def test_priority_is_accepted_by_every_job_method(client, name):
-    # Today's daemon ignores unknown keys; the scheduler's honours them. The
-    # fake-daemon tests check what is sent.
     client.alloc(name, nbytes=16, priority="high", wait_memory_ms=10)
     client.fill(name, "zero", priority="low")
-    assert client.checksum(name, priority="normal").state == "done"
+    job = client.checksum(name, priority="normal")
+    assert job.state == "done" and job.priority == "normal"
+    with pytest.raises(gpuq.BadRequest, match="priority"):
+        client.checksum(name, priority="urgent")
     client.free(name, priority="high")
+
+
+def test_reset_device_loses_the_buffers_and_serves_again(private_daemon, name):
+    if os.geteuid() != 0:
+        pytest.skip("only root and the admin group may reset a device")
+    d = private_daemon()
+    with d.client() as c:
+        c.alloc(name, nbytes=64)
+        reply = c.reset_device(0)
+        assert reply["reset_requested"] is True
+        deadline = time.monotonic() + 20
+        while c.devices()[0]["resets"] == reply["resets"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert c.devices()[0]["healthy"]
+        with pytest.raises(gpuq.DeviceError, match="lost"):
+            c.checksum(name)
+        c.free(name)
 
 
 def test_shutdown_stops_the_daemon(private_daemon):
