@@ -75,6 +75,9 @@ $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# The texts NVRTC compiles chain kernels with, linked in by the assembler's .incbin.
+$(BUILD)/obj/workers/chain_prelude.o: kernels/chain_ops.cuh kernels/chain_abi.h kernels/chain_reduce.h
+
 $(BUILD)/gpuqd: $(BUILD)/obj/daemon/main.o $(CORE_OBJ)
 	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
 

@@ -91,6 +91,8 @@ void progress_request(struct request *req, struct waiter *w);
 void op_run(struct request *req);
 void op_stats(struct request *req);
 void op_bench_chain(struct request *req);
+/* op_expr.c: reduce (an expression over buffers to one number) */
+void op_reduce(struct request *req);
 /* op_collective.c: allreduce (one part per device, queued in one step) and its benchmark */
 void op_allreduce(struct request *req);
 void op_bench_allreduce(struct request *req);

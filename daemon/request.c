@@ -27,6 +27,7 @@ static const struct op_entry ops[] = {
 	{ "bench_copy", op_bench_copy },
 	{ "copy", op_copy },       { "bench_d2d", op_bench_d2d },
 	{ "run", op_run },         { "stats", op_stats },       { "bench_chain", op_bench_chain },
+	{ "reduce", op_reduce },
 	{ "allreduce", op_allreduce }, { "bench_allreduce", op_bench_allreduce },
 	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
 };

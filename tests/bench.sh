@@ -8,6 +8,8 @@ OUT=${OUT:-$BUILD/gpu-check}
 mkdir -p "$OUT"
 backend=${GPUQ_BENCH_BACKEND:-cuda}
 dir=$(mktemp -d /tmp/gpuq-bench.XXXXXX)
+# Compiled chain kernels go to the daemons' default cache: keep it here, not in ~/.cache.
+export XDG_CACHE_HOME="$dir/cache"
 sock="$dir/gpuqd.sock"
 table="$OUT/bench-table.txt"
 : > "$table"

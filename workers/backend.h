@@ -51,6 +51,8 @@ struct device_config {
 	struct copy_pool *copy_pool;  /* host copy threads shared by the workers (daemon-owned) */
 	uint64_t register_min_bytes;  /* path auto: register client mappings from this size (0: never) */
 	unsigned chain_graph_cache;   /* chain plans (CUDA graphs) kept per device: --graph-cache */
+	char kernel_cache_dir[256];   /* compiled chain kernels on disk: --kernel-cache ("": none) */
+	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
 };
 
 struct backend_ops;
@@ -76,7 +78,7 @@ struct coll_call;
 struct coll_id;
 struct chain_spec;
 struct chain_state;
-#define DEVICE_CHAIN_COUNTERS 8
+#define DEVICE_CHAIN_COUNTERS 16
 
 /* One device as its worker sees it. Owned by that worker thread. */
 struct device {
@@ -236,6 +238,9 @@ struct backend_ops {
 	 */
 	int (*chain_copy_time)(struct device *dev, void *dst, const void *src, uint64_t bytes,
 			       unsigned reps, double *seconds, struct gpuq_error *err);
+	/* The reductions' baseline: a kernel that only reads bytes at src, timed likewise. */
+	int (*chain_read_time)(struct device *dev, const void *src, uint64_t bytes, unsigned reps,
+			       double *seconds, struct gpuq_error *err);
 	/* operations of the all-reduce issue */
 	/*
 	 * workers/collective.h drives them; each runs on the rank's worker and
