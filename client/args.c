@@ -33,6 +33,8 @@ enum {
 	LONG_REDOP,
 	LONG_FACTOR,
 	LONG_COLL_TIMEOUT,
+	LONG_KERNEL,
+	LONG_MATH,
 };
 
 /* Accepted before the command and after it. */
@@ -70,6 +72,8 @@ static const struct {
 	{ { "op", required_argument, NULL, LONG_REDOP }, OPT_REDOP },
 	{ { "factor", required_argument, NULL, LONG_FACTOR }, OPT_FACTOR },
 	{ { "collective-timeout", required_argument, NULL, LONG_COLL_TIMEOUT }, OPT_COLL_TIMEOUT },
+	{ { "kernel", required_argument, NULL, LONG_KERNEL }, OPT_KERNEL },
+	{ { "math", required_argument, NULL, LONG_MATH }, OPT_MATH },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -222,6 +226,12 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_COLL_TIMEOUT:
 		return parse_uint_opt(cli, "collective-timeout", arg, "a time in milliseconds",
 				      &cli->coll_timeout_ms, &cli->has_coll_timeout);
+	case LONG_KERNEL:
+		cli->kernel = arg;
+		return 0;
+	case LONG_MATH:
+		cli->math = arg;
+		return 0;
 	}
 	return cli_usage(cli, "unknown option");
 }

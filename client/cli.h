@@ -54,6 +54,8 @@ enum cli_opt {
 	OPT_REDOP = 1u << 18,        /* --op sum|prod|min|max|avg */
 	OPT_FACTOR = 1u << 19,       /* --factor F: bench allreduce's step between sizes */
 	OPT_COLL_TIMEOUT = 1u << 20, /* --collective-timeout MS */
+	OPT_KERNEL = 1u << 21,       /* --kernel auto|compiled|interpreted: run's and reduce's fused kernel */
+	OPT_MATH = 1u << 22,         /* --math ieee|fast */
 };
 
 struct cli;
@@ -87,6 +89,8 @@ struct cli {
 	const char *sizes;          /* --sizes */
 	const char *engine;         /* --engine */
 	const char *mode;           /* --mode */
+	const char *kernel;         /* --kernel */
+	const char *math;           /* --math */
 	const char *out_buffer;     /* --out */
 	bool has_repeat;
 	uint64_t repeat;            /* --repeat */
@@ -173,8 +177,9 @@ struct progress_bar {
 void progress_begin(struct cli *cli, struct mp_map *req, struct progress_bar *bar,
 		    const char *label);
 void progress_end(struct cli *cli, struct progress_bar *bar);
-/* chain.c: run a kernel chain on a buffer; the devices' counters */
+/* chain.c: run a kernel chain or an expression; reduce; the devices' counters */
 int cmd_run(struct cli *cli);
+int cmd_reduce(struct cli *cli);
 int cmd_stats(struct cli *cli);
 /* bench_chain.c */
 int bench_chain(struct cli *cli);

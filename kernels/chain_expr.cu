@@ -66,9 +66,10 @@ static __device__ __forceinline__ double interp_node(const struct kernels_expr_p
 /*
  * Evaluates g's nodes in order with an operand stack: the statements
  * (assigning to var as each ends), or for a reduction the one or two roots
- * it leaves in st.
+ * it leaves in st. Never inlined: every op of every type is in it, and the
+ * loops call it from many places (which, inlined, took nvcc minutes).
  */
-static __device__ void interp_eval(const struct kernels_expr_prog &g, double *var, double *st)
+static __device__ __noinline__ void interp_eval(const struct kernels_expr_prog &g, double *var, double *st)
 {
 	unsigned depth = 0, s = 0;
 	for (unsigned i = 0; i < g.nnodes; i++) {
@@ -113,7 +114,7 @@ struct interp {
 							    : interp_load(p.prog.var_dtype[k], p.var[k], i);
 		}
 	}
-	static __device__ void one(const struct kernels_expr &p, gq_u64 i, const bcast &b)
+	static __device__ __noinline__ void one(const struct kernels_expr &p, gq_u64 i, const bcast &b)
 	{
 		double var[KERNELS_EXPR_MAX_VARS], st[KERNELS_EXPR_MAX_DEPTH];
 		vars_at(p, i, b, var);
@@ -128,7 +129,8 @@ struct interp {
 		for (unsigned e = 0; e < KERNELS_EXPR_ITEM; e++)
 			one(p, it * KERNELS_EXPR_ITEM + e, b);
 	}
-	static __device__ double value1(const struct kernels_expr &p, gq_u64 i, const bcast &b)
+	static __device__ __noinline__ double value1(const struct kernels_expr &p, gq_u64 i,
+						     const bcast &b)
 	{
 		double var[KERNELS_EXPR_MAX_VARS], st[KERNELS_EXPR_MAX_DEPTH];
 		vars_at(p, i, b, var);
@@ -149,11 +151,26 @@ static __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)
 	gq_elementwise<interp>(p);
 }
 
+template <unsigned K>
 static __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)
 	expr_reduce_kernel(const __grid_constant__ struct kernels_expr p, struct kernels_partial *out)
 {
-	gq_reduce_tile<interp>(p, out);
+	gq_reduce_tile<interp, K>(p, out);
 }
+
+/* The tile kernel of each reduction (index: the kind; 0 unused). */
+typedef void (*reduce_kernel_fn)(const struct kernels_expr, struct kernels_partial *);
+static const reduce_kernel_fn reduce_kernels[KERNELS_REDUCE_KINDS] = {
+	NULL,
+	expr_reduce_kernel<KERNELS_REDUCE_SUM>,
+	expr_reduce_kernel<KERNELS_REDUCE_MIN>,
+	expr_reduce_kernel<KERNELS_REDUCE_MAX>,
+	expr_reduce_kernel<KERNELS_REDUCE_MEAN>,
+	expr_reduce_kernel<KERNELS_REDUCE_NORM2>,
+	expr_reduce_kernel<KERNELS_REDUCE_DOT>,
+	expr_reduce_kernel<KERNELS_REDUCE_COUNT_NONZERO>,
+	expr_reduce_kernel<KERNELS_REDUCE_ARGMAX>,
+};
 
 static __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)
 	reduce_combine_kernel(unsigned kind, const struct kernels_partial *in, gq_u64 n,
@@ -203,7 +220,7 @@ static cudaError_t per_sm(K kernel, std::atomic<int> &cached, int *out)
 	return cudaSuccess;
 }
 
-static std::atomic<int> g_run_per_sm, g_read_per_sm, g_reduce_per_sm, g_combine_per_sm;
+static std::atomic<int> g_run_per_sm, g_read_per_sm, g_combine_per_sm;
 
 /* One wave of `kernel` (per_sm blocks on each of the device's SMs), or fewer when items need fewer. */
 static cudaError_t wave(int per_sm_blocks, gq_u64 items, unsigned *blocks)
@@ -224,8 +241,10 @@ extern "C" cudaError_t kernels_expr_prepare(void)
 	cudaError_t e = grid_current_sms(&n);
 	if (e == cudaSuccess)
 		e = per_sm(expr_run_kernel, g_run_per_sm, &n);
-	if (e == cudaSuccess)
-		e = per_sm(expr_reduce_kernel, g_reduce_per_sm, &n);
+	for (unsigned k = 1; k < KERNELS_REDUCE_KINDS && e == cudaSuccess; k++) {
+		cudaFuncAttributes a; /* loads the kernel: none may load during a capture */
+		e = cudaFuncGetAttributes(&a, reduce_kernels[k]);
+	}
 	if (e == cudaSuccess)
 		e = per_sm(reduce_combine_kernel, g_combine_per_sm, &n);
 	if (e == cudaSuccess)
@@ -261,14 +280,15 @@ extern "C" cudaError_t kernels_expr_run(const struct kernels_expr *x, cudaStream
 extern "C" cudaError_t kernels_expr_reduce(const struct kernels_expr *x, struct kernels_partial *tiles,
 					   cudaStream_t stream)
 {
-	if (!expr_aligned(x) || x->prog.reduce == KERNELS_REDUCE_NONE || !tiles)
+	if (!expr_aligned(x) || x->prog.reduce == KERNELS_REDUCE_NONE ||
+	    x->prog.reduce >= KERNELS_REDUCE_KINDS || !tiles)
 		return cudaErrorInvalidValue;
 	gq_u64 ntiles = kernels_reduce_tiles(x->count);
 	if (ntiles == 0)
 		return cudaSuccess;
 	if (ntiles > 0x7fffffffull)
 		return cudaErrorInvalidValue;
-	expr_reduce_kernel<<<(unsigned)ntiles, KERNELS_REDUCE_THREADS, 0, stream>>>(*x, tiles);
+	reduce_kernels[x->prog.reduce]<<<(unsigned)ntiles, KERNELS_REDUCE_THREADS, 0, stream>>>(*x, tiles);
 	return cudaGetLastError();
 }
 

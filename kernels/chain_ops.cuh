@@ -367,20 +367,21 @@ static __device__ __forceinline__ void gq_reduce_tree(unsigned kind, struct kern
 }
 
 /*
- * One tile of a reduction (blockIdx.x is the tile; blocks of
+ * One tile of a reduction of kind K (blockIdx.x is the tile; blocks of
  * KERNELS_REDUCE_THREADS): out[tile] is the tile's result. The body G
  * supplies regs/load/bcast/load_bcast as above and
  *   G::values(p, item, regs, bcast, v): the 4 values of an item, as doubles;
  *   G::value1(p, i, bcast): the value of element i.
  * A full tile loads four items before it folds them, so that bytes stay in
- * flight; the last tile checks every element against the count.
+ * flight; the last tile checks every element against the count. K is a
+ * constant so that each of the tile's 64 folds compiles to its one case.
  */
-template <class G>
+template <class G, unsigned K>
 static __device__ __forceinline__ void gq_reduce_tile(const struct kernels_expr &p,
 						      struct kernels_partial *out)
 {
 	__shared__ struct kernels_partial s[KERNELS_REDUCE_THREADS];
-	const unsigned kind = p.prog.reduce, j = threadIdx.x;
+	const unsigned kind = K, j = threadIdx.x;
 	const gq_u64 count = p.count, nitems = count / KERNELS_EXPR_ITEM;
 	const gq_u64 base = (gq_u64)blockIdx.x * (KERNELS_REDUCE_TILE / KERNELS_EXPR_ITEM);
 	typename G::bcast b;

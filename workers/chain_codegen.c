@@ -170,11 +170,12 @@ static void put_storage(struct text *t, const chain_prog *g)
 	put(t, "\t\t(void)p;\n\t}\n");
 }
 
-/* "float &v0, double &v1" (by_ref) or "float v0, double v1". */
-static void put_params(struct text *t, const chain_prog *g, bool by_ref)
+/* "float &v0, double v1": by reference the variables a statement assigns (run), by value the rest. */
+static void put_params(struct text *t, const chain_prog *g)
 {
 	for (unsigned v = 0; v < g->nvars; v++)
-		put(t, ", %s %sv%u", ctype(g->var_dtype[v]), by_ref ? "&" : "", v);
+		put(t, ", %s %sv%u", ctype(g->var_dtype[v]),
+		    g->var_flags[v] & KERNELS_EXPR_STORE ? "&" : "", v);
 }
 
 /* "x0[e], b1, x2[e]": each variable's element, for a call of elem. */
@@ -192,7 +193,7 @@ static void put_args(struct text *t, const chain_prog *g, bool item)
 static void put_run_elem(struct text *t, const chain_prog *g)
 {
 	put(t, "\tstatic __device__ __forceinline__ void elem(const kernels_expr &p");
-	put_params(t, g, true);
+	put_params(t, g);
 	put(t, ")\n\t{\n\tfor (gq_u64 rep = 0; rep < p.repeat; rep++) {\n");
 	unsigned n = 0;
 	for (unsigned s = 0; s < g->nstmts; s++) {
@@ -252,7 +253,7 @@ static void put_run(struct text *t, const chain_prog *g)
 	put(t, ");\n");
 	put_stores(t, g, false);
 	put(t, "\t}\n};\n\nextern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)\n"
-	       "gq_run(const kernels_expr p)\n{\n\tgq_elementwise<G>(p);\n}\n");
+	       "gq_run(const __grid_constant__ kernels_expr p)\n{\n\tgq_elementwise<G>(p);\n}\n");
 }
 
 /* The reduced value of one element: the root's, or for dot the two roots' product in double. */
@@ -260,7 +261,7 @@ static void put_reduce(struct text *t, const chain_prog *g)
 {
 	unsigned a = g->reduce_arg[0], b = g->reduce_arg[1];
 	put(t, "\tstatic __device__ __forceinline__ double elem(const kernels_expr &p");
-	put_params(t, g, false);
+	put_params(t, g);
 	put(t, ")\n\t{\n\t\t(void)p;\n");
 	for (unsigned n = 0; n < g->nnodes; n++)
 		put_node(t, g, n);
@@ -280,8 +281,8 @@ static void put_reduce(struct text *t, const chain_prog *g)
 	put(t, "\t\treturn elem(p");
 	put_args(t, g, false);
 	put(t, ");\n\t}\n};\n\nextern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)\n"
-	       "gq_reduce(const kernels_expr p, kernels_partial *out)\n{\n"
-	       "\tgq_reduce_tile<G>(p, out);\n}\n");
+	       "gq_reduce(const __grid_constant__ kernels_expr p, kernels_partial *out)\n{\n"
+	       "\tgq_reduce_tile<G, %u>(p, out);\n}\n", g->reduce);
 }
 
 char *chain_codegen_source(const chain_prog *prog)

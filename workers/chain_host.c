@@ -14,6 +14,7 @@
  * evictions, and the compile, disk and memory paths of the kernels, up to
  * the load.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,6 +77,11 @@ static int host_plan_build(struct device *dev, const struct chain_spec *spec, vo
 	if (chain_kernel_resolve(dev, spec, &p->kernel, &p->info, err) != 0) {
 		free(p);
 		return -1;
+	}
+	if (p->info.math == CHAIN_MATH_FAST) { /* compiled (and cached) as asked, but never run here */
+		p->info.math = CHAIN_MATH_IEEE;
+		snprintf(p->info.note, sizeof p->info.note,
+			 "the host backend computes IEEE; math fast applies on GPUs");
 	}
 	*plan = p;
 	return 0;

@@ -109,8 +109,9 @@ static struct chain_jit_entry *jit_find(struct chain_jit *j, uint64_t hash, cons
 	return NULL;
 }
 
-/* Drops the least recently used entry no plan holds while more than cap are unheld. */
-static void jit_trim(struct device *dev, struct chain_jit *j, const struct chain_jit_loader *l)
+/* Drops the least recently used entries no plan holds until at most keep are unheld. */
+static void jit_trim(struct device *dev, struct chain_jit *j, const struct chain_jit_loader *l,
+		     unsigned keep)
 {
 	for (;;) {
 		unsigned unheld = 0, lru = j->n;
@@ -121,16 +122,18 @@ static void jit_trim(struct device *dev, struct chain_jit *j, const struct chain
 			if (lru == j->n || j->entries[i]->used < j->entries[lru]->used)
 				lru = i;
 		}
-		if (unheld <= j->cap)
+		if (unheld <= keep)
 			return;
 		entry_free(dev, l, j->entries[lru]);
 		j->entries[lru] = j->entries[--j->n];
 	}
 }
 
+/* Adds e (held by its caller), first making room for it among the cap unheld entries kept. */
 static int jit_insert(struct device *dev, struct chain_jit *j, const struct chain_jit_loader *l,
 		      struct chain_jit_entry *e, struct gpuq_error *err)
 {
+	jit_trim(dev, j, l, j->cap - 1);
 	if (j->n == j->size) {
 		unsigned size = j->size ? j->size * 2 : 8;
 		struct chain_jit_entry **more = realloc(j->entries, size * sizeof *more);
@@ -141,7 +144,6 @@ static int jit_insert(struct device *dev, struct chain_jit *j, const struct chai
 		j->size = size;
 	}
 	j->entries[j->n++] = e;
-	jit_trim(dev, j, l);
 	jit_count_entries(dev, j);
 	return 0;
 }
@@ -287,14 +289,13 @@ static int jit_lookup(struct device *dev, struct chain_jit *j, const struct chai
 	} else {
 		chain_diskcache_name(t.disk_name, hash, t.arch, t.toolkit);
 		int rc = jit_make(dev, l, &t, body, math, key, len, hash, &e, info, err);
-		if (rc == 0)
-			rc = jit_insert(dev, j, l, e, err);
 		if (rc != 0) {
-			if (rc < 0 && e)
-				entry_free(dev, l, e);
-			else if (!e)
-				free(key);
+			free(key);
 			return rc;
+		}
+		if (jit_insert(dev, j, l, e, err) != 0) {
+			entry_free(dev, l, e);
+			return -1;
 		}
 	}
 	e->refs++;
