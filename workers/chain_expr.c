@@ -562,9 +562,20 @@ static bool float_dtype(enum gpuq_dtype t)
 	       t == GPUQ_DTYPE_F64;
 }
 
+/* "y", or "y@0" as it was written. */
+static const char *var_label(const struct chain_expr_var *v, char *buf, size_t n)
+{
+	if (v->device >= 0)
+		snprintf(buf, n, "%s@%d", v->name, v->device);
+	else
+		snprintf(buf, n, "%s", v->name);
+	return buf;
+}
+
 static int bind_check_var(const struct chain_expr *x, const struct chain_expr_binding *b,
 			  unsigned v, struct chain_expr_error *e)
 {
+	char l1[CHAIN_EXPR_NAME_MAX + 16], l2[CHAIN_EXPR_NAME_MAX + 16];
 	const struct chain_expr_var *var = &x->vars[v];
 	if (!float_dtype(b[v].dtype))
 		return fail_at(e, var->col, "'%s' is %s; expressions run on f16, bf16, f32 and f64 buffers",
@@ -577,9 +588,9 @@ static int bind_check_var(const struct chain_expr *x, const struct chain_expr_bi
 				       "expression runs on one device", var->name, b[v].device,
 				       o->name, o->col, b[w].device);
 		if (b[w].id == b[v].id)
-			return fail_at(e, var->col, "'%s%s' and '%s%s' (column %u) are the same buffer; "
-				       "name it one way", var->name, var->device >= 0 ? "@N" : "",
-				       o->name, o->device >= 0 ? "@N" : "", o->col);
+			return fail_at(e, var->col, "'%s' and '%s' (column %u) are the same buffer; "
+				       "name it one way", var_label(var, l1, sizeof l1),
+				       var_label(o, l2, sizeof l2), o->col);
 	}
 	return 0;
 }
