@@ -124,10 +124,13 @@ struct interp {
 			if (p.prog.var_flags[k] & KERNELS_EXPR_STORE)
 				interp_store(p.prog.var_dtype[k], p.store[k], i, var[k]);
 	}
-	static __device__ void item(const struct kernels_expr &p, gq_u64 it, const regs &, const bcast &b)
+	static __device__ void items(const struct kernels_expr &p, gq_u64 i0, const regs &, gq_u64 i1,
+				     const regs &, bool has1, const bcast &b)
 	{
 		for (unsigned e = 0; e < KERNELS_EXPR_ITEM; e++)
-			one(p, it * KERNELS_EXPR_ITEM + e, b);
+			one(p, i0 * KERNELS_EXPR_ITEM + e, b);
+		for (unsigned e = 0; has1 && e < KERNELS_EXPR_ITEM; e++)
+			one(p, i1 * KERNELS_EXPR_ITEM + e, b);
 	}
 	static __device__ __noinline__ double value1(const struct kernels_expr &p, gq_u64 i,
 						     const bcast &b)

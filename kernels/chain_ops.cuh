@@ -319,7 +319,9 @@ template <> struct gq_io<KERNELS_EXPR_BF16> : gq_io16<KERNELS_EXPR_BF16> {};
  *   G::regs, G::load(p, item, nitems, regs): the raw items of the variables
  *     it reads (zeros past nitems);
  *   G::bcast, G::load_bcast(p, bcast): the broadcast variables, once;
- *   G::item(p, item, regs, bcast): computes and stores one item;
+ *   G::items(p, i0, r0, i1, r1, has1, bcast): computes item i0 and, when
+ *     has1, item i1, from their registers, and stores them: the body gets
+ *     both, 8 elements, so that it can interleave their arithmetic;
  *   G::one(p, i, bcast): computes and stores element i (the count % 4 tail).
  * Each thread takes two items a grid-stride apart per step (so that a warp's
  * accesses stay coalesced) and loads the next step's items before it
@@ -341,9 +343,7 @@ static __device__ __forceinline__ void gq_elementwise(const struct kernels_expr 
 		typename G::regs n0, n1;
 		G::load(p, it + step, nitems, n0);
 		G::load(p, it + step + stride, nitems, n1);
-		G::item(p, it, r0, b);
-		if (it + stride < nitems)
-			G::item(p, it + stride, r1, b);
+		G::items(p, it, r0, it + stride, r1, it + stride < nitems, b);
 		r0 = n0;
 		r1 = n1;
 	}

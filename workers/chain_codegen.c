@@ -108,15 +108,20 @@ static void put_operand(struct text *t, const chain_prog *g, const struct kernel
 	put(t, "%s%sn%u", a ? ", " : "", widen ? "(double)" : "", n->arg[a]);
 }
 
-/* "const float n7 = ...;" for node i. */
+static bool var_bcast(const chain_prog *g, unsigned v)
+{
+	return g->var_flags[v] & KERNELS_EXPR_BCAST;
+}
+
+/* "const float n7 = ...;" for node i, element e of the arrays (a broadcast variable is one value). */
 static void put_node(struct text *t, const chain_prog *g, unsigned i)
 {
 	const struct kernels_expr_node *n = &g->node[i];
 	char name[16];
-	put(t, "\t\tconst %s n%u = ", ctype(n->type), i);
+	put(t, "\t\t\tconst %s n%u = ", ctype(n->type), i);
 	switch (n->kind) {
 	case KERNELS_EXPR_VAR:
-		put(t, "v%u", n->arg[0]);
+		put(t, var_bcast(g, n->arg[0]) ? "v%u" : "v%u[e]", n->arg[0]);
 		break;
 	case KERNELS_EXPR_CONST:
 		put(t, "(%s)p.prog.c[%u]", ctype(n->type), n->arg[0]);
@@ -139,7 +144,7 @@ static void put_node(struct text *t, const chain_prog *g, unsigned i)
 
 static bool var_loaded_full(const chain_prog *g, unsigned v)
 {
-	return (g->var_flags[v] & KERNELS_EXPR_LOAD) && !(g->var_flags[v] & KERNELS_EXPR_BCAST);
+	return (g->var_flags[v] & KERNELS_EXPR_LOAD) && !var_bcast(g, v);
 }
 
 /* The raw registers of loaded full variables, and the broadcast ones' values. */
@@ -151,13 +156,13 @@ static void put_storage(struct text *t, const chain_prog *g)
 			put(t, "\t\tgq_io<%s>::raw v%u;\n", type_macro(g->var_dtype[v]), v);
 	put(t, "\t};\n\tstruct bcast {\n");
 	for (unsigned v = 0; v < g->nvars; v++)
-		if (g->var_flags[v] & KERNELS_EXPR_BCAST)
+		if (var_bcast(g, v))
 			put(t, "\t\t%s v%u;\n", ctype(g->var_dtype[v]), v);
 	put(t, "\t};\n");
 	put(t, "\tstatic __device__ __forceinline__ void load_bcast(const kernels_expr &p, bcast &b)\n"
 	       "\t{\n\t\t(void)p;\n\t\t(void)b;\n");
 	for (unsigned v = 0; v < g->nvars; v++)
-		if (g->var_flags[v] & KERNELS_EXPR_BCAST)
+		if (var_bcast(g, v))
 			put(t, "\t\tb.v%u = gq_io<%s>::ld1(p.var[%u], 0);\n", v, type_macro(g->var_dtype[v]), v);
 	put(t, "\t}\n");
 	put(t, "\tstatic __device__ __forceinline__ void load(const kernels_expr &p, gq_u64 item, "
@@ -170,117 +175,130 @@ static void put_storage(struct text *t, const chain_prog *g)
 	put(t, "\t\t(void)p;\n\t}\n");
 }
 
-/* "float &v0, double v1": by reference the variables a statement assigns (run), by value the rest. */
+/* "float (&v0)[N], const double v1": each variable's N elements, a broadcast one's value. */
 static void put_params(struct text *t, const chain_prog *g)
 {
 	for (unsigned v = 0; v < g->nvars; v++)
-		put(t, ", %s %sv%u", ctype(g->var_dtype[v]),
-		    g->var_flags[v] & KERNELS_EXPR_STORE ? "&" : "", v);
+		put(t, var_bcast(g, v) ? ", const %s v%u" : ", %s (&v%u)[N]", ctype(g->var_dtype[v]), v);
 }
 
-/* "x0[e], b1, x2[e]": each variable's element, for a call of elem. */
-static void put_args(struct text *t, const chain_prog *g, bool item)
+/* ", x0, b.v1": the arrays and broadcast values a call of elem passes. */
+static void put_args(struct text *t, const chain_prog *g)
 {
-	for (unsigned v = 0; v < g->nvars; v++) {
-		if (g->var_flags[v] & KERNELS_EXPR_BCAST)
-			put(t, ", b.v%u", v);
-		else
-			put(t, item ? ", x%u[e]" : ", x%u", v);
-	}
+	for (unsigned v = 0; v < g->nvars; v++)
+		put(t, var_bcast(g, v) ? ", b.v%u" : ", x%u", v);
 }
 
-/* The statements, repeat times: each a block of its nodes and the assignment. */
+/*
+ * The statements, repeat times, on N elements: the repeat loop outside the
+ * elements', so that the elements' arithmetic interleaves (what the
+ * interpreted chain kernel does by applying each op to all its values).
+ */
 static void put_run_elem(struct text *t, const chain_prog *g)
 {
-	put(t, "\tstatic __device__ __forceinline__ void elem(const kernels_expr &p");
+	put(t, "\ttemplate <int N>\n\tstatic __device__ __forceinline__ void elem(const kernels_expr &p");
 	put_params(t, g);
-	put(t, ")\n\t{\n\tfor (gq_u64 rep = 0; rep < p.repeat; rep++) {\n");
+	put(t, ")\n\t{\n\t\tfor (gq_u64 rep = 0; rep < p.repeat; rep++) {\n#pragma unroll\n"
+	       "\t\tfor (int e = 0; e < N; e++) {\n");
 	unsigned n = 0;
 	for (unsigned s = 0; s < g->nstmts; s++) {
 		unsigned var = g->stmt_var[s], root = g->stmt_node[s];
 		char name[16];
-		put(t, "\t{\n");
+		put(t, "\t\t{\n");
 		for (; n <= root; n++)
 			put_node(t, g, n);
-		put(t, "\t\tv%u = ", var);
+		put(t, "\t\t\tv%u[e] = ", var);
 		snprintf(name, sizeof name, "n%u", root);
 		put_convert(t, g->var_dtype[var], g->node[root].type, name);
-		put(t, ";\n\t}\n");
+		put(t, ";\n\t\t}\n");
 	}
-	put(t, "\t}\n\t}\n");
+	put(t, "\t\t}\n\t\t}\n\t}\n");
 }
 
-/* Each variable's values for one item (x%u[4]) or element (x%u). */
-static void put_locals(struct text *t, const chain_prog *g, bool item)
+/* Each full variable's n elements: from raw registers (r0, r1), loaded at i (n == 1), or zeros. */
+static void put_locals(struct text *t, const chain_prog *g, unsigned n)
 {
 	for (unsigned v = 0; v < g->nvars; v++) {
 		const char *c = ctype(g->var_dtype[v]), *tm = type_macro(g->var_dtype[v]);
-		if (g->var_flags[v] & KERNELS_EXPR_BCAST)
+		if (var_bcast(g, v))
 			continue;
 		if (!var_loaded_full(g, v))
-			put(t, item ? "\t\t%s x%u[4] = { 0, 0, 0, 0 };\n" : "\t\t%s x%u = 0;\n", c, v);
-		else if (item)
-			put(t, "\t\t%s x%u[4];\n\t\tgq_io<%s>::cvt4(r.v%u, x%u);\n", c, v, tm, v, v);
+			put(t, "\t\t%s x%u[%u] = {};\n", c, v, n);
+		else if (n == 1)
+			put(t, "\t\t%s x%u[1] = { gq_io<%s>::ld1(p.var[%u], i) };\n", c, v, tm, v);
 		else
-			put(t, "\t\t%s x%u = gq_io<%s>::ld1(p.var[%u], i);\n", c, v, tm, v);
+			put(t, "\t\t%s x%u[%u];\n\t\tgq_io<%s>::cvt4(r0.v%u, x%u);\n", c, v, n, tm, v, v);
+		if (n == 8 && var_loaded_full(g, v))
+			put(t, "\t\tgq_io<%s>::cvt4(r1.v%u, x%u + 4);\n", tm, v, v);
 	}
 }
 
-static void put_stores(struct text *t, const chain_prog *g, bool item)
+static void put_stores(struct text *t, const chain_prog *g, unsigned n)
 {
-	for (unsigned v = 0; v < g->nvars; v++)
-		if (g->var_flags[v] & KERNELS_EXPR_STORE)
-			put(t, item ? "\t\tgq_io<%s>::st4(p.store[%u], it, x%u);\n"
-				    : "\t\tgq_io<%s>::st1(p.store[%u], i, x%u);\n",
-			    type_macro(g->var_dtype[v]), v, v);
+	for (unsigned v = 0; v < g->nvars; v++) {
+		if (!(g->var_flags[v] & KERNELS_EXPR_STORE))
+			continue;
+		const char *tm = type_macro(g->var_dtype[v]);
+		if (n == 1) {
+			put(t, "\t\tgq_io<%s>::st1(p.store[%u], i, x%u[0]);\n", tm, v, v);
+			continue;
+		}
+		put(t, "\t\tgq_io<%s>::st4(p.store[%u], i0, x%u);\n", tm, v, v);
+		put(t, "\t\tif (has1)\n\t\t\tgq_io<%s>::st4(p.store[%u], i1, x%u + 4);\n", tm, v, v);
+	}
 }
 
 static void put_run(struct text *t, const chain_prog *g)
 {
 	put_run_elem(t, g);
-	put(t, "\tstatic __device__ __forceinline__ void item(const kernels_expr &p, gq_u64 it, "
-	       "const regs &r, const bcast &b)\n\t{\n\t\t(void)r;\n\t\t(void)b;\n");
-	put_locals(t, g, true);
-	put(t, "#pragma unroll\n\t\tfor (int e = 0; e < 4; e++)\n\t\t\telem(p");
-	put_args(t, g, true);
+	put(t, "\tstatic __device__ __forceinline__ void items(const kernels_expr &p, gq_u64 i0, "
+	       "const regs &r0, gq_u64 i1, const regs &r1, bool has1, const bcast &b)\n"
+	       "\t{\n\t\t(void)r0;\n\t\t(void)r1;\n\t\t(void)b;\n");
+	put_locals(t, g, 8);
+	put(t, "\t\telem<8>(p");
+	put_args(t, g);
 	put(t, ");\n");
-	put_stores(t, g, true);
+	put_stores(t, g, 8);
 	put(t, "\t}\n\tstatic __device__ __forceinline__ void one(const kernels_expr &p, gq_u64 i, "
 	       "const bcast &b)\n\t{\n\t\t(void)b;\n");
-	put_locals(t, g, false);
-	put(t, "\t\telem(p");
-	put_args(t, g, false);
+	put_locals(t, g, 1);
+	put(t, "\t\telem<1>(p");
+	put_args(t, g);
 	put(t, ");\n");
-	put_stores(t, g, false);
+	put_stores(t, g, 1);
 	put(t, "\t}\n};\n\nextern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)\n"
 	       "gq_run(const __grid_constant__ kernels_expr p)\n{\n\tgq_elementwise<G>(p);\n}\n");
 }
 
-/* The reduced value of one element: the root's, or for dot the two roots' product in double. */
+/* The reduced values of N elements: the root's, or for dot the two roots' product in double. */
 static void put_reduce(struct text *t, const chain_prog *g)
 {
 	unsigned a = g->reduce_arg[0], b = g->reduce_arg[1];
-	put(t, "\tstatic __device__ __forceinline__ double elem(const kernels_expr &p");
+	put(t, "\ttemplate <int N>\n\tstatic __device__ __forceinline__ void elem(const kernels_expr &p");
 	put_params(t, g);
-	put(t, ")\n\t{\n\t\t(void)p;\n");
+	put(t, ", double (&out)[N])\n\t{\n\t\t(void)p;\n#pragma unroll\n"
+	       "\t\tfor (int e = 0; e < N; e++) {\n");
 	for (unsigned n = 0; n < g->nnodes; n++)
 		put_node(t, g, n);
 	if (g->reduce == KERNELS_REDUCE_DOT)
-		put(t, "\t\treturn __dmul_rn((double)n%u, (double)n%u);\n\t}\n", a, b);
+		put(t, "\t\t\tout[e] = __dmul_rn((double)n%u, (double)n%u);\n", a, b);
 	else
-		put(t, "\t\treturn (double)n%u;\n\t}\n", a);
+		put(t, "\t\t\tout[e] = (double)n%u;\n", a);
+	put(t, "\t\t}\n\t}\n");
 	put(t, "\tstatic __device__ __forceinline__ void values(const kernels_expr &p, gq_u64 it, "
-	       "const regs &r, const bcast &b, double *v)\n\t{\n\t\t(void)it;\n\t\t(void)r;\n"
-	       "\t\t(void)b;\n");
-	put_locals(t, g, true);
-	put(t, "#pragma unroll\n\t\tfor (int e = 0; e < 4; e++)\n\t\t\tv[e] = elem(p");
-	put_args(t, g, true);
-	put(t, ");\n\t}\n\tstatic __device__ __forceinline__ double value1(const kernels_expr &p, "
-	       "gq_u64 i, const bcast &b)\n\t{\n\t\t(void)b;\n");
-	put_locals(t, g, false);
-	put(t, "\t\treturn elem(p");
-	put_args(t, g, false);
-	put(t, ");\n\t}\n};\n\nextern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)\n"
+	       "const regs &r0, const bcast &b, double *v)\n\t{\n\t\t(void)it;\n\t\t(void)r0;\n"
+	       "\t\t(void)b;\n\t\tdouble out[4];\n");
+	put_locals(t, g, 4);
+	put(t, "\t\telem<4>(p");
+	put_args(t, g);
+	put(t, ", out);\n\t\tfor (int e = 0; e < 4; e++)\n\t\t\tv[e] = out[e];\n\t}\n"
+	       "\tstatic __device__ __forceinline__ double value1(const kernels_expr &p, gq_u64 i, "
+	       "const bcast &b)\n\t{\n\t\t(void)b;\n\t\tdouble out[1];\n");
+	put_locals(t, g, 1);
+	put(t, "\t\telem<1>(p");
+	put_args(t, g);
+	put(t, ", out);\n\t\treturn out[0];\n\t}\n};\n\n"
+	       "extern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)\n"
 	       "gq_reduce(const __grid_constant__ kernels_expr p, kernels_partial *out)\n{\n"
 	       "\tgq_reduce_tile<G, %u>(p, out);\n}\n", g->reduce);
 }
