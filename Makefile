@@ -110,7 +110,7 @@ SELFTEST_C_SRC := workers/chain_codegen.c workers/chain_prelude.c workers/chain_
 $(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(call obj,$(KERNELS_SRC)) \
 		$(call obj,$(SELFTEST_C_SRC))
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_ARCH) -o $@ $^ -ldl -lpthread
+	$(CC) $(SAN) -o $@ $^ $(CUDA_LIBS) -lstdc++ -lm -pthread
 
 # The SM copy kernel, every alignment pair and length, on the GPU (run by gpu-check).
 $(BUILD)/tests/copy_selftest: $(BUILD)/obj/tests/gpu/copy_selftest.o $(call obj,$(KERNELS_SRC))
