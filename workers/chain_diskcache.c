@@ -78,6 +78,15 @@ static enum chain_disk_result reject(char *why, size_t whysize, const char *path
 	return CHAIN_DISK_REJECTED;
 }
 
+/* Whether st is gpuqd's own and writable by no one else (see Trust in the header). */
+static bool trusted(const struct stat *st)
+{
+	return st->st_uid == geteuid() && !(st->st_mode & (S_IWGRP | S_IWOTH));
+}
+
+static const char untrusted[] = "belongs to another user or is writable by others: its "
+				"kernels are not loaded (they would reach every user's buffers)";
+
 /* The header's promises: magic, format, sane lengths, the same arch and toolkit. */
 static enum chain_disk_result check_header(const struct disk_header *h, const char *path,
 					   size_t source_len, const char *arch, const char *toolkit,
@@ -136,7 +145,10 @@ enum chain_disk_result chain_diskcache_load(const char *dir, const char *name, c
 	size_t got;
 	memset(out, 0, sizeof *out);
 	snprintf(path, sizeof path, "%s/%s", dir, name);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (stat(dir, &st) == 0 && !trusted(&st))
+		return reject(why, whysize, dir, untrusted);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0 && errno == ENOENT)
 		return CHAIN_DISK_MISS;
 	if (fd < 0) {
@@ -144,7 +156,9 @@ enum chain_disk_result chain_diskcache_load(const char *dir, const char *name, c
 		return CHAIN_DISK_ERROR;
 	}
 	enum chain_disk_result r;
-	if (read_all(fd, &h, sizeof h, &got) < 0) {
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || !trusted(&st)) {
+		r = reject(why, whysize, path, untrusted);
+	} else if (read_all(fd, &h, sizeof h, &got) < 0) {
 		snprintf(why, whysize, "reading %s: %s", path, strerror(errno));
 		r = CHAIN_DISK_ERROR;
 	} else if (got != sizeof h) {
@@ -217,8 +231,13 @@ int chain_diskcache_store(const char *dir, const char *name, const char *source,
 			  size_t whysize)
 {
 	char tmp[512], path[512];
+	struct stat st;
 	if (make_dirs(dir, why, whysize) < 0)
 		return -1;
+	if (stat(dir, &st) == 0 && !trusted(&st)) {
+		snprintf(why, whysize, "%s %s", dir, untrusted);
+		return -1;
+	}
 	snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", dir, name);
 	snprintf(path, sizeof path, "%s/%s", dir, name);
 	int fd = mkostemp(tmp, O_CLOEXEC);

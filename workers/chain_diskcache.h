@@ -16,6 +16,12 @@
  * renamed over the final name, so a reader sees a complete old file or a
  * complete new one; two daemons storing the same kernel store the same
  * bytes and the last rename wins. Worker threads (file I/O only).
+ *
+ * Trust. A kernel loaded from here runs on the GPU with access to every
+ * user's buffers, so only files nobody else could have written are loaded:
+ * DIR and the file must belong to gpuqd's user and be writable by no group
+ * or other (daemons sharing DIR run as one user). Anything else is
+ * rejected, and stores into such a DIR are refused.
  */
 #ifndef GPUQ_CHAIN_DISKCACHE_H
 #define GPUQ_CHAIN_DISKCACHE_H

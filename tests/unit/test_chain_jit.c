@@ -237,6 +237,16 @@ TEST(chain_diskcache_detects_damage_and_mismatch)
 		damage(dir, 0, cuts[i]);
 		CHECKF(load(dir, k_source, &got) == CHAIN_DISK_REJECTED, "cut at %ld loaded", cuts[i]);
 	}
+	/* Files and directories others could write are never loaded. */
+	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, why,
+				    sizeof why) == 0);
+	CHECK(chmod(path, 0666) == 0);
+	CHECK_EQ(load(dir, k_source, &got), CHAIN_DISK_REJECTED);
+	CHECK(chmod(path, 0600) == 0 && chmod(dir, 0777) == 0);
+	CHECK_EQ(load(dir, k_source, &got), CHAIN_DISK_REJECTED);
+	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, why,
+				    sizeof why) < 0 && strstr(why, "writable by others"));
+	CHECK(chmod(dir, 0700) == 0);
 	/* Stored again, it loads: nothing else is left behind. */
 	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, why,
 				    sizeof why) == 0);
