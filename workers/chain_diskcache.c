@@ -4,6 +4,7 @@
  */
 #include "workers/chain_diskcache.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DISK_MAGIC "GPUQKRN1"
@@ -168,6 +170,8 @@ enum chain_disk_result chain_diskcache_load(const char *dir, const char *name, c
 		if (r == CHAIN_DISK_HIT)
 			r = load_body(fd, path, &h, source, out, why, whysize);
 	}
+	if (r == CHAIN_DISK_HIT)
+		futimens(fd, NULL); /* used now: the trimming keeps it longest (a failure only ages it) */
 	close(fd);
 	return r;
 }
@@ -226,9 +230,78 @@ static int write_file(int fd, const char *source, size_t source_len, const char 
 	return 0;
 }
 
+/* A kernel file of the directory and when it was last used. */
+struct disk_file {
+	char name[CHAIN_DISKCACHE_NAME_MAX];
+	struct timespec used;
+};
+
+static int older(const void *a, const void *b)
+{
+	const struct timespec *x = &((const struct disk_file *)a)->used;
+	const struct timespec *y = &((const struct disk_file *)b)->used;
+	if (x->tv_sec != y->tv_sec)
+		return x->tv_sec < y->tv_sec ? -1 : 1;
+	return x->tv_nsec < y->tv_nsec ? -1 : x->tv_nsec > y->tv_nsec;
+}
+
+/* Removes dead writers' temporaries (an hour old) and lists the kernels into *files. */
+static size_t list_files(int dfd, struct disk_file **files)
+{
+	DIR *d = fdopendir(dfd);
+	struct dirent *e;
+	size_t n = 0, cap = 0;
+	time_t now = time(NULL);
+	*files = NULL;
+	while (d && (e = readdir(d)) != NULL) {
+		struct stat st;
+		size_t len = strlen(e->d_name);
+		if (len >= CHAIN_DISKCACHE_NAME_MAX || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISREG(st.st_mode))
+			continue;
+		if (e->d_name[0] == '.') {
+			if (now - st.st_mtime > 3600)
+				unlinkat(dfd, e->d_name, 0);
+			continue;
+		}
+		if (len < 7 || strcmp(e->d_name + len - 7, ".kernel") != 0)
+			continue;
+		if (n == cap) {
+			struct disk_file *more = realloc(*files, (cap = cap ? cap * 2 : 64) * sizeof *more);
+			if (!more)
+				break;
+			*files = more;
+		}
+		memcpy((*files)[n].name, e->d_name, len + 1);
+		(*files)[n++].used = st.st_mtim;
+	}
+	if (d)
+		closedir(d); /* closes dfd */
+	return n;
+}
+
+/* Keeps the max most recently used kernels of dir. */
+static void trim(const char *dir, unsigned max)
+{
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return;
+	struct disk_file *files;
+	size_t n = list_files(dfd, &files);
+	if (n > max) {
+		qsort(files, n, sizeof *files, older);
+		dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		for (size_t i = 0; dfd >= 0 && i < n - max; i++)
+			unlinkat(dfd, files[i].name, 0);
+		if (dfd >= 0)
+			close(dfd);
+	}
+	free(files);
+}
+
 int chain_diskcache_store(const char *dir, const char *name, const char *source, size_t source_len,
-			  const char *toolkit, const struct chain_image *img, char *why,
-			  size_t whysize)
+			  const char *toolkit, const struct chain_image *img, unsigned max,
+			  char *why, size_t whysize)
 {
 	char tmp[512], path[512];
 	struct stat st;
@@ -258,6 +331,8 @@ int chain_diskcache_store(const char *dir, const char *name, const char *source,
 	if (rc < 0) {
 		unlink(tmp);
 		snprintf(why, whysize, "cannot write %s: %s", path, strerror(saved));
+		return -1;
 	}
-	return rc;
+	trim(dir, max);
+	return 0;
 }

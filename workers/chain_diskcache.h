@@ -17,6 +17,12 @@
  * complete new one; two daemons storing the same kernel store the same
  * bytes and the last rename wins. Worker threads (file I/O only).
  *
+ * Size. The directory keeps at most CHAIN_DISKCACHE_MAX_FILES kernels:
+ * after a store the least recently used go (a load marks a file used by
+ * touching its mtime), and temporaries older than an hour (a writer that
+ * died) with them. Removing is safe beside other daemons: a reader keeps
+ * the file it opened, and a missing file is compiled again.
+ *
  * Trust. A kernel loaded from here runs on the GPU with access to every
  * user's buffers, so only files nobody else could have written are loaded:
  * DIR and the file must belong to gpuqd's user and be writable by no group
@@ -32,6 +38,7 @@
 #include "workers/chain_nvrtc.h"
 
 #define CHAIN_DISKCACHE_NAME_MAX 96
+#define CHAIN_DISKCACHE_MAX_FILES 4096 /* about 160 MiB of kernels */
 
 enum chain_disk_result {
 	CHAIN_DISK_HIT,      /* *out holds the image */
@@ -53,9 +60,12 @@ enum chain_disk_result chain_diskcache_load(const char *dir, const char *name, c
 					    size_t source_len, const char *arch, const char *toolkit,
 					    struct chain_image *out, char *why, size_t whysize);
 
-/* Writes DIR/name atomically (making DIR, mode 0700, if needed). 0, or -1 with why. */
+/*
+ * Writes DIR/name atomically (making DIR, mode 0700, if needed), then trims
+ * DIR to max files. 0, or -1 with why.
+ */
 int chain_diskcache_store(const char *dir, const char *name, const char *source, size_t source_len,
-			  const char *toolkit, const struct chain_image *img, char *why,
-			  size_t whysize);
+			  const char *toolkit, const struct chain_image *img, unsigned max,
+			  char *why, size_t whysize);
 
 #endif

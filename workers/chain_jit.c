@@ -222,8 +222,8 @@ static int jit_compile(struct device *dev, const struct jit_target *t, const cha
 	}
 	chain_counter_add(dev, CHAIN_COUNTER_kernel_compiles, 1);
 	const char *dir = dev->config.kernel_cache_dir;
-	if (dir[0] && chain_diskcache_store(dir, t->disk_name, key, len, t->toolkit, img, why,
-					    sizeof why) < 0)
+	if (dir[0] && chain_diskcache_store(dir, t->disk_name, key, len, t->toolkit, img,
+					    CHAIN_DISKCACHE_MAX_FILES, why, sizeof why) < 0)
 		fprintf(stderr, "gpuqd: [gpu %d] kernel cache: %s (the kernel runs; it is not kept "
 			"on disk)\n", dev->index, why);
 	return 0;

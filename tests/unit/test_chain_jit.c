@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/harness.h"
@@ -199,11 +200,11 @@ TEST(chain_diskcache_detects_damage_and_mismatch)
 	struct chain_image img = image_of(), got;
 	CHECK_EQ(load(dir, k_source, &got), CHAIN_DISK_MISS);
 	snprintf(sub, sizeof sub, "%s/deeper/kernels", dir); /* made, 0700 */
-	CHECK(chain_diskcache_store(sub, "k.kernel", k_source, strlen(k_source), "13.0", &img, why,
+	CHECK(chain_diskcache_store(sub, "k.kernel", k_source, strlen(k_source), "13.0", &img, 64, why,
 				    sizeof why) == 0);
 	struct stat st;
 	CHECK(stat(sub, &st) == 0 && (st.st_mode & 0777) == 0700);
-	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, why,
+	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, 64, why,
 				    sizeof why) == 0);
 	CHECK_EQ(load(dir, k_source, &got), CHAIN_DISK_HIT);
 	CHECK(got.size == sizeof k_image && memcmp(got.data, k_image, got.size) == 0 && !got.ptx);
@@ -225,30 +226,30 @@ TEST(chain_diskcache_detects_damage_and_mismatch)
 	CHECK_EQ(load(dir, k_source, &got), CHAIN_DISK_REJECTED);
 	const long spots[] = { 2, 20, fst.st_size - (long)sizeof k_image - 5 };
 	for (size_t i = 0; i < sizeof spots / sizeof spots[0]; i++) {
-		CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img,
+		CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, 64,
 					    why, sizeof why) == 0);
 		damage(dir, spots[i], -1);
 		CHECKF(load(dir, k_source, &got) == CHAIN_DISK_REJECTED, "flipped byte %ld loaded", spots[i]);
 	}
 	const long cuts[] = { 0, 5, 60, fst.st_size - 1 };
 	for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
-		CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img,
+		CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, 64,
 					    why, sizeof why) == 0);
 		damage(dir, 0, cuts[i]);
 		CHECKF(load(dir, k_source, &got) == CHAIN_DISK_REJECTED, "cut at %ld loaded", cuts[i]);
 	}
 	/* Files and directories others could write are never loaded. */
-	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, why,
+	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, 64, why,
 				    sizeof why) == 0);
 	CHECK(chmod(path, 0666) == 0);
 	CHECK_EQ(load(dir, k_source, &got), CHAIN_DISK_REJECTED);
 	CHECK(chmod(path, 0600) == 0 && chmod(dir, 0777) == 0);
 	CHECK_EQ(load(dir, k_source, &got), CHAIN_DISK_REJECTED);
-	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, why,
+	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, 64, why,
 				    sizeof why) < 0 && strstr(why, "writable by others"));
 	CHECK(chmod(dir, 0700) == 0);
 	/* Stored again, it loads: nothing else is left behind. */
-	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, why,
+	CHECK(chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, 64, why,
 				    sizeof why) == 0);
 	CHECK_EQ(load(dir, k_source, &got), CHAIN_DISK_HIT);
 	free(got.data);
@@ -263,13 +264,52 @@ TEST(chain_diskcache_detects_damage_and_mismatch)
 	remove_dir(dir);
 }
 
+/* Stored beyond the bound, the least recently used kernels go; temporaries of dead writers too. */
+TEST(chain_diskcache_keeps_the_most_recently_used)
+{
+	char *dir = tmp_dir(), why[400], name[32], path[512];
+	struct chain_image img = image_of(), got;
+	unsigned tmps;
+	for (int i = 0; i < 12; i++) {
+		snprintf(name, sizeof name, "k%02d.kernel", i);
+		CHECK(chain_diskcache_store(dir, name, k_source, strlen(k_source), "13.0", &img, 8, why,
+					    sizeof why) == 0);
+		snprintf(path, sizeof path, "%s/%s", dir, name);
+		struct timespec t[2] = { { 1000 + i, 0 }, { 1000 + i, 0 } }; /* stored in this order */
+		CHECK(utimensat(AT_FDCWD, path, t, 0) == 0);
+		if (i == 1) { /* k00 is loaded after k01 was stored: it is used more recently than any */
+			CHECK(chain_diskcache_load(dir, "k00.kernel", k_source, strlen(k_source), "sm_90",
+						   "13.0", &got, why, sizeof why) == CHAIN_DISK_HIT);
+			free(got.data);
+		}
+	}
+	CHECK_EQ(files_in(dir, &tmps), 8);
+	CHECK(access((snprintf(path, sizeof path, "%s/k00.kernel", dir), path), F_OK) == 0);
+	CHECK(access((snprintf(path, sizeof path, "%s/k01.kernel", dir), path), F_OK) != 0);
+	CHECK(access((snprintf(path, sizeof path, "%s/k11.kernel", dir), path), F_OK) == 0);
+	/* A temporary two hours old goes at the next store; a fresh one stays. */
+	snprintf(path, sizeof path, "%s/.old.kernel.AAAAAA", dir);
+	FILE *f = fopen(path, "w");
+	CHECK(f && fclose(f) == 0);
+	struct timespec old[2] = { { time(NULL) - 7200, 0 }, { time(NULL) - 7200, 0 } };
+	CHECK(utimensat(AT_FDCWD, path, old, 0) == 0);
+	snprintf(path, sizeof path, "%s/.new.kernel.BBBBBB", dir);
+	f = fopen(path, "w");
+	CHECK(f && fclose(f) == 0);
+	CHECK(chain_diskcache_store(dir, "k12.kernel", k_source, strlen(k_source), "13.0", &img, 8,
+				    why, sizeof why) == 0);
+	CHECK_EQ(files_in(dir, &tmps), 9);
+	CHECK_EQ(tmps, 1);
+	remove_dir(dir);
+}
+
 /* One racer: stores and loads the same kernel; exits 1 on anything but a whole kernel. */
 static void race(const char *dir, int rounds)
 {
 	struct chain_image img = image_of(), got;
 	char why[400];
 	for (int r = 0; r < rounds; r++) {
-		if (chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img,
+		if (chain_diskcache_store(dir, "k.kernel", k_source, strlen(k_source), "13.0", &img, 64,
 					  why, sizeof why) != 0)
 			_exit(2);
 		enum chain_disk_result res = load(dir, k_source, &got);
