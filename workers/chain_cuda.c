@@ -18,7 +18,9 @@
  * program interpreter for anything else). A reduction's plan is its tiles'
  * kernel, the kernel that folds the tiles into one result, and the copy of
  * that result to pinned host memory: the plan owns the tiles' device memory
- * and the host word. Retargeting to other buffers captures the chain again
+ * and a slot of the device's pinned result block (one block, pinned once,
+ * so that no plan's build or eviction pins or unpins host memory, which
+ * synchronises the device). Retargeting to other buffers captures the chain again
  * and applies it with cudaGraphExecUpdate, which keeps the executable graph
  * (and its upload) and changes only the kernel parameters. Eager runs
  * launch the per-op kernels directly and use no plan.
@@ -44,6 +46,10 @@ struct chain_cuda {
 	unsigned nevents; /* pairs made so far */
 	cudaEvent_t start[CHAIN_MAX_REPS], stop[CHAIN_MAX_REPS];
 	unsigned long long *sink; /* the read kernel's device word */
+	/* Reduction plans' results: one pinned slot each (used[i]), for every plan the cache can hold. */
+	struct kernels_partial *results;
+	bool *result_used;
+	unsigned nresults;
 };
 
 struct cuda_plan {
@@ -166,16 +172,41 @@ static struct chain_cuda *cuda_impl(struct chain_state *cs)
 	return chain_state_impl(cs);
 }
 
-/* A reduction's tiles and result on the device, and the host word the result comes back to. */
+/* A free slot of the device's pinned result block, made at the first reduction plan. */
+static int cuda_result_slot(struct device *dev, struct chain_cuda *cc,
+			    struct kernels_partial **slot, struct gpuq_error *err)
+{
+	if (!cc->results) {
+		/* A full cache builds its next plan before it evicts one: one more slot than plans. */
+		unsigned n = 1 + (dev->config.chain_graph_cache ? dev->config.chain_graph_cache
+								  : CHAIN_CACHE_DEFAULT);
+		cc->result_used = calloc(n, sizeof *cc->result_used);
+		if (!cc->result_used)
+			return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] no host memory for results",
+					 dev->index);
+		CUDA_TRY(dev, err, cudaHostAlloc((void **)&cc->results, n * sizeof *cc->results,
+						 cudaHostAllocDefault));
+		cc->nresults = n;
+	}
+	for (unsigned i = 0; i < cc->nresults; i++) {
+		if (!cc->result_used[i]) {
+			cc->result_used[i] = true;
+			*slot = &cc->results[i];
+			return 0;
+		}
+	}
+	return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] more reduction plans than the cache holds",
+			 dev->index);
+}
+
+/* A reduction's tiles and result on the device, and the host slot the result comes back to. */
 static int cuda_plan_reduce_memory(struct device *dev, const struct chain_spec *spec,
 				   struct cuda_plan *p, struct gpuq_error *err)
 {
 	p->ntiles = kernels_reduce_tiles(spec->count);
 	if (dev->ops->alloc(dev, (p->ntiles + 1) * sizeof *p->tiles, (void **)&p->tiles, err) != 0)
 		return -1;
-	CUDA_TRY(dev, err, cudaHostAlloc((void **)&p->host_result, sizeof *p->host_result,
-					 cudaHostAllocDefault));
-	return 0;
+	return cuda_result_slot(dev, cuda_impl(dev->chain), &p->host_result, err);
 }
 
 static void cuda_plan_destroy(struct device *dev, void *plan);
@@ -239,8 +270,10 @@ static void cuda_plan_destroy(struct device *dev, void *plan)
 			CUDA_LOG(dev, cudaGraphExecDestroy(p->exec));
 		if (p->tiles)
 			dev->ops->release(dev, p->tiles, &ignored);
-		if (p->host_result)
-			CUDA_LOG(dev, cudaFreeHost(p->host_result));
+	}
+	if (p->host_result) {
+		struct chain_cuda *cc = cuda_impl(dev->chain);
+		cc->result_used[p->host_result - cc->results] = false;
 	}
 	chain_kernel_release(dev, p->kernel);
 	free(p);
@@ -484,6 +517,8 @@ void chain_cuda_close(struct device *dev)
 	if (!dev->faulted) {
 		if (cc->sink)
 			CUDA_LOG(dev, cudaFree(cc->sink));
+		if (cc->results)
+			CUDA_LOG(dev, cudaFreeHost(cc->results));
 		for (unsigned i = 0; i < cc->nevents; i++) {
 			CUDA_LOG(dev, cudaEventDestroy(cc->start[i]));
 			CUDA_LOG(dev, cudaEventDestroy(cc->stop[i]));
@@ -493,5 +528,6 @@ void chain_cuda_close(struct device *dev)
 			CUDA_LOG(dev, cudaStreamDestroy(cc->stream));
 		}
 	}
+	free(cc->result_used);
 	free(cc);
 }
