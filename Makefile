@@ -75,6 +75,9 @@ $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# The texts NVRTC compiles chain kernels with, linked in by the assembler's .incbin.
+$(BUILD)/obj/workers/chain_prelude.o: kernels/chain_ops.cuh kernels/chain_abi.h kernels/chain_reduce.h
+
 $(BUILD)/gpuqd: $(BUILD)/obj/daemon/main.o $(CORE_OBJ)
 	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
 
@@ -99,10 +102,15 @@ $(BUILD)/tests/itest: $(call obj,$(ITEST_SRC) tests/harness.c workers/host_patte
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -pthread
 
-# Kernels against their host definitions, on the GPU (run by gpu-check).
-$(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(call obj,$(KERNELS_SRC))
+# Kernels against their host definitions, on the GPU (run by gpu-check), and the
+# chain kernels compiled with NVRTC as gpuqd compiles and loads them.
+SELFTEST_C_SRC := workers/chain_codegen.c workers/chain_prelude.c workers/chain_nvrtc.c \
+	workers/chain_module.c workers/chain_prog.c workers/chain_eval.c workers/chain_expr.c \
+	protocol/protocol.c
+$(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(call obj,$(KERNELS_SRC)) \
+		$(call obj,$(SELFTEST_C_SRC))
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_ARCH) -o $@ $^
+	$(CC) $(SAN) -o $@ $^ $(CUDA_LIBS) -lstdc++ -lm -pthread
 
 # The SM copy kernel, every alignment pair and length, on the GPU (run by gpu-check).
 $(BUILD)/tests/copy_selftest: $(BUILD)/obj/tests/gpu/copy_selftest.o $(call obj,$(KERNELS_SRC))

@@ -37,6 +37,8 @@ enum {
 	LONG_WAIT_MEMORY,
 	LONG_ROOT,
 	LONG_REDUCE,
+	LONG_KERNEL,
+	LONG_MATH,
 };
 
 /* Accepted before the command and after it. */
@@ -78,6 +80,8 @@ static const struct {
 	{ { "wait-memory", required_argument, NULL, LONG_WAIT_MEMORY }, OPT_WAIT_MEMORY },
 	{ { "root", required_argument, NULL, LONG_ROOT }, OPT_ROOT },
 	{ { "reduce", required_argument, NULL, LONG_REDUCE }, OPT_REDUCE },
+	{ { "kernel", required_argument, NULL, LONG_KERNEL }, OPT_KERNEL },
+	{ { "math", required_argument, NULL, LONG_MATH }, OPT_MATH },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -241,6 +245,12 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 				      &cli->root, &cli->has_root);
 	case LONG_REDUCE:
 		cli->reduce = arg;
+		return 0;
+	case LONG_KERNEL:
+		cli->kernel = arg;
+		return 0;
+	case LONG_MATH:
+		cli->math = arg;
 		return 0;
 	}
 	return cli_usage(cli, "unknown option");

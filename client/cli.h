@@ -58,6 +58,8 @@ enum cli_opt {
 	OPT_WAIT_MEMORY = 1u << 22,  /* --wait-memory MS: alloc waits for memory others free */
 	OPT_ROOT = 1u << 23,         /* --root N: broadcast's and reduce's root rank */
 	OPT_REDUCE = 1u << 24,       /* --reduce OP: bench collective's reduction (--op: its primitive) */
+	OPT_KERNEL = 1u << 25,       /* --kernel auto|compiled|interpreted: run's and reduce's fused kernel */
+	OPT_MATH = 1u << 26,         /* --math ieee|fast */
 };
 
 struct cli;
@@ -91,6 +93,8 @@ struct cli {
 	const char *sizes;          /* --sizes */
 	const char *engine;         /* --engine */
 	const char *mode;           /* --mode */
+	const char *kernel;         /* --kernel */
+	const char *math;           /* --math */
 	const char *out_buffer;     /* --out */
 	bool has_repeat;
 	uint64_t repeat;            /* --repeat */
@@ -181,8 +185,9 @@ struct progress_bar {
 void progress_begin(struct cli *cli, struct mp_map *req, struct progress_bar *bar,
 		    const char *label);
 void progress_end(struct cli *cli, struct progress_bar *bar);
-/* chain.c: run a kernel chain on a buffer; the devices' counters */
+/* chain.c: run a kernel chain or an expression; reduce; the devices' counters */
 int cmd_run(struct cli *cli);
+int cmd_reduce(struct cli *cli);
 int cmd_stats(struct cli *cli);
 /* bench_chain.c */
 int bench_chain(struct cli *cli);

@@ -11,6 +11,8 @@
 
 #include "client/cli.h"
 
+static int cmd_reduce_either(struct cli *cli);
+
 #define JOB_OPTS (OPT_DETACH | OPT_PRIORITY)
 #define COLL_OPTS (OPT_DEVICES | OPT_REDOP | OPT_OUT | OPT_COUNT | OPT_COLL_TIMEOUT | OPT_ROOT)
 
@@ -159,24 +161,39 @@ const struct cli_cmd cli_commands[] = {
 	  "pair's. --verify compares checksums of both ranges,\n"
 	  "each computed on its GPU. A cancel stops the copy at its next chunk.\n",
 	  JOB_OPTS | OPT_ENGINE | OPT_VERIFY | OPT_PATH, 2, 2, { "SRC", "DST" }, cmd_copy },
-	{ "run", "BUF CHAIN [--mode fused|graph|eager] [--repeat N] [--out BUF2]",
-	  "apply a chain of elementwise ops to a buffer on its device",
-	  "Applies CHAIN, one argument such as 'sin | add 1 | sqrt | mul 2 | sub 3',\n"
-	  "to every element of BUF (f16, bf16, f32 or f64), in place or into BUF2\n"
-	  "(--out: same device, dtype and count). --repeat N applies the whole chain\n"
-	  "N times. Ops: sin cos tan exp log log2 sqrt rsqrt abs neg relu sigmoid\n"
-	  "tanh floor ceil round; add C, sub C, mul C, div C, pow C, min C, max C;\n"
-	  "clamp LO HI; fma A B (x*A+B). Constants are rounded to float for f16,\n"
-	  "bf16 and f32. --mode: fused (default: one kernel for the whole chain,\n"
-	  "replayed from a CUDA graph), graph (one kernel per op, captured into a\n"
-	  "graph and replayed) or eager (one kernel per op, launched one by one).\n"
-	  "Graphs are cached per device: `gpuq stats` shows hits and instantiations.\n",
-	  JOB_OPTS | OPT_MODE | OPT_REPEAT | OPT_OUT, 2, 2, { "BUF", "CHAIN" }, cmd_run },
+	{ "run", "EXPR | BUF CHAIN [--mode fused|graph|eager] [--repeat N] [--out BUF2] "
+	  "[--kernel auto|compiled|interpreted] [--math ieee|fast] [--device N]",
+	  "run an expression over buffers, or a chain of ops on one, on their device",
+	  "EXPR is one argument of statements OUT = EXPRESSION separated by ';', as\n"
+	  "'y = a * x + y' or 'out = relu(x * 0.5 + bias)': buffers are variables\n"
+	  "(NAME, NAME@GPU or `any-name`; one device, one count, or one element to\n"
+	  "broadcast), with + - * / ( ), numbers, every op below as a function\n"
+	  "(add(x, y), clamp(x, lo, hi), fma(x, a, b): x*a+b rounded once) and the\n"
+	  "casts f16() bf16() f32() f64(); at most 8 inputs and 4 outputs. Mixed\n"
+	  "dtypes compute in the wider type (f16 with bf16: f32). --device N picks\n"
+	  "where names without @GPU live.\n"
+	  "BUF CHAIN applies CHAIN, such as 'sin | add 1 | sqrt | mul 2 | sub 3', to\n"
+	  "every element of BUF, in place or into BUF2 (--out: same device, dtype and\n"
+	  "count): the expression BUF = sub(mul(sqrt(add(sin(BUF), 1)), 2), 3).\n"
+	  "--repeat N runs the statements (the chain) N times. Ops: sin cos tan exp\n"
+	  "log log2 sqrt rsqrt abs neg relu sigmoid tanh floor ceil round; add C,\n"
+	  "sub C, mul C, div C, pow C, min C, max C; clamp LO HI; fma A B (x*A+B).\n"
+	  "Buffers are f16, bf16, f32 or f64; constants are rounded to float except\n"
+	  "for f64. --mode: fused (default: one kernel, replayed from a CUDA graph),\n"
+	  "graph or eager (one kernel per op; a chain of ops on one buffer only).\n"
+	  "Fused runs a kernel compiled for the expression (NVRTC; cached in memory\n"
+	  "and on disk), or when none can be had an interpreting one, and says which\n"
+	  "(--kernel insists on one). --math fast: CUDA's fast intrinsics (compiled\n"
+	  "kernels only; gpuq(1) lists their errors). `gpuq stats` shows the caches.\n",
+	  JOB_OPTS | OPT_MODE | OPT_REPEAT | OPT_OUT | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 2,
+	  { "EXPR|BUF", "CHAIN" }, cmd_run },
 	{ "stats", "[--device N]", "show each device's job and kernel-chain counters",
 	  "Per device: jobs run and failed, bytes moved, and the kernel-chain\n"
 	  "counters: chains run, kernels launched, graph-cache hits, misses,\n"
-	  "updates (only the buffers changed), instantiations and evictions, and\n"
-	  "the plans cached out of the capacity (gpuqd --graph-cache).\n",
+	  "updates (only the buffers changed), instantiations and evictions, the\n"
+	  "plans cached out of the capacity (gpuqd --graph-cache), and compiled\n"
+	  "kernels: compiles (NVRTC), disk hits, memory hits and fallbacks to the\n"
+	  "interpreted kernel.\n",
 	  OPT_DEVICE, 0, 0, { NULL }, cmd_stats },
 	{ "allreduce",
 	  "NAME [--devices LIST|all] [--op sum|prod|min|max|avg] [--out NAME2] [--count N] "
@@ -216,12 +233,23 @@ const struct cli_cmd cli_commands[] = {
 	  "rank N (--root: an index into --devices, default 0) go to NAME on every\n"
 	  "rank, or to NAME2 (--out; then only the root needs NAME). Any dtype.\n",
 	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
-	{ "reduce", "NAME --root N [--op OP] [--devices LIST|all] [--out NAME2] [--count N]",
-	  "reduce NAME across GPUs onto root rank N",
-	  "NCCL's reduce: NAME of every rank, reduced with --op (default sum), goes\n"
-	  "to NAME on rank N (--root, default 0), or to its NAME2 (--out: only the\n"
-	  "root needs it).\n",
-	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "reduce", "EXPR [--count N] [--kernel K] [--math M] [--device N] | NAME --root N [--op OP] "
+	  "[--devices LIST|all] [--out NAME2] [--count N]",
+	  "reduce an expression to one number, or NAME across GPUs onto a root rank",
+	  "With an EXPR (it has parentheses): sum, min, max, mean, norm2,\n"
+	  "count_nonzero or argmax of an expression (as for run), or dot(a, b):\n"
+	  "'sum(abs(x - y))', 'norm2(w)', 'dot(a, b)', on the buffers' device. The\n"
+	  "result is an f64 (an i64 for count_nonzero and argmax), the same bits on\n"
+	  "every run: values are added in f64 in one fixed order. NaN: sum, mean,\n"
+	  "norm2 and dot give NaN; min and max give NaN; argmax the index of the\n"
+	  "first NaN; count_nonzero counts it. --count N reduces the first N\n"
+	  "elements (0: the empty reduction: sum 0, min inf, max -inf, mean NaN,\n"
+	  "argmax -1). --kernel and --math as for run.\n"
+	  "With a buffer NAME: NCCL's reduce: NAME of every rank, reduced with --op\n"
+	  "(default sum), goes to NAME on rank N (--root, default 0), or to its\n"
+	  "NAME2 (--out: only the root needs it).\n",
+	  JOB_OPTS | COLL_OPTS | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 1, { "EXPR|NAME" },
+	  cmd_reduce_either },
 	{ "sendrecv", "SRC DST [--count N] [--devices LIST]",
 	  "send a buffer range from one GPU to another (NCCL send/recv)",
 	  "One job runs both ends: SRC (NAME@GPU, optionally [OFFSET:LENGTH]) is sent\n"
@@ -325,6 +353,12 @@ void cli_print_command_help(FILE *f, const struct cli_cmd *cmd)
 			   "normal; a quota rule may cap it).\n");
 	fprintf(f, "\nThe global options (--socket, --json, --timeout) work here too;\n"
 		   "gpuq --help lists them and the exit status.\n");
+}
+
+/* gpuq reduce: an expression (parentheses: no buffer name has them), or NCCL's reduce. */
+static int cmd_reduce_either(struct cli *cli)
+{
+	return strchr(cli->args[0], '(') ? cmd_reduce(cli) : cmd_collective(cli);
 }
 
 static const struct cli_cmd *find_command(const char *name)

@@ -101,6 +101,8 @@ void op_bench_chain(struct request *req);
 void op_collective(struct request *req);
 /* op_bench_sched.c: the overlap ceiling `gpuq bench sched` compares the scheduler with */
 void op_bench_sched(struct request *req);
+/* op_expr.c: reduce_expr (an expression over buffers to one number) */
+void op_reduce_expr(struct request *req);
 void op_metrics(struct request *req);
 /* op_admin.c: an administrator's device reset, and what follows any reset (the pool's callback) */
 void op_reset_device(struct request *req);

@@ -266,12 +266,12 @@ static void waiting_text(const struct job *job, const struct work *w, enum sched
 		snprintf(out, size, "queued: more urgent jobs, or other users' turns, go first on device %d",
 			 w->device);
 		return;
-	case SCHED_WAIT_BUFFER:
+	case SCHED_WAIT_BUFFER: {
+		bool one = !job->buffer2 && !job->parts && job->work.naccess <= 1 && job->buffer_label[0];
 		snprintf(out, size, "behind job %llu on %s%s", (unsigned long long)behind,
-			 job->buffer2 || job->parts || !job->buffer_label[0] ? "one of its buffers"
-									  : "buffer ",
-			 job->buffer2 || job->parts ? "" : job->buffer_label);
+			 one ? "buffer " : "one of its buffers", one ? job->buffer_label : "");
 		return;
+	}
 	case SCHED_WAIT_GANG:
 		snprintf(out, size,
 			 "behind job %llu, an earlier multi-device job (they keep one order on every device)",
@@ -284,6 +284,10 @@ static void waiting_text(const struct job *job, const struct work *w, enum sched
 		else
 			snprintf(out, size, "waiting for device %d to be idle: benchmarks run alone",
 				 w->device);
+		return;
+	case SCHED_WAIT_CHAIN:
+		snprintf(out, size, "behind job %llu: device %d runs one chain (run, reduce_expr) at a time",
+			 (unsigned long long)behind, w->device);
 		return;
 	case SCHED_WAIT_INFLIGHT:
 		snprintf(out, size, "device %d has as many jobs in flight as it takes (--max-inflight)",

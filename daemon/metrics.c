@@ -293,7 +293,7 @@ static void render_devices(struct daemon *d, struct metrics_text *t,
 	render_engines(d, t, snap);
 }
 
-/* The kernel chains' counters per device; graph_entries is the cache's size now. */
+/* The kernel chains' counters per device; graph_entries and kernel_entries are the caches' sizes now. */
 static void render_chain(struct daemon *d, struct metrics_text *t)
 {
 	static const char *const names[] = {
@@ -302,11 +302,12 @@ static void render_chain(struct daemon *d, struct metrics_text *t)
 #undef CHAIN_NAME
 	};
 	for (int c = 0; c < CHAIN_COUNTER_COUNT; c++) {
-		bool gauge = strcmp(names[c], "graph_entries") == 0;
+		bool gauge = strcmp(names[c], "graph_entries") == 0 ||
+			     strcmp(names[c], "kernel_entries") == 0;
 		char name[96];
 		snprintf(name, sizeof name, "gpuq_chain_%s%s", names[c], gauge ? "" : "_total");
 		header(t, name, gauge ? "gauge" : "counter",
-		       gauge ? "Kernel-chain plans (CUDA graphs) in each device's graph cache."
+		       gauge ? "Kernel-chain plans (CUDA graphs) or compiled kernels in each device's cache."
 			     : "The device's kernel-chain counter of that name (gpuq stats shows the same).");
 		for (int i = 0; i < d->pool.count; i++)
 			emit(t, "%s{gpu=\"%d\"} %llu\n", name, i,

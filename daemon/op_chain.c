@@ -1,9 +1,10 @@
 /*
  * Kernel chains, the main thread's part: `run` validates a chain (every op
  * and argument, naming the op and its position when one is wrong), holds its
- * buffers and hands a struct chain_spec to the device's worker; `stats`
- * shows each device's worker and chain counters; `bench_chain` runs the
- * chain benchmark as a job. Main thread only.
+ * buffers and hands a struct chain_spec to the device's worker (a run with
+ * an expression goes to op_expr.c); `stats` shows each device's worker,
+ * chain and kernel-cache counters; `bench_chain` runs the chain benchmark
+ * as a job. Main thread only.
  *
  * A run job owns a struct run_job (the spec and what only the daemon needs)
  * from the request until the job is freed (job->release), so that its
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
+#include "daemon/op_chain.h"
 #include "workers/chain.h"
 #include "workers/chain_bench.h"
 
@@ -150,28 +152,112 @@ static int read_ops(struct request *req, enum gpuq_dtype dtype, struct chain_spe
 	return 0;
 }
 
-static int read_mode_repeat(struct request *req, struct chain_spec *spec, struct gpuq_error *err)
+/* The string field key as one of names (find), or its default; -1 with err naming the choices. */
+static int read_choice(struct request *req, const char *key, const char *choices,
+		       int (*find)(const char *, void *), void *out, struct gpuq_error *err)
 {
-	char mode[16];
-	int rc = msg_get_str(req->map, "mode", mode, sizeof mode, err);
+	char value[16];
+	int rc = msg_get_str(req->map, key, value, sizeof value, err);
 	if (rc < 0)
 		return -1;
+	if (rc > 0 && find(value, out) < 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': '%s' is not %s", key, value,
+				 choices);
+	return 0;
+}
+
+static int find_mode(const char *name, void *out)
+{
+	return chain_mode_find(name, out);
+}
+
+static int find_kernel(const char *name, void *out)
+{
+	return chain_kernel_find(name, out);
+}
+
+static int find_math(const char *name, void *out)
+{
+	return chain_math_find(name, out);
+}
+
+int op_chain_read_options(struct request *req, struct chain_spec *spec, struct gpuq_error *err)
+{
 	spec->mode = CHAIN_FUSED;
-	if (rc > 0 && chain_mode_find(mode, &spec->mode) < 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'mode': '%s' is not fused, graph or eager",
-				 mode);
+	spec->kernel = CHAIN_KERNEL_AUTO;
+	spec->math = CHAIN_MATH_IEEE;
 	spec->repeat = 1;
-	if (msg_get_u64(req->map, "repeat", &spec->repeat, err) < 0)
+	if (read_choice(req, "mode", "fused, graph or eager", find_mode, &spec->mode, err) < 0 ||
+	    read_choice(req, "kernel", "auto, compiled or interpreted", find_kernel, &spec->kernel,
+			err) < 0 ||
+	    read_choice(req, "math", "ieee or fast", find_math, &spec->math, err) < 0 ||
+	    msg_get_u64(req->map, "repeat", &spec->repeat, err) < 0)
 		return -1;
 	if (spec->repeat < 1 || spec->repeat > CHAIN_MAX_REPEAT)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
 				 spec->repeat, CHAIN_MAX_REPEAT);
+	return 0;
+}
+
+int op_chain_check(const struct chain_spec *spec, struct gpuq_error *err)
+{
+	bool reduce = chain_spec_is_reduce(spec);
+	if (reduce && (spec->mode != CHAIN_FUSED || spec->repeat != 1))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "a reduction runs fused once: leave out 'mode' and 'repeat'");
+	if (spec->mode != CHAIN_FUSED && !spec->has_ops)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "mode %s runs one kernel per op, which only a chain of ops on one "
+				 "buffer has (as x = add(sin(x), 1), or 'sin | add 1'); run this "
+				 "expression in mode fused", chain_mode_name(spec->mode));
 	if (spec->mode == CHAIN_GRAPH && spec->repeat * spec->nops > CHAIN_MAX_GRAPH_KERNELS)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "graph mode captures ops x repeat = %" PRIu64 " kernels into one graph, "
 				 "more than %d; lower 'repeat' or use mode fused",
 				 spec->repeat * spec->nops, CHAIN_MAX_GRAPH_KERNELS);
+	if (spec->math == CHAIN_MATH_FAST &&
+	    (spec->mode != CHAIN_FUSED || spec->kernel == CHAIN_KERNEL_INTERPRETED))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "math fast needs a compiled kernel: mode fused with kernel auto or "
+				 "compiled (the interpreted and per-op kernels compute IEEE only)");
 	return 0;
+}
+
+/* How the fused kernel was had: compiled (from where, for what, in how long) or interpreted, and why. */
+static void render_kernel(const struct chain_spec *s, struct mp_map *out)
+{
+	const struct chain_kernel_info *k = &s->result.kernel;
+	if (s->mode != CHAIN_FUSED)
+		return;
+	mp_put_str(out, "kernel", k->compiled ? "compiled" : "interpreted");
+	mp_put_str(out, "math", chain_math_name(k->math));
+	if (k->compiled) {
+		mp_put_str(out, "kernel_source", chain_source_name(k->source));
+		mp_put_str(out, "arch", k->arch);
+		mp_put_f64(out, "compile_ms", k->compile_s * 1e3);
+	}
+	if (k->note[0])
+		mp_put_str(out, "kernel_note", k->note);
+}
+
+void op_chain_render(const struct chain_spec *s, uint64_t bytes, struct mp_map *out)
+{
+	const struct chain_result *r = &s->result;
+	mp_put_str(out, "mode", chain_mode_name(s->mode));
+	mp_put_str(out, "graph", chain_cache_outcome_name(r->cache));
+	mp_put_bool(out, "instantiated", r->instantiated);
+	render_kernel(s, out);
+	if (s->has_ops) {
+		mp_put_u64(out, "ops", s->nops);
+		mp_put_str(out, "dtype", gpuq_dtype_name(s->dtype));
+	}
+	mp_put_u64(out, "repeat", s->repeat);
+	mp_put_u64(out, "kernels", r->kernels);
+	mp_put_u64(out, "count", s->count);
+	mp_put_u64(out, "bytes", bytes);
+	mp_put_f64(out, "prepare_s", r->prepare_s);
+	mp_put_f64(out, "device_s", r->device_s);
+	mp_put_f64(out, "gbps", r->device_s > 0 ? (double)bytes / r->device_s / 1e9 : 0);
 }
 
 /*
@@ -232,22 +318,9 @@ static void render_run(const struct job *job, struct mp_map *out)
 	const struct run_job *rj = job->work.spec;
 	if (!rj)
 		return;
-	const struct chain_spec *s = &rj->spec;
-	const struct chain_result *r = &s->result;
-	mp_put_str(out, "mode", chain_mode_name(s->mode));
-	mp_put_str(out, "graph", chain_cache_outcome_name(r->cache));
-	mp_put_bool(out, "instantiated", r->instantiated);
-	mp_put_u64(out, "ops", s->nops);
-	mp_put_u64(out, "repeat", s->repeat);
-	mp_put_u64(out, "kernels", r->kernels);
-	mp_put_str(out, "dtype", gpuq_dtype_name(s->dtype));
-	mp_put_u64(out, "count", s->count);
+	op_chain_render(&rj->spec, job->work.result.bytes, out);
 	if (rj->out_label[0])
 		mp_put_str(out, "out", rj->out_label);
-	mp_put_u64(out, "bytes", job->work.result.bytes);
-	mp_put_f64(out, "prepare_s", r->prepare_s);
-	mp_put_f64(out, "device_s", r->device_s);
-	mp_put_f64(out, "gbps", r->device_s > 0 ? (double)job->work.result.bytes / r->device_s / 1e9 : 0);
 }
 
 static void release_spec(struct job *job)
@@ -263,13 +336,16 @@ static int read_run(struct request *req, const struct buffer *b, struct run_job 
 		    struct buffer **out, struct gpuq_error *err)
 {
 	struct chain_spec *s = &rj->spec;
-	if (read_ops(req, b->dtype, s, err) < 0 || read_mode_repeat(req, s, err) < 0 ||
+	if (read_ops(req, b->dtype, s, err) < 0 || op_chain_read_options(req, s, err) < 0 ||
 	    read_out(req, b, out, err) < 0)
 		return -1;
-	s->dtype = b->dtype;
+	struct kernels_chain_op ops[KERNELS_CHAIN_MAX_OPS];
+	unsigned nops = s->nops;
+	memcpy(ops, s->ops, nops * sizeof ops[0]);
+	chain_spec_from_ops(s, ops, nops, b->dtype, b->dptr, *out ? (*out)->dptr : b->dptr);
 	s->count = b->count;
-	s->in = b->dptr;
-	s->out = *out ? (*out)->dptr : b->dptr;
+	if (op_chain_check(s, err) < 0)
+		return -1;
 	if (*out)
 		snprintf(rj->out_label, sizeof rj->out_label, "%s@%d", (*out)->name, (*out)->device);
 	return 0;
@@ -279,6 +355,10 @@ void op_run(struct request *req)
 {
 	struct gpuq_error err;
 	struct buffer *out = NULL;
+	if (msg_map_get(req->map, "expr")) {
+		op_run_expr(req);
+		return;
+	}
 	struct run_job *rj = calloc(1, sizeof *rj);
 	struct buffer *b = rj ? read_buffer(req, &err) : NULL;
 	if (!rj)
@@ -327,6 +407,7 @@ static void render_device_stats(struct daemon *d, int index, struct mp_array *ou
 	CHAIN_COUNTERS(PUT_CHAIN_COUNTER)
 #undef PUT_CHAIN_COUNTER
 	mp_put_u64(&chain, "graph_capacity", d->opt.device.chain_graph_cache);
+	mp_put_str(&chain, "kernel_cache", d->opt.device.kernel_cache_dir);
 	mp_put_map(&m, "counters", &counters);
 	mp_put_map(&m, "chain", &chain);
 	render_scheduler(&s, &m);
@@ -406,11 +487,57 @@ static void render_bench_bandwidth(const struct chain_bench *b, struct mp_map *o
 	mp_put_f64(&m, "graph_gbps", bench_gbps(b, CHAIN_BENCH_OPS, b->graph_s));
 	mp_put_f64(&m, "fused_gbps", bench_gbps(b, 1, b->fused_s));
 	mp_put_f64(&m, "fused_of_memcpy", copy > 0 ? bench_gbps(b, 1, b->fused_s) / copy : 0);
+	mp_put_f64(&m, "compiled_gbps", bench_gbps(b, 1, b->compiled_s));
+	mp_put_f64(&m, "compiled_of_memcpy", copy > 0 ? bench_gbps(b, 1, b->compiled_s) / copy : 0);
+	mp_put_bool(&m, "compiled_same_bits", b->compiled_same_bits);
 	mp_put_f64(&m, "eager_s", b->eager_s);
 	mp_put_f64(&m, "graph_s", b->graph_s);
 	mp_put_f64(&m, "fused_s", b->fused_s);
+	mp_put_f64(&m, "compiled_s", b->compiled_s);
 	mp_put_f64(&m, "fused_speedup_over_graph", b->fused_s > 0 ? b->graph_s / b->fused_s : 0);
 	mp_put_map(out, "bandwidth", &m);
+}
+
+/* GB/s moving `streams` times the buffer's bytes in seconds. */
+static double bench_stream_gbps(const struct chain_bench *b, unsigned streams, double seconds)
+{
+	return seconds > 0 ? (double)b->bytes * streams / seconds / 1e9 : 0;
+}
+
+/* y = a * x + y against the copy's rate; sum and norm2 against the read kernel's. */
+static void render_bench_expressions(const struct chain_bench *b, struct mp_map *out)
+{
+	struct mp_map m;
+	double copy = bench_gbps(b, 1, b->copy_s), read = bench_stream_gbps(b, 1, b->read_s);
+	double axpy = bench_stream_gbps(b, 3, b->axpy_s), sum = bench_stream_gbps(b, 1, b->sum_s);
+	double norm2 = bench_stream_gbps(b, 1, b->norm2_s);
+	mp_map_init(&m);
+	mp_put_f64(&m, "axpy_gbps", axpy);
+	mp_put_f64(&m, "axpy_of_memcpy", copy > 0 ? axpy / copy : 0);
+	mp_put_f64(&m, "read_gbps", read);
+	mp_put_f64(&m, "sum_gbps", sum);
+	mp_put_f64(&m, "sum_of_read", read > 0 ? sum / read : 0);
+	mp_put_f64(&m, "norm2_gbps", norm2);
+	mp_put_f64(&m, "norm2_of_read", read > 0 ? norm2 / read : 0);
+	mp_put_f64(&m, "sum", b->sum);
+	mp_put_f64(&m, "norm2", b->norm2);
+	mp_put_bool(&m, "sum_same_bits", b->sum_same_bits);
+	mp_put_map(out, "expressions", &m);
+}
+
+/* Whether the compiled rows were compiled, and what getting a kernel costs. */
+static void render_bench_compile(const struct chain_bench *b, struct mp_map *out)
+{
+	struct mp_map m;
+	mp_map_init(&m);
+	mp_put_bool(&m, "compiled", b->compiled);
+	if (b->note[0])
+		mp_put_str(&m, "note", b->note);
+	mp_put_f64(&m, "nvrtc_ms", b->compile.nvrtc_s * 1e3);
+	mp_put_f64(&m, "disk_ms", b->compile.disk_s * 1e3);
+	mp_put_f64(&m, "memory_ms", b->compile.memory_s * 1e3);
+	mp_put_f64(&m, "nvrtc_load_ms", b->compile.load_s * 1e3);
+	mp_put_map(out, "compile", &m);
 }
 
 static void render_bench_cache(const struct chain_bench *b, struct mp_map *out)
@@ -440,6 +567,8 @@ static void render_bench(const struct job *job, struct mp_map *out)
 	mp_put_u64(out, "launch_repeat", b->launch_repeat);
 	render_bench_launch(b, out);
 	render_bench_bandwidth(b, out);
+	render_bench_expressions(b, out);
+	render_bench_compile(b, out);
 	render_bench_cache(b, out);
 }
 

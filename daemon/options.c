@@ -35,6 +35,13 @@ static const char usage_text[] =
 	"  --pool-release SIZE     CUDA pool release threshold (default 0)\n"
 	"  --graph-cache N         kernel-chain plans (CUDA graphs) kept per device,\n"
 	"                          least recently used out first (default 64)\n"
+	"  --kernel-cache DIR      where compiled chain kernels are kept across runs\n"
+	"                          (default $STATE_DIRECTORY/kernels under systemd, else\n"
+	"                          $XDG_CACHE_HOME/gpuq/kernels or ~/.cache/gpuq/kernels;\n"
+	"                          none: keep them in memory only)\n"
+	"  --nvrtc PATH|off        the NVRTC library that compiles chain kernels (default:\n"
+	"                          libnvrtc.so.13, then libnvrtc.so; off: never compile,\n"
+	"                          run the interpreted kernels)\n"
 	"  --collective-timeout MS how long a collective's ranks may take to start,\n"
 	"                          from its submission, and the collective to run,\n"
 	"                          before it fails with `timeout`\n"
@@ -75,7 +82,7 @@ enum option_id {
 	OPT_JOB_HISTORY, OPT_SPIN, OPT_SHUTDOWN_TIMEOUT, OPT_MAX_FRAME, OPT_LOG_LEVEL, OPT_PROBE,
 	OPT_HELP, OPT_VERSION,
 	OPT_COPY_THREADS, OPT_REGISTER_MIN, OPT_COPY_STORES,
-	OPT_GRAPH_CACHE,
+	OPT_GRAPH_CACHE, OPT_KERNEL_CACHE, OPT_NVRTC,
 	OPT_COLLECTIVE_TIMEOUT,
 	OPT_CONFIG, OPT_CHECK_CONFIG, OPT_ADMIN_GROUP, OPT_JOB_DEADLINE, OPT_JOB_DEADLINE_GRACE,
 	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
@@ -105,6 +112,8 @@ static const struct option long_options[] = {
 	{ "register-min", required_argument, NULL, OPT_REGISTER_MIN },
 	{ "copy-stores", required_argument, NULL, OPT_COPY_STORES },
 	{ "graph-cache", required_argument, NULL, OPT_GRAPH_CACHE },
+	{ "kernel-cache", required_argument, NULL, OPT_KERNEL_CACHE },
+	{ "nvrtc", required_argument, NULL, OPT_NVRTC },
 	{ "collective-timeout", required_argument, NULL, OPT_COLLECTIVE_TIMEOUT },
 	{ "config", required_argument, NULL, OPT_CONFIG },
 	{ "check-config", no_argument, NULL, OPT_CHECK_CONFIG },
@@ -118,6 +127,25 @@ static const struct option long_options[] = {
 	{ "reset-window", required_argument, NULL, OPT_RESET_WINDOW },
 	{ NULL, 0, NULL, 0 },
 };
+
+/*
+ * The kernel cache's default: under the service's state directory (systemd's
+ * StateDirectory= sets $STATE_DIRECTORY, a list: the first), else the user's
+ * cache directory; none when there is neither.
+ */
+static void default_kernel_cache(char *dir, size_t size)
+{
+	const char *state = getenv("STATE_DIRECTORY"), *xdg = getenv("XDG_CACHE_HOME");
+	const char *home = getenv("HOME");
+	if (state && *state == '/')
+		snprintf(dir, size, "%.*s/kernels", (int)strcspn(state, ":"), state);
+	else if (xdg && *xdg == '/')
+		snprintf(dir, size, "%s/gpuq/kernels", xdg);
+	else if (home && *home == '/')
+		snprintf(dir, size, "%s/.cache/gpuq/kernels", home);
+	else
+		dir[0] = '\0';
+}
 
 void options_defaults(struct options *o)
 {
@@ -148,6 +176,7 @@ void options_defaults(struct options *o)
 	o->device.host_arena_bytes = 1ull << 30;
 	o->device.host_devices = 2;
 	o->device.chain_graph_cache = CHAIN_CACHE_DEFAULT;
+	default_kernel_cache(o->device.kernel_cache_dir, sizeof o->device.kernel_cache_dir);
 	o->collective_timeout_ms = 30000;
 	snprintf(o->config_path, sizeof o->config_path, "%s", GPUQD_DEFAULT_CONFIG);
 	o->job_deadline_grace_s = 30;
@@ -364,6 +393,22 @@ static int set_option(int id, const char *arg, struct options *o)
 		if (copy_store_parse(arg, &o->copy_stores) < 0)
 			return usage_error("--copy-stores is regular or nt, not '%s'", arg);
 		copy_store_request(o->copy_stores);
+		return 0;
+	case OPT_KERNEL_CACHE:
+		if (strcmp(arg, "none") == 0) {
+			o->device.kernel_cache_dir[0] = '\0';
+			return 0;
+		}
+		if (*arg != '/' || strlen(arg) >= sizeof o->device.kernel_cache_dir - 96)
+			return usage_error("--kernel-cache needs an absolute directory of at most 159 "
+					   "bytes, or none, not '%s'", arg);
+		snprintf(o->device.kernel_cache_dir, sizeof o->device.kernel_cache_dir, "%s", arg);
+		return 0;
+	case OPT_NVRTC:
+		if (strlen(arg) >= sizeof o->device.nvrtc)
+			return usage_error("--nvrtc needs a library path of at most 255 bytes, or off, "
+					   "not '%s'", arg);
+		snprintf(o->device.nvrtc, sizeof o->device.nvrtc, "%s", arg);
 		return 0;
 	case OPT_METRICS_TEXTFILE:
 		if (strlen(arg) >= sizeof o->metrics_textfile || (*arg && *arg != '/'))

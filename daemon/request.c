@@ -32,6 +32,7 @@ static const struct op_entry ops[] = {
 	{ "broadcast", op_collective }, { "reduce", op_collective }, { "sendrecv", op_collective },
 	{ "all_to_all", op_collective }, { "group", op_collective },
 	{ "bench_collective", op_collective },
+	{ "reduce_expr", op_reduce_expr },
 	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
 	{ "bench_sched", op_bench_sched }, { "reset_device", op_reset_device },
 #ifdef GPUQ_FAULT_INJECTION

@@ -15,18 +15,22 @@
  * Numbers: f16 and bf16 are widened to float, f32 stays float, f64 double.
  * Every op's result is rounded to the element type before the next op reads
  * it (a no-op for f32 and f64), which is what a kernel per op does by
- * storing it, so the fused kernel gives the same bits. add, sub, mul, div and
- * fma use the explicitly rounded intrinsics, so nvcc never contracts a mul
- * and a following add into one fma: the host reference (workers/chain_host.c)
- * can follow the same arithmetic. The transcendental functions are CUDA's
- * IEEE-accurate ones (this file is never built with --use_fast_math).
+ * storing it, so the fused kernel gives the same bits. What each op computes
+ * and how values convert is kernels/chain_ops.cuh, shared with the
+ * expression kernels and the kernels compiled at run time: add, sub, mul,
+ * div and fma are the explicitly rounded intrinsics, so nvcc never contracts
+ * a mul and a following add into one fma, and the host reference
+ * (workers/chain_eval.c) can follow the same arithmetic. The transcendental
+ * functions are CUDA's IEEE-accurate ones (this file is never built with
+ * --use_fast_math).
  */
 #include "kernels/kernels.h"
 
 #include <atomic>
 #include <cstring>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+
+#include "kernels/chain_ops.cuh"
+#include "kernels/grid.cuh"
 
 
 static const unsigned kThreads = 256;
@@ -51,15 +55,15 @@ struct f16_traits {
 	static const int min_blocks = 5; /* per SM: see chain_kernel */
 	typedef unsigned short bits;
 	typedef float C;
-	static __device__ C load(bits v) { return __half2float(__ushort_as_half(v)); }
-	static __device__ bits store(C c) { return __half_as_ushort(__float2half_rn(c)); }
+	static __device__ C load(bits v) { return gq_f16_to_f32(v); }
+	static __device__ bits store(C c) { return gq_f32_to_f16(c); }
 };
 struct bf16_traits {
 	static const int min_blocks = 5; /* per SM: see chain_kernel */
 	typedef unsigned short bits;
 	typedef float C;
-	static __device__ C load(bits v) { return __bfloat162float(__ushort_as_bfloat16(v)); }
-	static __device__ bits store(C c) { return __bfloat16_as_ushort(__float2bfloat16_rn(c)); }
+	static __device__ C load(bits v) { return gq_bf16_to_f32(v); }
+	static __device__ bits store(C c) { return gq_f32_to_bf16(c); }
 };
 
 /* The value an element of Tr holds after c is stored in it. */
@@ -69,94 +73,14 @@ static __device__ __forceinline__ typename Tr::C round_to(typename Tr::C c)
 	return Tr::load(Tr::store(c));
 }
 
-/* The ops in float and in double. */
-struct fmath {
-	static __device__ float sin_(float x) { return sinf(x); }
-	static __device__ float cos_(float x) { return cosf(x); }
-	static __device__ float tan_(float x) { return tanf(x); }
-	static __device__ float exp_(float x) { return expf(x); }
-	static __device__ float log_(float x) { return logf(x); }
-	static __device__ float log2_(float x) { return log2f(x); }
-	static __device__ float sqrt_(float x) { return sqrtf(x); }
-	static __device__ float rsqrt_(float x) { return rsqrtf(x); }
-	static __device__ float abs_(float x) { return fabsf(x); }
-	static __device__ float tanh_(float x) { return tanhf(x); }
-	static __device__ float floor_(float x) { return floorf(x); }
-	static __device__ float ceil_(float x) { return ceilf(x); }
-	static __device__ float round_(float x) { return roundf(x); }
-	static __device__ float add_(float x, float y) { return __fadd_rn(x, y); }
-	static __device__ float sub_(float x, float y) { return __fsub_rn(x, y); }
-	static __device__ float mul_(float x, float y) { return __fmul_rn(x, y); }
-	static __device__ float div_(float x, float y) { return __fdiv_rn(x, y); }
-	static __device__ float pow_(float x, float y) { return powf(x, y); }
-	static __device__ float min_(float x, float y) { return fminf(x, y); }
-	static __device__ float max_(float x, float y) { return fmaxf(x, y); }
-	static __device__ float fma_(float x, float y, float z) { return __fmaf_rn(x, y, z); }
-};
-struct dmath {
-	static __device__ double sin_(double x) { return sin(x); }
-	static __device__ double cos_(double x) { return cos(x); }
-	static __device__ double tan_(double x) { return tan(x); }
-	static __device__ double exp_(double x) { return exp(x); }
-	static __device__ double log_(double x) { return log(x); }
-	static __device__ double log2_(double x) { return log2(x); }
-	static __device__ double sqrt_(double x) { return sqrt(x); }
-	static __device__ double rsqrt_(double x) { return rsqrt(x); }
-	static __device__ double abs_(double x) { return fabs(x); }
-	static __device__ double tanh_(double x) { return tanh(x); }
-	static __device__ double floor_(double x) { return floor(x); }
-	static __device__ double ceil_(double x) { return ceil(x); }
-	static __device__ double round_(double x) { return round(x); }
-	static __device__ double add_(double x, double y) { return __dadd_rn(x, y); }
-	static __device__ double sub_(double x, double y) { return __dsub_rn(x, y); }
-	static __device__ double mul_(double x, double y) { return __dmul_rn(x, y); }
-	static __device__ double div_(double x, double y) { return __ddiv_rn(x, y); }
-	static __device__ double pow_(double x, double y) { return pow(x, y); }
-	static __device__ double min_(double x, double y) { return fmin(x, y); }
-	static __device__ double max_(double x, double y) { return fmax(x, y); }
-	static __device__ double fma_(double x, double y, double z) { return __fma_rn(x, y, z); }
-};
-
-template <class C> struct math_of;
-template <> struct math_of<float> { typedef fmath M; };
-template <> struct math_of<double> { typedef dmath M; };
-
 /*
- * Op K on x with constants a and b. relu sends NaN and -0 to +0; sigmoid is
- * 1 / (1 + exp(-x)); round halves away from zero, as C's round does.
+ * Op K on x with constants a and b: kernels/chain_ops.cuh's gq_op, which
+ * the expression kernels and the kernels compiled at run time use too.
  */
 template <int K, class C>
 static __device__ __forceinline__ C op_apply(C x, C a, C b)
 {
-	typedef typename math_of<C>::M M;
-	switch (K) {
-	case KERNELS_CHAIN_SIN: return M::sin_(x);
-	case KERNELS_CHAIN_COS: return M::cos_(x);
-	case KERNELS_CHAIN_TAN: return M::tan_(x);
-	case KERNELS_CHAIN_EXP: return M::exp_(x);
-	case KERNELS_CHAIN_LOG: return M::log_(x);
-	case KERNELS_CHAIN_LOG2: return M::log2_(x);
-	case KERNELS_CHAIN_SQRT: return M::sqrt_(x);
-	case KERNELS_CHAIN_RSQRT: return M::rsqrt_(x);
-	case KERNELS_CHAIN_ABS: return M::abs_(x);
-	case KERNELS_CHAIN_NEG: return -x;
-	case KERNELS_CHAIN_RELU: return x > C(0) ? x : C(0);
-	case KERNELS_CHAIN_SIGMOID: return M::div_(C(1), M::add_(C(1), M::exp_(-x)));
-	case KERNELS_CHAIN_TANH: return M::tanh_(x);
-	case KERNELS_CHAIN_FLOOR: return M::floor_(x);
-	case KERNELS_CHAIN_CEIL: return M::ceil_(x);
-	case KERNELS_CHAIN_ROUND: return M::round_(x);
-	case KERNELS_CHAIN_ADD: return M::add_(x, a);
-	case KERNELS_CHAIN_SUB: return M::sub_(x, a);
-	case KERNELS_CHAIN_MUL: return M::mul_(x, a);
-	case KERNELS_CHAIN_DIV: return M::div_(x, a);
-	case KERNELS_CHAIN_POW: return M::pow_(x, a);
-	case KERNELS_CHAIN_MIN: return M::min_(x, a);
-	case KERNELS_CHAIN_MAX: return M::max_(x, a);
-	case KERNELS_CHAIN_CLAMP: return M::min_(M::max_(x, a), b);
-	case KERNELS_CHAIN_FMA: return M::fma_(x, a, b);
-	}
-	return x;
+	return gq_op(K, x, a, b);
 }
 
 /* Op K on each of the N values in registers, each rounded to the element type. */
@@ -327,29 +251,6 @@ static cudaError_t blocks_per_sm(int *out)
 	return cudaSuccess;
 }
 
-/*
- * SMs of each CUDA device, by ordinal, filled by kernels_chain_prepare so
- * that a launch inside a stream capture asks CUDA nothing but the current
- * device.
- */
-static const int kMaxOrdinals = 256;
-static std::atomic<int> g_sms[kMaxOrdinals];
-
-static cudaError_t current_sms(int *sms)
-{
-	int dev;
-	cudaError_t e = cudaGetDevice(&dev);
-	if (e != cudaSuccess)
-		return e;
-	*sms = dev >= 0 && dev < kMaxOrdinals ? g_sms[dev].load(std::memory_order_relaxed) : 0;
-	if (*sms > 0)
-		return cudaSuccess;
-	e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
-	if (e == cudaSuccess && dev >= 0 && dev < kMaxOrdinals)
-		g_sms[dev].store(*sms, std::memory_order_relaxed);
-	return e;
-}
-
 template <class Tr, class Work>
 static cudaError_t launch(const void *in, void *out, size_t count, const Work &work,
 			  cudaStream_t stream)
@@ -361,7 +262,7 @@ static cudaError_t launch(const void *in, void *out, size_t count, const Work &w
 	int per_sm, sms;
 	cudaError_t e = blocks_per_sm<Tr, Work>(&per_sm);
 	if (e == cudaSuccess)
-		e = current_sms(&sms);
+		e = grid_current_sms(&sms);
 	if (e != cudaSuccess)
 		return e;
 	const size_t P = 16 / sizeof(typename Tr::bits);
@@ -431,7 +332,7 @@ static cudaError_t prepare_type(void)
 extern "C" cudaError_t kernels_chain_prepare(void)
 {
 	int sms;
-	cudaError_t e = current_sms(&sms);
+	cudaError_t e = grid_current_sms(&sms);
 	if (e == cudaSuccess)
 		e = prepare_type<f32_traits>();
 	if (e == cudaSuccess)

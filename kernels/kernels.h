@@ -67,46 +67,15 @@ cudaError_t kernels_copy(void *dst, const void *src, size_t bytes, cudaStream_t 
  * ---- Elementwise chains (kernels/chain.cu) ----
  *
  * A chain op maps each element x to f(x, a, b). The ops, their names on the
- * wire and their argument counts are this one list; workers/chain.c and the
- * daemon's validation read it, so host and device number them alike.
+ * wire and their argument counts are one list (kernels/chain_abi.h, which
+ * NVRTC reads too); workers/chain.c and the daemon's validation read it, so
+ * host and device number them alike.
  * Float element types only (f16, bf16, f32, f64): f16 and bf16 compute in
  * float, and every op rounds its result to the element type, so a chain run
  * as one kernel per op and as one fused kernel gives the same bits. Math is
  * IEEE-accurate (no fast-math); add, sub, mul, div and fma never contract.
  */
-#define KERNELS_CHAIN_OPS(X)                                                   \
-	X(SIN, "sin", 0)                                                       \
-	X(COS, "cos", 0)                                                       \
-	X(TAN, "tan", 0)                                                       \
-	X(EXP, "exp", 0)                                                       \
-	X(LOG, "log", 0)                                                       \
-	X(LOG2, "log2", 0)                                                     \
-	X(SQRT, "sqrt", 0)                                                     \
-	X(RSQRT, "rsqrt", 0)                                                   \
-	X(ABS, "abs", 0)                                                       \
-	X(NEG, "neg", 0)                                                       \
-	X(RELU, "relu", 0)                                                     \
-	X(SIGMOID, "sigmoid", 0)                                               \
-	X(TANH, "tanh", 0)                                                     \
-	X(FLOOR, "floor", 0)                                                   \
-	X(CEIL, "ceil", 0)                                                     \
-	X(ROUND, "round", 0)                                                   \
-	X(ADD, "add", 1)                                                       \
-	X(SUB, "sub", 1)                                                       \
-	X(MUL, "mul", 1)                                                       \
-	X(DIV, "div", 1)                                                       \
-	X(POW, "pow", 1)                                                       \
-	X(MIN, "min", 1)                                                       \
-	X(MAX, "max", 1)                                                       \
-	X(CLAMP, "clamp", 2)                                                   \
-	X(FMA, "fma", 2)
-
-enum kernels_chain_kind {
-#define KERNELS_CHAIN_ENUM(name, str, nargs) KERNELS_CHAIN_##name,
-	KERNELS_CHAIN_OPS(KERNELS_CHAIN_ENUM)
-#undef KERNELS_CHAIN_ENUM
-	KERNELS_CHAIN_KINDS
-};
+#include "kernels/chain_abi.h" /* the op list: KERNELS_CHAIN_OPS, enum kernels_chain_kind */
 
 /* The most ops one chain (and one fused kernel's parameters) holds. */
 #define KERNELS_CHAIN_MAX_OPS 64
@@ -140,6 +109,45 @@ cudaError_t kernels_chain_op(const void *in, void *out, size_t count, enum kerne
 cudaError_t kernels_chain_fused(const void *in, void *out, size_t count, enum kernels_dtype dtype,
 				const struct kernels_chain_op *ops, unsigned nops, uint64_t repeat,
 				cudaStream_t stream);
+
+/*
+ * ---- Expression programs (kernels/chain_expr.cu) ----
+ *
+ * The interpreting kernels of kernels/chain_abi.h's programs: what runs
+ * when no kernel compiled for the program can be had (workers/chain_jit.h).
+ * Every buffer of x 16-byte aligned; x is copied into the launch.
+ */
+
+/* Loads the expression kernels and works out their geometry, before any capture (as kernels_chain_prepare). */
+cudaError_t kernels_expr_prepare(void);
+
+/* The elementwise program x over x->count elements (x->repeat times per element). */
+cudaError_t kernels_expr_run(const struct kernels_expr *x, cudaStream_t stream);
+
+/* Tiles of a reduction of count elements (kernels/chain_abi.h): one block each. */
+static inline uint64_t kernels_reduce_tiles(uint64_t count)
+{
+	return (count + KERNELS_REDUCE_TILE - 1) / KERNELS_REDUCE_TILE;
+}
+
+/* The reduction program x's tiles: tiles[t] for each of kernels_reduce_tiles(x->count). */
+cudaError_t kernels_expr_reduce(const struct kernels_expr *x, struct kernels_partial *tiles,
+				cudaStream_t stream);
+
+/*
+ * The tiles' results folded into *out in the fixed order, for compiled and
+ * interpreted tiles alike; with no tiles, *out is the reduction's identity.
+ */
+cudaError_t kernels_reduce_combine(unsigned kind, const struct kernels_partial *tiles,
+				   uint64_t ntiles, struct kernels_partial *out, cudaStream_t stream);
+
+/*
+ * Reads bytes at src (16-byte aligned; a multiple of 16 is read) and does
+ * nothing with them that costs bandwidth: the reductions' ceiling. *sink is
+ * a device word it may write.
+ */
+cudaError_t kernels_read(const void *src, size_t bytes, unsigned long long *sink,
+			 cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,8 @@ OUT=${OUT:-$BUILD/gpu-check}
 mkdir -p "$OUT"
 backend=${GPUQ_BENCH_BACKEND:-cuda}
 dir=$(mktemp -d /tmp/gpuq-bench.XXXXXX)
+# Compiled chain kernels go to the daemons' default cache: keep it here, not in ~/.cache.
+export XDG_CACHE_HOME="$dir/cache"
 sock="$dir/gpuqd.sock"
 table="$OUT/bench-table.txt"
 : > "$table"
@@ -67,6 +69,21 @@ echo "-- chain ($backend backend)" | tee -a "$table"
 "$BUILD/gpuq" --socket "$sock" bench chain --bytes "$chain_bytes" | tee -a "$table"
 "$BUILD/gpuq" --socket "$sock" stats | tee -a "$table"
 stop_daemon
+# A compiled chain's kernel as daemons get it: the first compiles it (NVRTC),
+# a new daemon on the same kernel cache reads it from disk, its plan holds it
+# (graph), another constant finds it in memory. Each line says which and how long.
+echo "-- chain kernels across daemons ($backend backend; a fresh kernel cache)" | tee -a "$table"
+chain5='sin | add 1 | sqrt | mul 2 | sub 3'
+for round in first new; do
+	start_daemon --kernel-cache "$dir/kernels"
+	"$BUILD/gpuq" --socket "$sock" alloc kc --count 1048576 --dtype f32 > /dev/null
+	"$BUILD/gpuq" --socket "$sock" fill kc random 5 > /dev/null
+	echo "$round daemon:" | tee -a "$table"
+	"$BUILD/gpuq" --socket "$sock" run kc "$chain5" | tee -a "$table"
+	"$BUILD/gpuq" --socket "$sock" run kc "$chain5" | tee -a "$table"
+	"$BUILD/gpuq" --socket "$sock" run kc 'sin | add 2 | sqrt | mul 2 | sub 3' | tee -a "$table"
+	stop_daemon
+done
 # All-reduce over every device: the daemon's path (allreduce jobs, 8 in
 # flight) beside a raw ncclAllReduce loop on the same communicator, 8 B to
 # 512 MiB by 4, every element checked (the host backend's arenas: to 1M).

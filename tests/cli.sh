@@ -5,6 +5,8 @@
 set -u
 BUILD=${1:-build}
 dir=$(mktemp -d /tmp/gpuq-cli.XXXXXX)
+# Compiled chain kernels go to the daemons' default cache: keep it here, not in ~/.cache.
+export XDG_CACHE_HOME="$dir/cache"
 sock="$dir/gpuqd.sock"
 passed=0
 failed=0

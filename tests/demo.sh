@@ -5,6 +5,8 @@
 set -eu
 BUILD=${1:-build}
 dir=$(mktemp -d /tmp/gpuq-demo.XXXXXX)
+# Compiled chain kernels go to the daemons' default cache: keep it here, not in ~/.cache.
+export XDG_CACHE_HOME="$dir/cache"
 sock="$dir/gpuqd.sock"
 log="$dir/gpuqd.log"
 gpuq() { "$BUILD/gpuq" --socket "$sock" "$@"; }

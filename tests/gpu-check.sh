@@ -35,6 +35,7 @@ step copy-kernel "$BUILD/tests/copy_selftest" --bench # SM copy: alignments, len
 step copy-sass sh tests/gpu/copy_sass.sh "$BUILD"     # its 16-byte accesses, no spills
 # The chain kernels' machine code, kept for reading against the bench (no GPU time).
 step chain-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain.o"
+step chain-expr-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain_expr.o"
 GPUQ_REQUIRE_GPU=1 GPUQ_TEST_LOG="$OUT/tests-detail.log" step tests sh tests/run.sh "$BUILD"
 step bench sh tests/bench.sh "$BUILD"
 
@@ -43,6 +44,9 @@ echo "== gpu-check summary"
 cat "$OUT/nvidia-smi.txt"
 cut -f1-5 "$OUT/probe.txt"
 printf '%-10s %s\n' "kernels" "$(tail -n 1 "$OUT/kernels.log")"
+grep -E '^FAIL chain|^FAIL fast|^FAIL (sum|mean|norm2|dot|min|max|argmax|count_nonzero)' "$OUT/kernels.log" | head -10
+# --math fast's measured errors: the table docs/gpuq.1 quotes.
+sed -n '/^--math fast/,/^$/p' "$OUT/kernels.log"
 printf '%-10s %s\n' "copy-kernel" "$(tail -n 1 "$OUT/copy-kernel.log")"
 grep '^bench 4 GiB' "$OUT/copy-kernel.log"
 printf '%-10s %s\n' "copy-sass" "$(tail -n 1 "$OUT/copy-sass.log")"

@@ -13,6 +13,8 @@
 set -u
 BUILD=${1:-build}
 dir=$(mktemp -d /tmp/gpuq-svc.XXXXXX)
+# Compiled chain kernels go to the daemons' default cache: keep it here, not in ~/.cache.
+export XDG_CACHE_HOME="$dir/cache"
 helper="$BUILD/tests/svc-helper"
 gpuqd="$BUILD/gpuqd"
 passed=0

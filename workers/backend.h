@@ -53,6 +53,8 @@ struct device_config {
 	unsigned chain_graph_cache;   /* chain plans (CUDA graphs) kept per device: --graph-cache */
 	unsigned reset_limit;         /* faults recovered within reset_window_s before a device stays unhealthy */
 	unsigned reset_window_s;
+	char kernel_cache_dir[256];   /* compiled chain kernels on disk: --kernel-cache ("": none) */
+	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
 };
 
 struct backend_ops;
@@ -79,7 +81,7 @@ struct coll_id;
 struct chain_spec;
 struct chain_state;
 struct sched;
-#define DEVICE_CHAIN_COUNTERS 8
+#define DEVICE_CHAIN_COUNTERS 16
 
 /* One device as its worker sees it. Owned by that worker thread. */
 struct device {
@@ -255,6 +257,9 @@ struct backend_ops {
 	 */
 	int (*chain_copy_time)(struct device *dev, void *dst, const void *src, uint64_t bytes,
 			       unsigned reps, double *seconds, struct gpuq_error *err);
+	/* The reductions' baseline: a kernel that only reads bytes at src, timed likewise. */
+	int (*chain_read_time)(struct device *dev, const void *src, uint64_t bytes, unsigned reps,
+			       double *seconds, struct gpuq_error *err);
 	/* operations of the collectives (all-reduce, then NCCL's other primitives) */
 	/*
 	 * workers/collective.h drives them; each runs on the rank's worker and

@@ -1119,6 +1119,7 @@ const struct backend_ops backend_cuda = {
 	.event_elapsed = cuda_event_elapsed,
 	.chain = chain_cuda_run,
 	.chain_copy_time = chain_cuda_copy_time,
+	.chain_read_time = chain_cuda_read_time,
 	.coll_unique_id = cuda_coll_unique_id,
 	.coll_comm_init = cuda_coll_comm_init,
 	.coll_run = cuda_coll_run,

@@ -604,6 +604,7 @@ const struct backend_ops backend_host = {
 	.event_elapsed = host_event_elapsed,
 	.chain = chain_host_run,
 	.chain_copy_time = chain_host_copy_time,
+	.chain_read_time = chain_host_read_time,
 	.coll_unique_id = host_coll_unique_id,
 	.coll_comm_init = host_coll_comm_init,
 	.coll_run = host_coll_run,

@@ -6,10 +6,12 @@
  */
 #include "workers/chain.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "workers/chain_jit.h"
 #include "workers/clock.h"
 
 static const struct {
@@ -22,6 +24,8 @@ static const struct {
 };
 
 static const char *const mode_names[CHAIN_MODES] = { "fused", "graph", "eager" };
+static const char *const kernel_names[CHAIN_KERNELS] = { "auto", "compiled", "interpreted" };
+static const char *const math_names[CHAIN_MATHS] = { "ieee", "fast" };
 
 const char *chain_op_name(unsigned kind)
 {
@@ -67,6 +71,53 @@ int chain_mode_find(const char *name, enum chain_mode *out)
 	return -1;
 }
 
+/* name's index in names[n], or -1. */
+static int name_index(const char *const *names, int n, const char *name)
+{
+	for (int i = 0; i < n; i++)
+		if (strcmp(name, names[i]) == 0)
+			return i;
+	return -1;
+}
+
+const char *chain_kernel_name(enum chain_kernel k)
+{
+	return (unsigned)k < CHAIN_KERNELS ? kernel_names[k] : "?";
+}
+
+int chain_kernel_find(const char *name, enum chain_kernel *out)
+{
+	int i = name_index(kernel_names, CHAIN_KERNELS, name);
+	if (i >= 0)
+		*out = (enum chain_kernel)i;
+	return i < 0 ? -1 : 0;
+}
+
+const char *chain_math_name(enum chain_math m)
+{
+	return (unsigned)m < CHAIN_MATHS ? math_names[m] : "?";
+}
+
+int chain_math_find(const char *name, enum chain_math *out)
+{
+	int i = name_index(math_names, CHAIN_MATHS, name);
+	if (i >= 0)
+		*out = (enum chain_math)i;
+	return i < 0 ? -1 : 0;
+}
+
+const char *chain_source_name(enum chain_source s)
+{
+	switch (s) {
+	case CHAIN_SOURCE_NONE: return "none";
+	case CHAIN_SOURCE_PLAN: return "graph";
+	case CHAIN_SOURCE_MEMORY: return "memory";
+	case CHAIN_SOURCE_DISK: return "disk";
+	case CHAIN_SOURCE_NVRTC: return "nvrtc";
+	}
+	return "?";
+}
+
 const char *chain_cache_outcome_name(enum chain_cache_outcome c)
 {
 	switch (c) {
@@ -84,14 +135,60 @@ bool chain_dtype_supported(enum gpuq_dtype dtype)
 	       dtype == GPUQ_DTYPE_F64;
 }
 
+void chain_spec_set_program(struct chain_spec *spec, const chain_prog *prog, void *const *var)
+{
+	unsigned x;
+	spec->prog = *prog;
+	memset(spec->var, 0, sizeof spec->var);
+	memcpy(spec->var, var, prog->nvars * sizeof var[0]);
+	memcpy(spec->store, spec->var, sizeof spec->store);
+	spec->has_ops = chain_prog_as_ops(prog, spec->ops, &spec->nops, &x);
+	if (spec->has_ops) {
+		spec->dtype = (enum gpuq_dtype)prog->var_dtype[x];
+		spec->in = var[x];
+		spec->out = var[x];
+	}
+}
+
+void chain_spec_from_ops(struct chain_spec *spec, const struct kernels_chain_op *ops,
+			 unsigned nops, enum gpuq_dtype dtype, const void *in, void *out)
+{
+	chain_prog prog;
+	void *var[1] = { (void *)in };
+	chain_prog_from_ops(&prog, ops, nops, dtype);
+	chain_spec_set_program(spec, &prog, var);
+	spec->store[0] = out;
+	spec->out = out;
+}
+
+bool chain_spec_is_reduce(const struct chain_spec *spec)
+{
+	return spec->prog.reduce != KERNELS_REDUCE_NONE;
+}
+
 uint64_t chain_kernels(const struct chain_spec *spec)
 {
-	return spec->mode == CHAIN_FUSED ? 1 : (uint64_t)spec->nops * spec->repeat;
+	if (spec->mode == CHAIN_FUSED)
+		return chain_spec_is_reduce(spec) ? 2 : 1;
+	return (uint64_t)spec->nops * spec->repeat;
 }
 
 uint64_t chain_bytes(const struct chain_spec *spec)
 {
+	if (spec->mode == CHAIN_FUSED)
+		return chain_prog_bytes(&spec->prog, spec->count);
 	return chain_kernels(spec) * 2 * spec->count * gpuq_dtype_size(spec->dtype);
+}
+
+double chain_reduce_finish(unsigned kind, const struct kernels_partial *p, uint64_t count)
+{
+	switch (kind) {
+	case KERNELS_REDUCE_MEAN: return count ? p->v / (double)count : NAN;
+	case KERNELS_REDUCE_NORM2: return sqrt(p->v);
+	case KERNELS_REDUCE_COUNT_NONZERO: return (double)p->i;
+	case KERNELS_REDUCE_ARGMAX: return count ? (double)p->i : -1;
+	default: return p->v;
+	}
 }
 
 uint64_t chain_counter_get(const struct device *dev, enum chain_counter c)
@@ -130,6 +227,7 @@ struct chain_entry {
 struct chain_state {
 	const struct chain_plan_ops *ops;
 	void *impl;
+	struct chain_jit *jit;
 	struct chain_entry *entries;
 	unsigned n, cap;
 	uint64_t clock;
@@ -144,9 +242,15 @@ struct chain_state *chain_state_get(struct device *dev, const struct chain_plan_
 	if (cap == 0)
 		cap = CHAIN_CACHE_DEFAULT;
 	struct chain_state *cs = calloc(1, sizeof *cs);
-	if (cs)
+	if (cs) {
 		cs->entries = calloc(cap, sizeof *cs->entries);
-	if (!cs || !cs->entries) {
+		cs->jit = chain_jit_new(cap);
+	}
+	if (!cs || !cs->entries || !cs->jit) {
+		if (cs) {
+			free(cs->entries);
+			free(cs->jit);
+		}
 		free(cs);
 		gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 			  "[gpu %d] no host memory for a chain cache of %u entries (--graph-cache)",
@@ -169,6 +273,67 @@ void chain_state_set_impl(struct chain_state *cs, void *impl)
 	cs->impl = impl;
 }
 
+struct chain_jit *chain_state_jit(const struct chain_state *cs)
+{
+	return cs->jit;
+}
+
+static struct chain_jit_loader chain_loader(const struct chain_state *cs)
+{
+	struct chain_jit_loader l = { cs->ops->load, cs->ops->unload };
+	return l;
+}
+
+/* A fallback's note says what was wanted: the compiled kernel, and fast math if asked. */
+static void kernel_fallback_note(const struct chain_spec *spec, struct chain_kernel_info *info)
+{
+	size_t used = strlen(info->note);
+	if (spec->math == CHAIN_MATH_FAST && used < sizeof info->note)
+		snprintf(info->note + used, sizeof info->note - used,
+			 "; it computes IEEE (math fast needs a compiled kernel)");
+}
+
+int chain_kernel_resolve(struct device *dev, const struct chain_spec *spec,
+			 struct chain_jit_entry **entry, struct chain_kernel_info *info,
+			 struct gpuq_error *err)
+{
+	struct chain_state *cs = dev->chain;
+	memset(info, 0, sizeof *info);
+	*entry = NULL;
+	if (spec->mode != CHAIN_FUSED || spec->kernel == CHAIN_KERNEL_INTERPRETED)
+		return 0;
+	struct chain_jit_loader l = chain_loader(cs);
+	int rc = chain_jit_get(dev, cs->jit, &l, &spec->prog, spec->math, entry, info, err);
+	if (rc <= 0) {
+		info->compiled = rc == 0;
+		info->math = rc == 0 ? spec->math : CHAIN_MATH_IEEE;
+		return rc;
+	}
+	chain_counter_add(dev, CHAIN_COUNTER_kernel_fallbacks, 1);
+	if (spec->kernel == CHAIN_KERNEL_COMPILED)
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+				 "[gpu %d] kernel compiled was asked for and cannot be had: %s "
+				 "(kernel auto runs the interpreted kernel instead)", dev->index, info->note);
+	kernel_fallback_note(spec, info);
+	info->source = CHAIN_SOURCE_NONE;
+	return 0;
+}
+
+int chain_kernel_costs(struct device *dev, const chain_prog *prog, struct chain_jit_costs *out,
+		       struct gpuq_error *err)
+{
+	if (!dev->chain)
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] no chain state", dev->index);
+	struct chain_jit_loader l = chain_loader(dev->chain);
+	return chain_jit_measure(dev, dev->chain->jit, &l, prog, out, err);
+}
+
+void chain_kernel_release(struct device *dev, struct chain_jit_entry *entry)
+{
+	if (entry && dev->chain)
+		chain_jit_release(dev->chain->jit, entry);
+}
+
 void *chain_state_close(struct device *dev)
 {
 	struct chain_state *cs = dev->chain;
@@ -176,6 +341,8 @@ void *chain_state_close(struct device *dev)
 		return NULL;
 	for (unsigned i = 0; i < cs->n; i++)
 		cs->ops->destroy(dev, cs->entries[i].plan);
+	struct chain_jit_loader l = chain_loader(cs);
+	chain_jit_free(dev, cs->jit, &l); /* after the plans: their graphs use its kernels */
 	void *impl = cs->impl;
 	free(cs->entries);
 	free(cs);
@@ -184,25 +351,20 @@ void *chain_state_close(struct device *dev)
 	return impl;
 }
 
-/* Constants compare as bits: mul 0 and mul -0 are different chains. */
-static bool same_ops(const struct chain_spec *a, const struct chain_spec *b)
-{
-	if (a->nops != b->nops)
-		return false;
-	for (unsigned i = 0; i < a->nops; i++) {
-		const struct kernels_chain_op *x = &a->ops[i], *y = &b->ops[i];
-		if (x->kind != y->kind || memcmp(&x->a, &y->a, sizeof x->a) != 0 ||
-		    memcmp(&x->b, &y->b, sizeof x->b) != 0)
-			return false;
-	}
-	return true;
-}
-
-/* Everything that shapes the plan except the buffers. */
+/*
+ * Everything that shapes the plan except the buffers. Constants compare as
+ * bits (chain_prog_equal): mul 0 and mul -0 are different chains.
+ */
 static bool same_shape(const struct chain_spec *a, const struct chain_spec *b)
 {
-	return a->mode == b->mode && a->dtype == b->dtype && a->count == b->count &&
-	       a->repeat == b->repeat && same_ops(a, b);
+	return a->mode == b->mode && a->kernel == b->kernel && a->math == b->math &&
+	       a->count == b->count && a->repeat == b->repeat && chain_prog_equal(&a->prog, &b->prog);
+}
+
+static bool same_buffers(const struct chain_spec *a, const struct chain_spec *b)
+{
+	size_t n = a->prog.nvars * sizeof a->var[0];
+	return memcmp(a->var, b->var, n) == 0 && memcmp(a->store, b->store, n) == 0;
 }
 
 static struct chain_entry *cache_find_shape(struct chain_state *cs, const struct chain_spec *spec)
@@ -294,7 +456,7 @@ int chain_cache_get(struct device *dev, struct chain_state *cs, struct chain_spe
 	struct chain_entry *e = cache_find_shape(cs, spec);
 	int rc = 0;
 	spec->result.instantiated = false;
-	if (e && e->key.in == spec->in && e->key.out == spec->out) {
+	if (e && same_buffers(&e->key, spec)) {
 		spec->result.cache = CHAIN_CACHE_HIT;
 		chain_counter_add(dev, CHAIN_COUNTER_graph_hits, 1);
 	} else if (e) {
@@ -311,26 +473,50 @@ int chain_cache_get(struct device *dev, struct chain_state *cs, struct chain_spe
 		return -1;
 	e->used = ++cs->clock;
 	*plan = e->plan;
+	if (cs->ops->kernel_info) {
+		spec->result.kernel = *cs->ops->kernel_info(e->plan);
+		if (!spec->result.instantiated && spec->result.kernel.compiled) {
+			spec->result.kernel.source = CHAIN_SOURCE_PLAN; /* nothing was looked up */
+			spec->result.kernel.compile_s = 0;
+		}
+	}
 	return 0;
+}
+
+/* Buffers the kernels may address: there, and aligned for their vector accesses. */
+static bool spec_buffers_ok(const struct chain_spec *spec)
+{
+	for (unsigned v = 0; v < spec->prog.nvars; v++)
+		if (!spec->var[v] || !spec->store[v] ||
+		    ((uintptr_t)spec->var[v] | (uintptr_t)spec->store[v]) % 16 != 0)
+			return false;
+	return !spec->has_ops || (spec->in && spec->out && ((uintptr_t)spec->in | (uintptr_t)spec->out) % 16 == 0);
 }
 
 /* What the backends rely on: checked here once, so that a bug fails a job, not a context. */
 static int chain_check_spec(const struct device *dev, const struct chain_spec *spec,
 			    struct gpuq_error *err)
 {
-	bool ok = spec->nops >= 1 && spec->nops <= KERNELS_CHAIN_MAX_OPS && spec->repeat >= 1 &&
-		  (unsigned)spec->mode < CHAIN_MODES && chain_dtype_supported(spec->dtype) &&
-		  spec->in && spec->out && spec->reps <= CHAIN_MAX_REPS &&
-		  ((uintptr_t)spec->in | (uintptr_t)spec->out) % 16 == 0;
-	for (unsigned i = 0; ok && i < spec->nops; i++)
-		ok = spec->ops[i].kind < KERNELS_CHAIN_KINDS;
+	unsigned at;
+	char why[200] = "";
+	bool ok = chain_prog_check(&spec->prog, &at, why, sizeof why) == 0 && spec->repeat >= 1 &&
+		  (unsigned)spec->mode < CHAIN_MODES && (unsigned)spec->kernel < CHAIN_KERNELS &&
+		  (unsigned)spec->math < CHAIN_MATHS && spec->reps <= CHAIN_MAX_REPS &&
+		  spec_buffers_ok(spec) && (spec->mode == CHAIN_FUSED || spec->has_ops) &&
+		  (!chain_spec_is_reduce(spec) || (spec->mode == CHAIN_FUSED && spec->repeat == 1));
+	if (spec->has_ops) {
+		ok = ok && spec->nops >= 1 && spec->nops <= KERNELS_CHAIN_MAX_OPS &&
+		     chain_dtype_supported(spec->dtype);
+		for (unsigned i = 0; ok && i < spec->nops; i++)
+			ok = spec->ops[i].kind < KERNELS_CHAIN_KINDS;
+	}
 	if (ok)
 		return 0;
 	return gpuq_fail(err, GPUQ_E_INTERNAL,
-			 "[gpu %d] chain: inconsistent spec (%u ops, repeat %llu, mode %d, dtype %s, "
-			 "in %p, out %p, %u reps): a bug in gpuqd's validation",
+			 "[gpu %d] chain: inconsistent spec (%u ops, repeat %llu, mode %d, "
+			 "program: %s): a bug in gpuqd's validation",
 			 dev->index, spec->nops, (unsigned long long)spec->repeat, (int)spec->mode,
-			 gpuq_dtype_name(spec->dtype), spec->in, (void *)spec->out, spec->reps);
+			 why[0] ? why : "checked");
 }
 
 int chain_execute(struct device *dev, struct chain_spec *spec, const atomic_bool *cancel,

@@ -6,14 +6,17 @@
  * The buffers are the benchmark's own: allocated from the device, filled
  * with random values in [0, 1) on the device, freed at the end whatever
  * happened. Every measured chain reads one buffer and writes another, so
- * each replay sees the same input.
+ * each replay sees the same input; y = a * x + y updates y in place, by at
+ * most a / 2 per replay, so its values stay small and finite.
  */
 #include "workers/chain_bench.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "workers/chain.h"
+#include "workers/chain_expr.h"
 
 /* sin | add 1 | sqrt | mul 2 | sub 3: defined for every input, so no replay computes NaN. */
 static const struct kernels_chain_op bench_chain[CHAIN_BENCH_OPS] = {
@@ -32,32 +35,35 @@ const char *chain_bench_op_name(unsigned i)
 struct bench_buffers {
 	void *small_in, *small_out; /* launch-bound and cache rounds */
 	void *big_in, *big_out;     /* bandwidth-bound */
+	void *a;                    /* y = a * x + y's one element (f32 0.5), in 16 bytes */
 };
 
-static int bench_alloc_filled(struct device *dev, uint64_t bytes, bool fill, void **ptr,
-			      struct gpuq_error *err)
+static int bench_alloc_filled(struct device *dev, uint64_t bytes, const struct fill_spec *fill,
+			      void **ptr, struct gpuq_error *err)
 {
-	struct fill_spec random = { .pattern = FILL_RANDOM, .dtype = GPUQ_DTYPE_F32, .seed = 4 };
 	if (dev->ops->alloc(dev, bytes, ptr, err) != 0)
 		return -1;
-	return fill ? dev->ops->fill(dev, *ptr, bytes, &random, err) : 0;
+	return fill ? dev->ops->fill(dev, *ptr, bytes, fill, err) : 0;
 }
 
 static int bench_alloc(struct device *dev, const struct chain_bench *b, struct bench_buffers *m,
 		       struct gpuq_error *err)
 {
+	struct fill_spec random = { .pattern = FILL_RANDOM, .dtype = GPUQ_DTYPE_F32, .seed = 4 };
+	struct fill_spec half = { .pattern = FILL_VALUE, .dtype = GPUQ_DTYPE_F32, .value_bits = 0x3f000000 };
 	uint64_t small = b->launch_count * sizeof(float);
-	if (bench_alloc_filled(dev, small, true, &m->small_in, err) != 0 ||
-	    bench_alloc_filled(dev, small, true, &m->small_out, err) != 0 ||
-	    bench_alloc_filled(dev, b->bytes, true, &m->big_in, err) != 0 ||
-	    bench_alloc_filled(dev, b->bytes, false, &m->big_out, err) != 0)
+	if (bench_alloc_filled(dev, small, &random, &m->small_in, err) != 0 ||
+	    bench_alloc_filled(dev, small, &random, &m->small_out, err) != 0 ||
+	    bench_alloc_filled(dev, b->bytes, &random, &m->big_in, err) != 0 ||
+	    bench_alloc_filled(dev, b->bytes, &random, &m->big_out, err) != 0 ||
+	    bench_alloc_filled(dev, 16, &half, &m->a, err) != 0)
 		return -1;
 	return 0;
 }
 
 static void bench_release(struct device *dev, struct bench_buffers *m)
 {
-	void *all[] = { m->small_in, m->small_out, m->big_in, m->big_out };
+	void *all[] = { m->small_in, m->small_out, m->big_in, m->big_out, m->a };
 	struct gpuq_error ignored;
 	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
 		if (all[i] && !dev->faulted)
@@ -68,16 +74,57 @@ static void bench_release(struct device *dev, struct bench_buffers *m)
 static void bench_spec(struct chain_spec *s, enum chain_mode mode, unsigned nops, uint64_t repeat,
 		       uint64_t count, const void *in, void *out)
 {
+	struct kernels_chain_op ops[KERNELS_CHAIN_MAX_OPS];
 	memset(s, 0, sizeof *s);
-	s->dtype = GPUQ_DTYPE_F32;
-	s->mode = mode;
-	s->nops = nops;
 	for (unsigned i = 0; i < nops; i++)
-		s->ops[i] = bench_chain[i % CHAIN_BENCH_OPS];
+		ops[i] = bench_chain[i % CHAIN_BENCH_OPS];
+	chain_spec_from_ops(s, ops, nops, GPUQ_DTYPE_F32, in, out);
+	s->mode = mode;
 	s->repeat = repeat;
 	s->count = count;
-	s->in = in;
-	s->out = out;
+}
+
+/* One op of the chain alone, eager. */
+static void bench_op_spec(struct chain_spec *s, unsigned i, uint64_t count, const void *in, void *out)
+{
+	memset(s, 0, sizeof *s);
+	chain_spec_from_ops(s, &bench_chain[i], 1, GPUQ_DTYPE_F32, in, out);
+	s->mode = CHAIN_EAGER;
+	s->repeat = 1;
+	s->count = count;
+}
+
+/*
+ * The program of text (a run, or a reduction) over f32 buffers: variable
+ * `x` is x, `y` is y, `a` the one-element a, each of count elements but a.
+ */
+static int bench_expr_spec(struct device *dev, struct chain_spec *s, const char *text, bool reduce,
+			   const struct bench_buffers *m, uint64_t count, struct gpuq_error *err)
+{
+	struct chain_expr x;
+	struct chain_expr_error e;
+	struct chain_expr_binding bind[KERNELS_EXPR_MAX_VARS];
+	void *var[KERNELS_EXPR_MAX_VARS];
+	uint64_t n;
+	if (chain_expr_parse(text, reduce, &x, &e) < 0)
+		goto bug;
+	for (unsigned v = 0; v < x.nvars; v++) {
+		const char *name = x.vars[v].name;
+		var[v] = !strcmp(name, "a") ? m->a : !strcmp(name, "y") ? m->big_out : m->big_in;
+		bind[v] = (struct chain_expr_binding){ GPUQ_DTYPE_F32, var[v] == m->a ? 1 : count,
+						       dev->index, var[v] };
+	}
+	if (chain_expr_bind(&x, bind, &n, &e) < 0)
+		goto bug;
+	memset(s, 0, sizeof *s);
+	chain_spec_set_program(s, &x.prog, var);
+	s->mode = CHAIN_FUSED;
+	s->repeat = 1;
+	s->count = count;
+	return 0;
+bug:
+	return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] bench_chain: '%s': column %u: %s",
+			 dev->index, text, e.col, e.msg);
 }
 
 /* One unmeasured replay (which builds the plan), then reps timed: *seconds is their median. */
@@ -113,6 +160,36 @@ static int bench_launch(struct device *dev, struct chain_bench *b, const struct 
 	return 0;
 }
 
+/* A compiled row: it must have run the compiled kernel, else the report says why not. */
+static void bench_note_kernel(struct chain_bench *b, const struct chain_spec *s)
+{
+	if (s->result.kernel.compiled)
+		return;
+	b->compiled = false;
+	if (!b->note[0])
+		snprintf(b->note, sizeof b->note, "%s", s->result.kernel.note);
+}
+
+/* The 5-op chain fused: interpreted, then compiled, each output's checksum compared. */
+static int bench_fused(struct device *dev, struct chain_bench *b, const struct bench_buffers *m,
+		       struct gpuq_error *err)
+{
+	uint64_t count = b->bytes / sizeof(float), sums[2];
+	const enum chain_kernel kernels[2] = { CHAIN_KERNEL_INTERPRETED, CHAIN_KERNEL_AUTO };
+	double *out[2] = { &b->fused_s, &b->compiled_s };
+	struct chain_spec s;
+	for (unsigned k = 0; k < 2; k++) {
+		bench_spec(&s, CHAIN_FUSED, CHAIN_BENCH_OPS, 1, count, m->big_in, m->big_out);
+		s.kernel = kernels[k];
+		if (bench_time(dev, &s, b->reps, out[k], err) != 0 ||
+		    dev->ops->checksum(dev, m->big_out, b->bytes, &sums[k], err) != 0)
+			return -1;
+	}
+	bench_note_kernel(b, &s);
+	b->compiled_same_bits = sums[0] == sums[1];
+	return 0;
+}
+
 static int bench_bandwidth(struct device *dev, struct chain_bench *b, const struct bench_buffers *m,
 			   struct gpuq_error *err)
 {
@@ -124,19 +201,73 @@ static int bench_bandwidth(struct device *dev, struct chain_bench *b, const stru
 				      err) != 0)
 		return -1;
 	for (unsigned i = 0; i < CHAIN_BENCH_OPS; i++) {
-		bench_spec(&s, CHAIN_EAGER, 1, 1, count, m->big_in, m->big_out);
-		s.ops[0] = bench_chain[i];
+		bench_op_spec(&s, i, count, m->big_in, m->big_out);
 		if (bench_time(dev, &s, b->reps, &b->op_s[i], err) != 0)
 			return -1;
 	}
-	const enum chain_mode modes[] = { CHAIN_EAGER, CHAIN_GRAPH, CHAIN_FUSED };
-	double *out[] = { &b->eager_s, &b->graph_s, &b->fused_s };
-	for (unsigned k = 0; k < 3; k++) {
+	const enum chain_mode modes[] = { CHAIN_EAGER, CHAIN_GRAPH };
+	double *out[] = { &b->eager_s, &b->graph_s };
+	for (unsigned k = 0; k < 2; k++) {
 		bench_spec(&s, modes[k], CHAIN_BENCH_OPS, 1, count, m->big_in, m->big_out);
 		if (bench_time(dev, &s, b->reps, out[k], err) != 0)
 			return -1;
 	}
+	return bench_fused(dev, b, m, err);
+}
+
+/* A reduction of x, compiled (auto) unless `kernel` says otherwise: its time and value. */
+static int bench_reduce(struct device *dev, struct chain_bench *b, const struct bench_buffers *m,
+			const char *text, enum chain_kernel kernel, double *seconds, double *value,
+			struct kernels_partial *raw, struct gpuq_error *err)
+{
+	struct chain_spec s;
+	uint64_t count = b->bytes / sizeof(float);
+	if (bench_expr_spec(dev, &s, text, true, m, count, err) != 0)
+		return -1;
+	s.kernel = kernel;
+	if (bench_time(dev, &s, b->reps, seconds, err) != 0)
+		return -1;
+	if (kernel == CHAIN_KERNEL_AUTO)
+		bench_note_kernel(b, &s);
+	*raw = s.result.value;
+	*value = chain_reduce_finish(s.prog.reduce, &s.result.value, count);
 	return 0;
+}
+
+/* y = a * x + y; sum(x) and norm2(x) beside the read kernel; the compiled sum's bits. */
+static int bench_expressions(struct device *dev, struct chain_bench *b,
+			     const struct bench_buffers *m, struct gpuq_error *err)
+{
+	struct chain_spec s;
+	struct kernels_partial sum, interp;
+	double warm, value;
+	if (bench_expr_spec(dev, &s, "y = a * x + y", false, m, b->bytes / sizeof(float), err) != 0 ||
+	    bench_time(dev, &s, b->reps, &b->axpy_s, err) != 0)
+		return -1;
+	bench_note_kernel(b, &s);
+	if (dev->ops->chain_read_time(dev, m->big_in, b->bytes, 1, &warm, err) != 0 ||
+	    dev->ops->chain_read_time(dev, m->big_in, b->bytes, b->reps, &b->read_s, err) != 0 ||
+	    bench_reduce(dev, b, m, "sum(x)", CHAIN_KERNEL_AUTO, &b->sum_s, &b->sum, &sum, err) != 0 ||
+	    bench_reduce(dev, b, m, "norm2(x)", CHAIN_KERNEL_AUTO, &b->norm2_s, &b->norm2, &interp,
+			 err) != 0 ||
+	    bench_reduce(dev, b, m, "sum(x)", CHAIN_KERNEL_INTERPRETED, &warm, &value, &interp, err) != 0)
+		return -1;
+	b->sum_same_bits = memcmp(&sum.v, &interp.v, sizeof sum.v) == 0;
+	return 0;
+}
+
+/* The 5-op chain's kernel: compiled, from disk, from memory (when kernels compile here at all). */
+static int bench_compile(struct device *dev, struct chain_bench *b, const struct bench_buffers *m,
+			 struct gpuq_error *err)
+{
+	struct chain_spec s;
+	if (!b->compiled)
+		return 0;
+	bench_spec(&s, CHAIN_FUSED, CHAIN_BENCH_OPS, 1, b->launch_count, m->small_in, m->small_out);
+	int rc = chain_kernel_costs(dev, &s.prog, &b->compile, err);
+	if (rc == 1 && !b->note[0])
+		snprintf(b->note, sizeof b->note, "%s", b->compile.note);
+	return rc < 0 ? -1 : 0;
 }
 
 /*
@@ -150,14 +281,19 @@ static int bench_cache_mode(struct device *dev, enum chain_mode mode, const stru
 {
 	double t[3][CHAIN_BENCH_CACHE_ROUNDS];
 	struct chain_spec s;
+	struct kernels_chain_op ops[CHAIN_BENCH_OPS];
+	memcpy(ops, bench_chain, sizeof ops);
 	for (unsigned r = 0; r < CHAIN_BENCH_CACHE_ROUNDS; r++) {
-		bench_spec(&s, mode, CHAIN_BENCH_OPS, 1, b->launch_count, m->small_in, m->small_out);
-		s.ops[CHAIN_BENCH_OPS - 1].a = 3 + (r + 1) / 1024.0;
+		ops[CHAIN_BENCH_OPS - 1].a = 3 + (r + 1) / 1024.0;
 		for (unsigned step = 0; step < 3; step++) {
-			if (step == 1) {
-				s.in = m->small_out;
-				s.out = m->small_in;
-			}
+			bool swap = step > 0;
+			memset(&s, 0, sizeof s);
+			chain_spec_from_ops(&s, ops, CHAIN_BENCH_OPS, GPUQ_DTYPE_F32,
+					    swap ? m->small_out : m->small_in,
+					    swap ? m->small_in : m->small_out);
+			s.mode = mode;
+			s.repeat = 1;
+			s.count = b->launch_count;
 			if (chain_execute(dev, &s, NULL, err) != 0)
 				return -1;
 			t[step][r] = s.result.prepare_s;
@@ -188,7 +324,9 @@ static int bench_rerun(struct device *dev, struct chain_bench *b, const struct b
 static int bench_all(struct device *dev, struct chain_bench *b, const struct bench_buffers *m,
 		     struct gpuq_error *err)
 {
+	b->compiled = true;
 	if (bench_launch(dev, b, m, err) != 0 || bench_bandwidth(dev, b, m, err) != 0 ||
+	    bench_expressions(dev, b, m, err) != 0 || bench_compile(dev, b, m, err) != 0 ||
 	    bench_cache_mode(dev, CHAIN_GRAPH, b, m, &b->cache[0], err) != 0 ||
 	    bench_cache_mode(dev, CHAIN_FUSED, b, m, &b->cache[1], err) != 0)
 		return -1;
@@ -198,9 +336,10 @@ static int bench_all(struct device *dev, struct chain_bench *b, const struct ben
 int chain_bench_run(struct device *dev, struct work *work)
 {
 	struct chain_bench *b = work->spec;
-	struct bench_buffers m = { NULL, NULL, NULL, NULL };
+	struct bench_buffers m = { NULL, NULL, NULL, NULL, NULL };
 	if (!b || b->reps < 1 || b->reps > CHAIN_MAX_REPS || b->bytes < 16 || b->bytes % 16 ||
-	    b->launch_count < 1 || b->launch_repeat < 1 || !dev->ops->chain_copy_time)
+	    b->launch_count < 1 || b->launch_repeat < 1 || !dev->ops->chain_copy_time ||
+	    !dev->ops->chain_read_time)
 		return gpuq_fail(&work->error, GPUQ_E_INTERNAL,
 				 "[gpu %d] bench_chain: inconsistent parameters or backend: a bug in gpuqd",
 				 dev->index);

@@ -8,7 +8,17 @@
  *     graph (the same kernels replayed from one CUDA graph);
  *   bandwidth-bound: `bytes` of f32 and the chain
  *     sin | add 1 | sqrt | mul 2 | sub 3: each op's kernel alone, the chain
- *     eager, graph and fused, and cudaMemcpy device to device;
+ *     eager, graph, fused with the interpreted kernel and fused with its
+ *     compiled kernel (whose output must equal the interpreted one's, bit
+ *     for bit: compared by checksum), and cudaMemcpy device to device;
+ *   expressions: y = a * x + y over `bytes` of f32 (a one-element buffer):
+ *     three streams of memory against the copy's two;
+ *   reductions: sum(x) and norm2(x) over `bytes` of f32 against a kernel
+ *     that only reads them (the compiled sum must equal the interpreted
+ *     one, bit for bit);
+ *   compile costs: the 5-op chain's kernel compiled by NVRTC, read back
+ *     from the disk cache and loaded (as a new daemon would), and found in
+ *     memory; and what opening NVRTC took the first time;
  *   the cache: building a plan (capture + instantiate) against retargeting
  *     one (capture + cudaGraphExecUpdate) against finding one (a hit).
  *
@@ -23,6 +33,7 @@
 #include <stdint.h>
 
 #include "workers/backend.h"
+#include "workers/chain_jit.h"
 #include "workers/work.h"
 
 #define CHAIN_BENCH_LAUNCH_CHAINS 3 /* chains of 1, 5 and 20 ops */
@@ -51,7 +62,15 @@ struct chain_bench {
 	struct chain_bench_launch launch[CHAIN_BENCH_LAUNCH_CHAINS];
 	double copy_s;                /* cudaMemcpy D2D of `bytes` */
 	double op_s[CHAIN_BENCH_OPS]; /* each op's kernel alone, eager */
-	double eager_s, graph_s, fused_s; /* the chain, one replay */
+	double eager_s, graph_s, fused_s; /* the chain, one replay; fused: the interpreted kernel */
+	double compiled_s;                /* the chain fused, its compiled kernel */
+	double axpy_s;                    /* y = a * x + y */
+	double read_s, sum_s, norm2_s;    /* the read kernel; sum(x) and norm2(x) */
+	double sum, norm2;                /* their results */
+	/* The compiled rows ran compiled kernels (else note says why) and gave the interpreted bits. */
+	bool compiled, compiled_same_bits, sum_same_bits;
+	char note[320];
+	struct chain_jit_costs compile;   /* when `compiled` */
 	struct chain_bench_cache cache[2]; /* [0] graph mode, [1] fused */
 	uint64_t cached_rerun_instantiations; /* must be 0 */
 };

@@ -21,7 +21,8 @@
  *    streams of their own) wait for the earlier work to finish;
  *  - gangs (collectives, peer copies): one gang part in flight per device,
  *    in submission order, so that gangs never cross on two devices;
- *  - exclusive works (benchmarks) run alone;
+ *  - exclusive works (benchmarks) run alone; chains (run, reduce_expr) one
+ *    at a time, since the chain state they use is the device's;
  *  - priority: higher first; within a priority, owners in weighted fair
  *    share (the owner with the least device time per weight goes first),
  *    each owner's works in submission order;

@@ -53,13 +53,11 @@ static int ceiling_setup(struct ceiling *c, struct gpuq_error *err)
 		    ops->event_create(dev, true, &c->end[p], err))
 			return -1;
 	struct chain_spec *s = &c->chain;
-	s->dtype = GPUQ_DTYPE_F32;
+	chain_spec_from_ops(s, ceiling_chain, sizeof ceiling_chain / sizeof ceiling_chain[0],
+			    GPUQ_DTYPE_F32, c->k, c->k);
 	s->mode = CHAIN_FUSED;
-	s->nops = sizeof ceiling_chain / sizeof ceiling_chain[0];
-	memcpy(s->ops, ceiling_chain, sizeof ceiling_chain);
 	s->repeat = 1;
 	s->count = n / sizeof(float);
-	s->in = s->out = c->k;
 	return 0;
 }
 

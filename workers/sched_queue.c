@@ -228,6 +228,8 @@ static enum sched_wait admissible(struct sched_queues *q, struct work *w,
 			return blocked(w, SCHED_WAIT_EXCLUSIVE, e);
 		if (gang && work_is_gang(e))
 			return blocked(w, SCHED_WAIT_GANG, e);
+		if (w->kind == WORK_CHAIN && e->kind == WORK_CHAIN)
+			return blocked(w, SCHED_WAIT_CHAIN, e); /* the chain state (plans, events, result slots) is the device's */
 		if (!sched_works_conflict(e, w))
 			continue;
 		bool device_side = lane && sched_work_lane_ordered(e) &&
@@ -424,6 +426,7 @@ const char *sched_wait_name(enum sched_wait why)
 	case SCHED_WAIT_GANG: return "gang";
 	case SCHED_WAIT_EXCLUSIVE: return "exclusive";
 	case SCHED_WAIT_INFLIGHT: return "inflight";
+	case SCHED_WAIT_CHAIN: return "chain";
 	case SCHED_WAIT_SLOTS: return "staging";
 	case SCHED_WAIT_MEMORY: return "memory";
 	case SCHED_WAIT_PEERS: return "peers";

@@ -23,6 +23,7 @@ enum sched_wait {
 	SCHED_WAIT_GANG,        /* behind job waiting_job, an earlier multi-device job */
 	SCHED_WAIT_EXCLUSIVE,   /* a benchmark (job waiting_job) runs alone, or waits to */
 	SCHED_WAIT_INFLIGHT,    /* the device has max_inflight jobs in flight */
+	SCHED_WAIT_CHAIN,       /* behind job waiting_job: a device runs one chain at a time */
 	SCHED_WAIT_SLOTS,       /* running, waiting for a pinned staging slot */
 	SCHED_WAIT_MEMORY,      /* running, waiting for device memory (alloc wait_memory_ms) */
 	SCHED_WAIT_PEERS,       /* running, waiting for its parts on other devices */

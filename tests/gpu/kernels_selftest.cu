@@ -5,8 +5,17 @@
  * device memory is poisoned with 0xAB first, and the bytes around each output
  * must keep it (nothing written before or after).
  *
- *   nvcc -std=c++17 -arch=sm_90 -I. tests/gpu/kernels_selftest.cu \
- *        kernels/fill.cu kernels/checksum.cu -o kernels_selftest
+ * Chains (the second half): every op in every float dtype four ways, the
+ * per-op kernel, the interpreted fused kernel, the program interpreter and
+ * the kernel compiled for it with NVRTC and loaded through the driver API
+ * (as gpuqd does: workers/chain_codegen.c, chain_nvrtc.c, chain_module.c),
+ * each into poisoned memory, all four the same bits and within the stated
+ * ulps of a long-double reference; every reduction compiled and interpreted,
+ * the same bits as the host's reference in the stated order where the values
+ * are exact, deterministic; and --math fast's error per op, measured against
+ * the long-double reference and printed as the table docs/gpuq.1 quotes.
+ *
+ *   make build/tests/kernels_selftest   (gpu-check runs what make built)
  *   ./kernels_selftest          the standard cases (under 1 GiB of device memory)
  *   ./kernels_selftest --big    also > 4 GiB cases (about 17 GiB of device memory)
  *
@@ -19,8 +28,19 @@
 #include <cstring>
 #include <vector>
 
+#include <cmath>
+
 #include "kernels/hash.h"
 #include "kernels/kernels.h"
+
+extern "C" {
+#include "workers/chain_codegen.h"
+#include "workers/chain_eval.h"
+#include "workers/chain_expr.h"
+#include "workers/chain_module.h"
+#include "workers/chain_nvrtc.h"
+#include "workers/chain_prog.h"
+}
 
 #define CUDA_OK(call)                                                                  \
 	do {                                                                           \
@@ -393,6 +413,445 @@ static void big_iota_i32(void)
 	CUDA_OK(cudaFree(d));
 }
 
+/* ---- Chains: the four ways to run an op, and the compiled kernels ---- */
+
+static const size_t kChainCount = 100003; /* items of 4 and a tail of 3 */
+
+struct op_case {
+	unsigned kind;
+	double a, b;    /* constants */
+	double lo, hi;  /* the inputs' range */
+	bool transcendental;
+};
+
+static const op_case kOpCases[] = {
+	{ KERNELS_CHAIN_SIN, 0, 0, -4, 4, true },     { KERNELS_CHAIN_COS, 0, 0, -4, 4, true },
+	{ KERNELS_CHAIN_TAN, 0, 0, -1.2, 1.2, true }, { KERNELS_CHAIN_EXP, 0, 0, -4, 4, true },
+	{ KERNELS_CHAIN_LOG, 0, 0, 0.01, 8, true },   { KERNELS_CHAIN_LOG2, 0, 0, 0.01, 8, true },
+	{ KERNELS_CHAIN_SQRT, 0, 0, 0, 8, false },    { KERNELS_CHAIN_RSQRT, 0, 0, 0.01, 8, true },
+	{ KERNELS_CHAIN_ABS, 0, 0, -8, 8, false },    { KERNELS_CHAIN_NEG, 0, 0, -8, 8, false },
+	{ KERNELS_CHAIN_RELU, 0, 0, -8, 8, false },   { KERNELS_CHAIN_SIGMOID, 0, 0, -4, 4, true },
+	{ KERNELS_CHAIN_TANH, 0, 0, -4, 4, true },    { KERNELS_CHAIN_FLOOR, 0, 0, -8, 8, false },
+	{ KERNELS_CHAIN_CEIL, 0, 0, -8, 8, false },   { KERNELS_CHAIN_ROUND, 0, 0, -8, 8, false },
+	{ KERNELS_CHAIN_ADD, 1.5, 0, -4, 4, false },  { KERNELS_CHAIN_SUB, 0.75, 0, -4, 4, false },
+	{ KERNELS_CHAIN_MUL, 2.5, 0, -4, 4, false },  { KERNELS_CHAIN_DIV, 3, 0, -4, 4, false },
+	{ KERNELS_CHAIN_POW, 1.5, 0, 0.01, 8, true }, { KERNELS_CHAIN_MIN, 0.25, 0, -4, 4, false },
+	{ KERNELS_CHAIN_MAX, -0.5, 0, -4, 4, false }, { KERNELS_CHAIN_CLAMP, -1, 1, -4, 4, false },
+	{ KERNELS_CHAIN_FMA, 2.5, -1.25, -4, 4, false },
+};
+static const kernels_dtype kFloatTypes[] = { KERNELS_F16, KERNELS_BF16, KERNELS_F32, KERNELS_F64 };
+static const char *const kOpNames[] = {
+#define SELFTEST_OP_NAME(name, str, nargs) str,
+	KERNELS_CHAIN_OPS(SELFTEST_OP_NAME)
+#undef SELFTEST_OP_NAME
+};
+
+static int g_major, g_minor, g_sms;
+
+/* Element i of an array of t, exactly. */
+static long double load_value(kernels_dtype t, const uint8_t *p, size_t i)
+{
+	return chain_eval_load((enum gpuq_dtype)t, p, i);
+}
+
+/* The unit in the last place of t at v (the smallest subnormal's at 0). */
+static long double ulp_of(kernels_dtype t, long double v)
+{
+	int mant = t == KERNELS_F16 ? 10 : t == KERNELS_BF16 ? 7 : t == KERNELS_F32 ? 23 : 52;
+	int min_exp = t == KERNELS_F16 ? -24 : t == KERNELS_BF16 ? -133 : t == KERNELS_F32 ? -149 : -1074;
+	int e = v == 0 || !std::isfinite(v) ? min_exp + mant : ilogbl(v);
+	return ldexpl(1.0L, e - mant < min_exp ? min_exp : e - mant);
+}
+
+/* Op oc at x in long double, its constants rounded to float unless t is f64. */
+static long double ref_op(const op_case &oc, kernels_dtype t, long double x)
+{
+	long double a = t == KERNELS_F64 ? oc.a : (float)oc.a, b = t == KERNELS_F64 ? oc.b : (float)oc.b;
+	switch (oc.kind) {
+	case KERNELS_CHAIN_SIN: return sinl(x);
+	case KERNELS_CHAIN_COS: return cosl(x);
+	case KERNELS_CHAIN_TAN: return tanl(x);
+	case KERNELS_CHAIN_EXP: return expl(x);
+	case KERNELS_CHAIN_LOG: return logl(x);
+	case KERNELS_CHAIN_LOG2: return log2l(x);
+	case KERNELS_CHAIN_SQRT: return sqrtl(x);
+	case KERNELS_CHAIN_RSQRT: return 1 / sqrtl(x);
+	case KERNELS_CHAIN_ABS: return fabsl(x);
+	case KERNELS_CHAIN_NEG: return -x;
+	case KERNELS_CHAIN_RELU: return x > 0 ? x : 0;
+	case KERNELS_CHAIN_SIGMOID: return 1 / (1 + expl(-x));
+	case KERNELS_CHAIN_TANH: return tanhl(x);
+	case KERNELS_CHAIN_FLOOR: return floorl(x);
+	case KERNELS_CHAIN_CEIL: return ceill(x);
+	case KERNELS_CHAIN_ROUND: return roundl(x);
+	case KERNELS_CHAIN_ADD: return x + a;
+	case KERNELS_CHAIN_SUB: return x - a;
+	case KERNELS_CHAIN_MUL: return x * a;
+	case KERNELS_CHAIN_DIV: return x / a;
+	case KERNELS_CHAIN_POW: return powl(x, a);
+	case KERNELS_CHAIN_MIN: return fminl(x, a);
+	case KERNELS_CHAIN_MAX: return fmaxl(x, a);
+	case KERNELS_CHAIN_CLAMP: return fminl(fmaxl(x, a), b);
+	default: return x * a + b;
+	}
+}
+
+/* The bound of test_chain.c: 1 ulp for correctly rounded ops and any 16-bit type, else 5. */
+static double bound_ulps(const op_case &oc, kernels_dtype t)
+{
+	return t == KERNELS_F16 || t == KERNELS_BF16 || !oc.transcendental ? 1 : 5;
+}
+
+/* Where a chain case's input goes: past its output and the output's guard, 256-byte aligned. */
+static uint8_t *chain_input_at(size_t out_bytes)
+{
+	size_t at = (kGuard + out_bytes + kGuard + 255) / 256 * 256;
+	return g_dev + at;
+}
+
+/* A program's kernel compiled with NVRTC for this GPU and loaded; false (a failure counted) if not. */
+static bool compiled_module(const char *what, const chain_prog *p, bool fast, chain_module *m)
+{
+	const char *names[CHAIN_CODEGEN_HEADERS], *texts[CHAIN_CODEGEN_HEADERS];
+	char arch[24], why[2048];
+	bool ptx;
+	chain_image img;
+	cudaError_t e;
+	const chain_nvrtc_status *nv = chain_nvrtc_load("");
+	if (!nv->available) {
+		fail(what, "NVRTC is not available: %s", nv->why);
+		return false;
+	}
+	if (chain_nvrtc_arch(g_major, g_minor, arch, sizeof arch, &ptx, why, sizeof why) < 0) {
+		fail(what, "%s", why);
+		return false;
+	}
+	char *src = chain_codegen_source(p);
+	chain_codegen_headers(names, texts);
+	int rc = chain_nvrtc_compile(src, CHAIN_CODEGEN_HEADERS, names, texts, arch, ptx, fast, &img,
+				     why, sizeof why);
+	free(src);
+	if (rc != 0) {
+		fail(what, "NVRTC: %s", why);
+		return false;
+	}
+	rc = chain_module_load(img.data, m, &e, why, sizeof why);
+	free(img.data);
+	if (rc != 0)
+		fail(what, "load: %s", why);
+	return rc == 0;
+}
+
+/* One wave of an elementwise module (as workers/chain_cuda.c launches it). */
+static cudaError_t launch_compiled_run(const chain_module &m, kernels_expr &x)
+{
+	void *params[1] = { &x };
+	uint64_t pairs = (x.count / KERNELS_EXPR_ITEM + 1) / 2;
+	uint64_t need = (pairs + KERNELS_REDUCE_THREADS - 1) / KERNELS_REDUCE_THREADS;
+	uint64_t wave = (uint64_t)g_sms * (uint64_t)m.blocks_per_sm;
+	return chain_module_launch(&m, (unsigned)(need < 1 ? 1 : need < wave ? need : wave), params, 0);
+}
+
+/* count random values of t in [lo, hi) from seed. */
+static std::vector<uint8_t> chain_input(kernels_dtype t, size_t count, double lo, double hi,
+					 uint64_t seed)
+{
+	std::vector<uint8_t> v(count * dtype_size(t));
+	for (size_t i = 0; i < count; i++)
+		chain_eval_store((enum gpuq_dtype)t, v.data(), i,
+				 lo + (hi - lo) * gpuq_uniform_f64(gpuq_random_word(seed, i)));
+	return v;
+}
+
+/* The bytes of a poisoned output after `launched`, guards checked; empty on failure. */
+static std::vector<uint8_t> chain_output(const char *what, cudaError_t launched, size_t bytes)
+{
+	if (launched != cudaSuccess) {
+		fail(what, "launch returned %s", cudaGetErrorName(launched));
+		return std::vector<uint8_t>();
+	}
+	CUDA_OK(cudaDeviceSynchronize());
+	std::vector<uint8_t> back(kGuard + bytes + kGuard);
+	CUDA_OK(cudaMemcpy(back.data(), g_dev, back.size(), cudaMemcpyDeviceToHost));
+	for (size_t i = 0; i < kGuard; i++)
+		if (back[i] != kPoison || back[kGuard + bytes + i] != kPoison) {
+			fail(what, "wrote outside its output (guard byte %zu)", i);
+			return std::vector<uint8_t>();
+		}
+	return std::vector<uint8_t>(back.begin() + kGuard, back.begin() + kGuard + bytes);
+}
+
+/* Element i of out (t) against the reference at in[i]; the first bad one fails the case. */
+static bool check_op_values(const char *what, const op_case &oc, kernels_dtype t,
+			    const std::vector<uint8_t> &in, const std::vector<uint8_t> &out)
+{
+	double bound = bound_ulps(oc, t);
+	for (size_t i = 0; i < kChainCount; i++) {
+		long double x = load_value(t, in.data(), i), y = load_value(t, out.data(), i);
+		long double want = ref_op(oc, t, x), err = fabsl(y - want) / ulp_of(t, want);
+		if (!(err <= bound)) {
+			fail(what, "element %zu: x = %.9Lg gives %.9Lg, reference %.12Lg: %.2Lf ulps "
+			     "(bound %.0f)", i, x, y, want, err, bound);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* out holds the per-op kernel's bits, element for element (NaN for NaN); else a failure. */
+static bool same_elements(const char *what, kernels_dtype t, const std::vector<uint8_t> &out,
+			  const std::vector<uint8_t> &per_op)
+{
+	size_t e = dtype_size(t);
+	for (size_t i = 0; i < kChainCount; i++) {
+		long double a = load_value(t, out.data(), i), b = load_value(t, per_op.data(), i);
+		if (memcmp(&out[i * e], &per_op[i * e], e) != 0 && !(std::isnan(a) && std::isnan(b))) {
+			fail(what, "element %zu: %.9Lg, the per-op kernel gives %.9Lg", i, a, b);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* One op in one dtype: per-op, interpreted fused, program interpreter, compiled; all the same bits. */
+static void chain_op_case(const op_case &oc, kernels_dtype t, uint64_t seed)
+{
+	static const char *const ways[] = { "per-op", "fused", "interpreter", "compiled" };
+	char what[128];
+	size_t bytes = kChainCount * dtype_size(t);
+	std::vector<uint8_t> in = chain_input(t, kChainCount, oc.lo, oc.hi, seed), outs[4];
+	struct kernels_chain_op op = { oc.kind, oc.a, oc.b };
+	kernels_expr x;
+	chain_module m;
+	memset(&x, 0, sizeof x);
+	chain_prog_from_ops(&x.prog, &op, 1, (enum gpuq_dtype)t);
+	uint8_t *d_in = chain_input_at(bytes);
+	CUDA_OK(cudaMemcpy(d_in, in.data(), bytes, cudaMemcpyHostToDevice));
+	x.var[0] = d_in;
+	x.store[0] = g_dev + kGuard;
+	x.count = kChainCount;
+	x.repeat = 1;
+	snprintf(what, sizeof what, "chain %s %s", kOpNames[oc.kind], dtype_name(t));
+	bool have_module = compiled_module(what, &x.prog, false, &m);
+	for (int w = 0; w < 4; w++) {
+		snprintf(what, sizeof what, "chain %s %s %s", kOpNames[oc.kind], dtype_name(t), ways[w]);
+		uint8_t *out = poisoned(0, bytes);
+		cudaError_t e = w == 0 ? kernels_chain_op(d_in, out, kChainCount, t, &op, 0)
+				: w == 1 ? kernels_chain_fused(d_in, out, kChainCount, t, &op, 1, 1, 0)
+				: w == 2 ? kernels_expr_run(&x, 0)
+				: have_module ? launch_compiled_run(m, x) : cudaErrorInvalidSource;
+		if (w == 3 && !have_module)
+			continue;
+		outs[w] = chain_output(what, e, bytes);
+		if (outs[w].empty() || !check_op_values(what, oc, t, in, outs[w]))
+			continue;
+		if (w > 0 && !outs[0].empty() && !same_elements(what, t, outs[w], outs[0]))
+			continue;
+		g_passed++;
+	}
+	if (have_module)
+		chain_module_unload(&m, 0);
+}
+
+static void chain_op_cases(void)
+{
+	uint64_t seed = 500;
+	for (kernels_dtype t : kFloatTypes)
+		for (const op_case &oc : kOpCases)
+			chain_op_case(oc, t, seed++);
+}
+
+/* ---- --math fast: each op's largest error against the long-double reference ---- */
+
+struct fast_error {
+	long double ulps, abs;
+};
+
+/* The fast compiled kernel's largest error for op oc in dtype t (both -1 when it could not run). */
+static fast_error fast_error_of(const op_case &oc, kernels_dtype t, uint64_t seed)
+{
+	fast_error r = { -1, -1 };
+	char what[128];
+	size_t bytes = kChainCount * dtype_size(t);
+	std::vector<uint8_t> in = chain_input(t, kChainCount, oc.lo, oc.hi, seed);
+	struct kernels_chain_op op = { oc.kind, oc.a, oc.b };
+	kernels_expr x;
+	chain_module m;
+	memset(&x, 0, sizeof x);
+	chain_prog_from_ops(&x.prog, &op, 1, (enum gpuq_dtype)t);
+	snprintf(what, sizeof what, "fast %s %s", kOpNames[oc.kind], dtype_name(t));
+	if (!compiled_module(what, &x.prog, true, &m))
+		return r;
+	uint8_t *d_in = chain_input_at(bytes);
+	CUDA_OK(cudaMemcpy(d_in, in.data(), bytes, cudaMemcpyHostToDevice));
+	x.var[0] = d_in;
+	x.store[0] = poisoned(0, bytes);
+	x.count = kChainCount;
+	x.repeat = 1;
+	std::vector<uint8_t> out = chain_output(what, launch_compiled_run(m, x), bytes);
+	chain_module_unload(&m, 0);
+	if (out.empty())
+		return r;
+	r.ulps = r.abs = 0;
+	for (size_t i = 0; i < kChainCount; i++) {
+		long double want = ref_op(oc, t, load_value(t, in.data(), i)), y = load_value(t, out.data(), i);
+		long double err = fabsl(y - want);
+		if (!std::isfinite(y) && std::isfinite(want)) {
+			fail(what, "element %zu: %.9Lg where the reference is %.9Lg", i, y, want);
+			return r;
+		}
+		r.abs = err > r.abs ? err : r.abs;
+		r.ulps = err / ulp_of(t, want) > r.ulps ? err / ulp_of(t, want) : r.ulps;
+	}
+	g_passed++;
+	return r;
+}
+
+/* Prints the table docs/gpuq.1 quotes: max ulps (and absolute error) per op, f32 f16 bf16. */
+static void fast_math_table(void)
+{
+	printf("\n--math fast: largest error over %zu inputs per op (inputs' ranges as the "
+	       "integration tests'); f64 is never affected\n", kChainCount);
+	printf("| op | f32 ulps | f32 abs | f16 ulps | bf16 ulps |\n|---|---|---|---|---|\n");
+	uint64_t seed = 900;
+	for (const op_case &oc : kOpCases) {
+		fast_error f32 = fast_error_of(oc, KERNELS_F32, seed++);
+		fast_error f16 = fast_error_of(oc, KERNELS_F16, seed++);
+		fast_error bf16 = fast_error_of(oc, KERNELS_BF16, seed++);
+		printf("| %s | %.1Lf | %.2Lg | %.1Lf | %.1Lf |\n", kOpNames[oc.kind], f32.ulps, f32.abs,
+		       f16.ulps, bf16.ulps);
+	}
+	printf("\n");
+}
+
+/* ---- Reductions ---- */
+
+/* text bound with x, y of count f32 at d_x, d_y. */
+static bool reduce_prog(const char *text, kernels_expr &x, void *d_x, void *d_y, size_t count)
+{
+	static chain_expr ex;
+	chain_expr_error e;
+	chain_expr_binding b[KERNELS_EXPR_MAX_VARS];
+	uint64_t n;
+	if (chain_expr_parse(text, true, &ex, &e) != 0) {
+		fail(text, "column %u: %s", e.col, e.msg);
+		return false;
+	}
+	memset(&x, 0, sizeof x);
+	for (unsigned v = 0; v < ex.nvars; v++) {
+		x.var[v] = x.store[v] = strcmp(ex.vars[v].name, "x") == 0 ? d_x : d_y;
+		b[v] = { GPUQ_DTYPE_F32, count, 0, x.var[v] };
+	}
+	if (chain_expr_bind(&ex, b, &n, &e) != 0) {
+		fail(text, "column %u: %s", e.col, e.msg);
+		return false;
+	}
+	x.prog = ex.prog;
+	x.count = count;
+	x.repeat = 1;
+	return true;
+}
+
+/* The reduction's partial on the GPU: compiled (module) or interpreted. */
+static bool reduce_on_gpu(const kernels_expr &x, const chain_module *m, kernels_partial *out)
+{
+	kernels_partial *tiles = reinterpret_cast<kernels_partial *>(g_dev);
+	uint64_t ntiles = kernels_reduce_tiles(x.count);
+	kernels_expr copy = x;
+	void *params[2] = { &copy, &tiles };
+	CUDA_OK(cudaMemset(tiles, kPoison, (ntiles + 1) * sizeof *tiles));
+	cudaError_t e = m ? (ntiles ? chain_module_launch(m, (unsigned)ntiles, params, 0) : cudaSuccess)
+			  : kernels_expr_reduce(&x, tiles, 0);
+	if (e == cudaSuccess)
+		e = kernels_reduce_combine(x.prog.reduce, tiles, ntiles, tiles + ntiles, 0);
+	if (e != cudaSuccess) {
+		fail("reduce", "launch returned %s", cudaGetErrorName(e));
+		return false;
+	}
+	CUDA_OK(cudaDeviceSynchronize());
+	CUDA_OK(cudaMemcpy(out, tiles + ntiles, sizeof *out, cudaMemcpyDeviceToHost));
+	return true;
+}
+
+static bool same_partial(const kernels_partial &a, const kernels_partial &b)
+{
+	return a.i == b.i && (memcmp(&a.v, &b.v, sizeof a.v) == 0 || (std::isnan(a.v) && std::isnan(b.v)));
+}
+
+/*
+ * One reduction compiled and interpreted on the GPU, twice each, against the
+ * host's reference (workers/chain_eval.c, the same order): the same bits
+ * where exact (exact true), else within tol relative.
+ */
+static void reduce_case(const char *text, bool exact, size_t count, const std::vector<float> &hx,
+			const std::vector<float> &hy, void *d_x, void *d_y)
+{
+	kernels_expr dx, hxe;
+	chain_module m;
+	kernels_partial want, got[4];
+	if (!reduce_prog(text, dx, d_x, d_y, count) || !reduce_prog(text, hxe, (void *)hx.data(),
+								     (void *)hy.data(), count))
+		return;
+	want = chain_eval_reduce(&hxe);
+	bool have = compiled_module(text, &dx.prog, false, &m);
+	for (int k = 0; k < 4; k++)
+		if ((k < 2 && !have) || !reduce_on_gpu(dx, k < 2 ? &m : NULL, &got[k]))
+			got[k] = want, got[k].v = NAN;
+	if (have)
+		chain_module_unload(&m, 0);
+	for (int k = 1; k < 4; k++)
+		if (!same_partial(got[0], got[k]))
+			return fail(text, "run %d gives %.17g (%llu), the first %.17g (%llu): not deterministic "
+				    "or compiled != interpreted", k, got[k].v, got[k].i, got[0].v, got[0].i);
+	double tol = exact ? 0 : 1e-6 * fabs(want.v);
+	if (got[0].i != want.i || !(fabs(got[0].v - want.v) <= tol ||
+				     (std::isnan(got[0].v) && std::isnan(want.v))))
+		return fail(text, "%.17g (%llu), the host's reference %.17g (%llu)", got[0].v, got[0].i,
+			    want.v, want.i);
+	g_passed++;
+}
+
+static void reduce_cases(void)
+{
+	const size_t n = (1u << 20) + 3;
+	std::vector<float> hx(n), hy(n);
+	for (size_t i = 0; i < n; i++) {
+		hx[i] = (float)(gpuq_uniform_f64(gpuq_random_word(61, i)) * 2 - 1);
+		hy[i] = (float)(gpuq_uniform_f64(gpuq_random_word(62, i)) * 2 - 1);
+	}
+	hx[12345] = 7; /* the max, twice: argmax is the first */
+	hx[700000] = 7;
+	hy[99] = NAN;  /* NaN as stated: sum and max of y are NaN, argmax(y) is 99 */
+	uint8_t *d = g_dev + (8u << 20);
+	void *d_x = d, *d_y = d + (n * 4 + 255) / 256 * 256;
+	CUDA_OK(cudaMemcpy(d_x, hx.data(), n * 4, cudaMemcpyHostToDevice));
+	CUDA_OK(cudaMemcpy(d_y, hy.data(), n * 4, cudaMemcpyHostToDevice));
+	static const char *const exact[] = { "sum(x)", "mean(x)", "norm2(x)", "dot(x, x)", "min(x)",
+					     "max(x)", "argmax(x)", "count_nonzero(x)",
+					     "sum(abs(x - y))", "sum(y)", "max(y)", "argmax(y)" };
+	for (const char *t : exact) {
+		reduce_case(t, true, n, hx, hy, d_x, d_y);
+		reduce_case(t, true, 0, hx, hy, d_x, d_y);      /* empty */
+		reduce_case(t, true, 1, hx, hy, d_x, d_y);      /* one element */
+		reduce_case(t, true, 16385, hx, hy, d_x, d_y);  /* a tile and one */
+	}
+	reduce_case("sum(sin(x) * exp(x))", false, n, hx, hy, d_x, d_y);
+}
+
+static void chain_cases(void)
+{
+	cudaDeviceProp prop;
+	CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+	g_major = prop.major;
+	g_minor = prop.minor;
+	g_sms = prop.multiProcessorCount;
+	CUDA_OK(kernels_chain_prepare());
+	CUDA_OK(kernels_expr_prepare());
+	chain_op_cases();
+	reduce_cases();
+	fast_math_table();
+}
+
 int main(int argc, char **argv)
 {
 	bool big = argc > 1 && strcmp(argv[1], "--big") == 0;
@@ -404,6 +863,7 @@ int main(int argc, char **argv)
 	pattern_cases();
 	checksum_cases();
 	refusal_cases();
+	chain_cases();
 	CUDA_OK(cudaFree(g_dev));
 	if (big) {
 		big_random_and_checksum();

@@ -149,6 +149,13 @@ static void put_ops(struct mp_map *req, const char *chain)
 struct gpuq_reply *run_chain(struct gpuq_client *c, const char *buffer, const char *chain,
 			     const char *mode, uint64_t repeat, const char *out)
 {
+	return run_chain_kernel(c, buffer, chain, mode, repeat, out, NULL);
+}
+
+struct gpuq_reply *run_chain_kernel(struct gpuq_client *c, const char *buffer, const char *chain,
+				    const char *mode, uint64_t repeat, const char *out,
+				    const char *kernel)
+{
 	struct mp_map req;
 	gpuq_request_begin(c, &req, "run");
 	mp_put_str(&req, "buffer", buffer);
@@ -159,6 +166,8 @@ struct gpuq_reply *run_chain(struct gpuq_client *c, const char *buffer, const ch
 		mp_put_u64(&req, "repeat", repeat);
 	if (out)
 		mp_put_str(&req, "out", out);
+	if (kernel)
+		mp_put_str(&req, "kernel", kernel);
 	mp_put_bool(&req, "wait", true);
 	return call(c, &req, NULL, 0);
 }
@@ -171,6 +180,77 @@ void run_ok(struct gpuq_client *c, const char *buffer, const char *chain, const 
 	snprintf(what, sizeof what, "run %s '%s' (%s)", buffer, chain, mode ? mode : "fused");
 	expect_ok(r, what);
 	gpuq_reply_free(r);
+}
+
+struct gpuq_reply *expr_call(struct gpuq_client *c, const char *op, const char *text,
+			     const struct expr_opts *o)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_str(&req, "expr", text);
+	if (o->mode)
+		mp_put_str(&req, "mode", o->mode);
+	if (o->kernel)
+		mp_put_str(&req, "kernel", o->kernel);
+	if (o->math)
+		mp_put_str(&req, "math", o->math);
+	if (o->repeat)
+		mp_put_u64(&req, "repeat", o->repeat);
+	if (o->device >= 0)
+		mp_put_u64(&req, "device", (uint64_t)o->device);
+	if (o->count >= 0)
+		mp_put_u64(&req, "count", (uint64_t)o->count);
+	mp_put_bool(&req, "wait", true);
+	return call(c, &req, NULL, 0);
+}
+
+struct gpuq_reply *expr_ok(struct gpuq_client *c, const char *text, const struct expr_opts *o)
+{
+	struct gpuq_reply *r = expr_call(c, "run", text, o);
+	char what[300];
+	snprintf(what, sizeof what, "run '%s'", text);
+	expect_ok(r, what);
+	return r;
+}
+
+double reduce_ok(struct gpuq_client *c, const char *text, const char *kernel, int64_t count)
+{
+	struct expr_opts o = EXPR_OPTS_DEFAULT;
+	char what[300];
+	o.kernel = kernel;
+	o.count = count;
+	struct gpuq_reply *r = expr_call(c, "reduce_expr", text, &o);
+	snprintf(what, sizeof what, "reduce '%s'", text);
+	expect_ok(r, what);
+	if (!kernel)
+		expect_compiled(r);
+	const msgpack_object *v = reply_path(r, "job.result.value");
+	CHECKF(v, "reduce '%s' has no value", text);
+	double d = v->type == MSGPACK_OBJECT_FLOAT64 || v->type == MSGPACK_OBJECT_FLOAT32
+			   ? v->via.f64
+		   : v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? (double)v->via.i64
+								 : (double)v->via.u64;
+	gpuq_reply_free(r);
+	return d;
+}
+
+void reply_kernel(const struct gpuq_reply *r, char *out, size_t size)
+{
+	reply_str(r, "job.result.kernel", out, size);
+}
+
+void expect_compiled(const struct gpuq_reply *r)
+{
+	char kernel[32], note[400] = "";
+	reply_kernel(r, kernel, sizeof kernel);
+	if (strcmp(kernel, "compiled") == 0)
+		return;
+	const msgpack_object *n = reply_path(r, "job.result.kernel_note");
+	if (n && n->type == MSGPACK_OBJECT_STR)
+		snprintf(note, sizeof note, "%.*s", (int)n->via.str.size, n->via.str.ptr);
+	const char *require = getenv("GPUQ_REQUIRE_GPU");
+	CHECKF(strstr(note, "no NVRTC") && !(require && strcmp(require, "1") == 0),
+	       "the fused run was not compiled: %s", note);
 }
 
 uint64_t chain_stat(struct gpuq_client *c, int device, const char *counter)

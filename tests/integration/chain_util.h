@@ -52,9 +52,38 @@ void *trandom(const struct tdtype *t, size_t n, double lo, double hi, uint64_t s
  */
 struct gpuq_reply *run_chain(struct gpuq_client *c, const char *buffer, const char *chain,
 			     const char *mode, uint64_t repeat, const char *out);
+/* The same with the `kernel` field (NULL: left out, auto). */
+struct gpuq_reply *run_chain_kernel(struct gpuq_client *c, const char *buffer, const char *chain,
+				    const char *mode, uint64_t repeat, const char *out,
+				    const char *kernel);
 /* The same, failing the test unless the job is done. */
 void run_ok(struct gpuq_client *c, const char *buffer, const char *chain, const char *mode,
 	    uint64_t repeat, const char *out);
+
+/* Options of an expression request; zeroed ones are left out. */
+struct expr_opts {
+	const char *mode, *kernel, *math;
+	uint64_t repeat;
+	int device;     /* -1: leave out */
+	int64_t count;  /* reduce; -1: leave out */
+};
+#define EXPR_OPTS_DEFAULT ((struct expr_opts){ NULL, NULL, NULL, 0, -1, -1 })
+
+/* Sends op ("run" or "reduce") with `expr` text and o, waiting. The caller frees the reply. */
+struct gpuq_reply *expr_call(struct gpuq_client *c, const char *op, const char *text,
+			     const struct expr_opts *o);
+/* run text, failing the test unless done; returns the reply (the caller frees it). */
+struct gpuq_reply *expr_ok(struct gpuq_client *c, const char *text, const struct expr_opts *o);
+/* reduce text with kernel (NULL: auto), failing unless done: the value and its raw bits. */
+double reduce_ok(struct gpuq_client *c, const char *text, const char *kernel, int64_t count);
+/* The job's result.kernel ("compiled" or "interpreted"). */
+void reply_kernel(const struct gpuq_reply *r, char *out, size_t size);
+/*
+ * Whether a fused run that wanted a compiled kernel may have run the
+ * interpreted one: only where this machine has no NVRTC (the note says so)
+ * and GPUQ_REQUIRE_GPU (make gpu-check) is not set. Fails the test otherwise.
+ */
+void expect_compiled(const struct gpuq_reply *r);
 
 /* A device's chain counter (stats), e.g. "graph_instantiations". */
 uint64_t chain_stat(struct gpuq_client *c, int device, const char *counter);

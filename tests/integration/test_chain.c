@@ -2,8 +2,10 @@
  * Kernel chains, numerically: every op on every float dtype against a
  * long-double reference computed here, on random inputs put into the
  * buffer; every output element written (the output is poisoned first); the
- * three modes agreeing bit for bit; repeat and out. Both tiers: the host
- * backend in CI, the CUDA backend in make gpu-check.
+ * fused kernel compiled for the chain, the interpreted fused kernel, graph
+ * and eager agreeing bit for bit; repeat and out. Both tiers: the host
+ * backend in CI, the CUDA backend in make gpu-check (where the fused run
+ * must have been compiled).
  *
  * Error bounds, in units in the last place of the result's dtype, against
  * the reference at the exact input (constants rounded to float as gpuqd
@@ -47,6 +49,10 @@ static const struct op_case op_cases[] = {
 };
 
 static const char *const modes[] = { "fused", "graph", "eager" };
+/* Each op's runs: fused with its compiled kernel, fused interpreted, graph, eager. */
+static const char *const op_modes[] = { "fused", "fused", "graph", "eager" };
+static const char *const op_kernels[] = { NULL, "interpreted", NULL, NULL };
+static const char *const op_names[] = { "compiled", "interpreted", "graph", "eager" };
 
 static double bound_ulps(const struct tdtype *t, const struct op_case *oc)
 {
@@ -72,25 +78,29 @@ static void check_against_reference(const struct tdtype *t, const struct op_case
 	}
 }
 
-/* One op on one dtype: each mode into a poisoned out buffer; all three agree. */
+/* One op on one dtype: each way into a poisoned out buffer; all four agree. */
 static void check_op(struct gpuq_client *c, const struct tdtype *t, const struct op_case *oc,
 		     uint64_t seed)
 {
 	size_t bytes = OPS_COUNT * t->size;
-	void *in = trandom(t, OPS_COUNT, oc->lo, oc->hi, seed), *outs[3];
+	void *in = trandom(t, OPS_COUNT, oc->lo, oc->hi, seed), *outs[4];
 	tput(c, "x", in, bytes);
-	for (int m = 0; m < 3; m++) {
+	for (int m = 0; m < 4; m++) {
 		tfill_value(c, "y", POISON);
-		run_ok(c, "x", oc->op, modes[m], 0, "y");
+		struct gpuq_reply *r = run_chain_kernel(c, "x", oc->op, op_modes[m], 0, "y", op_kernels[m]);
+		expect_ok(r, oc->op);
+		if (m == 0)
+			expect_compiled(r);
+		gpuq_reply_free(r);
 		outs[m] = tget(c, "y", bytes);
 		check_against_reference(t, oc, in, outs[m], OPS_COUNT);
 	}
-	for (int m = 1; m < 3; m++)
+	for (int m = 1; m < 4; m++)
 		for (size_t i = 0; i < OPS_COUNT; i++)
 			CHECKF(same_value(t, outs[0], outs[m], i),
-			       "%s '%s' element %zu: fused gives %.9Lg, %s %.9Lg", t->name, oc->op, i,
-			       tload(t, outs[0], i), modes[m], tload(t, outs[m], i));
-	for (int m = 0; m < 3; m++)
+			       "%s '%s' element %zu: compiled gives %.9Lg, %s %.9Lg", t->name, oc->op, i,
+			       tload(t, outs[0], i), op_names[m], tload(t, outs[m], i));
+	for (int m = 0; m < 4; m++)
 		free(outs[m]);
 	free(in);
 }

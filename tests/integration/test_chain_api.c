@@ -278,7 +278,14 @@ TEST(chain_cli_run_stats_and_bench)
 	expect_cli(&d, "run w 'sin | | cos'", 2, "op 2 of the chain is empty");
 	expect_cli(&d, "run w 'add one'", 2, "'one' is not a number");
 	expect_cli(&d, "run w 'sin | tanh 2'", 1, "op 2 'tanh' takes 0 arguments");
+	expect_cli(&d, "run 'v = w * 2 + v'", 0, "run v = w * 2 + v: 4096 elements x1, fused");
+	expect_cli(&d, "run 'v = w * 2 + v' --kernel interpreted", 0, "interpreted kernel");
+	expect_cli(&d, "reduce 'sum(abs(w - v))'", 0, "sum(abs(w - v)) = ");
+	expect_cli(&d, "reduce 'argmax(w)' --count 1", 0, "argmax(w) = 0 (i64 over 1 elements");
+	expect_cli(&d, "run 'v = w * q'", 1, "expression column 9: buffer 'q' not found");
+	expect_cli(&d, "run 'v w'", 2, "neither an expression");
 	expect_cli(&d, "stats", 0, "INSTANTIATED");
+	expect_cli(&d, "stats", 0, "COMPILED");
 	expect_cli(&d, "--json stats", 0, "\"graph_instantiations\"");
 	expect_cli(&d, "bench chain --bytes 256K --repeat 3", 0, "(c) plans");
 	gpuq_close(c);
@@ -303,6 +310,18 @@ TEST(chain_bench_job_reports_every_part)
 	CHECK(reply_f64(r, "job.result.bandwidth.fused_gbps") > 0);
 	CHECK(reply_f64(r, "job.result.cache.graph.instantiate_us") > 0);
 	CHECK_EQ(reply_u64(r, "job.result.cache.cached_rerun_instantiations"), 0);
+	CHECK(reply_f64(r, "job.result.bandwidth.compiled_gbps") > 0);
+	CHECK(reply_f64(r, "job.result.expressions.axpy_gbps") > 0);
+	CHECK(reply_f64(r, "job.result.expressions.sum_of_read") > 0);
+	CHECK(reply_f64(r, "job.result.expressions.norm2") > 0);
+	const msgpack_object *same = reply_path(r, "job.result.bandwidth.compiled_same_bits");
+	CHECK(same && same->type == MSGPACK_OBJECT_BOOLEAN && same->via.boolean);
+	same = reply_path(r, "job.result.expressions.sum_same_bits");
+	CHECK(same && same->type == MSGPACK_OBJECT_BOOLEAN && same->via.boolean);
+	const msgpack_object *compiled = reply_path(r, "job.result.compile.compiled");
+	CHECK(compiled && compiled->type == MSGPACK_OBJECT_BOOLEAN);
+	if (compiled->via.boolean) /* the compile costs were measured: NVRTC, then disk, then memory */
+		CHECK(reply_f64(r, "job.result.compile.nvrtc_ms") > reply_f64(r, "job.result.compile.memory_ms"));
 	const msgpack_object *launch = reply_path(r, "job.result.launch");
 	CHECK(launch && launch->type == MSGPACK_OBJECT_ARRAY && launch->via.array.size == 3);
 	gpuq_reply_free(r);

@@ -294,6 +294,45 @@ TEST(sched_urgent_jobs_go_first)
 	daemon_stop(&d);
 }
 
+static uint64_t start_run_expr(struct gpuq_client *c, const char *text)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "run");
+	mp_put_str(&req, "expr", text);
+	return submit(c, &req, NULL, 0);
+}
+
+TEST(sched_a_device_runs_one_chain_at_a_time_and_other_jobs_pass)
+{
+	if (test_backend_is_cuda())
+		SKIP("a GPU runs a chain faster than a second one can be seen waiting");
+	slow_engines("compute:300000");
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc_typed(c, "x", 0, "f32", 1024);
+	do_alloc_typed(c, "y", 0, "f32", 1024);
+	do_alloc(c, "z", 0, 4096);
+	uint64_t first = start_run_expr(c, "x = x + 1");
+	uint64_t second = start_run_expr(c, "y = y * 2");
+	uint64_t put = start_put_memfd(c, "z", 4096, 3, NULL); /* no chain: it passes both */
+	wait_ok(c, put, "the put");
+	struct gpuq_reply *r = job_call_id(c, "status", second, 0);
+	char state[16], reason[32];
+	reply_str(r, "job.state", state, sizeof state);
+	reply_str(r, "job.waiting_reason", reason, sizeof reason);
+	CHECK_STR(state, "queued");
+	CHECK_STR(reason, "chain");
+	CHECK(reply_u64(r, "job.waiting_job") == first);
+	gpuq_reply_free(r);
+	state_of(c, first, state, sizeof state);
+	CHECK_STR(state, "running");
+	wait_ok(c, first, "the first chain");
+	wait_ok(c, second, "the second chain");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(sched_quota_caps_the_priority_a_user_may_ask_for)
 {
 	if (geteuid() != 0)

@@ -9,6 +9,8 @@
 #include "tests/harness.h"
 #include "workers/chain.h"
 
+static char bufs[4][64] __attribute__((aligned(16)));
+
 TEST(chain_op_table)
 {
 	CHECK_EQ(chain_op_find("sin", 3), KERNELS_CHAIN_SIN);
@@ -30,8 +32,15 @@ TEST(chain_op_table)
 
 TEST(chain_kernels_and_bytes)
 {
-	struct chain_spec s = { .dtype = GPUQ_DTYPE_F16, .mode = CHAIN_GRAPH, .nops = 5,
-				.repeat = 3, .count = 100 };
+	static struct chain_spec s;
+	struct kernels_chain_op ops[5] = { { KERNELS_CHAIN_SIN, 0, 0 } };
+	for (int i = 1; i < 5; i++)
+		ops[i] = ops[0];
+	chain_spec_from_ops(&s, ops, 5, GPUQ_DTYPE_F16, bufs[0], bufs[0]);
+	s.mode = CHAIN_GRAPH;
+	s.repeat = 3;
+	s.count = 100;
+	CHECK(s.has_ops);
 	CHECK_EQ(chain_kernels(&s), 15);
 	CHECK_EQ(chain_bytes(&s), 15 * 2 * 100 * 2);
 	s.mode = CHAIN_FUSED;
@@ -74,22 +83,18 @@ static void fake_destroy(struct device *dev, void *plan)
 	fake_live--;
 }
 
-static const struct chain_plan_ops fake_ops = { fake_build, fake_retarget, fake_destroy };
-
-static char bufs[4][64] __attribute__((aligned(16)));
+static const struct chain_plan_ops fake_ops = {
+	.build = fake_build, .retarget = fake_retarget, .destroy = fake_destroy,
+};
 
 static void spec_of(struct chain_spec *s, double c, int in, int out)
 {
+	struct kernels_chain_op op = { KERNELS_CHAIN_ADD, c, 0 };
 	memset(s, 0, sizeof *s);
-	s->dtype = GPUQ_DTYPE_F32;
+	chain_spec_from_ops(s, &op, 1, GPUQ_DTYPE_F32, bufs[in], bufs[out]);
 	s->mode = CHAIN_GRAPH;
-	s->nops = 1;
-	s->ops[0].kind = KERNELS_CHAIN_ADD;
-	s->ops[0].a = c;
 	s->repeat = 1;
 	s->count = 16;
-	s->in = bufs[in];
-	s->out = bufs[out];
 }
 
 static enum chain_cache_outcome get(struct device *dev, struct chain_state *cs, double c, int in,
