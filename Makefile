@@ -49,7 +49,7 @@ PROTOCOL_SRC := $(sort $(wildcard protocol/*.c))
 DAEMON_SRC := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c)))
 WORKERS_SRC := $(sort $(wildcard workers/*.c))
 KERNELS_SRC := $(sort $(wildcard kernels/*.cu))
-LIBGPUQ_SRC := client/libgpuq.c client/libgpuq_collective.c
+LIBGPUQ_SRC := client/libgpuq.c client/libgpuq_collective.c client/libgpuq_share.c client/libgpuq_cuda.c
 CLI_SRC := $(filter-out $(LIBGPUQ_SRC),$(sort $(wildcard client/*.c)))
 UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
 ITEST_SRC := $(sort $(wildcard tests/integration/*.c))
@@ -92,7 +92,7 @@ $(BUILD)/include/gpuq.h: client/gpuq.h protocol/msg.h protocol/protocol.h
 	cp protocol/msg.h protocol/protocol.h $(BUILD)/include/protocol/
 
 $(BUILD)/gpuq: $(call obj,$(CLI_SRC)) $(BUILD)/libgpuq.a
-	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -pthread
+	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -ldl -pthread
 
 $(BUILD)/tests/unit: $(call obj,$(UNIT_SRC) tests/harness.c) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -100,7 +100,7 @@ $(BUILD)/tests/unit: $(call obj,$(UNIT_SRC) tests/harness.c) $(CORE_OBJ)
 
 $(BUILD)/tests/itest: $(call obj,$(ITEST_SRC) tests/harness.c workers/host_patterns.c) $(BUILD)/libgpuq.a
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -pthread
+	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -ldl -pthread
 
 # Kernels against their host definitions, on the GPU (run by gpu-check), and the
 # chain kernels compiled with NVRTC as gpuqd compiles and loads them.

@@ -31,11 +31,20 @@
 
 struct gpuq_client;
 
+#define GPUQ_REPLY_MAX_FDS 4
+
 struct gpuq_reply {
 	struct msg msg;            /* the decoded frame */
 	const msgpack_object *root; /* its map */
 	uint64_t id;
 	bool ok;
+	/*
+	 * Descriptors that came with the reply (its `fds` key: an attach's
+	 * buffer handle, a region_open's memfd), in arrival order; -1 once taken
+	 * (gpuq_reply_take_fd). gpuq_reply_free closes those not taken.
+	 */
+	int fds[GPUQ_REPLY_MAX_FDS];
+	int nfds;
 };
 
 /*
@@ -96,7 +105,78 @@ bool gpuq_reply_ok(const struct gpuq_reply *r);
 void gpuq_reply_error(const struct gpuq_reply *r, struct gpuq_error *err);
 /* The value under key in the reply's root map, or NULL; msg_get_* on r->root check types. */
 const msgpack_object *gpuq_reply_get(const struct gpuq_reply *r, const char *key);
+/* The reply's i-th descriptor, now the caller's to close; -1 if there is none (or it was taken). */
+int gpuq_reply_take_fd(struct gpuq_reply *r, int i);
 void gpuq_reply_free(struct gpuq_reply *r);
+
+/*
+ * Host regions (docs/protocol.md, region_create): host memory that gpuqd
+ * maps and pins once, which this process maps too and reads and writes
+ * directly; `put`/`get` with `region` ("NAME[OFFSET:LENGTH]") move bytes
+ * between it and a buffer with one DMA.
+ *
+ *     struct gpuq_region r;
+ *     gpuq_region_create(c, "in", 64 << 20, 0, false, &r, &err);
+ *     memcpy(r.ptr, data, n);          then put with "region": "in[0:N]"
+ *     gpuq_region_unmap(&r);           gpuq_region_free(c, "in", &err);
+ *
+ * create makes a memfd of bytes (a multiple of the page size), seals it
+ * against shrinking, maps it here and hands it to gpuqd on `device` (whose
+ * NUMA node its pages are asked for), waiting until it is pinned; with
+ * ephemeral the region goes when this connection closes. open maps an
+ * existing region of the caller's (gpuqd sends its memfd). unmap undoes this
+ * process's mapping only; free asks gpuqd to let the region go (after the
+ * jobs that use it). 0, or -1 with err (the daemon's refusal, or why here).
+ */
+struct gpuq_region {
+	char name[65];
+	void *ptr;      /* this process's mapping of the region */
+	uint64_t bytes;
+	int fd;         /* the memfd */
+};
+
+int gpuq_region_create(struct gpuq_client *c, const char *name, uint64_t bytes, int device,
+		       bool ephemeral, struct gpuq_region *out, struct gpuq_error *err);
+int gpuq_region_open(struct gpuq_client *c, const char *name, struct gpuq_region *out,
+		     struct gpuq_error *err);
+void gpuq_region_unmap(struct gpuq_region *r);
+int gpuq_region_free(struct gpuq_client *c, const char *name, struct gpuq_error *err);
+
+/*
+ * Attaching a shareable buffer (docs/protocol.md, attach): gpuqd answers,
+ * once earlier jobs on the buffer are done, with a descriptor that opens
+ * that buffer's device memory alone; libgpuq imports it into this process's
+ * CUDA context (the primary context of the GPU the daemon's device is,
+ * found by UUID; libcuda.so.1 is opened with dlopen, so programs that never
+ * attach need no CUDA) and maps it: ptr is a device pointer this process's
+ * kernels, cudaMemcpy, CuPy or PyTorch may use. The host backend's stand-in
+ * maps the memfd the buffer lives in (host is true, ptr host memory).
+ *
+ * The attachment holds a lease: read-write, daemon jobs on the buffer wait
+ * until it is released; read (read_write false), jobs that only read it go
+ * on, and the mapping is read-only. Release after this process's own work
+ * on the buffer is complete (cudaStreamSynchronize): release unmaps here,
+ * then tells gpuqd. A lease also ends when the connection closes, or when
+ * root or the admin group breaks it (an event frame `lease_broken` says so).
+ */
+struct gpuq_attachment {
+	void *ptr;          /* device pointer (CUdeviceptr), or host memory with host */
+	uint64_t bytes;
+	enum gpuq_dtype dtype;
+	uint64_t count;
+	uint64_t lease;     /* the lease's id (leases lists it) */
+	bool read_write;
+	bool host;          /* the host backend: ptr is host memory */
+	int cuda_device;    /* the CUDA device ordinal in this process (-1 with host) */
+	double import_s;    /* the import and mapping alone, after gpuqd answered */
+	/* libgpuq's own */
+	uint64_t map_bytes;
+	unsigned long long handle;
+};
+
+int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
+		       struct gpuq_attachment *out, struct gpuq_error *err);
+int gpuq_buffer_release(struct gpuq_client *c, struct gpuq_attachment *a, struct gpuq_error *err);
 
 /*
  * Collectives (docs/protocol.md): one primitive's fields, for a request of

@@ -40,6 +40,8 @@ static const struct msg_limits reply_limits = {
 #define RECV_CHUNK (64u << 10)
 /* Far more than a request may carry, so tests can send too many on purpose. */
 #define MAX_SEND_FDS 16
+/* Descriptors held between their arrival and their reply's decoding. */
+#define RECV_MAX_FDS 16
 
 /* A reply with the bytes it was decoded from and its pending-list link. */
 struct reply_box {
@@ -63,6 +65,9 @@ struct gpuq_client {
 	/* Once the stream is out of step every call fails with this error. */
 	bool broken;
 	struct gpuq_error broken_err;
+	/* Descriptors received and not yet claimed by the reply frame they came with. */
+	int rfds[RECV_MAX_FDS];
+	int nrfds;
 };
 
 static pthread_once_t default_socket_once = PTHREAD_ONCE_INIT;
@@ -158,6 +163,8 @@ void gpuq_close(struct gpuq_client *c)
 		next = b->next;
 		gpuq_reply_free(&b->pub);
 	}
+	for (int i = 0; i < c->nrfds; i++)
+		close(c->rfds[i]);
 	frame_reader_free(&c->rd);
 	close(c->fd);
 	free(c);
@@ -369,6 +376,63 @@ static int wait_readable(struct gpuq_client *c, int64_t deadline, struct gpuq_er
 	}
 }
 
+/*
+ * recv that keeps the descriptors a reply brings (SCM_RIGHTS, with its
+ * frame's first byte), in arrival order, for the reply to claim when it is
+ * decoded. Descriptors beyond what the client holds are closed: the reply
+ * that claims them then finds fewer than it says.
+ */
+static ssize_t recv_with_fds(struct gpuq_client *c, void *space, size_t len)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * GPUQ_REPLY_MAX_FDS)];
+		struct cmsghdr align;
+	} control;
+	struct iovec iov = { space, len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+			     .msg_controllen = sizeof control.buf };
+	ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+	if (n < 0)
+		return n;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		int fds[GPUQ_REPLY_MAX_FDS];
+		memcpy(fds, CMSG_DATA(cm), k * sizeof(int));
+		for (size_t i = 0; i < k; i++) {
+			if (c->nrfds < RECV_MAX_FDS)
+				c->rfds[c->nrfds++] = fds[i];
+			else
+				close(fds[i]);
+		}
+	}
+	return n;
+}
+
+/* A decoded reply claims the descriptors its `fds` key says came with it. */
+static int claim_fds(struct gpuq_client *c, struct reply_box *b, struct gpuq_error *err)
+{
+	uint64_t want = 0;
+	struct gpuq_error ignored;
+
+	for (int i = 0; i < GPUQ_REPLY_MAX_FDS; i++)
+		b->pub.fds[i] = -1;
+	if (msg_get_u64(b->pub.root, "fds", &want, &ignored) != 1 || want == 0)
+		return 0;
+	if (want > GPUQ_REPLY_MAX_FDS || want > (uint64_t)c->nrfds) {
+		gpuq_fail(err, GPUQ_E_IO,
+			  "gpuqd at %s sent a reply with %llu descriptors but %d arrived with it",
+			  c->path, (unsigned long long)want, c->nrfds);
+		return client_break(c, err);
+	}
+	b->pub.nfds = (int)want;
+	memcpy(b->pub.fds, c->rfds, sizeof(int) * (size_t)want);
+	memmove(c->rfds, c->rfds + want, sizeof(int) * (size_t)(c->nrfds - (int)want));
+	c->nrfds -= (int)want;
+	return 0;
+}
+
 /* Reads from the socket into the frame reader; 0, or -1 with err. */
 static int read_some(struct gpuq_client *c, int64_t deadline, struct gpuq_error *err)
 {
@@ -382,7 +446,7 @@ static int read_some(struct gpuq_client *c, int64_t deadline, struct gpuq_error 
 		return gpuq_fail(err, GPUQ_E_IO, "reading from gpuqd at %s: %s", c->path,
 				 strerror(ENOMEM));
 	do
-		n = recv(c->fd, space, RECV_CHUNK, 0);
+		n = recv_with_fds(c, space, RECV_CHUNK);
 	while (n < 0 && errno == EINTR);
 	if (n > 0) {
 		frame_reader_commit(&c->rd, (size_t)n);
@@ -426,6 +490,10 @@ static int decode_reply(struct gpuq_client *c, const uint8_t *payload, size_t le
 		b->pub.id = 0;
 	if (msg_get_bool(b->pub.root, "ok", &b->pub.ok, &derr) != 1)
 		b->pub.ok = false;
+	if (claim_fds(c, b, err) < 0) {
+		gpuq_reply_free(&b->pub);
+		return -1;
+	}
 	*out = b;
 	return 0;
 }
@@ -568,12 +636,26 @@ const msgpack_object *gpuq_reply_get(const struct gpuq_reply *r, const char *key
 	return msg_map_get(r->root, key);
 }
 
+int gpuq_reply_take_fd(struct gpuq_reply *r, int i)
+{
+	int fd;
+
+	if (!r || i < 0 || i >= r->nfds)
+		return -1;
+	fd = r->fds[i];
+	r->fds[i] = -1;
+	return fd;
+}
+
 void gpuq_reply_free(struct gpuq_reply *r)
 {
 	struct reply_box *b = (struct reply_box *)r;
 
 	if (!b)
 		return;
+	for (int i = 0; i < b->pub.nfds; i++)
+		if (b->pub.fds[i] >= 0)
+			close(b->pub.fds[i]);
 	msg_free(&b->pub.msg);
 	free(b->bytes);
 	free(b);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *buffer_state_name(enum buffer_state state)
 {
@@ -219,6 +220,7 @@ struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, 
 	b->count = count;
 	b->bytes = bytes;
 	b->state = BUFFER_ALLOCATING;
+	b->share_fd = -1;
 	b->created = monotonic_seconds();
 	b->next = t->head;
 	t->head = b;
@@ -233,6 +235,9 @@ void buffer_remove(struct buffer_table *t, struct buffer *b)
 			*link = b->next;
 			t->count--;
 			b->removed = true;
+			if (b->share_fd >= 0)
+				close(b->share_fd); /* clients that attached keep their own handles */
+			b->share_fd = -1;
 			if (b->users == 0)
 				free(b);
 			return;

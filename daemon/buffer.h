@@ -30,6 +30,15 @@ struct buffer {
 	unsigned users; /* jobs queued or running on it */
 	bool removed;   /* freed and out of the registry; the struct goes with its last user */
 	uint64_t last_job; /* the latest job that used it, for `busy` messages */
+	/*
+	 * A shareable buffer (alloc shareable: true) is an allocation of its
+	 * own that clients may attach; share_fd is the descriptor that opens
+	 * it (and nothing else), sent to each client that attaches; closed
+	 * when the buffer leaves the registry. -1 for a pool buffer.
+	 */
+	bool shareable;
+	int share_fd;
+	unsigned leases; /* leases held or waiting on it (daemon/lease.h) */
 	struct buffer *next;
 };
 

@@ -10,6 +10,8 @@
 
 #include "daemon/buffer.h"
 #include "daemon/job.h"
+#include "daemon/lease.h"
+#include "daemon/region.h"
 #include "daemon/options.h"
 #include "daemon/server.h"
 #include "daemon/service.h"
@@ -24,6 +26,8 @@ struct daemon {
 	struct worker_pool pool;
 	struct job_table jobs;
 	struct buffer_table buffers;
+	struct region_table regions; /* host regions (daemon/region.h) */
+	struct lease_table leases;   /* clients' leases on shareable buffers (daemon/lease.h) */
 	struct server server;
 	double started;
 	double last_dispatch; /* when the latest job went to a worker (run_loop's spin) */
@@ -49,6 +53,9 @@ typedef void (*request_handler)(struct request *req);
 
 /* reply.c: answers req. reply_ok adds id and ok to body and sends it. */
 void reply_ok(struct request *req, struct mp_map *body);
+/* reply_ok with descriptor fd attached (SCM_RIGHTS, with the frame's first byte); fd stays the caller's. */
+void reply_ok_fd(struct request *req, struct mp_map *body, int fd);
+void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd);
 void reply_error(struct request *req, const struct gpuq_error *err);
 void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err);
 void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body);
@@ -94,6 +101,44 @@ void op_run(struct request *req);
 void op_stats(struct request *req);
 void op_bench_chain(struct request *req);
 /*
+ * op_region.c: host regions (region_create, region_free, regions,
+ * region_open) and put/get through one (`region` instead of a descriptor).
+ */
+void op_region_create(struct request *req);
+void op_region_free(struct request *req);
+void op_regions(struct request *req);
+void op_region_open(struct request *req);
+/*
+ * The put/get side of a region: the `region` field ("NAME[OFFSET:LENGTH]")
+ * resolved and checked against the transfer. put: the region's range is the
+ * source and decides *length unless the buffer's range gives one (both
+ * given: they must agree); get: *length is the buffer range's and the
+ * region's range must hold it. 1 with *span, 0 when the request names no
+ * region, -1 with err. region_transfer_hold then holds the region for the
+ * job (whose work.length is set) and aims its work at the range.
+ */
+struct region_span {
+	struct region *region;
+	uint64_t offset;
+};
+int region_transfer_read(struct request *req, bool put, uint64_t *length,
+			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err);
+void region_transfer_hold(struct job *job, const struct region_span *span, bool put);
+/* A job lets go of its region (job_release), freeing an orphaned ephemeral one when idle. */
+void region_job_release(struct daemon *d, struct job *job);
+/*
+ * op_lease.c: attach (a lease on a shareable buffer, the buffer's handle
+ * sent with the reply), release, leases, lease_break.
+ */
+void op_attach(struct request *req);
+void op_release(struct request *req);
+void op_leases(struct request *req);
+void op_lease_break(struct request *req);
+/* A connection closed: the leases it holds (or waits for) end. */
+void leases_drop_conn(struct daemon *d, struct conn *c);
+/* Device index was reset: the leases on its buffers end (their holders are told). */
+void leases_drop_device(struct daemon *d, int device);
+/*
  * op_collective.c: every collective op (allreduce ... all_to_all, group,
  * bench_allreduce, bench_collective): NCCL's primitives, one part per
  * device queued in one step; the request's `op` says which.
@@ -124,6 +169,9 @@ void job_attach_buffer(struct job *job, struct buffer *b);
 /* Tells the scheduler w touches [offset, offset + length) of b, reading or writing. */
 void work_add_access(struct work *w, const struct buffer *b, uint64_t offset, uint64_t length,
 		     bool write);
+/* The same for any memory the scheduler orders by (a region's mapping): base is its identity. */
+void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t length,
+		    bool write);
 /* Narrows what job_attach_buffer said: the range and whether it writes. */
 void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write);
 /*
@@ -140,6 +188,8 @@ int read_bench_sizes(struct request *req, uint64_t *sizes, unsigned max, unsigne
 struct bench_row;
 /* op_bench_copy.c: a copy benchmark's rows, as bench_copy and bench_d2d reply them. */
 void bench_rows_render(const struct bench_row *rows, unsigned n, struct mp_map *out);
+/* The `device` field: absent means 0; not_found unless it names one of this daemon's devices. */
+int read_device(struct request *req, int *device, struct gpuq_error *err);
 /* Whose namespace buffer names are resolved in: the caller's, or for root, `owner`. */
 int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
 /* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */

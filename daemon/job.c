@@ -56,6 +56,7 @@ struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t o
 	job->work.weight = 1;
 	job->submitted = monotonic_seconds();
 	job->work.fd = -1;
+	job->reply_fd = -1;
 	job->work.device = -1;
 	job->work.gang_size = 1;
 	job->work.owner = job;
@@ -301,6 +302,14 @@ static void waiting_text(const struct job *job, const struct work *w, enum sched
 		return;
 	case SCHED_WAIT_PEERS:
 		snprintf(out, size, "waiting for its parts on other devices");
+		return;
+	case SCHED_WAIT_LEASE:
+		snprintf(out, size, "behind lease %llu on %s%s: a client has it attached (gpuq leases)",
+			 (unsigned long long)behind, job->buffer_label[0] ? "buffer " : "one of its buffers",
+			 job->buffer_label);
+		return;
+	case SCHED_WAIT_REGION:
+		snprintf(out, size, "waiting for the jobs that use the region to finish");
 		return;
 	case SCHED_NOT_WAITING:
 	case SCHED_WAIT_COUNT:

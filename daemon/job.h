@@ -22,6 +22,8 @@
 struct conn;
 struct daemon;
 struct job;
+struct lease;
+struct region;
 
 struct waiter {
 	struct job *job;
@@ -54,6 +56,25 @@ struct job {
 	struct buffer *buffer; /* held (users++) until the job finishes */
 	/* copy's destination (and run's --out), held like `buffer`; released (and cleared) when the job ends */
 	struct buffer *buffer2;
+	/*
+	 * The region a put/get moves bytes through (held: users++, until the
+	 * job ends), or the region a region_create/region_free makes or
+	 * frees (not held: region_free waits for the holders).
+	 */
+	struct region *region;
+	bool region_held;
+	/* attach: the lease it asks for (daemon/lease.h), until its finish hook grants it. */
+	struct lease *lease;
+	/* The job replies only when it has finished, whatever the request's `wait` (attach). */
+	bool must_wait;
+	/*
+	 * A descriptor the reply to one waiter carries (attach: the buffer's
+	 * handle, to the request that asked): reply_conn's request reply_id.
+	 * Not ours; -1 once sent or when none.
+	 */
+	int reply_fd;
+	struct conn *reply_conn;
+	uint64_t reply_id;
 	char buffer_label[BUFFER_NAME_MAX + 16]; /* "w0@1", kept after the buffer goes */
 	/* The buffer as it was when attached, for records rendered after it is gone. */
 	struct {

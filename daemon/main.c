@@ -159,6 +159,8 @@ static void daemon_free(struct daemon *d)
 		copy_pool_stop(copy_pool);
 	while (d->buffers.head)
 		buffer_remove(&d->buffers, d->buffers.head);
+	while (d->regions.head) /* their mappings go with the process */
+		region_remove(&d->regions, d->regions.head);
 	job_table_destroy(&d->jobs);
 	int rc = uv_loop_close(d->loop);
 	if (rc < 0)

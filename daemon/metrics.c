@@ -27,7 +27,7 @@ static const double latency_bounds[METRICS_LATENCY_BUCKETS] = {
 };
 
 static const char *const quota_limits[METRICS_QUOTA_LIMITS] = { "device-memory", "queued-jobs", "devices",
-									"max-priority" };
+									"max-priority", "host-pinned" };
 
 static int latency_bucket(double seconds)
 {

@@ -14,7 +14,7 @@
 #include "protocol/protocol.h"
 
 /* The quota limits refusals are counted by: device-memory, queued-jobs, devices, max-priority. */
-#define METRICS_QUOTA_LIMITS 4
+#define METRICS_QUOTA_LIMITS 5
 
 struct daemon;
 
@@ -43,7 +43,7 @@ struct metrics {
 	int nops;
 	struct metrics_path paths[METRICS_MAX_PATHS];
 	int npaths;
-	uint64_t quota_refusals[METRICS_QUOTA_LIMITS]; /* device-memory, queued-jobs, devices, max-priority */
+	uint64_t quota_refusals[METRICS_QUOTA_LIMITS]; /* device-memory, queued-jobs, devices, max-priority, host-pinned */
 	uint64_t deadline_cancels;
 	uint64_t reloads_ok, reloads_failed;
 	uint64_t textfile_errors;

@@ -30,6 +30,7 @@ void device_on_reset(int index, void *arg)
 	struct daemon *d = arg;
 	struct worker_snapshot s;
 	worker_snapshot(&d->pool, index, &s);
+	leases_drop_device(d, index); /* before the buffers lose their memory */
 	unsigned lost = buffer_mark_lost(&d->buffers, index);
 	if (s.healthy)
 		log_warn("gpu %d was reset after %s in %.3f s (reset %u); %u buffers there are lost",

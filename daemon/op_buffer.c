@@ -50,6 +50,7 @@ static void render_alloc(const struct job *job, struct mp_map *out)
 	mp_put_str(out, "dtype", gpuq_dtype_name(job->brief.dtype));
 	mp_put_u64(out, "count", job->brief.count);
 	mp_put_u64(out, "bytes", job->brief.bytes);
+	mp_put_bool(out, "shareable", job->work.shareable);
 }
 
 static void finish_alloc(struct daemon *d, struct job *job)
@@ -57,6 +58,7 @@ static void finish_alloc(struct daemon *d, struct job *job)
 	struct buffer *b = job->buffer;
 	if (job->work.error.code == GPUQ_OK) {
 		b->dptr = job->work.dptr;
+		b->share_fd = job->work.result.share_fd;
 		b->state = BUFFER_READY;
 		return;
 	}
@@ -117,9 +119,15 @@ void job_attach_buffer(struct job *job, struct buffer *b)
 void work_add_access(struct work *w, const struct buffer *b, uint64_t offset, uint64_t length,
 		     bool write)
 {
-	if (!b->dptr || w->naccess == WORK_MAX_ACCESS)
+	work_add_range(w, b->dptr, offset, length, write);
+}
+
+void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t length,
+		    bool write)
+{
+	if (!base || w->naccess == WORK_MAX_ACCESS)
 		return; /* a buffer being allocated has no memory yet: nothing to order against */
-	w->access[w->naccess++] = (struct work_access){ b->dptr, offset, length, write };
+	w->access[w->naccess++] = (struct work_access){ base, offset, length, write };
 }
 
 void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write)
@@ -132,7 +140,7 @@ void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool w
 }
 
 /* The `device` field: absent means 0; it must name one of this daemon's devices. */
-static int read_device(struct request *req, int *device, struct gpuq_error *err)
+int read_device(struct request *req, int *device, struct gpuq_error *err)
 {
 	uint64_t d = 0;
 	if (msg_get_u64(req->map, "device", &d, err) < 0)
@@ -342,12 +350,14 @@ void op_alloc(struct request *req)
 	int device = 0;
 	enum gpuq_dtype dtype;
 	uint64_t count = 0, bytes = 0, wait_memory_ms = 0;
+	bool shareable = false;
 	int rc = msg_get_str(req->map, "name", name, sizeof name, &err);
 	if (rc == 0)
 		rc = gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "field 'name' is required");
 	if (rc < 0 || buffer_name_check(name, &err) < 0 || read_device(req, &device, &err) < 0 ||
 	    read_shape(req, &dtype, &count, &bytes, &err) < 0 ||
-	    read_wait_memory(req, &wait_memory_ms, &err) < 0) {
+	    read_wait_memory(req, &wait_memory_ms, &err) < 0 ||
+	    msg_get_bool(req->map, "shareable", &shareable, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
@@ -375,7 +385,9 @@ void op_alloc(struct request *req)
 		return;
 	}
 	job_attach_buffer(job, b);
+	b->shareable = shareable;
 	job->work.length = bytes;
+	job->work.shareable = shareable;
 	job->work.wait_memory_ms = wait_memory_ms;
 	job_submit(req, job);
 }

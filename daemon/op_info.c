@@ -63,6 +63,9 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	mp_put_u64(&m, "mem_total", s.info.mem_total);
 	mp_put_u64(&m, "mem_free", s.info.mem_free);
 	mp_put_u64(&m, "mem_used", buffer_bytes_on(&d->buffers, index));
+	unsigned regions;
+	mp_put_u64(&m, "region_bytes", region_bytes_on(&d->regions, index, &regions));
+	mp_put_u64(&m, "regions", regions);
 	mp_put_bool(&m, "healthy", s.healthy);
 	mp_put_str(&m, "health", s.health);
 	struct mp_array peers;
@@ -113,6 +116,8 @@ static void render_buffer(const struct buffer *b, double now, struct mp_array *o
 	mp_put_str(&m, "dtype", gpuq_dtype_name(b->dtype));
 	mp_put_u64(&m, "count", b->count);
 	mp_put_u64(&m, "bytes", b->bytes);
+	mp_put_bool(&m, "shareable", b->shareable);
+	mp_put_u64(&m, "leases", b->leases);
 	mp_put_u64(&m, "owner", (uint64_t)b->owner);
 	mp_put_f64(&m, "age_s", now - b->created);
 	mp_put_str(&m, "state", buffer_state_name(b->state));

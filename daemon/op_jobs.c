@@ -43,7 +43,10 @@ void waiters_drop_conn(struct conn *c)
 		waiter_unlink(c->waiters);
 }
 
-/* The reply a finished job gives: its record, and its error if it did not succeed. */
+/*
+ * The reply a finished job gives: its record, and its error if it did not
+ * succeed. The request the job's descriptor is for (attach) gets it too.
+ */
 static void reply_outcome(struct conn *c, uint64_t id, const struct job *job)
 {
 	struct mp_map body, record;
@@ -52,9 +55,12 @@ static void reply_outcome(struct conn *c, uint64_t id, const struct job *job)
 	job_render(job, true, &record);
 	mp_put_map(&body, "job", &record);
 	bool ok = job->state == GPUQ_JOB_DONE;
+	bool fd = ok && job->reply_fd >= 0 && c == job->reply_conn && id == job->reply_id;
 	if (!ok)
 		error_render(&job->error, &body);
-	reply_to(c, id, ok, &body);
+	if (fd)
+		mp_put_u64(&body, "fds", 1);
+	reply_to_fd(c, id, ok, &body, fd ? job->reply_fd : -1);
 }
 
 static void reply_record(struct request *req, const struct job *job, int cancel_requested)
@@ -127,6 +133,7 @@ static void job_release(struct daemon *d, struct job *job)
 	}
 	if (job->kind->finish) /* while the job still holds its buffer (free and alloc's may remove it) */
 		job->kind->finish(d, job);
+	region_job_release(d, job);
 	if (job->buffer) {
 		buffer_unhold(job->buffer);
 		job->buffer = NULL; /* the record keeps job->brief */
@@ -193,6 +200,7 @@ void job_submit(struct request *req, struct job *job)
 	uint64_t timeout_ms;
 	int priority = GPUQ_PRIORITY_NORMAL;
 	int rc = read_wait_options(req, &wait, &timeout_ms, &err);
+	wait = wait || job->must_wait;
 	if (rc == 0)
 		rc = read_priority(req, &priority, &err);
 	if (rc == 0)
@@ -270,6 +278,7 @@ static void job_complete(struct daemon *d, struct job *job)
 		reply_outcome(w->conn, w->request_id, job);
 		waiter_unlink(w);
 	}
+	job->reply_fd = -1; /* sent (or its request gave up): a later `wait` gets the record alone */
 }
 
 void job_finish_now(struct request *req, struct job *job)

@@ -112,17 +112,31 @@ static int read_copy_options(struct request *req, bool put, struct work *w,
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "path registered needs a memfd; a scratch %s has none",
 				 put ? "source" : "sink");
+	if (w->path != TRANSFER_PATH_AUTO && msg_map_get(req->map, "region"))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'path': a region is pinned already and always takes path region; "
+				 "leave path out (or auto)");
 	if (w->path == TRANSFER_PATH_REGISTERED)
 		return transfer_check_registrable(req->fds[0], put, err);
 	return 0;
 }
 
-/* `scratch`: no descriptor; otherwise exactly one, with the access it needs. */
+/*
+ * `scratch` or `region`: no descriptor; otherwise exactly one, with the
+ * access it needs.
+ */
 static int read_endpoint(struct request *req, bool put, struct work *w, struct gpuq_error *err)
 {
+	bool region = msg_map_get(req->map, "region") != NULL;
 	w->scratch = false;
 	if (msg_get_bool(req->map, "scratch", &w->scratch, err) < 0)
 		return -1;
+	if (region && (w->scratch || req->nfds != 0))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "a %s through a region takes no descriptor and no scratch (%d descriptors came)",
+				 put ? "put" : "get", req->nfds);
+	if (region)
+		return 0;
 	if (!w->scratch)
 		return read_descriptor(req, put, err);
 	if (req->nfds != 0)
@@ -137,6 +151,7 @@ static void submit_transfer(struct request *req, bool put)
 	struct gpuq_error err;
 	struct buffer_ref ref;
 	struct work opts;
+	struct region_span span = { NULL, 0 };
 	uint64_t offset = 0, length = 0;
 	bool has_length = false;
 	memset(&opts, 0, sizeof opts);
@@ -144,9 +159,11 @@ static void submit_transfer(struct request *req, bool put)
 	int rc = b ? read_endpoint(req, put, &opts, &err) : -1;
 	if (rc == 0)
 		rc = read_range(req, b, &ref, &offset, &length, &has_length, &err);
+	if (rc == 0 && (rc = region_transfer_read(req, put, &length, has_length, &span, &err)) > 0)
+		has_length = true; /* the region's range says how many bytes move */
 	if (rc == 0 && put && !has_length && !opts.scratch)
 		rc = check_source_fits(req->fds[0], b, offset, length, &err);
-	if (rc == 0)
+	if (rc >= 0)
 		rc = read_copy_options(req, put, &opts, &err);
 	if (rc < 0) {
 		reply_error(req, &err);
@@ -165,7 +182,9 @@ static void submit_transfer(struct request *req, bool put)
 	job->work.path = opts.path;
 	job->work.scratch = opts.scratch;
 	job->work.seed = opts.seed;
-	if (!opts.scratch) {
+	if (span.region)
+		region_transfer_hold(job, &span, put);
+	else if (!opts.scratch) {
 		job->work.fd = req->fds[0];
 		req->fds[0] = -1; /* the job closes it when done */
 	}

@@ -154,6 +154,12 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 			return -1;
 		}
 		r->has_memory = true;
+	} else if (strcmp(key, "host-pinned") == 0) {
+		if (gpuq_parse_size(value, &r->host_pinned) < 0) {
+			snprintf(msg, msgsize, "host-pinned takes a size such as 16G, not '%s'", value);
+			return -1;
+		}
+		r->has_pinned = true;
 	} else if (strcmp(key, "queued-jobs") == 0) {
 		unsigned long long n = strtoull(value, &end, 10);
 		if (!*value || *end || value[0] == '-' || n > UINT32_MAX) {
@@ -188,8 +194,8 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 		r->has_devices = true;
 	} else {
 		snprintf(msg, msgsize,
-			 "unknown limit '%s' in %s (limits: device-memory, queued-jobs, devices, "
-			 "max-priority, weight)", key,
+			 "unknown limit '%s' in %s (limits: device-memory, host-pinned, queued-jobs, "
+			 "devices, max-priority, weight)", key,
 			 r->label);
 		return -1;
 	}
@@ -273,7 +279,7 @@ bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner)
 	return owner == c->uid || quota_is_admin(d, c);
 }
 
-enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_PRIORITY, LIMIT_WEIGHT };
+enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_PRIORITY, LIMIT_WEIGHT, LIMIT_PINNED };
 
 static bool rule_sets(const struct quota_rule *r, enum limit which)
 {
@@ -283,6 +289,7 @@ static bool rule_sets(const struct quota_rule *r, enum limit which)
 	case LIMIT_DEVICES: return r->has_devices;
 	case LIMIT_PRIORITY: return r->has_priority;
 	case LIMIT_WEIGHT: return r->has_weight;
+	case LIMIT_PINNED: return r->has_pinned;
 	}
 	return false;
 }
@@ -442,6 +449,27 @@ int quota_check_alloc(struct daemon *d, const struct conn *c, int device, uint64
 				      size_text(rules[i]->device_memory, limit, sizeof limit), (int)c->uid,
 				      size_text(held, have, sizeof have), device,
 				      size_text(bytes, want, sizeof want));
+	return 0;
+}
+
+int quota_check_pinned(struct daemon *d, const struct conn *c, uint64_t bytes,
+		       struct gpuq_error *err)
+{
+	if (c->uid == 0 || d->svc.quotas.count == 0)
+		return 0;
+	struct client_ids ids;
+	client_ids(c, &ids);
+	const struct quota_rule *rules[MAX_GOVERNING];
+	int n = governing(&d->svc.quotas, &ids, LIMIT_PINNED, rules);
+	uint64_t held = region_bytes_of(&d->regions, c->uid);
+	char limit[32], have[32], want[32];
+	for (int i = 0; i < n; i++)
+		if (bytes > rules[i]->host_pinned || held > rules[i]->host_pinned - bytes)
+			return refuse(d, "host-pinned", err,
+				      "quota %s (%s): host-pinned %s; uid %d holds %s of regions and asks for %s more",
+				      rules[i]->label, rules[i]->where,
+				      size_text(rules[i]->host_pinned, limit, sizeof limit), (int)c->uid,
+				      size_text(held, have, sizeof have), size_text(bytes, want, sizeof want));
 	return 0;
 }
 

@@ -4,6 +4,7 @@
  * A quota rule applies to one user ([user:NAME]), to each member of one
  * group ([group:NAME]) or to everyone ([default]) and may set limits:
  * device-memory (bytes a user's buffers may hold on any one device),
+ * host-pinned (bytes a user's host regions may pin, all devices together),
  * queued-jobs (a user's jobs queued or running at once), devices (the
  * device indices a user's jobs may use) and max-priority (the most urgent
  * priority a user's jobs may ask for); and a weight, the user's share of each
@@ -40,8 +41,9 @@ struct quota_rule {
 	uint32_t id;       /* uid or gid; 0 for the default */
 	char label[96];    /* "[group:ml]", as written */
 	char where[300];   /* "/etc/gpuq/gpuqd.conf:12" */
-	bool has_memory, has_jobs, has_devices, has_priority, has_weight;
+	bool has_memory, has_jobs, has_devices, has_priority, has_weight, has_pinned;
 	uint64_t device_memory; /* bytes on any one device */
+	uint64_t host_pinned;   /* bytes of host regions (pinned host memory), all devices together */
 	uint64_t queued_jobs;   /* queued or running at once */
 	uint64_t devices;       /* bit i: device i may be used */
 	int max_priority;       /* the most urgent enum gpuq_priority a job may ask for */
@@ -117,6 +119,13 @@ double quota_weight(struct daemon *d, const struct conn *c);
  */
 int quota_check_alloc(struct daemon *d, const struct conn *c, int device, uint64_t bytes,
 		      struct gpuq_error *err);
+
+/*
+ * Before a region is pinned: the host-pinned quota (the client's regions
+ * plus bytes). 0, or -1 with permission_denied.
+ */
+int quota_check_pinned(struct daemon *d, const struct conn *c, uint64_t bytes,
+		       struct gpuq_error *err);
 
 /* A job of uid reached its worker / finished (keeps queued-jobs counts). */
 void quota_job_started(struct quota_usage *u, uid_t uid);

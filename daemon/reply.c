@@ -1,15 +1,25 @@
 /* Building and sending replies. Main thread only. */
 #include "daemon/daemon.h"
 
-void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body)
+void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd)
 {
 	msgpack_sbuffer frame;
 	mp_put_u64(body, "id", id);
 	mp_put_bool(body, "ok", ok);
 	msgpack_sbuffer_init(&frame);
 	mp_map_frame(body, &frame);
-	conn_send(c, frame.data, frame.size);
+	conn_send_fd(c, frame.data, frame.size, fd);
 	msgpack_sbuffer_destroy(&frame);
+}
+
+void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body)
+{
+	reply_to_fd(c, id, ok, body, -1);
+}
+
+void reply_ok_fd(struct request *req, struct mp_map *body, int fd)
+{
+	reply_to_fd(req->conn, req->id, true, body, fd);
 }
 
 void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err)

@@ -35,6 +35,10 @@ static const struct op_entry ops[] = {
 	{ "reduce_expr", op_reduce_expr },
 	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
 	{ "bench_sched", op_bench_sched }, { "reset_device", op_reset_device },
+	{ "region_create", op_region_create }, { "region_free", op_region_free },
+	{ "regions", op_regions },  { "region_open", op_region_open },
+	{ "attach", op_attach },    { "release", op_release },
+	{ "leases", op_leases },    { "lease_break", op_lease_break },
 #ifdef GPUQ_FAULT_INJECTION
 	{ "inject_fault", op_inject_fault }, /* tests/gpuqd-faults only */
 #endif

@@ -26,8 +26,16 @@
 struct outbuf {
 	struct outbuf *next;
 	size_t len, off;
+	int fd; /* a descriptor to pass with the frame's first byte (SCM_RIGHTS), or -1; ours to close */
 	uint8_t data[];
 };
+
+static void outbuf_free(struct outbuf *o)
+{
+	if (o->fd >= 0)
+		close(o->fd);
+	free(o);
+}
 
 static void conn_update_poll(struct conn *c);
 
@@ -46,12 +54,13 @@ static void conn_destroy(struct conn *c)
 	log_debug("connection %llu (pid %d, uid %d) closed", (unsigned long long)c->serial,
 		  (int)c->pid, (int)c->uid);
 	waiters_drop_conn(c);
+	share_conn_closed(c->server->daemon, c);
 	for (int i = 0; i < c->nfds; i++)
 		close(c->fds[i]);
 	c->nfds = 0;
 	while (c->out_head) {
 		struct outbuf *next = c->out_head->next;
-		free(c->out_head);
+		outbuf_free(c->out_head);
 		c->out_head = next;
 	}
 	frame_reader_free(&c->reader);
@@ -65,12 +74,37 @@ static void conn_destroy(struct conn *c)
 	uv_close((uv_handle_t *)&c->poll, conn_on_closed);
 }
 
+/* Sends from o, its descriptor with the first byte (the client takes it with that frame). */
+static ssize_t conn_send_some(struct conn *c, struct outbuf *o)
+{
+	if (o->fd < 0 || o->off > 0)
+		return send(c->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL);
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} control;
+	struct iovec iov = { .iov_base = o->data, .iov_len = o->len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+			     .msg_controllen = sizeof control.buf };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &o->fd, sizeof(int));
+	ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+	if (n > 0) { /* the client holds its own copy now */
+		close(o->fd);
+		o->fd = -1;
+	}
+	return n;
+}
+
 /* Writes queued output until the socket would block. */
 static void conn_flush(struct conn *c)
 {
 	while (c->out_head) {
 		struct outbuf *o = c->out_head;
-		ssize_t n = send(c->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL);
+		ssize_t n = conn_send_some(c, o);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -87,18 +121,32 @@ static void conn_flush(struct conn *c)
 			c->out_head = o->next;
 			if (!c->out_head)
 				c->out_tail = NULL;
-			free(o);
+			outbuf_free(o);
 		}
 	}
 }
 
 void conn_send(struct conn *c, const void *data, size_t len)
 {
+	conn_send_fd(c, data, len, -1);
+}
+
+void conn_send_fd(struct conn *c, const void *data, size_t len, int fd)
+{
 	if (c->closed)
 		return;
+	int copy = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+	if (fd >= 0 && copy < 0) {
+		log_error("connection %llu: cannot duplicate a descriptor for a reply (%s); dropping it",
+			  (unsigned long long)c->serial, strerror(errno));
+		conn_destroy(c);
+		return;
+	}
 	if (c->out_bytes + len > CONN_MAX_OUTPUT) {
 		log_warn("connection %llu (pid %d) leaves over %u bytes of replies unread; dropping it",
 			 (unsigned long long)c->serial, (int)c->pid, CONN_MAX_OUTPUT);
+		if (copy >= 0)
+			close(copy);
 		conn_destroy(c);
 		return;
 	}
@@ -106,9 +154,12 @@ void conn_send(struct conn *c, const void *data, size_t len)
 	if (!o) {
 		log_error("connection %llu: no memory for a %zu-byte reply; dropping it",
 			  (unsigned long long)c->serial, len);
+		if (copy >= 0)
+			close(copy);
 		conn_destroy(c);
 		return;
 	}
+	o->fd = copy;
 	o->next = NULL;
 	o->len = len;
 	o->off = 0;

@@ -79,6 +79,8 @@ void server_close_all(struct server *s);
 
 /* Queues frame bytes for the client; copies them. Drops a client over CONN_MAX_OUTPUT. */
 void conn_send(struct conn *c, const void *data, size_t len);
+/* The same with a descriptor (fd >= 0: duplicated; the caller keeps fd) passed with its first byte. */
+void conn_send_fd(struct conn *c, const void *data, size_t len, int fd);
 /* Stops reading; closes once queued output is written. */
 void conn_close_after_flush(struct conn *c);
 /* Takes n received descriptors in arrival order; -1 if fewer are pending. */
@@ -90,5 +92,7 @@ void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, si
 void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame);
 /* op_jobs.c: unlinks and frees every waiter of c. */
 void waiters_drop_conn(struct conn *c);
+/* op_region.c: c's leases end and its ephemeral regions go once idle (zero-copy sharing). */
+void share_conn_closed(struct daemon *d, struct conn *c);
 
 #endif

@@ -30,11 +30,13 @@ static void print_rule(const struct quota_rule *r)
 	printf("  %s (%s):", r->label, r->where);
 	if (r->has_memory)
 		printf(" device-memory %llu bytes", (unsigned long long)r->device_memory);
+	if (r->has_pinned)
+		printf(" host-pinned %llu bytes", (unsigned long long)r->host_pinned);
 	if (r->has_jobs)
 		printf(" queued-jobs %llu", (unsigned long long)r->queued_jobs);
 	if (r->has_devices)
 		printf(" devices %s", quota_devices_text(r->devices, devices, sizeof devices));
-	if (!r->has_memory && !r->has_jobs && !r->has_devices)
+	if (!r->has_memory && !r->has_pinned && !r->has_jobs && !r->has_devices)
 		printf(" no limits");
 	printf("\n");
 }

@@ -220,3 +220,12 @@ int gpuq_parse_size(const char *s, uint64_t *out)
 	*out = whole * mult + size_fraction(frac, nfrac, mult);
 	return 0;
 }
+
+void gpuq_format_uuid(char *out, size_t size, const unsigned char bytes[16])
+{
+	const unsigned char *b = bytes;
+	snprintf(out, size,
+		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+		 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+		 b[14], b[15]);
+}

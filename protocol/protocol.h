@@ -133,4 +133,11 @@ int gpuq_priority_from_name(const char *s, size_t len, enum gpuq_priority *out);
  */
 int gpuq_parse_size(const char *s, uint64_t *out);
 
+/*
+ * A GPU's UUID as `devices` shows it and attach names it ("GPU-" and the
+ * 16 bytes in nvidia-smi's grouping), so that a client finds the daemon's
+ * device among its own.
+ */
+void gpuq_format_uuid(char *out, size_t size, const unsigned char bytes[16]);
+
 #endif

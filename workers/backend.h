@@ -59,6 +59,9 @@ struct device_config {
 
 struct backend_ops;
 struct copy_pool;
+/* host_register's flags. */
+#define BACKEND_REGISTER_READ_ONLY 1u
+#define BACKEND_REGISTER_PORTABLE 2u
 /*
  * Device-to-device copies (workers/copy.c). How a device reaches
  * another's memory, as open finds it: the kind of link where the driver can
@@ -167,6 +170,15 @@ struct backend_ops {
 	/* Device memory: GPUQ_E_OUT_OF_MEMORY when it cannot be had. */
 	int (*alloc)(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err);
 	int (*release)(struct device *dev, void *ptr, struct gpuq_error *err);
+	/*
+	 * Device memory that client processes may map (a shareable buffer):
+	 * allocated on its own, never from the pool, and *fd a descriptor that
+	 * opens this allocation and nothing else, the caller's to close. CUDA:
+	 * cuMemCreate with a POSIX file-descriptor handle (workers/cuda_vmm.h);
+	 * host: a memfd whose mapping is the arena piece. release frees it.
+	 */
+	int (*alloc_shareable)(struct device *dev, uint64_t bytes, void **ptr, int *fd,
+			       struct gpuq_error *err);
 
 	/* Synchronous: the fill/checksum is complete when they return. */
 	int (*fill)(struct device *dev, void *ptr, uint64_t bytes,
@@ -189,11 +201,13 @@ struct backend_ops {
 	/* Non-blocking slot_wait: *ready is true once the slot's last copy is done. */
 	int (*slot_ready)(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err);
 	/*
-	 * The registered path: pins the host range [ptr, ptr + n) (page-aligned)
-	 * for direct copies; read_only when the device only reads it (a put from
-	 * a read-only mapping). host_unregister undoes it.
+	 * The registered path and regions: pins the host range [ptr, ptr + n)
+	 * (page-aligned) for direct copies; flags are BACKEND_REGISTER_*:
+	 * READ_ONLY when the device only reads it (a put from a read-only
+	 * mapping), PORTABLE when every device copies from and to it (a
+	 * region). host_unregister undoes it.
 	 */
-	int (*host_register)(struct device *dev, void *ptr, size_t n, bool read_only,
+	int (*host_register)(struct device *dev, void *ptr, size_t n, unsigned flags,
 			     struct gpuq_error *err);
 	int (*host_unregister)(struct device *dev, void *ptr, struct gpuq_error *err);
 	/*

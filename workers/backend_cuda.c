@@ -40,6 +40,7 @@
 #include "workers/chain.h"
 #include "workers/collective_cuda.h"
 #include "workers/cuda_check.h"
+#include "workers/cuda_vmm.h"
 #include "workers/numa.h"
 #include "workers/peer_link.h"
 #include "workers/sched.h"
@@ -80,6 +81,9 @@ struct cuda_state {
 	/* Live allocations from the pool, so that close can free what clients left. */
 	void **live;
 	size_t nlive, live_cap;
+	/* Shareable buffers, each an allocation of its own (cuda_vmm.h); close frees what is left. */
+	struct cuda_vmm_alloc *shared;
+	size_t nshared, shared_cap;
 };
 
 /* Remembers an allocation; false when the host is out of memory. */
@@ -468,15 +472,6 @@ static void cuda_copy_string(char *dst, size_t size, const char *src, size_t src
 }
 
 /* As nvidia-smi shows it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
-static void cuda_format_uuid(char *out, size_t size, const cudaUUID_t *uuid)
-{
-	const unsigned char *b = (const unsigned char *)uuid->bytes;
-	snprintf(out, size,
-		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-		 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-		 b[14], b[15]);
-}
-
 /* Current thread's device: the worker's, since open. */
 static int cuda_refresh_info(struct device *dev, struct gpuq_error *err)
 {
@@ -494,7 +489,7 @@ static int cuda_read_info(struct device *dev, struct gpuq_error *err)
 	CUDA_TRY(dev, err, cudaGetDeviceProperties(&prop, dev->ordinal));
 	memset(info, 0, sizeof *info);
 	cuda_copy_string(info->name, sizeof info->name, prop.name, sizeof prop.name);
-	cuda_format_uuid(info->uuid, sizeof info->uuid, &prop.uuid);
+	gpuq_format_uuid(info->uuid, sizeof info->uuid, (const unsigned char *)prop.uuid.bytes);
 	CUDA_TRY(dev, err,
 		 cudaDeviceGetPCIBusId(info->pci_bus_id, (int)sizeof info->pci_bus_id,
 				       dev->ordinal));
@@ -537,6 +532,13 @@ static void cuda_teardown_peers(struct device *dev, struct cuda_state *st)
 /* Frees the buffers clients left, then the pool itself. */
 static void cuda_teardown_pool(struct device *dev, struct cuda_state *st)
 {
+	struct gpuq_error err;
+	for (size_t i = 0; i < st->nshared; i++)
+		if (cuda_vmm_destroy(dev, &st->shared[i], &err) != 0)
+			fprintf(stderr, "gpuqd: %s (during teardown)\n", err.message);
+	free(st->shared);
+	st->shared = NULL;
+	st->nshared = st->shared_cap = 0;
 	for (size_t i = 0; i < st->nlive; i++)
 		CUDA_LOG(dev, cudaFreeAsync(st->live[i], st->compute));
 	if (st->nlive)
@@ -586,6 +588,7 @@ static void cuda_teardown(struct device *dev)
 	}
 	memset(dev->staging, 0, sizeof dev->staging);
 	free(st->live);
+	free(st->shared); /* a faulted context's allocations went with it */
 	free(st);
 	dev->impl = NULL;
 }
@@ -696,11 +699,59 @@ static int cuda_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpu
 	return 0;
 }
 
+/*
+ * A buffer clients may attach: an allocation of its own, exported once
+ * (cuda_vmm.h). The stream does not order it, so it is complete on return.
+ */
+static int cuda_alloc_shareable(struct device *dev, uint64_t bytes, void **ptr, int *fd,
+				struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	*ptr = NULL;
+	if (st->nshared == st->shared_cap) {
+		size_t cap = st->shared_cap ? st->shared_cap * 2 : 16;
+		struct cuda_vmm_alloc *shared = realloc(st->shared, cap * sizeof *shared);
+		if (!shared)
+			return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+					 "[gpu %d] no host memory to record an allocation", dev->index);
+		st->shared = shared;
+		st->shared_cap = cap;
+	}
+	struct cuda_vmm_alloc *a = &st->shared[st->nshared];
+	if (cuda_vmm_create(dev, bytes, a, fd, err) != 0)
+		return -1;
+	st->nshared++;
+	*ptr = (void *)(uintptr_t)a->va;
+	return 0;
+}
+
+/*
+ * Frees a shareable buffer once the lane is idle: unmapping is not stream
+ * ordered. 1 when ptr was one (0: a pool allocation), -1 with err.
+ */
+static int cuda_release_shared(struct device *dev, struct cuda_state *st, void *ptr,
+			       struct gpuq_error *err)
+{
+	for (size_t i = 0; i < st->nshared; i++) {
+		if (st->shared[i].va != (unsigned long long)(uintptr_t)ptr)
+			continue;
+		if (cuda_sync(dev, err) != 0)
+			return -1;
+		struct cuda_vmm_alloc a = st->shared[i];
+		st->shared[i] = st->shared[--st->nshared];
+		return cuda_vmm_destroy(dev, &a, err) == 0 ? 1 : -1;
+	}
+	return 0;
+}
+
 static int cuda_release(struct device *dev, void *ptr, struct gpuq_error *err)
 {
 	struct cuda_state *st = dev->impl;
 	if (!ptr)
 		return 0;
+	int shared = cuda_release_shared(dev, st, ptr, err);
+	if (shared != 0)
+		return shared < 0 ? -1 : 0;
 	cuda_untrack(st, ptr);
 	CUDA_TRY(dev, err, cudaFreeAsync(ptr, cuda_current_stream(dev)));
 	return cuda_sync(dev, err);
@@ -832,11 +883,12 @@ static int cuda_slot_ready(struct device *dev, unsigned slot, bool *ready, struc
 	return e == cudaSuccess ? 0 : CUDA_FAIL(dev, err, e, "cudaEventQuery(slot_done[slot])");
 }
 
-static int cuda_host_register(struct device *dev, void *ptr, size_t n, bool read_only,
+static int cuda_host_register(struct device *dev, void *ptr, size_t n, unsigned how,
 			      struct gpuq_error *err)
 {
-	unsigned flags = cudaHostRegisterDefault;
-	if (read_only) {
+	unsigned flags = how & BACKEND_REGISTER_PORTABLE ? cudaHostRegisterPortable
+							 : cudaHostRegisterDefault;
+	if (how & BACKEND_REGISTER_READ_ONLY) {
 		int supported = 0;
 		CUDA_TRY(dev, err,
 			 cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported,
@@ -853,10 +905,18 @@ static int cuda_host_register(struct device *dev, void *ptr, size_t n, bool read
 	return 0;
 }
 
+/*
+ * A registration a device reset took with its context (a region's) is
+ * nothing left to undo, so "not registered" is not a failure here.
+ */
 static int cuda_host_unregister(struct device *dev, void *ptr, struct gpuq_error *err)
 {
-	CUDA_TRY(dev, err, cudaHostUnregister(ptr));
-	return 0;
+	cudaError_t e = cudaHostUnregister(ptr);
+	if (e == cudaErrorHostMemoryNotRegistered) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return e == cudaSuccess ? 0 : CUDA_FAIL(dev, err, e, "cudaHostUnregister(ptr)");
 }
 
 /* One copy on stream s, waited for; timed between events around it when seconds is given. */
@@ -1099,6 +1159,7 @@ const struct backend_ops backend_cuda = {
 	.d2h_async = cuda_d2h_async,
 	.slot_wait = cuda_slot_wait,
 	.slot_ready = cuda_slot_ready,
+	.alloc_shareable = cuda_alloc_shareable,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
 	.copy_h2d = cuda_copy_h2d,

@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "workers/backend.h"
 #include "workers/backend_host.h"
@@ -43,10 +45,18 @@ struct host_block {
 	struct host_block *prev, *next;
 };
 
+/* A shareable buffer: a memfd mapped shared, which clients that attach map too. */
+struct host_shared {
+	void *ptr;
+	uint64_t bytes;
+	struct host_shared *next;
+};
+
 struct host_device {
 	pthread_mutex_t lock;
 	uint64_t used;
 	struct host_block *blocks;
+	struct host_shared *shared;
 	void *staging_block;
 	struct host_engines *engines;
 	struct host_stream *stream;                    /* outside jobs (dev->lane NULL) */
@@ -200,6 +210,12 @@ static void host_close(struct device *dev)
 		h->blocks = b->next;
 		free(b);
 	}
+	while (h->shared) {
+		struct host_shared *sh = h->shared;
+		h->shared = sh->next;
+		munmap(sh->ptr, sh->bytes);
+		free(sh);
+	}
 	free(dev->peer_ring);
 	dev->peer_ring = NULL;
 	host_free_state(h);
@@ -213,7 +229,8 @@ static int host_refresh_info(struct device *dev, struct gpuq_error *err)
 	return 0;
 }
 
-static int host_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
+/* Takes bytes of the arena, or refuses with what is in use. */
+static int host_reserve(struct device *dev, uint64_t bytes, struct gpuq_error *err)
 {
 	struct host_device *h = dev->impl;
 	uint64_t capacity = dev->config.host_arena_bytes;
@@ -229,11 +246,24 @@ static int host_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpu
 				 "(free a buffer, or raise --host-mem)",
 				 dev->index, (unsigned long long)bytes, (unsigned long long)used,
 				 (unsigned long long)capacity);
+	return 0;
+}
+
+static void host_unreserve(struct host_device *h, uint64_t bytes)
+{
+	pthread_mutex_lock(&h->lock);
+	h->used -= bytes;
+	pthread_mutex_unlock(&h->lock);
+}
+
+static int host_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
+{
+	struct host_device *h = dev->impl;
+	if (host_reserve(dev, bytes, err) != 0)
+		return -1;
 	void *block;
 	if (posix_memalign(&block, HOST_ALIGN, HOST_ALIGN + bytes) != 0) {
-		pthread_mutex_lock(&h->lock);
-		h->used -= bytes;
-		pthread_mutex_unlock(&h->lock);
+		host_unreserve(h, bytes);
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 				 "host device %d: malloc of %llu bytes failed", dev->index,
 				 (unsigned long long)bytes);
@@ -249,6 +279,75 @@ static int host_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpu
 	pthread_mutex_unlock(&h->lock);
 	*ptr = (char *)block + HOST_ALIGN;
 	return 0;
+}
+
+/*
+ * The stand-in for cuMemCreate and its export: the arena piece is a memfd
+ * mapped shared, and the descriptor handed out opens that memfd alone, so a
+ * client that attaches maps the very bytes the daemon's jobs touch.
+ */
+static int host_alloc_shareable(struct device *dev, uint64_t bytes, void **ptr, int *fd,
+				struct gpuq_error *err)
+{
+	struct host_device *h = dev->impl;
+	struct host_shared *sh = calloc(1, sizeof *sh);
+	*ptr = NULL;
+	*fd = -1;
+	if (!sh)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for a record",
+				 dev->index);
+	if (host_reserve(dev, bytes, err) != 0) {
+		free(sh);
+		return -1;
+	}
+	int m = memfd_create("gpuq-shareable", MFD_CLOEXEC);
+	void *p = MAP_FAILED;
+	if (m >= 0 && ftruncate(m, (off_t)bytes) == 0)
+		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m, 0);
+	if (p == MAP_FAILED) {
+		int e = errno;
+		if (m >= 0)
+			close(m);
+		host_unreserve(h, bytes);
+		free(sh);
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "host device %d: cannot make a shareable memfd of %llu bytes: %s",
+				 dev->index, (unsigned long long)bytes, strerror(e));
+	}
+	sh->ptr = p;
+	sh->bytes = bytes;
+	pthread_mutex_lock(&h->lock);
+	sh->next = h->shared;
+	h->shared = sh;
+	pthread_mutex_unlock(&h->lock);
+	*ptr = p;
+	*fd = m;
+	return 0;
+}
+
+/* Takes the shareable record of ptr off the list, or NULL when ptr is an arena block. */
+static struct host_shared *host_shared_take(struct host_device *h, void *ptr)
+{
+	struct host_shared *found = NULL;
+	pthread_mutex_lock(&h->lock);
+	for (struct host_shared **link = &h->shared; *link; link = &(*link)->next) {
+		if ((*link)->ptr == ptr) {
+			found = *link;
+			*link = found->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&h->lock);
+	return found;
+}
+
+/* Compute engine: a shareable buffer is unmapped once what came before it on the lane has run. */
+static void op_release_shared(struct host_op *op)
+{
+	struct host_shared *sh = op->arg;
+	munmap(sh->ptr, sh->bytes);
+	host_unreserve(op->dst, sh->bytes);
+	free(sh);
 }
 
 /* Compute engine: the block goes back to the arena once what came before it on the lane has run. */
@@ -270,6 +369,11 @@ static void op_release(struct host_op *op)
 
 static int host_release(struct device *dev, void *ptr, struct gpuq_error *err)
 {
+	struct host_shared *sh = ptr ? host_shared_take(dev->impl, ptr) : NULL;
+	if (sh) {
+		struct host_op shared = { .dst = dev->impl, .arg = sh };
+		return host_run_sync(dev, HOST_ENGINE_COMPUTE, op_release_shared, &shared, err);
+	}
 	struct host_op op = { .dst = ptr, .arg = dev->impl };
 	return host_run_sync(dev, HOST_ENGINE_COMPUTE, op_release, &op, err);
 }
@@ -380,13 +484,13 @@ static int host_slot_ready(struct device *dev, unsigned slot, bool *ready, struc
 }
 
 /* Host memory needs no registering to be memcpy'd. */
-static int host_register_range(struct device *dev, void *ptr, size_t n, bool read_only,
+static int host_register_range(struct device *dev, void *ptr, size_t n, unsigned flags,
 			       struct gpuq_error *err)
 {
 	(void)dev;
 	(void)ptr;
 	(void)n;
-	(void)read_only;
+	(void)flags;
 	(void)err;
 	return 0;
 }
@@ -584,6 +688,7 @@ const struct backend_ops backend_host = {
 	.d2h_async = host_d2h,
 	.slot_wait = host_slot_wait,
 	.slot_ready = host_slot_ready,
+	.alloc_shareable = host_alloc_shareable,
 	.host_register = host_register_range,
 	.host_unregister = host_unregister_range,
 	.copy_h2d = host_copy_h2d,

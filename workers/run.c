@@ -9,6 +9,7 @@
 #include "workers/bench_copy.h"
 #include "workers/bench_d2d.h"
 #include "workers/copy.h"
+#include "workers/region_pin.h"
 #include "workers/collective.h"
 #include "workers/sched.h"
 #include "workers/sched_bench.h"
@@ -38,6 +39,9 @@ const char *work_kind_name(enum work_kind kind)
 	case WORK_COLLECTIVE_BENCH: return "bench_collective";
 	case WORK_BENCH_SCHED: return "bench_sched";
 	case WORK_FAULT: return "inject_fault";
+	case WORK_REGION_MAP: return "region_create";
+	case WORK_REGION_UNMAP: return "region_free";
+	case WORK_ATTACH: return "attach";
 	}
 	return "unknown";
 }
@@ -62,14 +66,24 @@ static bool memory_wait_over(void *arg)
  * release (each release lets every waiting allocation try again, the more
  * urgent first, since the scheduler resumes jobs in that order).
  */
+/* One try: from the pool, or on its own with a handle to export (a shareable buffer). */
+static int alloc_once(struct device *dev, struct work *work)
+{
+	if (!work->shareable)
+		return dev->ops->alloc(dev, work->length, &work->dptr, &work->error);
+	return dev->ops->alloc_shareable(dev, work->length, &work->dptr, &work->result.share_fd,
+					 &work->error);
+}
+
 static int run_alloc(struct device *dev, struct work *work)
 {
 	struct memory_wait m = { .work = work, .dev = dev,
 				 .deadline = monotonic_seconds() + work->wait_memory_ms / 1e3 };
 	work->result.bytes = work->length;
+	work->result.share_fd = -1;
 	for (;;) {
 		m.epoch = sched_memory_epoch(dev);
-		if (dev->ops->alloc(dev, work->length, &work->dptr, &work->error) == 0)
+		if (alloc_once(dev, work) == 0)
 			return 0;
 		if (work->error.code != GPUQ_E_OUT_OF_MEMORY || work->wait_memory_ms == 0 ||
 		    !sched_in_job())
@@ -130,6 +144,12 @@ static int run_kind(struct device *dev, struct work *work)
 		return collective_run(dev, work);
 	case WORK_BENCH_SCHED:
 		return sched_bench_run(dev, work);
+	case WORK_REGION_MAP:
+		return region_pin_run_map(dev, work);
+	case WORK_REGION_UNMAP:
+		return region_pin_run_unmap(dev, work);
+	case WORK_ATTACH:
+		break; /* the scheduler grants it without running it */
 	case WORK_FAULT:
 #ifdef GPUQ_FAULT_INJECTION
 		return fault_inject_run(dev, work);

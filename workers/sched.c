@@ -394,6 +394,23 @@ static int job_apply_deps(struct sched *s, struct sched_job *j, const struct sch
 	return 0;
 }
 
+/*
+ * An attach admitted: every earlier work on its buffer that conflicts with
+ * it has finished, so the lease takes the attach's place in the ledger
+ * (unless the client went away meanwhile) and the attach ends at once.
+ */
+static void job_grant_lease(struct sched *s, struct work *work, double now)
+{
+	struct worker *w = s->w;
+	pthread_mutex_lock(&w->lock);
+	bool held = work->hold && sched_hold(&w->queues, work, work->hold);
+	pthread_mutex_unlock(&w->lock);
+	if (!held)
+		gpuq_fail(&work->error, GPUQ_E_CANCELLED,
+			  "the lease was dropped before it was granted (its connection closed)");
+	job_retire(s, work, now, false, SCHED_ENGINE_OTHER);
+}
+
 /* Starts an admitted work: on a fiber with a lane, or at once for what never waits. */
 static void job_start(struct sched *s, struct work *work, const struct sched_deps *deps)
 {
@@ -404,6 +421,10 @@ static void job_start(struct sched *s, struct work *work, const struct sched_dep
 	atomic_store(&work->phase, WORK_RUNNING);
 	if (job_refused(s, work) || (work->kind == WORK_NOOP && deps->count == 0)) {
 		job_retire(s, work, now, false, SCHED_ENGINE_OTHER);
+		return;
+	}
+	if (work->kind == WORK_ATTACH) {
+		job_grant_lease(s, work, now);
 		return;
 	}
 	struct sched_job *j = job_record_take(s);

@@ -224,6 +224,11 @@ static enum sched_wait admissible(struct sched_queues *q, struct work *w,
 	bool lane = sched_work_lane_ordered(w);
 	deps->count = 0;
 	for (struct work *e = q->ledger_head; e && e != w; e = e->ledger_next) {
+		if (e->sched_state == SCHED_WORK_HELD) {
+			if (sched_works_conflict(e, w)) /* a client's lease: no device work to wait for */
+				return blocked(w, SCHED_WAIT_LEASE, e);
+			continue;
+		}
 		if (sched_work_exclusive(e) || exclusive)
 			return blocked(w, SCHED_WAIT_EXCLUSIVE, e);
 		if (gang && work_is_gang(e))
@@ -314,6 +319,31 @@ void sched_retire(struct sched_queues *q, struct work *w, double started, double
 	}
 	ledger_unlink(q, w);
 	w->sched_state = SCHED_WORK_FINISHED;
+	q->dirty = true;
+}
+
+bool sched_hold(struct sched_queues *q, struct work *w, struct work *hold)
+{
+	if (atomic_load(&hold->cancel))
+		return false;
+	hold->sched_state = SCHED_WORK_HELD;
+	hold->ledger_prev = w;
+	hold->ledger_next = w->ledger_next;
+	if (w->ledger_next)
+		w->ledger_next->ledger_prev = hold;
+	else
+		q->ledger_tail = hold;
+	w->ledger_next = hold;
+	return true;
+}
+
+void sched_unhold(struct sched_queues *q, struct work *hold)
+{
+	atomic_store(&hold->cancel, true);
+	if (hold->sched_state != SCHED_WORK_HELD)
+		return;
+	ledger_unlink(q, hold);
+	hold->sched_state = SCHED_WORK_FINISHED;
 	q->dirty = true;
 }
 
@@ -430,6 +460,8 @@ const char *sched_wait_name(enum sched_wait why)
 	case SCHED_WAIT_SLOTS: return "staging";
 	case SCHED_WAIT_MEMORY: return "memory";
 	case SCHED_WAIT_PEERS: return "peers";
+	case SCHED_WAIT_LEASE: return "lease";
+	case SCHED_WAIT_REGION: return "region";
 	case SCHED_WAIT_COUNT: break;
 	}
 	return "unknown";

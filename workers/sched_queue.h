@@ -27,6 +27,8 @@ enum sched_wait {
 	SCHED_WAIT_SLOTS,       /* running, waiting for a pinned staging slot */
 	SCHED_WAIT_MEMORY,      /* running, waiting for device memory (alloc wait_memory_ms) */
 	SCHED_WAIT_PEERS,       /* running, waiting for its parts on other devices */
+	SCHED_WAIT_LEASE,       /* behind a client's lease on one of its buffers (the attach job waiting_job) */
+	SCHED_WAIT_REGION,      /* running, a region_free waiting for jobs that use the region */
 	SCHED_WAIT_COUNT
 };
 const char *sched_wait_name(enum sched_wait why);
@@ -37,6 +39,7 @@ enum sched_work_state {
 	SCHED_WORK_ADMITTED, /* in flight, still issuing device work */
 	SCHED_WORK_TAIL,     /* in flight, all its device work issued (tail_event recorded) */
 	SCHED_WORK_FINISHED,
+	SCHED_WORK_HELD,     /* a lease: in the ledger only, holding its access until released */
 };
 
 /* Queued works of one owner at one priority, in submission order. */
@@ -109,6 +112,18 @@ void sched_admit_work(struct sched_queues *q, struct work *w, double now);
 void sched_mark_tail(struct sched_queues *q, struct work *w);
 /* w, in flight since `started`, has finished at `now`. */
 void sched_retire(struct sched_queues *q, struct work *w, double started, double now);
+
+/*
+ * Leases (an attach's ledger entry). The lease of a client that attached a
+ * buffer is a work that is never run: sched_hold puts `hold` (its access
+ * set by the caller) in the ledger where the attach w stands, just before
+ * w is retired, so that every later work that conflicts with it waits
+ * (SCHED_WAIT_LEASE) until sched_unhold takes it out. Works that only read
+ * pass a read lease. A hold that was dropped first (its `cancel` set: the
+ * client went away before the grant) is not put in; returns whether it was.
+ */
+bool sched_hold(struct sched_queues *q, struct work *w, struct work *hold);
+void sched_unhold(struct sched_queues *q, struct work *hold);
 
 bool sched_work_exclusive(const struct work *w);
 bool sched_work_lane_ordered(const struct work *w);

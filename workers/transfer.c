@@ -33,6 +33,7 @@ static const char *const path_names[] = {
 	[XFER_STAGED] = "staged",
 	[XFER_STREAMED] = "streamed",
 	[XFER_REGISTERED] = "registered",
+	[XFER_REGION] = "region",
 };
 
 int xfer_cancelled(struct xfer *x)
@@ -295,8 +296,8 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	x->publish_tail = true;
 	x->scratch = work->scratch;
 	x->seed = work->seed;
-	if (x->scratch)
-		return 0; /* no descriptor: staged, at offset 0 */
+	if (x->scratch || work->host)
+		return 0; /* no descriptor: staged, at offset 0; or a region */
 	x->fd_flags = fcntl(work->fd, F_GETFL);
 	if (x->fd_flags < 0 || fstat(work->fd, &st) < 0)
 		return gpuq_fail(x->err, GPUQ_E_IO, "the client's descriptor: %s", strerror(errno));
@@ -323,7 +324,9 @@ static int xfer_choose_path(struct xfer *x, bool put)
 	struct gpuq_error ignored;
 	bool offsets = x->regular && (put || !(x->fd_flags & O_APPEND));
 	x->path = offsets || x->scratch ? XFER_STAGED : XFER_STREAMED;
-	if (x->scratch)
+	if (x->work->host)
+		x->path = XFER_REGION;
+	if (x->scratch || x->work->host)
 		return 0;
 	if (x->work->path == TRANSFER_PATH_REGISTERED) {
 		if (transfer_check_registrable(x->fd, put, x->err) < 0)
@@ -424,6 +427,7 @@ static int put_run(struct xfer *x)
 	case XFER_STAGED: return xfer_put_staged(x);
 	case XFER_STREAMED: return put_streamed(x);
 	case XFER_REGISTERED: return xfer_put_registered(x);
+	case XFER_REGION: return xfer_copy_region(x, true);
 	}
 	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "put: path %d unknown", (int)x->path);
 }
@@ -434,6 +438,7 @@ static int get_run(struct xfer *x)
 	case XFER_STAGED: return xfer_get_staged(x);
 	case XFER_STREAMED: return get_streamed(x);
 	case XFER_REGISTERED: return xfer_get_registered(x);
+	case XFER_REGION: return xfer_copy_region(x, false);
 	}
 	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "get: path %d unknown", (int)x->path);
 }
@@ -446,7 +451,7 @@ int transfer_put(struct device *dev, struct work *work)
 	x.publish_tail = !x.verify; /* verify reads the range on the device after the DMAs */
 	if (rc == 0)
 		rc = xfer_choose_path(&x, true);
-	if (rc == 0 && x.path != XFER_STREAMED && !x.scratch)
+	if (rc == 0 && x.path != XFER_STREAMED && x.path != XFER_REGION && !x.scratch)
 		rc = put_plan_regular(&x);
 	if (rc == 0) {
 		bool known = x.path != XFER_STREAMED || work->length_exact;
@@ -456,7 +461,7 @@ int transfer_put(struct device *dev, struct work *work)
 	if (rc == 0 && work->length_exact && x.done < x.total)
 		rc = gpuq_fail(x.err, GPUQ_E_IO, "the source ended after %llu of the %llu bytes asked for",
 			       (unsigned long long)x.done, (unsigned long long)x.total);
-	if (rc == 0 && !work->length_exact && !x.scratch)
+	if (rc == 0 && !work->length_exact && !x.scratch && x.path != XFER_REGION)
 		rc = put_require_eof(&x, room);
 	if (rc == 0 && x.verify && (rc = xfer_verify_device(&x, x.done, &device_sum)) == 0)
 		rc = xfer_verify_compare(&x, true, device_sum);

@@ -11,6 +11,8 @@
  * Registering pins every page first, which costs far more per byte than
  * staging does for a transfer seen once; `gpuq bench copy` measures both, and
  * --register-min (off by default) says from what size path auto takes it.
+ * A region (put/get through `region`) is that done once, when the region is
+ * made: its path here is a single copy.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -63,7 +65,7 @@ static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
 				 put ? "source" : "destination", strerror(errno));
 	}
 	m->data = (char *)m->map + lead;
-	if (x->dev->ops->host_register(x->dev, m->map, m->len, !rw, x->err) < 0)
+	if (x->dev->ops->host_register(x->dev, m->map, m->len, rw ? 0 : BACKEND_REGISTER_READ_ONLY, x->err) < 0)
 		return -1;
 	m->registered = true;
 	return 0;
@@ -130,4 +132,30 @@ int xfer_get_registered(struct xfer *x)
 		rc = reg_copy(x, &m, false);
 	reg_map_close(x, &m, &rc);
 	return rc;
+}
+
+/*
+ * A region was mapped and pinned when it was made (workers/region_pin.c):
+ * the whole range is one copy on the job's lane, so it runs at the copy
+ * engine's rate and overlaps other jobs as any copy does. A cancel is seen
+ * before it starts, not during it.
+ */
+int xfer_copy_region(struct xfer *x, bool put)
+{
+	struct device *dev = x->dev;
+	char *host = x->work->host;
+	int rc = xfer_cancelled(x);
+	if (rc != 0 || x->total == 0)
+		return rc;
+	if (put)
+		rc = dev->ops->copy_h2d(dev, x->base, host, x->total, NULL, x->err);
+	else
+		rc = dev->ops->copy_d2h(dev, host, x->base, x->total, NULL, x->err);
+	if (rc != 0)
+		return rc;
+	x->done = x->total;
+	xfer_progress(x);
+	if (x->verify)
+		x->sum = copy_hash_terms_parallel(x->pool, host, x->done);
+	return 0;
 }

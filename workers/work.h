@@ -38,6 +38,10 @@ enum work_kind {
 	/* kinds of the scheduler issue */
 	WORK_BENCH_SCHED, /* bench_sched: the raw ceiling of overlapping engines (spec: struct sched_bench) */
 	WORK_FAULT,       /* inject_fault: tests/gpuqd-faults only (workers/faults/fault_inject.c) */
+	/* kinds of zero-copy sharing */
+	WORK_REGION_MAP,   /* region_create: map the client's memfd, place and pin it (workers/region_pin.c) */
+	WORK_REGION_UNMAP, /* region_free: once no job uses it, unpin and unmap it */
+	WORK_ATTACH,       /* attach: the lease takes its place in the ledger (workers/sched_queue.h) */
 };
 
 enum work_phase { WORK_QUEUED, WORK_RUNNING, WORK_FINISHED };
@@ -59,6 +63,8 @@ struct work_result {
 	uint64_t checksum;  /* WORK_CHECKSUM */
 	double seconds;     /* time spent in the job on the worker */
 	const char *path;   /* how bytes moved: "staged", ... (static string) */
+	int numa_node;      /* WORK_REGION_MAP: the node the region's pages were asked for (-1: none) */
+	int share_fd;       /* WORK_ALLOC with shareable: the exported handle, the daemon's to close */
 };
 
 struct work {
@@ -81,6 +87,19 @@ struct work {
 	 * `seed` (as fill random), get discards what it reads. For benchmarks. */
 	bool scratch;
 	uint64_t seed;
+	/*
+	 * PUT/GET through a region (fd -1): the range of the region's
+	 * registered mapping the bytes come from or go to, `length` long.
+	 * REGION_MAP/UNMAP: the region's mapping is dptr, its size length, and
+	 * UNMAP first waits until *users (the jobs the main thread still counts
+	 * on the region) is 0.
+	 */
+	void *host;
+	const _Atomic unsigned *users;
+	/* ALLOC: a buffer that clients may attach, allocated on its own (backend.h alloc_shareable). */
+	bool shareable;
+	/* ATTACH: the lease's ledger entry, put in the attach's place once it is admitted (sched_queue.h). */
+	struct work *hold;
 	/*
 	 * Progress of a long job: bytes moved so far and the total (0: unknown,
 	 * as for a pipe). The worker stores them at each chunk; the main thread's

@@ -431,6 +431,17 @@ int worker_ask_reset(struct worker_pool *pool, int device, const char *why, stru
 	return 0;
 }
 
+void worker_unhold(struct worker_pool *pool, struct work *hold)
+{
+	if (check_device(pool, hold->device, &(struct gpuq_error){ 0 }) < 0)
+		return;
+	struct worker *w = &pool->workers[hold->device];
+	pthread_mutex_lock(&w->lock);
+	sched_unhold(&w->queues, hold);
+	sched_notify_locked(w->sched);
+	pthread_mutex_unlock(&w->lock);
+}
+
 void worker_kick(struct worker_pool *pool, int device)
 {
 	if (device < 0 || device >= pool->count)

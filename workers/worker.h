@@ -166,6 +166,12 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
  */
 int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms);
 
+/*
+ * A lease ends: takes its ledger entry out of its device's ledger (if the
+ * grant put it there; otherwise marks it so that the grant never does) and
+ * wakes the scheduler, so that the jobs behind it may start.
+ */
+void worker_unhold(struct worker_pool *pool, struct work *hold);
 /* Wakes device's scheduler to look at its jobs again (a cancel was asked). */
 void worker_kick(struct worker_pool *pool, int device);
 /*

@@ -242,6 +242,12 @@ const msgpack_object *reply_path(const struct gpuq_reply *r, const char *path)
 	snprintf(buf, sizeof buf, "%s", path);
 	const msgpack_object *o = r->root;
 	for (char *save = NULL, *key = strtok_r(buf, ".", &save); key; key = strtok_r(NULL, ".", &save)) {
+		char *end;
+		unsigned long i = strtoul(key, &end, 10);
+		if (o && o->type == MSGPACK_OBJECT_ARRAY && !*end && end != key) { /* "devices.0.name" */
+			o = i < o->via.array.size ? &o->via.array.ptr[i] : NULL;
+			continue;
+		}
 		if (!o || o->type != MSGPACK_OBJECT_MAP)
 			return NULL;
 		o = msg_map_get(o, key);

@@ -55,7 +55,7 @@ void expect_ok(const struct gpuq_reply *r, const char *what);
 /* Fails unless r failed with code and its message contains `contains` (if given). */
 void expect_error(const struct gpuq_reply *r, enum gpuq_errc code, const char *contains);
 
-/* Value at a dotted path ("job.result.checksum") in the reply; fails if absent. */
+/* Value at a dotted path ("job.result.checksum", "devices.0.name") in the reply; fails if absent. */
 uint64_t reply_u64(const struct gpuq_reply *r, const char *path);
 double reply_f64(const struct gpuq_reply *r, const char *path);
 /* Copies a string at path into out. */

@@ -312,6 +312,39 @@ static void owner_starts_a_job(void *arg)
 	pause();
 }
 
+/* uid 65534 under [default] host-pinned = 1M: regions up to it, then a refusal naming the rule. */
+static void pinned_quota_limits_regions(void *arg)
+{
+	const struct quota_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_region r, more;
+	struct gpuq_error err;
+	CHECKF(gpuq_region_create(c, "r", 768 << 10, 0, false, &r, &err) == 0, "region: %s",
+	       err.message);
+	CHECK(gpuq_region_create(c, "more", 512 << 10, 0, false, &more, &err) < 0);
+	CHECK_EQ(err.code, GPUQ_E_PERMISSION_DENIED);
+	CHECKF(strstr(err.message, "quota [default]") && strstr(err.message, "host-pinned"),
+	       "message: %s", err.message);
+	gpuq_region_unmap(&r);
+	gpuq_close(c);
+}
+
+TEST(host_pinned_quota_limits_regions)
+{
+	struct daemon_proc d;
+	start_with_config(&d, "[default]\nhost-pinned = 1M\n", NULL);
+	struct quota_args a = { &d };
+	as_user(65534, NULL, 0, pinned_quota_limits_regions, &a);
+	struct gpuq_client *root = client_open(&d); /* root is never limited */
+	struct gpuq_region big;
+	struct gpuq_error err;
+	CHECKF(gpuq_region_create(root, "big", 2 << 20, 0, false, &big, &err) == 0, "root: %s",
+	       err.message);
+	gpuq_region_unmap(&big);
+	gpuq_close(root);
+	daemon_stop(&d);
+}
+
 TEST(admin_group_sees_cancels_and_stops)
 {
 	struct daemon_proc d;

@@ -1,0 +1,55 @@
+/*
+ * Leases: a client process that attaches a shareable buffer maps the
+ * device memory into its own CUDA context (or, on the host backend, the
+ * memfd the arena piece lives in) and holds a lease on it, read or
+ * read-write, until it releases it, its connection closes, or root or the
+ * admin group breaks it. The scheduler honours a lease as it honours a job:
+ * each lease is a ledger entry on the buffer's device holding a read or
+ * write access on the whole buffer (workers/sched_queue.h sched_hold), so
+ * daemon jobs that conflict with it wait behind it (waiting_reason
+ * `lease`), and jobs that only read pass a read lease. The table is the
+ * main thread's; the entry (`hold`) is the worker's ledger's between the
+ * grant and sched_unhold.
+ */
+#ifndef GPUQ_LEASE_H
+#define GPUQ_LEASE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "workers/work.h"
+
+struct buffer;
+struct conn;
+
+enum lease_state {
+	LEASE_WAITING, /* its attach job is queued: earlier jobs on the buffer come first */
+	LEASE_HELD,    /* granted: the client maps the buffer */
+	LEASE_ENDED,   /* released, broken or lost before the grant; freed with its attach job */
+};
+
+struct lease {
+	uint64_t id; /* its attach job's id */
+	struct buffer *buffer; /* held (users++) while the lease lives */
+	bool write;
+	enum lease_state state;
+	struct conn *conn; /* the holder's connection; NULL once closed */
+	uint64_t request_id; /* the attach request the grant answers */
+	uid_t uid;
+	pid_t pid;
+	double since; /* CLOCK_MONOTONIC seconds of the grant */
+	struct work hold; /* the ledger entry (sched_hold) */
+	struct lease *next;
+};
+
+struct lease_table {
+	struct lease *head;
+	unsigned count;
+};
+
+const char *lease_state_name(enum lease_state state);
+/* The lease with this id, or NULL. */
+struct lease *lease_find(struct lease_table *t, uint64_t id);
+
+#endif

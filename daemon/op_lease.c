@@ -1,0 +1,392 @@
+/*
+ * Leases on shareable buffers (daemon/lease.h): attach, release, leases,
+ * lease_break, and what ends a lease besides a release: its connection
+ * closing, a device reset. Main thread only.
+ *
+ * An attach is a job: its work (WORK_ATTACH) waits in the device's ledger
+ * like any job that touches the buffer, behind the earlier ones it
+ * conflicts with, and when the scheduler admits it the lease's entry takes
+ * its place there (sched_hold). The job's finish hook then hands the
+ * buffer's descriptor to the client with the reply. Every way a lease ends
+ * goes through lease_end, which takes the entry out (worker_unhold) so the
+ * jobs behind it start.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+
+const char *lease_state_name(enum lease_state state)
+{
+	switch (state) {
+	case LEASE_WAITING: return "waiting";
+	case LEASE_HELD: return "held";
+	case LEASE_ENDED: return "ended";
+	}
+	return "unknown";
+}
+
+struct lease *lease_find(struct lease_table *t, uint64_t id)
+{
+	for (struct lease *l = t->head; l; l = l->next)
+		if (l->id == id)
+			return l;
+	return NULL;
+}
+
+static void lease_unlink(struct lease_table *t, struct lease *l)
+{
+	for (struct lease **link = &t->head; *link; link = &(*link)->next) {
+		if (*link == l) {
+			*link = l->next;
+			t->count--;
+			return;
+		}
+	}
+}
+
+/* Tells the holder's connection that its lease is gone ({event: "lease_broken", ...}). */
+static void lease_tell_holder(const struct lease *l, const char *why, uid_t by)
+{
+	struct mp_map m;
+	msgpack_sbuffer frame;
+	if (!l->conn)
+		return;
+	mp_map_init(&m);
+	mp_put_str(&m, "event", "lease_broken");
+	mp_put_u64(&m, "lease", l->id);
+	mp_put_str(&m, "buffer", l->buffer ? l->buffer->name : "");
+	mp_put_u64(&m, "by_uid", (uint64_t)by);
+	mp_put_str(&m, "reason", why);
+	msgpack_sbuffer_init(&frame);
+	mp_map_frame(&m, &frame);
+	conn_send(l->conn, frame.data, frame.size);
+	msgpack_sbuffer_destroy(&frame);
+}
+
+/*
+ * Ends a lease: its ledger entry leaves the device's ledger (or will never
+ * enter it) and the jobs behind it may start. A held lease is freed now; a
+ * waiting one with its attach job (finish_attach), which still points at it.
+ */
+static void lease_end(struct daemon *d, struct lease *l)
+{
+	if (l->state == LEASE_ENDED)
+		return;
+	worker_unhold(&d->pool, &l->hold);
+	bool held = l->state == LEASE_HELD;
+	l->state = LEASE_ENDED;
+	if (l->buffer)
+		l->buffer->leases--;
+	if (!held)
+		return;
+	lease_unlink(&d->leases, l);
+	buffer_unhold(l->buffer);
+	free(l);
+}
+
+/* What an attach's record says of the device and the handle (work.spec, freed with the job). */
+struct attach_info {
+	char uuid[64]; /* the device's, for the client to find it in its own CUDA numbering */
+	const char *handle;
+};
+
+static void release_attach(struct job *job)
+{
+	free(job->work.spec);
+	job->work.spec = NULL;
+}
+
+static void render_attach(const struct job *job, struct mp_map *out)
+{
+	const struct attach_info *info = job->work.spec;
+	char name[BUFFER_NAME_MAX + 16];
+	snprintf(name, sizeof name, "%s@%d", job->brief.name, job->brief.device);
+	mp_put_u64(out, "lease", job->id);
+	mp_put_str(out, "buffer", name);
+	mp_put_i64(out, "device", job->brief.device);
+	mp_put_str(out, "dtype", gpuq_dtype_name(job->brief.dtype));
+	mp_put_u64(out, "count", job->brief.count);
+	mp_put_u64(out, "bytes", job->brief.bytes);
+	mp_put_str(out, "mode", job->work.access[0].write ? "read-write" : "read");
+	if (info) {
+		mp_put_str(out, "uuid", info->uuid);
+		mp_put_str(out, "handle", info->handle);
+	}
+}
+
+/* The waiter of the attach request itself, if it still waits (its timeout may have run out). */
+static bool attach_waited(const struct job *job, const struct lease *l)
+{
+	for (const struct waiter *w = job->waiters; w; w = w->job_next)
+		if (w->conn == l->conn && w->request_id == l->request_id)
+			return true;
+	return false;
+}
+
+/*
+ * The grant, or what became of the attach: the lease is held only if the
+ * client still waits for its answer; then that reply carries the buffer's
+ * descriptor.
+ */
+static void finish_attach(struct daemon *d, struct job *job)
+{
+	struct lease *l = job->lease;
+	bool granted = job->work.error.code == GPUQ_OK && l->state == LEASE_WAITING &&
+		       attach_waited(job, l);
+	job->lease = NULL; /* the table owns it from here, the job's record needs none of it */
+	if (granted) {
+		l->state = LEASE_HELD;
+		l->since = monotonic_seconds();
+		job->reply_fd = job->buffer->share_fd;
+		job->reply_conn = l->conn;
+		job->reply_id = l->request_id;
+		return;
+	}
+	if (job->work.error.code == GPUQ_OK) { /* granted on the device, given up here */
+		job->state = GPUQ_JOB_CANCELLED;
+		gpuq_fail(&job->error, GPUQ_E_CANCELLED,
+			  "the lease was released before it was granted (or its client stopped waiting)");
+	}
+	lease_end(d, l);
+	lease_unlink(&d->leases, l);
+	buffer_unhold(l->buffer);
+	free(l);
+}
+
+static const struct job_kind kind_attach = { "attach", finish_attach, render_attach };
+
+/* `mode`: read or read-write (the default). */
+static int read_lease_mode(struct request *req, bool *write, struct gpuq_error *err)
+{
+	char mode[16] = "read-write";
+	if (msg_get_str(req->map, "mode", mode, sizeof mode, err) < 0)
+		return -1;
+	*write = strcmp(mode, "read-write") == 0;
+	if (!*write && strcmp(mode, "read") != 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'mode': '%s' is not read or read-write",
+				 mode);
+	return 0;
+}
+
+/* Only a shareable buffer of the caller's (root: anyone's) may be attached. */
+static int check_attachable(const struct request *req, const struct buffer *b,
+			    struct gpuq_error *err)
+{
+	if (req->conn->uid != 0 && b->owner != req->conn->uid)
+		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+				 "buffer '%s@%d' belongs to uid %d: only its owner or root may attach it",
+				 b->name, b->device, (int)b->owner);
+	if (!b->shareable || b->share_fd < 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "buffer '%s@%d' is not shareable: only a buffer allocated with shareable: true "
+				 "(gpuq alloc --shareable) may be attached, since each is an allocation of its "
+				 "own and its handle opens nothing else",
+				 b->name, b->device);
+	return 0;
+}
+
+/* The attach's record: its device's UUID and the kind of handle the reply carries. */
+static int attach_info_new(struct request *req, struct job *job, const struct buffer *b)
+{
+	struct attach_info *info = calloc(1, sizeof *info);
+	struct worker_snapshot snap;
+	if (!info)
+		return -1;
+	worker_snapshot(&req->d->pool, b->device, &snap);
+	snprintf(info->uuid, sizeof info->uuid, "%s", snap.info.uuid);
+	info->handle = strcmp(req->d->ops->name, "host") == 0 ? "memfd" : "posix_fd";
+	job->work.spec = info;
+	job->release = release_attach;
+	return 0;
+}
+
+static struct lease *lease_new(struct request *req, struct job *job, struct buffer *b, bool write)
+{
+	struct lease *l = calloc(1, sizeof *l);
+	if (!l)
+		return NULL;
+	l->id = job->id;
+	l->buffer = b;
+	l->write = write;
+	l->conn = req->conn;
+	l->request_id = req->id;
+	l->uid = req->conn->uid;
+	l->pid = req->conn->pid;
+	l->hold.kind = WORK_ATTACH;
+	l->hold.device = b->device;
+	l->hold.job_id = job->id;
+	l->hold.owner_uid = req->conn->uid;
+	l->hold.access[0] = (struct work_access){ b->dptr, 0, b->bytes, write };
+	l->hold.naccess = 1;
+	b->users++;
+	b->leases++;
+	l->next = req->d->leases.head;
+	req->d->leases.head = l;
+	req->d->leases.count++;
+	return l;
+}
+
+void op_attach(struct request *req)
+{
+	struct gpuq_error err;
+	bool write;
+	struct buffer *b = read_buffer(req, &err);
+	if (!b || check_attachable(req, b, &err) < 0 || read_lease_mode(req, &write, &err) < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	struct job *job = new_job(req, &kind_attach, WORK_ATTACH, b->device);
+	if (!job)
+		return;
+	struct lease *l = attach_info_new(req, job, b) == 0 ? lease_new(req, job, b, write) : NULL;
+	if (!l) {
+		release_attach(job);
+		job_discard(&req->d->jobs, job);
+		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for another lease");
+		reply_error(req, &err);
+		return;
+	}
+	job_attach_buffer(job, b);
+	work_narrow_access(&job->work, 0, b->bytes, write);
+	job->work.length = b->bytes;
+	job->work.hold = &l->hold;
+	job->lease = l;
+	job->must_wait = true;
+	job_submit(req, job);
+}
+
+/* The lease named by `lease`, if the caller holds it (root: any). */
+static struct lease *lookup_lease(struct request *req, bool admin, struct gpuq_error *err)
+{
+	uint64_t id;
+	int rc = msg_get_u64(req->map, "lease", &id, err);
+	if (rc == 0)
+		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'lease' (the lease id attach returned) is required");
+	if (rc <= 0)
+		return NULL;
+	struct lease *l = lease_find(&req->d->leases, id);
+	if (!l || l->state == LEASE_ENDED) {
+		gpuq_fail(err, GPUQ_E_NOT_FOUND, "lease %llu not found (gpuq leases lists them)",
+			  (unsigned long long)id);
+		return NULL;
+	}
+	if (admin ? !quota_is_admin(req->d, req->conn)
+		  : (req->conn->uid != 0 && req->conn->uid != l->uid)) {
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  admin ? "breaking a lease is for root and the admin group (rule: admin-group)"
+				: "lease %llu is held by uid %d; only its holder releases it (root and the "
+				  "admin group may break it)",
+			  (unsigned long long)id, (int)l->uid);
+		return NULL;
+	}
+	return l;
+}
+
+static void reply_lease_end(struct request *req, uint64_t id, const char *key)
+{
+	struct mp_map body;
+	mp_map_init(&body);
+	mp_put_u64(&body, "lease", id);
+	mp_put_bool(&body, key, true);
+	reply_ok(req, &body);
+}
+
+/* The holder is done with the buffer (its own stream work on it complete). */
+void op_release(struct request *req)
+{
+	struct gpuq_error err;
+	struct lease *l = lookup_lease(req, false, &err);
+	if (!l) {
+		reply_error(req, &err);
+		return;
+	}
+	uint64_t id = l->id;
+	lease_end(req->d, l);
+	reply_lease_end(req, id, "released");
+}
+
+void op_lease_break(struct request *req)
+{
+	struct gpuq_error err;
+	struct lease *l = lookup_lease(req, true, &err);
+	if (!l) {
+		reply_error(req, &err);
+		return;
+	}
+	uint64_t id = l->id;
+	char why[160];
+	snprintf(why, sizeof why, "broken by uid %d (gpuq lease break)", (int)req->conn->uid);
+	log_warn("lease %llu on %s@%d of uid %d (pid %d): %s", (unsigned long long)id,
+		 l->buffer->name, l->buffer->device, (int)l->uid, (int)l->pid, why);
+	lease_tell_holder(l, why, req->conn->uid);
+	lease_end(req->d, l);
+	reply_lease_end(req, id, "broken");
+}
+
+static void render_lease(const struct lease *l, double now, struct mp_array *out)
+{
+	struct mp_map m;
+	char name[BUFFER_NAME_MAX + 16];
+	mp_map_init(&m);
+	snprintf(name, sizeof name, "%s@%d", l->buffer->name, l->buffer->device);
+	mp_put_u64(&m, "lease", l->id);
+	mp_put_str(&m, "buffer", name);
+	mp_put_i64(&m, "device", l->buffer->device);
+	mp_put_u64(&m, "owner", (uint64_t)l->buffer->owner);
+	mp_put_str(&m, "mode", l->write ? "read-write" : "read");
+	mp_put_str(&m, "state", lease_state_name(l->state));
+	mp_put_u64(&m, "uid", (uint64_t)l->uid);
+	mp_put_u64(&m, "pid", (uint64_t)l->pid);
+	mp_put_f64(&m, "held_s", l->state == LEASE_HELD ? now - l->since : 0);
+	mp_array_map(out, &m);
+}
+
+/* The caller's leases and those on its buffers; every lease for root and the admin group. */
+void op_leases(struct request *req)
+{
+	struct mp_map body;
+	struct mp_array list;
+	bool admin = quota_is_admin(req->d, req->conn);
+	double now = monotonic_seconds();
+	uid_t uid = req->conn->uid;
+	mp_map_init(&body);
+	mp_array_init(&list);
+	for (const struct lease *l = req->d->leases.head; l; l = l->next)
+		if (l->state != LEASE_ENDED && (admin || l->uid == uid || l->buffer->owner == uid))
+			render_lease(l, now, &list);
+	mp_put_array(&body, "leases", &list);
+	reply_ok(req, &body);
+}
+
+void leases_drop_conn(struct daemon *d, struct conn *c)
+{
+	struct lease *next;
+	for (struct lease *l = d->leases.head; l; l = next) {
+		next = l->next;
+		if (l->conn != c)
+			continue;
+		l->conn = NULL;
+		if (l->state == LEASE_HELD)
+			log_info("lease %llu on %s@%d ends: its holder (uid %d, pid %d) disconnected",
+				 (unsigned long long)l->id, l->buffer->name, l->buffer->device,
+				 (int)l->uid, (int)l->pid);
+		lease_end(d, l);
+	}
+}
+
+void leases_drop_device(struct daemon *d, int device)
+{
+	struct lease *next;
+	char why[128];
+	snprintf(why, sizeof why, "gpu %d was reset: the buffer's memory is lost", device);
+	for (struct lease *l = d->leases.head; l; l = next) {
+		next = l->next;
+		if (l->buffer->device != device || l->state == LEASE_ENDED)
+			continue;
+		lease_tell_holder(l, why, 0);
+		lease_end(d, l);
+	}
+}

@@ -1,0 +1,78 @@
+/*
+ * Host regions: a client's memfd that gpuqd maps and pins once (on a
+ * device's worker, workers/region_pin.h) and keeps under a name of its
+ * owner's until region_free (or, for an ephemeral region, until the
+ * connection that made it closes). put and get move bytes between a range
+ * of it and a buffer with one DMA. The registry is the main thread's alone;
+ * workers see only the mapping's address in a work, and `users` (atomic),
+ * which a region_free's work waits on.
+ */
+#ifndef GPUQ_REGION_H
+#define GPUQ_REGION_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "daemon/buffer.h"
+#include "protocol/protocol.h"
+
+enum region_state { REGION_PINNING, REGION_READY, REGION_FREEING };
+
+struct region {
+	char name[BUFFER_NAME_MAX + 1];
+	int device;         /* whose worker pinned it, on whose NUMA node */
+	uid_t owner;
+	uint64_t bytes;
+	int fd;             /* gpuqd's own descriptor of the client's memfd (region_open hands it out) */
+	void *map;          /* gpuqd's mapping, pinned; set once READY */
+	enum region_state state;
+	double created;     /* CLOCK_MONOTONIC seconds */
+	double pin_s;       /* how long mapping and pinning took */
+	int numa_node;      /* the node its pages were asked for (-1: none) */
+	_Atomic unsigned users; /* jobs queued or running that move bytes through it */
+	bool removed;       /* out of the registry; the struct goes with its last user */
+	uint64_t conn_serial; /* ephemeral: the connection that made it (0: none) */
+	bool orphaned;      /* ephemeral, and that connection has closed */
+	uint64_t last_job;  /* the latest job that used it, for `busy` messages */
+	struct region *next;
+};
+
+struct region_table {
+	struct region *head;
+	unsigned count;
+	uint64_t pinned; /* bytes of every region in the table: what RLIMIT_MEMLOCK is checked against */
+};
+
+const char *region_state_name(enum region_state state);
+
+/* The region of owner called name, or NULL. */
+struct region *region_find(struct region_table *t, uid_t owner, const char *name);
+/* The same, or NULL with not_found listing the owner's regions. */
+struct region *region_resolve(struct region_table *t, uid_t owner, const char *name,
+			      struct gpuq_error *err);
+/* A new region in state PINNING, owning fd; NULL when memory runs out (fd is not closed). */
+struct region *region_add(struct region_table *t, const char *name, int device, uid_t owner,
+			  uint64_t bytes, int fd);
+/* Takes r out of the registry (closing its descriptor); the struct goes with its last user. */
+void region_remove(struct region_table *t, struct region *r);
+/* A job lets go of r; frees a removed region's struct with its last user. */
+void region_unhold(struct region *r);
+/* 0 if jobs may move bytes through r now; -1 with `busy` saying why not. */
+int region_check_usable(const struct region *r, struct gpuq_error *err);
+/* Bytes of owner's regions (the host-pinned quota), and of the regions on device. */
+uint64_t region_bytes_of(const struct region_table *t, uid_t owner);
+uint64_t region_bytes_on(const struct region_table *t, int device, unsigned *count);
+
+/*
+ * Whether bytes more can be pinned under the daemon's RLIMIT_MEMLOCK
+ * (regions counted, the staging rings not: the driver does not charge them).
+ * -1 with out_of_memory naming the limit and LimitMEMLOCK= when not.
+ */
+int region_check_memlock(const struct region_table *t, const char *name, uint64_t bytes,
+			 struct gpuq_error *err);
+/* The daemon's RLIMIT_MEMLOCK in *bytes; false when it has none. */
+bool region_memlock_limit(uint64_t *bytes);
+
+#endif
