@@ -39,6 +39,9 @@ enum {
 	LONG_REDUCE,
 	LONG_KERNEL,
 	LONG_MATH,
+	LONG_SHAREABLE,
+	LONG_EPHEMERAL,
+	LONG_READ_ONLY,
 };
 
 /* Accepted before the command and after it. */
@@ -82,6 +85,9 @@ static const struct {
 	{ { "reduce", required_argument, NULL, LONG_REDUCE }, OPT_REDUCE },
 	{ { "kernel", required_argument, NULL, LONG_KERNEL }, OPT_KERNEL },
 	{ { "math", required_argument, NULL, LONG_MATH }, OPT_MATH },
+	{ { "shareable", no_argument, NULL, LONG_SHAREABLE }, OPT_SHAREABLE },
+	{ { "ephemeral", no_argument, NULL, LONG_EPHEMERAL }, OPT_EPHEMERAL },
+	{ { "read-only", no_argument, NULL, LONG_READ_ONLY }, OPT_READ_ONLY },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -251,6 +257,15 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 		return 0;
 	case LONG_MATH:
 		cli->math = arg;
+		return 0;
+	case LONG_SHAREABLE:
+		cli->shareable = true;
+		return 0;
+	case LONG_EPHEMERAL:
+		cli->ephemeral = true;
+		return 0;
+	case LONG_READ_ONLY:
+		cli->read_only = true;
 		return 0;
 	}
 	return cli_usage(cli, "unknown option");

@@ -510,6 +510,7 @@ static const struct bench_entry bench_kinds[] = {
 	{ "allreduce", bench_allreduce },
 	{ "collective", bench_collective },
 	{ "sched", bench_sched },
+	{ "attach", bench_attach },
 };
 
 int cmd_bench(struct cli *cli)

@@ -60,6 +60,9 @@ enum cli_opt {
 	OPT_REDUCE = 1u << 24,       /* --reduce OP: bench collective's reduction (--op: its primitive) */
 	OPT_KERNEL = 1u << 25,       /* --kernel auto|compiled|interpreted: run's and reduce's fused kernel */
 	OPT_MATH = 1u << 26,         /* --math ieee|fast */
+	OPT_SHAREABLE = 1u << 27,    /* --shareable: alloc a buffer clients may attach */
+	OPT_EPHEMERAL = 1u << 28,    /* --ephemeral: region create's region goes with the connection */
+	OPT_READ_ONLY = 1u << 29,    /* --read-only: attach with a read lease */
 };
 
 struct cli;
@@ -107,6 +110,7 @@ struct cli {
 	bool has_root;
 	uint64_t root;              /* --root */
 	const char *reduce;         /* --reduce */
+	bool shareable, ephemeral, read_only; /* --shareable, --ephemeral, --read-only */
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */
@@ -139,6 +143,12 @@ int cli_call(struct cli *cli, struct mp_map *req, const int *fds, int nfds,
 	     struct gpuq_reply **out);
 /* Prints a failed reply's error; returns CLI_REFUSED. */
 int cli_report_refusal(const struct gpuq_reply *r);
+/*
+ * Sends req (consumed) and prints the reply with render, or as JSON with
+ * --json, or the refusal. The exit status.
+ */
+int cli_call_and_render(struct cli *cli, struct mp_map *req,
+			void (*render)(FILE *f, const msgpack_object *reply));
 void cli_print_error(const struct gpuq_error *err);
 int cmd_ping(struct cli *cli);
 int cmd_devices(struct cli *cli);
@@ -216,6 +226,14 @@ int bench_collective(struct cli *cli);
 /* bench_sched.c (and bench_sched_*.c, bench_sched.h): gpuq bench sched */
 int bench_sched(struct cli *cli);
 /* service.c: the daemon as a service */
+/* share.c: host regions and attached buffers */
+int cmd_region(struct cli *cli);
+int cmd_regions(struct cli *cli);
+int cmd_attach(struct cli *cli);
+int cmd_leases(struct cli *cli);
+int cmd_lease(struct cli *cli);
+/* bench_attach.c: a new process attaching a resident buffer, beside get and cudaMemcpy */
+int bench_attach(struct cli *cli);
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);
 int cmd_reset_device(struct cli *cli);

@@ -55,8 +55,8 @@ int cli_report_refusal(const struct gpuq_reply *r)
  * Sends a request that takes no arguments beyond those already in req, and
  * prints the reply with render (or as JSON). Consumes req.
  */
-static int call_and_render(struct cli *cli, struct mp_map *req,
-			   void (*render)(FILE *f, const msgpack_object *reply))
+int cli_call_and_render(struct cli *cli, struct mp_map *req,
+			void (*render)(FILE *f, const msgpack_object *reply))
 {
 	struct gpuq_reply *r;
 	int rc = cli_call(cli, req, NULL, 0, &r);
@@ -80,7 +80,7 @@ static int simple_request(struct cli *cli, const char *op,
 	struct mp_map req;
 	int rc = cli_begin(cli, &req, op);
 
-	return rc ? rc : call_and_render(cli, &req, render);
+	return rc ? rc : cli_call_and_render(cli, &req, render);
 }
 
 int cmd_ping(struct cli *cli)
@@ -107,7 +107,7 @@ int cmd_buffers(struct cli *cli)
 		return rc;
 	if (cli->has_device)
 		mp_put_u64(&req, "device", cli->device);
-	return call_and_render(cli, &req, render_buffers);
+	return cli_call_and_render(cli, &req, render_buffers);
 }
 
 static void render_status(FILE *f, const msgpack_object *reply)
@@ -129,7 +129,7 @@ static int job_request(struct cli *cli, const char *op,
 	if (rc || (rc = cli_begin(cli, &req, op)))
 		return rc;
 	mp_put_u64(&req, "job", job);
-	return call_and_render(cli, &req, render);
+	return cli_call_and_render(cli, &req, render);
 }
 
 int cmd_status(struct cli *cli)

@@ -29,18 +29,51 @@ const struct cli_cmd cli_commands[] = {
 	  "Sends a job that does nothing through device N's worker (default 0):\n"
 	  "it measures dispatch.\n",
 	  JOB_OPTS | OPT_DEVICE, 0, 0, { NULL }, cmd_noop },
-	{ "alloc", "NAME (--bytes SIZE | --count N --dtype T) [--device N] [--wait-memory MS]",
+	{ "alloc", "NAME (--bytes SIZE | --count N --dtype T) [--device N] [--wait-memory MS] [--shareable]",
 	  "allocate a named buffer on a device",
 	  "Allocates buffer NAME on device N (default 0), sized either in bytes or\n"
 	  "as N elements of dtype T (bytes u8 i32 i64 f16 bf16 f32 f64). Without\n"
 	  "room on the device it fails at once (out_of_memory), or with --wait-memory\n"
-	  "MS waits up to MS milliseconds for other jobs to free enough.\n",
-	  JOB_OPTS | OPT_BYTES | OPT_COUNT | OPT_DTYPE | OPT_DEVICE | OPT_WAIT_MEMORY, 1, 1, { "NAME" },
-	  cmd_alloc },
+	  "MS waits up to MS milliseconds for other jobs to free enough. --shareable\n"
+	  "allocates it on its own (not from the pool) so that your processes may\n"
+	  "attach it (gpuq attach, gpuq_buffer_attach) and map it on the GPU.\n",
+	  JOB_OPTS | OPT_BYTES | OPT_COUNT | OPT_DTYPE | OPT_DEVICE | OPT_WAIT_MEMORY | OPT_SHAREABLE,
+	  1, 1, { "NAME" }, cmd_alloc },
 	{ "free", "BUF", "free a buffer",
 	  "Frees buffer BUF once the jobs already queued or running on it have\n"
 	  "finished; no new job may use it meanwhile.\n",
 	  JOB_OPTS, 1, 1, { "BUF" }, cmd_free },
+	{ "region", "create NAME --bytes SIZE [--device N] [--ephemeral] | free NAME",
+	  "make or free a host region: memory gpuqd pins once",
+	  "create: makes a memfd of SIZE (a multiple of 4 KiB) and hands it to gpuqd,\n"
+	  "which maps it, places its pages on device N's NUMA node (default 0) and\n"
+	  "pins it once. put/get then move bytes between a range of it and a buffer\n"
+	  "in one DMA: gpuq put region:NAME[OFFSET:LENGTH] BUF, gpuq get BUF\n"
+	  "region:NAME. Programs map the same memory (gpuq_region_open). Regions\n"
+	  "count against the host-pinned quota and gpuqd's RLIMIT_MEMLOCK. With\n"
+	  "--ephemeral the region goes when this command's connection does: it holds\n"
+	  "it until interrupted. free: after the jobs that use it.\n",
+	  OPT_BYTES | OPT_DEVICE | OPT_EPHEMERAL, 2, 2, { "create|free", "NAME" }, cmd_region },
+	{ "regions", "", "list your host regions (every user's for root)",
+	  "Lists regions: size, the device that pinned them and its NUMA node, the jobs\n"
+	  "using them, how long pinning took; and the bytes pinned beside gpuqd's\n"
+	  "RLIMIT_MEMLOCK.\n",
+	  0, 0, 0, { NULL }, cmd_regions },
+	{ "attach", "BUF [--read-only]", "map a shareable buffer here and hold a lease on it",
+	  "Attaches BUF (allocated with --shareable) as a program does with\n"
+	  "gpuq_buffer_attach: once the jobs before it on BUF are done, gpuqd sends\n"
+	  "its handle and gpuq maps it on the GPU, then holds the lease until\n"
+	  "interrupted (or broken). Meanwhile daemon jobs on BUF wait; with\n"
+	  "--read-only (a read lease) jobs that only read it go on.\n",
+	  0 | OPT_READ_ONLY, 1, 1, { "BUF" }, cmd_attach },
+	{ "leases", "", "list leases: who has which buffer attached",
+	  "Lists the leases on your buffers and your own (every lease for root and\n"
+	  "the admin group): buffer, mode, holder uid and pid, how long held.\n",
+	  0, 0, 0, { NULL }, cmd_leases },
+	{ "lease", "break LEASE", "break a lease (root and the admin group)",
+	  "Ends lease LEASE: the jobs waiting behind it go on, and its holder is told\n"
+	  "(an event lease_broken on its connection).\n",
+	  0, 2, 2, { "break", "LEASE" }, cmd_lease },
 	{ "buffers", "[--device N]", "list your buffers (every user's for root)",
 	  "Lists buffers, on device N only if given.\n", OPT_DEVICE, 0, 0, { NULL },
 	  cmd_buffers },
@@ -146,7 +179,14 @@ const struct cli_cmd cli_commands[] = {
 	  "of the bytes moved (and of the time in flight) while both have jobs\n"
 	  "queued; needs root (a child process becomes uid 65534, and gpuqd's\n"
 	  "--socket-group must let it in), skipped otherwise. Sizes shrink on the\n"
-	  "host backend. A closing table marks the H200 targets met or MISSED.\n",
+	  "host backend. A closing table marks the H200 targets met or MISSED.\n"
+	  "\n"
+	  "bench attach [--device N] [--bytes SIZE] [--requests R]: a shareable\n"
+	  "buffer of SIZE (default 10G; 64M on the host backend) filled with random\n"
+	  "bytes; R times (default 5) a new process attaches it and reads its first\n"
+	  "bytes (checked against gpuqd's), cold (the CUDA driver starting in that\n"
+	  "process) and warm; beside gpuq get of it to scratch: and a copy of it\n"
+	  "into pinned memory (cudaMemcpy). Target: attach <= 50 ms for any size.\n",
 	  BENCH_OPTS, 1, 1, { "KIND" }, cmd_bench },
 	{ "copy", "SRC DST [--engine ce|sm] [--verify] [--path auto|peer|host-staged]",
 	  "copy bytes between buffers, on one GPU or between GPUs",

@@ -176,6 +176,14 @@ struct gpuq_attachment {
 
 int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
 		       struct gpuq_attachment *out, struct gpuq_error *err);
+/*
+ * Copies n bytes at offset of the attached buffer into dst here (CUDA:
+ * cuMemcpyDtoH; with pinned, dst is registered with the driver first, so the
+ * copy runs as cudaMemcpy into pinned memory does). *seconds (may be NULL):
+ * the copy alone. For checks and benchmarks; programs use their own CUDA.
+ */
+int gpuq_attachment_read(const struct gpuq_attachment *a, uint64_t offset, void *dst, size_t n,
+			 bool pinned, double *seconds, struct gpuq_error *err);
 int gpuq_buffer_release(struct gpuq_client *c, struct gpuq_attachment *a, struct gpuq_error *err);
 
 /*

@@ -102,6 +102,8 @@ int cmd_alloc(struct cli *cli)
 		mp_put_str(&req, "dtype", cli->dtype);
 	if (cli->has_wait_memory)
 		mp_put_u64(&req, "wait_memory_ms", cli->wait_memory_ms);
+	if (cli->shareable)
+		mp_put_bool(&req, "shareable", true);
 	return job_send(cli, &req, NULL, 0);
 }
 
@@ -129,6 +131,8 @@ int cmd_checksum(struct cli *cli)
 
 /* FILE "scratch:": no file; gpuqd makes the bytes up (put) or drops them (get). */
 #define SCRATCH "scratch:"
+/* FILE "region:NAME[OFFSET:LENGTH]": a host region (gpuq region create), one DMA. */
+#define REGION "region:"
 
 /*
  * put and get: the buffer (BUF may carry a range, NAME[OFFSET:LENGTH]), the
@@ -136,7 +140,8 @@ int cmd_checksum(struct cli *cli)
  * scratch source or sink). On a terminal a progress bar runs on stderr
  * while the job does; it is cleared before the summary is printed.
  */
-static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
+static int transfer_via(struct cli *cli, const char *op, const char *buf, int fd,
+			const char *region)
 {
 	struct progress_bar bar;
 	struct gpuq_reply *r;
@@ -147,7 +152,9 @@ static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
 	if (rc)
 		return rc;
 	mp_put_str(&req, "buffer", buf);
-	if (fd >= 0)
+	if (region)
+		mp_put_str(&req, "region", region);
+	else if (fd >= 0)
 		mp_put_u64(&req, "fds", 1);
 	else
 		mp_put_bool(&req, "scratch", true);
@@ -161,9 +168,20 @@ static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
 		mp_put_str(&req, "path", cli->path);
 	snprintf(label, sizeof(label), "%s %s", op, buf);
 	progress_begin(cli, &req, &bar, label);
-	rc = cli_call(cli, &req, &fd, fd >= 0, &r);
+	rc = cli_call(cli, &req, &fd, fd >= 0 && !region, &r);
 	progress_end(cli, &bar);
 	return rc ? rc : cli_finish_job(cli, r);
+}
+
+static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
+{
+	return transfer_via(cli, op, buf, fd, NULL);
+}
+
+/* put or get through a region (FILE region:NAME[OFFSET:LENGTH]): no descriptor, one DMA. */
+static int region_transfer(struct cli *cli, const char *op, const char *buffer, const char *region)
+{
+	return transfer_via(cli, op, buffer, -1, region);
 }
 
 /* A FILE that cannot be opened is the command line's fault: exit 2. */
@@ -183,6 +201,8 @@ int cmd_put(struct cli *cli)
 		return transfer(cli, "put", cli->args[1], STDIN_FILENO);
 	if (strcmp(path, SCRATCH) == 0)
 		return transfer(cli, "put", cli->args[1], -1);
+	if (strncmp(path, REGION, strlen(REGION)) == 0)
+		return region_transfer(cli, "put", cli->args[1], path + strlen(REGION));
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return open_failed(cli, path, "reading");
@@ -213,6 +233,8 @@ int cmd_get(struct cli *cli)
 		return get_to_stdout(cli);
 	if (strcmp(path, SCRATCH) == 0)
 		return transfer(cli, "get", cli->args[0], -1);
+	if (strncmp(path, REGION, strlen(REGION)) == 0)
+		return region_transfer(cli, "get", cli->args[0], path + strlen(REGION));
 	/* Read and write where allowed: gpuqd can then map the file and write it in parallel. */
 	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
 	if (fd < 0 && errno == EACCES)

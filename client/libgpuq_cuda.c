@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 /* The ABI the functions are asked for: CUDA 12.0's, as gpuqd asks. */
 #define IMPORT_DRIVER_ABI 12000
@@ -34,6 +35,9 @@
 	X(cuMemUnmap)                                                          \
 	X(cuMemAddressFree)                                                    \
 	X(cuMemRelease)                                                        \
+	X(cuMemcpyDtoH)                                                        \
+	X(cuMemHostRegister)                                                   \
+	X(cuMemHostUnregister)                                                 \
 	X(cuGetErrorName)
 
 static struct {
@@ -182,4 +186,40 @@ int gpuq_cuda_unimport(struct gpuq_attachment *a, struct gpuq_error *err)
 		drv.cuDevicePrimaryCtxRelease(dev);
 	a->handle = 0;
 	return status;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+int gpuq_cuda_read(const struct gpuq_attachment *a, uint64_t offset, void *dst, size_t n,
+		   bool pinned, double *seconds, struct gpuq_error *err)
+{
+	CUdevice dev;
+	CUcontext ctx = NULL, popped;
+	bool registered = false;
+	int rc = -1;
+	IMPORT_TRY(drv.cuDeviceGet(&dev, a->cuda_device), out);
+	IMPORT_TRY(drv.cuDevicePrimaryCtxRetain(&ctx, dev), out);
+	IMPORT_TRY(drv.cuCtxPushCurrent(ctx), out);
+	if (pinned) {
+		IMPORT_TRY(drv.cuMemHostRegister(dst, n, 0), pop);
+		registered = true;
+	}
+	double start = now_s();
+	IMPORT_TRY(drv.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)a->ptr + offset, n), pop);
+	if (seconds)
+		*seconds = now_s() - start;
+	rc = 0;
+pop:
+	if (registered)
+		drv.cuMemHostUnregister(dst);
+	drv.cuCtxPopCurrent(&popped);
+out:
+	if (ctx)
+		drv.cuDevicePrimaryCtxRelease(dev);
+	return rc;
 }

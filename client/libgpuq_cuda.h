@@ -16,6 +16,9 @@
  * a->cuda_device. fd stays the caller's. 0, or -1 with err.
  */
 int gpuq_cuda_import(struct gpuq_attachment *a, int fd, const char *uuid, struct gpuq_error *err);
+/* gpuq_attachment_read on CUDA: cuMemcpyDtoH (into dst registered first, with pinned), timed. */
+int gpuq_cuda_read(const struct gpuq_attachment *a, uint64_t offset, void *dst, size_t n,
+		   bool pinned, double *seconds, struct gpuq_error *err);
 /* Unmaps and releases what gpuq_cuda_import made. */
 int gpuq_cuda_unimport(struct gpuq_attachment *a, struct gpuq_error *err);
 

@@ -227,6 +227,22 @@ int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_writ
 	return rc;
 }
 
+int gpuq_attachment_read(const struct gpuq_attachment *a, uint64_t offset, void *dst, size_t n,
+			 bool pinned, double *seconds, struct gpuq_error *err)
+{
+	if (!a->ptr || offset > a->bytes || n > a->bytes - offset)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "attachment read: %zu bytes at %llu are outside the %llu-byte buffer", n,
+				 (unsigned long long)offset, (unsigned long long)a->bytes);
+	if (!a->host)
+		return gpuq_cuda_read(a, offset, dst, n, pinned, seconds, err);
+	double start = now_s();
+	memcpy(dst, (const char *)a->ptr + offset, n);
+	if (seconds)
+		*seconds = now_s() - start;
+	return 0;
+}
+
 int gpuq_buffer_release(struct gpuq_client *c, struct gpuq_attachment *a, struct gpuq_error *err)
 {
 	struct gpuq_error unmap_err;

@@ -118,6 +118,30 @@ check wait 0 gpuq wait 1
 check status_missing_is_1 1 gpuq status 99999
 check cancel_finished 0 gpuq cancel 1
 check free 0 gpuq free w
+# host regions: put and get through one (one DMA, path region), listed, freed; refusals exit 1
+check region_create 0 gpuq region create rg --bytes 1M
+expect region_create_says_pinned "region rg: 1.00 MiB pinned" out
+check region_alloc 0 gpuq alloc rb --bytes 1M
+check region_put 0 gpuq put "$dir/data" rb
+check region_get 0 gpuq get 'rb[1:4096]' 'region:rg[3:]'
+expect region_get_path "4.00 KiB in .*region" out
+check region_put_back 0 gpuq put 'region:rg[3:4096]' 'rb[512K:]' --verify
+expect region_put_verified "region, verified" out
+check region_put_back_bytes 0 sh -c "tail -c +2 \"$dir/data\" | head -c 4096 > \"$dir/part1\" && \"$BUILD/gpuq\" --socket \"$sock\" get 'rb[512K:4096]' - | cmp - \"$dir/part1\""
+check regions 0 gpuq regions
+expect regions_lists_rg "^rg " out
+check region_missing_is_1 1 gpuq put region:nope rb
+expect region_missing_names_it "region 'nope' not found" err
+check region_usage_is_2 2 gpuq region make rg
+check region_free 0 gpuq region free rg
+check region_free_rb 0 gpuq free rb
+# a shareable buffer attached by new processes, beside get and a plain copy
+check bench_attach 0 gpuq bench attach --bytes 4M --requests 2
+expect bench_attach_bytes_match "bytes match gpuqd's" out
+check attach_not_shareable_is_1 1 gpuq attach f@1
+expect attach_not_shareable_says_so "not shareable" err
+check leases_none 0 gpuq leases
+expect leases_none_says_so "no leases" out
 check bench_dispatch 0 gpuq bench dispatch --clients 1 --requests 200
 expect bench_has_echo "echo" out
 # gpuq bench sched, small: every part measured (fairness needs root, else says why it is

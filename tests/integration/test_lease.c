@@ -1,0 +1,307 @@
+/*
+ * Shareable buffers and leases: a client attaches a buffer (on the host
+ * backend its memfd-backed arena piece, mapped here), and the scheduler
+ * honours the lease: daemon jobs that write wait behind any lease, jobs
+ * that read pass a read lease and wait behind a read-write one, each with
+ * waiting_reason `lease`; free waits too. A lease ends by release, by its
+ * connection closing (a client killed while holding it) and by lease_break,
+ * which tells the holder. On the CUDA tier the same tests run through the
+ * driver's import (libgpuq_cuda.c), with checks made by daemon jobs.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/integration/fixture.h"
+#include "workers/host_patterns.h"
+
+#define MIB (1024u * 1024u)
+
+static void alloc_shareable(struct gpuq_client *c, const char *name, uint64_t bytes)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", name);
+	mp_put_u64(&req, "bytes", bytes);
+	mp_put_bool(&req, "shareable", true);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "alloc shareable");
+	CHECK(reply_path(r, "job.result.shareable")->via.boolean);
+	gpuq_reply_free(r);
+}
+
+static void attach(struct gpuq_client *c, const char *buffer, bool rw, struct gpuq_attachment *a)
+{
+	struct gpuq_error err;
+	CHECKF(gpuq_buffer_attach(c, buffer, rw, a, &err) == 0, "attach %s: %s", buffer, err.message);
+	CHECK(a->ptr != NULL && a->lease > 0);
+	CHECK_EQ(a->host, !test_backend_is_cuda());
+}
+
+static void release(struct gpuq_client *c, struct gpuq_attachment *a)
+{
+	struct gpuq_error err;
+	CHECKF(gpuq_buffer_release(c, a, &err) == 0, "release: %s", err.message);
+}
+
+/* A job on buffer, not waited for; returns its id. */
+static uint64_t submit(struct gpuq_client *c, const char *op, const char *buffer)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_str(&req, "buffer", buffer);
+	if (strcmp(op, "fill") == 0) {
+		mp_put_str(&req, "pattern", "value");
+		mp_put_u64(&req, "value", 7);
+	}
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, op);
+	uint64_t id = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	return id;
+}
+
+static struct gpuq_reply *status(struct gpuq_client *c, uint64_t job)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "status");
+	mp_put_u64(&req, "job", job);
+	return call(c, &req, NULL, 0);
+}
+
+/* Waits (up to 2 s) until job is queued behind lease, and says so. */
+static void expect_behind_lease(struct gpuq_client *c, uint64_t job, uint64_t lease)
+{
+	char reason[32] = "";
+	for (int i = 0; i < 200; i++) {
+		struct gpuq_reply *r = status(c, job);
+		const msgpack_object *o = reply_path(r, "job.waiting_reason");
+		if (o && o->type == MSGPACK_OBJECT_STR)
+			snprintf(reason, sizeof reason, "%.*s", (int)o->via.str.size, o->via.str.ptr);
+		bool behind = strcmp(reason, "lease") == 0 && reply_u64(r, "job.waiting_job") == lease;
+		gpuq_reply_free(r);
+		if (behind)
+			return;
+		usleep(10000);
+	}
+	CHECKF(false, "job %llu is not waiting behind lease %llu (waiting_reason '%s')",
+	       (unsigned long long)job, (unsigned long long)lease, reason);
+}
+
+static struct gpuq_reply *wait_for(struct gpuq_client *c, uint64_t job)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "wait");
+	mp_put_u64(&req, "job", job);
+	return call(c, &req, NULL, 0);
+}
+
+static uint64_t job_checksum(struct gpuq_client *c, uint64_t job)
+{
+	struct gpuq_reply *r = wait_for(c, job);
+	expect_ok(r, "the job behind the lease");
+	uint64_t sum = reply_u64(r, "job.result.checksum");
+	gpuq_reply_free(r);
+	return sum;
+}
+
+static void expect_done(struct gpuq_client *c, uint64_t job)
+{
+	struct gpuq_reply *r = wait_for(c, job);
+	expect_ok(r, "the job behind the lease");
+	gpuq_reply_free(r);
+}
+
+static bool job_finished(struct gpuq_client *c, uint64_t job)
+{
+	struct gpuq_reply *r = status(c, job);
+	char state[16];
+	reply_str(r, "job.state", state, sizeof state);
+	gpuq_reply_free(r);
+	return strcmp(state, "done") == 0;
+}
+
+TEST(read_write_lease_holds_daemon_jobs_until_released)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	require_backend();
+	if (test_backend_is_cuda())
+		SKIP("writes through a host mapping; the GPU program tests/gpu/attach_selftest does this on CUDA");
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
+	alloc_shareable(holder, "s", MIB);
+	do_fill_random(holder, "s", 5);
+	uint64_t before = do_checksum(holder, "s");
+	attach(holder, "s", true, &a);
+	CHECK_EQ(a.bytes, MIB);
+	CHECK_EQ(host_checksum(a.ptr, MIB), before); /* the daemon's bytes, mapped here */
+	uint64_t check = submit(other, "checksum", "s"); /* reads, behind a read-write lease */
+	expect_behind_lease(other, check, a.lease);
+	host_fill_pattern(a.ptr, MIB, 0x5a, 1);
+	uint64_t written = host_checksum(a.ptr, MIB);
+	release(holder, &a);
+	CHECK_EQ(job_checksum(other, check), written); /* sees the client's writes */
+	gpuq_close(other);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
+TEST(read_leases_let_readers_pass_and_hold_writers)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment r1, r2;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *c1 = client_open(&d), *c2 = client_open(&d), *other = client_open(&d);
+	alloc_shareable(c1, "s", MIB);
+	do_fill_random(c1, "s", 6);
+	uint64_t sum = do_checksum(c1, "s");
+	attach(c1, "s", false, &r1);
+	attach(c2, "s", false, &r2); /* a second reader while the first holds its lease */
+	CHECK(!r1.read_write && !r2.read_write);
+	CHECK_EQ(do_checksum(other, "s"), sum); /* a reading job runs at once */
+	uint64_t fill = submit(other, "fill", "s");
+	expect_behind_lease(other, fill, r1.lease);
+	release(c1, &r1);
+	expect_behind_lease(other, fill, r2.lease);
+	struct mp_map req;
+	gpuq_request_begin(other, &req, "leases");
+	struct gpuq_reply *l = call(other, &req, NULL, 0);
+	CHECK_EQ(reply_path(l, "leases")->via.array.size, 1);
+	CHECK_EQ(reply_u64(l, "leases.0.pid"), (uint64_t)getpid());
+	char mode[16];
+	reply_str(l, "leases.0.mode", mode, sizeof mode);
+	CHECK_STR(mode, "read");
+	gpuq_reply_free(l);
+	release(c2, &r2);
+	expect_done(other, fill);
+	gpuq_close(other);
+	gpuq_close(c2);
+	gpuq_close(c1);
+	daemon_stop(&d);
+}
+
+TEST(free_of_a_leased_buffer_waits_for_the_release)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
+	alloc_shareable(holder, "s", MIB);
+	attach(holder, "s", false, &a);
+	uint64_t freeing = submit(other, "free", "s");
+	expect_behind_lease(other, freeing, a.lease);
+	CHECK(!job_finished(other, freeing));
+	release(holder, &a);
+	expect_done(other, freeing);
+	gpuq_close(other);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
+TEST(a_client_killed_holding_a_lease_loses_it)
+{
+	struct daemon_proc d;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	alloc_shareable(c, "s", MIB);
+	int ready[2];
+	CHECK(pipe(ready) == 0);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) { /* attaches, says so, and waits to be killed */
+		struct gpuq_client *child = client_open(&d);
+		struct gpuq_attachment a;
+		attach(child, "s", true, &a);
+		CHECK(write(ready[1], &a.lease, sizeof a.lease) == sizeof a.lease);
+		pause();
+		_exit(0);
+	}
+	uint64_t lease = 0;
+	CHECK(read(ready[0], &lease, sizeof lease) == sizeof lease);
+	uint64_t fill = submit(c, "fill", "s");
+	expect_behind_lease(c, fill, lease);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	expect_done(c, fill);
+	close(ready[0]);
+	close(ready[1]);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+static void on_event(const msgpack_object *event, void *arg)
+{
+	char *seen = arg;
+	const msgpack_object *e = msg_map_get(event, "event");
+	if (e && e->type == MSGPACK_OBJECT_STR)
+		snprintf(seen, 32, "%.*s", (int)e->via.str.size, e->via.str.ptr);
+}
+
+TEST(lease_break_lets_jobs_proceed_and_tells_the_holder)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	char seen[32] = "";
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *admin = client_open(&d);
+	gpuq_set_event_handler(holder, on_event, seen);
+	alloc_shareable(holder, "s", MIB);
+	attach(holder, "s", true, &a);
+	uint64_t fill = submit(admin, "fill", "s");
+	expect_behind_lease(admin, fill, a.lease);
+	struct mp_map req;
+	gpuq_request_begin(admin, &req, "lease_break");
+	mp_put_u64(&req, "lease", a.lease);
+	struct gpuq_reply *r = call(admin, &req, NULL, 0);
+	expect_ok(r, "lease_break by root");
+	gpuq_reply_free(r);
+	expect_done(admin, fill);
+	gpuq_request_begin(holder, &req, "ping"); /* the event comes before this reply */
+	gpuq_reply_free(call(holder, &req, NULL, 0));
+	CHECK_STR(seen, "lease_broken");
+	struct gpuq_error err;
+	CHECK(gpuq_buffer_release(holder, &a, &err) < 0 && err.code == GPUQ_E_NOT_FOUND);
+	gpuq_close(admin);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
+TEST(attach_refusals)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	struct gpuq_error err;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "pool", 0, MIB);
+	CHECK(gpuq_buffer_attach(c, "pool", true, &a, &err) < 0);
+	CHECKF(err.code == GPUQ_E_BAD_REQUEST && strstr(err.message, "not shareable"), "%s", err.message);
+	CHECK(gpuq_buffer_attach(c, "missing", true, &a, &err) < 0 && err.code == GPUQ_E_NOT_FOUND);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "release");
+	mp_put_u64(&req, "lease", 999);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_NOT_FOUND, "lease 999");
+	gpuq_reply_free(r);
+	alloc_shareable(c, "s", MIB);
+	gpuq_request_begin(c, &req, "attach");
+	mp_put_str(&req, "buffer", "s");
+	mp_put_str(&req, "mode", "write");
+	r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_BAD_REQUEST, "read or read-write");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
