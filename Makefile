@@ -62,7 +62,7 @@ LIBGPUQ_OBJ := $(call obj,$(LIBGPUQ_SRC)) $(PROTOCOL_OBJ)
 
 BINARIES := $(BUILD)/gpuqd $(BUILD)/gpuq $(BUILD)/libgpuq.a $(BUILD)/include/gpuq.h \
             $(BUILD)/tests/unit $(BUILD)/tests/itest $(BUILD)/tests/kernels_selftest \
-            $(BUILD)/tests/copy_selftest
+            $(BUILD)/tests/copy_selftest $(BUILD)/tests/attach_selftest
 
 .PHONY: all test gpu-check demo fuzz asan tsan clean deps
 all: $(BINARIES)
@@ -111,6 +111,12 @@ $(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(cal
 		$(call obj,$(SELFTEST_C_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(CUDA_LIBS) -lstdc++ -lm -pthread
+
+# Client processes attaching a gpuq buffer and running their own kernel on it (gpu-check).
+$(BUILD)/tests/attach_selftest: $(BUILD)/obj/tests/gpu/attach_selftest.o \
+		$(BUILD)/obj/tests/gpu/attach_kernel.o $(BUILD)/obj/workers/host_patterns.o $(BUILD)/libgpuq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) $(CUDA_LIBS) -lstdc++ -lm -pthread
 
 # The SM copy kernel, every alignment pair and length, on the GPU (run by gpu-check).
 $(BUILD)/tests/copy_selftest: $(BUILD)/obj/tests/gpu/copy_selftest.o $(call obj,$(KERNELS_SRC))

@@ -118,6 +118,23 @@ static void print_notes(const msgpack_object *res)
 	}
 }
 
+/* Each size's one-time cost of a region, and from what transfer size it pays for itself. */
+static void print_pins(const msgpack_object *res)
+{
+	const msgpack_object *pins = array_of(res, "region_pin");
+	char size[32], h2d[32], d2h[32];
+	for (uint32_t i = 0; pins && i < pins->via.array.size; i++) {
+		const msgpack_object *p = &pins->via.array.ptr[i];
+		uint64_t be[2] = { field_u64(p, "break_even_h2d", 0), field_u64(p, "break_even_d2h", 0) };
+		printf("region pinning of %s: %.1f ms once; pinning and one region copy beat one staged "
+		       "memfd copy from %s (H2D), %s (D2H)\n",
+		       human_bytes(size, sizeof size, field_u64(p, "bytes", 0), 0),
+		       field_f64(p, "pin_s", 0) * 1e3,
+		       be[0] ? human_bytes(h2d, sizeof h2d, be[0], 1) : "never",
+		       be[1] ? human_bytes(d2h, sizeof d2h, be[1], 1) : "never");
+	}
+}
+
 static void print_table(const msgpack_object *copy, const msgpack_object *d2d)
 {
 	static const struct table_col cols[] = {
@@ -139,6 +156,7 @@ static void print_table(const msgpack_object *copy, const msgpack_object *d2d)
 		add_rows(&t, d2d);
 	table_print(&t, stdout);
 	table_free(&t);
+	print_pins(copy);
 	print_notes(copy);
 	if (d2d)
 		print_notes(d2d);

@@ -50,6 +50,21 @@ static void render_bench_copy(const struct job *job, struct mp_map *out)
 	for (unsigned i = 0; i < s->nnotes; i++)
 		mp_array_str(&notes, s->notes[i]);
 	mp_put_array(out, "notes", &notes);
+	struct mp_array pins;
+	mp_array_init(&pins);
+	for (unsigned i = 0; i < s->npins; i++) {
+		const struct bench_copy_pin *p = &s->pins[i];
+		if (!p->bytes)
+			continue; /* pinning failed: a note says why */
+		struct mp_map m;
+		mp_map_init(&m);
+		mp_put_u64(&m, "bytes", p->bytes);
+		mp_put_f64(&m, "pin_s", p->pin_s);
+		mp_put_u64(&m, "break_even_h2d", (uint64_t)p->break_even[0]);
+		mp_put_u64(&m, "break_even_d2h", (uint64_t)p->break_even[1]);
+		mp_array_map(&pins, &m);
+	}
+	mp_put_array(out, "region_pin", &pins);
 }
 
 static void release_bench_copy(struct job *job)

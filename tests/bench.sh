@@ -59,6 +59,14 @@ if [ "${GPUQ_BENCH_COPY_SWEEP:-0}" = 1 ]; then
 		stop_daemon
 	done
 fi
+# Attaching a resident buffer from new processes (10 GiB on a GPU, 64 MiB in
+# the host arena), beside get to scratch: and a copy into pinned memory; the
+# region rows (H2D and D2H through a region, and pinning's one-time cost)
+# are in the copy table above.
+start_daemon
+echo "-- attach ($backend backend)" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench attach | tee -a "$table"
+stop_daemon
 # Kernel chains: launch-bound eager vs graph, bandwidth-bound eager/graph/fused
 # beside cudaMemcpy D2D, and graph instantiate/update/hit (1 GiB on a GPU;
 # the host backend's 1G arena holds two 64M buffers).

@@ -36,6 +36,8 @@ step copy-sass sh tests/gpu/copy_sass.sh "$BUILD"     # its 16-byte accesses, no
 # The chain kernels' machine code, kept for reading against the bench (no GPU time).
 step chain-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain.o"
 step chain-expr-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain_expr.o"
+# Client processes attaching a 1 GiB buffer, their own kernel on it, read leases side by side.
+step attach sh tests/gpu/attach.sh "$BUILD"
 GPUQ_REQUIRE_GPU=1 GPUQ_TEST_LOG="$OUT/tests-detail.log" step tests sh tests/run.sh "$BUILD"
 step bench sh tests/bench.sh "$BUILD"
 
@@ -50,6 +52,8 @@ sed -n '/^--math fast/,/^$/p' "$OUT/kernels.log"
 printf '%-10s %s\n' "copy-kernel" "$(tail -n 1 "$OUT/copy-kernel.log")"
 grep '^bench 4 GiB' "$OUT/copy-kernel.log"
 printf '%-10s %s\n' "copy-sass" "$(tail -n 1 "$OUT/copy-sass.log")"
+printf '%-10s %s\n' "attach" "$(tail -n 1 "$OUT/attach.log")"
+grep -E '^(FAIL|attach \()' "$OUT/attach.log" | head -10
 printf '%-10s %s\n' "tests" "$(grep -E '^[0-9]+ passed' "$OUT/tests.log" | tail -n 1)"
 grep -E '^(FAIL|GPU tests)' "$OUT/tests.log" | head -20
 grep -E '^RESULT python' "$OUT/tests.log"

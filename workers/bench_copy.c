@@ -9,6 +9,9 @@
  *     gpuq file                        the same, a regular file in the page
  *                                      cache ($TMPDIR or /tmp, unlinked at once)
  *     gpuq memfd registered            the same memfd, path registered
+ *     gpuq region                      the same memfd pinned once as a region
+ *                                      (workers/region_pin.c): one DMA a copy;
+ *                                      the pinning's cost is timed apart
  *     gpuq scratch                     no file: the copy threads make up the
  *                                      bytes (put) or drop them (get), which
  *                                      shows the pipeline without file I/O
@@ -36,12 +39,13 @@
 
 #include "workers/clock.h"
 #include "workers/copy_hash.h"
+#include "workers/region_pin.h"
 #include "workers/transfer.h"
 
 #define MAX_REPEATS 100
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-enum method_kind { M_PAGEABLE, M_PINNED, M_MEMFD, M_FILE, M_REGISTERED, M_SCRATCH };
+enum method_kind { M_PAGEABLE, M_PINNED, M_MEMFD, M_FILE, M_REGISTERED, M_REGION, M_SCRATCH };
 
 struct bench {
 	struct device *dev;
@@ -57,6 +61,8 @@ struct bench {
 	int memfd, file;
 	unsigned char *memfd_map, *file_map;
 	const char *skip_file; /* why the file rows are skipped, or NULL */
+	void *region_map;      /* the memfd pinned as a region (NULL: the region rows are skipped) */
+	struct bench_copy_pin *pin;
 };
 
 static void note(struct bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -182,8 +188,43 @@ static int open_file(struct bench *b)
 	return 0;
 }
 
+/* The memfd pinned as a region, timed; a failure is a note and no region rows. */
+static void open_region(struct bench *b)
+{
+	struct gpuq_error err;
+	char size[32];
+	int node;
+	b->pin = b->spec->npins < BENCH_COPY_MAX_SIZES ? &b->spec->pins[b->spec->npins++] : NULL;
+	double start = monotonic_seconds();
+	if (!b->pin || region_pin_map(b->dev, b->memfd, b->size, &b->region_map, &node, &err) < 0) {
+		b->region_map = NULL;
+		if (b->pin)
+			note(b, "%s region rows skipped: %s", size_name(b->size, size, sizeof size),
+			     err.message);
+		return;
+	}
+	b->pin->bytes = b->size;
+	b->pin->pin_s = monotonic_seconds() - start;
+}
+
+/*
+ * Pinning once and one region copy against one copy of the staged memfd
+ * path: the size from which the first is quicker (bytes; 0: never).
+ */
+static void region_break_even(struct bench *b, bool h2d, double staged_gbps, double region_gbps)
+{
+	if (!b->pin || !b->region_map || staged_gbps <= 0 || region_gbps <= staged_gbps)
+		return;
+	double per_byte_saved = 1 / (staged_gbps * 1e9) - 1 / (region_gbps * 1e9);
+	b->pin->break_even[h2d ? 0 : 1] = b->pin->pin_s / per_byte_saved;
+}
+
 static void close_host(struct bench *b)
 {
+	struct gpuq_error ignored;
+	if (b->region_map)
+		region_pin_unmap(b->dev, b->region_map, b->size, &ignored);
+	b->region_map = NULL;
 	if (b->memfd_map)
 		munmap(b->memfd_map, b->size);
 	if (b->file_map)
@@ -217,6 +258,7 @@ static int open_host(struct bench *b)
 	}
 	if (open_memfd(b) < 0)
 		return -1;
+	open_region(b);
 	return open_file(b);
 }
 
@@ -246,7 +288,8 @@ static int run_transfer(struct bench *b, bool h2d, int fd, enum transfer_path pa
 	w.fd = fd;
 	w.path = path;
 	w.verify = verify;
-	w.scratch = fd < 0;
+	w.host = fd < 0 && path == TRANSFER_PATH_REGISTERED ? b->region_map : NULL;
+	w.scratch = fd < 0 && !w.host;
 	w.seed = b->seed; /* scratch: the source's own bytes */
 	if (fd >= 0 && lseek(fd, 0, SEEK_SET) < 0)
 		return gpuq_fail(err, GPUQ_E_IO, "bench: lseek: %s", strerror(errno));
@@ -276,6 +319,8 @@ static int run_once(struct bench *b, bool h2d, enum method_kind kind, double *se
 	case M_REGISTERED:
 		return run_transfer(b, h2d, b->memfd, TRANSFER_PATH_REGISTERED, false, seconds, taken,
 				    err);
+	case M_REGION: /* no descriptor, the pinned mapping: path region */
+		return run_transfer(b, h2d, -1, TRANSFER_PATH_REGISTERED, false, seconds, taken, err);
 	case M_SCRATCH:
 		return run_transfer(b, h2d, -1, TRANSFER_PATH_AUTO, false, seconds, taken, err);
 	}
@@ -295,7 +340,8 @@ static unsigned char *host_side(struct bench *b, enum method_kind kind)
 	case M_PAGEABLE: return b->src;
 	case M_PINNED: return b->pinned;
 	case M_MEMFD:
-	case M_REGISTERED: return b->memfd_map;
+	case M_REGISTERED:
+	case M_REGION: return b->memfd_map; /* the region's pages: the same memfd */
 	case M_FILE: return b->file_map;
 	case M_SCRATCH: return NULL;
 	}
@@ -398,23 +444,28 @@ static int bench_direction(struct bench *b, bool h2d)
 		{ M_MEMFD, "gpuq memfd", "gpuq memfd", "gpuq" },
 		{ M_FILE, "gpuq file", "gpuq file", "gpuq" },
 		{ M_REGISTERED, "gpuq memfd registered", "gpuq memfd registered", "gpuq" },
+		{ M_REGION, "gpuq region", "gpuq region", "gpuq" },
 		{ M_SCRATCH, "gpuq scratch", "gpuq scratch", "gpuq" },
 	};
 	const char *group = h2d ? "H2D" : "D2H";
 	unsigned first = b->spec->nrows;
-	double ceiling = 0;
+	double ceiling = 0, staged = 0, region = 0;
 	for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
 		const char *name = b->cuda ? methods[i].cuda_name : methods[i].host_name;
-		if (!name || (methods[i].kind == M_FILE && b->skip_file))
+		enum method_kind kind = methods[i].kind;
+		if (!name || (kind == M_FILE && b->skip_file) || (kind == M_REGION && !b->region_map))
 			continue;
 		struct bench_row *row = add_row(b, group, name, methods[i].role);
-		if (!row || measure(b, h2d, methods[i].kind, row) < 0)
+		if (!row || measure(b, h2d, kind, row) < 0)
 			return -1;
 		if (strcmp(methods[i].role, "ceiling") == 0)
 			ceiling = row->gbps;
+		staged = kind == M_MEMFD ? row->gbps : staged;
+		region = kind == M_REGION ? row->gbps : region;
 	}
 	for (unsigned i = first; i < b->spec->nrows; i++)
 		b->spec->rows[i].ceiling = ceiling;
+	region_break_even(b, h2d, staged, region);
 	return 0;
 }
 

@@ -28,6 +28,18 @@ struct bench_copy_spec {
 	unsigned nrows;
 	char notes[BENCH_COPY_MAX_NOTES][160]; /* what was skipped, and why */
 	unsigned nnotes;
+	/*
+	 * Per size, what a region costs: pinning it once (mmap, place,
+	 * populate, cudaHostRegister portable) and the transfer size from which
+	 * pinning plus one region copy beats one copy of the staged memfd path
+	 * (0: the region is not faster, never).
+	 */
+	struct bench_copy_pin {
+		uint64_t bytes;
+		double pin_s;
+		double break_even[2]; /* H2D, D2H: bytes */
+	} pins[BENCH_COPY_MAX_SIZES];
+	unsigned npins;
 	unsigned copy_threads; /* the settings measured */
 	uint64_t slot_bytes;
 	unsigned slots;
