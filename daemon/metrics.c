@@ -293,6 +293,35 @@ static void render_devices(struct daemon *d, struct metrics_text *t,
 	render_engines(d, t, snap);
 }
 
+/* Zero-copy sharing: regions pinned per device (and against RLIMIT_MEMLOCK), leases per device and mode. */
+static void render_sharing(struct daemon *d, struct metrics_text *t)
+{
+	uint64_t limit;
+	unsigned n;
+	header(t, "gpuq_region_bytes", "gauge", "Host memory pinned for regions, by the device that pinned it.");
+	for (int i = 0; i < d->pool.count; i++)
+		emit(t, "gpuq_region_bytes{gpu=\"%d\"} %llu\n", i,
+		     (unsigned long long)region_bytes_on(&d->regions, i, &n));
+	header(t, "gpuq_regions", "gauge", "Host regions, by the device that pinned them.");
+	for (int i = 0; i < d->pool.count; i++) {
+		region_bytes_on(&d->regions, i, &n);
+		emit(t, "gpuq_regions{gpu=\"%d\"} %u\n", i, n);
+	}
+	if (region_memlock_limit(&limit)) {
+		header(t, "gpuq_memlock_limit_bytes", "gauge", "gpuqd's RLIMIT_MEMLOCK, which regions count against.");
+		emit(t, "gpuq_memlock_limit_bytes %llu\n", (unsigned long long)limit);
+	}
+	header(t, "gpuq_leases", "gauge", "Leases held on shareable buffers, by device and mode.");
+	for (int i = 0; i < d->pool.count; i++) {
+		unsigned rw = 0, ro = 0;
+		for (const struct lease *l = d->leases.head; l; l = l->next)
+			if (l->state == LEASE_HELD && l->buffer->device == i)
+				*(l->write ? &rw : &ro) += 1;
+		emit(t, "gpuq_leases{gpu=\"%d\",mode=\"read-write\"} %u\n", i, rw);
+		emit(t, "gpuq_leases{gpu=\"%d\",mode=\"read\"} %u\n", i, ro);
+	}
+}
+
 /* The kernel chains' counters per device; graph_entries and kernel_entries are the caches' sizes now. */
 static void render_chain(struct daemon *d, struct metrics_text *t)
 {
@@ -352,6 +381,7 @@ int metrics_render(struct daemon *d, struct metrics_text *t)
 	render_jobs(d, t);
 	render_queues(d, t, depth);
 	render_devices(d, t, snap);
+	render_sharing(d, t);
 	render_chain(d, t);
 	render_service(d, t);
 	return t->failed ? -1 : 0;
