@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "workers/numa.h"
 #include "workers/sched.h"
@@ -21,9 +22,20 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
+/*
+ * Whole pages: what is mapped and registered. The last page of a memfd whose
+ * size is not a multiple of it exists whole, so this never maps past its end.
+ */
+static uint64_t page_round(uint64_t n)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	return (n + page - 1) / page * page;
+}
+
 int region_pin_map(struct device *dev, int fd, uint64_t length, void **map, int *node,
 		   struct gpuq_error *err)
 {
+	length = page_round(length);
 	*map = NULL;
 	*node = numa_node_of_pci(dev->info.pci_bus_id);
 	void *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -53,6 +65,7 @@ int region_pin_unmap(struct device *dev, void *map, uint64_t length, struct gpuq
 	int rc = 0;
 	if (!map)
 		return 0;
+	length = page_round(length);
 	if (!dev->faulted) /* a reset took the registration with the context */
 		rc = dev->ops->host_unregister(dev, map, err);
 	if (munmap(map, length) != 0 && rc == 0)

@@ -826,7 +826,7 @@ TEST(bench_copy_rows_are_measured_and_verified)
 	expect_ok(r, "bench_copy");
 	const msgpack_object *rows = reply_path(r, "job.result.rows");
 	CHECK(rows && rows->type == MSGPACK_OBJECT_ARRAY);
-	unsigned per_size = test_backend_is_cuda() ? 12 : 10;
+	unsigned per_size = test_backend_is_cuda() ? 14 : 12; /* with gpuq region both ways */
 	CHECKF(rows->via.array.size == 2 * per_size, "%u rows", rows->via.array.size);
 	for (uint32_t i = 0; i < rows->via.array.size; i++) {
 		const msgpack_object *row = &rows->via.array.ptr[i];
@@ -846,6 +846,10 @@ TEST(bench_copy_rows_are_measured_and_verified)
 	}
 	const msgpack_object *notes = reply_path(r, "job.result.notes");
 	CHECK(notes && notes->via.array.size >= 1);
+	const msgpack_object *pins = reply_path(r, "job.result.region_pin");
+	CHECK(pins && pins->type == MSGPACK_OBJECT_ARRAY && pins->via.array.size == 2);
+	CHECK(reply_f64(r, "job.result.region_pin.1.pin_s") > 0);
+	CHECK_EQ(reply_u64(r, "job.result.region_pin.1.bytes"), (3u << 20) + 5);
 	gpuq_reply_free(r);
 	/* refusals */
 	gpuq_request_begin(c, &req, "bench_copy");

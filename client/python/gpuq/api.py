@@ -24,7 +24,7 @@ import os
 from typing import (Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
-from . import arrays, endpoints
+from . import arrays, endpoints, memfd, share
 from .dispatch import Call
 from .errors import GpuqError, error_from_map
 from .job import Job, timeout_ms
@@ -423,3 +423,92 @@ class Api:
         """
         return self._drive(arrays.get_array_plan(self, buffer, out, dtype, shape, dict(
             priority=priority, timeout=timeout, on_progress=on_progress)))
+
+    # Zero-copy sharing (gpuq/share.py) ----------------------------------------
+
+    def region_create(self, name: str, nbytes: int, *, device: int = 0,
+                      ephemeral: bool = False, timeout: Optional[float] = None) -> "share.Region":
+        """Makes a host region of ``nbytes`` (a multiple of 4096) that gpuqd pins once.
+
+        A sealed memfd is made here, handed to gpuqd (which maps it, places
+        it on ``device``'s NUMA node and pins it) and mapped here: the
+        returned :class:`~gpuq.share.Region` reads and writes the same
+        memory. ``put(None, buf, region=r.ref(0, n))`` and ``get(buf, None,
+        region=...)`` then move bytes with one DMA. ``ephemeral``: gpuqd
+        frees it when this connection closes.
+        """
+        return self._drive(self._region_create_plan(name, nbytes, device, ephemeral, timeout))
+
+    def _region_create_plan(self, name: str, nbytes: int, device: int, ephemeral: bool,
+                            timeout: Optional[float]) -> Plan:
+        fd = memfd.create(nbytes, name)
+        try:
+            yield from self._job_plan("region_create", dict(name=name, bytes=nbytes,
+                                                            device=device, ephemeral=ephemeral),
+                                      fds=(fd,), timeout=timeout)
+            region = share.Region(name, fd, nbytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        return region
+
+    def region_open(self, name: str, **fields: Any) -> "share.Region":
+        """Maps an existing region of the caller's (gpuqd sends its memfd)."""
+        return self._drive(self._region_open_plan(name, fields))
+
+    def _region_open_plan(self, name: str, fields: Dict[str, Any]) -> Plan:
+        reply = yield from self._request_plan("region_open", dict(fields, name=name))
+        fds = reply.get("_fds") or []
+        try:
+            return share.Region(name, fds[0], int(reply["bytes"]))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+
+    def region_free(self, name: str, *, timeout: Optional[float] = None, **fields: Any) -> Job:
+        """Lets gpuqd unpin a region, after the jobs that use it."""
+        return self.job("region_free", name=name, timeout=timeout, **fields)
+
+    def regions(self) -> Dict[str, Any]:
+        """The caller's regions (every user's for root), ``pinned_bytes`` and ``memlock_limit``."""
+        return self.request("regions")
+
+    def attach(self, buffer: str, *, mode: str = "read-write",
+               timeout: Optional[float] = None, **fields: Any) -> "share.Attachment":
+        """Maps a shareable buffer here and holds a lease on it (``mode``: ``read-write`` or ``read``).
+
+        Waits until the jobs before it on the buffer are done. On a GPU the
+        :class:`~gpuq.share.Attachment` is a device pointer in this process's
+        CUDA context, with ``__cuda_array_interface__`` (``cupy.asarray(a)``);
+        on the host backend ``a.array()`` is a numpy array over it. gpuqd's
+        jobs on the buffer wait until :meth:`release`.
+        """
+        return self._drive(self._attach_plan(buffer, mode, timeout, fields))
+
+    def _attach_plan(self, buffer: str, mode: str, timeout: Optional[float],
+                     fields: Dict[str, Any]) -> Plan:
+        req = dict(fields, buffer=buffer, mode=mode, wait=True, timeout_ms=timeout_ms(timeout))
+        reply = yield Call("attach", req, (), waits=True, wait_s=timeout)
+        fds = reply.get("_fds") or []
+        try:
+            return share.Attachment(reply["job"]["result"], fds[0])
+        except BaseException:
+            yield Call("release", {"lease": reply["job"]["result"]["lease"]})
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def release(self, attachment: "share.Attachment") -> Dict[str, Any]:
+        """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on)."""
+        attachment.unmap()
+        return self.request("release", lease=attachment.lease)
+
+    def leases(self) -> List[Dict[str, Any]]:
+        """Leases on the caller's buffers and its own (every lease for root and the admin group)."""
+        return self.request("leases")["leases"]
+
+    def lease_break(self, lease: int) -> Dict[str, Any]:
+        """Ends a lease (root and the admin group); its holder gets a ``lease_broken`` event."""
+        return self.request("lease_break", lease=lease)

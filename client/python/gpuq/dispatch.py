@@ -68,6 +68,8 @@ class Dispatcher:
         self.last_heard = 0.0
         self.ping_id: Optional[int] = None
         self.ping_sent = 0.0
+        # Descriptors received (SCM_RIGHTS) and not yet claimed by the reply they came with.
+        self.fds: List[int] = []
 
     def add(self, call: Call, slot: Any) -> Tuple[int, bytes]:
         """Parks ``slot`` under a fresh id; returns the id and the frame of ``call``.
@@ -113,6 +115,11 @@ class Dispatcher:
         self.last_heard = now
         for frame in frames:
             rid = frame.get("id")
+            if isinstance(frame.get("fds"), int) and "event" not in frame:
+                # A reply with descriptors (attach, region_open) claims them in
+                # arrival order: they came with its frame's first byte.
+                count = frame["fds"]
+                frame["_fds"], self.fds = self.fds[:count], self.fds[count:]
             if "event" in frame:
                 slot = self.pending.get(rid)
                 if slot is not None:
@@ -137,7 +144,9 @@ class Dispatcher:
         daemon closed it or sent what cannot be read.
         """
         try:
-            data = sock.recv(READ_CHUNK)
+            data, fds, _, _ = socket.recv_fds(sock, READ_CHUNK, MAX_FDS,
+                                              socket.MSG_CMSG_CLOEXEC)
+            self.fds.extend(fds)
         except (BlockingIOError, InterruptedError, socket.timeout):
             return False, None
         except ConnectionResetError:

@@ -33,7 +33,7 @@ def test_alloc_by_bytes_and_by_count(client, name):
     job = client.alloc(name, nbytes=4096)
     assert job.state == "done" and job.op == "alloc"
     assert job.result == {"name": name, "device": 0, "dtype": "bytes", "count": 4096,
-                          "bytes": 4096}
+                          "bytes": 4096, "shareable": False}
     typed = client.alloc(name + "t", count=100, dtype="f64", device=0)
     assert typed.result["bytes"] == 800 and typed.result["dtype"] == "f64"
     listed = {b["name"]: b for b in client.buffers()}

@@ -1,0 +1,219 @@
+"""Memory shared with gpuqd without copies: host regions and attached buffers.
+
+A :class:`Region` is host memory this process and gpuqd both map, pinned
+once by gpuqd: ``put``/``get`` with ``region="NAME[OFFSET:LENGTH]"`` move
+bytes between it and a buffer with one DMA, while this process reads and
+writes it as a numpy array (:meth:`Region.array`).
+
+An :class:`Attachment` is a shareable buffer (``alloc(..., shareable=True)``)
+mapped into this process: on a GPU, into its own CUDA context through the
+driver (``libcuda.so.1`` with ctypes; CuPy and PyTorch take it through
+``__cuda_array_interface__``: ``cupy.asarray(att)``, ``torch.as_tensor(att,
+device="cuda")``); on the host backend, as a numpy array over the memfd the
+buffer lives in. It holds a lease: gpuqd's jobs on the buffer wait until
+:meth:`Attachment.release` (read leases let jobs that only read go on).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import time
+from typing import Any, Dict, Optional, Tuple
+
+__all__ = ["Region", "Attachment", "DTYPES"]
+
+#: The protocol's dtypes as numpy type strings (``bytes`` is u8).
+DTYPES = {"bytes": "|u1", "u8": "|u1", "i32": "<i4", "i64": "<i8", "f16": "<f2",
+          "bf16": "<u2", "f32": "<f4", "f64": "<f8"}
+
+
+class Region:
+    """A host region mapped here: ``name``, ``bytes``, ``view`` (a writable memoryview)."""
+
+    def __init__(self, name: str, fd: int, size: int) -> None:
+        self.name = name
+        self.bytes = size
+        self._fd = fd
+        self._map: Optional[mmap.mmap] = mmap.mmap(fd, size, mmap.MAP_SHARED,
+                                                   mmap.PROT_READ | mmap.PROT_WRITE)
+        self.view = memoryview(self._map)
+
+    def array(self, dtype: Any = "u1", count: Optional[int] = None, offset: int = 0) -> Any:
+        """A numpy array over the region's bytes from ``offset`` (no copy)."""
+        import numpy as np
+        return np.frombuffer(self._map, dtype=dtype, count=-1 if count is None else count,
+                             offset=offset)
+
+    def unmap(self) -> None:
+        """Drops this process's mapping (the region stays gpuqd's until region_free).
+
+        Arrays made with :meth:`array` keep the mapping alive until they go.
+        """
+        self.view.release()
+        _close_map(self._map)
+        self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def ref(self, offset: int = 0, length: Optional[int] = None) -> str:
+        """``NAME[OFFSET:LENGTH]`` for put/get's ``region``."""
+        return f"{self.name}[{offset}:{'' if length is None else length}]"
+
+
+def _close_map(m: Optional[mmap.mmap]) -> None:
+    """Closes a mapping now, or, while arrays over it live, leaves it to go with them."""
+    try:
+        if m is not None:
+            m.close()
+    except BufferError:
+        pass
+
+
+class _Driver:
+    """The CUDA driver API through ctypes, loaded at the first CUDA attach."""
+
+    _lib: Optional[ctypes.CDLL] = None
+
+    @classmethod
+    def lib(cls) -> ctypes.CDLL:
+        if cls._lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            cls._check(lib, lib.cuInit(0), "cuInit")
+            cls._lib = lib
+        return cls._lib
+
+    @staticmethod
+    def _check(lib: ctypes.CDLL, rc: int, what: str) -> None:
+        if rc != 0:
+            name = ctypes.c_char_p()
+            lib.cuGetErrorName(rc, ctypes.byref(name))
+            raise OSError(f"attach: {what} failed: {(name.value or b'?').decode()}")
+
+    @classmethod
+    def call(cls, what: str, *args: Any) -> None:
+        lib = cls.lib()
+        cls._check(lib, getattr(lib, what)(*args), what)
+
+
+class _Prop(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
+                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("compressionType", ctypes.c_ubyte),
+                ("gpuDirectRDMACapable", ctypes.c_ubyte), ("usage", ctypes.c_ushort),
+                ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _Access(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int), ("flags", ctypes.c_int)]
+
+
+def _uuid_text(raw: bytes) -> str:
+    h = raw.hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _cuda_import(fd: int, uuid: str, size: int, writable: bool) -> Tuple[int, int, int, int]:
+    """Imports and maps the handle on the GPU named ``uuid``: (pointer, mapped size, handle, ordinal)."""
+    drv = _Driver
+    count = ctypes.c_int()
+    drv.call("cuDeviceGetCount", ctypes.byref(count))
+    ordinal, dev = -1, ctypes.c_int()
+    for i in range(count.value):
+        raw = (ctypes.c_ubyte * 16)()
+        drv.call("cuDeviceGet", ctypes.byref(dev), i)
+        drv.call("cuDeviceGetUuid", raw, dev)
+        if _uuid_text(bytes(raw)) == uuid:
+            ordinal = i
+            break
+    if ordinal < 0:
+        raise OSError(f"attach: gpuqd's device {uuid} is not among this process's GPUs")
+    ctx = ctypes.c_void_p()
+    drv.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+    drv.call("cuCtxPushCurrent_v2", ctx)
+    try:
+        prop = _Prop(type=1, requestedHandleTypes=1, loc_type=1, loc_id=ordinal)
+        gran = ctypes.c_size_t()
+        drv.call("cuMemGetAllocationGranularity", ctypes.byref(gran), ctypes.byref(prop), 0)
+        mapped = (size + gran.value - 1) // gran.value * gran.value
+        handle, va = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+        drv.call("cuMemImportFromShareableHandle", ctypes.byref(handle), ctypes.c_void_p(fd), 1)
+        drv.call("cuMemAddressReserve", ctypes.byref(va), ctypes.c_size_t(mapped),
+                 ctypes.c_size_t(gran.value), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))
+        drv.call("cuMemMap", va, ctypes.c_size_t(mapped), ctypes.c_size_t(0), handle,
+                 ctypes.c_ulonglong(0))
+        access = _Access(loc_type=1, loc_id=ordinal, flags=3 if writable else 1)
+        drv.call("cuMemSetAccess", va, ctypes.c_size_t(mapped), ctypes.byref(access),
+                 ctypes.c_size_t(1))
+    finally:
+        drv.call("cuCtxPopCurrent_v2", ctypes.byref(ctypes.c_void_p()))
+    return va.value, mapped, handle.value, ordinal
+
+
+class Attachment:
+    """A shareable buffer mapped here, with its lease: ``ptr``, ``bytes``, ``dtype``, ``count``.
+
+    On a GPU ``ptr`` is a device pointer in this process's CUDA context
+    (``device`` its CUDA ordinal here) and ``__cuda_array_interface__``
+    describes it; on the host backend :meth:`array` is a numpy array over it.
+    Release it (:meth:`gpuq.Client.release`) once this process's work on it
+    is complete.
+    """
+
+    def __init__(self, result: Dict[str, Any], fd: int) -> None:
+        start = time.monotonic()
+        self.lease = int(result["lease"])
+        self.buffer = result["buffer"]
+        self.bytes = int(result["bytes"])
+        self.count = int(result["count"])
+        self.dtype = result["dtype"]
+        self.writable = result["mode"] == "read-write"
+        self.host = result["handle"] == "memfd"
+        self._map: Optional[mmap.mmap] = None
+        self._handle = 0
+        if self.host:
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
+            self._map = mmap.mmap(fd, self.bytes, mmap.MAP_SHARED, prot)
+            self.ptr = self._address()
+            self.device = -1
+            self.mapped = self.bytes
+        else:
+            self.ptr, self.mapped, self._handle, self.device = _cuda_import(
+                fd, result["uuid"], self.bytes, self.writable)
+        self.import_s = time.monotonic() - start
+
+    def _address(self) -> int:
+        """The host mapping's address (a read-only mmap exports no writable buffer to ctypes)."""
+        import numpy as np
+        return int(np.frombuffer(self._map, dtype="u1", count=1).ctypes.data)
+
+    def array(self) -> Any:
+        """The host backend's stand-in: a numpy array over the buffer (no copy)."""
+        import numpy as np
+        if self._map is None:
+            raise TypeError("a GPU attachment is device memory: use __cuda_array_interface__ "
+                            "(cupy.asarray, torch.as_tensor) or ptr")
+        arr = np.frombuffer(self._map, dtype=DTYPES[self.dtype], count=self.count)
+        return arr
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        if self.host:
+            raise AttributeError("the host backend's attachment is host memory (array())")
+        return {"shape": (self.count,), "typestr": DTYPES[self.dtype],
+                "data": (self.ptr, not self.writable), "version": 3}
+
+    def unmap(self) -> None:
+        """Drops this process's mapping (release does it first)."""
+        if self._map is not None:
+            _close_map(self._map)
+            self._map = None
+        elif self._handle:
+            drv = _Driver
+            drv.call("cuMemUnmap", ctypes.c_ulonglong(self.ptr), ctypes.c_size_t(self.mapped))
+            drv.call("cuMemAddressFree", ctypes.c_ulonglong(self.ptr), ctypes.c_size_t(self.mapped))
+            drv.call("cuMemRelease", ctypes.c_ulonglong(self._handle))
+            self._handle = 0
+        self.ptr = 0

@@ -1,0 +1,99 @@
+"""Regions and attached buffers from Python: a region's bytes round trip through
+a buffer with one DMA each way; an attached buffer holds gpuqd's jobs on it
+until released. The CUDA tier attaches through the driver and checks with
+CuPy when it is installed (skipped otherwise, saying so)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import gpuq
+
+
+def test_region_round_trip_is_bit_exact(client, name):
+    region = client.region_create(name, 1 << 20)
+    try:
+        data = region.array("u1")
+        data[:] = np.random.default_rng(3).integers(0, 256, data.size, dtype=np.uint8)
+        client.alloc(name, nbytes=1 << 20)
+        job = client.put(None, name, region=region.ref(4097, 100003))
+        assert job.result["path"] == "region" and job.result["bytes"] == 100003
+        back = client.get_array(name, dtype="u1")
+        assert np.array_equal(back[:100003], data[4097:4097 + 100003])
+        data[:] = 0
+        client.get(f"{name}[0:4096]", None, region=region.ref(1))
+        assert np.array_equal(data[1:4097], back[:4096]) and data[0] == 0
+        assert any(r["name"] == name for r in client.regions()["regions"])
+        again = client.region_open(name)
+        assert bytes(again.view[1:4097]) == bytes(back[:4096])
+        again.unmap()
+        client.free(name)
+    finally:
+        region.unmap()
+        client.region_free(name)
+
+
+def test_region_refusals_raise_their_codes(client, name):
+    with pytest.raises(gpuq.BadRequest, match="multiple of the page size"):
+        client.region_create(name, 1000)
+    with pytest.raises(gpuq.NotFound):
+        client.put(None, "nothing", region="no-such-region")
+
+
+def _require_cupy():
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:  # no cupy, or no usable GPU for it
+        pytest.skip(f"the CUDA attach check uses CuPy: {exc}")
+    return cupy
+
+
+def _waits_behind_lease(client, job) -> bool:
+    for _ in range(200):
+        if client.status(job).record.get("waiting_reason") == "lease":
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_attach_holds_jobs_until_released(client, daemon, name):
+    count = (1 << 20) // 4
+    client.alloc(name, count=count, dtype="f32", shareable=True)
+    client.fill(name, "value", value=1.5)
+    other = daemon.client()
+    att = client.attach(name)
+    try:
+        assert att.lease > 0 and att.count == count and att.dtype == "f32"
+        waiting = other.checksum(name, detach=True)
+        if att.host:
+            view = att.array()
+            assert view[0] == 1.5
+            view[:] = 2.5
+        else:
+            cupy = _require_cupy()
+            arr = cupy.asarray(att)
+            assert float(arr[0]) == 1.5
+            arr += 1.0
+            cupy.cuda.Device().synchronize()
+        assert _waits_behind_lease(other, waiting)
+    finally:
+        client.release(att)
+    expected = np.full(count, 2.5, dtype=np.float32)
+    client.put_array(expected, name + "x")
+    assert other.wait(waiting).result["checksum"] == client.checksum(name + "x").result["checksum"]
+    assert np.array_equal(client.get_array(name), expected)
+    other.close()
+    client.free(name)
+    client.free(name + "x")
+
+
+def test_attach_refuses_a_pool_buffer(client, name):
+    client.alloc(name, nbytes=4096)
+    try:
+        with pytest.raises(gpuq.BadRequest, match="not shareable"):
+            client.attach(name)
+    finally:
+        client.free(name)
