@@ -299,3 +299,88 @@ TEST(fiber_stack_holds_large_frames)
 	CHECK_EQ(out, 1);
 	fiber_destroy(f);
 }
+
+/*
+ * Grants an attach as the scheduler does: its lease's entry takes the
+ * attach's place in the ledger, then the attach is retired.
+ */
+static bool grant(struct bench *b, struct work *attach, struct work *hold)
+{
+	bool held = sched_hold(&b->q, attach, hold);
+	finish(b, attach, 0);
+	return held;
+}
+
+static struct work lease_hold(const void *base, bool write)
+{
+	struct work h;
+	memset(&h, 0, sizeof h);
+	h.kind = WORK_ATTACH;
+	h.job_id = 99;
+	h.access[h.naccess++] = (struct work_access){ base, 0, 64, write };
+	return h;
+}
+
+TEST(sched_a_read_write_lease_holds_every_later_job_on_its_buffer)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work hold = lease_hold(buffer_a, true);
+	struct work *attach = add(&b, WORK_ATTACH, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	CHECK(next(&b) == attach);
+	CHECK(grant(&b, attach, &hold));
+	struct work *read = add(&b, WORK_CHECKSUM, 2, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	struct work *other = add(&b, WORK_FILL, 2, GPUQ_PRIORITY_NORMAL, buffer_b, 0, 64, true);
+	CHECK(next(&b) == other); /* another buffer goes on */
+	CHECK(next(&b) == NULL);
+	CHECK_EQ(atomic_load(&read->waiting), SCHED_WAIT_LEASE);
+	CHECK_EQ(atomic_load(&read->waiting_job), 99);
+	sched_unhold(&b.q, &hold);
+	CHECK(next(&b) == read);
+}
+
+TEST(sched_read_leases_let_readers_pass_and_hold_writers)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work h1 = lease_hold(buffer_a, false), h2 = lease_hold(buffer_a, false);
+	struct work *a1 = add(&b, WORK_ATTACH, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	CHECK(next(&b) == a1 && grant(&b, a1, &h1));
+	struct work *a2 = add(&b, WORK_ATTACH, 2, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	CHECK(next(&b) == a2 && grant(&b, a2, &h2)); /* a second read lease beside the first */
+	struct work *read = add(&b, WORK_CHECKSUM, 3, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	struct work *write = add(&b, WORK_FILL, 3, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	CHECK(next(&b) == read); /* (a read after the write would keep its order behind it) */
+	CHECK(next(&b) == NULL);
+	CHECK_EQ(atomic_load(&write->waiting), SCHED_WAIT_LEASE);
+	sched_unhold(&b.q, &h1);
+	CHECK(next(&b) == NULL); /* the second lease still holds it */
+	sched_unhold(&b.q, &h2);
+	finish(&b, read, 0.001);
+	CHECK(next(&b) == write);
+}
+
+TEST(sched_a_lease_dropped_before_its_grant_never_enters_the_ledger)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work hold = lease_hold(buffer_a, true);
+	struct work *attach = add(&b, WORK_ATTACH, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	sched_unhold(&b.q, &hold); /* the client went away while the attach was queued */
+	CHECK(next(&b) == attach);
+	CHECK(!grant(&b, attach, &hold));
+	struct work *fill = add(&b, WORK_FILL, 2, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	CHECK(next(&b) == fill);
+}
+
+TEST(sched_a_held_lease_keeps_no_benchmark_or_chain_out)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work hold = lease_hold(buffer_a, true);
+	struct work *attach = add(&b, WORK_ATTACH, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	CHECK(next(&b) == attach && grant(&b, attach, &hold));
+	struct work *bench = add(&b, WORK_BENCH_SCHED, 2, GPUQ_PRIORITY_NORMAL, NULL, 0, 0, false);
+	CHECK(next(&b) == bench); /* not device work: nothing for a benchmark to wait for */
+	sched_unhold(&b.q, &hold);
+}
