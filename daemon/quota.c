@@ -383,15 +383,22 @@ int quota_check_job(struct daemon *d, const struct conn *c, const struct job *jo
 	return 0;
 }
 
-int quota_check_priority(struct daemon *d, const struct conn *c, int priority,
-			 struct gpuq_error *err)
+/* The rules that govern one limit for the client: none for root or without rules. */
+static int rules_for(struct daemon *d, const struct conn *c, enum limit which,
+		     const struct quota_rule **rules)
 {
 	if (c->uid == 0 || d->svc.quotas.count == 0)
 		return 0;
 	struct client_ids ids;
 	client_ids(c, &ids);
+	return governing(&d->svc.quotas, &ids, which, rules);
+}
+
+int quota_check_priority(struct daemon *d, const struct conn *c, int priority,
+			 struct gpuq_error *err)
+{
 	const struct quota_rule *rules[MAX_GOVERNING];
-	int n = governing(&d->svc.quotas, &ids, LIMIT_PRIORITY, rules);
+	int n = rules_for(d, c, LIMIT_PRIORITY, rules);
 	for (int i = 0; i < n; i++)
 		if (priority < rules[i]->max_priority)
 			return refuse(d, "max-priority", err,
@@ -455,12 +462,8 @@ int quota_check_alloc(struct daemon *d, const struct conn *c, int device, uint64
 int quota_check_pinned(struct daemon *d, const struct conn *c, uint64_t bytes,
 		       struct gpuq_error *err)
 {
-	if (c->uid == 0 || d->svc.quotas.count == 0)
-		return 0;
-	struct client_ids ids;
-	client_ids(c, &ids);
 	const struct quota_rule *rules[MAX_GOVERNING];
-	int n = governing(&d->svc.quotas, &ids, LIMIT_PINNED, rules);
+	int n = rules_for(d, c, LIMIT_PINNED, rules);
 	uint64_t held = region_bytes_of(&d->regions, c->uid);
 	char limit[32], have[32], want[32];
 	for (int i = 0; i < n; i++)

@@ -10,9 +10,7 @@
 #include <stdio.h>
 
 #include "kernels/chain_abi.h"
-
-/* The ABI these entry points are asked for: CUDA 12.0's, which every driver gpuq runs on has. */
-#define MODULE_DRIVER_ABI 12000
+#include "workers/cuda_driver.h"
 
 #define MODULE_FUNCTIONS(X)                                                    \
 	X(cuModuleLoadData)                                                    \
@@ -35,15 +33,11 @@ static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
 static void module_lookup(void)
 {
-	enum cudaDriverEntryPointQueryResult q;
-#define MODULE_LOOKUP(name)                                                            \
-	drv.error = cudaGetDriverEntryPointByVersion(#name, (void **)&drv.name,          \
-						     MODULE_DRIVER_ABI, cudaEnableDefault, &q); \
-	if (drv.error == cudaSuccess && (q != cudaDriverEntryPointSuccess || !drv.name)) \
-		drv.error = cudaErrorSymbolNotFound;                                   \
-	if (drv.error != cudaSuccess) {                                                \
-		snprintf(drv.missing, sizeof drv.missing, "%s", #name);                \
-		return;                                                                \
+#define MODULE_LOOKUP(name)                                                    \
+	drv.error = cuda_driver_entry(#name, (void **)&drv.name);              \
+	if (drv.error != cudaSuccess) {                                        \
+		snprintf(drv.missing, sizeof drv.missing, "%s", #name);        \
+		return;                                                        \
 	}
 	MODULE_FUNCTIONS(MODULE_LOOKUP)
 #undef MODULE_LOOKUP

@@ -13,9 +13,7 @@
 #include <unistd.h>
 
 #include "workers/cuda_check.h"
-
-/* The ABI these entry points are asked for: CUDA 12.0's, as chain_module.c asks. */
-#define VMM_DRIVER_ABI 12000
+#include "workers/cuda_driver.h"
 
 #define VMM_FUNCTIONS(X)                                                       \
 	X(cuMemGetAllocationGranularity)                                       \
@@ -41,15 +39,11 @@ static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
 static void vmm_lookup(void)
 {
-	enum cudaDriverEntryPointQueryResult q;
-#define VMM_LOOKUP(name)                                                                 \
-	drv.error = cudaGetDriverEntryPointByVersion(#name, (void **)&drv.name, VMM_DRIVER_ABI, \
-						     cudaEnableDefault, &q);             \
-	if (drv.error == cudaSuccess && (q != cudaDriverEntryPointSuccess || !drv.name))   \
-		drv.error = cudaErrorSymbolNotFound;                                     \
-	if (drv.error != cudaSuccess) {                                                  \
-		snprintf(drv.missing, sizeof drv.missing, "%s", #name);                  \
-		return;                                                                  \
+#define VMM_LOOKUP(name)                                                       \
+	drv.error = cuda_driver_entry(#name, (void **)&drv.name);              \
+	if (drv.error != cudaSuccess) {                                        \
+		snprintf(drv.missing, sizeof drv.missing, "%s", #name);        \
+		return;                                                        \
 	}
 	VMM_FUNCTIONS(VMM_LOOKUP)
 #undef VMM_LOOKUP
