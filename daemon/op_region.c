@@ -387,12 +387,12 @@ void region_job_release(struct daemon *d, struct job *job)
 	job->region = NULL;
 	if (!r || !job->region_held)
 		return;
-	bool freeing = r->state == REGION_FREEING && !r->removed;
+	bool removed = r->removed, freeing = r->state == REGION_FREEING && !removed;
 	int device = r->device;
-	region_unhold(r); /* may free a removed region */
+	region_unhold(r); /* frees a removed region with its last user: r is not read after */
 	if (freeing)
 		worker_kick(&d->pool, device); /* its region_free waits for this */
-	else if (!r->removed)
+	else if (!removed)
 		region_free_if_orphaned(d, r);
 }
 
