@@ -3,6 +3,8 @@
 # GPUQ_BENCH_BACKEND=host), each beside its raw baseline measured in the
 # same run. Writes $OUT/bench-table.txt (the short table) and full output.
 set -u
+# Regions count against gpuqd's RLIMIT_MEMLOCK: lift it where this shell may.
+ulimit -l unlimited 2> /dev/null || true
 BUILD=${1:-build}
 OUT=${OUT:-$BUILD/gpu-check}
 mkdir -p "$OUT"

@@ -4,6 +4,8 @@
 # CUDA tier required, and the benchmarks; full logs go to $OUT (or
 # build/gpu-check), and a short table is printed last.
 set -u
+# Regions count against gpuqd's RLIMIT_MEMLOCK: lift it where this shell may.
+ulimit -l unlimited 2> /dev/null || true
 BUILD=${1:-build}
 OUT=${OUT:-$BUILD/gpu-check}
 mkdir -p "$OUT"

@@ -528,3 +528,16 @@ bool raw_closed_by_peer(int fd, int timeout_ms)
 	}
 	return false;
 }
+
+void require_memlock(struct gpuq_client *c, uint64_t bytes)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "regions");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	const msgpack_object *limit = reply_path(r, "memlock_limit");
+	uint64_t have = limit && limit->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? limit->via.u64 : UINT64_MAX;
+	gpuq_reply_free(r);
+	if (have < bytes)
+		SKIP("gpuqd's RLIMIT_MEMLOCK here is %llu bytes, less than the %llu of regions this test "
+		     "pins (raise it: ulimit -l)", (unsigned long long)have, (unsigned long long)bytes);
+}

@@ -62,6 +62,12 @@ double reply_f64(const struct gpuq_reply *r, const char *path);
 void reply_str(const struct gpuq_reply *r, const char *path, char *out, size_t size);
 const msgpack_object *reply_path(const struct gpuq_reply *r, const char *path);
 
+/*
+ * Skips the test unless the daemon's RLIMIT_MEMLOCK (which its regions count
+ * against) leaves room for bytes of regions: a machine whose limit is tiny
+ * (a container's 64 KiB) says so rather than failing.
+ */
+void require_memlock(struct gpuq_client *c, uint64_t bytes);
 /* How many devices the daemon serves (from ping). */
 int device_count(struct gpuq_client *c);
 /* A device's free memory as `devices` reports it (the host arena counts exactly). */

@@ -74,6 +74,7 @@ TEST(region_put_and_get_are_bit_exact_at_odd_ranges)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
+	require_memlock(c, 4 * MIB);
 	make_region(c, "in", 4 * MIB, &r);
 	host_fill_random(r.ptr, r.bytes, GPUQ_DTYPE_BYTES, 7);
 	do_alloc(c, "b", 0, 3 * MIB);
@@ -109,6 +110,7 @@ TEST(region_open_maps_the_same_memory_and_lists_it)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d), *c2 = client_open(&d);
+	require_memlock(c, MIB);
 	make_region(c, "shared", MIB, &r);
 	CHECKF(gpuq_region_open(c2, "shared", &again, &err) == 0, "region_open: %s", err.message);
 	strcpy(r.ptr, "written by the first process");
@@ -158,6 +160,7 @@ TEST(region_refusals_name_the_problem)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
+	require_memlock(c, MIB);
 	int loose = memfd_create("loose", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	CHECK(loose >= 0 && ftruncate(loose, MIB) == 0);
 	expect_refused(create_raw(c, "x", MIB, loose), GPUQ_E_BAD_REQUEST, "sealed against shrinking");
@@ -218,6 +221,7 @@ TEST(region_of_another_user_is_refused)
 		SKIP("needs root to act as another uid");
 	daemon_start(&d, "--socket-group", "nogroup", NULL);
 	struct gpuq_client *c = client_open(&d);
+	require_memlock(c, MIB);
 	make_region(c, "mine", MIB, &r);
 	chmod(d.dir, 0711);
 	pid_t pid = fork();
@@ -288,6 +292,7 @@ TEST(region_free_waits_for_the_jobs_that_use_it)
 	setenv("GPUQ_HOST_ENGINE_DELAY_US", "h2d:300000", 1);
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
+	require_memlock(c, MIB);
 	make_region(c, "r", MIB, &r);
 	host_fill_random(r.ptr, r.bytes, GPUQ_DTYPE_BYTES, 3);
 	do_alloc(c, "b", 0, MIB);
@@ -327,6 +332,7 @@ TEST(ephemeral_region_goes_with_its_connection)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *maker = client_open(&d), *other = client_open(&d);
+	require_memlock(maker, 2 * MIB);
 	CHECKF(gpuq_region_create(maker, "eph", MIB, 0, true, &eph, &err) == 0, "%s", err.message);
 	make_region(maker, "kept", MIB, &kept);
 	CHECK_EQ(regions_listed(other), 2);

@@ -333,6 +333,9 @@ TEST(host_pinned_quota_limits_regions)
 {
 	struct daemon_proc d;
 	start_with_config(&d, "[default]\nhost-pinned = 1M\n", NULL);
+	struct gpuq_client *probe = client_open(&d);
+	require_memlock(probe, 3 << 20);
+	gpuq_close(probe);
 	struct quota_args a = { &d };
 	as_user(65534, NULL, 0, pinned_quota_limits_regions, &a);
 	struct gpuq_client *root = client_open(&d); /* root is never limited */
