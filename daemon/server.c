@@ -3,7 +3,9 @@
  *
  * A connection is freed only from its poll handle's close callback, so a
  * struct conn stays valid for the rest of the loop iteration in which it was
- * closed: request handlers may close the connection they are answering.
+ * closed: request handlers may close the connection they are answering, and
+ * a send that fails (the peer is gone) closes it without freeing anything
+ * that the code which sent may still be walking (see conn_destroy).
  */
 #include "daemon/server.h"
 
@@ -31,13 +33,29 @@ struct outbuf {
 
 static void conn_update_poll(struct conn *c);
 
+/*
+ * The end of a connection, in the loop's close phase: outside every caller
+ * that may be walking a job's waiters (job_complete, the progress timer, a
+ * wait's timeout), so its waiters can be unlinked and freed here.
+ */
 static void conn_on_closed(uv_handle_t *handle)
 {
 	struct conn *c = handle->data;
+	waiters_drop_conn(c);
+	for (int i = 0; i < c->nfds; i++)
+		close(c->fds[i]);
+	c->nfds = 0;
+	frame_reader_free(&c->reader);
 	close(c->fd);
 	free(c);
 }
 
+/*
+ * Closes c, deferred and idempotent: from here on nothing is read from or
+ * sent to it (conn_send drops what it is given), and the struct stays valid
+ * until conn_on_closed has detached its waiters. Any handler, send or timer
+ * may call it, however deep in a walk over jobs and waiters it is.
+ */
 static void conn_destroy(struct conn *c)
 {
 	if (c->closed)
@@ -45,16 +63,13 @@ static void conn_destroy(struct conn *c)
 	c->closed = true;
 	log_debug("connection %llu (pid %d, uid %d) closed", (unsigned long long)c->serial,
 		  (int)c->pid, (int)c->uid);
-	waiters_drop_conn(c);
-	for (int i = 0; i < c->nfds; i++)
-		close(c->fds[i]);
-	c->nfds = 0;
 	while (c->out_head) {
 		struct outbuf *next = c->out_head->next;
 		free(c->out_head);
 		c->out_head = next;
 	}
-	frame_reader_free(&c->reader);
+	c->out_tail = NULL;
+	c->out_bytes = 0;
 	if (c->prev)
 		c->prev->next = c->next;
 	else

@@ -157,7 +157,10 @@ void daemon_restart(struct daemon_proc *d, ...)
 
 bool daemon_alive(const struct daemon_proc *d)
 {
-	return waitpid(d->pid, NULL, WNOHANG) == 0;
+	int rc = waitpid(d->pid, NULL, WNOHANG);
+	if (rc < 0 && errno == ECHILD) /* asked from a forked client: not its child */
+		return kill(d->pid, 0) == 0 || errno == EPERM;
+	return rc == 0;
 }
 
 void daemon_dump_log(const struct daemon_proc *d)
