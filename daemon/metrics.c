@@ -26,7 +26,9 @@ static const double latency_bounds[METRICS_LATENCY_BUCKETS] = {
 	0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300,
 };
 
-static const char *const quota_limits[3] = { "device-memory", "queued-jobs", "devices" };
+static const char *const quota_limits[METRICS_QUOTA_LIMITS] = {
+	"device-memory", "queued-jobs", "devices", "connections", "parked-fds", "pending-frame-bytes",
+};
 
 static struct metrics_op *op_entry(struct metrics *m, const char *op)
 {
@@ -72,7 +74,7 @@ void metrics_job_finished(struct metrics *m, const char *op, enum gpuq_errc resu
 
 void metrics_quota_refusal(struct metrics *m, const char *limit)
 {
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < METRICS_QUOTA_LIMITS; i++)
 		if (strcmp(quota_limits[i], limit) == 0)
 			m->quota_refusals[i]++;
 }
@@ -264,7 +266,7 @@ static void render_service(struct daemon *d, struct metrics_text *t)
 	const struct metrics *m = &d->svc.metrics;
 	header(t, "gpuq_quota_refusals_total", "counter",
 	       "Requests refused by a quota rule, by the limit that refused them.");
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < METRICS_QUOTA_LIMITS; i++)
 		emit(t, "gpuq_quota_refusals_total{limit=\"%s\"} %llu\n", quota_limits[i],
 		     (unsigned long long)m->quota_refusals[i]);
 	header(t, "gpuq_job_deadline_cancels_total", "counter",

@@ -32,12 +32,14 @@ struct metrics_path {
 	uint64_t bytes;
 };
 
+#define METRICS_QUOTA_LIMITS 6
+
 struct metrics {
 	struct metrics_op ops[METRICS_MAX_OPS];
 	int nops;
 	struct metrics_path paths[METRICS_MAX_PATHS];
 	int npaths;
-	uint64_t quota_refusals[3]; /* device-memory, queued-jobs, devices */
+	uint64_t quota_refusals[METRICS_QUOTA_LIMITS]; /* by limit, in quota.h's order */
 	uint64_t deadline_cancels;
 	uint64_t reloads_ok, reloads_failed;
 	uint64_t textfile_errors;
@@ -47,7 +49,7 @@ struct metrics {
 /* A job finished: latency is seconds from submission to its end. */
 void metrics_job_finished(struct metrics *m, const char *op, enum gpuq_errc result,
 			  double latency, const char *path, uint64_t bytes);
-/* limit: "device-memory", "queued-jobs" or "devices". */
+/* limit: "device-memory", "queued-jobs", "devices", "connections", "parked-fds" or "pending-frame-bytes". */
 void metrics_quota_refusal(struct metrics *m, const char *limit);
 
 /* A growable text buffer. */

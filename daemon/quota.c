@@ -144,10 +144,58 @@ static int parse_devices(const char *s, uint64_t *mask)
 	return *mask ? 0 : -1;
 }
 
+/* A count, or `unlimited`; for the connection limits. 0, or -1 with msg. */
+static int parse_count(const char *key, const char *value, uint64_t *out, char *msg,
+		       size_t msgsize)
+{
+	char *end;
+	unsigned long long n = strtoull(value, &end, 10);
+	if (strcmp(value, "unlimited") == 0) {
+		*out = QUOTA_UNLIMITED;
+		return 0;
+	}
+	if (!*value || *end || value[0] == '-' || n > UINT32_MAX) {
+		snprintf(msg, msgsize, "%s takes a number or unlimited, not '%s'", key, value);
+		return -1;
+	}
+	*out = n;
+	return 0;
+}
+
+/* connections, parked-fds, pending-frame-bytes: 1 if key is one of them (set or -1 with msg). */
+static int rule_set_connection_limit(struct quota_rule *r, const char *key, const char *value,
+				     char *msg, size_t msgsize)
+{
+	if (strcmp(key, "connections") == 0) {
+		r->has_connections = true;
+		return parse_count(key, value, &r->connections, msg, msgsize) < 0 ? -1 : 1;
+	}
+	if (strcmp(key, "parked-fds") == 0) {
+		r->has_parked_fds = true;
+		return parse_count(key, value, &r->parked_fds, msg, msgsize) < 0 ? -1 : 1;
+	}
+	if (strcmp(key, "pending-frame-bytes") != 0)
+		return 0;
+	r->has_frame_bytes = true;
+	if (strcmp(value, "unlimited") == 0) {
+		r->frame_bytes = QUOTA_UNLIMITED;
+		return 1;
+	}
+	if (gpuq_parse_size(value, &r->frame_bytes) < 0) {
+		snprintf(msg, msgsize, "pending-frame-bytes takes a size such as 64M, or unlimited, not '%s'",
+			 value);
+		return -1;
+	}
+	return 1;
+}
+
 int quota_rule_set(struct quota_rule *r, const char *key, const char *value, char *msg,
 		   size_t msgsize)
 {
 	char *end;
+	int rc = rule_set_connection_limit(r, key, value, msg, msgsize);
+	if (rc != 0)
+		return rc < 0 ? -1 : 0;
 	if (strcmp(key, "device-memory") == 0) {
 		if (gpuq_parse_size(value, &r->device_memory) < 0) {
 			snprintf(msg, msgsize, "device-memory takes a size such as 40G, not '%s'", value);
@@ -172,8 +220,9 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 		r->has_devices = true;
 	} else {
 		snprintf(msg, msgsize,
-			 "unknown limit '%s' in %s (limits: device-memory, queued-jobs, devices)", key,
-			 r->label);
+			 "unknown limit '%s' in %s (limits: device-memory, queued-jobs, devices, "
+			 "connections, parked-fds, pending-frame-bytes)",
+			 key, r->label);
 		return -1;
 	}
 	return 0;
@@ -256,17 +305,38 @@ bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner)
 	return owner == c->uid || quota_is_admin(d, c);
 }
 
-enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES };
+enum limit {
+	LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_CONNECTIONS, LIMIT_PARKED_FDS,
+	LIMIT_FRAME_BYTES,
+};
 
 static bool rule_sets(const struct quota_rule *r, enum limit which)
 {
-	return which == LIMIT_MEMORY ? r->has_memory : which == LIMIT_JOBS ? r->has_jobs
-									 : r->has_devices;
+	switch (which) {
+	case LIMIT_MEMORY: return r->has_memory;
+	case LIMIT_JOBS: return r->has_jobs;
+	case LIMIT_DEVICES: return r->has_devices;
+	case LIMIT_CONNECTIONS: return r->has_connections;
+	case LIMIT_PARKED_FDS: return r->has_parked_fds;
+	case LIMIT_FRAME_BYTES: return r->has_frame_bytes;
+	}
+	return false;
 }
+
+/* What governs the connection limits where no rule sets them. */
+static const struct quota_rule builtin_rule = {
+	.scope = QUOTA_DEFAULT,
+	.label = "[default]",
+	.where = "gpuqd's built-in default; set the limit in [default] of the configuration file",
+	.has_connections = true, .connections = QUOTA_DEFAULT_CONNECTIONS,
+	.has_parked_fds = true, .parked_fds = QUOTA_DEFAULT_PARKED_FDS,
+	.has_frame_bytes = true, .frame_bytes = QUOTA_DEFAULT_FRAME_BYTES,
+};
 
 /*
  * The rules that govern one limit for the client: its user rule if that
- * sets the limit; else every rule of its groups that does; else the default.
+ * sets the limit; else every rule of its groups that does; else the
+ * default; else, for the connection limits, the built-in default.
  */
 static int governing(const struct quota_set *q, const struct client_ids *ids, enum limit which,
 		     const struct quota_rule **out)
@@ -283,6 +353,8 @@ static int governing(const struct quota_set *q, const struct client_ids *ids, en
 			out[n++] = r;
 		}
 	}
+	if (n == 0 && rule_sets(&builtin_rule, which))
+		out[n++] = &builtin_rule;
 	return n;
 }
 
@@ -396,23 +468,31 @@ static struct quota_user *usage_find(const struct quota_usage *u, uid_t uid)
 	return NULL;
 }
 
-void quota_job_started(struct quota_usage *u, uid_t uid)
+/* uid's entry, made on first use; NULL when out of memory. */
+static struct quota_user *usage_get(struct quota_usage *u, uid_t uid)
 {
 	struct quota_user *e = usage_find(u, uid);
-	if (!e) {
-		if (u->count == u->cap) {
-			int cap = u->cap ? u->cap * 2 : 16;
-			struct quota_user *users = realloc(u->users, sizeof *users * (size_t)cap);
-			if (!users)
-				return; /* uncounted: the quota is only ever looser for it */
-			u->users = users;
-			u->cap = cap;
-		}
-		e = &u->users[u->count++];
-		e->uid = uid;
-		e->active = 0;
+	if (e)
+		return e;
+	if (u->count == u->cap) {
+		int cap = u->cap ? u->cap * 2 : 16;
+		struct quota_user *users = realloc(u->users, sizeof *users * (size_t)cap);
+		if (!users)
+			return NULL;
+		u->users = users;
+		u->cap = cap;
 	}
-	e->active++;
+	e = &u->users[u->count++];
+	memset(e, 0, sizeof *e);
+	e->uid = uid;
+	return e;
+}
+
+void quota_job_started(struct quota_usage *u, uid_t uid)
+{
+	struct quota_user *e = usage_get(u, uid);
+	if (e) /* uncounted otherwise: the quota is only ever looser for it */
+		e->active++;
 }
 
 void quota_job_ended(struct quota_usage *u, uid_t uid)
@@ -426,4 +506,72 @@ unsigned quota_active_jobs(const struct quota_usage *u, uid_t uid)
 {
 	const struct quota_user *e = usage_find(u, uid);
 	return e ? e->active : 0;
+}
+
+/* The first governing rule of `which` that total would break, or NULL. */
+static const struct quota_rule *conn_limit_broken(struct daemon *d, const struct conn *c,
+						  enum limit which, uint64_t total)
+{
+	const struct quota_rule *rules[MAX_GOVERNING];
+	struct client_ids ids;
+	client_ids(c, &ids);
+	int n = governing(&d->svc.quotas, &ids, which, rules);
+	for (int i = 0; i < n; i++) {
+		uint64_t limit = which == LIMIT_CONNECTIONS ? rules[i]->connections
+				 : which == LIMIT_PARKED_FDS ? rules[i]->parked_fds
+							     : rules[i]->frame_bytes;
+		if (total > limit)
+			return rules[i];
+	}
+	return NULL;
+}
+
+/* Checks the growth from held to now against the uid's connection limits. */
+static int conn_limits_check(struct daemon *d, const struct conn *c, const struct quota_user *e,
+			     const struct quota_conn_held *held, const struct quota_conn_held *now,
+			     struct gpuq_error *err)
+{
+	const struct quota_rule *r;
+	char limit[32], have[32];
+	if (now->connections > held->connections &&
+	    (r = conn_limit_broken(d, c, LIMIT_CONNECTIONS, e->connections + 1ull)))
+		return refuse(d, "connections", err,
+			      "quota %s (%s): connections %llu reached; uid %d has %u connections open (close some)",
+			      r->label, r->where, (unsigned long long)r->connections, (int)c->uid,
+			      e->connections);
+	uint64_t parked = (uint64_t)e->parked_fds - held->parked_fds + now->parked_fds;
+	if (now->parked_fds > held->parked_fds &&
+	    (r = conn_limit_broken(d, c, LIMIT_PARKED_FDS, parked)))
+		return refuse(d, "parked-fds", err,
+			      "quota %s (%s): parked-fds %llu exceeded; uid %d would hold %llu descriptors received ahead of "
+			      "the requests that take them (send each request's descriptors with its first byte)",
+			      r->label, r->where, (unsigned long long)r->parked_fds, (int)c->uid,
+			      (unsigned long long)parked);
+	uint64_t bytes = e->frame_bytes - held->frame_bytes + now->frame_bytes;
+	if (now->frame_bytes > held->frame_bytes &&
+	    (r = conn_limit_broken(d, c, LIMIT_FRAME_BYTES, bytes)))
+		return refuse(d, "pending-frame-bytes", err,
+			      "quota %s (%s): pending-frame-bytes %s exceeded; uid %d's connections would hold %s of "
+			      "incomplete request frames (finish sending one frame before starting another)",
+			      r->label, r->where, size_text(r->frame_bytes, limit, sizeof limit), (int)c->uid,
+			      size_text(bytes, have, sizeof have));
+	return 0;
+}
+
+int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_held *held,
+		    const struct quota_conn_held *now, struct gpuq_error *err)
+{
+	struct quota_user *e = usage_get(&d->svc.usage, c->uid);
+	if (!e)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory to account for uid %d",
+				 (int)c->uid);
+	bool grows = now->connections > held->connections || now->parked_fds > held->parked_fds ||
+		     now->frame_bytes > held->frame_bytes;
+	if (grows && c->uid != 0 && conn_limits_check(d, c, e, held, now, err) < 0)
+		return -1;
+	e->connections = e->connections - held->connections + now->connections;
+	e->parked_fds = e->parked_fds - held->parked_fds + now->parked_fds;
+	e->frame_bytes = e->frame_bytes - held->frame_bytes + now->frame_bytes;
+	*held = *now;
+	return 0;
 }

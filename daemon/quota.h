@@ -2,14 +2,18 @@
  * Quotas and rights. Main thread only.
  *
  * A quota rule applies to one user ([user:NAME]), to each member of one
- * group ([group:NAME]) or to everyone ([default]) and may set three limits:
+ * group ([group:NAME]) or to everyone ([default]) and may set these limits:
  * device-memory (bytes a user's buffers may hold on any one device),
- * queued-jobs (a user's jobs queued or running at once) and devices (the
- * device indices a user's jobs may use). For each limit the most specific
- * rules that set it govern: the user's rule; else every rule of a group the
- * client belongs to (all must hold, so the strictest wins); else the default.
- * Root is never limited. A refusal is permission_denied naming the rule and
- * where it was written.
+ * queued-jobs (a user's jobs queued or running at once), devices (the
+ * device indices a user's jobs may use), and what a user's connections may
+ * hold in gpuqd at once: connections, parked-fds (descriptors received
+ * ahead of the request that takes them) and pending-frame-bytes (bytes of
+ * request frames not yet complete). For each limit the most specific rules
+ * that set it govern: the user's rule; else every rule of a group the
+ * client belongs to (all must hold, so the strictest wins); else the
+ * default; the connection limits have built-in defaults (below), so that
+ * an unconfigured daemon is bounded too. Root is never limited. A refusal
+ * is permission_denied naming the rule and where it was written.
  *
  * Rights: root, and members of the admin group, may see and cancel every
  * job and stop the daemon. Group membership is the client's primary group
@@ -32,6 +36,13 @@ struct job;
 
 enum quota_scope { QUOTA_DEFAULT, QUOTA_GROUP, QUOTA_USER };
 
+/* What a uid's connections may hold when no rule says otherwise. */
+#define QUOTA_DEFAULT_CONNECTIONS 512
+#define QUOTA_DEFAULT_PARKED_FDS 256
+#define QUOTA_DEFAULT_FRAME_BYTES (64ull << 20)
+/* A limit set to `unlimited`. */
+#define QUOTA_UNLIMITED UINT64_MAX
+
 struct quota_rule {
 	enum quota_scope scope;
 	uint32_t id;       /* uid or gid; 0 for the default */
@@ -41,6 +52,10 @@ struct quota_rule {
 	uint64_t device_memory; /* bytes on any one device */
 	uint64_t queued_jobs;   /* queued or running at once */
 	uint64_t devices;       /* bit i: device i may be used */
+	bool has_connections, has_parked_fds, has_frame_bytes;
+	uint64_t connections; /* open at once */
+	uint64_t parked_fds;  /* descriptors received ahead of their requests */
+	uint64_t frame_bytes; /* bytes of incomplete request frames */
 };
 
 /* The rules and rights of one configuration; replaced whole on reload. */
@@ -52,11 +67,14 @@ struct quota_set {
 	char admin_group[64];
 };
 
-/* Jobs queued or running per uid: kept across reloads. */
+/* What each uid holds now: kept across reloads. */
 struct quota_usage {
 	struct quota_user {
 		uid_t uid;
-		unsigned active;
+		unsigned active;      /* jobs queued or running */
+		unsigned connections; /* open */
+		unsigned parked_fds;
+		uint64_t frame_bytes;
 	} *users;
 	int count, cap;
 };
@@ -106,6 +124,20 @@ int quota_check_job(struct daemon *d, const struct conn *c, const struct job *jo
  */
 int quota_check_alloc(struct daemon *d, const struct conn *c, int device, uint64_t bytes,
 		      struct gpuq_error *err);
+
+/*
+ * What connection c holds in gpuqd: 1 or 0 connections, parked descriptors
+ * and partial-frame bytes. Records the change from what c held (*held, the
+ * connection's own account) in the uid's usage; growth is first checked
+ * against the connection limits, and refused whole (nothing recorded) with
+ * permission_denied naming the rule. Shrinking never fails.
+ */
+struct quota_conn_held {
+	unsigned connections, parked_fds;
+	uint64_t frame_bytes;
+};
+int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_held *held,
+		    const struct quota_conn_held *now, struct gpuq_error *err);
 
 /* A job of uid reached its worker / finished (keeps queued-jobs counts). */
 void quota_job_started(struct quota_usage *u, uid_t uid);

@@ -24,6 +24,14 @@ static int job_device(const struct job *j)
 	return j->parts ? j->parts[0].device : j->work.device;
 }
 
+static void print_count(const char *name, uint64_t n)
+{
+	if (n == QUOTA_UNLIMITED)
+		printf("%s unlimited", name);
+	else
+		printf("%s %llu", name, (unsigned long long)n);
+}
+
 static void print_rule(const struct quota_rule *r)
 {
 	char devices[256];
@@ -34,7 +42,14 @@ static void print_rule(const struct quota_rule *r)
 		printf(" queued-jobs %llu", (unsigned long long)r->queued_jobs);
 	if (r->has_devices)
 		printf(" devices %s", quota_devices_text(r->devices, devices, sizeof devices));
-	if (!r->has_memory && !r->has_jobs && !r->has_devices)
+	if (r->has_connections)
+		print_count(" connections", r->connections);
+	if (r->has_parked_fds)
+		print_count(" parked-fds", r->parked_fds);
+	if (r->has_frame_bytes)
+		print_count(" pending-frame-bytes", r->frame_bytes);
+	if (!r->has_memory && !r->has_jobs && !r->has_devices && !r->has_connections &&
+	    !r->has_parked_fds && !r->has_frame_bytes)
 		printf(" no limits");
 	printf("\n");
 }
@@ -269,6 +284,8 @@ static struct options live_options(const struct options *old, const struct optio
 	memcpy(live.admin_group, o->admin_group, sizeof live.admin_group);
 	memcpy(live.metrics_textfile, o->metrics_textfile, sizeof live.metrics_textfile);
 	live.metrics_interval_s = o->metrics_interval_s;
+	live.frame_timeout_ms = o->frame_timeout_ms;
+	live.transfer_idle_timeout_ms = o->transfer_idle_timeout_ms;
 	if (memcmp(&live, o, sizeof live) == 0)
 		return live;
 	static const char *const names[] = { "socket", "socket-group", "backend", "devices",

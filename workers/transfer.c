@@ -4,19 +4,25 @@
  *
  * Descriptors belong to clients: a pipe may stall for ever. Descriptors read
  * or written in order are therefore polled with a short timeout before each
- * read or write, so that a cancel request is seen within POLL_MS.
+ * read or write, so that a cancel request is seen within POLL_MS, and one
+ * that moves no byte for the job's idle timeout (--transfer-idle-timeout)
+ * fails the job rather than holding its device.
  */
 #include "workers/transfer.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/hash.h"
+#include "workers/clock.h"
 #include "workers/copy_hash.h"
 #include "workers/transfer_impl.h"
 
@@ -55,13 +61,51 @@ int xfer_drain_slots(struct xfer *x, int rc)
 
 /* ---- the streamed path: in order, by the worker ---- */
 
-/* Waits until the descriptor is ready for `events`, or the job is cancelled. */
+/* What kind of descriptor a client passed, for messages. */
+static const char *stream_fd_kind(int fd)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return "descriptor";
+	if (S_ISFIFO(st.st_mode))
+		return "pipe";
+	if (S_ISSOCK(st.st_mode))
+		return "socket";
+	if (S_ISCHR(st.st_mode))
+		return isatty(fd) ? "terminal" : "character device";
+	if (S_ISBLK(st.st_mode))
+		return "block device";
+	if (S_ISREG(st.st_mode))
+		return "regular file";
+	return "descriptor of no file type (an epoll, eventfd or other anonymous inode)";
+}
+
+/* Fails the transfer when its descriptor has moved no byte for the job's idle timeout. */
+static int stream_check_idle(struct xfer *x, short events, uint64_t at)
+{
+	unsigned limit = x->work->idle_timeout_ms;
+	if (limit == 0 || x->regular || (monotonic_seconds() - x->moved_at) * 1000 < limit)
+		return 0;
+	bool reading = events == POLLIN;
+	return gpuq_fail(x->err, GPUQ_E_TIMEOUT,
+			 "the %s (a %s) %s no byte for %u ms (--transfer-idle-timeout); the job stopped after %llu bytes",
+			 reading ? "source" : "destination", stream_fd_kind(x->fd),
+			 reading ? "yielded" : "took", limit, (unsigned long long)at);
+}
+
+/*
+ * Waits until the descriptor is ready for `events`, the job is cancelled, or
+ * the descriptor has been idle too long: the streamed path's one blocking
+ * wait.
+ */
 static int stream_wait(struct xfer *x, short events, uint64_t at)
 {
 	for (;;) {
 		if (atomic_load(&x->work->cancel))
 			return gpuq_fail(x->err, GPUQ_E_CANCELLED, "job cancelled after %llu bytes",
 					 (unsigned long long)at);
+		if (stream_check_idle(x, events, at) < 0)
+			return -1;
 		struct pollfd p = { .fd = x->fd, .events = events };
 		int n = poll(&p, 1, POLL_MS);
 		if (n > 0)
@@ -82,6 +126,7 @@ static ssize_t stream_read(struct xfer *x, void *buf, size_t n)
 		ssize_t r = read(x->fd, (char *)buf + got, n - got);
 		if (r > 0) {
 			got += (size_t)r;
+			x->moved_at = monotonic_seconds();
 			/* A slow pipe shows progress before its slot is full. */
 			atomic_store_explicit(&x->work->progress_bytes, x->done + got,
 					      memory_order_relaxed);
@@ -95,16 +140,55 @@ static ssize_t stream_read(struct xfer *x, void *buf, size_t n)
 	return (ssize_t)got;
 }
 
+/*
+ * How much one write to the destination may carry without blocking, now
+ * that poll said it is writable. A blocking pipe or terminal would block
+ * the worker in write() (and so hold off cancels and the idle timeout) for
+ * as long as its reader stalls, unless the write fits: a pipe takes what its
+ * free pages hold (its size less what is unread, less the two pages that a
+ * partly read head and a partly written tail may waste; poll's POLLOUT
+ * promises at least one free page), a terminal PIPE_BUF. A socket is sent to with
+ * MSG_DONTWAIT instead (stream_write_some), and a descriptor the client made
+ * non-blocking answers EAGAIN.
+ */
+static size_t stream_write_room(struct xfer *x, size_t n)
+{
+	struct stat st;
+	int unread = 0;
+	if ((x->fd_flags & O_NONBLOCK) || fstat(x->fd, &st) < 0 || S_ISSOCK(st.st_mode))
+		return n;
+	size_t room = n;
+	if (S_ISFIFO(st.st_mode)) {
+		int size = fcntl(x->fd, F_GETPIPE_SZ);
+		long free_bytes = size > 0 && ioctl(x->fd, FIONREAD, &unread) == 0
+					  ? (long)size - unread - 2 * 4096 : 0;
+		room = free_bytes > PIPE_BUF ? (size_t)free_bytes : PIPE_BUF;
+	} else if (S_ISCHR(st.st_mode) && isatty(x->fd)) {
+		room = PIPE_BUF;
+	}
+	return n < room ? n : room;
+}
+
+/* One write of what the destination takes without blocking (see stream_write_room). */
+static ssize_t stream_write_some(struct xfer *x, const void *buf, size_t n)
+{
+	ssize_t w = send(x->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (w >= 0 || errno != ENOTSOCK)
+		return w;
+	return write(x->fd, buf, stream_write_room(x, n));
+}
+
 static int stream_write(struct xfer *x, const void *buf, size_t n)
 {
 	size_t put = 0;
 	while (put < n) {
 		if (stream_wait(x, POLLOUT, x->done + put) < 0)
 			return -1;
-		ssize_t w = write(x->fd, (const char *)buf + put, n - put);
-		if (w > 0)
+		ssize_t w = stream_write_some(x, (const char *)buf + put, n - put);
+		if (w > 0) {
 			put += (size_t)w;
-		else if (w == 0 || (errno != EINTR && errno != EAGAIN))
+			x->moved_at = monotonic_seconds();
+		} else if (w == 0 || (errno != EINTR && errno != EAGAIN))
 			return gpuq_fail(x->err, GPUQ_E_IO, "writing the destination after %llu bytes: %s",
 					 (unsigned long long)(x->done + put),
 					 w == 0 ? "wrote nothing" : strerror(errno));
@@ -190,6 +274,7 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	x->verify = work->verify;
 	x->scratch = work->scratch;
 	x->seed = work->seed;
+	x->moved_at = monotonic_seconds();
 	if (x->scratch)
 		return 0; /* no descriptor: staged, at offset 0 */
 	x->fd_flags = fcntl(work->fd, F_GETFL);

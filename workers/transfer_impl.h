@@ -43,6 +43,7 @@ struct xfer {
 	uint64_t seed;
 	enum xfer_path path;
 	uint64_t done;   /* bytes moved so far */
+	double moved_at; /* streamed: when a byte last moved (or the transfer began) */
 	uint64_t sum;    /* checksum terms of the bytes that passed through the host */
 	bool eof;        /* streamed put: the source ended */
 	/*
