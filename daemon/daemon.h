@@ -85,8 +85,8 @@ struct buffer *read_buffer_ref(struct request *req, const char *field, struct bu
 /* progress.c: progress events for waiters that asked (`progress: true`). */
 void progress_watch(struct daemon *d);
 void progress_close(struct daemon *d);
-/* Marks w (the waiter req just registered) for progress events if req asked. */
-void progress_request(struct request *req, struct waiter *w);
+/* Marks w (a waiter just registered) for progress events if the request asked (`progress: true`). */
+void progress_request(struct daemon *d, struct waiter *w, bool wanted);
 /* op_chain.c: run (a kernel chain on a buffer), stats (per-device counters), bench_chain */
 void op_run(struct request *req);
 void op_stats(struct request *req);

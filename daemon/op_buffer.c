@@ -5,6 +5,7 @@
  * hands it to job_submit. Main thread only.
  */
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -129,7 +130,7 @@ int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
 {
 	uint64_t o;
 	*owner = req->conn->uid;
-	int rc = msg_get_u64(req->map, "owner", &o, err);
+	int rc = msg_get_u64_in(req->map, "owner", 0, GPUQ_MAX_UID, &o, err);
 	if (rc <= 0)
 		return rc;
 	if (req->conn->uid != 0 && o != (uint64_t)req->conn->uid)
@@ -251,7 +252,8 @@ void op_noop(struct request *req)
 	struct job *job = new_job(req, &kind_noop, WORK_NOOP, n ? devices[0] : device);
 	if (!job)
 		return;
-	if (n > 1 && job_make_gang(job, n) < 0) {
+	/* `devices` makes a gang, even of one: its record lists them (docs/protocol.md) */
+	if (n > 0 && job_make_gang(job, n) < 0) {
 		job_discard(&req->d->jobs, job);
 		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a %d-device job", n);
 		reply_error(req, &err);
@@ -379,7 +381,35 @@ void op_checksum(struct request *req)
 	job_submit(req, job);
 }
 
-/* The `value` field as one element of dtype, little-endian; range-checked for integers. */
+/*
+ * A float fill value as one element of dtype: finite, and not so large that
+ * it rounds to infinity there (an f16 holds at most 65504).
+ */
+static int read_fill_float(double v, enum gpuq_dtype dtype, uint64_t *bits, struct gpuq_error *err)
+{
+	static const double max[] = { [GPUQ_DTYPE_F16] = 65504.0, [GPUQ_DTYPE_BF16] = 0x1.fep+127,
+				      [GPUQ_DTYPE_F32] = FLT_MAX, [GPUQ_DTYPE_F64] = DBL_MAX };
+	if (!isfinite(v))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %g; give a finite number", v);
+	bool overflows = dtype != GPUQ_DTYPE_F64 && gpuq_f32_overflows(v);
+	if (!overflows && dtype == GPUQ_DTYPE_F16)
+		overflows = (gpuq_f32_to_f16_bits((float)v) & 0x7C00u) == 0x7C00u;
+	else if (!overflows && dtype == GPUQ_DTYPE_BF16)
+		overflows = (gpuq_f32_to_bf16_bits((float)v) & 0x7F80u) == 0x7F80u;
+	if (overflows)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'value': %g is out of %s's range (its largest finite value is %g)", v,
+				 gpuq_dtype_name(dtype), max[dtype]);
+	switch (dtype) {
+	case GPUQ_DTYPE_F16: *bits = gpuq_f32_to_f16_bits((float)v); break;
+	case GPUQ_DTYPE_BF16: *bits = gpuq_f32_to_bf16_bits((float)v); break;
+	case GPUQ_DTYPE_F32: *bits = gpuq_f32_bits((float)v); break;
+	default: memcpy(bits, &v, sizeof v); break;
+	}
+	return 0;
+}
+
+/* The `value` field as one element of dtype, little-endian; range-checked. */
 static int read_fill_value(struct request *req, enum gpuq_dtype dtype, uint64_t *bits,
 			   struct gpuq_error *err)
 {
@@ -389,13 +419,8 @@ static int read_fill_value(struct request *req, enum gpuq_dtype dtype, uint64_t 
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "fill value needs field 'value'");
 	if (rc < 0)
 		return -1;
-	switch (dtype) {
-	case GPUQ_DTYPE_F16: *bits = gpuq_f32_to_f16_bits((float)v); return 0;
-	case GPUQ_DTYPE_BF16: *bits = gpuq_f32_to_bf16_bits((float)v); return 0;
-	case GPUQ_DTYPE_F32: *bits = gpuq_f32_bits((float)v); return 0;
-	case GPUQ_DTYPE_F64: memcpy(bits, &v, sizeof v); return 0;
-	default: break;
-	}
+	if (gpuq_dtype_is_float(dtype))
+		return read_fill_float(v, dtype, bits, err);
 	int64_t i;
 	struct gpuq_error not_int;
 	if (msg_get_i64(req->map, "value", &i, &not_int) <= 0) {

@@ -115,7 +115,7 @@ static void dispatch(struct request *req)
 		reply_error(req, &err);
 		return;
 	}
-	if (read_header(req, op, sizeof op, &err) < 0) {
+	if (msg_check_unique_keys(req->map, &err) < 0 || read_header(req, op, sizeof op, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
