@@ -33,6 +33,7 @@ enum {
 	LONG_REDOP,
 	LONG_FACTOR,
 	LONG_COLL_TIMEOUT,
+	LONG_EPHEMERAL,
 };
 
 /* Accepted before the command and after it. */
@@ -70,6 +71,7 @@ static const struct {
 	{ { "op", required_argument, NULL, LONG_REDOP }, OPT_REDOP },
 	{ { "factor", required_argument, NULL, LONG_FACTOR }, OPT_FACTOR },
 	{ { "collective-timeout", required_argument, NULL, LONG_COLL_TIMEOUT }, OPT_COLL_TIMEOUT },
+	{ { "ephemeral", no_argument, NULL, LONG_EPHEMERAL }, OPT_EPHEMERAL },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -191,6 +193,9 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 				      &cli->requests, &cli->has_requests);
 	case LONG_VERIFY:
 		cli->verify = true;
+		return 0;
+	case LONG_EPHEMERAL:
+		cli->ephemeral = true;
 		return 0;
 	case LONG_PATH:
 		cli->path = arg;

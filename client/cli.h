@@ -54,6 +54,7 @@ enum cli_opt {
 	OPT_REDOP = 1u << 18,        /* --op sum|prod|min|max|avg */
 	OPT_FACTOR = 1u << 19,       /* --factor F: bench allreduce's step between sizes */
 	OPT_COLL_TIMEOUT = 1u << 20, /* --collective-timeout MS */
+	OPT_EPHEMERAL = 1u << 21,    /* --ephemeral: alloc's buffer goes with the connection */
 };
 
 struct cli;
@@ -83,6 +84,7 @@ struct cli {
 	uint64_t device, offset, length, bytes, count, requests;
 	const char *dtype, *clients;
 	bool verify;                /* --verify */
+	bool ephemeral;             /* --ephemeral */
 	const char *path;           /* --path */
 	const char *sizes;          /* --sizes */
 	const char *engine;         /* --engine */

@@ -73,6 +73,7 @@ void conn_close(struct conn *c)
 		  (int)c->pid, (int)c->uid);
 	parked_close_all(&c->parked);
 	conn_release_quota(c);
+	buffers_drop_conn(c->server->daemon, c->serial);
 	while (c->out_head) {
 		struct outbuf *next = c->out_head->next;
 		free(c->out_head);

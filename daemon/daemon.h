@@ -105,6 +105,15 @@ struct job *new_job(struct request *req, const struct job_kind *kind, enum work_
 /* Holds b for the job's life (free refuses meanwhile) and aims the work at it. */
 void job_attach_buffer(struct job *job, struct buffer *b);
 /*
+ * Ephemeral buffers (alloc ephemeral: true): buffers_drop_conn orphans those
+ * of a connection that closed and frees each that nothing holds;
+ * buffer_free_if_orphaned frees one once nothing holds it (b may be NULL);
+ * buffers_free_orphans retries every one (a full queue refused a free).
+ */
+void buffers_drop_conn(struct daemon *d, uint64_t conn_serial);
+void buffer_free_if_orphaned(struct daemon *d, struct buffer *b);
+void buffers_free_orphans(struct daemon *d);
+/*
  * The request's `devices` field (distinct device indexes): 1 with devices/n
  * set, 0 when absent, -1 with err.
  */

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/log.h"
 #include "kernels/hash.h"
 
 static void render_noop(const struct job *job, struct mp_map *out)
@@ -54,6 +55,7 @@ static void render_alloc(const struct job *job, struct mp_map *out)
 	mp_put_str(out, "dtype", gpuq_dtype_name(b->dtype));
 	mp_put_u64(out, "count", b->count);
 	mp_put_u64(out, "bytes", b->bytes);
+	mp_put_bool(out, "ephemeral", b->conn_serial != 0);
 }
 
 static void finish_alloc(struct daemon *d, struct job *job)
@@ -307,11 +309,13 @@ void op_alloc(struct request *req)
 	int device = 0;
 	enum gpuq_dtype dtype;
 	uint64_t count = 0, bytes = 0;
+	bool ephemeral = false;
 	int rc = msg_get_str(req->map, "name", name, sizeof name, &err);
 	if (rc == 0)
 		rc = gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "field 'name' is required");
 	if (rc < 0 || buffer_name_check(name, &err) < 0 || read_device(req, &device, &err) < 0 ||
-	    read_shape(req, &dtype, &count, &bytes, &err) < 0) {
+	    read_shape(req, &dtype, &count, &bytes, &err) < 0 ||
+	    msg_get_bool(req->map, "ephemeral", &ephemeral, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
@@ -333,6 +337,7 @@ void op_alloc(struct request *req)
 		reply_error(req, &err);
 		return;
 	}
+	b->conn_serial = ephemeral ? req->conn->serial : 0;
 	struct job *job = new_job(req, &kind_alloc, WORK_ALLOC, device);
 	if (!job) {
 		buffer_remove(&req->d->buffers, b);
@@ -486,4 +491,51 @@ void op_fill(struct request *req)
 	job->work.fill = spec;
 	job->work.length = b->bytes;
 	job_submit(req, job);
+}
+
+/*
+ * Frees an orphaned ephemeral buffer if nothing holds it: a free job that
+ * no client asked for or waits on, outside quotas (it only gives back).
+ * A buffer still allocating, in use or not yet freeable (a full queue) is
+ * left for later: job_release calls this when a job lets go of it, and the
+ * service tick retries every second.
+ */
+void buffer_free_if_orphaned(struct daemon *d, struct buffer *b)
+{
+	struct gpuq_error err;
+	if (!b || !b->orphaned || b->users > 0 || b->state != BUFFER_READY || d->stopping)
+		return;
+	struct job *job = job_create(&d->jobs, &kind_free, b->owner, 0, 0);
+	if (!job)
+		return;
+	job->work.kind = WORK_FREE;
+	job_attach_buffer(job, b);
+	b->state = BUFFER_FREEING;
+	job->work.length = b->bytes;
+	if (worker_submit(&d->pool, &job->work, &err) < 0) {
+		b->state = BUFFER_READY;
+		b->users--;
+		job_discard(&d->jobs, job);
+		return;
+	}
+	d->last_dispatch = monotonic_seconds();
+	service_job_started(d, job);
+	log_info("job %llu: freeing ephemeral buffer %s@%d of uid %d: the connection that made it closed",
+		 (unsigned long long)job->id, b->name, b->device, (int)b->owner);
+}
+
+void buffers_drop_conn(struct daemon *d, uint64_t conn_serial)
+{
+	for (struct buffer *b = d->buffers.head; b; b = b->next) {
+		if (b->conn_serial != conn_serial)
+			continue;
+		b->orphaned = true;
+		buffer_free_if_orphaned(d, b);
+	}
+}
+
+void buffers_free_orphans(struct daemon *d)
+{
+	for (struct buffer *b = d->buffers.head; b; b = b->next)
+		buffer_free_if_orphaned(d, b);
 }

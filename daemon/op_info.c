@@ -98,6 +98,7 @@ static void render_buffer(const struct buffer *b, double now, struct mp_array *o
 	mp_put_str(&m, "dtype", gpuq_dtype_name(b->dtype));
 	mp_put_u64(&m, "count", b->count);
 	mp_put_u64(&m, "bytes", b->bytes);
+	mp_put_bool(&m, "ephemeral", b->conn_serial != 0);
 	mp_put_u64(&m, "owner", (uint64_t)b->owner);
 	mp_put_f64(&m, "age_s", now - b->created);
 	mp_put_str(&m, "state", buffer_state_name(b->state));

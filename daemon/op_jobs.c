@@ -120,6 +120,7 @@ static int waiter_add(struct daemon *d, struct conn *c, uint64_t request_id, str
  */
 static void job_release(struct daemon *d, struct job *job)
 {
+	struct buffer *second = job->buffer2;
 	if (job->buffer)
 		job->buffer->users--;
 	if (job->buffer2) {
@@ -131,6 +132,14 @@ static void job_release(struct daemon *d, struct job *job)
 	if (job->work.fd >= 0) {
 		close(job->work.fd);
 		job->work.fd = -1;
+	}
+	/*
+	 * An ephemeral buffer whose connection is gone goes once no job holds
+	 * it; after a free that failed, only at the service's next tick.
+	 */
+	if (job->work.kind != WORK_FREE) {
+		buffer_free_if_orphaned(d, job->buffer);
+		buffer_free_if_orphaned(d, second);
 	}
 }
 

@@ -229,6 +229,7 @@ static void on_tick(uv_timer_t *t)
 	struct daemon *d = t->data;
 	struct deadline_scan scan;
 	check_deadlines(d, &scan);
+	buffers_free_orphans(d); /* those a full queue kept from being freed */
 	status_update(d, "");
 }
 

@@ -22,9 +22,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "workers/copy_guard.h"
@@ -151,13 +153,35 @@ static struct xfer_chunk *chunk_prepare(struct staged *s, uint64_t k, copy_task_
 	return c;
 }
 
+/*
+ * Why a write into the mapped destination failed (copy_guard turned its
+ * SIGBUS into an error): the file shrank under the mapping, or its
+ * filesystem could not back the pages (full, or over a quota), which
+ * fallocate over the chunk's range then reports as the system's own error.
+ */
+static int chunk_mapped_error(struct xfer *x, const struct xfer_chunk *c)
+{
+	struct stat st;
+	off_t at = x->pos + (off_t)c->at;
+	if (fstat(x->fd, &st) == 0 && st.st_size < at + (off_t)c->n)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "writing the destination at byte %llu: the file shrank while it "
+				 "was written", (unsigned long long)c->at);
+	int error = fallocate(x->fd, 0, at, (off_t)c->n) < 0 ? errno : 0;
+	if (error == 0 || error == EOPNOTSUPP || error == ENOSYS)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "writing the destination at byte %llu: the mapped write failed though "
+				 "the file holds that range (is its filesystem full?)",
+				 (unsigned long long)c->at);
+	return gpuq_fail(x->err, GPUQ_E_IO, "writing the destination at byte %llu: %s",
+			 (unsigned long long)c->at, strerror(error));
+}
+
 /* A finished chunk: its read or write error, or a source that ended early. */
 static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
 {
 	if (c->error && !put && x->map_data)
-		return gpuq_fail(x->err, GPUQ_E_IO,
-				 "writing the destination at byte %llu: the file shrank while it "
-				 "was written", (unsigned long long)c->at);
+		return chunk_mapped_error(x, c);
 	if (c->error)
 		return gpuq_fail(x->err, GPUQ_E_IO, "%s the %s at byte %llu: %s",
 				 put ? "reading" : "writing", put ? "source" : "destination",
@@ -323,6 +347,26 @@ static void unmap_destination(struct xfer *x)
 	x->map = x->map_data = NULL;
 }
 
+/*
+ * A get that failed leaves the destination no longer than it was: the
+ * mapped path grew it to the whole range first, and pwrites may have grown
+ * it part way. If that fails too, the job's error says so.
+ */
+static void get_restore_length(struct xfer *x)
+{
+	struct stat st;
+	int rc;
+	if (x->scratch || fstat(x->fd, &st) < 0 || st.st_size <= x->size)
+		return;
+	while ((rc = ftruncate(x->fd, x->size)) < 0 && errno == EINTR)
+		;
+	size_t used = strlen(x->err->message);
+	if (rc < 0 && used < sizeof x->err->message)
+		snprintf(x->err->message + used, sizeof x->err->message - used,
+			 "; restoring the destination's length of %lld bytes failed too: %s",
+			 (long long)x->size, strerror(errno));
+}
+
 int xfer_get_staged(struct xfer *x)
 {
 	struct staged s;
@@ -348,5 +392,8 @@ int xfer_get_staged(struct xfer *x)
 	staged_close(&s, collected);
 	if (x->map)
 		unmap_destination(x);
-	return xfer_drain_slots(x, rc);
+	rc = xfer_drain_slots(x, rc);
+	if (rc != 0)
+		get_restore_length(x);
+	return rc;
 }

@@ -208,6 +208,34 @@ void daemon_stop(struct daemon_proc *d)
 	rmdir(d->dir);
 }
 
+pid_t spawn_gpuq(const struct daemon_proc *d, ...)
+{
+	char gpuq[256];
+	char *argv[MAX_ARGS];
+	int argc = 0;
+	snprintf(gpuq, sizeof gpuq, "%s/gpuq", build_dir());
+	argv[argc++] = gpuq;
+	argv[argc++] = "--socket";
+	argv[argc++] = (char *)d->sock;
+	va_list ap;
+	va_start(ap, d);
+	char *a;
+	while ((a = va_arg(ap, char *)) != NULL && argc < MAX_ARGS - 1)
+		argv[argc++] = a;
+	va_end(ap);
+	argv[argc] = NULL;
+	pid_t pid = fork();
+	CHECKF(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		dup2(null, STDOUT_FILENO);
+		dup2(null, STDERR_FILENO);
+		execv(gpuq, argv);
+		_exit(127);
+	}
+	return pid;
+}
+
 void write_file(const char *path, const char *text)
 {
 	FILE *f = fopen(path, "w");

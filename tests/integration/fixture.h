@@ -51,6 +51,12 @@ bool daemon_alive(const struct daemon_proc *d);
 /* The socket's group in tests that act as other uids: every test uid is in it. */
 #define NOGROUP 65534
 
+/*
+ * Starts the gpuq CLI (GPUQ_BUILD/gpuq --socket d's ARGS..., NULL-terminated)
+ * in a child whose output goes to /dev/null; returns its pid.
+ */
+pid_t spawn_gpuq(const struct daemon_proc *d, ...);
+
 /* Writes text to path; fails the test if it cannot. */
 void write_file(const char *path, const char *text);
 /* A configuration file holding text (its path in a static buffer). */

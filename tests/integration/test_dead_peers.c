@@ -285,16 +285,8 @@ TEST(killed_cli_clients)
 {
 	struct daemon_proc d;
 	daemon_start(&d, NULL);
-	const char *build = getenv("GPUQ_BUILD") ? getenv("GPUQ_BUILD") : "build";
-	char gpuq[256];
-	snprintf(gpuq, sizeof gpuq, "%s/gpuq", build);
 	for (int i = 0; i < 150; i++) {
-		pid_t pid = fork();
-		CHECK(pid >= 0);
-		if (pid == 0) {
-			execl(gpuq, "gpuq", "--socket", d.sock, "noop", (char *)NULL);
-			_exit(127);
-		}
+		pid_t pid = spawn_gpuq(&d, "noop", NULL);
 		struct timespec t = { 0, (long)(i % 3) * 1000000L + (i % 7) * 100000L };
 		nanosleep(&t, NULL);
 		kill(pid, SIGKILL);
