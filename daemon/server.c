@@ -55,8 +55,9 @@ static void server_log_fd_limit(struct server *s, const char *doing, int error)
 	uid_t top_uid;
 	if (!log_every_pass(&s->fd_log, FD_LOG_EVERY_S, &held))
 		return;
-	struct rlimit rl = { 0, 0 };
-	getrlimit(RLIMIT_NOFILE, &rl);
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		rl.rlim_cur = 0; /* unknown: the line says 0 */
 	unsigned conns = server_census(s, &top_uid, &top);
 	log_warn("%s: %s: %s (RLIMIT_NOFILE %llu); %u client connections are open, %u of them uid %d's. "
 		 "Not accepting for %d ms at a time (%u more times since the last such line); raise "
@@ -100,8 +101,11 @@ static void server_on_accept_timer(uv_timer_t *timer)
 static void server_pause_accepting(struct server *s, int error)
 {
 	server_log_fd_limit(s, "accept", error);
-	uv_poll_stop(&s->listen_poll);
-	uv_timer_start(&s->accept_timer, server_on_accept_timer, ACCEPT_PAUSE_MS, 0);
+	int rc = uv_timer_start(&s->accept_timer, server_on_accept_timer, ACCEPT_PAUSE_MS, 0);
+	if (rc < 0) /* without the timer nothing would restart it: keep polling instead */
+		log_error("cannot pause accepting: uv_timer_start: %s", uv_strerror(rc));
+	else
+		uv_poll_stop(&s->listen_poll);
 }
 
 static void server_on_listen(uv_poll_t *handle, int status, int events)
@@ -237,8 +241,17 @@ static int server_start_accepting(struct server *s, int fd, char *msg, size_t ms
 	s->listen_poll.data = s;
 	s->listen_fd = fd;
 	s->listening = true;
-	uv_timer_init(s->loop, &s->accept_timer);
-	uv_timer_init(s->loop, &s->scan_timer);
+	if ((rc = uv_timer_init(s->loop, &s->accept_timer)) < 0) {
+		snprintf(msg, msgsize, "uv_timer_init: %s", uv_strerror(rc));
+		server_stop_listening(s);
+		return -1;
+	}
+	if ((rc = uv_timer_init(s->loop, &s->scan_timer)) < 0) {
+		snprintf(msg, msgsize, "uv_timer_init: %s", uv_strerror(rc));
+		uv_close((uv_handle_t *)&s->accept_timer, NULL);
+		server_stop_listening(s);
+		return -1;
+	}
 	s->accept_timer.data = s->scan_timer.data = s;
 	s->timers = true;
 	rc = uv_poll_start(&s->listen_poll, UV_READABLE, server_on_listen);
@@ -298,7 +311,8 @@ void server_stop_listening(struct server *s)
 		return;
 	s->listening = false;
 	uv_poll_stop(&s->listen_poll);
-	uv_timer_stop(&s->accept_timer);
+	if (s->timers)
+		uv_timer_stop(&s->accept_timer);
 	uv_close((uv_handle_t *)&s->listen_poll, server_on_listen_closed);
 	if (!s->adopted && unlink(s->path) < 0 && errno != ENOENT)
 		log_warn("cannot remove %s: %s", s->path, strerror(errno));
