@@ -186,7 +186,8 @@ void job_submit(struct request *req, struct job *job)
 	int rc = read_wait_options(req, &opts, &err);
 	/* Without wait the reply is the record as it stands now, at submission: queued. */
 	mp_map_init(&record);
-	job_render(job, false, &record);
+	if (rc == 0 && !opts.wait)
+		job_render(job, false, &record);
 	if (rc == 0 && d->stopping)
 		rc = gpuq_fail(&err, GPUQ_E_SHUTTING_DOWN, "gpuqd is shutting down; no new jobs");
 	if (rc == 0)
