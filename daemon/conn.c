@@ -41,6 +41,7 @@ struct outbuf {
 };
 
 static void conn_update_poll(struct conn *c);
+static int conn_account_output(struct conn *c);
 
 /*
  * The end of a connection, in the loop's close phase: outside every caller
@@ -152,7 +153,7 @@ void conn_send(struct conn *c, const void *data, size_t len)
 	c->out_tail = o;
 	c->out_bytes += len;
 	conn_flush(c);
-	if (!c->closed)
+	if (!c->closed && conn_account_output(c) == 0)
 		conn_update_poll(c);
 }
 
@@ -191,16 +192,40 @@ int conn_take_fds(struct conn *c, int n, int *out, int *arrived)
 	return parked_take(&c->parked, c->frame_at, n, out, arrived);
 }
 
-/* Records what c holds now against its uid's limits; on refusal answers and closes c. */
+/*
+ * Records what c's reading holds now (itself, its parked descriptors, its
+ * incomplete frame) against its uid's limits; on refusal answers and
+ * closes c. Its unread replies are conn_account_output's.
+ */
 static int conn_account(struct conn *c)
 {
 	struct gpuq_error err;
-	struct quota_conn_held now = { .connections = 1,
-				       .parked_fds = (unsigned)c->parked.count,
-				       .frame_bytes = frame_reader_pending(&c->reader) };
+	struct quota_conn_held now = c->held;
+	now.n[HOLD_CONNECTIONS] = 1;
+	now.n[HOLD_PARKED_FDS] = (uint64_t)c->parked.count;
+	now.n[HOLD_FRAME_BYTES] = frame_reader_pending(&c->reader);
 	if (quota_conn_hold(c->server->daemon, c, &c->held, &now, &err) == 0)
 		return 0;
 	conn_refuse(c, 0, &err);
+	return -1;
+}
+
+/*
+ * Records the replies c has not read against its uid's reply-bytes limit.
+ * A connection that takes the uid over it cannot be told (it does not
+ * read): it is dropped, and the log says why. 0, or -1 with c closed.
+ */
+static int conn_account_output(struct conn *c)
+{
+	struct gpuq_error err;
+	struct quota_conn_held now = c->held;
+	now.n[HOLD_REPLY_BYTES] = c->out_bytes;
+	if (now.n[HOLD_REPLY_BYTES] == c->held.n[HOLD_REPLY_BYTES] ||
+	    quota_conn_hold(c->server->daemon, c, &c->held, &now, &err) == 0)
+		return 0;
+	log_warn("connection %llu (pid %d, uid %d) leaves its replies unread: %s; dropping it",
+		 (unsigned long long)c->serial, (int)c->pid, (int)c->uid, err.message);
+	conn_close(c);
 	return -1;
 }
 
@@ -352,8 +377,11 @@ static void conn_on_poll(uv_poll_t *handle, int status, int events)
 		conn_close(c);
 		return;
 	}
-	if (events & UV_WRITABLE)
+	if (events & UV_WRITABLE) {
 		conn_flush(c);
+		if (!c->closed)
+			conn_account_output(c); /* less is never refused */
+	}
 	if (!c->closed && (events & UV_READABLE) && !c->close_after_flush)
 		conn_read(c);
 	if (!c->closed)

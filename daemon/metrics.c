@@ -28,6 +28,7 @@ static const double latency_bounds[METRICS_LATENCY_BUCKETS] = {
 
 static const char *const quota_limits[METRICS_QUOTA_LIMITS] = {
 	"device-memory", "queued-jobs", "devices", "connections", "parked-fds", "pending-frame-bytes",
+	"reply-bytes",
 };
 
 static struct metrics_op *op_entry(struct metrics *m, const char *op)

@@ -32,7 +32,7 @@ struct metrics_path {
 	uint64_t bytes;
 };
 
-#define METRICS_QUOTA_LIMITS 6
+#define METRICS_QUOTA_LIMITS 7
 
 struct metrics {
 	struct metrics_op ops[METRICS_MAX_OPS];
@@ -49,7 +49,7 @@ struct metrics {
 /* A job finished: latency is seconds from submission to its end. */
 void metrics_job_finished(struct metrics *m, const char *op, enum gpuq_errc result,
 			  double latency, const char *path, uint64_t bytes);
-/* limit: "device-memory", "queued-jobs", "devices", "connections", "parked-fds" or "pending-frame-bytes". */
+/* limit: "device-memory", "queued-jobs", "devices", or one of quota.h's holds ("reply-bytes"). */
 void metrics_quota_refusal(struct metrics *m, const char *limit);
 
 /* A growable text buffer. */

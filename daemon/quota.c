@@ -144,56 +144,58 @@ static int parse_devices(const char *s, uint64_t *mask)
 	return *mask ? 0 : -1;
 }
 
-/* A count, or `unlimited`; for the connection limits. 0, or -1 with msg. */
-static int parse_count(const char *key, const char *value, uint64_t *out, char *msg,
-		       size_t msgsize)
+/* The limits on what a uid's connections hold (enum quota_hold). */
+static const struct hold_limit {
+	const char *name;  /* the rule's key and the metric's label */
+	bool size;         /* a size (64M) rather than a count */
+	uint64_t builtin;  /* where no rule sets it */
+	const char *what;  /* what is counted, for refusals */
+	const char *fix;
+} hold_limits[HOLD_KINDS] = {
+	[HOLD_CONNECTIONS] = { "connections", false, 512, "connections open", "close some" },
+	[HOLD_PARKED_FDS] = { "parked-fds", false, 256, "descriptors received ahead of the requests that take them",
+			      "send each request's descriptors with its first byte" },
+	[HOLD_FRAME_BYTES] = { "pending-frame-bytes", true, 64ull << 20, "of incomplete request frames",
+			       "finish sending one frame before starting another" },
+	[HOLD_REPLY_BYTES] = { "reply-bytes", true, 256ull << 20, "of replies not yet read",
+			       "read the replies to your requests" },
+};
+
+const char *quota_hold_name(enum quota_hold kind)
 {
-	char *end;
-	unsigned long long n = strtoull(value, &end, 10);
-	if (strcmp(value, "unlimited") == 0) {
-		*out = QUOTA_UNLIMITED;
-		return 0;
-	}
-	if (!*value || *end || value[0] == '-' || n > UINT32_MAX) {
-		snprintf(msg, msgsize, "%s takes a number or unlimited, not '%s'", key, value);
-		return -1;
-	}
-	*out = n;
-	return 0;
+	return hold_limits[kind].name;
 }
 
-/* connections, parked-fds, pending-frame-bytes: 1 if key is one of them (set or -1 with msg). */
-static int rule_set_connection_limit(struct quota_rule *r, const char *key, const char *value,
-				     char *msg, size_t msgsize)
+/* One of the hold limits: 1 if key names one (set, or -1 with msg), else 0. */
+static int rule_set_hold(struct quota_rule *r, const char *key, const char *value, char *msg,
+			 size_t msgsize)
 {
-	if (strcmp(key, "connections") == 0) {
-		r->has_connections = true;
-		return parse_count(key, value, &r->connections, msg, msgsize) < 0 ? -1 : 1;
-	}
-	if (strcmp(key, "parked-fds") == 0) {
-		r->has_parked_fds = true;
-		return parse_count(key, value, &r->parked_fds, msg, msgsize) < 0 ? -1 : 1;
-	}
-	if (strcmp(key, "pending-frame-bytes") != 0)
-		return 0;
-	r->has_frame_bytes = true;
-	if (strcmp(value, "unlimited") == 0) {
-		r->frame_bytes = QUOTA_UNLIMITED;
-		return 1;
-	}
-	if (gpuq_parse_size(value, &r->frame_bytes) < 0) {
-		snprintf(msg, msgsize, "pending-frame-bytes takes a size such as 64M, or unlimited, not '%s'",
-			 value);
+	for (int k = 0; k < HOLD_KINDS; k++) {
+		const struct hold_limit *h = &hold_limits[k];
+		char *end;
+		if (strcmp(key, h->name) != 0)
+			continue;
+		r->has_hold[k] = true;
+		if (strcmp(value, "unlimited") == 0) {
+			r->hold[k] = QUOTA_UNLIMITED;
+			return 1;
+		}
+		unsigned long long n = strtoull(value, &end, 10);
+		if (h->size ? gpuq_parse_size(value, &r->hold[k]) == 0
+			    : (*value && !*end && value[0] != '-' && n <= UINT32_MAX && (r->hold[k] = n, true)))
+			return 1;
+		snprintf(msg, msgsize, "%s takes %s, or unlimited, not '%s'", key,
+			 h->size ? "a size such as 64M" : "a number", value);
 		return -1;
 	}
-	return 1;
+	return 0;
 }
 
 int quota_rule_set(struct quota_rule *r, const char *key, const char *value, char *msg,
 		   size_t msgsize)
 {
 	char *end;
-	int rc = rule_set_connection_limit(r, key, value, msg, msgsize);
+	int rc = rule_set_hold(r, key, value, msg, msgsize);
 	if (rc != 0)
 		return rc < 0 ? -1 : 0;
 	if (strcmp(key, "device-memory") == 0) {
@@ -221,7 +223,7 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 	} else {
 		snprintf(msg, msgsize,
 			 "unknown limit '%s' in %s (limits: device-memory, queued-jobs, devices, "
-			 "connections, parked-fds, pending-frame-bytes)",
+			 "connections, parked-fds, pending-frame-bytes, reply-bytes)",
 			 key, r->label);
 		return -1;
 	}
@@ -305,40 +307,40 @@ bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner)
 	return owner == c->uid || quota_is_admin(d, c);
 }
 
-enum limit {
-	LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_CONNECTIONS, LIMIT_PARKED_FDS,
-	LIMIT_FRAME_BYTES,
-};
+/* The limits; those from LIMIT_HOLD on are LIMIT_HOLD + an enum quota_hold. */
+enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_HOLD };
 
-static bool rule_sets(const struct quota_rule *r, enum limit which)
+static bool rule_sets(const struct quota_rule *r, int which)
 {
 	switch (which) {
 	case LIMIT_MEMORY: return r->has_memory;
 	case LIMIT_JOBS: return r->has_jobs;
 	case LIMIT_DEVICES: return r->has_devices;
-	case LIMIT_CONNECTIONS: return r->has_connections;
-	case LIMIT_PARKED_FDS: return r->has_parked_fds;
-	case LIMIT_FRAME_BYTES: return r->has_frame_bytes;
 	}
-	return false;
+	return which - LIMIT_HOLD < HOLD_KINDS && r->has_hold[which - LIMIT_HOLD];
 }
 
-/* What governs the connection limits where no rule sets them. */
-static const struct quota_rule builtin_rule = {
-	.scope = QUOTA_DEFAULT,
-	.label = "[default]",
-	.where = "gpuqd's built-in default; set the limit in [default] of the configuration file",
-	.has_connections = true, .connections = QUOTA_DEFAULT_CONNECTIONS,
-	.has_parked_fds = true, .parked_fds = QUOTA_DEFAULT_PARKED_FDS,
-	.has_frame_bytes = true, .frame_bytes = QUOTA_DEFAULT_FRAME_BYTES,
-};
+/* What governs the hold limits where no rule sets them: hold_limits' defaults. */
+static const struct quota_rule *builtin(void)
+{
+	static struct quota_rule r = {
+		.scope = QUOTA_DEFAULT,
+		.label = "[default]",
+		.where = "gpuqd's built-in default; set the limit in [default] of the configuration file",
+	};
+	for (int k = 0; k < HOLD_KINDS; k++) {
+		r.has_hold[k] = true;
+		r.hold[k] = hold_limits[k].builtin;
+	}
+	return &r;
+}
 
 /*
  * The rules that govern one limit for the client: its user rule if that
  * sets the limit; else every rule of its groups that does; else the
  * default; else, for the connection limits, the built-in default.
  */
-static int governing(const struct quota_set *q, const struct client_ids *ids, enum limit which,
+static int governing(const struct quota_set *q, const struct client_ids *ids, int which,
 		     const struct quota_rule **out)
 {
 	int n = 0;
@@ -353,8 +355,8 @@ static int governing(const struct quota_set *q, const struct client_ids *ids, en
 			out[n++] = r;
 		}
 	}
-	if (n == 0 && rule_sets(&builtin_rule, which))
-		out[n++] = &builtin_rule;
+	if (n == 0 && rule_sets(builtin(), which))
+		out[n++] = builtin();
 	return n;
 }
 
@@ -508,53 +510,46 @@ unsigned quota_active_jobs(const struct quota_usage *u, uid_t uid)
 	return e ? e->active : 0;
 }
 
-/* The first governing rule of `which` that total would break, or NULL. */
-static const struct quota_rule *conn_limit_broken(struct daemon *d, const struct conn *c,
-						  enum limit which, uint64_t total)
+/* The first rule governing hold `kind` that total would break, or NULL. */
+static const struct quota_rule *hold_limit_broken(struct daemon *d, const struct conn *c,
+						  enum quota_hold kind, uint64_t total)
 {
 	const struct quota_rule *rules[MAX_GOVERNING];
 	struct client_ids ids;
 	client_ids(c, &ids);
-	int n = governing(&d->svc.quotas, &ids, which, rules);
-	for (int i = 0; i < n; i++) {
-		uint64_t limit = which == LIMIT_CONNECTIONS ? rules[i]->connections
-				 : which == LIMIT_PARKED_FDS ? rules[i]->parked_fds
-							     : rules[i]->frame_bytes;
-		if (total > limit)
+	int n = governing(&d->svc.quotas, &ids, LIMIT_HOLD + (int)kind, rules);
+	for (int i = 0; i < n; i++)
+		if (total > rules[i]->hold[kind])
 			return rules[i];
-	}
 	return NULL;
 }
 
-/* Checks the growth from held to now against the uid's connection limits. */
-static int conn_limits_check(struct daemon *d, const struct conn *c, const struct quota_user *e,
+static const char *hold_text(enum quota_hold kind, uint64_t n, char *buf, size_t size)
+{
+	if (hold_limits[kind].size)
+		return size_text(n, buf, size);
+	snprintf(buf, size, "%llu", (unsigned long long)n);
+	return buf;
+}
+
+/* Checks each hold that grows from held to now against the uid's limits. */
+static int hold_limits_check(struct daemon *d, const struct conn *c, const struct quota_user *e,
 			     const struct quota_conn_held *held, const struct quota_conn_held *now,
 			     struct gpuq_error *err)
 {
-	const struct quota_rule *r;
-	char limit[32], have[32];
-	if (now->connections > held->connections &&
-	    (r = conn_limit_broken(d, c, LIMIT_CONNECTIONS, e->connections + 1ull)))
-		return refuse(d, "connections", err,
-			      "quota %s (%s): connections %llu reached; uid %d has %u connections open (close some)",
-			      r->label, r->where, (unsigned long long)r->connections, (int)c->uid,
-			      e->connections);
-	uint64_t parked = (uint64_t)e->parked_fds - held->parked_fds + now->parked_fds;
-	if (now->parked_fds > held->parked_fds &&
-	    (r = conn_limit_broken(d, c, LIMIT_PARKED_FDS, parked)))
-		return refuse(d, "parked-fds", err,
-			      "quota %s (%s): parked-fds %llu exceeded; uid %d would hold %llu descriptors received ahead of "
-			      "the requests that take them (send each request's descriptors with its first byte)",
-			      r->label, r->where, (unsigned long long)r->parked_fds, (int)c->uid,
-			      (unsigned long long)parked);
-	uint64_t bytes = e->frame_bytes - held->frame_bytes + now->frame_bytes;
-	if (now->frame_bytes > held->frame_bytes &&
-	    (r = conn_limit_broken(d, c, LIMIT_FRAME_BYTES, bytes)))
-		return refuse(d, "pending-frame-bytes", err,
-			      "quota %s (%s): pending-frame-bytes %s exceeded; uid %d's connections would hold %s of "
-			      "incomplete request frames (finish sending one frame before starting another)",
-			      r->label, r->where, size_text(r->frame_bytes, limit, sizeof limit), (int)c->uid,
-			      size_text(bytes, have, sizeof have));
+	for (int k = 0; k < HOLD_KINDS; k++) {
+		const struct hold_limit *h = &hold_limits[k];
+		uint64_t total = e->held[k] - held->n[k] + now->n[k];
+		const struct quota_rule *r;
+		char limit[32], have[32];
+		if (now->n[k] <= held->n[k] || !(r = hold_limit_broken(d, c, (enum quota_hold)k, total)))
+			continue;
+		return refuse(d, h->name, err,
+			      "quota %s (%s): %s %s exceeded; uid %d's connections would hold %s %s (%s)",
+			      r->label, r->where, h->name,
+			      hold_text((enum quota_hold)k, r->hold[k], limit, sizeof limit), (int)c->uid,
+			      hold_text((enum quota_hold)k, total, have, sizeof have), h->what, h->fix);
+	}
 	return 0;
 }
 
@@ -565,13 +560,10 @@ int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_he
 	if (!e)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory to account for uid %d",
 				 (int)c->uid);
-	bool grows = now->connections > held->connections || now->parked_fds > held->parked_fds ||
-		     now->frame_bytes > held->frame_bytes;
-	if (grows && c->uid != 0 && conn_limits_check(d, c, e, held, now, err) < 0)
+	if (c->uid != 0 && hold_limits_check(d, c, e, held, now, err) < 0)
 		return -1;
-	e->connections = e->connections - held->connections + now->connections;
-	e->parked_fds = e->parked_fds - held->parked_fds + now->parked_fds;
-	e->frame_bytes = e->frame_bytes - held->frame_bytes + now->frame_bytes;
+	for (int k = 0; k < HOLD_KINDS; k++)
+		e->held[k] = e->held[k] - held->n[k] + now->n[k];
 	*held = *now;
 	return 0;
 }

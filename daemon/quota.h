@@ -7,11 +7,12 @@
  * queued-jobs (a user's jobs queued or running at once), devices (the
  * device indices a user's jobs may use), and what a user's connections may
  * hold in gpuqd at once: connections, parked-fds (descriptors received
- * ahead of the request that takes them) and pending-frame-bytes (bytes of
- * request frames not yet complete). For each limit the most specific rules
+ * ahead of the request that takes them), pending-frame-bytes (bytes of
+ * request frames not yet complete) and reply-bytes (replies queued for
+ * connections that have not read them). For each limit the most specific rules
  * that set it govern: the user's rule; else every rule of a group the
  * client belongs to (all must hold, so the strictest wins); else the
- * default; the connection limits have built-in defaults (below), so that
+ * default; the connection limits have built-in defaults (quota.c), so that
  * an unconfigured daemon is bounded too. Root is never limited. A refusal
  * is permission_denied naming the rule and where it was written.
  *
@@ -36,10 +37,12 @@ struct job;
 
 enum quota_scope { QUOTA_DEFAULT, QUOTA_GROUP, QUOTA_USER };
 
-/* What a uid's connections may hold when no rule says otherwise. */
-#define QUOTA_DEFAULT_CONNECTIONS 512
-#define QUOTA_DEFAULT_PARKED_FDS 256
-#define QUOTA_DEFAULT_FRAME_BYTES (64ull << 20)
+/*
+ * What a uid's connections hold in gpuqd, each bounded by a limit of its
+ * name (quota.c has the names and the built-in defaults: 512 connections,
+ * 256 descriptors, 64 MiB of incomplete frames, 256 MiB of unread replies).
+ */
+enum quota_hold { HOLD_CONNECTIONS, HOLD_PARKED_FDS, HOLD_FRAME_BYTES, HOLD_REPLY_BYTES, HOLD_KINDS };
 /* A limit set to `unlimited`. */
 #define QUOTA_UNLIMITED UINT64_MAX
 
@@ -52,10 +55,8 @@ struct quota_rule {
 	uint64_t device_memory; /* bytes on any one device */
 	uint64_t queued_jobs;   /* queued or running at once */
 	uint64_t devices;       /* bit i: device i may be used */
-	bool has_connections, has_parked_fds, has_frame_bytes;
-	uint64_t connections; /* open at once */
-	uint64_t parked_fds;  /* descriptors received ahead of their requests */
-	uint64_t frame_bytes; /* bytes of incomplete request frames */
+	bool has_hold[HOLD_KINDS];
+	uint64_t hold[HOLD_KINDS]; /* the most a uid's connections may hold at once */
 };
 
 /* The rules and rights of one configuration; replaced whole on reload. */
@@ -71,10 +72,8 @@ struct quota_set {
 struct quota_usage {
 	struct quota_user {
 		uid_t uid;
-		unsigned active;      /* jobs queued or running */
-		unsigned connections; /* open */
-		unsigned parked_fds;
-		uint64_t frame_bytes;
+		unsigned active;            /* jobs queued or running */
+		uint64_t held[HOLD_KINDS]; /* what its connections hold */
 	} *users;
 	int count, cap;
 };
@@ -126,16 +125,18 @@ int quota_check_alloc(struct daemon *d, const struct conn *c, int device, uint64
 		      struct gpuq_error *err);
 
 /*
- * What connection c holds in gpuqd: 1 or 0 connections, parked descriptors
- * and partial-frame bytes. Records the change from what c held (*held, the
- * connection's own account) in the uid's usage; growth is first checked
- * against the connection limits, and refused whole (nothing recorded) with
- * permission_denied naming the rule. Shrinking never fails.
+ * What connection c holds in gpuqd, by enum quota_hold: 1 or 0 connections,
+ * parked descriptors, bytes of its incomplete frame, bytes of replies it has
+ * not read. Records the change from what c held (*held, the connection's own
+ * account) in the uid's usage; growth is first checked against the limits,
+ * and refused whole (nothing recorded) with permission_denied naming the
+ * rule. Shrinking never fails.
  */
 struct quota_conn_held {
-	unsigned connections, parked_fds;
-	uint64_t frame_bytes;
+	uint64_t n[HOLD_KINDS];
 };
+/* The name of a hold's limit ("parked-fds"), as rules and metrics write it. */
+const char *quota_hold_name(enum quota_hold kind);
 int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_held *held,
 		    const struct quota_conn_held *now, struct gpuq_error *err);
 

@@ -27,9 +27,9 @@ static int job_device(const struct job *j)
 static void print_count(const char *name, uint64_t n)
 {
 	if (n == QUOTA_UNLIMITED)
-		printf("%s unlimited", name);
+		printf(" %s unlimited", name);
 	else
-		printf("%s %llu", name, (unsigned long long)n);
+		printf(" %s %llu", name, (unsigned long long)n);
 }
 
 static void print_rule(const struct quota_rule *r)
@@ -42,14 +42,13 @@ static void print_rule(const struct quota_rule *r)
 		printf(" queued-jobs %llu", (unsigned long long)r->queued_jobs);
 	if (r->has_devices)
 		printf(" devices %s", quota_devices_text(r->devices, devices, sizeof devices));
-	if (r->has_connections)
-		print_count(" connections", r->connections);
-	if (r->has_parked_fds)
-		print_count(" parked-fds", r->parked_fds);
-	if (r->has_frame_bytes)
-		print_count(" pending-frame-bytes", r->frame_bytes);
-	if (!r->has_memory && !r->has_jobs && !r->has_devices && !r->has_connections &&
-	    !r->has_parked_fds && !r->has_frame_bytes)
+	bool any = r->has_memory || r->has_jobs || r->has_devices;
+	for (int k = 0; k < HOLD_KINDS; k++) {
+		if (r->has_hold[k])
+			print_count(quota_hold_name((enum quota_hold)k), r->hold[k]);
+		any |= r->has_hold[k];
+	}
+	if (!any)
 		printf(" no limits");
 	printf("\n");
 }

@@ -20,6 +20,8 @@
 #include "protocol/frame.h"
 #include "tests/integration/fixture.h"
 
+static int log_lines_with(const struct daemon_proc *d, const char *text);
+
 /* Reads one reply from a raw socket and checks its code and that its message mentions `mentions`. */
 static void expect_raw(int fd, const char *want_code, const char *mentions)
 {
@@ -202,7 +204,7 @@ static void connections_are_bounded(void *arg)
 		gpuq_reply_error(r, &err);
 		gpuq_reply_free(r);
 	}
-	CHECKF(err.code == GPUQ_E_PERMISSION_DENIED && strstr(err.message, "connections 3 reached"),
+	CHECKF(err.code == GPUQ_E_PERMISSION_DENIED && strstr(err.message, "connections 3 exceeded"),
 	       "the refused client saw %s: %s", gpuq_errc_name(err.code), err.message);
 	gpuq_close(c);
 	close(fds[0]); /* one fewer: a new one is taken */
@@ -268,13 +270,36 @@ static void partial_frames_are_bounded(void *arg)
 	msgpack_sbuffer_destroy(&big);
 }
 
-TEST(parked_descriptors_and_partial_frames_per_uid_are_quotas)
+/* A connection that never reads its replies is dropped once they pass reply-bytes; others go on. */
+static void unread_replies_are_bounded(void *arg)
+{
+	const struct daemon_proc *d = ((struct limit_args *)arg)->d;
+	int quiet = raw_connect(d);
+	int small = 4096;
+	CHECK(setsockopt(quiet, SOL_SOCKET, SO_RCVBUF, &small, sizeof small) == 0);
+	msgpack_sbuffer devices;
+	raw_frame(&devices, 1, "devices", 0);
+	bool dropped = false;
+	for (int i = 0; i < 20000 && !dropped; i++) /* about 1 KiB of reply each */
+		dropped = send(quiet, devices.data, devices.size, MSG_NOSIGNAL) < 0;
+	CHECKF(dropped, "a connection that reads nothing was never dropped");
+	close(quiet);
+	struct gpuq_client *c = client_open(d); /* the uid's other connections are served */
+	CHECK(device_count(c) > 0);
+	gpuq_close(c);
+	msgpack_sbuffer_destroy(&devices);
+}
+
+TEST(parked_descriptors_partial_frames_and_unread_replies_per_uid_are_quotas)
 {
 	struct daemon_proc d;
-	start_with_config(&d, "[default]\nparked-fds = 2\npending-frame-bytes = 8K\n", NULL);
+	start_with_config(&d, "[default]\nparked-fds = 2\npending-frame-bytes = 8K\nreply-bytes = 1M\n",
+			  NULL);
 	struct limit_args a = { &d };
 	as_user(65534, NULL, 0, parked_descriptors_are_bounded, &a);
 	as_user(65534, NULL, 0, partial_frames_are_bounded, &a);
+	as_user(65534, NULL, 0, unread_replies_are_bounded, &a);
+	CHECKF(log_lines_with(&d, "reply-bytes 1.0 MiB exceeded") == 1, "the drop is not logged, with its rule");
 	struct gpuq_client *c = client_open(&d);
 	CHECK(device_count(c) > 0);
 	gpuq_close(c);
