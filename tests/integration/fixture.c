@@ -1,5 +1,6 @@
 #include "tests/integration/fixture.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -170,6 +171,19 @@ bool daemon_alive(const struct daemon_proc *d)
 	if (rc < 0 && errno == ECHILD) /* asked from a forked client: not its child */
 		return kill(d->pid, 0) == 0 || errno == EPERM;
 	return rc == 0;
+}
+
+unsigned daemon_fd_count(const struct daemon_proc *d)
+{
+	char path[64];
+	unsigned n = 0;
+	snprintf(path, sizeof path, "/proc/%d/fd", (int)d->pid);
+	DIR *dir = opendir(path);
+	CHECKF(dir, "%s: %s", path, strerror(errno));
+	for (struct dirent *e; (e = readdir(dir));)
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
 }
 
 void daemon_dump_log(const struct daemon_proc *d)

@@ -44,6 +44,8 @@ void daemon_start(struct daemon_proc *d, ...);
 void daemon_restart(struct daemon_proc *d, ...);
 /* SIGTERM; checks a clean exit (status 0) and that the socket file is gone. */
 void daemon_stop(struct daemon_proc *d);
+/* How many descriptors the daemon holds now (/proc/PID/fd). */
+unsigned daemon_fd_count(const struct daemon_proc *d);
 /* Prints the daemon's log to stderr (for failing tests). */
 void daemon_dump_log(const struct daemon_proc *d);
 bool daemon_alive(const struct daemon_proc *d);

@@ -12,7 +12,6 @@
  * descriptors it held after the warm-up and not much more memory. The
  * daemon must still answer.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -194,13 +193,7 @@ static void settle(struct soak_shared *sh, struct gpuq_client *c)
 static void measure(const struct daemon_proc *d, unsigned *fds, unsigned long *rss_kb)
 {
 	char path[64], line[256];
-	snprintf(path, sizeof path, "/proc/%d/fd", (int)d->pid);
-	DIR *dir = opendir(path);
-	CHECKF(dir, "%s: %s", path, strerror(errno));
-	*fds = 0;
-	for (struct dirent *e; (e = readdir(dir));)
-		*fds += e->d_name[0] != '.';
-	closedir(dir);
+	*fds = daemon_fd_count(d);
 	snprintf(path, sizeof path, "/proc/%d/status", (int)d->pid);
 	FILE *f = fopen(path, "r");
 	CHECK(f);
