@@ -62,20 +62,17 @@ int xfer_drain_slots(struct xfer *x, int rc)
 /* ---- the streamed path: in order, by the worker ---- */
 
 /* What kind of descriptor a client passed, for messages. */
-static const char *stream_fd_kind(int fd)
+static const char *stream_fd_kind(const struct xfer *x)
 {
-	struct stat st;
-	if (fstat(fd, &st) < 0)
-		return "descriptor";
-	if (S_ISFIFO(st.st_mode))
+	if (S_ISFIFO(x->mode))
 		return "pipe";
-	if (S_ISSOCK(st.st_mode))
+	if (S_ISSOCK(x->mode))
 		return "socket";
-	if (S_ISCHR(st.st_mode))
-		return isatty(fd) ? "terminal" : "character device";
-	if (S_ISBLK(st.st_mode))
+	if (S_ISCHR(x->mode))
+		return x->tty ? "terminal" : "character device";
+	if (S_ISBLK(x->mode))
 		return "block device";
-	if (S_ISREG(st.st_mode))
+	if (S_ISREG(x->mode))
 		return "regular file";
 	return "descriptor of no file type (an epoll, eventfd or other anonymous inode)";
 }
@@ -89,7 +86,7 @@ static int stream_check_idle(struct xfer *x, short events, uint64_t at)
 	bool reading = events == POLLIN;
 	return gpuq_fail(x->err, GPUQ_E_TIMEOUT,
 			 "the %s (a %s) %s no byte for %u ms (--transfer-idle-timeout); the job stopped after %llu bytes",
-			 reading ? "source" : "destination", stream_fd_kind(x->fd),
+			 reading ? "source" : "destination", stream_fd_kind(x),
 			 reading ? "yielded" : "took", limit, (unsigned long long)at);
 }
 
@@ -153,17 +150,15 @@ static ssize_t stream_read(struct xfer *x, void *buf, size_t n)
  */
 static size_t stream_write_room(struct xfer *x, size_t n)
 {
-	struct stat st;
 	int unread = 0;
-	if ((x->fd_flags & O_NONBLOCK) || fstat(x->fd, &st) < 0 || S_ISSOCK(st.st_mode))
-		return n;
 	size_t room = n;
-	if (S_ISFIFO(st.st_mode)) {
-		int size = fcntl(x->fd, F_GETPIPE_SZ);
-		long free_bytes = size > 0 && ioctl(x->fd, FIONREAD, &unread) == 0
-					  ? (long)size - unread - 2 * 4096 : 0;
+	if (x->fd_flags & O_NONBLOCK)
+		return n;
+	if (S_ISFIFO(x->mode)) {
+		long free_bytes = x->pipe_size > 0 && ioctl(x->fd, FIONREAD, &unread) == 0
+					  ? (long)x->pipe_size - unread - 2 * 4096 : 0;
 		room = free_bytes > PIPE_BUF ? (size_t)free_bytes : PIPE_BUF;
-	} else if (S_ISCHR(st.st_mode) && isatty(x->fd)) {
+	} else if (x->tty) {
 		room = PIPE_BUF;
 	}
 	return n < room ? n : room;
@@ -172,9 +167,8 @@ static size_t stream_write_room(struct xfer *x, size_t n)
 /* One write of what the destination takes without blocking (see stream_write_room). */
 static ssize_t stream_write_some(struct xfer *x, const void *buf, size_t n)
 {
-	ssize_t w = send(x->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-	if (w >= 0 || errno != ENOTSOCK)
-		return w;
+	if (S_ISSOCK(x->mode))
+		return send(x->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
 	return write(x->fd, buf, stream_write_room(x, n));
 }
 
@@ -281,6 +275,9 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	if (x->fd_flags < 0 || fstat(work->fd, &st) < 0)
 		return gpuq_fail(x->err, GPUQ_E_IO, "the client's descriptor: %s", strerror(errno));
 	x->regular = S_ISREG(st.st_mode);
+	x->mode = st.st_mode;
+	x->tty = S_ISCHR(st.st_mode) && isatty(work->fd);
+	x->pipe_size = S_ISFIFO(st.st_mode) ? fcntl(work->fd, F_GETPIPE_SZ) : 0;
 	x->size = st.st_size;
 	x->pos = x->regular ? lseek(work->fd, 0, SEEK_CUR) : 0;
 	if (x->pos < 0)

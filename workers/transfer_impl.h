@@ -33,6 +33,9 @@ struct xfer {
 	int fd;
 	int fd_flags;    /* fcntl F_GETFL */
 	bool regular;    /* a regular file or a memfd */
+	mode_t mode;     /* its file type (st_mode), for the streamed path */
+	bool tty;        /* a terminal */
+	int pipe_size;   /* a pipe's capacity (F_GETPIPE_SZ); 0 otherwise or unknown */
 	off_t size;      /* regular: its size when the job started */
 	off_t pos;       /* regular: the descriptor's offset when the job started */
 	uint64_t total;  /* bytes to move; a put without length moves up to this many */
