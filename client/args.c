@@ -39,6 +39,7 @@ enum {
 	LONG_REDUCE,
 	LONG_KERNEL,
 	LONG_MATH,
+	LONG_EPHEMERAL,
 };
 
 /* Accepted before the command and after it. */
@@ -82,6 +83,7 @@ static const struct {
 	{ { "reduce", required_argument, NULL, LONG_REDUCE }, OPT_REDUCE },
 	{ { "kernel", required_argument, NULL, LONG_KERNEL }, OPT_KERNEL },
 	{ { "math", required_argument, NULL, LONG_MATH }, OPT_MATH },
+	{ { "ephemeral", no_argument, NULL, LONG_EPHEMERAL }, OPT_EPHEMERAL },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -203,6 +205,9 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 				      &cli->requests, &cli->has_requests);
 	case LONG_VERIFY:
 		cli->verify = true;
+		return 0;
+	case LONG_EPHEMERAL:
+		cli->ephemeral = true;
 		return 0;
 	case LONG_PATH:
 		cli->path = arg;

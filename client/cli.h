@@ -60,6 +60,7 @@ enum cli_opt {
 	OPT_REDUCE = 1u << 24,       /* --reduce OP: bench collective's reduction (--op: its primitive) */
 	OPT_KERNEL = 1u << 25,       /* --kernel auto|compiled|interpreted: run's and reduce's fused kernel */
 	OPT_MATH = 1u << 26,         /* --math ieee|fast */
+	OPT_EPHEMERAL = 1u << 27,    /* --ephemeral: alloc's buffer goes with the connection */
 };
 
 struct cli;
@@ -89,6 +90,7 @@ struct cli {
 	uint64_t device, offset, length, bytes, count, requests;
 	const char *dtype, *clients;
 	bool verify;                /* --verify */
+	bool ephemeral;             /* --ephemeral */
 	const char *path;           /* --path */
 	const char *sizes;          /* --sizes */
 	const char *engine;         /* --engine */

@@ -30,6 +30,14 @@ struct buffer {
 	unsigned users; /* jobs queued or running on it */
 	bool removed;   /* freed and out of the registry; the struct goes with its last user */
 	uint64_t last_job; /* the latest job that used it, for `busy` messages */
+	/*
+	 * An ephemeral buffer (alloc ephemeral: true) goes with the connection
+	 * that made it: its serial, 0 for an ordinary buffer, which outlives
+	 * every connection. Once that connection has closed the buffer is
+	 * orphaned, and freed as soon as no job holds it.
+	 */
+	uint64_t conn_serial;
+	bool orphaned;
 	struct buffer *next;
 };
 

@@ -165,6 +165,7 @@ static void submit_transfer(struct request *req, bool put)
 	job->work.path = opts.path;
 	job->work.scratch = opts.scratch;
 	job->work.seed = opts.seed;
+	job->work.idle_timeout_ms = req->d->opt.transfer_idle_timeout_ms;
 	if (!opts.scratch) {
 		job->work.fd = req->fds[0];
 		req->fds[0] = -1; /* the job closes it when done */

@@ -3,6 +3,11 @@
 # compiled here). Runs the kernel self-test, the whole test suite with the
 # CUDA tier required, and the benchmarks; full logs go to $OUT (or
 # build/gpu-check), and a short table is printed last.
+#
+# Extended mode: GPUQ_EXTENDED=1 adds the soak test (tests/integration/
+# test_soak.c) against the CUDA backend for GPUQ_SOAK_SECONDS (default 300)
+# after everything else; GPUQ_EXTENDED=soak runs that soak alone (about six
+# minutes: fits one device command).
 set -u
 BUILD=${1:-build}
 OUT=${OUT:-$BUILD/gpu-check}
@@ -30,6 +35,23 @@ step() {
 
 nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >> "$OUT/nvidia-smi.txt"
 "$BUILD/gpuqd" --probe --backend cuda > "$OUT/probe.txt" 2>&1
+
+# 64 clients killed and restarted at random for minutes, on the GPU (see the test's header).
+soak() {
+	GPUQ_SOAK_SECONDS=${GPUQ_SOAK_SECONDS:-300} GPUQ_TEST_BACKEND=cuda \
+		step soak "$BUILD/tests/itest" soak_killed
+	grep -q 'RESULT integration-cuda: 1 passed' "$OUT/soak.log" ||
+		{ echo "   the soak did not pass on the GPU (skipped?)" | tee -a "$LOG"; status=1; }
+	echo
+	echo "== soak summary"
+	grep -E 'soak:|FAIL|failures|grew|descriptors after' "$OUT/soak.log"
+	tail -n 1 "$OUT/soak.log"
+}
+if [ "${GPUQ_EXTENDED:-0}" = soak ]; then
+	soak
+	exit $status
+fi
+
 step kernels "$BUILD/tests/kernels_selftest"
 step copy-kernel "$BUILD/tests/copy_selftest" --bench # SM copy: alignments, lengths, 4 GiB rate
 step copy-sass sh tests/gpu/copy_sass.sh "$BUILD"     # its 16-byte accesses, no spills
@@ -38,6 +60,8 @@ step chain-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain.o"
 step chain-expr-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain_expr.o"
 GPUQ_REQUIRE_GPU=1 GPUQ_TEST_LOG="$OUT/tests-detail.log" step tests sh tests/run.sh "$BUILD"
 step bench sh tests/bench.sh "$BUILD"
+
+[ "${GPUQ_EXTENDED:-0}" = 1 ] && soak
 
 echo
 echo "== gpu-check summary"

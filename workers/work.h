@@ -81,6 +81,9 @@ struct work {
 	 * `seed` (as fill random), get discards what it reads. For benchmarks. */
 	bool scratch;
 	uint64_t seed;
+	/* PUT/GET through a pipe, socket or device: fail with `timeout` after this
+	 * long without moving a byte (--transfer-idle-timeout); 0: never. */
+	unsigned idle_timeout_ms;
 	/*
 	 * Progress of a long job: bytes moved so far and the total (0: unknown,
 	 * as for a pipe). The worker stores them at each chunk; the main thread's
