@@ -8,7 +8,12 @@
 # test_soak.c) against the CUDA backend for GPUQ_SOAK_SECONDS (default 300)
 # after everything else; GPUQ_EXTENDED=soak runs that soak alone (about six
 # minutes: fits one device command).
+#
+# GPUQ_CHECK_PARTS=tests runs the self-tests and the suite only, =bench the
+# benchmarks only (two device commands of under ten minutes each); the
+# default runs both.
 set -u
+PARTS=${GPUQ_CHECK_PARTS:-all}
 BUILD=${1:-build}
 OUT=${OUT:-$BUILD/gpu-check}
 mkdir -p "$OUT"
@@ -52,14 +57,16 @@ if [ "${GPUQ_EXTENDED:-0}" = soak ]; then
 	exit $status
 fi
 
-step kernels "$BUILD/tests/kernels_selftest"
-step copy-kernel "$BUILD/tests/copy_selftest" --bench # SM copy: alignments, lengths, 4 GiB rate
-step copy-sass sh tests/gpu/copy_sass.sh "$BUILD"     # its 16-byte accesses, no spills
-# The chain kernels' machine code, kept for reading against the bench (no GPU time).
-step chain-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain.o"
-step chain-expr-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain_expr.o"
-GPUQ_REQUIRE_GPU=1 GPUQ_TEST_LOG="$OUT/tests-detail.log" step tests sh tests/run.sh "$BUILD"
-step bench sh tests/bench.sh "$BUILD"
+if [ "$PARTS" != bench ]; then
+	step kernels "$BUILD/tests/kernels_selftest"
+	step copy-kernel "$BUILD/tests/copy_selftest" --bench # SM copy: alignments, lengths, 4 GiB rate
+	step copy-sass sh tests/gpu/copy_sass.sh "$BUILD"     # its 16-byte accesses, no spills
+	# The chain kernels' machine code, kept for reading against the bench (no GPU time).
+	step chain-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain.o"
+	step chain-expr-sass cuobjdump --dump-sass "$BUILD/obj/kernels/chain_expr.o"
+	GPUQ_REQUIRE_GPU=1 GPUQ_TEST_LOG="$OUT/tests-detail.log" step tests sh tests/run.sh "$BUILD"
+fi
+[ "$PARTS" = tests ] || step bench sh tests/bench.sh "$BUILD"
 
 [ "${GPUQ_EXTENDED:-0}" = 1 ] && soak
 
@@ -67,16 +74,18 @@ echo
 echo "== gpu-check summary"
 cat "$OUT/nvidia-smi.txt"
 cut -f1-5 "$OUT/probe.txt"
-printf '%-10s %s\n' "kernels" "$(tail -n 1 "$OUT/kernels.log")"
-grep -E '^FAIL chain|^FAIL fast|^FAIL (sum|mean|norm2|dot|min|max|argmax|count_nonzero)' "$OUT/kernels.log" | head -10
-# --math fast's measured errors: the table docs/gpuq.1 quotes.
-sed -n '/^--math fast/,/^$/p' "$OUT/kernels.log"
-printf '%-10s %s\n' "copy-kernel" "$(tail -n 1 "$OUT/copy-kernel.log")"
-grep '^bench 4 GiB' "$OUT/copy-kernel.log"
-printf '%-10s %s\n' "copy-sass" "$(tail -n 1 "$OUT/copy-sass.log")"
-printf '%-10s %s\n' "tests" "$(grep -E '^[0-9]+ passed' "$OUT/tests.log" | tail -n 1)"
-grep -E '^(FAIL|GPU tests)' "$OUT/tests.log" | head -20
-grep -E '^RESULT python' "$OUT/tests.log"
+if [ "$PARTS" != bench ]; then
+	printf '%-10s %s\n' "kernels" "$(tail -n 1 "$OUT/kernels.log")"
+	grep -E '^FAIL chain|^FAIL fast|^FAIL (sum|mean|norm2|dot|min|max|argmax|count_nonzero)' "$OUT/kernels.log" | head -10
+	# --math fast's measured errors: the table docs/gpuq.1 quotes.
+	sed -n '/^--math fast/,/^$/p' "$OUT/kernels.log"
+	printf '%-10s %s\n' "copy-kernel" "$(tail -n 1 "$OUT/copy-kernel.log")"
+	grep '^bench 4 GiB' "$OUT/copy-kernel.log"
+	printf '%-10s %s\n' "copy-sass" "$(tail -n 1 "$OUT/copy-sass.log")"
+	printf '%-10s %s\n' "tests" "$(grep -E '^[0-9]+ passed' "$OUT/tests.log" | tail -n 1)"
+	grep -E '^(FAIL|GPU tests)' "$OUT/tests.log" | head -20
+	grep -E '^RESULT' "$OUT/tests.log"
+fi
 echo "-- benchmarks"
 cat "$OUT/bench-table.txt" 2>/dev/null
 # Everything but the summary and the table in one archive: the device tool
