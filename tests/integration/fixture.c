@@ -69,11 +69,22 @@ void require_backend(void)
 		SKIP("no %s device: %s", test_backend(), probe_reason);
 }
 
-static double now_s(void)
+double now_s(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+struct gpuq_reply *job_request(struct gpuq_client *c, const char *op, uint64_t job,
+			       uint64_t timeout_ms)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_u64(&req, "job", job);
+	if (timeout_ms)
+		mp_put_u64(&req, "timeout_ms", timeout_ms);
+	return call(c, &req, NULL, 0);
 }
 
 unsigned long fixture_daemon_nofile;

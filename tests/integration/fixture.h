@@ -80,6 +80,11 @@ struct gpuq_reply *call(struct gpuq_client *c, struct mp_map *req, const int *fd
 void expect_ok(const struct gpuq_reply *r, const char *what);
 /* Fails unless r failed with code and its message contains `contains` (if given). */
 void expect_error(const struct gpuq_reply *r, enum gpuq_errc code, const char *contains);
+/* A request about one job (status, wait, cancel), with timeout_ms when not 0. */
+struct gpuq_reply *job_request(struct gpuq_client *c, const char *op, uint64_t job,
+			       uint64_t timeout_ms);
+/* CLOCK_MONOTONIC, in seconds. */
+double now_s(void);
 
 /* Value at a dotted path ("job.result.checksum") in the reply; fails if absent. */
 uint64_t reply_u64(const struct gpuq_reply *r, const char *path);

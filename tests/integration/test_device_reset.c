@@ -13,13 +13,6 @@
 
 #include "tests/integration/fixture.h"
 
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static char last_health[640];
 
 /* Device index's `resets` and health, from `devices` (the health's words in last_health). */
