@@ -39,8 +39,8 @@ enum {
 	LONG_REDUCE,
 	LONG_KERNEL,
 	LONG_MATH,
-	LONG_SHAREABLE,
 	LONG_EPHEMERAL,
+	LONG_SHAREABLE,
 	LONG_READ_ONLY,
 };
 
@@ -85,8 +85,8 @@ static const struct {
 	{ { "reduce", required_argument, NULL, LONG_REDUCE }, OPT_REDUCE },
 	{ { "kernel", required_argument, NULL, LONG_KERNEL }, OPT_KERNEL },
 	{ { "math", required_argument, NULL, LONG_MATH }, OPT_MATH },
-	{ { "shareable", no_argument, NULL, LONG_SHAREABLE }, OPT_SHAREABLE },
 	{ { "ephemeral", no_argument, NULL, LONG_EPHEMERAL }, OPT_EPHEMERAL },
+	{ { "shareable", no_argument, NULL, LONG_SHAREABLE }, OPT_SHAREABLE },
 	{ { "read-only", no_argument, NULL, LONG_READ_ONLY }, OPT_READ_ONLY },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
@@ -210,6 +210,9 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_VERIFY:
 		cli->verify = true;
 		return 0;
+	case LONG_EPHEMERAL:
+		cli->ephemeral = true;
+		return 0;
 	case LONG_PATH:
 		cli->path = arg;
 		return 0;
@@ -260,9 +263,6 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 		return 0;
 	case LONG_SHAREABLE:
 		cli->shareable = true;
-		return 0;
-	case LONG_EPHEMERAL:
-		cli->ephemeral = true;
 		return 0;
 	case LONG_READ_ONLY:
 		cli->read_only = true;

@@ -60,8 +60,8 @@ enum cli_opt {
 	OPT_REDUCE = 1u << 24,       /* --reduce OP: bench collective's reduction (--op: its primitive) */
 	OPT_KERNEL = 1u << 25,       /* --kernel auto|compiled|interpreted: run's and reduce's fused kernel */
 	OPT_MATH = 1u << 26,         /* --math ieee|fast */
-	OPT_SHAREABLE = 1u << 27,    /* --shareable: alloc a buffer clients may attach */
-	OPT_EPHEMERAL = 1u << 28,    /* --ephemeral: region create's region goes with the connection */
+	OPT_EPHEMERAL = 1u << 27,    /* --ephemeral: alloc's buffer, region create's region go with the connection */
+	OPT_SHAREABLE = 1u << 28,    /* --shareable: alloc a buffer clients may attach */
 	OPT_READ_ONLY = 1u << 29,    /* --read-only: attach with a read lease */
 };
 
@@ -92,6 +92,7 @@ struct cli {
 	uint64_t device, offset, length, bytes, count, requests;
 	const char *dtype, *clients;
 	bool verify;                /* --verify */
+	bool ephemeral;             /* --ephemeral */
 	const char *path;           /* --path */
 	const char *sizes;          /* --sizes */
 	const char *engine;         /* --engine */
@@ -110,7 +111,7 @@ struct cli {
 	bool has_root;
 	uint64_t root;              /* --root */
 	const char *reduce;         /* --reduce */
-	bool shareable, ephemeral, read_only; /* --shareable, --ephemeral, --read-only */
+	bool shareable, read_only;  /* --shareable, --read-only */
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */

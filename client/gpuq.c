@@ -29,15 +29,20 @@ const struct cli_cmd cli_commands[] = {
 	  "Sends a job that does nothing through device N's worker (default 0):\n"
 	  "it measures dispatch.\n",
 	  JOB_OPTS | OPT_DEVICE, 0, 0, { NULL }, cmd_noop },
-	{ "alloc", "NAME (--bytes SIZE | --count N --dtype T) [--device N] [--wait-memory MS] [--shareable]",
+	{ "alloc", "NAME (--bytes SIZE | --count N --dtype T) [--device N] [--wait-memory MS] [--ephemeral] [--shareable]",
 	  "allocate a named buffer on a device",
 	  "Allocates buffer NAME on device N (default 0), sized either in bytes or\n"
 	  "as N elements of dtype T (bytes u8 i32 i64 f16 bf16 f32 f64). Without\n"
 	  "room on the device it fails at once (out_of_memory), or with --wait-memory\n"
-	  "MS waits up to MS milliseconds for other jobs to free enough. --shareable\n"
-	  "allocates it on its own (not from the pool) so that your processes may\n"
-	  "attach it (gpuq attach, gpuq_buffer_attach) and map it on the GPU.\n",
-	  JOB_OPTS | OPT_BYTES | OPT_COUNT | OPT_DTYPE | OPT_DEVICE | OPT_WAIT_MEMORY | OPT_SHAREABLE,
+	  "MS waits up to MS milliseconds for other jobs to free enough. A buffer\n"
+	  "stays until it is freed, whatever becomes of the client that made it.\n"
+	  "With --ephemeral it goes with this gpuq's connection instead: gpuq keeps\n"
+	  "running, holding the buffer, until it is interrupted or killed, and the\n"
+	  "daemon then frees it. --shareable allocates it on its own (not from the\n"
+	  "pool) so that your processes may attach it (gpuq attach,\n"
+	  "gpuq_buffer_attach) and map it on the GPU.\n",
+	  JOB_OPTS | OPT_BYTES | OPT_COUNT | OPT_DTYPE | OPT_DEVICE | OPT_WAIT_MEMORY | OPT_EPHEMERAL |
+		  OPT_SHAREABLE,
 	  1, 1, { "NAME" }, cmd_alloc },
 	{ "free", "BUF", "free a buffer",
 	  "Frees buffer BUF once the jobs already queued or running on it have\n"

@@ -84,6 +84,25 @@ static int check_alloc_size(const struct cli *cli)
 	return 0;
 }
 
+/*
+ * An ephemeral buffer lives as long as the connection that made it: keep
+ * it open until a signal ends gpuq (the daemon then frees the buffer) or
+ * the daemon closes it.
+ */
+static int hold_connection(struct cli *cli)
+{
+	char byte;
+	fprintf(stderr, "gpuq: holding ephemeral buffer %s until gpuq is interrupted or killed\n",
+		cli->args[0]);
+	fflush(NULL);
+	ssize_t n;
+	while ((n = read(gpuq_fd(cli->client), &byte, 1)) < 0 && errno == EINTR)
+		;
+	fprintf(stderr, "gpuq: gpuqd closed the connection%s%s; the buffer is freed\n",
+		n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+	return CLI_UNREACHABLE;
+}
+
 int cmd_alloc(struct cli *cli)
 {
 	struct mp_map req;
@@ -102,9 +121,12 @@ int cmd_alloc(struct cli *cli)
 		mp_put_str(&req, "dtype", cli->dtype);
 	if (cli->has_wait_memory)
 		mp_put_u64(&req, "wait_memory_ms", cli->wait_memory_ms);
+	if (cli->ephemeral)
+		mp_put_bool(&req, "ephemeral", true);
 	if (cli->shareable)
 		mp_put_bool(&req, "shareable", true);
-	return job_send(cli, &req, NULL, 0);
+	rc = job_send(cli, &req, NULL, 0);
+	return rc == CLI_OK && cli->ephemeral ? hold_connection(cli) : rc;
 }
 
 /* free and checksum: a job on one buffer with nothing else. */

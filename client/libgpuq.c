@@ -249,6 +249,36 @@ static void attach_fds(struct msghdr *mh, union fd_control *ctl, const int *fds,
  * of the frame they belong to. (A sendmsg interrupted before moving a byte
  * moved no descriptor either, so the retry carries them again.)
  */
+static int read_some(struct gpuq_client *c, int64_t deadline, struct gpuq_error *err);
+static int decode_reply(struct gpuq_client *c, const uint8_t *payload, size_t len,
+			struct reply_box **out, struct gpuq_error *err);
+static int64_t now_ms(void);
+
+/*
+ * A send failed because gpuqd closed the connection. It may have said why
+ * first (a connection it refused: over a quota, or out of descriptors), and
+ * those bytes are still there to read: 0 with err set from that refusal, or
+ * -1 when there is none.
+ */
+static int refusal_waiting(struct gpuq_client *c, struct gpuq_error *err)
+{
+	const uint8_t *payload;
+	size_t len;
+	struct reply_box *b;
+	struct gpuq_error ignored;
+
+	while (frame_reader_next(&c->rd, &payload, &len) == 0)
+		if (read_some(c, now_ms(), &ignored) < 0)
+			return -1;
+	if (decode_reply(c, payload, len, &b, &ignored) < 0)
+		return -1;
+	int rc = b->pub.ok ? -1 : 0;
+	if (rc == 0)
+		gpuq_reply_error(&b->pub, err);
+	gpuq_reply_free(&b->pub);
+	return rc;
+}
+
 static int send_all(struct gpuq_client *c, const uint8_t *data, size_t len,
 		    const int *fds, int nfds, struct gpuq_error *err)
 {
@@ -270,8 +300,10 @@ static int send_all(struct gpuq_client *c, const uint8_t *data, size_t len,
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0) {
-			gpuq_fail(err, GPUQ_E_IO, "lost the connection to gpuqd at %s: %s",
-				  c->path, strerror(errno));
+			int error = errno;
+			if ((error != EPIPE && error != ECONNRESET) || refusal_waiting(c, err) < 0)
+				gpuq_fail(err, GPUQ_E_IO, "lost the connection to gpuqd at %s: %s",
+					  c->path, strerror(error));
 			return client_break(c, err);
 		}
 		off += (size_t)n;

@@ -1,5 +1,6 @@
 /* The buffer registry. Main thread only. */
 #include "daemon/buffer.h"
+#include "protocol/utf8.h"
 #include "workers/clock.h"
 
 #include <stdio.h>
@@ -34,11 +35,15 @@ int buffer_name_check(const char *name, struct gpuq_error *err)
 	if (name[0] == '.' || name[0] == '-')
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "buffer name '%s' must not start with '.' or '-'", name);
-	for (size_t i = 0; i < len; i++)
-		if (!name_char_ok(name[i]))
-			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-					 "buffer name '%s' has '%c' at %zu; use A-Z a-z 0-9 _ . -",
-					 name, name[i], i);
+	for (size_t i = 0; i < len; i++) {
+		if (name_char_ok(name[i]))
+			continue;
+		/* the whole character where it is one (replies escape what is not UTF-8) */
+		size_t n = utf8_sequence((const unsigned char *)name + i, len - i);
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "buffer name '%s' has '%.*s' at byte %zu; use A-Z a-z 0-9 _ . -", name,
+				 (int)(n ? n : 1), name + i, i);
+	}
 	return 0;
 }
 

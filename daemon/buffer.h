@@ -39,6 +39,14 @@ struct buffer {
 	bool shareable;
 	int share_fd;
 	unsigned leases; /* leases held or waiting on it (daemon/lease.h) */
+	/*
+	 * An ephemeral buffer (alloc ephemeral: true) goes with the connection
+	 * that made it: its serial, 0 for an ordinary buffer, which outlives
+	 * every connection. Once that connection has closed the buffer is
+	 * orphaned, and freed as soon as no job holds it.
+	 */
+	uint64_t conn_serial;
+	bool orphaned;
 	struct buffer *next;
 };
 

@@ -94,8 +94,8 @@ void render_scheduler(const struct worker_snapshot *s, struct mp_map *out);
 /* progress.c: progress events for waiters that asked (`progress: true`). */
 void progress_watch(struct daemon *d);
 void progress_close(struct daemon *d);
-/* Marks w (the waiter req just registered) for progress events if req asked. */
-void progress_request(struct request *req, struct waiter *w);
+/* Marks w (a waiter just registered) for progress events if the request asked (`progress: true`). */
+void progress_request(struct daemon *d, struct waiter *w, bool wanted);
 /* op_chain.c: run (a kernel chain on a buffer), stats (per-device counters), bench_chain */
 void op_run(struct request *req);
 void op_stats(struct request *req);
@@ -175,6 +175,21 @@ void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t 
 /* Narrows what job_attach_buffer said: the range and whether it writes. */
 void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write);
 /*
+ * Ephemeral buffers (alloc ephemeral: true): buffers_drop_conn orphans those
+ * of a connection that closed and frees each that nothing holds;
+ * buffer_free_if_orphaned frees one once nothing holds it (b may be NULL);
+ * buffers_free_orphans retries every one (a full queue refused a free).
+ */
+void buffers_drop_conn(struct daemon *d, uint64_t conn_serial);
+void buffer_free_if_orphaned(struct daemon *d, struct buffer *b);
+void buffers_free_orphans(struct daemon *d);
+/*
+ * A job or a lease lets go of b (buffer_unhold); then, with free_orphan, an
+ * orphaned ephemeral buffer that nothing else holds is freed. b may be
+ * freed here: the caller reads it no more.
+ */
+void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan);
+/*
  * The request's `devices` field (distinct device indexes): 1 with devices/n
  * set, 0 when absent, -1 with err.
  */
@@ -201,6 +216,8 @@ struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
  * On refusal the job is discarded, its buffer released and req answered.
  */
 void job_submit(struct request *req, struct job *job);
+/* What every work of job tells its scheduler: priority, whose share (weight), which job. */
+void job_set_scheduling(struct job *job, int priority, double weight);
 /* Main thread: the worker pool's completion callback. */
 void job_on_done(struct work *work, void *arg);
 /*

@@ -82,6 +82,7 @@ struct job {
 		int device;
 		enum gpuq_dtype dtype;
 		uint64_t count, bytes;
+		bool ephemeral;
 	} brief;
 	struct work work;
 	/*
@@ -120,7 +121,7 @@ void job_table_destroy(struct job_table *t);
 struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t owner,
 		       gid_t gid, pid_t pid);
 /*
- * Makes job a gang of n works (2..GPUQ_MAX_DEVICES), each with its owner
+ * Makes job a gang of n works (1..GPUQ_MAX_DEVICES), each with its owner
  * set; the caller fills in their devices and parameters. 0, or -1 when out
  * of memory.
  */

@@ -1,4 +1,5 @@
 #include "daemon/log.h"
+#include "workers/clock.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -78,4 +79,17 @@ void log_msg(enum log_level level, const char *fmt, ...)
 	/* One write per line: concurrent loggers never interleave within a line. */
 	ssize_t ignored = write(STDERR_FILENO, line, len);
 	(void)ignored;
+}
+
+bool log_every_pass(struct log_every *e, double seconds, unsigned *held)
+{
+	double now = monotonic_seconds();
+	if (e->last > 0 && now - e->last < seconds) {
+		e->held++;
+		return false;
+	}
+	*held = e->held;
+	e->held = 0;
+	e->last = now;
+	return true;
 }

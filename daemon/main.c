@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,30 @@
 
 /* The host copy threads (workers/copy_pool.h); the workers hold the pointer too. */
 static struct copy_pool *copy_pool;
+
+/*
+ * Every connection and every descriptor a client sends costs gpuqd one, and
+ * a shell's soft limit (1024) is far below what a shared daemon needs: the
+ * soft limit goes up to the hard one (systemd's LimitNOFILE sets both).
+ */
+static void raise_descriptor_limit(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		log_warn("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+		return;
+	}
+	if (rl.rlim_cur >= rl.rlim_max)
+		return;
+	rlim_t was = rl.rlim_cur;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		log_warn("cannot raise the descriptor limit from %llu to %llu: %s",
+			 (unsigned long long)was, (unsigned long long)rl.rlim_max, strerror(errno));
+	else
+		log_debug("descriptor limit raised from %llu to %llu (RLIMIT_NOFILE)",
+			  (unsigned long long)was, (unsigned long long)rl.rlim_max);
+}
 
 static void on_signal(uv_signal_t *handle, int signum)
 {
@@ -179,6 +204,7 @@ int main(int argc, char **argv)
 	if (rc != 0)
 		return rc > 0 ? 0 : d->opt.check_config ? 1 : EXIT_CONFIG;
 	signal(SIGPIPE, SIG_IGN);
+	raise_descriptor_limit();
 	d->loop = uv_default_loop();
 	d->ops = backend_by_name(d->opt.backend);
 	d->started = monotonic_seconds();

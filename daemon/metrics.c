@@ -26,8 +26,10 @@ static const double latency_bounds[METRICS_LATENCY_BUCKETS] = {
 	0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300,
 };
 
-static const char *const quota_limits[METRICS_QUOTA_LIMITS] = { "device-memory", "queued-jobs", "devices",
-									"max-priority", "host-pinned" };
+static const char *const quota_limits[METRICS_QUOTA_LIMITS] = {
+	"device-memory", "queued-jobs", "devices", "max-priority", "host-pinned", "connections",
+	"parked-fds", "pending-frame-bytes", "reply-bytes",
+};
 
 static int latency_bucket(double seconds)
 {

@@ -13,8 +13,8 @@
 
 #include "protocol/protocol.h"
 
-/* The quota limits refusals are counted by: device-memory, queued-jobs, devices, max-priority. */
-#define METRICS_QUOTA_LIMITS 5
+/* The quota limits refusals are counted by (metrics.c names them). */
+#define METRICS_QUOTA_LIMITS 9
 
 struct daemon;
 
@@ -43,7 +43,7 @@ struct metrics {
 	int nops;
 	struct metrics_path paths[METRICS_MAX_PATHS];
 	int npaths;
-	uint64_t quota_refusals[METRICS_QUOTA_LIMITS]; /* device-memory, queued-jobs, devices, max-priority, host-pinned */
+	uint64_t quota_refusals[METRICS_QUOTA_LIMITS]; /* by limit, in metrics.c's order */
 	uint64_t deadline_cancels;
 	uint64_t reloads_ok, reloads_failed;
 	uint64_t textfile_errors;
@@ -55,7 +55,7 @@ void metrics_job_finished(struct metrics *m, const char *op, enum gpuq_errc resu
 			  double latency, const char *path, uint64_t bytes);
 /* A job of that priority started `seconds` after its submission. */
 void metrics_queue_wait(struct metrics *m, int priority, double seconds);
-/* limit: "device-memory", "queued-jobs", "devices" or "max-priority". */
+/* limit: "device-memory", "queued-jobs", "devices", "max-priority", or one of quota.h's holds ("reply-bytes"). */
 void metrics_quota_refusal(struct metrics *m, const char *limit);
 
 /* A growable text buffer. */

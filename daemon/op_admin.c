@@ -30,8 +30,13 @@ void device_on_reset(int index, void *arg)
 	struct daemon *d = arg;
 	struct worker_snapshot s;
 	worker_snapshot(&d->pool, index, &s);
-	leases_drop_device(d, index); /* before the buffers lose their memory */
 	unsigned lost = buffer_mark_lost(&d->buffers, index);
+	/*
+	 * After the buffers are marked lost: an orphaned ephemeral buffer whose
+	 * last lease ends here is then dropped, not given a free job that would
+	 * hand the old context's pointer to the new one.
+	 */
+	leases_drop_device(d, index);
 	if (s.healthy)
 		log_warn("gpu %d was reset after %s in %.3f s (reset %u); %u buffers there are lost",
 			 index, s.last_reset, s.last_reset_s, s.resets, lost);

@@ -5,6 +5,7 @@
  * hands it to job_submit. Main thread only.
  */
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/log.h"
 #include "kernels/hash.h"
 
 static void render_noop(const struct job *job, struct mp_map *out)
@@ -51,6 +53,7 @@ static void render_alloc(const struct job *job, struct mp_map *out)
 	mp_put_u64(out, "count", job->brief.count);
 	mp_put_u64(out, "bytes", job->brief.bytes);
 	mp_put_bool(out, "shareable", job->work.shareable);
+	mp_put_bool(out, "ephemeral", job->brief.ephemeral);
 }
 
 static void finish_alloc(struct daemon *d, struct job *job)
@@ -110,6 +113,7 @@ void job_attach_buffer(struct job *job, struct buffer *b)
 	job->brief.dtype = b->dtype;
 	job->brief.count = b->count;
 	job->brief.bytes = b->bytes;
+	job->brief.ephemeral = b->conn_serial != 0;
 	job->work.dptr = b->dptr;
 	job->work.device = b->device;
 	job->work.naccess = 0;
@@ -156,7 +160,7 @@ int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
 {
 	uint64_t o;
 	*owner = req->conn->uid;
-	int rc = msg_get_u64(req->map, "owner", &o, err);
+	int rc = msg_get_u64_in(req->map, "owner", 0, GPUQ_MAX_UID, &o, err);
 	if (rc <= 0)
 		return rc;
 	if (req->conn->uid != 0 && o != (uint64_t)req->conn->uid)
@@ -284,7 +288,8 @@ void op_noop(struct request *req)
 	struct job *job = new_job(req, &kind_noop, WORK_NOOP, n ? devices[0] : device);
 	if (!job)
 		return;
-	if (n > 1 && job_make_gang(job, n) < 0) {
+	/* `devices` makes a gang, even of one: its record lists them (docs/protocol.md) */
+	if (n > 0 && job_make_gang(job, n) < 0) {
 		job_discard(&req->d->jobs, job);
 		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a %d-device job", n);
 		reply_error(req, &err);
@@ -350,14 +355,15 @@ void op_alloc(struct request *req)
 	int device = 0;
 	enum gpuq_dtype dtype;
 	uint64_t count = 0, bytes = 0, wait_memory_ms = 0;
-	bool shareable = false;
+	bool shareable = false, ephemeral = false;
 	int rc = msg_get_str(req->map, "name", name, sizeof name, &err);
 	if (rc == 0)
 		rc = gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "field 'name' is required");
 	if (rc < 0 || buffer_name_check(name, &err) < 0 || read_device(req, &device, &err) < 0 ||
 	    read_shape(req, &dtype, &count, &bytes, &err) < 0 ||
 	    read_wait_memory(req, &wait_memory_ms, &err) < 0 ||
-	    msg_get_bool(req->map, "shareable", &shareable, &err) < 0) {
+	    msg_get_bool(req->map, "shareable", &shareable, &err) < 0 ||
+	    msg_get_bool(req->map, "ephemeral", &ephemeral, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
@@ -379,6 +385,7 @@ void op_alloc(struct request *req)
 		reply_error(req, &err);
 		return;
 	}
+	b->conn_serial = ephemeral ? req->conn->serial : 0;
 	struct job *job = new_job(req, &kind_alloc, WORK_ALLOC, device);
 	if (!job) {
 		buffer_remove(&req->d->buffers, b);
@@ -439,7 +446,35 @@ void op_checksum(struct request *req)
 	job_submit(req, job);
 }
 
-/* The `value` field as one element of dtype, little-endian; range-checked for integers. */
+/*
+ * A float fill value as one element of dtype: finite, and not so large that
+ * it rounds to infinity there (an f16 holds at most 65504).
+ */
+static int read_fill_float(double v, enum gpuq_dtype dtype, uint64_t *bits, struct gpuq_error *err)
+{
+	static const double max[] = { [GPUQ_DTYPE_F16] = 65504.0, [GPUQ_DTYPE_BF16] = 0x1.fep+127,
+				      [GPUQ_DTYPE_F32] = FLT_MAX, [GPUQ_DTYPE_F64] = DBL_MAX };
+	if (!isfinite(v))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %g; give a finite number", v);
+	bool overflows = dtype != GPUQ_DTYPE_F64 && gpuq_f32_overflows(v);
+	if (!overflows && dtype == GPUQ_DTYPE_F16)
+		overflows = (gpuq_f32_to_f16_bits((float)v) & 0x7C00u) == 0x7C00u;
+	else if (!overflows && dtype == GPUQ_DTYPE_BF16)
+		overflows = (gpuq_f32_to_bf16_bits((float)v) & 0x7F80u) == 0x7F80u;
+	if (overflows)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'value': %g is out of %s's range (its largest finite value is %g)", v,
+				 gpuq_dtype_name(dtype), max[dtype]);
+	switch (dtype) {
+	case GPUQ_DTYPE_F16: *bits = gpuq_f32_to_f16_bits((float)v); break;
+	case GPUQ_DTYPE_BF16: *bits = gpuq_f32_to_bf16_bits((float)v); break;
+	case GPUQ_DTYPE_F32: *bits = gpuq_f32_bits((float)v); break;
+	default: memcpy(bits, &v, sizeof v); break;
+	}
+	return 0;
+}
+
+/* The `value` field as one element of dtype, little-endian; range-checked. */
 static int read_fill_value(struct request *req, enum gpuq_dtype dtype, uint64_t *bits,
 			   struct gpuq_error *err)
 {
@@ -449,13 +484,8 @@ static int read_fill_value(struct request *req, enum gpuq_dtype dtype, uint64_t 
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "fill value needs field 'value'");
 	if (rc < 0)
 		return -1;
-	switch (dtype) {
-	case GPUQ_DTYPE_F16: *bits = gpuq_f32_to_f16_bits((float)v); return 0;
-	case GPUQ_DTYPE_BF16: *bits = gpuq_f32_to_bf16_bits((float)v); return 0;
-	case GPUQ_DTYPE_F32: *bits = gpuq_f32_bits((float)v); return 0;
-	case GPUQ_DTYPE_F64: memcpy(bits, &v, sizeof v); return 0;
-	default: break;
-	}
+	if (gpuq_dtype_is_float(dtype))
+		return read_fill_float(v, dtype, bits, err);
 	int64_t i;
 	struct gpuq_error not_int;
 	if (msg_get_i64(req->map, "value", &i, &not_int) <= 0) {
@@ -521,4 +551,69 @@ void op_fill(struct request *req)
 	job->work.fill = spec;
 	job->work.length = b->bytes;
 	job_submit(req, job);
+}
+
+/*
+ * Frees an orphaned ephemeral buffer if nothing holds it: a free job that
+ * no client asked for or waits on, outside quotas (it only gives back).
+ * A buffer still allocating, in use or not yet freeable (a full queue) is
+ * left for later: job_release calls this when a job lets go of it, and the
+ * service tick retries every second.
+ */
+void buffer_free_if_orphaned(struct daemon *d, struct buffer *b)
+{
+	struct gpuq_error err;
+	if (!b || !b->orphaned || b->users > 0 || d->stopping)
+		return;
+	if (b->state == BUFFER_LOST) { /* a device reset took its memory: nothing to give back */
+		buffer_remove(&d->buffers, b);
+		return;
+	}
+	if (b->state != BUFFER_READY)
+		return;
+	struct job *job = job_create(&d->jobs, &kind_free, b->owner, 0, 0);
+	if (!job)
+		return;
+	job->work.kind = WORK_FREE;
+	job_attach_buffer(job, b);
+	job_set_scheduling(job, GPUQ_PRIORITY_NORMAL, 1.0);
+	b->state = BUFFER_FREEING;
+	job->work.length = b->bytes;
+	if (worker_submit(&d->pool, &job->work, &err) < 0) {
+		b->state = BUFFER_READY;
+		buffer_unhold(b);
+		job_discard(&d->jobs, job);
+		return;
+	}
+	d->last_dispatch = monotonic_seconds();
+	service_job_started(d, job);
+	log_info("job %llu: freeing ephemeral buffer %s@%d of uid %d: the connection that made it closed",
+		 (unsigned long long)job->id, b->name, b->device, (int)b->owner);
+}
+
+void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan)
+{
+	bool listed = !b->removed;
+	buffer_unhold(b); /* frees a removed buffer with its last user */
+	if (listed && free_orphan)
+		buffer_free_if_orphaned(d, b);
+}
+
+void buffers_drop_conn(struct daemon *d, uint64_t conn_serial)
+{
+	for (struct buffer *b = d->buffers.head, *next; b; b = next) {
+		next = b->next;
+		if (b->conn_serial != conn_serial)
+			continue;
+		b->orphaned = true;
+		buffer_free_if_orphaned(d, b);
+	}
+}
+
+void buffers_free_orphans(struct daemon *d)
+{
+	for (struct buffer *b = d->buffers.head, *next; b; b = next) {
+		next = b->next; /* a lost buffer is removed (and freed) at once */
+		buffer_free_if_orphaned(d, b);
+	}
 }

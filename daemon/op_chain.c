@@ -11,6 +11,7 @@
  * result can be rendered for status and wait as long as the job is kept.
  * Its --out buffer is held as job->buffer2, which the job's end releases.
  */
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -125,9 +126,17 @@ static int read_op(const msgpack_object *o, unsigned pos, enum gpuq_dtype dtype,
 				 chain_op_name(op->kind), want, want == 1 ? "" : "s", op_usage(op->kind),
 				 nargs);
 	double *slot[2] = { &op->a, &op->b };
-	for (uint32_t i = 0; i < nargs; i++)
+	for (uint32_t i = 0; i < nargs; i++) {
 		if (read_op_arg(&args[i], pos, op->kind, i + 1, slot[i], err) < 0)
 			return -1;
+		/* constants are rounded to float but for f64 chains: one that overflows is refused */
+		if (dtype != GPUQ_DTYPE_F64 && gpuq_f32_overflows(*slot[i]))
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "op %u '%s': argument %u is %g, beyond float's range (%g), in which "
+					 "%s chains take their constants",
+					 pos, chain_op_name(op->kind), i + 1, *slot[i], (double)FLT_MAX,
+					 gpuq_dtype_name(dtype));
+	}
 	return 0;
 }
 
@@ -272,7 +281,7 @@ static struct buffer *resolve_out(struct request *req, bool *absent, struct gpuq
 	int rc = msg_get_str(req->map, "out", ref, sizeof ref, err);
 	*absent = rc == 0;
 	if (rc <= 0 || buffer_ref_parse(ref, "out", name, &device, err) < 0 ||
-	    msg_get_u64(req->map, "owner", &owner, err) < 0)
+	    msg_get_u64_in(req->map, "owner", 0, GPUQ_MAX_UID, &owner, err) < 0)
 		return NULL;
 	if (req->conn->uid != 0 && owner != (uint64_t)req->conn->uid) {
 		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,

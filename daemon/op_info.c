@@ -68,10 +68,18 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	mp_put_u64(&m, "regions", regions);
 	mp_put_bool(&m, "healthy", s.healthy);
 	mp_put_str(&m, "health", s.health);
+	/*
+	 * Whether this device reads that one's buffers directly: the decision a
+	 * copy from there to here makes (copy_peer_path), so that `copy path:
+	 * peer` is accepted exactly where this says true.
+	 */
 	struct mp_array peers;
 	mp_array_init(&peers);
-	for (int j = 0; j < d->pool.count; j++)
-		mp_array_bool(&peers, j != index && s.peer_access[j]);
+	for (int j = 0; j < d->pool.count; j++) {
+		bool direct;
+		copy_peer_path(d, j, index, &direct);
+		mp_array_bool(&peers, direct);
+	}
 	mp_put_array(&m, "peer_access", &peers);
 	struct mp_array paths; /* how a copy from this device to each device travels */
 	mp_array_init(&paths);
@@ -118,6 +126,7 @@ static void render_buffer(const struct buffer *b, double now, struct mp_array *o
 	mp_put_u64(&m, "bytes", b->bytes);
 	mp_put_bool(&m, "shareable", b->shareable);
 	mp_put_u64(&m, "leases", b->leases);
+	mp_put_bool(&m, "ephemeral", b->conn_serial != 0);
 	mp_put_u64(&m, "owner", (uint64_t)b->owner);
 	mp_put_f64(&m, "age_s", now - b->created);
 	mp_put_str(&m, "state", buffer_state_name(b->state));
@@ -129,6 +138,9 @@ void op_buffers(struct request *req)
 	struct gpuq_error err;
 	uint64_t device = 0;
 	int has_device = msg_get_u64(req->map, "device", &device, &err);
+	if (has_device > 0 && device >= (uint64_t)req->d->pool.count)
+		has_device = gpuq_fail(&err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
+				       (unsigned long long)device, req->d->pool.count - 1);
 	if (has_device < 0) {
 		reply_error(req, &err);
 		return;

@@ -122,20 +122,30 @@ static int waiter_add(struct daemon *d, struct conn *c, uint64_t request_id, str
 }
 
 /*
+ * The job lets go of b. An ephemeral buffer whose connection is gone goes
+ * once nothing holds it (after a free that failed, only at the service's
+ * next tick).
+ */
+static void job_let_go(struct daemon *d, const struct job *job, struct buffer *b)
+{
+	buffer_let_go(d, b, job->work.kind != WORK_FREE);
+}
+
+/*
  * What a job holds until it ends, whether it ran or was refused: its
  * buffers, what its op's finish hook settles, and the client's descriptor.
  */
 static void job_release(struct daemon *d, struct job *job)
 {
 	if (job->buffer2) {
-		buffer_unhold(job->buffer2);
+		job_let_go(d, job, job->buffer2);
 		job->buffer2 = NULL;
 	}
 	if (job->kind->finish) /* while the job still holds its buffer (free and alloc's may remove it) */
 		job->kind->finish(d, job);
 	region_job_release(d, job);
 	if (job->buffer) {
-		buffer_unhold(job->buffer);
+		job_let_go(d, job, job->buffer);
 		job->buffer = NULL; /* the record keeps job->brief */
 	}
 	if (job->work.fd >= 0) {
@@ -152,13 +162,18 @@ static void job_abandon(struct daemon *d, struct job *job, const struct gpuq_err
 	job_discard(&d->jobs, job);
 }
 
-static int read_wait_options(struct request *req, bool *wait, uint64_t *timeout_ms,
-			     struct gpuq_error *err)
+/* The fields every job request (and `wait`) takes, type-checked whether or not they are used. */
+struct wait_options {
+	bool wait, progress;
+	uint64_t timeout_ms;
+};
+
+static int read_wait_options(struct request *req, struct wait_options *o, struct gpuq_error *err)
 {
-	*wait = false;
-	*timeout_ms = 0;
-	if (msg_get_bool(req->map, "wait", wait, err) < 0 ||
-	    msg_get_u64(req->map, "timeout_ms", timeout_ms, err) < 0)
+	*o = (struct wait_options){ .wait = false };
+	if (msg_get_bool(req->map, "wait", &o->wait, err) < 0 ||
+	    msg_get_u64(req->map, "timeout_ms", &o->timeout_ms, err) < 0 ||
+	    msg_get_bool(req->map, "progress", &o->progress, err) < 0)
 		return -1;
 	return 0;
 }
@@ -178,8 +193,7 @@ static int read_priority(struct request *req, int *priority, struct gpuq_error *
 	return quota_check_priority(req->d, req->conn, *priority, err);
 }
 
-/* What every work of the job tells its scheduler: priority, whose share, which job. */
-static void job_set_scheduling(struct job *job, int priority, double weight)
+void job_set_scheduling(struct job *job, int priority, double weight)
 {
 	int n = job->parts ? job->nparts : 1;
 	job->priority = priority;
@@ -192,19 +206,33 @@ static void job_set_scheduling(struct job *job, int priority, double weight)
 	}
 }
 
+/* Registers a waiter for req (answered when job ends) with its timeout and progress events. */
+static void wait_for(struct request *req, struct job *job, const struct wait_options *o)
+{
+	struct gpuq_error err;
+	if (waiter_add(req->d, req->conn, req->id, job, o->timeout_ms, &err) < 0)
+		reply_error(req, &err);
+	else
+		progress_request(req->d, job->waiters, o->progress); /* the waiter just added */
+}
+
 void job_submit(struct request *req, struct job *job)
 {
 	struct daemon *d = req->d;
 	struct gpuq_error err;
-	bool wait;
-	uint64_t timeout_ms;
+	struct wait_options opts;
+	struct mp_map record;
 	int priority = GPUQ_PRIORITY_NORMAL;
-	int rc = read_wait_options(req, &wait, &timeout_ms, &err);
-	wait = wait || job->must_wait;
+	int rc = read_wait_options(req, &opts, &err);
+	opts.wait = opts.wait || job->must_wait;
 	if (rc == 0)
 		rc = read_priority(req, &priority, &err);
 	if (rc == 0)
 		job_set_scheduling(job, priority, quota_weight(d, req->conn));
+	/* Without wait the reply is the record as it stands now, at submission: queued. */
+	mp_map_init(&record);
+	if (rc == 0 && !opts.wait)
+		job_render(job, false, &record);
 	if (rc == 0 && d->stopping)
 		rc = gpuq_fail(&err, GPUQ_E_SHUTTING_DOWN, "gpuqd is shutting down; no new jobs");
 	if (rc == 0)
@@ -218,6 +246,7 @@ void job_submit(struct request *req, struct job *job)
 		rc = worker_submit(&d->pool, &job->work, &err);
 	}
 	if (rc < 0) {
+		mp_map_destroy(&record);
 		job_abandon(d, job, &err);
 		reply_error(req, &err);
 		return;
@@ -226,14 +255,15 @@ void job_submit(struct request *req, struct job *job)
 	service_job_started(d, job);
 	log_debug("job %llu: %s on device %d for uid %d", (unsigned long long)job->id,
 		  job->kind->op, job->work.device, (int)job->owner);
-	if (!wait) {
-		reply_record(req, job, -1);
+	if (opts.wait) {
+		mp_map_destroy(&record);
+		wait_for(req, job, &opts);
 		return;
 	}
-	if (waiter_add(d, req->conn, req->id, job, timeout_ms, &err) < 0)
-		reply_error(req, &err);
-	else
-		progress_request(req, job->waiters); /* the waiter just added */
+	struct mp_map body;
+	mp_map_init(&body);
+	mp_put_map(&body, "job", &record);
+	reply_ok(req, &body);
 }
 
 /*
@@ -415,18 +445,16 @@ void op_status(struct request *req)
 void op_wait(struct request *req)
 {
 	struct gpuq_error err;
-	uint64_t timeout_ms = 0;
+	struct wait_options opts;
 	struct job *job = lookup_job(req, &err);
-	if (job && msg_get_u64(req->map, "timeout_ms", &timeout_ms, &err) < 0)
+	if (job && read_wait_options(req, &opts, &err) < 0)
 		job = NULL;
 	if (!job)
 		reply_error(req, &err);
 	else if (job_is_finished(job))
 		reply_outcome(req->conn, req->id, job);
-	else if (waiter_add(req->d, req->conn, req->id, job, timeout_ms, &err) < 0)
-		reply_error(req, &err);
 	else
-		progress_request(req, job->waiters);
+		wait_for(req, job, &opts);
 }
 
 /* Takes every work of the job out of its queue, if none has started. */

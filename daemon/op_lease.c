@@ -70,6 +70,8 @@ static void lease_tell_holder(const struct lease *l, const char *why, uid_t by)
  * Ends a lease: its ledger entry leaves the device's ledger (or will never
  * enter it) and the jobs behind it may start. A held lease is freed now; a
  * waiting one with its attach job (finish_attach), which still points at it.
+ * An ephemeral buffer whose connection closed while it was leased goes now,
+ * if nothing else holds it: never while a client maps it.
  */
 static void lease_end(struct daemon *d, struct lease *l)
 {
@@ -83,7 +85,7 @@ static void lease_end(struct daemon *d, struct lease *l)
 	if (!held)
 		return;
 	lease_unlink(&d->leases, l);
-	buffer_unhold(l->buffer);
+	buffer_let_go(d, l->buffer, true);
 	free(l);
 }
 

@@ -182,6 +182,7 @@ static void submit_transfer(struct request *req, bool put)
 	job->work.path = opts.path;
 	job->work.scratch = opts.scratch;
 	job->work.seed = opts.seed;
+	job->work.idle_timeout_ms = req->d->opt.transfer_idle_timeout_ms;
 	if (span.region)
 		region_transfer_hold(job, &span, put);
 	else if (!opts.scratch) {

@@ -59,6 +59,12 @@ static const char usage_text[] =
 	"  --job-history N         finished jobs kept for status/wait (default 10000)\n"
 	"  --shutdown-timeout MS   how long running jobs may finish at SIGTERM (default 10000)\n"
 	"  --max-frame SIZE        largest request frame accepted (default 1M)\n"
+	"  --frame-timeout MS      a request frame must arrive whole within MS of its\n"
+	"                          first byte, or the connection is closed (default\n"
+	"                          30000; 0: no limit)\n"
+	"  --transfer-idle-timeout MS  a put or get through a pipe, socket or device\n"
+	"                          that moves no byte for MS fails with `timeout`\n"
+	"                          (default 60000; 0: no limit)\n"
 	"  --log-level LEVEL       error, warn, info (default) or debug\n"
 	"  --probe                 open the devices, print them, and exit\n"
 	"                          (0: at least one healthy device, 69: none)\n"
@@ -87,6 +93,7 @@ enum option_id {
 	OPT_CONFIG, OPT_CHECK_CONFIG, OPT_ADMIN_GROUP, OPT_JOB_DEADLINE, OPT_JOB_DEADLINE_GRACE,
 	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
 	OPT_MAX_INFLIGHT, OPT_RESET_LIMIT, OPT_RESET_WINDOW,
+	OPT_FRAME_TIMEOUT, OPT_TRANSFER_IDLE_TIMEOUT,
 };
 
 static const struct option long_options[] = {
@@ -125,6 +132,8 @@ static const struct option long_options[] = {
 	{ "max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT },
 	{ "reset-limit", required_argument, NULL, OPT_RESET_LIMIT },
 	{ "reset-window", required_argument, NULL, OPT_RESET_WINDOW },
+	{ "frame-timeout", required_argument, NULL, OPT_FRAME_TIMEOUT },
+	{ "transfer-idle-timeout", required_argument, NULL, OPT_TRANSFER_IDLE_TIMEOUT },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -181,6 +190,8 @@ void options_defaults(struct options *o)
 	snprintf(o->config_path, sizeof o->config_path, "%s", GPUQD_DEFAULT_CONFIG);
 	o->job_deadline_grace_s = 30;
 	o->metrics_interval_s = 15;
+	o->frame_timeout_ms = 30000;
+	o->transfer_idle_timeout_ms = 60000;
 }
 
 /* options_set keeps the message instead of printing it (a file's errors carry file:line). */
@@ -338,6 +349,17 @@ static int set_number(int id, const char *arg, struct options *o)
 						   : "--job-deadline-grace takes seconds (0 to 2592000), not '%s'",
 					   arg);
 		*(id == OPT_JOB_DEADLINE ? &o->job_deadline_s : &o->job_deadline_grace_s) = (unsigned)n;
+		return 0;
+	case OPT_FRAME_TIMEOUT:
+		if (parse_uint(arg, 0, 3600000, &n) < 0)
+			return usage_error("--frame-timeout takes milliseconds (0: none, up to 3600000), not '%s'", arg);
+		o->frame_timeout_ms = (unsigned)n;
+		return 0;
+	case OPT_TRANSFER_IDLE_TIMEOUT:
+		if (parse_uint(arg, 0, 86400000, &n) < 0)
+			return usage_error("--transfer-idle-timeout takes milliseconds (0: none, up to 86400000), not '%s'",
+					   arg);
+		o->transfer_idle_timeout_ms = (unsigned)n;
 		return 0;
 	case OPT_METRICS_INTERVAL:
 		if (parse_uint(arg, 1, 86400, &n) < 0)

@@ -38,6 +38,8 @@ struct options {
 	unsigned job_deadline_grace_s; /* after the deadline, before a worker is stuck */
 	char metrics_textfile[256];    /* "" : none */
 	unsigned metrics_interval_s;
+	unsigned frame_timeout_ms;         /* an incomplete request frame's time to arrive; 0: none */
+	unsigned transfer_idle_timeout_ms; /* a streamed put/get without progress; 0: none */
 };
 
 #define GPUQD_DEFAULT_CONFIG "/etc/gpuq/gpuqd.conf"

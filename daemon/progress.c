@@ -109,12 +109,10 @@ void progress_close(struct daemon *d)
 		uv_close((uv_handle_t *)&progress.timer, NULL);
 }
 
-void progress_request(struct request *req, struct waiter *w)
+void progress_request(struct daemon *d, struct waiter *w, bool wanted)
 {
-	bool wanted = false;
-	struct gpuq_error ignored;
-	if (msg_get_bool(req->map, "progress", &wanted, &ignored) == 1 && wanted) {
-		w->progress = true;
-		progress_watch(req->d);
-	}
+	if (!wanted)
+		return;
+	w->progress = true;
+	progress_watch(d);
 }

@@ -144,10 +144,60 @@ static int parse_devices(const char *s, uint64_t *mask)
 	return *mask ? 0 : -1;
 }
 
+/* The limits on what a uid's connections hold (enum quota_hold). */
+static const struct hold_limit {
+	const char *name;  /* the rule's key and the metric's label */
+	bool size;         /* a size (64M) rather than a count */
+	uint64_t builtin;  /* where no rule sets it */
+	const char *what;  /* what is counted, for refusals */
+	const char *fix;
+} hold_limits[HOLD_KINDS] = {
+	[HOLD_CONNECTIONS] = { "connections", false, 512, "connections open", "close some" },
+	[HOLD_PARKED_FDS] = { "parked-fds", false, 256, "descriptors received ahead of the requests that take them",
+			      "send each request's descriptors with its first byte" },
+	[HOLD_FRAME_BYTES] = { "pending-frame-bytes", true, 64ull << 20, "of incomplete request frames",
+			       "finish sending one frame before starting another" },
+	[HOLD_REPLY_BYTES] = { "reply-bytes", true, 256ull << 20, "of replies not yet read",
+			       "read the replies to your requests" },
+};
+
+const char *quota_hold_name(enum quota_hold kind)
+{
+	return hold_limits[kind].name;
+}
+
+/* One of the hold limits: 1 if key names one (set, or -1 with msg), else 0. */
+static int rule_set_hold(struct quota_rule *r, const char *key, const char *value, char *msg,
+			 size_t msgsize)
+{
+	for (int k = 0; k < HOLD_KINDS; k++) {
+		const struct hold_limit *h = &hold_limits[k];
+		char *end;
+		if (strcmp(key, h->name) != 0)
+			continue;
+		r->has_hold[k] = true;
+		if (strcmp(value, "unlimited") == 0) {
+			r->hold[k] = QUOTA_UNLIMITED;
+			return 1;
+		}
+		unsigned long long n = strtoull(value, &end, 10);
+		if (h->size ? gpuq_parse_size(value, &r->hold[k]) == 0
+			    : (*value && !*end && value[0] != '-' && n <= UINT32_MAX && (r->hold[k] = n, true)))
+			return 1;
+		snprintf(msg, msgsize, "%s takes %s, or unlimited, not '%s'", key,
+			 h->size ? "a size such as 64M" : "a number", value);
+		return -1;
+	}
+	return 0;
+}
+
 int quota_rule_set(struct quota_rule *r, const char *key, const char *value, char *msg,
 		   size_t msgsize)
 {
 	char *end;
+	int rc = rule_set_hold(r, key, value, msg, msgsize);
+	if (rc != 0)
+		return rc < 0 ? -1 : 0;
 	if (strcmp(key, "device-memory") == 0) {
 		if (gpuq_parse_size(value, &r->device_memory) < 0) {
 			snprintf(msg, msgsize, "device-memory takes a size such as 40G, not '%s'", value);
@@ -195,8 +245,8 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 	} else {
 		snprintf(msg, msgsize,
 			 "unknown limit '%s' in %s (limits: device-memory, host-pinned, queued-jobs, "
-			 "devices, max-priority, weight)", key,
-			 r->label);
+			 "devices, max-priority, weight, connections, parked-fds, pending-frame-bytes, "
+			 "reply-bytes)", key, r->label);
 		return -1;
 	}
 	return 0;
@@ -279,9 +329,10 @@ bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner)
 	return owner == c->uid || quota_is_admin(d, c);
 }
 
-enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_PRIORITY, LIMIT_WEIGHT, LIMIT_PINNED };
+/* The limits; those from LIMIT_HOLD on are LIMIT_HOLD + an enum quota_hold. */
+enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_PRIORITY, LIMIT_WEIGHT, LIMIT_PINNED, LIMIT_HOLD };
 
-static bool rule_sets(const struct quota_rule *r, enum limit which)
+static bool rule_sets(const struct quota_rule *r, int which)
 {
 	switch (which) {
 	case LIMIT_MEMORY: return r->has_memory;
@@ -291,14 +342,30 @@ static bool rule_sets(const struct quota_rule *r, enum limit which)
 	case LIMIT_WEIGHT: return r->has_weight;
 	case LIMIT_PINNED: return r->has_pinned;
 	}
-	return false;
+	return which >= LIMIT_HOLD && which - LIMIT_HOLD < HOLD_KINDS && r->has_hold[which - LIMIT_HOLD];
+}
+
+/* What governs the hold limits where no rule sets them: hold_limits' defaults. */
+static const struct quota_rule *builtin(void)
+{
+	static struct quota_rule r = {
+		.scope = QUOTA_DEFAULT,
+		.label = "[default]",
+		.where = "gpuqd's built-in default; set the limit in [default] of the configuration file",
+	};
+	for (int k = 0; k < HOLD_KINDS; k++) {
+		r.has_hold[k] = true;
+		r.hold[k] = hold_limits[k].builtin;
+	}
+	return &r;
 }
 
 /*
  * The rules that govern one limit for the client: its user rule if that
- * sets the limit; else every rule of its groups that does; else the default.
+ * sets the limit; else every rule of its groups that does; else the
+ * default; else, for the connection limits, the built-in default.
  */
-static int governing(const struct quota_set *q, const struct client_ids *ids, enum limit which,
+static int governing(const struct quota_set *q, const struct client_ids *ids, int which,
 		     const struct quota_rule **out)
 {
 	int n = 0;
@@ -313,6 +380,8 @@ static int governing(const struct quota_set *q, const struct client_ids *ids, en
 			out[n++] = r;
 		}
 	}
+	if (n == 0 && rule_sets(builtin(), which))
+		out[n++] = builtin();
 	return n;
 }
 
@@ -484,23 +553,31 @@ static struct quota_user *usage_find(const struct quota_usage *u, uid_t uid)
 	return NULL;
 }
 
-void quota_job_started(struct quota_usage *u, uid_t uid)
+/* uid's entry, made on first use; NULL when out of memory. */
+static struct quota_user *usage_get(struct quota_usage *u, uid_t uid)
 {
 	struct quota_user *e = usage_find(u, uid);
-	if (!e) {
-		if (u->count == u->cap) {
-			int cap = u->cap ? u->cap * 2 : 16;
-			struct quota_user *users = realloc(u->users, sizeof *users * (size_t)cap);
-			if (!users)
-				return; /* uncounted: the quota is only ever looser for it */
-			u->users = users;
-			u->cap = cap;
-		}
-		e = &u->users[u->count++];
-		e->uid = uid;
-		e->active = 0;
+	if (e)
+		return e;
+	if (u->count == u->cap) {
+		int cap = u->cap ? u->cap * 2 : 16;
+		struct quota_user *users = realloc(u->users, sizeof *users * (size_t)cap);
+		if (!users)
+			return NULL;
+		u->users = users;
+		u->cap = cap;
 	}
-	e->active++;
+	e = &u->users[u->count++];
+	memset(e, 0, sizeof *e);
+	e->uid = uid;
+	return e;
+}
+
+void quota_job_started(struct quota_usage *u, uid_t uid)
+{
+	struct quota_user *e = usage_get(u, uid);
+	if (e) /* uncounted otherwise: the quota is only ever looser for it */
+		e->active++;
 }
 
 void quota_job_ended(struct quota_usage *u, uid_t uid)
@@ -514,4 +591,62 @@ unsigned quota_active_jobs(const struct quota_usage *u, uid_t uid)
 {
 	const struct quota_user *e = usage_find(u, uid);
 	return e ? e->active : 0;
+}
+
+/* The first rule governing hold `kind` that total would break, or NULL. */
+static const struct quota_rule *hold_limit_broken(struct daemon *d, const struct conn *c,
+						  enum quota_hold kind, uint64_t total)
+{
+	const struct quota_rule *rules[MAX_GOVERNING];
+	struct client_ids ids;
+	client_ids(c, &ids);
+	int n = governing(&d->svc.quotas, &ids, LIMIT_HOLD + (int)kind, rules);
+	for (int i = 0; i < n; i++)
+		if (total > rules[i]->hold[kind])
+			return rules[i];
+	return NULL;
+}
+
+static const char *hold_text(enum quota_hold kind, uint64_t n, char *buf, size_t size)
+{
+	if (hold_limits[kind].size)
+		return size_text(n, buf, size);
+	snprintf(buf, size, "%llu", (unsigned long long)n);
+	return buf;
+}
+
+/* Checks each hold that grows from held to now against the uid's limits. */
+static int hold_limits_check(struct daemon *d, const struct conn *c, const struct quota_user *e,
+			     const struct quota_conn_held *held, const struct quota_conn_held *now,
+			     struct gpuq_error *err)
+{
+	for (int k = 0; k < HOLD_KINDS; k++) {
+		const struct hold_limit *h = &hold_limits[k];
+		uint64_t total = e->held[k] - held->n[k] + now->n[k];
+		const struct quota_rule *r;
+		char limit[32], have[32];
+		if (now->n[k] <= held->n[k] || !(r = hold_limit_broken(d, c, (enum quota_hold)k, total)))
+			continue;
+		return refuse(d, h->name, err,
+			      "quota %s (%s): %s %s exceeded; uid %d's connections would hold %s %s (%s)",
+			      r->label, r->where, h->name,
+			      hold_text((enum quota_hold)k, r->hold[k], limit, sizeof limit), (int)c->uid,
+			      hold_text((enum quota_hold)k, total, have, sizeof have), h->what, h->fix);
+	}
+	return 0;
+}
+
+int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_held *held,
+		    const struct quota_conn_held *now, struct gpuq_error *err)
+{
+	struct quota_user *e = usage_get(&d->svc.usage, c->uid);
+	if (!e)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory to account for uid %d",
+				 (int)c->uid);
+	if (c->uid != 0 && hold_limits_check(d, c, e, held, now, err) < 0)
+		return -1;
+	for (int k = 0; k < HOLD_KINDS; k++)
+		e->held[k] = e->held[k] - held->n[k] + now->n[k];
+	*held = *now;
+	return 0;
 }

@@ -2,17 +2,23 @@
  * Quotas and rights. Main thread only.
  *
  * A quota rule applies to one user ([user:NAME]), to each member of one
- * group ([group:NAME]) or to everyone ([default]) and may set limits:
+ * group ([group:NAME]) or to everyone ([default]) and may set these limits:
  * device-memory (bytes a user's buffers may hold on any one device),
  * host-pinned (bytes a user's host regions may pin, all devices together),
  * queued-jobs (a user's jobs queued or running at once), devices (the
- * device indices a user's jobs may use) and max-priority (the most urgent
- * priority a user's jobs may ask for); and a weight, the user's share of each
- * GPU against other users' within one priority (the scheduler's fair share;
- * a group's rules give the largest weight among them). For each limit the most specific
- * rules that set it govern: the user's rule; else every rule of a group the
- * client belongs to (all must hold, so the strictest wins); else the default.
- * Root is never limited. A refusal is permission_denied naming the rule and
+ * device indices a user's jobs may use), max-priority (the most urgent
+ * priority a user's jobs may ask for), and what a user's connections may
+ * hold in gpuqd at once: connections, parked-fds (descriptors received
+ * ahead of the request that takes them), pending-frame-bytes (bytes of
+ * request frames not yet complete) and reply-bytes (replies queued for
+ * connections that have not read them); and a weight, the user's share of
+ * each GPU against other users' within one priority (the scheduler's fair
+ * share; a group's rules give the largest weight among them). For each
+ * limit the most specific rules that set it govern: the user's rule; else
+ * every rule of a group the client belongs to (all must hold, so the
+ * strictest wins); else the default; the connection limits have built-in
+ * defaults (quota.c), so that an unconfigured daemon is bounded too. Root
+ * is never limited. A refusal is permission_denied naming the rule and
  * where it was written.
  *
  * Rights: root, and members of the admin group, may see and cancel every
@@ -36,6 +42,15 @@ struct job;
 
 enum quota_scope { QUOTA_DEFAULT, QUOTA_GROUP, QUOTA_USER };
 
+/*
+ * What a uid's connections hold in gpuqd, each bounded by a limit of its
+ * name (quota.c has the names and the built-in defaults: 512 connections,
+ * 256 descriptors, 64 MiB of incomplete frames, 256 MiB of unread replies).
+ */
+enum quota_hold { HOLD_CONNECTIONS, HOLD_PARKED_FDS, HOLD_FRAME_BYTES, HOLD_REPLY_BYTES, HOLD_KINDS };
+/* A limit set to `unlimited`. */
+#define QUOTA_UNLIMITED UINT64_MAX
+
 struct quota_rule {
 	enum quota_scope scope;
 	uint32_t id;       /* uid or gid; 0 for the default */
@@ -48,6 +63,8 @@ struct quota_rule {
 	uint64_t devices;       /* bit i: device i may be used */
 	int max_priority;       /* the most urgent enum gpuq_priority a job may ask for */
 	double weight;          /* the share of each GPU's time against other users' (fair share) */
+	bool has_hold[HOLD_KINDS];
+	uint64_t hold[HOLD_KINDS]; /* the most a uid's connections may hold at once */
 };
 
 /* The rules and rights of one configuration; replaced whole on reload. */
@@ -59,11 +76,12 @@ struct quota_set {
 	char admin_group[64];
 };
 
-/* Jobs queued or running per uid: kept across reloads. */
+/* What each uid holds now: kept across reloads. */
 struct quota_usage {
 	struct quota_user {
 		uid_t uid;
-		unsigned active;
+		unsigned active;            /* jobs queued or running */
+		uint64_t held[HOLD_KINDS]; /* what its connections hold */
 	} *users;
 	int count, cap;
 };
@@ -126,6 +144,22 @@ int quota_check_alloc(struct daemon *d, const struct conn *c, int device, uint64
  */
 int quota_check_pinned(struct daemon *d, const struct conn *c, uint64_t bytes,
 		       struct gpuq_error *err);
+
+/*
+ * What connection c holds in gpuqd, by enum quota_hold: 1 or 0 connections,
+ * parked descriptors, bytes of its incomplete frame, bytes of replies it has
+ * not read. Records the change from what c held (*held, the connection's own
+ * account) in the uid's usage; growth is first checked against the limits,
+ * and refused whole (nothing recorded) with permission_denied naming the
+ * rule. Shrinking never fails.
+ */
+struct quota_conn_held {
+	uint64_t n[HOLD_KINDS];
+};
+/* The name of a hold's limit ("parked-fds"), as rules and metrics write it. */
+const char *quota_hold_name(enum quota_hold kind);
+int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_held *held,
+		    const struct quota_conn_held *now, struct gpuq_error *err);
 
 /* A job of uid reached its worker / finished (keeps queued-jobs counts). */
 void quota_job_started(struct quota_usage *u, uid_t uid);

@@ -70,24 +70,18 @@ void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame)
 	gpuq_fail(&err, GPUQ_E_BAD_FRAME,
 		  "frame of %zu bytes exceeds this daemon's limit of %zu (--max-frame); closing",
 		  len, max_frame);
-	log_info("connection %llu (pid %d): %s", (unsigned long long)c->serial, (int)c->pid,
-		 err.message);
-	reply_error_to(c, 0, &err);
-	conn_close_after_flush(c);
+	conn_refuse(c, 0, &err);
 }
 
-static void refuse_frame(struct conn *c, uint64_t id, const struct gpuq_error *err)
-{
-	log_info("connection %llu (pid %d): bad frame: %s", (unsigned long long)c->serial,
-		 (int)c->pid, err->message);
-	reply_error_to(c, id, err);
-	conn_close_after_flush(c);
-}
-
-/* Takes the request's descriptors first, so that the stream stays in step. */
+/*
+ * Takes the request's descriptors first, so that the stream stays in step:
+ * `fds` of them must have arrived with the frame's first byte, and any
+ * that did and are not declared are closed after the request (conn.c).
+ */
 static int take_fds(struct request *req, struct gpuq_error *err)
 {
 	uint64_t n = 0;
+	int arrived;
 	if (msg_get_u64(req->map, "fds", &n, err) < 0) {
 		err->code = GPUQ_E_BAD_FRAME; /* unknowable how many arrived: out of step */
 		return -1;
@@ -95,10 +89,11 @@ static int take_fds(struct request *req, struct gpuq_error *err)
 	if (n > GPUQ_MAX_FDS_PER_REQUEST)
 		return gpuq_fail(err, GPUQ_E_BAD_FRAME, "field 'fds': %llu descriptors; at most %d",
 				 (unsigned long long)n, GPUQ_MAX_FDS_PER_REQUEST);
-	if (conn_take_fds(req->conn, (int)n, req->fds) < 0)
+	if (conn_take_fds(req->conn, (int)n, req->fds, &arrived) < 0)
 		return gpuq_fail(err, GPUQ_E_BAD_FRAME,
-				 "the request says it carries %llu descriptors but %d arrived with it",
-				 (unsigned long long)n, req->conn->nfds);
+				 "the request says it carries %llu descriptors (field 'fds') but %d arrived with "
+				 "its first byte; send them on the sendmsg that carries it",
+				 (unsigned long long)n, arrived);
 	req->nfds = (int)n;
 	return 0;
 }
@@ -133,7 +128,7 @@ static void dispatch(struct request *req)
 		reply_error(req, &err);
 		return;
 	}
-	if (read_header(req, op, sizeof op, &err) < 0) {
+	if (msg_check_unique_keys(req->map, &err) < 0 || read_header(req, op, sizeof op, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
@@ -150,7 +145,7 @@ void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, si
 	struct msg m;
 	struct gpuq_error err;
 	if (msg_decode(&m, payload, len, &msg_request_limits, &err) < 0) {
-		refuse_frame(c, 0, &err);
+		conn_refuse(c, 0, &err);
 		return;
 	}
 	struct request req = { .d = d, .conn = c, .map = m.root };
@@ -158,7 +153,7 @@ void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, si
 		uint64_t id = 0;
 		struct gpuq_error ignored;
 		msg_get_u64(m.root, "id", &id, &ignored);
-		refuse_frame(c, id, &err);
+		conn_refuse(c, id, &err);
 	} else {
 		dispatch(&req);
 	}

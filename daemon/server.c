@@ -1,9 +1,8 @@
 /*
- * The listening socket and client connections. Main thread only.
- *
- * A connection is freed only from its poll handle's close callback, so a
- * struct conn stays valid for the rest of the loop iteration in which it was
- * closed: request handlers may close the connection they are answering.
+ * The listening socket: binding or adopting it, accepting (and backing off
+ * at the descriptor limit instead of spinning), the timer that enforces
+ * --frame-timeout over every connection, and closing them all. Main thread
+ * only; each connection's own life is conn.c's.
  */
 #include "daemon/server.h"
 
@@ -13,343 +12,140 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/daemon.h"
 #include "daemon/log.h"
 
-#define READ_CHUNK (64u * 1024u)
-#define FDS_PER_RECV 16
+#define ACCEPT_PAUSE_MS 100 /* at the descriptor limit: how long to stop accepting */
+#define FD_LOG_EVERY_S 10.0 /* at most one line about it per this many seconds */
+#define SCAN_MS 1000        /* how often incomplete frames are checked for --frame-timeout */
 
-struct outbuf {
-	struct outbuf *next;
-	size_t len, off;
-	int fd; /* a descriptor to pass with the frame's first byte (SCM_RIGHTS), or -1; ours to close */
-	uint8_t data[];
-};
-
-static void outbuf_free(struct outbuf *o)
+/* How many connections are open, and the uid that holds the most of them. */
+static unsigned server_census(const struct server *s, uid_t *top_uid, unsigned *top)
 {
-	if (o->fd >= 0)
-		close(o->fd);
-	free(o);
-}
-
-static void conn_update_poll(struct conn *c);
-
-static void conn_on_closed(uv_handle_t *handle)
-{
-	struct conn *c = handle->data;
-	close(c->fd);
-	free(c);
-}
-
-static void conn_destroy(struct conn *c)
-{
-	if (c->closed)
-		return;
-	c->closed = true;
-	log_debug("connection %llu (pid %d, uid %d) closed", (unsigned long long)c->serial,
-		  (int)c->pid, (int)c->uid);
-	waiters_drop_conn(c);
-	share_conn_closed(c->server->daemon, c);
-	for (int i = 0; i < c->nfds; i++)
-		close(c->fds[i]);
-	c->nfds = 0;
-	while (c->out_head) {
-		struct outbuf *next = c->out_head->next;
-		outbuf_free(c->out_head);
-		c->out_head = next;
+	unsigned total = 0;
+	*top = 0;
+	*top_uid = 0;
+	for (const struct conn *c = s->conns; c; c = c->next) {
+		total++;
+		unsigned mine = 0;
+		for (const struct conn *o = s->conns; o && *top < total; o = o->next)
+			mine += o->uid == c->uid;
+		if (mine > *top) {
+			*top = mine;
+			*top_uid = c->uid;
+		}
 	}
-	frame_reader_free(&c->reader);
-	if (c->prev)
-		c->prev->next = c->next;
+	return total;
+}
+
+/*
+ * Logs, at most once per FD_LOG_EVERY_S, that gpuqd is at a descriptor
+ * limit, naming the real cause: how many connections hold descriptors, and
+ * whose are the most.
+ */
+static void server_log_fd_limit(struct server *s, const char *doing, int error)
+{
+	unsigned held, top;
+	uid_t top_uid;
+	if (!log_every_pass(&s->fd_log, FD_LOG_EVERY_S, &held))
+		return;
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		rl.rlim_cur = 0; /* unknown: the line says 0 */
+	unsigned conns = server_census(s, &top_uid, &top);
+	log_warn("%s: %s: %s (RLIMIT_NOFILE %llu); %u client connections are open, %u of them uid %d's. "
+		 "Not accepting for %d ms at a time (%u more times since the last such line); raise "
+		 "LimitNOFILE, or bound each user's connections with the quota `connections`",
+		 doing, strerror(error),
+		 error == ENFILE ? "the system's file table is full" : "gpuqd is at its descriptor limit",
+		 (unsigned long long)rl.rlim_cur, conns, top, (int)top_uid, ACCEPT_PAUSE_MS, held);
+}
+
+bool server_out_of_descriptors(struct server *s, const char *doing)
+{
+	int probe = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 0);
+	if (probe >= 0) {
+		close(probe);
+		return false;
+	}
+	if (errno != EMFILE && errno != ENFILE)
+		return false;
+	server_log_fd_limit(s, doing, errno);
+	return true;
+}
+
+static void server_on_listen(uv_poll_t *handle, int status, int events);
+
+static void server_on_accept_timer(uv_timer_t *timer)
+{
+	struct server *s = timer->data;
+	if (!s->listening)
+		return;
+	int rc = uv_poll_start(&s->listen_poll, UV_READABLE, server_on_listen);
+	if (rc < 0)
+		log_error("cannot accept connections again: uv_poll_start: %s", uv_strerror(rc));
+}
+
+/*
+ * Out of descriptors (or kernel memory): accepting again at once would spin,
+ * since the backlog stays readable. Stop polling the socket for a moment;
+ * clients wait in the backlog meanwhile, and are served once descriptors
+ * are free again.
+ */
+static void server_pause_accepting(struct server *s, int error)
+{
+	server_log_fd_limit(s, "accept", error);
+	int rc = uv_timer_start(&s->accept_timer, server_on_accept_timer, ACCEPT_PAUSE_MS, 0);
+	if (rc < 0) /* without the timer nothing would restart it: keep polling instead */
+		log_error("cannot pause accepting: uv_timer_start: %s", uv_strerror(rc));
 	else
-		c->server->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	uv_poll_stop(&c->poll);
-	uv_close((uv_handle_t *)&c->poll, conn_on_closed);
-}
-
-/* Sends from o, its descriptor with the first byte (the client takes it with that frame). */
-static ssize_t conn_send_some(struct conn *c, struct outbuf *o)
-{
-	if (o->fd < 0 || o->off > 0)
-		return send(c->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL);
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} control;
-	struct iovec iov = { .iov_base = o->data, .iov_len = o->len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-			     .msg_controllen = sizeof control.buf };
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &o->fd, sizeof(int));
-	ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-	if (n > 0) { /* the client holds its own copy now */
-		close(o->fd);
-		o->fd = -1;
-	}
-	return n;
-}
-
-/* Writes queued output until the socket would block. */
-static void conn_flush(struct conn *c)
-{
-	while (c->out_head) {
-		struct outbuf *o = c->out_head;
-		ssize_t n = conn_send_some(c, o);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN)
-				return;
-			log_debug("connection %llu: send: %s", (unsigned long long)c->serial,
-				  strerror(errno));
-			conn_destroy(c);
-			return;
-		}
-		o->off += (size_t)n;
-		c->out_bytes -= (size_t)n;
-		if (o->off == o->len) {
-			c->out_head = o->next;
-			if (!c->out_head)
-				c->out_tail = NULL;
-			outbuf_free(o);
-		}
-	}
-}
-
-void conn_send(struct conn *c, const void *data, size_t len)
-{
-	conn_send_fd(c, data, len, -1);
-}
-
-void conn_send_fd(struct conn *c, const void *data, size_t len, int fd)
-{
-	if (c->closed)
-		return;
-	int copy = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
-	if (fd >= 0 && copy < 0) {
-		log_error("connection %llu: cannot duplicate a descriptor for a reply (%s); dropping it",
-			  (unsigned long long)c->serial, strerror(errno));
-		conn_destroy(c);
-		return;
-	}
-	if (c->out_bytes + len > CONN_MAX_OUTPUT) {
-		log_warn("connection %llu (pid %d) leaves over %u bytes of replies unread; dropping it",
-			 (unsigned long long)c->serial, (int)c->pid, CONN_MAX_OUTPUT);
-		if (copy >= 0)
-			close(copy);
-		conn_destroy(c);
-		return;
-	}
-	struct outbuf *o = malloc(sizeof *o + len);
-	if (!o) {
-		log_error("connection %llu: no memory for a %zu-byte reply; dropping it",
-			  (unsigned long long)c->serial, len);
-		if (copy >= 0)
-			close(copy);
-		conn_destroy(c);
-		return;
-	}
-	o->fd = copy;
-	o->next = NULL;
-	o->len = len;
-	o->off = 0;
-	memcpy(o->data, data, len);
-	if (c->out_tail)
-		c->out_tail->next = o;
-	else
-		c->out_head = o;
-	c->out_tail = o;
-	c->out_bytes += len;
-	conn_flush(c);
-	if (!c->closed)
-		conn_update_poll(c);
-}
-
-void conn_close_after_flush(struct conn *c)
-{
-	if (c->closed)
-		return;
-	c->close_after_flush = true;
-	conn_update_poll(c);
-}
-
-int conn_take_fds(struct conn *c, int n, int *out)
-{
-	if (n > c->nfds)
-		return -1;
-	memcpy(out, c->fds, sizeof(int) * (size_t)n);
-	memmove(c->fds, c->fds + n, sizeof(int) * (size_t)(c->nfds - n));
-	c->nfds -= n;
-	return 0;
-}
-
-/* Keeps descriptors from SCM_RIGHTS; false if the client sent more than we hold. */
-static bool conn_keep_fds(struct conn *c, struct msghdr *mh)
-{
-	bool ok = true;
-	for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
-		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-			continue;
-		size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		int *fds = (int *)CMSG_DATA(cm);
-		for (size_t i = 0; i < n; i++) {
-			if (c->nfds < CONN_MAX_PENDING_FDS) {
-				c->fds[c->nfds++] = fds[i];
-			} else {
-				close(fds[i]);
-				ok = false;
-			}
-		}
-	}
-	return ok && !(mh->msg_flags & MSG_CTRUNC);
-}
-
-static void conn_handle_frames(struct conn *c)
-{
-	const uint8_t *payload;
-	size_t len;
-	int rc;
-	while (!c->closed && !c->close_after_flush &&
-	       (rc = frame_reader_next(&c->reader, &payload, &len)) != 0) {
-		if (rc < 0) {
-			request_refuse_oversize(c, len, c->server->max_frame);
-			return;
-		}
-		request_handle(c->server->daemon, c, payload, len);
-	}
-}
-
-static void conn_read(struct conn *c)
-{
-	uint8_t *space = frame_reader_space(&c->reader, READ_CHUNK);
-	if (!space) {
-		log_error("connection %llu: no memory to read into; dropping it",
-			  (unsigned long long)c->serial);
-		conn_destroy(c);
-		return;
-	}
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * FDS_PER_RECV)];
-		struct cmsghdr align;
-	} control;
-	struct iovec iov = { .iov_base = space, .iov_len = READ_CHUNK };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
-			     .msg_control = control.buf, .msg_controllen = sizeof control.buf };
-	ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-	if (n < 0) {
-		if (errno != EAGAIN && errno != EINTR)
-			conn_destroy(c);
-		return;
-	}
-	if (!conn_keep_fds(c, &mh)) {
-		log_warn("connection %llu (pid %d) sent more descriptors than requests use; dropping it",
-			 (unsigned long long)c->serial, (int)c->pid);
-		conn_destroy(c);
-		return;
-	}
-	if (n == 0) {
-		if (frame_reader_pending(&c->reader))
-			log_debug("connection %llu closed inside a frame (%zu bytes unread)",
-				  (unsigned long long)c->serial, frame_reader_pending(&c->reader));
-		conn_destroy(c);
-		return;
-	}
-	frame_reader_commit(&c->reader, (size_t)n);
-	conn_handle_frames(c);
-}
-
-static void conn_on_poll(uv_poll_t *handle, int status, int events)
-{
-	struct conn *c = handle->data;
-	if (status < 0) {
-		conn_destroy(c);
-		return;
-	}
-	if (events & UV_WRITABLE)
-		conn_flush(c);
-	if (!c->closed && (events & UV_READABLE) && !c->close_after_flush)
-		conn_read(c);
-	if (!c->closed)
-		conn_update_poll(c);
-}
-
-static void conn_update_poll(struct conn *c)
-{
-	int events = (c->close_after_flush ? 0 : UV_READABLE) | (c->out_head ? UV_WRITABLE : 0);
-	if (events == 0) {
-		conn_destroy(c); /* closing, and everything is written */
-		return;
-	}
-	if (events != c->poll_events) {
-		uv_poll_start(&c->poll, events, conn_on_poll);
-		c->poll_events = events;
-	}
-}
-
-static void server_accept_one(struct server *s, int fd)
-{
-	struct conn *c = calloc(1, sizeof *c);
-	struct ucred cred;
-	socklen_t len = sizeof cred;
-	if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-		log_error("cannot take a new connection: %s", c ? strerror(errno) : "out of memory");
-		free(c);
-		close(fd);
-		return;
-	}
-	c->server = s;
-	c->fd = fd;
-	c->serial = ++s->next_serial;
-	c->uid = cred.uid;
-	c->gid = cred.gid;
-	c->pid = cred.pid;
-	frame_reader_init(&c->reader, s->max_frame);
-	int rc = uv_poll_init(s->loop, &c->poll, fd);
-	if (rc < 0) {
-		log_error("uv_poll_init for a new connection: %s", uv_strerror(rc));
-		close(fd);
-		free(c);
-		return;
-	}
-	c->poll.data = c;
-	c->next = s->conns;
-	if (s->conns)
-		s->conns->prev = c;
-	s->conns = c;
-	log_debug("connection %llu from pid %d (uid %d)", (unsigned long long)c->serial,
-		  (int)c->pid, (int)c->uid);
-	conn_update_poll(c);
+		uv_poll_stop(&s->listen_poll);
 }
 
 static void server_on_listen(uv_poll_t *handle, int status, int events)
 {
 	(void)events;
 	struct server *s = handle->data;
+	unsigned held;
 	if (status < 0) {
-		log_error("listening socket: %s", uv_strerror(status));
+		if (log_every_pass(&s->accept_log, FD_LOG_EVERY_S, &held))
+			log_error("listening socket: %s (%u more since the last such line)",
+				  uv_strerror(status), held);
 		return;
 	}
 	for (;;) {
 		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd >= 0) {
-			server_accept_one(s, fd);
+			conn_open(s, fd);
 			continue;
 		}
 		if (errno == EINTR || errno == ECONNABORTED)
 			continue;
-		if (errno != EAGAIN)
-			log_warn("accept: %s", strerror(errno));
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+			server_pause_accepting(s, errno);
+			return;
+		}
+		if (errno != EAGAIN && log_every_pass(&s->accept_log, FD_LOG_EVERY_S, &held))
+			log_warn("accept: %s (%u more since the last such line)", strerror(errno), held);
 		return;
+	}
+}
+
+/* Closes connections whose incomplete frame has waited past --frame-timeout. */
+static void server_on_scan(uv_timer_t *timer)
+{
+	struct server *s = timer->data;
+	unsigned timeout_ms = s->daemon->opt.frame_timeout_ms;
+	double now = monotonic_seconds();
+	for (struct conn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		conn_check_frame_timeout(c, now, timeout_ms);
 	}
 }
 
@@ -428,20 +224,44 @@ static void server_init(struct server *s, struct daemon *d, uv_loop_t *loop, siz
 	s->listen_fd = -1;
 }
 
-/* Polls the listening fd; on failure closes it. */
+/*
+ * Polls the listening fd and starts the timers (accept back-off, frame
+ * scan); on failure closes fd.
+ */
 static int server_start_accepting(struct server *s, int fd, char *msg, size_t msgsize)
 {
 	int rc = uv_poll_init(s->loop, &s->listen_poll, fd);
-	if (rc == 0)
-		rc = uv_poll_start(&s->listen_poll, UV_READABLE, server_on_listen);
 	if (rc < 0) {
 		snprintf(msg, msgsize, "uv_poll on %s: %s", s->path, uv_strerror(rc));
 		close(fd);
+		if (!s->adopted)
+			unlink(s->path);
 		return -1;
 	}
 	s->listen_poll.data = s;
 	s->listen_fd = fd;
 	s->listening = true;
+	if ((rc = uv_timer_init(s->loop, &s->accept_timer)) < 0) {
+		snprintf(msg, msgsize, "uv_timer_init: %s", uv_strerror(rc));
+		server_stop_listening(s);
+		return -1;
+	}
+	if ((rc = uv_timer_init(s->loop, &s->scan_timer)) < 0) {
+		snprintf(msg, msgsize, "uv_timer_init: %s", uv_strerror(rc));
+		uv_close((uv_handle_t *)&s->accept_timer, NULL);
+		server_stop_listening(s);
+		return -1;
+	}
+	s->accept_timer.data = s->scan_timer.data = s;
+	s->timers = true;
+	rc = uv_poll_start(&s->listen_poll, UV_READABLE, server_on_listen);
+	if (rc == 0)
+		rc = uv_timer_start(&s->scan_timer, server_on_scan, SCAN_MS, SCAN_MS);
+	if (rc < 0) {
+		snprintf(msg, msgsize, "uv_poll on %s: %s", s->path, uv_strerror(rc));
+		server_stop_listening(s);
+		return -1;
+	}
 	return 0;
 }
 
@@ -455,11 +275,7 @@ int server_listen(struct server *s, struct daemon *d, uv_loop_t *loop, const cha
 	int fd = bind_socket(path, group, msg, msgsize);
 	if (fd < 0)
 		return -1;
-	if (server_start_accepting(s, fd, msg, msgsize) < 0) {
-		unlink(path);
-		return -1;
-	}
-	return 0;
+	return server_start_accepting(s, fd, msg, msgsize); /* removes the socket file on failure */
 }
 
 int server_adopt(struct server *s, struct daemon *d, uv_loop_t *loop, int fd,
@@ -495,6 +311,8 @@ void server_stop_listening(struct server *s)
 		return;
 	s->listening = false;
 	uv_poll_stop(&s->listen_poll);
+	if (s->timers)
+		uv_timer_stop(&s->accept_timer);
 	uv_close((uv_handle_t *)&s->listen_poll, server_on_listen_closed);
 	if (!s->adopted && unlink(s->path) < 0 && errno != ENOENT)
 		log_warn("cannot remove %s: %s", s->path, strerror(errno));
@@ -502,9 +320,11 @@ void server_stop_listening(struct server *s)
 
 void server_close_all(struct server *s)
 {
-	while (s->conns) {
-		struct conn *c = s->conns;
-		conn_flush(c); /* best effort: replies already due */
-		conn_destroy(c);
+	while (s->conns)
+		conn_close_now(s->conns);
+	if (s->timers) {
+		s->timers = false;
+		uv_close((uv_handle_t *)&s->accept_timer, NULL);
+		uv_close((uv_handle_t *)&s->scan_timer, NULL);
 	}
 }

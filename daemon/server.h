@@ -1,5 +1,6 @@
 /*
- * The listening socket and client connections. Main thread only.
+ * The listening socket (server.c) and client connections (conn.c). Main
+ * thread only.
  *
  * Connections are read with recvmsg on a uv_poll_t rather than a uv_pipe_t,
  * because requests carry regular-file, memfd and pipe descriptors as
@@ -15,9 +16,11 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "daemon/log.h"
+#include "daemon/parked_fds.h"
+#include "daemon/quota.h"
 #include "protocol/frame.h"
 
-#define CONN_MAX_PENDING_FDS 64
 /* A client that leaves this much unread is dropped. */
 #define CONN_MAX_OUTPUT (64u << 20)
 
@@ -34,13 +37,17 @@ struct conn {
 	gid_t gid;
 	pid_t pid;
 	struct frame_reader reader;
-	int fds[CONN_MAX_PENDING_FDS]; /* received, not yet taken by a request */
-	int nfds;
+	struct parked_fds parked; /* received, not yet taken by a request */
+	uint64_t stream_in;       /* bytes received so far */
+	uint64_t frame_at;        /* stream offset of the next frame's first byte */
+	uint64_t partial_at;      /* the frame_at that frame_since is about */
+	double frame_since;       /* when that incomplete frame began to arrive; 0: none */
+	struct quota_conn_held held; /* what it holds against its uid's limits */
 	struct outbuf *out_head, *out_tail;
 	size_t out_bytes;
 	int poll_events;
 	bool close_after_flush; /* stop reading; close when the output is written */
-	bool closed;
+	bool closed;            /* conn_close ran: nothing more is read or sent */
 	struct waiter *waiters;
 	struct conn *prev, *next;
 };
@@ -49,6 +56,10 @@ struct server {
 	struct daemon *daemon;
 	uv_loop_t *loop;
 	uv_poll_t listen_poll;
+	uv_timer_t accept_timer; /* restarts accepting after a pause at the descriptor limit */
+	uv_timer_t scan_timer;   /* --frame-timeout over every connection */
+	bool timers;             /* the two timers are initialised */
+	struct log_every fd_log, accept_log;
 	int listen_fd;
 	bool listening;
 	bool adopted; /* the socket came from the service manager: never unlink it */
@@ -74,17 +85,43 @@ int server_adopt(struct server *s, struct daemon *d, uv_loop_t *loop, int fd,
 		 size_t max_frame, char *msg, size_t msgsize);
 /* Stops accepting and removes the socket file (unless it was adopted). */
 void server_stop_listening(struct server *s);
-/* Closes every connection (their unsent output is dropped). */
+/* Closes every connection (what the sockets do not take at once is dropped). */
 void server_close_all(struct server *s);
+/*
+ * Whether gpuqd is out of descriptors now (a probe dup fails with EMFILE or
+ * ENFILE); if so logs it, at most every few seconds, naming the cause.
+ * `doing` says what failed ("receiving a client's descriptors").
+ */
+bool server_out_of_descriptors(struct server *s, const char *doing);
 
+/* conn.c: a new connection on fd, just accepted; refused with a reply when over its uid's limit. */
+void conn_open(struct server *s, int fd);
+/*
+ * Closes c, deferred and idempotent: from here on nothing is read from or
+ * sent to it (conn_send drops what it is given); its ephemeral buffers are
+ * orphaned at once; its waiters are detached, its leases ended and the
+ * struct freed in the loop's close phase, outside every walk over jobs,
+ * waiters and leases that the caller may be in.
+ */
+void conn_close(struct conn *c);
+/* Writes what the socket takes at once, then conn_close. */
+void conn_close_now(struct conn *c);
 /* Queues frame bytes for the client; copies them. Drops a client over CONN_MAX_OUTPUT. */
 void conn_send(struct conn *c, const void *data, size_t len);
 /* The same with a descriptor (fd >= 0: duplicated; the caller keeps fd) passed with its first byte. */
 void conn_send_fd(struct conn *c, const void *data, size_t len, int fd);
 /* Stops reading; closes once queued output is written. */
 void conn_close_after_flush(struct conn *c);
-/* Takes n received descriptors in arrival order; -1 if fewer are pending. */
-int conn_take_fds(struct conn *c, int n, int *out);
+/* Logs why, answers err (with request id, 0 if none) and closes once it is written. */
+void conn_refuse(struct conn *c, uint64_t id, const struct gpuq_error *err);
+/*
+ * Takes n descriptors for the frame being handled: those that arrived with
+ * its first byte, in arrival order. 0, or -1 taking none when fewer than n
+ * did (*arrived says how many).
+ */
+int conn_take_fds(struct conn *c, int n, int *out, int *arrived);
+/* Refuses and closes c if its incomplete frame began over timeout_ms ago (0: never). */
+void conn_check_frame_timeout(struct conn *c, double now, unsigned timeout_ms);
 
 /* request.c: handles one complete frame from c. */
 void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len);
@@ -92,7 +129,10 @@ void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, si
 void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame);
 /* op_jobs.c: unlinks and frees every waiter of c. */
 void waiters_drop_conn(struct conn *c);
-/* op_region.c: c's leases end and its ephemeral regions go once idle (zero-copy sharing). */
+/*
+ * op_region.c: c's leases end and its ephemeral regions go once idle
+ * (zero-copy sharing); from c's close callback, beside waiters_drop_conn.
+ */
 void share_conn_closed(struct daemon *d, struct conn *c);
 
 #endif

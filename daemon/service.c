@@ -24,6 +24,14 @@ static int job_device(const struct job *j)
 	return j->parts ? j->parts[0].device : j->work.device;
 }
 
+static void print_count(const char *name, uint64_t n)
+{
+	if (n == QUOTA_UNLIMITED)
+		printf(" %s unlimited", name);
+	else
+		printf(" %s %llu", name, (unsigned long long)n);
+}
+
 static void print_rule(const struct quota_rule *r)
 {
 	char devices[256];
@@ -36,7 +44,13 @@ static void print_rule(const struct quota_rule *r)
 		printf(" queued-jobs %llu", (unsigned long long)r->queued_jobs);
 	if (r->has_devices)
 		printf(" devices %s", quota_devices_text(r->devices, devices, sizeof devices));
-	if (!r->has_memory && !r->has_pinned && !r->has_jobs && !r->has_devices)
+	bool any = r->has_memory || r->has_pinned || r->has_jobs || r->has_devices;
+	for (int k = 0; k < HOLD_KINDS; k++) {
+		if (r->has_hold[k])
+			print_count(quota_hold_name((enum quota_hold)k), r->hold[k]);
+		any |= r->has_hold[k];
+	}
+	if (!any)
 		printf(" no limits");
 	printf("\n");
 }
@@ -216,6 +230,7 @@ static void on_tick(uv_timer_t *t)
 	struct daemon *d = t->data;
 	struct deadline_scan scan;
 	check_deadlines(d, &scan);
+	buffers_free_orphans(d); /* those a full queue kept from being freed */
 	status_update(d, "");
 }
 
@@ -271,6 +286,8 @@ static struct options live_options(const struct options *old, const struct optio
 	memcpy(live.admin_group, o->admin_group, sizeof live.admin_group);
 	memcpy(live.metrics_textfile, o->metrics_textfile, sizeof live.metrics_textfile);
 	live.metrics_interval_s = o->metrics_interval_s;
+	live.frame_timeout_ms = o->frame_timeout_ms;
+	live.transfer_idle_timeout_ms = o->transfer_idle_timeout_ms;
 	if (memcmp(&live, o, sizeof live) == 0)
 		return live;
 	static const char *const names[] = { "socket", "socket-group", "backend", "devices",

@@ -7,6 +7,7 @@
 
 #include "protocol/frame.h"
 #include "protocol/msg.h"
+#include "protocol/utf8.h"
 
 /*
  * The packers' sink. A message cannot be half-built and still be sent, and
@@ -21,6 +22,26 @@ static int mp_write(void *data, const char *buf, size_t len)
 		abort();
 	}
 	return 0;
+}
+
+/*
+ * Every string gpuq writes is valid UTF-8: a string that is not (a message
+ * echoing a client's bytes, or cut inside a character) has each invalid
+ * byte written as \xNN (protocol/utf8.h).
+ */
+static void mp_pack_text(msgpack_packer *pk, const char *s, size_t n)
+{
+	if (utf8_valid(s, n)) {
+		msgpack_pack_str_with_body(pk, s, n);
+		return;
+	}
+	char *escaped = malloc(4 * n);
+	if (!escaped) {
+		fprintf(stderr, "gpuq: out of memory building a message (%zu more bytes)\n", 4 * n);
+		abort();
+	}
+	msgpack_pack_str_with_body(pk, escaped, utf8_escape(s, n, escaped));
+	free(escaped);
 }
 
 static void mp_key(msgpack_packer *pk, const char *key)
@@ -69,7 +90,7 @@ void mp_put_str(struct mp_map *m, const char *key, const char *val)
 void mp_put_strn(struct mp_map *m, const char *key, const char *val, size_t len)
 {
 	mp_key(&m->pk, key);
-	msgpack_pack_str_with_body(&m->pk, val, len);
+	mp_pack_text(&m->pk, val, len);
 	m->count++;
 }
 
@@ -150,7 +171,7 @@ void mp_array_destroy(struct mp_array *a)
 void mp_array_str(struct mp_array *a, const char *val)
 {
 	if (val)
-		msgpack_pack_str_with_body(&a->pk, val, strlen(val));
+		mp_pack_text(&a->pk, val, strlen(val));
 	else
 		msgpack_pack_nil(&a->pk);
 	a->count++;

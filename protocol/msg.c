@@ -277,6 +277,44 @@ void msg_free(struct msg *m)
 	m->root = NULL;
 }
 
+/* ---- Duplicate keys ------------------------------------------------------ */
+
+/* Names key k for a message: the string itself, or its type. */
+static void key_label(const msgpack_object *k, char *out, size_t size)
+{
+	if (k->type == MSGPACK_OBJECT_STR)
+		snprintf(out, size, "'%.*s'", (int)(k->via.str.size < 200 ? k->via.str.size : 200),
+			 k->via.str.ptr);
+	else
+		snprintf(out, size, "of type %s", obj_type_name(k->type));
+}
+
+int msg_check_unique_keys(const msgpack_object *o, struct gpuq_error *err)
+{
+	if (o->type == MSGPACK_OBJECT_ARRAY) {
+		for (uint32_t i = 0; i < o->via.array.size; i++)
+			if (msg_check_unique_keys(&o->via.array.ptr[i], err) < 0)
+				return -1;
+		return 0;
+	}
+	if (o->type != MSGPACK_OBJECT_MAP)
+		return 0;
+	const msgpack_object_kv *kv = o->via.map.ptr;
+	for (uint32_t i = 0; i < o->via.map.size; i++) {
+		for (uint32_t j = 0; j < i; j++) {
+			if (!msgpack_object_equal(kv[i].key, kv[j].key))
+				continue;
+			char label[224];
+			key_label(&kv[i].key, label, sizeof label);
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "a map has the key %s twice; give each key once", label);
+		}
+		if (msg_check_unique_keys(&kv[i].val, err) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 /* ---- Field access -------------------------------------------------------- */
 
 /* The first entry whose key is the str `key`: duplicates are not merged. */
@@ -345,6 +383,21 @@ int msg_get_u64(const msgpack_object *map, const char *key, uint64_t *out,
 	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
 		return wrong_type(err, key, "an unsigned integer", o);
 	*out = o->via.u64;
+	return 1;
+}
+
+int msg_get_u64_in(const msgpack_object *map, const char *key, uint64_t lo, uint64_t hi,
+		   uint64_t *out, struct gpuq_error *err)
+{
+	uint64_t v;
+	int rc = msg_get_u64(map, key, &v, err);
+	if (rc <= 0)
+		return rc;
+	if (v < lo || v > hi)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field '%s': %" PRIu64 " is out of range (%" PRIu64 " to %" PRIu64 ")",
+				 key, v, lo, hi);
+	*out = v;
 	return 1;
 }
 

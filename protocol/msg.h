@@ -52,12 +52,20 @@ int msg_decode(struct msg *m, const void *data, size_t len,
 	       const struct msg_limits *lim, struct gpuq_error *err);
 void msg_free(struct msg *m);
 
+/*
+ * 0 if no map in o (o itself, or any map or array nested in it) has the same
+ * key twice; else -1 with a bad_request naming the key. A request is refused
+ * rather than read with one of two values for a key.
+ */
+int msg_check_unique_keys(const msgpack_object *o, struct gpuq_error *err);
+
 /* The value under key in map, or NULL. map must be a MAP object. */
 const msgpack_object *msg_map_get(const msgpack_object *map, const char *key);
 
 /*
  * Typed field access. Each returns 1 when the field is present and has the
- * right type (value stored), 0 when absent (or nil; nothing stored), and -1
+ * right type (value stored), 0 when absent (or nil, which the protocol
+ * defines as absent; nothing stored), and -1
  * with err set to GPUQ_E_BAD_REQUEST naming the field and the type expected
  * when it is present with another type or out of range.
  * Strings are not NUL-terminated in the frame: msg_get_str copies into out
@@ -68,6 +76,9 @@ int msg_get_str(const msgpack_object *map, const char *key, char *out,
 		size_t outsz, struct gpuq_error *err);
 int msg_get_u64(const msgpack_object *map, const char *key, uint64_t *out,
 		struct gpuq_error *err);
+/* msg_get_u64, and a value outside [lo, hi] is a bad_request naming the field and the range. */
+int msg_get_u64_in(const msgpack_object *map, const char *key, uint64_t lo, uint64_t hi,
+		   uint64_t *out, struct gpuq_error *err);
 int msg_get_i64(const msgpack_object *map, const char *key, int64_t *out,
 		struct gpuq_error *err);
 /* Accepts integers and floats. */
@@ -88,6 +99,8 @@ int msg_get_map(const msgpack_object *map, const char *key,
  * whole (mp_put_map / mp_put_array consume the child).
  * pk points at body, so an initialised mp_map or mp_array must not be copied
  * or moved. Running out of memory while building aborts (see msg.c).
+ * Strings (mp_put_str, mp_put_strn, mp_array_str) are written as valid UTF-8:
+ * a byte that is not part of a valid sequence becomes the text \xNN.
  */
 struct mp_map {
 	msgpack_sbuffer body;
@@ -112,7 +125,10 @@ void mp_put_bool(struct mp_map *m, const char *key, bool val);
 void mp_put_nil(struct mp_map *m, const char *key);
 void mp_put_map(struct mp_map *m, const char *key, struct mp_map *child);
 void mp_put_array(struct mp_map *m, const char *key, struct mp_array *child);
-/* Copies a decoded object (e.g. a stored result map) in as the value of key. */
+/*
+ * Copies a decoded object (e.g. a stored result map) in as the value of key,
+ * as it is: its strings are not checked for UTF-8 as mp_put_str's are.
+ */
 void mp_put_object(struct mp_map *m, const char *key, const msgpack_object *obj);
 
 void mp_array_init(struct mp_array *a);

@@ -114,6 +114,18 @@ static const char *const job_state_names[] = {
 #undef GPUQ_JOB_STATE_NAME
 };
 
+bool gpuq_dtype_is_float(enum gpuq_dtype dtype)
+{
+	return dtype == GPUQ_DTYPE_F16 || dtype == GPUQ_DTYPE_BF16 || dtype == GPUQ_DTYPE_F32 ||
+	       dtype == GPUQ_DTYPE_F64;
+}
+
+bool gpuq_f32_overflows(double v)
+{
+	/* FLT_MAX + 2^103, half an ulp above it, rounds to even: up, to infinity */
+	return (v < 0 ? -v : v) >= 0x1.ffffffp+127;
+}
+
 const char *gpuq_job_state_name(enum gpuq_job_state state)
 {
 	size_t n = sizeof job_state_names / sizeof job_state_names[0];

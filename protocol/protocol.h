@@ -20,6 +20,8 @@
 #define GPUQ_MIN_MAX_FRAME 4096u
 /* Descriptors that may ride on one request (SCM_RIGHTS). */
 #define GPUQ_MAX_FDS_PER_REQUEST 4
+/* The largest uid an `owner` field may name ((uid_t)-1 is no uid). */
+#define GPUQ_MAX_UID 4294967294u
 
 /*
  * Stable, machine-readable error codes. The string (second column) is what
@@ -93,6 +95,14 @@ size_t gpuq_dtype_size(enum gpuq_dtype dtype);
 int gpuq_dtype_from_name(const char *s, size_t len, enum gpuq_dtype *out);
 /* "bytes, u8, i32, ..." for error messages. */
 const char *gpuq_dtype_list(void);
+/* f16, bf16, f32 and f64. */
+bool gpuq_dtype_is_float(enum gpuq_dtype dtype);
+/*
+ * Whether the finite double v rounds to infinity as a float (binary32):
+ * its magnitude is at least FLT_MAX plus half an ulp. Fill values and chain
+ * constants that do are out of range (docs/protocol.md).
+ */
+bool gpuq_f32_overflows(double v);
 
 /* Job states as they travel ("queued", ...). */
 #define GPUQ_JOB_STATES(X)                                                     \

@@ -107,6 +107,12 @@ struct device {
 	char fault_reason[256];
 	/* A reset failed to open it again: nothing of the backend's is held (workers/device_reset.c). */
 	bool lost;
+	/*
+	 * Set by reset when the driver gives this process no new context on the
+	 * device after a fault: only a new process recovers it, so retrying is
+	 * pointless and the health says to restart gpuqd.
+	 */
+	bool needs_restart;
 	void *impl; /* the backend's private state */
 	/* The kernel-chain state (workers/chain.h): the graph cache, made by
 	 * the worker at the device's first chain and released by close. */

@@ -642,6 +642,16 @@ static int cuda_reset(struct device *dev, struct gpuq_error *err)
 	if (e == cudaSuccess || cuda_error_is_sticky(e))
 		e = cudaDeviceReset();
 	(void)cudaGetLastError();
+	if (e == cudaSuccess || cuda_error_is_sticky(e))
+		e = cudaInitDevice(dev->ordinal, 0, 0); /* a fresh context, or why there is none */
+	(void)cudaGetLastError();
+	dev->needs_restart = e == cudaErrorDevicesUnavailable;
+	if (dev->needs_restart) /* seen on H200s under driver 580 after an illegal address */
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+				 "[gpu %d] after the fault the CUDA driver gives this process no new "
+				 "context on the GPU (cudaErrorDevicesUnavailable): restart gpuqd to use "
+				 "it again (systemctl restart gpuqd; the other GPUs serve on until then)",
+				 dev->index);
 	if (e != cudaSuccess && !cuda_error_is_sticky(e))
 		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR, "[gpu %d] cudaDeviceReset failed: %s (%s)",
 				 dev->index, cudaGetErrorString(e), cudaGetErrorName(e));

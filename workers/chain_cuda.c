@@ -517,9 +517,13 @@ int chain_cuda_read_time(struct device *dev, const void *src, uint64_t bytes, un
 int chain_cuda_enqueue(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err)
 {
 	struct chain_cuda *cc = cuda_chain_state(dev, err);
+	const struct cuda_plan interpreted = { 0 }; /* the built-in kernels: no compiled one, no partials */
 	if (!cc)
 		return -1;
-	cudaError_t e = chain_enqueue(dev, spec, NULL, cuda_current_stream(dev), NULL, NULL);
+	if (chain_spec_is_reduce(spec))
+		return gpuq_fail(err, GPUQ_E_INTERNAL,
+				 "[gpu %d] a reduction cannot be enqueued without its plan", dev->index);
+	cudaError_t e = chain_enqueue(dev, spec, &interpreted, cuda_current_stream(dev), NULL, NULL);
 	return e == cudaSuccess ? 0 : CUDA_FAIL(dev, err, e, "the fused chain (enqueued)");
 }
 

@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "workers/clock.h"
 #include "workers/sched.h"
@@ -118,6 +119,41 @@ static int reset_publish(struct worker *w, int rc, const struct gpuq_error *err,
 	return rc;
 }
 
+/*
+ * Resets the device and opens it again, trying again, pausing between
+ * tries, for up to RESET_RETRY_S when a step fails. Not when the backend
+ * says that only a new process recovers the device (needs_restart: the
+ * driver refuses this process a context; seen for 15 s and more on an
+ * H200, so waiting does not help). Blocking is fine here: nothing is in
+ * flight on the device.
+ */
+#define RESET_RETRY_S 5.0
+
+static int reset_and_open(struct device *dev, struct gpuq_error *err)
+{
+	double start = monotonic_seconds(), pause = 0.05;
+	for (unsigned tries = 1;; tries++) {
+		gpuq_error_clear(err);
+		int rc = dev->ops->reset(dev, err);
+		if (rc == 0) {
+			dev->faulted = dev->lost = false;
+			dev->fault_reason[0] = '\0';
+			rc = dev->ops->open(dev, err);
+		}
+		if (rc == 0 || dev->needs_restart || monotonic_seconds() - start + pause > RESET_RETRY_S) {
+			if (rc != 0) {
+				size_t used = strlen(err->message);
+				snprintf(err->message + used, sizeof err->message - used,
+					 " (%u tries over %.1f s)", tries, monotonic_seconds() - start);
+			}
+			return rc;
+		}
+		struct timespec ts = { (time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9) };
+		nanosleep(&ts, NULL);
+		pause = pause * 2 < 2.0 ? pause * 2 : 2.0;
+	}
+}
+
 int device_reset_run(struct worker *w, struct sched *s)
 {
 	struct device *dev = &w->dev;
@@ -139,13 +175,7 @@ int device_reset_run(struct worker *w, struct sched *s)
 	sched_drop_lanes(s);
 	if (!dev->lost)
 		dev->ops->close(dev); /* skips the device itself where it faulted */
-	gpuq_error_clear(&err);
-	int rc = dev->ops->reset(dev, &err);
-	if (rc == 0) {
-		dev->faulted = dev->lost = false;
-		dev->fault_reason[0] = '\0';
-		rc = dev->ops->open(dev, &err);
-	}
+	int rc = reset_and_open(dev, &err);
 	if (rc != 0) { /* no context: every job is refused until an operator asks again */
 		dev->faulted = dev->lost = true;
 		snprintf(dev->fault_reason, sizeof dev->fault_reason, "the reset failed: %.200s",

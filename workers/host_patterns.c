@@ -64,16 +64,10 @@ static uint64_t uniform_bits(uint64_t r, enum gpuq_dtype dtype)
 	}
 }
 
-static int dtype_is_float(enum gpuq_dtype dtype)
-{
-	return dtype == GPUQ_DTYPE_F16 || dtype == GPUQ_DTYPE_BF16 || dtype == GPUQ_DTYPE_F32 ||
-	       dtype == GPUQ_DTYPE_F64;
-}
-
 void host_fill_random(void *dst, size_t bytes, enum gpuq_dtype dtype, uint64_t seed)
 {
 	unsigned char *p = dst;
-	if (dtype_is_float(dtype)) {
+	if (gpuq_dtype_is_float(dtype)) {
 		size_t size = gpuq_dtype_size(dtype);
 		for (size_t i = 0; i < bytes / size; i++)
 			store_le(p + i * size, uniform_bits(gpuq_random_word(seed, i), dtype), size);

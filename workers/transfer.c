@@ -6,12 +6,14 @@
  * or written in order are polled without blocking; while one is not ready
  * the job sleeps in growing steps up to POLL_MAX_S (yielding to the
  * scheduler, so other jobs on the device go on), and a cancel is seen at
- * the next look.
+ * the next look. One that moves no byte for the job's idle timeout
+ * (--transfer-idle-timeout) fails the job rather than holding its device.
  */
 #include "workers/transfer.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include "kernels/hash.h"
+#include "workers/clock.h"
 #include "workers/copy_hash.h"
 #include "workers/sched.h"
 #include "workers/transfer_impl.h"
@@ -57,11 +60,41 @@ void xfer_issued_all(struct xfer *x)
 
 /* ---- the streamed path: in order, by the worker ---- */
 
+/* What kind of descriptor a client passed, for messages. */
+static const char *stream_fd_kind(const struct xfer *x)
+{
+	if (S_ISFIFO(x->mode))
+		return "pipe";
+	if (S_ISSOCK(x->mode))
+		return "socket";
+	if (S_ISCHR(x->mode))
+		return x->tty ? "terminal" : "character device";
+	if (S_ISBLK(x->mode))
+		return "block device";
+	if (S_ISREG(x->mode))
+		return "regular file";
+	return "descriptor of no file type (an epoll, eventfd or other anonymous inode)";
+}
+
+/* Fails the transfer when its descriptor has moved no byte for the job's idle timeout. */
+static int stream_check_idle(struct xfer *x, short events, uint64_t at)
+{
+	unsigned limit = x->work->idle_timeout_ms;
+	if (limit == 0 || x->regular || (monotonic_seconds() - x->moved_at) * 1000 < limit)
+		return 0;
+	bool reading = events == POLLIN;
+	return gpuq_fail(x->err, GPUQ_E_TIMEOUT,
+			 "the %s (a %s) %s no byte for %u ms (--transfer-idle-timeout); the job stopped after %llu bytes",
+			 reading ? "source" : "destination", stream_fd_kind(x),
+			 reading ? "yielded" : "took", limit, (unsigned long long)at);
+}
+
 /*
- * Waits until the descriptor is ready for `events`, or the job is
- * cancelled: polls without blocking and sleeps between looks, in steps
- * that grow while nothing comes (so a stalled pipe costs a look every few
- * milliseconds, and a busy one is read as soon as it has data).
+ * Waits until the descriptor is ready for `events`, the job is cancelled,
+ * or the descriptor has been idle too long: polls without blocking and
+ * sleeps between looks, in steps that grow while nothing comes (so a
+ * stalled pipe costs a look every few milliseconds, and a busy one is read
+ * as soon as it has data).
  */
 static int stream_wait(struct xfer *x, short events, uint64_t at)
 {
@@ -70,6 +103,8 @@ static int stream_wait(struct xfer *x, short events, uint64_t at)
 		if (atomic_load(&x->work->cancel))
 			return gpuq_fail(x->err, GPUQ_E_CANCELLED, "job cancelled after %llu bytes",
 					 (unsigned long long)at);
+		if (stream_check_idle(x, events, at) < 0)
+			return -1;
 		struct pollfd p = { .fd = x->fd, .events = events };
 		int n = poll(&p, 1, 0);
 		if (n > 0)
@@ -92,6 +127,7 @@ static ssize_t stream_read(struct xfer *x, void *buf, size_t n)
 		ssize_t r = read(x->fd, (char *)buf + got, n - got);
 		if (r > 0) {
 			got += (size_t)r;
+			x->moved_at = monotonic_seconds();
 			/* A slow pipe shows progress before its slot is full. */
 			atomic_store_explicit(&x->work->progress_bytes, x->done + got,
 					      memory_order_relaxed);
@@ -106,26 +142,38 @@ static ssize_t stream_read(struct xfer *x, void *buf, size_t n)
 }
 
 /*
- * How much may be written now without blocking the worker (the client's
- * descriptor is its own, blocking, and must stay so): a pipe's free room;
- * a socket is written with MSG_DONTWAIT instead; anything else in full.
+ * How much one write to the destination may carry without blocking, now
+ * that poll said it is writable. A blocking pipe or terminal would block
+ * the worker in write() (and so hold off cancels and the idle timeout) for
+ * as long as its reader stalls, unless the write fits: a pipe takes what its
+ * free pages hold (its size less what is unread, less the two pages that a
+ * partly read head and a partly written tail may waste; poll's POLLOUT
+ * promises at least one free page), a terminal PIPE_BUF. A socket is sent to with
+ * MSG_DONTWAIT instead (stream_write_some), and a descriptor the client made
+ * non-blocking answers EAGAIN.
  */
-static size_t stream_room(struct xfer *x, size_t n)
+static size_t stream_write_room(struct xfer *x, size_t n)
 {
-	int size = 0, queued = 0;
-	if (!x->fifo || (size = fcntl(x->fd, F_GETPIPE_SZ)) <= 0 || ioctl(x->fd, FIONREAD, &queued) < 0)
+	int unread = 0;
+	size_t room = n;
+	if (x->fd_flags & O_NONBLOCK)
 		return n;
-	size_t room = size > queued ? (size_t)(size - queued) : 0;
-	if (room < PIPE_BUF)
-		room = PIPE_BUF; /* poll said writable: at least this much fits */
-	return room < n ? room : n;
+	if (S_ISFIFO(x->mode)) {
+		long free_bytes = x->pipe_size > 0 && ioctl(x->fd, FIONREAD, &unread) == 0
+					  ? (long)x->pipe_size - unread - 2 * 4096 : 0;
+		room = free_bytes > PIPE_BUF ? (size_t)free_bytes : PIPE_BUF;
+	} else if (x->tty) {
+		room = PIPE_BUF;
+	}
+	return n < room ? n : room;
 }
 
-static ssize_t stream_write_some(struct xfer *x, const char *buf, size_t n)
+/* One write of what the destination takes without blocking (see stream_write_room). */
+static ssize_t stream_write_some(struct xfer *x, const void *buf, size_t n)
 {
-	if (x->socket)
+	if (S_ISSOCK(x->mode))
 		return send(x->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-	return write(x->fd, buf, stream_room(x, n));
+	return write(x->fd, buf, stream_write_room(x, n));
 }
 
 static int stream_write(struct xfer *x, const void *buf, size_t n)
@@ -135,9 +183,10 @@ static int stream_write(struct xfer *x, const void *buf, size_t n)
 		if (stream_wait(x, POLLOUT, x->done + put) < 0)
 			return -1;
 		ssize_t w = stream_write_some(x, (const char *)buf + put, n - put);
-		if (w > 0)
+		if (w > 0) {
 			put += (size_t)w;
-		else if (w == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
+			x->moved_at = monotonic_seconds();
+		} else if (w == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
 			return gpuq_fail(x->err, GPUQ_E_IO, "writing the destination after %llu bytes: %s",
 					 (unsigned long long)(x->done + put),
 					 w == 0 ? "wrote nothing" : strerror(errno));
@@ -296,14 +345,16 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	x->publish_tail = true;
 	x->scratch = work->scratch;
 	x->seed = work->seed;
+	x->moved_at = monotonic_seconds();
 	if (x->scratch || work->host)
 		return 0; /* no descriptor: staged, at offset 0; or a region */
 	x->fd_flags = fcntl(work->fd, F_GETFL);
 	if (x->fd_flags < 0 || fstat(work->fd, &st) < 0)
 		return gpuq_fail(x->err, GPUQ_E_IO, "the client's descriptor: %s", strerror(errno));
 	x->regular = S_ISREG(st.st_mode);
-	x->fifo = S_ISFIFO(st.st_mode);
-	x->socket = S_ISSOCK(st.st_mode);
+	x->mode = st.st_mode;
+	x->tty = S_ISCHR(st.st_mode) && isatty(work->fd);
+	x->pipe_size = S_ISFIFO(st.st_mode) ? fcntl(work->fd, F_GETPIPE_SZ) : 0;
 	x->size = st.st_size;
 	x->pos = x->regular ? lseek(work->fd, 0, SEEK_CUR) : 0;
 	if (x->pos < 0)

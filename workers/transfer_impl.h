@@ -34,7 +34,9 @@ struct xfer {
 	int fd;
 	int fd_flags;    /* fcntl F_GETFL */
 	bool regular;    /* a regular file or a memfd */
-	bool fifo, socket; /* streamed: how to write without blocking */
+	mode_t mode;     /* its file type (st_mode), for the streamed path */
+	bool tty;        /* a terminal */
+	int pipe_size;   /* a pipe's capacity (F_GETPIPE_SZ); 0 otherwise or unknown */
 	off_t size;      /* regular: its size when the job started */
 	off_t pos;       /* regular: the descriptor's offset when the job started */
 	uint64_t total;  /* bytes to move; a put without length moves up to this many */
@@ -46,6 +48,7 @@ struct xfer {
 	enum xfer_path path;
 	uint64_t done;   /* bytes moved so far */
 	bool publish_tail; /* tell the scheduler once the last DMA is issued (no device work follows) */
+	double moved_at; /* streamed: when a byte last moved (or the transfer began) */
 	uint64_t sum;    /* checksum terms of the bytes that passed through the host */
 	bool eof;        /* streamed put: the source ended */
 	/*

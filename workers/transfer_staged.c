@@ -25,9 +25,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "workers/copy_guard.h"
@@ -163,13 +165,35 @@ static void chunk_release(struct staged *s, struct xfer_chunk *c, bool dma_issue
 	sched_slot_release(x->dev, c->slot);
 }
 
+/*
+ * Why a write into the mapped destination failed (copy_guard turned its
+ * SIGBUS into an error): the file shrank under the mapping, or its
+ * filesystem could not back the pages (full, or over a quota), which
+ * fallocate over the chunk's range then reports as the system's own error.
+ */
+static int chunk_mapped_error(struct xfer *x, const struct xfer_chunk *c)
+{
+	struct stat st;
+	off_t at = x->pos + (off_t)c->at;
+	if (fstat(x->fd, &st) == 0 && st.st_size < at + (off_t)c->n)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "writing the destination at byte %llu: the file shrank while it "
+				 "was written", (unsigned long long)c->at);
+	int error = fallocate(x->fd, 0, at, (off_t)c->n) < 0 ? errno : 0;
+	if (error == 0 || error == EOPNOTSUPP || error == ENOSYS)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "writing the destination at byte %llu: the mapped write failed though "
+				 "the file holds that range (is its filesystem full?)",
+				 (unsigned long long)c->at);
+	return gpuq_fail(x->err, GPUQ_E_IO, "writing the destination at byte %llu: %s",
+			 (unsigned long long)c->at, strerror(error));
+}
+
 /* A finished chunk: its read or write error, or a source that ended early. */
 static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
 {
 	if (c->error && !put && x->map_data)
-		return gpuq_fail(x->err, GPUQ_E_IO,
-				 "writing the destination at byte %llu: the file shrank while it "
-				 "was written", (unsigned long long)c->at);
+		return chunk_mapped_error(x, c);
 	if (c->error)
 		return gpuq_fail(x->err, GPUQ_E_IO, "%s the %s at byte %llu: %s",
 				 put ? "reading" : "writing", put ? "source" : "destination",
@@ -457,6 +481,26 @@ static bool get_can_move(void *arg)
 	return ready || (g->collected < g->w && copy_task_done(&chunk_of(w->s, g->collected)->task));
 }
 
+/*
+ * A get that failed leaves the destination no longer than it was: the
+ * mapped path grew it to the whole range first, and pwrites may have grown
+ * it part way. If that fails too, the job's error says so.
+ */
+static void get_restore_length(struct xfer *x)
+{
+	struct stat st;
+	int rc;
+	if (x->scratch || fstat(x->fd, &st) < 0 || st.st_size <= x->size)
+		return;
+	while ((rc = ftruncate(x->fd, x->size)) < 0 && errno == EINTR)
+		;
+	size_t used = strlen(x->err->message);
+	if (rc < 0 && used < sizeof x->err->message)
+		snprintf(x->err->message + used, sizeof x->err->message - used,
+			 "; restoring the destination's length of %lld bytes failed too: %s",
+			 (long long)x->size, strerror(errno));
+}
+
 int xfer_get_staged(struct xfer *x)
 {
 	struct staged s;
@@ -488,5 +532,7 @@ int xfer_get_staged(struct xfer *x)
 		get_close(&s, &g);
 	if (x->map)
 		unmap_destination(x);
+	if (rc != 0)
+		get_restore_length(x);
 	return rc;
 }

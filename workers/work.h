@@ -87,6 +87,9 @@ struct work {
 	 * `seed` (as fill random), get discards what it reads. For benchmarks. */
 	bool scratch;
 	uint64_t seed;
+	/* PUT/GET through a pipe, socket or device: fail with `timeout` after this
+	 * long without moving a byte (--transfer-idle-timeout); 0: never. */
+	unsigned idle_timeout_ms;
 	/*
 	 * PUT/GET through a region (fd -1): the range of the region's
 	 * registered mapping the bytes come from or go to, `length` long.

@@ -268,6 +268,8 @@ static int worker_enqueue(struct worker *w, struct work *work, struct gpuq_error
 
 static int check_device(struct worker_pool *pool, int device, struct gpuq_error *err)
 {
+	if (pool->stopped) /* connections closed at shutdown end their leases after this */
+		return gpuq_fail(err, GPUQ_E_SHUTTING_DOWN, "gpuqd's device workers have stopped");
 	if (device < 0 || device >= pool->count)
 		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %d does not exist (devices: 0-%d)",
 				 device, pool->count - 1);
@@ -444,7 +446,7 @@ void worker_unhold(struct worker_pool *pool, struct work *hold)
 
 void worker_kick(struct worker_pool *pool, int device)
 {
-	if (device < 0 || device >= pool->count)
+	if (pool->stopped || device < 0 || device >= pool->count)
 		return;
 	struct worker *w = &pool->workers[device];
 	pthread_mutex_lock(&w->lock);
@@ -467,6 +469,7 @@ static struct timespec deadline_after(unsigned ms)
 
 int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
 {
+	pool->stopped = true;
 	for (int i = 0; i < pool->count; i++) {
 		struct worker *w = &pool->workers[i];
 		pthread_mutex_lock(&w->lock);

@@ -96,6 +96,7 @@ struct worker_pool {
 	unsigned queue_max;
 	unsigned spin_us; /* how long an idle worker polls its queue before sleeping */
 	unsigned max_inflight; /* jobs each worker keeps in flight (sched.h) */
+	bool stopped; /* worker_pool_stop began: nothing more is queued, held or kicked */
 
 	pthread_mutex_t done_lock; /* guards the completion queue and `opened` */
 	pthread_cond_t opened_cond;

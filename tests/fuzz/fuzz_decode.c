@@ -7,15 +7,22 @@
  * libFuzzer adds what it finds to the first directory named; to keep the
  * committed seeds as they are, name a scratch directory first:
  *   build/fuzz-decode -max_total_time=60 /tmp/gpuq-corpus tests/fuzz/corpus
- * The seeds are a ping and an alloc request, two frames back to back, and
- * headers claiming 2^32-1 entries or bytes, deep nesting and a 4 GiB frame.
+ * The seeds are a ping and an alloc request, two frames back to back,
+ * headers claiming 2^32-1 entries or bytes, deep nesting, a 4 GiB frame, and
+ * requests with duplicate keys (at the root and in a nested map), strings
+ * that are not UTF-8 and an owner beyond 32 bits.
  *
- * Besides "does not crash", it checks three things and abort()s when one
- * fails, so that libFuzzer keeps the input:
+ * Besides "does not crash", it checks these and abort()s when one fails, so
+ * that libFuzzer keeps the input:
  *  - feeding the stream whole or in small pieces yields the same frames;
  *  - whatever msg_check_limits accepts, msgpack-c unpacks completely (the
  *    walker and the unpacker agree on where an object ends);
- *  - a decoded map copied with mp_put_object decodes again.
+ *  - a decoded map copied with mp_put_object decodes again;
+ *  - msg_check_unique_keys refuses only with a bad_request that says why,
+ *    and msg_get_u64_in never returns a value outside its range;
+ *  - every string of a frame (and the raw input), written back with
+ *    mp_put_strn as a reply would be, decodes as valid UTF-8, unchanged
+ *    when it was valid, and utf8_escape agrees with utf8_valid.
  * A crashing input found here becomes a regression test in
  * tests/unit/test_msg.c.
  */
@@ -26,6 +33,7 @@
 
 #include "protocol/frame.h"
 #include "protocol/msg.h"
+#include "protocol/utf8.h"
 
 /* Small, so that the fuzzer reaches the refusal as well as the frames. */
 #define FUZZ_MAX_FRAME 4096
@@ -60,6 +68,78 @@ static void exercise_getters(const msgpack_object *root)
 	}
 }
 
+/*
+ * A string as a reply writes it: mp_put_strn must produce valid UTF-8 that
+ * is the string itself when that was valid, and utf8_escape the same.
+ */
+static void check_text(const char *p, size_t n)
+{
+	bool was_valid = utf8_valid(p, n);
+	char *escaped = malloc(4 * n + 1);
+	if (!escaped)
+		abort();
+	size_t len = utf8_escape(p, n, escaped);
+	if (!utf8_valid(escaped, len) || (was_valid && (len != n || (n && memcmp(escaped, p, n)))) ||
+	    (!was_valid && len <= n)) {
+		fprintf(stderr, "utf8_escape and utf8_valid disagree\n");
+		abort();
+	}
+	struct mp_map m;
+	msgpack_sbuffer sb;
+	struct msg back;
+	struct gpuq_error err;
+	mp_map_init(&m);
+	mp_put_strn(&m, "s", p, n);
+	msgpack_sbuffer_init(&sb);
+	mp_map_finish(&m, &sb);
+	static const struct msg_limits wide = { 2, 2, 3, UINT32_MAX };
+	if (msg_decode(&back, sb.data, sb.size, &wide, &err) < 0)
+		abort();
+	const msgpack_object *s = msg_map_get(back.root, "s");
+	if (!s || s->type != MSGPACK_OBJECT_STR || s->via.str.size != len ||
+	    (len && memcmp(s->via.str.ptr, escaped, len) != 0)) {
+		fprintf(stderr, "mp_put_strn did not write the escaped string\n");
+		abort();
+	}
+	msg_free(&back);
+	msgpack_sbuffer_destroy(&sb);
+	free(escaped);
+}
+
+/* Every string key and value of a map, and in its nested arrays and maps. */
+static void check_texts(const msgpack_object *o)
+{
+	if (o->type == MSGPACK_OBJECT_STR) {
+		check_text(o->via.str.ptr, o->via.str.size);
+	} else if (o->type == MSGPACK_OBJECT_ARRAY) {
+		for (uint32_t i = 0; i < o->via.array.size; i++)
+			check_texts(&o->via.array.ptr[i]);
+	} else if (o->type == MSGPACK_OBJECT_MAP) {
+		for (uint32_t i = 0; i < o->via.map.size; i++) {
+			check_texts(&o->via.map.ptr[i].key);
+			check_texts(&o->via.map.ptr[i].val);
+		}
+	}
+}
+
+/* The request-level checks every decoded request goes through in gpuqd. */
+static void check_request_rules(const msgpack_object *root)
+{
+	struct gpuq_error err;
+	gpuq_error_clear(&err);
+	if (msg_check_unique_keys(root, &err) < 0 &&
+	    (err.code != GPUQ_E_BAD_REQUEST || err.message[0] == '\0'))
+		abort();
+	static const char *const keys[] = { "owner", "device", "fds", "timeout_ms" };
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+		uint64_t v = 12345;
+		int rc = msg_get_u64_in(root, keys[i], 1, 4294967294u, &v, &err);
+		if ((rc == 1 && (v < 1 || v > 4294967294u)) || (rc <= 0 && v != 12345))
+			abort();
+	}
+	check_texts(root);
+}
+
 /* A decoded map, put whole into a new map, must decode again. */
 static void check_copy(const msgpack_object *root)
 {
@@ -92,6 +172,7 @@ static uint64_t decode_frame(const uint8_t *p, size_t len)
 		return 1;
 	}
 	exercise_getters(m.root);
+	check_request_rules(m.root);
 	msg_print_json(devnull, m.root);
 	check_copy(m.root);
 	uint64_t digest = 2 + m.root->via.map.size;
@@ -157,6 +238,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	}
 	check_walker_agrees(data, size);
+	check_text((const char *)data, size < 256 ? size : 256);
 	if (size >= 4)
 		check_walker_agrees(data + 4, size - 4);
 	return 0;

@@ -1,7 +1,9 @@
 #include "tests/integration/fixture.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -9,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -66,15 +69,33 @@ void require_backend(void)
 		SKIP("no %s device: %s", test_backend(), probe_reason);
 }
 
-static double now_s(void)
+double now_s(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+struct gpuq_reply *job_request(struct gpuq_client *c, const char *op, uint64_t job,
+			       uint64_t timeout_ms)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_u64(&req, "job", job);
+	if (timeout_ms)
+		mp_put_u64(&req, "timeout_ms", timeout_ms);
+	return call(c, &req, NULL, 0);
+}
+
+unsigned long fixture_daemon_nofile;
+
 static void exec_daemon(struct daemon_proc *d, char **argv)
 {
+	if (fixture_daemon_nofile) {
+		struct rlimit rl = { fixture_daemon_nofile, fixture_daemon_nofile };
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			_exit(126);
+	}
 	int log = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	if (log >= 0) {
 		dup2(log, STDERR_FILENO);
@@ -157,7 +178,23 @@ void daemon_restart(struct daemon_proc *d, ...)
 
 bool daemon_alive(const struct daemon_proc *d)
 {
-	return waitpid(d->pid, NULL, WNOHANG) == 0;
+	int rc = waitpid(d->pid, NULL, WNOHANG);
+	if (rc < 0 && errno == ECHILD) /* asked from a forked client: not its child */
+		return kill(d->pid, 0) == 0 || errno == EPERM;
+	return rc == 0;
+}
+
+unsigned daemon_fd_count(const struct daemon_proc *d)
+{
+	char path[64];
+	unsigned n = 0;
+	snprintf(path, sizeof path, "/proc/%d/fd", (int)d->pid);
+	DIR *dir = opendir(path);
+	CHECKF(dir, "%s: %s", path, strerror(errno));
+	for (struct dirent *e; (e = readdir(dir));)
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
 }
 
 void daemon_dump_log(const struct daemon_proc *d)
@@ -194,6 +231,74 @@ void daemon_stop(struct daemon_proc *d)
 	CHECKF(stat(d->sock, &st) < 0, "gpuqd left its socket %s behind", d->sock);
 	unlink(d->log);
 	rmdir(d->dir);
+}
+
+pid_t spawn_gpuq(const struct daemon_proc *d, ...)
+{
+	char gpuq[256];
+	char *argv[MAX_ARGS];
+	int argc = 0;
+	snprintf(gpuq, sizeof gpuq, "%s/gpuq", build_dir());
+	argv[argc++] = gpuq;
+	argv[argc++] = "--socket";
+	argv[argc++] = (char *)d->sock;
+	va_list ap;
+	va_start(ap, d);
+	char *a;
+	while ((a = va_arg(ap, char *)) != NULL && argc < MAX_ARGS - 1)
+		argv[argc++] = a;
+	va_end(ap);
+	argv[argc] = NULL;
+	pid_t pid = fork();
+	CHECKF(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		dup2(null, STDOUT_FILENO);
+		dup2(null, STDERR_FILENO);
+		execv(gpuq, argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	CHECKF(f && fputs(text, f) >= 0 && fclose(f) == 0, "writing %s: %s", path, strerror(errno));
+}
+
+const char *config_file(const char *text)
+{
+	static char path[64];
+	snprintf(path, sizeof path, "/tmp/gpuq-test-conf-%d", (int)getpid());
+	write_file(path, text);
+	return path;
+}
+
+void start_with_config(struct daemon_proc *d, const char *text, const char *more)
+{
+	if (geteuid() != 0)
+		SKIP("needs root to act as other uids");
+	const char *path = config_file(text);
+	if (more)
+		daemon_start(d, "--socket-group", "nogroup", "--config", path, more, NULL);
+	else
+		daemon_start(d, "--socket-group", "nogroup", "--config", path, NULL);
+}
+
+void as_user(uid_t uid, const gid_t *groups, int ngroups, void (*fn)(void *), void *arg)
+{
+	pid_t pid = fork();
+	CHECKF(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		CHECKF(setgroups((size_t)ngroups, groups) == 0 && setgid(NOGROUP) == 0 && setuid(uid) == 0,
+		       "becoming uid %d: %s", (int)uid, strerror(errno));
+		fn(arg);
+		_exit(0);
+	}
+	int status;
+	waitpid(pid, &status, 0);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the checks as uid %d failed", (int)uid);
 }
 
 struct gpuq_client *client_open(const struct daemon_proc *d)
@@ -477,6 +582,45 @@ void raw_write(int fd, const void *data, size_t len)
 	}
 }
 
+void raw_send_fds(int fd, const void *data, size_t len, const int *fds, int n)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 16)];
+		struct cmsghdr align;
+	} control;
+	struct iovec iov = { (void *)data, len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	CHECK(n > 0 && n <= 16);
+	mh.msg_control = control.buf;
+	mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n);
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n);
+	ssize_t sent = sendmsg(fd, &mh, MSG_NOSIGNAL);
+	CHECKF(sent == (ssize_t)len, "sendmsg with %d descriptors: %s", n,
+	       sent < 0 ? strerror(errno) : "short");
+}
+
+void raw_frame(msgpack_sbuffer *sb, uint64_t id, const char *op, size_t pad)
+{
+	struct mp_map req;
+	mp_map_init(&req);
+	mp_put_u64(&req, "v", 1);
+	mp_put_u64(&req, "id", id);
+	mp_put_str(&req, "op", op);
+	if (pad > 0) {
+		char *text = malloc(pad);
+		CHECK(text);
+		memset(text, 'x', pad);
+		mp_put_strn(&req, "pad", text, pad);
+		free(text);
+	}
+	msgpack_sbuffer_init(sb);
+	mp_map_frame(&req, sb);
+}
+
 static bool read_exact(int fd, void *buf, size_t n)
 {
 	size_t got = 0;
@@ -491,7 +635,7 @@ static bool read_exact(int fd, void *buf, size_t n)
 	return true;
 }
 
-int raw_read_reply(int fd, char *code, size_t size)
+int raw_read_error(int fd, char *code, size_t size, char *message, size_t msize)
 {
 	uint8_t hdr[4];
 	if (!read_exact(fd, hdr, 4))
@@ -505,13 +649,22 @@ int raw_read_reply(int fd, char *code, size_t size)
 	CHECKF(msg_decode(&m, buf, len, &msg_request_limits, &err) == 0, "reply: %s", err.message);
 	const msgpack_object *e = msg_map_get(m.root, "error");
 	const msgpack_object *c = e && e->type == MSGPACK_OBJECT_MAP ? msg_map_get(e, "code") : NULL;
+	const msgpack_object *t = e && e->type == MSGPACK_OBJECT_MAP ? msg_map_get(e, "message") : NULL;
 	if (c && c->type == MSGPACK_OBJECT_STR)
 		snprintf(code, size, "%.*s", (int)c->via.str.size, c->via.str.ptr);
 	else
 		snprintf(code, size, "ok");
+	if (message && msize)
+		snprintf(message, msize, "%.*s", t && t->type == MSGPACK_OBJECT_STR ? (int)t->via.str.size : 0,
+			 t && t->type == MSGPACK_OBJECT_STR ? t->via.str.ptr : "");
 	msg_free(&m);
 	free(buf);
 	return 0;
+}
+
+int raw_read_reply(int fd, char *code, size_t size)
+{
+	return raw_read_error(fd, code, size, NULL, 0);
 }
 
 bool raw_closed_by_peer(int fd, int timeout_ms)

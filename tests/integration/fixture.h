@@ -36,15 +36,41 @@ void require_backend(void);
  * before starting its daemon.
  */
 extern const char *fixture_daemon_binary;
+/* RLIMIT_NOFILE (soft and hard) for the daemons started next; 0 (the default): inherited. */
+extern unsigned long fixture_daemon_nofile;
 /* Starts gpuqd with the test backend and extra arguments (NULL-terminated). */
 void daemon_start(struct daemon_proc *d, ...);
 /* Starts gpuqd again on the same socket path and directory (after it died). */
 void daemon_restart(struct daemon_proc *d, ...);
 /* SIGTERM; checks a clean exit (status 0) and that the socket file is gone. */
 void daemon_stop(struct daemon_proc *d);
+/* How many descriptors the daemon holds now (/proc/PID/fd). */
+unsigned daemon_fd_count(const struct daemon_proc *d);
 /* Prints the daemon's log to stderr (for failing tests). */
 void daemon_dump_log(const struct daemon_proc *d);
 bool daemon_alive(const struct daemon_proc *d);
+
+/* The socket's group in tests that act as other uids: every test uid is in it. */
+#define NOGROUP 65534
+
+/*
+ * Starts the gpuq CLI (GPUQ_BUILD/gpuq --socket d's ARGS..., NULL-terminated)
+ * in a child whose output goes to /dev/null; returns its pid.
+ */
+pid_t spawn_gpuq(const struct daemon_proc *d, ...);
+
+/* Writes text to path; fails the test if it cannot. */
+void write_file(const char *path, const char *text);
+/* A configuration file holding text (its path in a static buffer). */
+const char *config_file(const char *text);
+/*
+ * Starts gpuqd with that configuration (and one more argument, if any),
+ * serving group nogroup, so that other uids may connect. Skips the test
+ * unless it runs as root.
+ */
+void start_with_config(struct daemon_proc *d, const char *text, const char *more);
+/* Runs fn in a child as uid with supplementary groups; fails the test if fn fails. */
+void as_user(uid_t uid, const gid_t *groups, int ngroups, void (*fn)(void *), void *arg);
 
 struct gpuq_client *client_open(const struct daemon_proc *d);
 
@@ -54,6 +80,11 @@ struct gpuq_reply *call(struct gpuq_client *c, struct mp_map *req, const int *fd
 void expect_ok(const struct gpuq_reply *r, const char *what);
 /* Fails unless r failed with code and its message contains `contains` (if given). */
 void expect_error(const struct gpuq_reply *r, enum gpuq_errc code, const char *contains);
+/* A request about one job (status, wait, cancel), with timeout_ms when not 0. */
+struct gpuq_reply *job_request(struct gpuq_client *c, const char *op, uint64_t job,
+			       uint64_t timeout_ms);
+/* CLOCK_MONOTONIC, in seconds. */
+double now_s(void);
 
 /* Value at a dotted path ("job.result.checksum", "devices.0.name") in the reply; fails if absent. */
 uint64_t reply_u64(const struct gpuq_reply *r, const char *path);
@@ -100,8 +131,14 @@ void *fd_slurp(int fd, size_t *n);
 /* Raw socket access for malformed-frame tests. */
 int raw_connect(const struct daemon_proc *d);
 void raw_write(int fd, const void *data, size_t len);
+/* One sendmsg of data with n descriptors attached (SCM_RIGHTS); fails the test unless all of it went. */
+void raw_send_fds(int fd, const void *data, size_t len, const int *fds, int n);
+/* A request frame {v: 1, id, op} (and pad: a string of pad bytes when pad > 0) into sb. */
+void raw_frame(msgpack_sbuffer *sb, uint64_t id, const char *op, size_t pad);
 /* Reads one reply frame and returns its error code name in code (or "ok"); -1 on EOF. */
 int raw_read_reply(int fd, char *code, size_t size);
+/* raw_read_reply, and the error's message into message ("" for ok). */
+int raw_read_error(int fd, char *code, size_t size, char *message, size_t msize);
 /* True once the daemon has closed fd (read returns 0 within timeout_ms). */
 bool raw_closed_by_peer(int fd, int timeout_ms);
 

@@ -128,20 +128,9 @@ static const char *same_path(const char *engine)
 	return test_backend_is_cuda() ? engine : "host-memcpy";
 }
 
-static struct gpuq_reply *job_op(struct gpuq_client *c, const char *op, uint64_t job,
-				 uint64_t timeout_ms)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, op);
-	mp_put_u64(&req, "job", job);
-	if (timeout_ms)
-		mp_put_u64(&req, "timeout_ms", timeout_ms);
-	return call(c, &req, NULL, 0);
-}
-
 static void job_state(struct gpuq_client *c, uint64_t job, char *state, size_t size)
 {
-	struct gpuq_reply *r = job_op(c, "status", job, 0);
+	struct gpuq_reply *r = job_request(c, "status", job, 0);
 	reply_str(r, "job.state", state, size);
 	gpuq_reply_free(r);
 }
@@ -341,7 +330,7 @@ TEST(d2d_a_running_copy_holds_both_buffers)
 	if (strcmp(state, "done") != 0) /* still running: the destination is held */
 		expect_error(r, GPUQ_E_BUSY, "in use");
 	gpuq_reply_free(r);
-	r = job_op(c, "wait", job, 60000);
+	r = job_request(c, "wait", job, 60000);
 	expect_ok(r, "the copy");
 	gpuq_reply_free(r);
 	do_free(c, "a"); /* released by the finished job */
@@ -489,10 +478,10 @@ static bool cancel_while_running(struct gpuq_client *c, const char *src, const c
 		if (strcmp(state, "queued") == 0)
 			usleep(200);
 	}
-	r = job_op(c, "cancel", job, 0);
+	r = job_request(c, "cancel", job, 0);
 	expect_ok(r, "cancel");
 	gpuq_reply_free(r);
-	r = job_op(c, "wait", job, 60000);
+	r = job_request(c, "wait", job, 60000);
 	bool stopped = !gpuq_reply_ok(r);
 	if (stopped)
 		expect_error(r, GPUQ_E_CANCELLED, "cancelled");
@@ -576,7 +565,7 @@ TEST(d2d_a_peer_copy_waiting_for_a_busy_device_is_cancelled_cleanly)
 			job_state(c, jobs[k], state, sizeof state);
 		}
 		CHECK_STR(state, "running");
-		r = job_op(c, "cancel", jobs[k], 0);
+		r = job_request(c, "cancel", jobs[k], 0);
 		expect_ok(r, "cancel");
 		gpuq_reply_free(r);
 		/* the source part has let device 0 go: a job there runs at once */
@@ -591,11 +580,11 @@ TEST(d2d_a_peer_copy_waiting_for_a_busy_device_is_cancelled_cleanly)
 	}
 	CHECK_EQ(write(p[1], "0123456789abcdef", 16), 16);
 	close(p[1]);
-	struct gpuq_reply *r = job_op(c, "wait", put, 10000);
+	struct gpuq_reply *r = job_request(c, "wait", put, 10000);
 	expect_ok(r, "the put, after the cancelled copies");
 	gpuq_reply_free(r);
 	for (int k = 0; k < 2; k++) { /* their destination parts never ran */
-		r = job_op(c, "wait", jobs[k], 10000);
+		r = job_request(c, "wait", jobs[k], 10000);
 		expect_error(r, GPUQ_E_CANCELLED, NULL);
 		gpuq_reply_free(r);
 	}
@@ -635,7 +624,7 @@ TEST(d2d_a_peer_copy_that_times_out_waiting_fails_and_frees_its_worker)
 	CHECK_EQ(write(p[1], "abcd", 4), 4);
 	close(p[1]);
 	/* then the destination part runs, finds its partner failed, and stops */
-	r = job_op(c, "wait", job, 10000);
+	r = job_request(c, "wait", job, 10000);
 	expect_error(r, GPUQ_E_TIMEOUT, "peer_timeout_ms");
 	gpuq_reply_free(r);
 	CHECK_EQ(do_copy(c, "a@0[:4]", "b@1", NULL, NULL, 0), 4);

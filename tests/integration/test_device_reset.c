@@ -13,13 +13,6 @@
 
 #include "tests/integration/fixture.h"
 
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static char last_health[640];
 
 /* Device index's `resets` and health, from `devices` (the health's words in last_health). */
@@ -44,7 +37,12 @@ static uint64_t device_resets(struct gpuq_client *c, int index, bool *healthy)
 	return n;
 }
 
-/* Waits (up to 20 s) until device index has been reset `want` times and is healthy; the seconds it took. */
+/*
+ * Waits (up to 20 s) until device index has been reset `want` times and is
+ * healthy; the seconds it took. -1 when the reset ended with the device
+ * unhealthy because the driver gives the process no new context after the
+ * fault (the health then says to restart gpuqd).
+ */
 static double wait_reset(struct gpuq_client *c, int index, uint64_t want, double since)
 {
 	bool healthy = false;
@@ -53,6 +51,8 @@ static double wait_reset(struct gpuq_client *c, int index, uint64_t want, double
 		n = device_resets(c, index, &healthy);
 		if (n >= want && healthy)
 			return now_s() - since;
+		if (n >= want && strstr(last_health, "restart gpuqd"))
+			return -1;
 		usleep(10000);
 	}
 	CHECKF(false, "device %d: %llu resets, healthy %d (%s), after 20 s", index,
@@ -88,6 +88,35 @@ static void expect_buffer_error(struct gpuq_client *c, const char *op, const cha
 	gpuq_reply_free(r);
 }
 
+/*
+ * Where the driver gives gpuqd no new context after a fault, the device must
+ * say so and fail cleanly: unhealthy, its buffer listed as lost and refused
+ * with device_error, new jobs refused with no_device, the daemon serving.
+ * The recovery itself cannot be tested there: skipped, saying why.
+ */
+static void cannot_recover_in_process(struct daemon_proc *d, struct gpuq_client *c,
+				      const char *buffer)
+{
+	char health[sizeof last_health];
+	snprintf(health, sizeof health, "%s", last_health);
+	CHECKF(strstr(health, "cudaErrorDevicesUnavailable"), "unhealthy for another reason: %s", health);
+	if (buffer)
+		expect_buffer_error(c, "checksum", buffer, GPUQ_E_DEVICE_ERROR, NULL);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "noop");
+	mp_put_bool(&req, "wait", true);
+	expect_error(call(c, &req, NULL, 0), GPUQ_E_NO_DEVICE, NULL);
+	gpuq_request_begin(c, &req, "ping");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "ping after the device was given up");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(d);
+	SKIP("this GPU's driver gives a process no new context after a fault, so gpuqd cannot "
+	     "recover it in place (checked: the device says to restart gpuqd, its buffers are "
+	     "lost, jobs are refused): %s", health);
+}
+
 TEST(device_reset_after_a_fault_serves_again_and_reports_lost_buffers)
 {
 	fixture_daemon_binary = "tests/gpuqd-faults";
@@ -105,6 +134,8 @@ TEST(device_reset_after_a_fault_serves_again_and_reports_lost_buffers)
 	double t0 = now_s();
 	inject_fault(c, 0);
 	double took = wait_reset(c, 0, 1, t0);
+	if (took < 0)
+		cannot_recover_in_process(&d, c, "before");
 	fprintf(stderr, "    fault to healthy on device 0 (%s): %.3f s\n", test_backend(), took);
 	CHECKF(took < 10, "the reset took %.3f s", took);
 	/* the buffer is listed, lost, refused with device_error, and freeable */
@@ -192,7 +223,8 @@ TEST(device_past_its_reset_limit_stays_unhealthy_until_an_operator_resets_it)
 	daemon_start(&d, "--reset-limit", "1", "--reset-window", "600", NULL);
 	struct gpuq_client *c = client_open(&d);
 	inject_fault(c, 0);
-	wait_reset(c, 0, 1, now_s());
+	if (wait_reset(c, 0, 1, now_s()) < 0)
+		cannot_recover_in_process(&d, c, NULL);
 	inject_fault(c, 0); /* the second within the window: left for an operator */
 	bool healthy = true;
 	for (int i = 0; i < 200 && healthy; i++, usleep(10000))

@@ -15,20 +15,9 @@
 
 #include "tests/integration/fixture.h"
 
-static struct gpuq_reply *job_op(struct gpuq_client *c, const char *op, uint64_t job,
-				 uint64_t timeout_ms)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, op);
-	mp_put_u64(&req, "job", job);
-	if (timeout_ms)
-		mp_put_u64(&req, "timeout_ms", timeout_ms);
-	return call(c, &req, NULL, 0);
-}
-
 static void expect_state(struct gpuq_client *c, uint64_t job, const char *want)
 {
-	struct gpuq_reply *r = job_op(c, "status", job, 0);
+	struct gpuq_reply *r = job_request(c, "status", job, 0);
 	expect_ok(r, "status");
 	char state[16];
 	reply_str(r, "job.state", state, sizeof state);
@@ -63,7 +52,7 @@ TEST(another_uid_cannot_touch_buffers_or_jobs)
 		mp_put_str(&req, "buffer", "mine@0");
 		mp_put_u64(&req, "owner", 0);
 		expect_error(call(c, &req, NULL, 0), GPUQ_E_PERMISSION_DENIED, "only root");
-		expect_error(job_op(c, "cancel", root_job, 0), GPUQ_E_PERMISSION_DENIED, "uid 0");
+		expect_error(job_request(c, "cancel", root_job, 0), GPUQ_E_PERMISSION_DENIED, "uid 0");
 		gpuq_request_begin(c, &req, "buffers");
 		r = call(c, &req, NULL, 0);
 		CHECK(reply_path(r, "buffers")->via.array.size == 0);
@@ -95,7 +84,7 @@ TEST(client_disconnecting_mid_job_loses_nothing)
 	CHECK_EQ(write(p[1], "hello", 5), 5);
 	close(p[1]);
 	c = client_open(&d);
-	struct gpuq_reply *r = job_op(c, "wait", job, 10000);
+	struct gpuq_reply *r = job_request(c, "wait", job, 10000);
 	expect_ok(r, "wait after reconnecting");
 	CHECK_EQ(reply_u64(r, "job.result.bytes"), 5);
 	gpuq_reply_free(r);
@@ -116,14 +105,14 @@ TEST(cancel_queued_and_running_jobs)
 	struct gpuq_reply *r = call(c, &req, NULL, 0);
 	uint64_t queued = reply_u64(r, "job.job");
 	gpuq_reply_free(r);
-	r = job_op(c, "cancel", queued, 0);
+	r = job_request(c, "cancel", queued, 0);
 	expect_ok(r, "cancel queued");
 	gpuq_reply_free(r);
 	expect_state(c, queued, "cancelled");
-	r = job_op(c, "cancel", running, 0);
+	r = job_request(c, "cancel", running, 0);
 	expect_ok(r, "cancel running");
 	gpuq_reply_free(r);
-	r = job_op(c, "wait", running, 5000);
+	r = job_request(c, "wait", running, 5000);
 	expect_error(r, GPUQ_E_CANCELLED, "cancelled");
 	gpuq_reply_free(r);
 	close(p[1]);
@@ -140,14 +129,14 @@ TEST(wait_timeout_leaves_the_job_running)
 	do_alloc(c, "w", 0, 3);
 	int p[2];
 	uint64_t job = start_stalled_put(c, "w", p);
-	struct gpuq_reply *r = job_op(c, "wait", job, 100);
+	struct gpuq_reply *r = job_request(c, "wait", job, 100);
 	expect_error(r, GPUQ_E_TIMEOUT, "goes on");
 	CHECK_EQ(reply_u64(r, "job.job"), job); /* the record says which job to wait for */
 	gpuq_reply_free(r);
 	expect_state(c, job, "running");
 	CHECK_EQ(write(p[1], "abc", 3), 3);
 	close(p[1]);
-	r = job_op(c, "wait", job, 10000);
+	r = job_request(c, "wait", job, 10000);
 	expect_ok(r, "wait");
 	gpuq_reply_free(r);
 	gpuq_close(c);
@@ -198,7 +187,7 @@ TEST(job_history_is_bounded)
 		mp_put_bool(&req, "wait", true);
 		gpuq_reply_free(call(c, &req, NULL, 0));
 	}
-	struct gpuq_reply *r = job_op(c, "status", 1, 0);
+	struct gpuq_reply *r = job_request(c, "status", 1, 0);
 	expect_error(r, GPUQ_E_NOT_FOUND, "job 1");
 	gpuq_reply_free(r);
 	expect_state(c, 6, "done");
@@ -287,11 +276,11 @@ TEST(gang_jobs_run_on_every_device_and_cancel_whole)
 	gpuq_reply_free(r);
 	usleep(50000); /* device 1's part may have run; the job is not over until part 0 is */
 	expect_state(c, gang, "running");
-	r = job_op(c, "cancel", gang, 0);
+	r = job_request(c, "cancel", gang, 0);
 	expect_ok(r, "cancel gang");
 	gpuq_reply_free(r);
 	close(p[1]); /* the put ends; part 0 starts, sees the cancel, and the gang ends cancelled */
-	r = job_op(c, "wait", gang, 5000);
+	r = job_request(c, "wait", gang, 5000);
 	expect_error(r, GPUQ_E_CANCELLED, NULL);
 	gpuq_reply_free(r);
 	gpuq_close(c);

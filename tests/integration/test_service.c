@@ -16,50 +16,6 @@
 
 #include "tests/integration/fixture.h"
 
-#define NOGROUP 65534 /* the socket's group in these tests: every test uid is in it */
-
-static void write_file(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "w");
-	CHECKF(f && fputs(text, f) >= 0 && fclose(f) == 0, "writing %s: %s", path, strerror(errno));
-}
-
-/* A configuration file beside the daemon's directory (its path in a static buffer). */
-static const char *config_file(const char *text)
-{
-	static char path[64];
-	snprintf(path, sizeof path, "/tmp/gpuq-test-conf-%d", (int)getpid());
-	write_file(path, text);
-	return path;
-}
-
-static void start_with_config(struct daemon_proc *d, const char *text, const char *more)
-{
-	if (geteuid() != 0)
-		SKIP("needs root to act as other uids");
-	const char *path = config_file(text);
-	if (more)
-		daemon_start(d, "--socket-group", "nogroup", "--config", path, more, NULL);
-	else
-		daemon_start(d, "--socket-group", "nogroup", "--config", path, NULL);
-}
-
-/* Runs fn in a child as uid with supplementary groups; fails the test if fn fails. */
-static void as_user(uid_t uid, const gid_t *groups, int ngroups, void (*fn)(void *), void *arg)
-{
-	pid_t pid = fork();
-	CHECKF(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		CHECKF(setgroups((size_t)ngroups, groups) == 0 && setgid(NOGROUP) == 0 && setuid(uid) == 0,
-		       "becoming uid %d: %s", (int)uid, strerror(errno));
-		fn(arg);
-		_exit(0);
-	}
-	int status;
-	waitpid(pid, &status, 0);
-	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the checks as uid %d failed", (int)uid);
-}
-
 static struct gpuq_reply *alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes)
 {
 	struct mp_map req;

@@ -886,3 +886,87 @@ TEST(fuzz_json_nested_keys_linear)
 	msgpack_unpacked_destroy(&u);
 	bytes_free(&b);
 }
+
+/* Decodes a map built by build() and returns msg_check_unique_keys's verdict and message. */
+static int unique_keys(void (*build)(struct mp_map *), char *message, size_t size)
+{
+	struct mp_map m;
+	msgpack_sbuffer sb;
+	struct msg msg;
+	struct gpuq_error err;
+	mp_map_init(&m);
+	build(&m);
+	msgpack_sbuffer_init(&sb);
+	mp_map_finish(&m, &sb);
+	CHECK(msg_decode(&msg, sb.data, sb.size, &msg_request_limits, &err) == 0);
+	gpuq_error_clear(&err);
+	int rc = msg_check_unique_keys(msg.root, &err);
+	snprintf(message, size, "%s", err.message);
+	if (rc < 0)
+		CHECK_EQ(err.code, GPUQ_E_BAD_REQUEST);
+	msg_free(&msg);
+	msgpack_sbuffer_destroy(&sb);
+	return rc;
+}
+
+static void distinct(struct mp_map *m)
+{
+	mp_put_u64(m, "a", 1);
+	mp_put_u64(m, "b", 1);
+	mp_put_str(m, "ab", "a");
+}
+
+static void twice_at_root(struct mp_map *m)
+{
+	mp_put_u64(m, "a", 1);
+	mp_put_u64(m, "b", 1);
+	mp_put_str(m, "a", "again");
+}
+
+static void twice_in_a_nested_map(struct mp_map *m)
+{
+	struct mp_array ops;
+	struct mp_map op;
+	mp_array_init(&ops);
+	mp_map_init(&op);
+	mp_put_str(&op, "op", "sin");
+	mp_put_nil(&op, "op");
+	mp_array_map(&ops, &op);
+	mp_put_array(m, "ops", &ops);
+}
+
+TEST(msg_duplicate_keys_are_found_at_any_depth)
+{
+	char message[512];
+	CHECK(unique_keys(distinct, message, sizeof message) == 0);
+	CHECK(unique_keys(twice_at_root, message, sizeof message) < 0);
+	CHECK(strstr(message, "key 'a' twice"));
+	CHECK(unique_keys(twice_in_a_nested_map, message, sizeof message) < 0);
+	CHECK(strstr(message, "key 'op' twice"));
+}
+
+static void owner_wide(struct mp_map *m)
+{
+	mp_put_u64(m, "owner", (1ull << 32) + 65534);
+	mp_put_u64(m, "ok", 7);
+}
+
+TEST(msg_get_u64_in_names_the_field_and_range)
+{
+	struct mp_map m;
+	msgpack_sbuffer sb;
+	struct msg msg;
+	struct gpuq_error err;
+	uint64_t v = 0;
+	mp_map_init(&m);
+	owner_wide(&m);
+	msgpack_sbuffer_init(&sb);
+	mp_map_finish(&m, &sb);
+	CHECK(msg_decode(&msg, sb.data, sb.size, &msg_request_limits, &err) == 0);
+	CHECK(msg_get_u64_in(msg.root, "owner", 0, 4294967294u, &v, &err) == -1);
+	CHECK_STR(err.message, "field 'owner': 4295032830 is out of range (0 to 4294967294)");
+	CHECK(msg_get_u64_in(msg.root, "ok", 1, 7, &v, &err) == 1 && v == 7);
+	CHECK(msg_get_u64_in(msg.root, "absent", 1, 7, &v, &err) == 0);
+	msg_free(&msg);
+	msgpack_sbuffer_destroy(&sb);
+}

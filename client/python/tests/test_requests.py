@@ -33,7 +33,7 @@ def test_alloc_by_bytes_and_by_count(client, name):
     job = client.alloc(name, nbytes=4096)
     assert job.state == "done" and job.op == "alloc"
     assert job.result == {"name": name, "device": 0, "dtype": "bytes", "count": 4096,
-                          "bytes": 4096, "shareable": False}
+                          "bytes": 4096, "shareable": False, "ephemeral": False}
     typed = client.alloc(name + "t", count=100, dtype="f64", device=0)
     assert typed.result["bytes"] == 800 and typed.result["dtype"] == "f64"
     listed = {b["name"]: b for b in client.buffers()}
@@ -41,6 +41,17 @@ def test_alloc_by_bytes_and_by_count(client, name):
     assert client.free(name).result["bytes"] == 4096
     assert client.free(name + "t@0").result["bytes"] == 800
     assert name not in {b["name"] for b in client.buffers()}
+
+
+def test_an_ephemeral_buffer_goes_with_its_connection(daemon, client, name):
+    with daemon.client() as other:
+        job = other.alloc(name, nbytes=4096, ephemeral=True)
+        assert job.result["ephemeral"] is True
+        assert {b["name"]: b for b in client.buffers()}[name]["ephemeral"] is True
+    deadline = time.monotonic() + 10
+    while name in {b["name"] for b in client.buffers()}:
+        assert time.monotonic() < deadline, "the ephemeral buffer outlived its connection"
+        time.sleep(0.02)
 
 
 def test_alloc_on_each_device(client, name):
