@@ -60,7 +60,7 @@ enum cli_opt {
 	OPT_REDUCE = 1u << 24,       /* --reduce OP: bench collective's reduction (--op: its primitive) */
 	OPT_KERNEL = 1u << 25,       /* --kernel auto|compiled|interpreted: run's and reduce's fused kernel */
 	OPT_MATH = 1u << 26,         /* --math ieee|fast */
-	OPT_EPHEMERAL = 1u << 27,    /* --ephemeral: alloc's buffer, region create's region go with the connection */
+	OPT_EPHEMERAL = 1u << 27,    /* --ephemeral: alloc's buffer or region create's goes with the connection */
 	OPT_SHAREABLE = 1u << 28,    /* --shareable: alloc a buffer clients may attach */
 	OPT_READ_ONLY = 1u << 29,    /* --read-only: attach with a read lease */
 };
@@ -151,6 +151,16 @@ int cli_report_refusal(const struct gpuq_reply *r);
 int cli_call_and_render(struct cli *cli, struct mp_map *req,
 			void (*render)(FILE *f, const msgpack_object *reply));
 void cli_print_error(const struct gpuq_error *err);
+/*
+ * Keeps cli's connection, and what goes with it (an ephemeral buffer or
+ * region, a lease), until SIGINT or SIGTERM, or until the daemon closes it
+ * (then says that `what` went with it). Whatever the daemon sends meanwhile
+ * (a lease_broken event) is read by a ping, which hands events to the
+ * handler. CLI_OK once interrupted; CLI_UNREACHABLE when the daemon is gone.
+ */
+int cli_hold_connection(struct cli *cli, const char *what);
+/* Ends cli_hold_connection's hold as a signal would (an event handler's way: lease_broken). */
+void cli_hold_stop(void);
 int cmd_ping(struct cli *cli);
 int cmd_devices(struct cli *cli);
 int cmd_buffers(struct cli *cli);

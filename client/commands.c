@@ -2,6 +2,8 @@
  * Connecting and calling, and the commands that are answered at once rather
  * than run as jobs: ping, devices, buffers, jobs, status, wait, cancel.
  */
+#include <poll.h>
+#include <signal.h>
 #include <string.h>
 
 #include "client/cli.h"
@@ -156,4 +158,41 @@ int cmd_wait(struct cli *cli)
 	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
 		return rc;
 	return cli_finish_job(cli, r);
+}
+
+static volatile sig_atomic_t hold_interrupted;
+
+static void hold_on_signal(int sig)
+{
+	(void)sig;
+	hold_interrupted = 1;
+}
+
+void cli_hold_stop(void)
+{
+	hold_interrupted = 1;
+}
+
+int cli_hold_connection(struct cli *cli, const char *what)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = hold_on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	while (!hold_interrupted) {
+		struct pollfd p = { .fd = gpuq_fd(cli->client), .events = POLLIN };
+		struct gpuq_reply *r;
+		struct mp_map req;
+		struct gpuq_error err;
+		if (poll(&p, 1, -1) <= 0)
+			continue; /* a signal */
+		gpuq_request_begin(cli->client, &req, "ping");
+		if (gpuq_call(cli->client, &req, NULL, 0, &r, &err) < 0) {
+			fprintf(stderr, "gpuq: %s; %s went with the connection\n", err.message, what);
+			return CLI_UNREACHABLE;
+		}
+		gpuq_reply_free(r);
+	}
+	return CLI_OK;
 }

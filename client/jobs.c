@@ -89,18 +89,12 @@ static int check_alloc_size(const struct cli *cli)
  * it open until a signal ends gpuq (the daemon then frees the buffer) or
  * the daemon closes it.
  */
-static int hold_connection(struct cli *cli)
+static int hold_ephemeral(struct cli *cli)
 {
-	char byte;
 	fprintf(stderr, "gpuq: holding ephemeral buffer %s until gpuq is interrupted or killed\n",
 		cli->args[0]);
 	fflush(NULL);
-	ssize_t n;
-	while ((n = read(gpuq_fd(cli->client), &byte, 1)) < 0 && errno == EINTR)
-		;
-	fprintf(stderr, "gpuq: gpuqd closed the connection%s%s; the buffer is freed\n",
-		n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
-	return CLI_UNREACHABLE;
+	return cli_hold_connection(cli, "the buffer");
 }
 
 int cmd_alloc(struct cli *cli)
@@ -126,7 +120,7 @@ int cmd_alloc(struct cli *cli)
 	if (cli->shareable)
 		mp_put_bool(&req, "shareable", true);
 	rc = job_send(cli, &req, NULL, 0);
-	return rc == CLI_OK && cli->ephemeral ? hold_connection(cli) : rc;
+	return rc == CLI_OK && cli->ephemeral ? hold_ephemeral(cli) : rc;
 }
 
 /* free and checksum: a job on one buffer with nothing else. */

@@ -5,10 +5,7 @@
  * through a region are jobs.c's (FILE region:NAME[OFFSET:LENGTH]).
  */
 #include <inttypes.h>
-#include <poll.h>
-#include <signal.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "client/cli.h"
 
@@ -29,39 +26,6 @@ static int connect_cli(struct cli *cli)
 	return 0;
 }
 
-static volatile sig_atomic_t interrupted;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	interrupted = 1;
-}
-
-/*
- * Holds the connection (and what goes with it) until SIGINT or SIGTERM, or
- * until the daemon closes it. Whatever the daemon sends meanwhile (a
- * lease_broken event) is read by a ping, which hands events to the handler.
- */
-static void hold_until_signal(struct gpuq_client *c)
-{
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_signal;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	while (!interrupted) {
-		struct pollfd p = { .fd = gpuq_fd(c), .events = POLLIN };
-		struct gpuq_reply *r;
-		struct mp_map req;
-		if (poll(&p, 1, -1) <= 0)
-			continue; /* a signal */
-		gpuq_request_begin(c, &req, "ping");
-		if (gpuq_call(c, &req, NULL, 0, &r, NULL) < 0)
-			return; /* the daemon is gone, and the lease with it */
-		gpuq_reply_free(r);
-	}
-}
-
 static int region_create(struct cli *cli, const char *name)
 {
 	struct gpuq_region r;
@@ -79,10 +43,9 @@ static int region_create(struct cli *cli, const char *name)
 		human_bytes(size, sizeof size, r.bytes, 2),
 		cli->ephemeral ? "; held until interrupted (ephemeral)" : "");
 	fflush(cli->out);
-	if (cli->ephemeral)
-		hold_until_signal(cli->client);
+	rc = cli->ephemeral ? cli_hold_connection(cli, "the region") : CLI_OK;
 	gpuq_region_unmap(&r);
-	return CLI_OK;
+	return rc;
 }
 
 static int region_free(struct cli *cli, const char *name)
@@ -219,7 +182,7 @@ static void on_lease_event(const msgpack_object *event, void *arg)
 		return;
 	fprintf(stderr, "gpuq attach: lease %" PRIu64 " broken: %s\n", field_u64(event, "lease", 0),
 		field_str(event, "reason", why, sizeof why, "?"));
-	interrupted = 1;
+	cli_hold_stop();
 }
 
 /* Attaches BUF and holds the lease until interrupted (for shells and tests). */
@@ -239,7 +202,8 @@ int cmd_attach(struct cli *cli)
 		human_bytes(size, sizeof size, a.bytes, 2), a.read_write ? "read-write" : "read-only",
 		a.ptr, a.host ? "host memory: the host backend" : "a device pointer", a.import_s * 1e3);
 	fflush(cli->out);
-	hold_until_signal(cli->client);
+	if (cli_hold_connection(cli, "the lease") != CLI_OK)
+		return CLI_UNREACHABLE;
 	if (gpuq_buffer_release(cli->client, &a, &err) < 0 && err.code != GPUQ_E_NOT_FOUND)
 		return share_failed(&err);
 	return CLI_OK;

@@ -168,7 +168,7 @@ void conn_send(struct conn *c, const void *data, size_t len)
 	conn_send_fd(c, data, len, -1);
 }
 
-/* A copy of fd for a reply to take along (-1 for none); false with c closed when it cannot be made. */
+/* A copy of fd for a reply to carry (-1 for none); false, with c closed, when none can be made. */
 static bool conn_dup_reply_fd(struct conn *c, int fd, int *copy)
 {
 	*copy = -1;

@@ -216,8 +216,13 @@ struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
  * On refusal the job is discarded, its buffer released and req answered.
  */
 void job_submit(struct request *req, struct job *job);
-/* What every work of job tells its scheduler: priority, whose share (weight), which job. */
-void job_set_scheduling(struct job *job, int priority, double weight);
+/*
+ * Submits a job of gpuqd's own, which no client asked for or waits on (the
+ * free of an orphaned ephemeral buffer or region): normal priority, weight
+ * 1, outside quotas. 0, or -1 with err (a full queue): the caller undoes
+ * what it prepared and discards the job.
+ */
+int job_submit_own(struct daemon *d, struct job *job, struct gpuq_error *err);
 /* Main thread: the worker pool's completion callback. */
 void job_on_done(struct work *work, void *arg);
 /*

@@ -576,17 +576,14 @@ void buffer_free_if_orphaned(struct daemon *d, struct buffer *b)
 		return;
 	job->work.kind = WORK_FREE;
 	job_attach_buffer(job, b);
-	job_set_scheduling(job, GPUQ_PRIORITY_NORMAL, 1.0);
 	b->state = BUFFER_FREEING;
 	job->work.length = b->bytes;
-	if (worker_submit(&d->pool, &job->work, &err) < 0) {
+	if (job_submit_own(d, job, &err) < 0) {
 		b->state = BUFFER_READY;
 		buffer_unhold(b);
 		job_discard(&d->jobs, job);
 		return;
 	}
-	d->last_dispatch = monotonic_seconds();
-	service_job_started(d, job);
 	log_info("job %llu: freeing ephemeral buffer %s@%d of uid %d: the connection that made it closed",
 		 (unsigned long long)job->id, b->name, b->device, (int)b->owner);
 }

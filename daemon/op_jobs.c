@@ -193,7 +193,8 @@ static int read_priority(struct request *req, int *priority, struct gpuq_error *
 	return quota_check_priority(req->d, req->conn, *priority, err);
 }
 
-void job_set_scheduling(struct job *job, int priority, double weight)
+/* What every work of job tells its scheduler: priority, whose share (weight), which job. */
+static void job_set_scheduling(struct job *job, int priority, double weight)
 {
 	int n = job->parts ? job->nparts : 1;
 	job->priority = priority;
@@ -264,6 +265,16 @@ void job_submit(struct request *req, struct job *job)
 	mp_map_init(&body);
 	mp_put_map(&body, "job", &record);
 	reply_ok(req, &body);
+}
+
+int job_submit_own(struct daemon *d, struct job *job, struct gpuq_error *err)
+{
+	job_set_scheduling(job, GPUQ_PRIORITY_NORMAL, 1.0);
+	if (worker_submit(&d->pool, &job->work, err) < 0)
+		return -1;
+	d->last_dispatch = monotonic_seconds();
+	service_job_started(d, job);
+	return 0;
 }
 
 /*

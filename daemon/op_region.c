@@ -209,15 +209,13 @@ static void region_free_if_orphaned(struct daemon *d, struct region *r)
 	if (!job)
 		return;
 	region_free_job(job, r);
-	if (worker_submit(&d->pool, &job->work, &err) < 0) {
+	if (job_submit_own(d, job, &err) < 0) {
 		r->state = REGION_READY; /* a full queue: the next job that lets go of it tries again */
 		job_discard(&d->jobs, job);
 		log_warn("ephemeral region %s of uid %d stays for now: %s", r->name, (int)r->owner,
 			 err.message);
 		return;
 	}
-	d->last_dispatch = monotonic_seconds();
-	service_job_started(d, job);
 	log_info("job %llu: freeing ephemeral region %s of uid %d: the connection that made it closed",
 		 (unsigned long long)job->id, r->name, (int)r->owner);
 }

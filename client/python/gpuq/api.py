@@ -261,22 +261,24 @@ class Api:
     def alloc(self, name: str, *, nbytes: Optional[int] = None, count: Optional[int] = None,
               dtype: Optional[str] = None, device: Optional[int] = None,
               wait_memory_ms: Optional[int] = None, ephemeral: Optional[bool] = None,
-              priority: Optional[str] = None, detach: bool = False,
-              timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
-              **fields: Any) -> Job:
+              shareable: Optional[bool] = None, priority: Optional[str] = None,
+              detach: bool = False, timeout: Optional[float] = None,
+              on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Allocates a buffer ``name`` on ``device`` (default 0): ``nbytes`` bytes, or
         ``count`` elements of ``dtype`` (``u8 i32 i64 f16 bf16 f32 f64``).
 
         ``wait_memory_ms``: how long to wait for memory other jobs free
         instead of :class:`~gpuq.OutOfMemory` at once. ``ephemeral``: the
         buffer goes with this client's connection (gpuqd frees it when the
-        connection closes, however the process ends); otherwise it stays
-        until freed. Result: ``name``, ``device``, ``dtype``, ``count``,
-        ``bytes``, ``ephemeral``.
+        connection closes, however the process ends, once no job and no lease
+        holds it); otherwise it stays until freed. ``shareable``: allocated on
+        its own so that processes may :meth:`attach` it. Result: ``name``,
+        ``device``, ``dtype``, ``count``, ``bytes``, ``shareable``,
+        ``ephemeral``.
         """
         return self.job("alloc", name=name, bytes=nbytes, count=count, dtype=dtype,
                         device=device, wait_memory_ms=wait_memory_ms, ephemeral=ephemeral,
-                        priority=priority, detach=detach, timeout=timeout,
+                        shareable=shareable, priority=priority, detach=detach, timeout=timeout,
                         on_progress=on_progress, **fields)
 
     def free(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False,
