@@ -409,6 +409,40 @@ uint64_t device_mem_free(struct gpuq_client *c, int device)
 	return n;
 }
 
+/* Whether the caller has a buffer called name; *ephemeral says how it was made. */
+bool has_buffer(struct gpuq_client *c, const char *name, bool *ephemeral)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "buffers");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	const msgpack_object *list = reply_path(r, "buffers");
+	bool found = false;
+	for (uint32_t i = 0; list && i < list->via.array.size; i++) {
+		const msgpack_object *b = &list->via.array.ptr[i];
+		const msgpack_object *n = msg_map_get(b, "name");
+		if (n && n->via.str.size == strlen(name) && !memcmp(n->via.str.ptr, name, strlen(name))) {
+			const msgpack_object *e = msg_map_get(b, "ephemeral");
+			CHECKF(e && e->type == MSGPACK_OBJECT_BOOLEAN, "buffers has no 'ephemeral'");
+			if (ephemeral)
+				*ephemeral = e->via.boolean;
+			found = true;
+		}
+	}
+	gpuq_reply_free(r);
+	return found;
+}
+
+/* Waits up to 3 s for name to be gone. */
+bool buffer_goes(struct gpuq_client *c, const char *name)
+{
+	for (int i = 0; i < 300; i++) {
+		if (!has_buffer(c, name, NULL))
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
 static struct gpuq_reply *job_call(struct gpuq_client *c, const char *op, const char *buffer,
 				   const int *fds, int nfds)
 {

@@ -103,6 +103,10 @@ void require_memlock(struct gpuq_client *c, uint64_t bytes);
 int device_count(struct gpuq_client *c);
 /* A device's free memory as `devices` reports it (the host arena counts exactly). */
 uint64_t device_mem_free(struct gpuq_client *c, int device);
+/* Whether the caller has a buffer called name; *ephemeral (may be NULL) says how it was made. */
+bool has_buffer(struct gpuq_client *c, const char *name, bool *ephemeral);
+/* Waits up to 3 s for the caller's buffer name to be gone; false if it stays. */
+bool buffer_goes(struct gpuq_client *c, const char *name);
 
 /* One-call conveniences for the common jobs (all with wait: true; fail the test if refused). */
 void do_alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes);

@@ -29,40 +29,6 @@ static struct gpuq_reply *alloc_ephemeral(struct gpuq_client *c, const char *nam
 	return call(c, &req, NULL, 0);
 }
 
-/* Whether the caller has a buffer called name; *ephemeral says how it was made. */
-static bool has_buffer(struct gpuq_client *c, const char *name, bool *ephemeral)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "buffers");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	const msgpack_object *list = reply_path(r, "buffers");
-	bool found = false;
-	for (uint32_t i = 0; list && i < list->via.array.size; i++) {
-		const msgpack_object *b = &list->via.array.ptr[i];
-		const msgpack_object *n = msg_map_get(b, "name");
-		if (n && n->via.str.size == strlen(name) && !memcmp(n->via.str.ptr, name, strlen(name))) {
-			const msgpack_object *e = msg_map_get(b, "ephemeral");
-			CHECKF(e && e->type == MSGPACK_OBJECT_BOOLEAN, "buffers has no 'ephemeral'");
-			if (ephemeral)
-				*ephemeral = e->via.boolean;
-			found = true;
-		}
-	}
-	gpuq_reply_free(r);
-	return found;
-}
-
-/* Waits up to 3 s for name to be gone. */
-static bool buffer_goes(struct gpuq_client *c, const char *name)
-{
-	for (int i = 0; i < 300; i++) {
-		if (!has_buffer(c, name, NULL))
-			return true;
-		usleep(10000);
-	}
-	return false;
-}
-
 TEST(ordinary_buffers_outlive_the_client_that_made_them)
 {
 	struct daemon_proc d;
@@ -137,9 +103,14 @@ TEST(an_ephemeral_buffer_in_use_goes_when_its_last_job_ends)
 	daemon_stop(&d);
 }
 
-TEST(gpuq_alloc_ephemeral_holds_the_buffer_until_it_is_killed)
+/*
+ * gpuq alloc --ephemeral holds its buffer until sig ends it: killed, or
+ * interrupted (then it exits 0, closing its connection itself).
+ */
+static void gpuq_alloc_ephemeral_ended_by(int sig)
 {
 	struct daemon_proc d;
+	int status;
 	daemon_start(&d, NULL);
 	pid_t pid = spawn_gpuq(&d, "alloc", "held", "--bytes", "4K", "--ephemeral", NULL);
 	struct gpuq_client *c = client_open(&d);
@@ -153,11 +124,24 @@ TEST(gpuq_alloc_ephemeral_holds_the_buffer_until_it_is_killed)
 	usleep(200000);
 	CHECKF(waitpid(pid, NULL, WNOHANG) == 0, "gpuq alloc --ephemeral did not stay");
 	CHECK(has_buffer(c, "held", NULL));
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
+	kill(pid, sig);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	if (sig != SIGKILL)
+		CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		       "gpuq alloc --ephemeral did not end cleanly on signal %d (status 0x%x)", sig, status);
 	CHECKF(buffer_goes(c, "held"), "the buffer outlived the gpuq that held it");
 	gpuq_close(c);
 	daemon_stop(&d);
+}
+
+TEST(gpuq_alloc_ephemeral_holds_the_buffer_until_it_is_killed)
+{
+	gpuq_alloc_ephemeral_ended_by(SIGKILL);
+}
+
+TEST(gpuq_alloc_ephemeral_interrupted_lets_the_buffer_go)
+{
+	gpuq_alloc_ephemeral_ended_by(SIGINT);
 }
 
 /* A get of w (1 MiB) into fd: its reply. */

@@ -5,14 +5,17 @@
  * that read pass a read lease and wait behind a read-write one, each with
  * waiting_reason `lease`; free waits too. A lease ends by release, by its
  * connection closing (a client killed while holding it) and by lease_break,
- * which tells the holder. On the CUDA tier the same tests run through the
- * driver's import (libgpuq_cuda.c), with checks made by daemon jobs.
+ * which tells the holder. An ephemeral buffer whose connection closes while
+ * it is attached stays until its last lease ends; gpuqd stops cleanly with
+ * a lease held. On the CUDA tier the same tests run through the driver's
+ * import (libgpuq_cuda.c), with checks made by daemon jobs.
  */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,13 +25,15 @@
 
 #define MIB (1024u * 1024u)
 
-static void alloc_shareable(struct gpuq_client *c, const char *name, uint64_t bytes)
+static void alloc_shareable(struct gpuq_client *c, const char *name, uint64_t bytes,
+			    bool ephemeral)
 {
 	struct mp_map req;
 	gpuq_request_begin(c, &req, "alloc");
 	mp_put_str(&req, "name", name);
 	mp_put_u64(&req, "bytes", bytes);
 	mp_put_bool(&req, "shareable", true);
+	mp_put_bool(&req, "ephemeral", ephemeral);
 	mp_put_bool(&req, "wait", true);
 	struct gpuq_reply *r = call(c, &req, NULL, 0);
 	expect_ok(r, "alloc shareable");
@@ -67,12 +72,36 @@ static uint64_t submit(struct gpuq_client *c, const char *op, const char *buffer
 	return id;
 }
 
-static struct gpuq_reply *status(struct gpuq_client *c, uint64_t job)
+/* A request of op with one number field, which must succeed. */
+static void request_ok(struct gpuq_client *c, const char *op, const char *key, uint64_t value,
+		       const char *what)
 {
 	struct mp_map req;
-	gpuq_request_begin(c, &req, "status");
-	mp_put_u64(&req, "job", job);
-	return call(c, &req, NULL, 0);
+	gpuq_request_begin(c, &req, op);
+	mp_put_u64(&req, key, value);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, what);
+	gpuq_reply_free(r);
+}
+
+/* An attachment whose lease gpuqd has ended: unmapped here, and its release finds no lease. */
+static void unmap_ended(struct gpuq_client *c, struct gpuq_attachment *a)
+{
+	struct gpuq_error err;
+	CHECK(gpuq_buffer_release(c, a, &err) < 0);
+	CHECKF(err.code == GPUQ_E_NOT_FOUND, "release of an ended lease: %s", err.message);
+}
+
+/* How many leases the caller sees. */
+static unsigned lease_count(struct gpuq_client *c)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "leases");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "leases");
+	unsigned n = reply_path(r, "leases")->via.array.size;
+	gpuq_reply_free(r);
+	return n;
 }
 
 /* Waits (up to 2 s) until job is queued behind lease, and says so. */
@@ -80,7 +109,7 @@ static void expect_behind_lease(struct gpuq_client *c, uint64_t job, uint64_t le
 {
 	char reason[32] = "";
 	for (int i = 0; i < 200; i++) {
-		struct gpuq_reply *r = status(c, job);
+		struct gpuq_reply *r = job_request(c, "status", job, 0);
 		const msgpack_object *o = reply_path(r, "job.waiting_reason");
 		if (o && o->type == MSGPACK_OBJECT_STR)
 			snprintf(reason, sizeof reason, "%.*s", (int)o->via.str.size, o->via.str.ptr);
@@ -94,17 +123,9 @@ static void expect_behind_lease(struct gpuq_client *c, uint64_t job, uint64_t le
 	       (unsigned long long)job, (unsigned long long)lease, reason);
 }
 
-static struct gpuq_reply *wait_for(struct gpuq_client *c, uint64_t job)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "wait");
-	mp_put_u64(&req, "job", job);
-	return call(c, &req, NULL, 0);
-}
-
 static uint64_t job_checksum(struct gpuq_client *c, uint64_t job)
 {
-	struct gpuq_reply *r = wait_for(c, job);
+	struct gpuq_reply *r = job_request(c, "wait", job, 0);
 	expect_ok(r, "the job behind the lease");
 	uint64_t sum = reply_u64(r, "job.result.checksum");
 	gpuq_reply_free(r);
@@ -113,14 +134,14 @@ static uint64_t job_checksum(struct gpuq_client *c, uint64_t job)
 
 static void expect_done(struct gpuq_client *c, uint64_t job)
 {
-	struct gpuq_reply *r = wait_for(c, job);
+	struct gpuq_reply *r = job_request(c, "wait", job, 0);
 	expect_ok(r, "the job behind the lease");
 	gpuq_reply_free(r);
 }
 
 static bool job_finished(struct gpuq_client *c, uint64_t job)
 {
-	struct gpuq_reply *r = status(c, job);
+	struct gpuq_reply *r = job_request(c, "status", job, 0);
 	char state[16];
 	reply_str(r, "job.state", state, sizeof state);
 	gpuq_reply_free(r);
@@ -136,7 +157,7 @@ TEST(read_write_lease_holds_daemon_jobs_until_released)
 		SKIP("writes through a host mapping; the GPU program tests/gpu/attach_selftest does this on CUDA");
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	alloc_shareable(holder, "s", MIB);
+	alloc_shareable(holder, "s", MIB, false);
 	do_fill_random(holder, "s", 5);
 	uint64_t before = do_checksum(holder, "s");
 	attach(holder, "s", true, &a);
@@ -160,7 +181,7 @@ TEST(read_leases_let_readers_pass_and_hold_writers)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c1 = client_open(&d), *c2 = client_open(&d), *other = client_open(&d);
-	alloc_shareable(c1, "s", MIB);
+	alloc_shareable(c1, "s", MIB, false);
 	do_fill_random(c1, "s", 6);
 	uint64_t sum = do_checksum(c1, "s");
 	attach(c1, "s", false, &r1);
@@ -195,7 +216,7 @@ TEST(free_of_a_leased_buffer_waits_for_the_release)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	alloc_shareable(holder, "s", MIB);
+	alloc_shareable(holder, "s", MIB, false);
 	attach(holder, "s", false, &a);
 	uint64_t freeing = submit(other, "free", "s");
 	expect_behind_lease(other, freeing, a.lease);
@@ -213,7 +234,7 @@ TEST(a_client_killed_holding_a_lease_loses_it)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
-	alloc_shareable(c, "s", MIB);
+	alloc_shareable(c, "s", MIB, false);
 	int ready[2];
 	CHECK(pipe(ready) == 0);
 	pid_t pid = fork();
@@ -256,22 +277,17 @@ TEST(lease_break_lets_jobs_proceed_and_tells_the_holder)
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *admin = client_open(&d);
 	gpuq_set_event_handler(holder, on_event, seen);
-	alloc_shareable(holder, "s", MIB);
+	alloc_shareable(holder, "s", MIB, false);
 	attach(holder, "s", true, &a);
 	uint64_t fill = submit(admin, "fill", "s");
 	expect_behind_lease(admin, fill, a.lease);
-	struct mp_map req;
-	gpuq_request_begin(admin, &req, "lease_break");
-	mp_put_u64(&req, "lease", a.lease);
-	struct gpuq_reply *r = call(admin, &req, NULL, 0);
-	expect_ok(r, "lease_break by root");
-	gpuq_reply_free(r);
+	request_ok(admin, "lease_break", "lease", a.lease, "lease_break by root");
 	expect_done(admin, fill);
+	struct mp_map req;
 	gpuq_request_begin(holder, &req, "ping"); /* the event comes before this reply */
 	gpuq_reply_free(call(holder, &req, NULL, 0));
 	CHECK_STR(seen, "lease_broken");
-	struct gpuq_error err;
-	CHECK(gpuq_buffer_release(holder, &a, &err) < 0 && err.code == GPUQ_E_NOT_FOUND);
+	unmap_ended(holder, &a);
 	gpuq_close(admin);
 	gpuq_close(holder);
 	daemon_stop(&d);
@@ -295,7 +311,7 @@ TEST(attach_refusals)
 	struct gpuq_reply *r = call(c, &req, NULL, 0);
 	expect_error(r, GPUQ_E_NOT_FOUND, "lease 999");
 	gpuq_reply_free(r);
-	alloc_shareable(c, "s", MIB);
+	alloc_shareable(c, "s", MIB, false);
 	gpuq_request_begin(c, &req, "attach");
 	mp_put_str(&req, "buffer", "s");
 	mp_put_str(&req, "mode", "write");
@@ -303,5 +319,127 @@ TEST(attach_refusals)
 	expect_error(r, GPUQ_E_BAD_REQUEST, "read or read-write");
 	gpuq_reply_free(r);
 	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(an_attached_ephemeral_buffer_stays_until_its_lease_ends)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *maker = client_open(&d), *holder = client_open(&d);
+	alloc_shareable(maker, "e", MIB, true);
+	attach(holder, "e", true, &a);
+	gpuq_close(maker); /* orphans it: freed once nothing holds it, and the lease does */
+	usleep(300000);
+	bool ephemeral = false;
+	CHECKF(has_buffer(holder, "e", &ephemeral) && ephemeral,
+	       "an ephemeral buffer was freed while a client still mapped it");
+	uint64_t fill = submit(holder, "fill", "e");
+	expect_behind_lease(holder, fill, a.lease); /* usable by name meanwhile, behind the lease */
+	release(holder, &a);
+	expect_done(holder, fill);
+	CHECKF(buffer_goes(holder, "e"), "the orphaned buffer stayed after its lease and jobs ended");
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
+TEST(a_connection_that_closes_attached_to_its_own_ephemeral_buffer_frees_it)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *maker = client_open(&d), *other = client_open(&d);
+	alloc_shareable(maker, "e", MIB, true);
+	attach(maker, "e", true, &a);
+	CHECK_EQ(lease_count(other), 1);
+	gpuq_close(maker); /* its lease ends, then nothing holds the orphan */
+	CHECKF(buffer_goes(other, "e"), "an ephemeral buffer outlived its connection and its lease");
+	CHECK_EQ(lease_count(other), 0);
+	unmap_ended(other, &a);
+	gpuq_close(other);
+	daemon_stop(&d);
+}
+
+TEST(gpuqd_stops_cleanly_while_a_lease_is_held)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	struct gpuq_error err;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	alloc_shareable(c, "s", MIB, false);
+	attach(c, "s", false, &a);
+	daemon_stop(&d); /* the lease ends as the connection closes, after the workers stopped */
+	CHECK(gpuq_buffer_release(c, &a, &err) < 0); /* unmaps here; gpuqd is gone */
+	gpuq_close(c);
+}
+
+/*
+ * A holder that stops reading (shutdown SHUT_RD: sends to it fail at once)
+ * holds two leases; breaking one fails the event's send, which closes its
+ * connection in the middle of lease_break. Both leases end, the daemon
+ * lives, and the jobs behind them run.
+ */
+TEST(breaking_a_lease_of_a_holder_that_stopped_reading)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a, b;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *admin = client_open(&d);
+	alloc_shareable(admin, "s", MIB, false);
+	alloc_shareable(admin, "t", MIB, false);
+	attach(holder, "s", true, &a);
+	attach(holder, "t", true, &b);
+	uint64_t fill_s = submit(admin, "fill", "s"), fill_t = submit(admin, "fill", "t");
+	expect_behind_lease(admin, fill_s, a.lease);
+	expect_behind_lease(admin, fill_t, b.lease);
+	CHECK(shutdown(gpuq_fd(holder), SHUT_RD) == 0);
+	request_ok(admin, "lease_break", "lease", a.lease, "lease_break of a holder that does not read");
+	expect_done(admin, fill_s);
+	expect_done(admin, fill_t); /* the holder's connection closed: its other lease ended too */
+	CHECK_EQ(lease_count(admin), 0);
+	CHECKF(daemon_alive(&d), "gpuqd died");
+	unmap_ended(admin, &a);
+	unmap_ended(admin, &b);
+	gpuq_close(admin);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
+/*
+ * A reset of the device ends its leases (the holder is told) after its
+ * buffers are marked lost: an orphaned ephemeral buffer whose last lease
+ * that was is dropped as lost, and the device serves again.
+ */
+TEST(a_device_reset_ends_the_lease_on_an_orphaned_ephemeral_buffer)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	char seen[32] = "";
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *maker = client_open(&d), *holder = client_open(&d);
+	gpuq_set_event_handler(holder, on_event, seen);
+	alloc_shareable(maker, "e", MIB, true);
+	attach(holder, "e", true, &a);
+	gpuq_close(maker);
+	request_ok(holder, "reset_device", "device", 0, "reset_device");
+	CHECKF(buffer_goes(holder, "e"), "the orphan stayed after the reset ended its lease");
+	CHECK_STR(seen, "lease_broken");
+	CHECK_EQ(lease_count(holder), 0);
+	unmap_ended(holder, &a);
+	do_alloc(holder, "after", 0, MIB);
+	do_fill_random(holder, "after", 5);
+	int ref = memfd_random(MIB, 5);
+	do_alloc(holder, "ref", 0, MIB);
+	do_put(holder, "ref", ref);
+	CHECK_EQ(do_checksum(holder, "after"), do_checksum(holder, "ref"));
+	close(ref);
+	gpuq_close(holder);
 	daemon_stop(&d);
 }

@@ -274,14 +274,6 @@ static uint64_t job_of(struct gpuq_reply *r)
 	return id;
 }
 
-static struct gpuq_reply *wait_job(struct gpuq_client *c, uint64_t id)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "wait");
-	mp_put_u64(&req, "job", id);
-	return call(c, &req, NULL, 0);
-}
-
 TEST(region_free_waits_for_the_jobs_that_use_it)
 {
 	struct daemon_proc d;
@@ -302,10 +294,10 @@ TEST(region_free_waits_for_the_jobs_that_use_it)
 	mp_put_str(&req, "name", "r");
 	uint64_t freeing = job_of(call(c, &req, NULL, 0));
 	expect_refused(region_xfer(c, true, "r", "b", true), GPUQ_E_BUSY, "being freed");
-	struct gpuq_reply *w = wait_job(c, freeing);
+	struct gpuq_reply *w = job_request(c, "wait", freeing, 0);
 	expect_ok(w, "region_free");
 	gpuq_reply_free(w);
-	w = wait_job(c, put);
+	w = job_request(c, "wait", put, 0);
 	expect_ok(w, "the put the free waited for");
 	gpuq_reply_free(w);
 	CHECK_EQ(do_checksum(c, "b"), host_checksum(r.ptr, r.bytes));
