@@ -73,7 +73,9 @@ TEST(descriptors_that_no_request_declares_are_closed_and_refused)
 	/* the pipe rides on the ping, which declares none; the put that follows declares one */
 	raw_send_fds(fd, ping.data, ping.size, &p[0], 1);
 	close(p[0]);
-	raw_write(fd, put.data, put.size);
+	/* gpuqd may have refused the stream already (EPIPE): the put need not arrive */
+	ssize_t sent = write(fd, put.data, put.size);
+	(void)sent;
 	expect_raw(fd, "ok", NULL); /* the ping */
 	expect_raw(fd, "bad_frame", "do not declare them");
 	CHECKF(raw_closed_by_peer(fd, 2000), "the connection stayed open");
