@@ -347,7 +347,7 @@ void job_render(const struct job *job, bool with_result, struct mp_map *out)
 	mp_put_str(out, "op", job->kind->op);
 	mp_put_str(out, "state", gpuq_job_state_name(state));
 	mp_put_u64(out, "owner", (uint64_t)job->owner);
-	mp_put_i64(out, "device", job->parts ? job->parts[0].device : job->work.device);
+	mp_put_i64(out, "device", job_device(job, 0));
 	if (job->parts) {
 		struct mp_array devices;
 		mp_array_init(&devices);

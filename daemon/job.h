@@ -102,6 +102,23 @@ struct job {
 	struct job *older, *newer;
 };
 
+/* A job's works: its gang parts, or its one work. */
+static inline int job_nworks(const struct job *job)
+{
+	return job->parts ? job->nparts : 1;
+}
+
+static inline struct work *job_work(struct job *job, int i)
+{
+	return job->parts ? &job->parts[i] : &job->work;
+}
+
+/* The device work i of the job runs on. */
+static inline int job_device(const struct job *job, int i)
+{
+	return job->parts ? job->parts[i].device : job->work.device;
+}
+
 #define JOB_BUCKETS 4096
 
 struct job_table {

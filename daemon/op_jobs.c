@@ -196,10 +196,9 @@ static int read_priority(struct request *req, int *priority, struct gpuq_error *
 /* What every work of job tells its scheduler: priority, whose share (weight), which job. */
 static void job_set_scheduling(struct job *job, int priority, double weight)
 {
-	int n = job->parts ? job->nparts : 1;
 	job->priority = priority;
-	for (int i = 0; i < n; i++) {
-		struct work *w = job->parts ? &job->parts[i] : &job->work;
+	for (int i = 0; i < job_nworks(job); i++) {
+		struct work *w = job_work(job, i);
 		w->priority = priority;
 		w->owner_uid = job->owner;
 		w->weight = weight;
@@ -286,10 +285,9 @@ static void job_log_outcome(const struct job *job)
 {
 	char gpus[160];
 	size_t used = 0;
-	int n = job->parts ? job->nparts : 1;
-	for (int i = 0; i < n && used < sizeof gpus; i++)
+	for (int i = 0; i < job_nworks(job) && used < sizeof gpus; i++)
 		used += (size_t)snprintf(gpus + used, sizeof gpus - used, "%s%d", i ? "," : "",
-					 job->parts ? job->parts[i].device : job->work.device);
+					 job_device(job, i));
 	enum log_level level = LOG_LEVEL_INFO;
 	if (job->error.code == GPUQ_E_DEVICE_ERROR || job->error.code == GPUQ_E_INTERNAL)
 		level = LOG_LEVEL_ERROR;
@@ -347,9 +345,8 @@ void job_on_done(struct work *work, void *arg)
 /* Ends a job none of whose works has started (they are out of every queue). */
 static void cancel_unqueued(struct daemon *d, struct job *job, const char *why)
 {
-	int n = job->parts ? job->nparts : 1;
-	for (int i = 0; i < n; i++) {
-		struct work *w = job->parts ? &job->parts[i] : &job->work;
+	for (int i = 0; i < job_nworks(job); i++) {
+		struct work *w = job_work(job, i);
 		gpuq_fail(&w->error, GPUQ_E_CANCELLED, "%s", why);
 		w->result.seconds = 0;
 		job_work_returned(job);
@@ -372,9 +369,8 @@ void jobs_cancel_queued(struct daemon *d)
 void job_cancel_running(struct daemon *d, struct job *job)
 {
 	job_request_cancel(job);
-	int n = job->parts ? job->nparts : 1;
-	for (int i = 0; i < n; i++) /* a job waiting for something slow looks at its flag now */
-		worker_kick(&d->pool, job->parts ? job->parts[i].device : job->work.device);
+	for (int i = 0; i < job_nworks(job); i++) /* a job waiting for something slow looks at its flag now */
+		worker_kick(&d->pool, job_device(job, i));
 }
 
 void jobs_cancel_running_on(struct daemon *d, int device)
@@ -382,9 +378,8 @@ void jobs_cancel_running_on(struct daemon *d, int device)
 	for (struct job *j = d->jobs.oldest; j; j = j->newer) {
 		if (job_current_state(j) != GPUQ_JOB_RUNNING)
 			continue;
-		int n = j->parts ? j->nparts : 1;
-		for (int i = 0; i < n; i++)
-			if ((j->parts ? j->parts[i].device : j->work.device) == device) {
+		for (int i = 0; i < job_nworks(j); i++)
+			if (job_device(j, i) == device) {
 				job_cancel_running(d, j);
 				break;
 			}

@@ -436,12 +436,11 @@ int quota_check_job(struct daemon *d, const struct conn *c, const struct job *jo
 		return 0;
 	struct client_ids ids;
 	client_ids(c, &ids);
-	int n = job->parts ? job->nparts : 1;
-	for (int i = 0; i < n; i++)
-		if (check_device(d, &ids, job->parts ? job->parts[i].device : job->work.device, err) < 0)
+	for (int i = 0; i < job_nworks(job); i++)
+		if (check_device(d, &ids, job_device(job, i), err) < 0)
 			return -1;
 	const struct quota_rule *rules[MAX_GOVERNING];
-	n = governing(&d->svc.quotas, &ids, LIMIT_JOBS, rules);
+	int n = governing(&d->svc.quotas, &ids, LIMIT_JOBS, rules);
 	unsigned active = quota_active_jobs(&d->svc.usage, c->uid);
 	for (int i = 0; i < n; i++)
 		if (active >= rules[i]->queued_jobs)

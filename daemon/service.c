@@ -18,12 +18,6 @@
 
 #define TICK_MS 1000
 
-/* The job's (first) device. */
-static int job_device(const struct job *j)
-{
-	return j->parts ? j->parts[0].device : j->work.device;
-}
-
 static void print_count(const char *name, uint64_t n)
 {
 	if (n == QUOTA_UNLIMITED)
@@ -192,7 +186,7 @@ void service_scan_deadlines(struct job_table *t, double now, unsigned deadline_s
 			job_request_cancel(j); /* waiting jobs look at it within SCHED_HOST_RECHECK_S */
 			out->cancelled++;
 			log_warn("job %llu (%s on device %d, uid %d) has run %.0f s, past job-deadline %u s; cancelling it",
-				 (unsigned long long)j->id, j->kind->op, job_device(j), (int)j->owner,
+				 (unsigned long long)j->id, j->kind->op, job_device(j, 0), (int)j->owner,
 				 ran, deadline_s);
 		}
 		if (ran <= (double)deadline_s + grace_s)
@@ -219,8 +213,8 @@ static void check_deadlines(struct daemon *d, struct deadline_scan *scan)
 	log_error("job %llu (%s on device %d) has run %.0f s, past job-deadline %u s and its %u s grace, and ignores cancellation: "
 		  "the worker of device %d is stuck; %s",
 		  (unsigned long long)scan->stuck_job->id, scan->stuck_job->kind->op,
-		  job_device(scan->stuck_job), scan->stuck_for, d->opt.job_deadline_s,
-		  d->opt.job_deadline_grace_s, job_device(scan->stuck_job),
+		  job_device(scan->stuck_job, 0), scan->stuck_for, d->opt.job_deadline_s,
+		  d->opt.job_deadline_grace_s, job_device(scan->stuck_job, 0),
 		  s->notify.watchdog_usec ? "withholding the watchdog so that systemd restarts gpuqd"
 					  : "restart gpuqd");
 }
