@@ -1,7 +1,7 @@
 /*
  * Source for a program's own kernel: CUDA C++ that NVRTC compiles
  * (workers/chain_nvrtc.h). The generated text is a body class G for the
- * loops of kernels/chain_ops.cuh (gq_elementwise, gq_reduce_tile): the
+ * loops of kernels/chain_ops.cuh (gq_elementwise, gq_reduce_tiles): the
  * program's nodes as straight-line code on named temporaries, each
  * computed and rounded with the same gq_op and gq_round the interpreted
  * kernels call, so it gives their bits. Constants stay in the kernel's
