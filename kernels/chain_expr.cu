@@ -103,6 +103,9 @@ struct interp {
 	static __device__ __forceinline__ void load(const struct kernels_expr &, gq_u64, gq_u64, regs &)
 	{
 	}
+	static __device__ __forceinline__ void load_item(const struct kernels_expr &, gq_u64, regs &)
+	{
+	}
 	/* The variables' values at element i (0 for those only written). */
 	static __device__ __forceinline__ void vars_at(const struct kernels_expr &p, gq_u64 i,
 						       const bcast &b, double *var)
@@ -158,7 +161,7 @@ template <unsigned K>
 static __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)
 	expr_reduce_kernel(const __grid_constant__ struct kernels_expr p, struct kernels_partial *out)
 {
-	gq_reduce_tile<interp, K>(p, out);
+	gq_reduce_tiles<interp, K>(p, out);
 }
 
 /* The tile kernel of each reduction (index: the kind; 0 unused). */
@@ -224,6 +227,7 @@ static cudaError_t per_sm(K kernel, std::atomic<int> &cached, int *out)
 }
 
 static std::atomic<int> g_run_per_sm, g_read_per_sm, g_combine_per_sm;
+static std::atomic<int> g_reduce_per_sm[KERNELS_REDUCE_KINDS];
 
 /* One wave of `kernel` (per_sm blocks on each of the device's SMs), or fewer when items need fewer. */
 static cudaError_t wave(int per_sm_blocks, gq_u64 items, unsigned *blocks)
@@ -244,10 +248,8 @@ extern "C" cudaError_t kernels_expr_prepare(void)
 	cudaError_t e = grid_current_sms(&n);
 	if (e == cudaSuccess)
 		e = per_sm(expr_run_kernel, g_run_per_sm, &n);
-	for (unsigned k = 1; k < KERNELS_REDUCE_KINDS && e == cudaSuccess; k++) {
-		cudaFuncAttributes a; /* loads the kernel: none may load during a capture */
-		e = cudaFuncGetAttributes(&a, reduce_kernels[k]);
-	}
+	for (unsigned k = 1; k < KERNELS_REDUCE_KINDS && e == cudaSuccess; k++)
+		e = per_sm(reduce_kernels[k], g_reduce_per_sm[k], &n); /* loads it: none may load in a capture */
 	if (e == cudaSuccess)
 		e = per_sm(reduce_combine_kernel, g_combine_per_sm, &n);
 	if (e == cudaSuccess)
@@ -289,9 +291,14 @@ extern "C" cudaError_t kernels_expr_reduce(const struct kernels_expr *x, struct 
 	gq_u64 ntiles = kernels_reduce_tiles(x->count);
 	if (ntiles == 0)
 		return cudaSuccess;
-	if (ntiles > 0x7fffffffull)
-		return cudaErrorInvalidValue;
-	reduce_kernels[x->prog.reduce]<<<(unsigned)ntiles, KERNELS_REDUCE_THREADS, 0, stream>>>(*x, tiles);
+	int n, sms;
+	cudaError_t e = per_sm(reduce_kernels[x->prog.reduce], g_reduce_per_sm[x->prog.reduce], &n);
+	if (e == cudaSuccess)
+		e = grid_current_sms(&sms);
+	if (e != cudaSuccess)
+		return e;
+	gq_u64 blocks = kernels_reduce_blocks(ntiles, (gq_u64)sms * (gq_u64)n);
+	reduce_kernels[x->prog.reduce]<<<(unsigned)blocks, KERNELS_REDUCE_THREADS, 0, stream>>>(*x, tiles);
 	return cudaGetLastError();
 }
 

@@ -317,7 +317,8 @@ template <> struct gq_io<KERNELS_EXPR_BF16> : gq_io16<KERNELS_EXPR_BF16> {};
 /*
  * out = program(in) over p.count elements, for a body G that supplies:
  *   G::regs, G::load(p, item, nitems, regs): the raw items of the variables
- *     it reads (zeros past nitems);
+ *     it reads (zeros past nitems); G::load_item(p, item, regs) the same
+ *     for an item known to exist, without the check;
  *   G::bcast, G::load_bcast(p, bcast): the broadcast variables, once;
  *   G::items(p, i0, r0, i1, r1, has1, bcast): computes item i0 and, when
  *     has1, item i1, from their registers, and stores them: the body gets
@@ -367,69 +368,133 @@ static __device__ __forceinline__ void gq_reduce_tree(unsigned kind, struct kern
 }
 
 /*
- * One tile of a reduction of kind K (blockIdx.x is the tile; blocks of
- * KERNELS_REDUCE_THREADS): out[tile] is the tile's result. The body G
- * supplies regs/load/bcast/load_bcast as above and
- *   G::values(p, item, regs, bcast, v): the 4 values of an item, as doubles;
- *   G::value1(p, i, bcast): the value of element i.
- * A full tile loads four items before it folds them, so that bytes stay in
- * flight; the last tile checks every element against the count. K is a
- * constant so that each of the tile's 64 folds compiles to its one case.
+ * Group q (items 4q .. 4q + 3 of thread j) of full tile t into r. Without
+ * a bounds check: a check per load makes ptxas issue the next group's loads
+ * after the current group's folds, and then nothing is in flight meanwhile.
  */
-template <class G, unsigned K>
-static __device__ __forceinline__ void gq_reduce_tile(const struct kernels_expr &p,
-						      struct kernels_partial *out)
+template <class G>
+static __device__ __forceinline__ void gq_reduce_load(const struct kernels_expr &p, gq_u64 t, int q,
+						      typename G::regs *r)
 {
-	__shared__ struct kernels_partial s[KERNELS_REDUCE_THREADS];
-	const unsigned kind = K, j = threadIdx.x;
-	const gq_u64 count = p.count, nitems = count / KERNELS_EXPR_ITEM;
-	const gq_u64 base = (gq_u64)blockIdx.x * (KERNELS_REDUCE_TILE / KERNELS_EXPR_ITEM);
-	typename G::bcast b;
-	G::load_bcast(p, b);
-	struct kernels_partial acc = kernels_reduce_identity(kind);
-	if (base + KERNELS_REDUCE_TILE / KERNELS_EXPR_ITEM <= nitems) {
+	const gq_u64 first = t * (KERNELS_REDUCE_TILE / KERNELS_EXPR_ITEM) + threadIdx.x;
 #pragma unroll
-		for (int g = 0; g < KERNELS_REDUCE_ITEMS; g += 4) {
-			typename G::regs r[4];
-#pragma unroll
-			for (int k = 0; k < 4; k++)
-				G::load(p, base + (gq_u64)(g + k) * KERNELS_REDUCE_THREADS + j, nitems, r[k]);
-#pragma unroll
-			for (int k = 0; k < 4; k++) {
-				double v[KERNELS_EXPR_ITEM];
-				gq_u64 first = (base + (gq_u64)(g + k) * KERNELS_REDUCE_THREADS + j) *
-					       KERNELS_EXPR_ITEM;
-				G::values(p, first / KERNELS_EXPR_ITEM, r[k], b, v);
-#pragma unroll
-				for (int e = 0; e < KERNELS_EXPR_ITEM; e++)
-					acc = kernels_reduce_fold(kind, acc, v[e], first + e);
-			}
-		}
-	} else {
-		for (int g = 0; g < KERNELS_REDUCE_ITEMS; g++) {
-			gq_u64 item = base + (gq_u64)g * KERNELS_REDUCE_THREADS + j;
-			for (int e = 0; e < KERNELS_EXPR_ITEM; e++) {
-				gq_u64 i = item * KERNELS_EXPR_ITEM + e;
-				if (i < count)
-					acc = kernels_reduce_fold(kind, acc, G::value1(p, i, b), i);
-			}
-		}
-	}
-	s[j] = acc;
-	gq_reduce_tree(kind, s);
-	if (j == 0)
-		out[blockIdx.x] = s[0];
+	for (int k = 0; k < 4; k++)
+		G::load_item(p, first + (gq_u64)(4 * q + k) * KERNELS_REDUCE_THREADS, r[k]);
 }
 
-/* The tiles' results in[0..n) folded into out[0] (one block of KERNELS_REDUCE_THREADS). */
+/* Group q of full tile t, loaded in r, folded into acc: each item, then its elements, in order. */
+template <class G, unsigned K>
+static __device__ __forceinline__ void gq_reduce_fold(const struct kernels_expr &p, gq_u64 t, int q,
+						      const typename G::regs *r,
+						      const typename G::bcast &b,
+						      struct kernels_partial &acc)
+{
+	const gq_u64 first = t * (KERNELS_REDUCE_TILE / KERNELS_EXPR_ITEM) + threadIdx.x;
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		double v[KERNELS_EXPR_ITEM];
+		gq_u64 item = first + (gq_u64)(4 * q + k) * KERNELS_REDUCE_THREADS;
+		G::values(p, item, r[k], b, v);
+#pragma unroll
+		for (int e = 0; e < KERNELS_EXPR_ITEM; e++)
+			acc = kernels_reduce_fold(K, acc, v[e], item * KERNELS_EXPR_ITEM + e);
+	}
+}
+
+/* Tile t, the last and not full: every element checked against the count. */
+template <class G, unsigned K>
+static __device__ __forceinline__ struct kernels_partial gq_reduce_last(const struct kernels_expr &p,
+									gq_u64 t,
+									const typename G::bcast &b)
+{
+	struct kernels_partial acc = kernels_reduce_identity(K);
+	const gq_u64 first = t * (KERNELS_REDUCE_TILE / KERNELS_EXPR_ITEM) + threadIdx.x;
+	for (int g = 0; g < KERNELS_REDUCE_ITEMS; g++) {
+		gq_u64 item = first + (gq_u64)g * KERNELS_REDUCE_THREADS;
+		for (int e = 0; e < KERNELS_EXPR_ITEM; e++) {
+			gq_u64 i = item * KERNELS_EXPR_ITEM + e;
+			if (i < p.count)
+				acc = kernels_reduce_fold(K, acc, G::value1(p, i, b), i);
+		}
+	}
+	return acc;
+}
+
+/*
+ * The tiles of a reduction of kind K (blocks of KERNELS_REDUCE_THREADS):
+ * out[t] is tile t's result. The grid is persistent: block b computes tiles
+ * b, b + gridDim.x, ..., each exactly as one block per tile would (the
+ * order is the tile's, not the grid's), so the grid's size never changes a
+ * result. Blocks stay resident so that no block's start or its tree leaves
+ * the memory system idle: a thread keeps the next group of 4 items (the
+ * next tile's first, at a tile's end) loading while it folds the current
+ * one and while the block folds its tree. The body G supplies
+ * regs/load/bcast/load_bcast as for gq_elementwise, and
+ *   G::values(p, item, regs, bcast, v): the 4 values of an item, as doubles;
+ *   G::value1(p, i, bcast): the value of element i.
+ * K is a constant so that each fold compiles to its one case.
+ */
+template <class G, unsigned K>
+static __device__ __forceinline__ void gq_reduce_tiles(const struct kernels_expr &p,
+						       struct kernels_partial *out)
+{
+	__shared__ struct kernels_partial s[KERNELS_REDUCE_THREADS];
+	const gq_u64 ntiles = (p.count + KERNELS_REDUCE_TILE - 1) / KERNELS_REDUCE_TILE;
+	const gq_u64 nfull = p.count / KERNELS_REDUCE_TILE;
+	typename G::bcast b;
+	typename G::regs cur[4], next[4];
+	G::load_bcast(p, b);
+	if (blockIdx.x < nfull)
+		gq_reduce_load<G>(p, blockIdx.x, 0, cur);
+	for (gq_u64 t = blockIdx.x; t < ntiles; t += gridDim.x) {
+		struct kernels_partial acc = kernels_reduce_identity(K);
+		if (t < nfull) {
+			/* The next tile's first group, or (none full) this one's again, unused. */
+			const gq_u64 then = t + gridDim.x < nfull ? t + gridDim.x : t;
+#pragma unroll
+			for (int q = 0; q < KERNELS_REDUCE_ITEMS / 4; q++) {
+				if (q + 1 < KERNELS_REDUCE_ITEMS / 4)
+					gq_reduce_load<G>(p, t, q + 1, next);
+				else
+					gq_reduce_load<G>(p, then, 0, next);
+				gq_reduce_fold<G, K>(p, t, q, cur, b, acc);
+#pragma unroll
+				for (int k = 0; k < 4; k++)
+					cur[k] = next[k];
+			}
+		} else {
+			acc = gq_reduce_last<G, K>(p, t, b);
+		}
+		s[threadIdx.x] = acc;
+		gq_reduce_tree(K, s);
+		if (threadIdx.x == 0)
+			out[t] = s[0];
+	}
+}
+
+/*
+ * The tiles' results in[0..n) folded into out[0] (one block of
+ * KERNELS_REDUCE_THREADS). Thread j folds tiles j, j + THREADS, ... in that
+ * order; it loads them 8 at a time before folding them, since one load per
+ * fold would wait out the memory latency n / THREADS times in a row.
+ */
 static __device__ __forceinline__ void gq_reduce_combine(unsigned kind, const struct kernels_partial *in,
 							 gq_u64 n, struct kernels_partial *out)
 {
 	__shared__ struct kernels_partial s[KERNELS_REDUCE_THREADS];
 	const unsigned j = threadIdx.x;
 	struct kernels_partial acc = kernels_reduce_identity(kind);
-	for (gq_u64 t = j; t < n; t += KERNELS_REDUCE_THREADS)
-		acc = kernels_reduce_merge(kind, acc, in[t]);
+	for (gq_u64 t = j; t < n; t += 8 * KERNELS_REDUCE_THREADS) {
+		struct kernels_partial v[8];
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			if (t + (gq_u64)k * KERNELS_REDUCE_THREADS < n)
+				v[k] = in[t + (gq_u64)k * KERNELS_REDUCE_THREADS];
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			if (t + (gq_u64)k * KERNELS_REDUCE_THREADS < n)
+				acc = kernels_reduce_merge(kind, acc, v[k]);
+	}
 	s[j] = acc;
 	gq_reduce_tree(kind, s);
 	if (j == 0)

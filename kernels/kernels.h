@@ -124,10 +124,25 @@ cudaError_t kernels_expr_prepare(void);
 /* The elementwise program x over x->count elements (x->repeat times per element). */
 cudaError_t kernels_expr_run(const struct kernels_expr *x, cudaStream_t stream);
 
-/* Tiles of a reduction of count elements (kernels/chain_abi.h): one block each. */
+/* Tiles of a reduction of count elements (kernels/chain_abi.h). */
 static inline uint64_t kernels_reduce_tiles(uint64_t count)
 {
 	return (count + KERNELS_REDUCE_TILE - 1) / KERNELS_REDUCE_TILE;
+}
+
+/*
+ * Blocks of a reduction's persistent tile kernel for ntiles tiles, given
+ * `wave` blocks resident at once: at most one wave, and as few as give
+ * every block the same number of tiles as the busiest one, so that no
+ * block runs a tile alone at the end (16384 tiles on a wave of 1056: 1024
+ * blocks of 16 tiles, not 1056 of 15 or 16).
+ */
+static inline uint64_t kernels_reduce_blocks(uint64_t ntiles, uint64_t wave)
+{
+	if (ntiles == 0)
+		return 0;
+	uint64_t per_block = (ntiles + (wave ? wave : 1) - 1) / (wave ? wave : 1);
+	return (ntiles + per_block - 1) / per_block;
 }
 
 /* The reduction program x's tiles: tiles[t] for each of kernels_reduce_tiles(x->count). */

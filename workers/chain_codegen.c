@@ -165,14 +165,15 @@ static void put_storage(struct text *t, const chain_prog *g)
 		if (var_bcast(g, v))
 			put(t, "\t\tb.v%u = gq_io<%s>::ld1(p.var[%u], 0);\n", v, type_macro(g->var_dtype[v]), v);
 	put(t, "\t}\n");
-	put(t, "\tstatic __device__ __forceinline__ void load(const kernels_expr &p, gq_u64 item, "
-	       "gq_u64 nitems, regs &r)\n\t{\n\t\tr = regs();\n\t\tif (item >= nitems)\n"
-	       "\t\t\treturn;\n");
+	put(t, "\tstatic __device__ __forceinline__ void load_item(const kernels_expr &p, gq_u64 item, "
+	       "regs &r)\n\t{\n\t\t(void)p;\n\t\t(void)item;\n\t\t(void)r;\n");
 	for (unsigned v = 0; v < g->nvars; v++)
 		if (var_loaded_full(g, v))
 			put(t, "\t\tr.v%u = gq_io<%s>::ld4(p.var[%u], item);\n", v,
 			    type_macro(g->var_dtype[v]), v);
-	put(t, "\t\t(void)p;\n\t}\n");
+	put(t, "\t}\n\tstatic __device__ __forceinline__ void load(const kernels_expr &p, gq_u64 item, "
+	       "gq_u64 nitems, regs &r)\n\t{\n\t\tr = regs();\n\t\tif (item < nitems)\n"
+	       "\t\t\tload_item(p, item, r);\n\t}\n");
 }
 
 /* "float (&v0)[N], const double v1": each variable's N elements, a broadcast one's value. */
@@ -213,6 +214,23 @@ static void put_run_elem(struct text *t, const chain_prog *g)
 		put(t, ";\n\t\t}\n");
 	}
 	put(t, "\t\t}\n\t\t}\n\t}\n");
+}
+
+bool chain_codegen_one_stream(const chain_prog *g)
+{
+	unsigned loads = 0, stores = 0;
+	if (g->reduce != KERNELS_REDUCE_NONE)
+		return false;
+	for (unsigned v = 0; v < g->nvars; v++) {
+		if (g->var_dtype[v] == KERNELS_EXPR_F64)
+			return false;
+		loads += var_loaded_full(g, v);
+		stores += (g->var_flags[v] & KERNELS_EXPR_STORE) != 0;
+	}
+	for (unsigned n = 0; n < g->nnodes; n++)
+		if (g->node[n].type == KERNELS_EXPR_F64)
+			return false;
+	return loads <= 1 && stores <= 1;
 }
 
 /* Each full variable's n elements: from raw registers (r0, r1), loaded at i (n == 1), or zeros. */
@@ -266,8 +284,9 @@ static void put_run(struct text *t, const chain_prog *g)
 	put_args(t, g);
 	put(t, ");\n");
 	put_stores(t, g, 1);
-	put(t, "\t}\n};\n\nextern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)\n"
-	       "gq_run(const __grid_constant__ kernels_expr p)\n{\n\tgq_elementwise<G>(p);\n}\n");
+	put(t, "\t}\n};\n\nextern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS, %d)\n"
+	       "gq_run(const __grid_constant__ kernels_expr p)\n{\n\tgq_elementwise<G>(p);\n}\n",
+	    chain_codegen_one_stream(g) ? CHAIN_CODEGEN_ONE_STREAM_BLOCKS : 1);
 }
 
 /* The reduced values of N elements: the root's, or for dot the two roots' product in double. */
@@ -300,7 +319,7 @@ static void put_reduce(struct text *t, const chain_prog *g)
 	put(t, ", out);\n\t\treturn out[0];\n\t}\n};\n\n"
 	       "extern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)\n"
 	       "gq_reduce(const __grid_constant__ kernels_expr p, kernels_partial *out)\n{\n"
-	       "\tgq_reduce_tile<G, %u>(p, out);\n}\n", g->reduce);
+	       "\tgq_reduce_tiles<G, %u>(p, out);\n}\n", g->reduce);
 }
 
 char *chain_codegen_source(const chain_prog *prog)

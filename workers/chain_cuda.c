@@ -79,7 +79,7 @@ static void cuda_expr(const struct chain_spec *spec, struct kernels_expr *x)
 	x->prog = spec->prog;
 }
 
-/* The compiled kernel: one wave of it (the elementwise loop), or one block per tile. */
+/* The compiled kernel: one wave of it (the elementwise loop), or its persistent tile grid. */
 static cudaError_t cuda_launch_compiled(const struct chain_module *m, int sms,
 					const struct chain_spec *spec, const struct cuda_plan *p,
 					cudaStream_t s)
@@ -88,13 +88,15 @@ static cudaError_t cuda_launch_compiled(const struct chain_module *m, int sms,
 	struct kernels_partial *tiles = p->tiles;
 	void *params[2] = { &x, &tiles };
 	cuda_expr(spec, &x);
+	uint64_t wave = (uint64_t)(sms > 0 ? sms : 1) * (uint64_t)m->blocks_per_sm;
 	if (m->reduce)
-		return p->ntiles ? chain_module_launch(m, (unsigned)p->ntiles, params, s) : cudaSuccess;
+		return p->ntiles ? chain_module_launch(m, (unsigned)kernels_reduce_blocks(p->ntiles, wave),
+						       params, s)
+				 : cudaSuccess;
 	if (spec->count == 0)
 		return cudaSuccess;
 	uint64_t pairs = (spec->count / KERNELS_EXPR_ITEM + 1) / 2;
 	uint64_t need = (pairs + KERNELS_REDUCE_THREADS - 1) / KERNELS_REDUCE_THREADS;
-	uint64_t wave = (uint64_t)(sms > 0 ? sms : 1) * (uint64_t)m->blocks_per_sm;
 	return chain_module_launch(m, (unsigned)(need < 1 ? 1 : need < wave ? need : wave), params, s);
 }
 
