@@ -57,6 +57,9 @@ struct sched_job {
 	/* Staging slots: held now; waiting for one. */
 	unsigned slots_held;
 	bool slot_user, slot_waiting;
+	/* DMA turns (sched_dma_turn): waiting for one, by direction; when it last took one. */
+	bool dma_waiting[SCHED_DMA_DIRS];
+	uint64_t dma_last;
 	struct sched_job *next; /* in flight, by priority then submission */
 };
 
@@ -77,6 +80,10 @@ struct sched {
 	/* The staging ring: which slots are free, and which job holds each. */
 	struct sched_job *slot_holder[GPUQ_MAX_STAGING_SLOTS];
 	unsigned slots_free, slot_users;
+	/* DMAs queued through slots and not yet seen done: each slot's direction + 1, or 0. */
+	unsigned char slot_dma[GPUQ_MAX_STAGING_SLOTS];
+	unsigned dma_queued[SCHED_DMA_DIRS];
+	uint64_t dma_turns; /* turns taken, numbering them */
 	uint64_t memory_epoch;
 	/* Waking from an idle sleep (sched_notify). */
 	atomic_bool notified, sleeping;
@@ -319,6 +326,7 @@ static void job_record_put(struct sched *s, struct sched_job *j)
 
 /* Slots a job still holds when it ends (a path that failed between acquire and release). */
 static bool slot_idle(void *arg);
+static void slot_dma_clear(struct sched *s, unsigned slot);
 
 static void reclaim_slots(struct sched *s, struct sched_job *j)
 {
@@ -329,6 +337,7 @@ static void reclaim_slots(struct sched *s, struct sched_job *j)
 		struct { struct device *dev; unsigned slot; } arg = { dev, i };
 		if (!dev->faulted)
 			sched_wait_device(slot_idle, &arg);
+		slot_dma_clear(s, i);
 		s->slot_holder[i] = NULL;
 		s->slots_free++;
 		j->slots_held--;
@@ -785,14 +794,38 @@ static unsigned slot_share(const struct sched *s)
 	return share ? share : 1;
 }
 
+/* The bytes a transfer has still to move (as its progress says); unknown: as many as can be. */
+static uint64_t bytes_left(const struct sched_job *j)
+{
+	uint64_t total = atomic_load_explicit(&j->work->progress_total, memory_order_relaxed);
+	uint64_t done = atomic_load_explicit(&j->work->progress_bytes, memory_order_relaxed);
+	return total == 0 ? UINT64_MAX : total > done ? total - done : 0;
+}
+
+/*
+ * Whether job a goes before job b for a staging slot or a DMA turn: -1 if
+ * so, 1 if b goes first, 0 if neither by these rules. The more urgent
+ * first; within a priority, the one with fewer bytes left, so that a short
+ * transfer passes long ones instead of waiting for a turn behind each.
+ * (A steady stream of short transfers could keep a long one waiting: the
+ * price of small jobs never waiting behind big ones.)
+ */
+static int job_claim_order(const struct sched_job *a, const struct sched_job *b)
+{
+	if (a->work->priority != b->work->priority)
+		return a->work->priority < b->work->priority ? -1 : 1;
+	uint64_t la = bytes_left(a), lb = bytes_left(b);
+	return la != lb ? (la < lb ? -1 : 1) : 0;
+}
+
 /* Whether another job has the better claim to the next free slot. */
 static bool slot_outranked(const struct sched *s, const struct sched_job *j)
 {
 	for (const struct sched_job *o = s->inflight; o; o = o->next) {
 		if (o == j || !o->slot_waiting || o->slots_held >= slot_share(s))
 			continue;
-		if (o->work->priority < j->work->priority ||
-		    (o->work->priority == j->work->priority && o->slots_held < j->slots_held))
+		int order = job_claim_order(o, j);
+		if (order < 0 || (order == 0 && o->slots_held < j->slots_held))
 			return true;
 	}
 	return false;
@@ -840,9 +873,94 @@ void sched_slot_release(struct device *dev, unsigned slot)
 	struct sched *s = dev->sched;
 	if (!s || slot >= dev->config.staging_slots || !s->slot_holder[slot])
 		return;
+	slot_dma_clear(s, slot);
 	s->slot_holder[slot]->slots_held--;
 	s->slot_holder[slot] = NULL;
 	s->slots_free++;
+}
+
+/* ---- DMA turns ---- */
+
+static void slot_dma_clear(struct sched *s, unsigned slot)
+{
+	if (s->slot_dma[slot]) {
+		s->dma_queued[s->slot_dma[slot] - 1]--;
+		s->slot_dma[slot] = 0;
+	}
+}
+
+/* Forgets the queued DMAs of dir that are done; returns how many of them job still has queued. */
+static unsigned dma_refresh(struct sched *s, const struct sched_job *job, enum sched_dma dir)
+{
+	struct device *dev = s->dev;
+	unsigned mine = 0, seen = 0;
+	for (unsigned i = 0; i < dev->config.staging_slots && seen < s->dma_queued[dir]; i++) {
+		if (s->slot_dma[i] != dir + 1)
+			continue;
+		struct { struct device *dev; unsigned slot; } arg = { dev, i };
+		if (slot_idle(&arg)) {
+			slot_dma_clear(s, i);
+			continue;
+		}
+		seen++;
+		mine += s->slot_holder[i] == job;
+	}
+	return mine;
+}
+
+/* Whether another job waiting for a turn in dir goes before job (then: whichever had its last turn earlier). */
+static bool dma_outranked(const struct sched *s, const struct sched_job *job, enum sched_dma dir)
+{
+	for (const struct sched_job *o = s->inflight; o; o = o->next) {
+		if (o == job || !o->dma_waiting[dir])
+			continue;
+		int order = job_claim_order(o, job);
+		if (order == 0)
+			order = o->dma_last != job->dma_last ? (o->dma_last < job->dma_last ? -1 : 1)
+							       : (o->work->seq < job->work->seq ? -1 : 1);
+		if (order < 0)
+			return true;
+	}
+	return false;
+}
+
+struct sched_job *sched_dma_job(struct device *dev)
+{
+	struct sched *s = dev->sched;
+	return s && sched_in_job() && s == self ? s->current : NULL;
+}
+
+bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
+{
+	if (!job)
+		return true;
+	struct sched *s = job->s;
+	unsigned mine = dma_refresh(s, job, dir);
+	bool others = s->dma_queued[dir] > mine;
+	if (s->dma_queued[dir] >= SCHED_DMA_QUEUE || (others && mine > 0) ||
+	    dma_outranked(s, job, dir)) {
+		job->dma_waiting[dir] = true;
+		return false;
+	}
+	return true;
+}
+
+void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir)
+{
+	if (!job || slot >= job->s->dev->config.staging_slots)
+		return;
+	struct sched *s = job->s;
+	slot_dma_clear(s, slot);
+	s->slot_dma[slot] = (unsigned char)(dir + 1);
+	s->dma_queued[dir]++;
+	job->dma_waiting[dir] = false;
+	job->dma_last = ++s->dma_turns;
+}
+
+void sched_dma_leave(struct sched_job *job)
+{
+	if (job)
+		memset(job->dma_waiting, 0, sizeof job->dma_waiting);
 }
 
 /* ---- memory ---- */
