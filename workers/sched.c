@@ -53,6 +53,7 @@ struct sched_job {
 	void *ready_arg;
 	bool device_wait;
 	double wake_at; /* a sleeping job's deadline (sched_sleep), else 0 */
+	uint64_t round; /* the last round that resumed it */
 	bool paused; /* yielded without doing anything (sched_pause) */
 	/* Staging slots: held now; waiting for one. */
 	unsigned slots_held;
@@ -72,6 +73,7 @@ struct sched {
 	unsigned nfree_jobs;
 	struct sched_job *inflight;
 	struct sched_job *current; /* the job whose fiber runs now */
+	uint64_t rounds; /* sched_round's, numbering them */
 	unsigned ninflight;
 	unsigned inflight_by_level[GPUQ_PRIORITIES];
 	struct sched_lane *free_lanes[GPUQ_PRIORITIES];
@@ -500,34 +502,56 @@ static bool sched_admit(struct sched *s)
 
 /* ---- running ---- */
 
-/* Resumes every job whose wait is over; true when any did something. */
+/* Resumes j until it yields or ends; true when it did something. */
+static bool job_resume(struct sched *s, struct sched_job *j, bool *device_waits)
+{
+	j->ready = NULL;
+	j->paused = false;
+	s->current = j;
+	s->dev->lane = j->lane->lane;
+	bool done = fiber_resume(j->fiber);
+	s->current = NULL;
+	s->dev->lane = NULL;
+	if (done) {
+		job_finish(s, j);
+		return true;
+	}
+	if (j->paused)
+		*device_waits = true; /* polling something no one announces */
+	return !j->paused;
+}
+
+/*
+ * Resumes every job whose wait is over, each once, in priority and
+ * submission order; true when any did something. Once a job has run, a
+ * more urgent one passed over as waiting is looked at again before the
+ * rest: its wait may be over by now, and it should not wait for every less
+ * urgent job in flight to take its turn first.
+ */
 static bool sched_round(struct sched *s, bool *device_waits)
 {
 	bool progress = false;
+	uint64_t round = ++s->rounds;
+	int passed_over = GPUQ_PRIORITIES; /* the most urgent level found waiting */
 	*device_waits = false;
 	/* Every predicate is looked at below: what was announced before now is seen. */
 	atomic_store(&s->notified, false);
 	struct sched_job *next;
 	for (struct sched_job *j = s->inflight; j; j = next) {
 		next = j->next;
+		if (j->round == round)
+			continue;
+		int level = level_of(j->work);
 		if (j->ready && !j->ready(j->ready_arg)) {
 			*device_waits = *device_waits || j->device_wait;
+			passed_over = level < passed_over ? level : passed_over;
 			continue;
 		}
-		j->ready = NULL;
-		j->paused = false;
-		s->current = j;
-		s->dev->lane = j->lane->lane;
-		bool done = fiber_resume(j->fiber);
-		s->current = NULL;
-		s->dev->lane = NULL;
-		if (done) {
-			job_finish(s, j);
-			progress = true;
-		} else if (j->paused) {
-			*device_waits = true; /* polling something no one announces */
-		} else {
-			progress = true;
+		j->round = round;
+		progress = job_resume(s, j, device_waits) || progress;
+		if (passed_over < level) {
+			next = s->inflight;
+			passed_over = GPUQ_PRIORITIES;
 		}
 	}
 	return progress;
