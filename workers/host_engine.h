@@ -9,8 +9,10 @@
  * runs on its engine's thread once everything before it in its stream has
  * run; events mark a point in a stream, and a stream may wait for another's
  * event (of any host device), as cudaStreamWaitEvent does. Streams of one
- * device run side by side on different engines; on one engine the most
- * urgent stream goes first.
+ * device run side by side on different engines; on the kernel engine the
+ * most urgent stream goes first; a DMA engine (host-to-device,
+ * device-to-host) stays with its last stream while that has a copy ready,
+ * else takes the copy queued first, whatever its stream, as a GPU's do.
  *
  * Threads: operations are enqueued by the device's worker thread; engine
  * threads run them and tell the device's scheduler (sched_notify) when one

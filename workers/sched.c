@@ -53,10 +53,14 @@ struct sched_job {
 	void *ready_arg;
 	bool device_wait;
 	double wake_at; /* a sleeping job's deadline (sched_sleep), else 0 */
+	uint64_t round; /* the last round that resumed it */
 	bool paused; /* yielded without doing anything (sched_pause) */
 	/* Staging slots: held now; waiting for one. */
 	unsigned slots_held;
 	bool slot_user, slot_waiting;
+	/* DMA turns (sched_dma_turn): waiting for one, by direction; when it last took one. */
+	bool dma_waiting[SCHED_DMA_DIRS];
+	uint64_t dma_last;
 	struct sched_job *next; /* in flight, by priority then submission */
 };
 
@@ -69,6 +73,7 @@ struct sched {
 	unsigned nfree_jobs;
 	struct sched_job *inflight;
 	struct sched_job *current; /* the job whose fiber runs now */
+	uint64_t rounds; /* sched_round's, numbering them */
 	unsigned ninflight;
 	unsigned inflight_by_level[GPUQ_PRIORITIES];
 	struct sched_lane *free_lanes[GPUQ_PRIORITIES];
@@ -77,6 +82,10 @@ struct sched {
 	/* The staging ring: which slots are free, and which job holds each. */
 	struct sched_job *slot_holder[GPUQ_MAX_STAGING_SLOTS];
 	unsigned slots_free, slot_users;
+	/* DMAs queued through slots and not yet seen done: each slot's direction + 1, or 0. */
+	unsigned char slot_dma[GPUQ_MAX_STAGING_SLOTS];
+	unsigned dma_queued[SCHED_DMA_DIRS];
+	uint64_t dma_turns; /* turns taken, numbering them */
 	uint64_t memory_epoch;
 	/* Waking from an idle sleep (sched_notify). */
 	atomic_bool notified, sleeping;
@@ -319,6 +328,7 @@ static void job_record_put(struct sched *s, struct sched_job *j)
 
 /* Slots a job still holds when it ends (a path that failed between acquire and release). */
 static bool slot_idle(void *arg);
+static void slot_dma_clear(struct sched *s, unsigned slot);
 
 static void reclaim_slots(struct sched *s, struct sched_job *j)
 {
@@ -329,6 +339,7 @@ static void reclaim_slots(struct sched *s, struct sched_job *j)
 		struct { struct device *dev; unsigned slot; } arg = { dev, i };
 		if (!dev->faulted)
 			sched_wait_device(slot_idle, &arg);
+		slot_dma_clear(s, i);
 		s->slot_holder[i] = NULL;
 		s->slots_free++;
 		j->slots_held--;
@@ -491,34 +502,56 @@ static bool sched_admit(struct sched *s)
 
 /* ---- running ---- */
 
-/* Resumes every job whose wait is over; true when any did something. */
+/* Resumes j until it yields or ends; true when it did something. */
+static bool job_resume(struct sched *s, struct sched_job *j, bool *device_waits)
+{
+	j->ready = NULL;
+	j->paused = false;
+	s->current = j;
+	s->dev->lane = j->lane->lane;
+	bool done = fiber_resume(j->fiber);
+	s->current = NULL;
+	s->dev->lane = NULL;
+	if (done) {
+		job_finish(s, j);
+		return true;
+	}
+	if (j->paused)
+		*device_waits = true; /* polling something no one announces */
+	return !j->paused;
+}
+
+/*
+ * Resumes every job whose wait is over, each once, in priority and
+ * submission order; true when any did something. Once a job has run, a
+ * more urgent one passed over as waiting is looked at again before the
+ * rest: its wait may be over by now, and it should not wait for every less
+ * urgent job in flight to take its turn first.
+ */
 static bool sched_round(struct sched *s, bool *device_waits)
 {
 	bool progress = false;
+	uint64_t round = ++s->rounds;
+	int passed_over = GPUQ_PRIORITIES; /* the most urgent level found waiting */
 	*device_waits = false;
 	/* Every predicate is looked at below: what was announced before now is seen. */
 	atomic_store(&s->notified, false);
 	struct sched_job *next;
 	for (struct sched_job *j = s->inflight; j; j = next) {
 		next = j->next;
+		if (j->round == round)
+			continue;
+		int level = level_of(j->work);
 		if (j->ready && !j->ready(j->ready_arg)) {
 			*device_waits = *device_waits || j->device_wait;
+			passed_over = level < passed_over ? level : passed_over;
 			continue;
 		}
-		j->ready = NULL;
-		j->paused = false;
-		s->current = j;
-		s->dev->lane = j->lane->lane;
-		bool done = fiber_resume(j->fiber);
-		s->current = NULL;
-		s->dev->lane = NULL;
-		if (done) {
-			job_finish(s, j);
-			progress = true;
-		} else if (j->paused) {
-			*device_waits = true; /* polling something no one announces */
-		} else {
-			progress = true;
+		j->round = round;
+		progress = job_resume(s, j, device_waits) || progress;
+		if (passed_over < level) {
+			next = s->inflight;
+			passed_over = GPUQ_PRIORITIES;
 		}
 	}
 	return progress;
@@ -785,14 +818,38 @@ static unsigned slot_share(const struct sched *s)
 	return share ? share : 1;
 }
 
+/* The bytes a transfer has still to move (as its progress says); unknown: as many as can be. */
+static uint64_t bytes_left(const struct sched_job *j)
+{
+	uint64_t total = atomic_load_explicit(&j->work->progress_total, memory_order_relaxed);
+	uint64_t done = atomic_load_explicit(&j->work->progress_bytes, memory_order_relaxed);
+	return total == 0 ? UINT64_MAX : total > done ? total - done : 0;
+}
+
+/*
+ * Whether job a goes before job b for a staging slot or a DMA turn: -1 if
+ * so, 1 if b goes first, 0 if neither by these rules. The more urgent
+ * first; within a priority, the one with fewer bytes left, so that a short
+ * transfer passes long ones instead of waiting for a turn behind each.
+ * (A steady stream of short transfers could keep a long one waiting: the
+ * price of small jobs never waiting behind big ones.)
+ */
+static int job_claim_order(const struct sched_job *a, const struct sched_job *b)
+{
+	if (a->work->priority != b->work->priority)
+		return a->work->priority < b->work->priority ? -1 : 1;
+	uint64_t la = bytes_left(a), lb = bytes_left(b);
+	return la != lb ? (la < lb ? -1 : 1) : 0;
+}
+
 /* Whether another job has the better claim to the next free slot. */
 static bool slot_outranked(const struct sched *s, const struct sched_job *j)
 {
 	for (const struct sched_job *o = s->inflight; o; o = o->next) {
 		if (o == j || !o->slot_waiting || o->slots_held >= slot_share(s))
 			continue;
-		if (o->work->priority < j->work->priority ||
-		    (o->work->priority == j->work->priority && o->slots_held < j->slots_held))
+		int order = job_claim_order(o, j);
+		if (order < 0 || (order == 0 && o->slots_held < j->slots_held))
 			return true;
 	}
 	return false;
@@ -840,9 +897,94 @@ void sched_slot_release(struct device *dev, unsigned slot)
 	struct sched *s = dev->sched;
 	if (!s || slot >= dev->config.staging_slots || !s->slot_holder[slot])
 		return;
+	slot_dma_clear(s, slot);
 	s->slot_holder[slot]->slots_held--;
 	s->slot_holder[slot] = NULL;
 	s->slots_free++;
+}
+
+/* ---- DMA turns ---- */
+
+static void slot_dma_clear(struct sched *s, unsigned slot)
+{
+	if (s->slot_dma[slot]) {
+		s->dma_queued[s->slot_dma[slot] - 1]--;
+		s->slot_dma[slot] = 0;
+	}
+}
+
+/* Forgets the queued DMAs of dir that are done; returns how many of them job still has queued. */
+static unsigned dma_refresh(struct sched *s, const struct sched_job *job, enum sched_dma dir)
+{
+	struct device *dev = s->dev;
+	unsigned mine = 0, seen = 0;
+	for (unsigned i = 0; i < dev->config.staging_slots && seen < s->dma_queued[dir]; i++) {
+		if (s->slot_dma[i] != dir + 1)
+			continue;
+		struct { struct device *dev; unsigned slot; } arg = { dev, i };
+		if (slot_idle(&arg)) {
+			slot_dma_clear(s, i);
+			continue;
+		}
+		seen++;
+		mine += s->slot_holder[i] == job;
+	}
+	return mine;
+}
+
+/* Whether another job waiting for a turn in dir goes before job (then: whichever had its last turn earlier). */
+static bool dma_outranked(const struct sched *s, const struct sched_job *job, enum sched_dma dir)
+{
+	for (const struct sched_job *o = s->inflight; o; o = o->next) {
+		if (o == job || !o->dma_waiting[dir])
+			continue;
+		int order = job_claim_order(o, job);
+		if (order == 0)
+			order = o->dma_last != job->dma_last ? (o->dma_last < job->dma_last ? -1 : 1)
+							       : (o->work->seq < job->work->seq ? -1 : 1);
+		if (order < 0)
+			return true;
+	}
+	return false;
+}
+
+struct sched_job *sched_dma_job(struct device *dev)
+{
+	struct sched *s = dev->sched;
+	return s && sched_in_job() && s == self ? s->current : NULL;
+}
+
+bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
+{
+	if (!job)
+		return true;
+	struct sched *s = job->s;
+	unsigned mine = dma_refresh(s, job, dir);
+	bool others = s->dma_queued[dir] > mine;
+	if (s->dma_queued[dir] >= SCHED_DMA_QUEUE || (others && mine > 0) ||
+	    dma_outranked(s, job, dir)) {
+		job->dma_waiting[dir] = true;
+		return false;
+	}
+	return true;
+}
+
+void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir)
+{
+	if (!job || slot >= job->s->dev->config.staging_slots)
+		return;
+	struct sched *s = job->s;
+	slot_dma_clear(s, slot);
+	s->slot_dma[slot] = (unsigned char)(dir + 1);
+	s->dma_queued[dir]++;
+	job->dma_waiting[dir] = false;
+	job->dma_last = ++s->dma_turns;
+}
+
+void sched_dma_leave(struct sched_job *job)
+{
+	if (job)
+		memset(job->dma_waiting, 0, sizeof job->dma_waiting);
 }
 
 /* ---- memory ---- */

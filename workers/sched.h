@@ -150,6 +150,33 @@ void sched_notify_locked(struct sched *s);
 int sched_slot_acquire(struct device *dev, bool wait, unsigned *slot);
 void sched_slot_release(struct device *dev, unsigned slot);
 
+/*
+ * DMA turns. A GPU's copy engine runs the copies queued on it in the order
+ * they were queued, whatever their streams and priorities, and may keep to
+ * one stream while it has copies queued. So the staged transfers of a
+ * device take turns at queueing theirs: at most SCHED_DMA_QUEUE DMAs
+ * through staging slots queued per direction on the device; a job queues
+ * one beside another job's queued DMAs only when it has none queued itself
+ * (so a stream that keeps its queue full never shuts out another's copy);
+ * and a job waiting for a turn outranks the jobs that are not, by priority,
+ * then whichever took its last turn earlier. A small or urgent job's DMA
+ * thus waits behind at most SCHED_DMA_QUEUE chunks, whatever is running.
+ *
+ * sched_dma_job: the running job (NULL outside jobs: every turn is then
+ * given). sched_dma_turn: whether job may queue a DMA in dir now; if not,
+ * it counts as waiting for a turn until it queues one or leaves. A
+ * predicate may call it (worker thread). sched_dma_queued: the job queued a
+ * DMA through slot; it is done when the slot's DMA is ready or the slot is
+ * released. sched_dma_leave: the job queues no more (it waits for no turn).
+ */
+#define SCHED_DMA_QUEUE 6
+enum sched_dma { SCHED_DMA_H2D, SCHED_DMA_D2H, SCHED_DMA_DIRS };
+struct sched_job;
+struct sched_job *sched_dma_job(struct device *dev);
+bool sched_dma_turn(struct sched_job *job, enum sched_dma dir);
+void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir);
+void sched_dma_leave(struct sched_job *job);
+
 /* Device memory was released on the device: jobs waiting for memory try again. */
 void sched_memory_released(struct device *dev);
 /* A counter that changes whenever memory is released (for memory-wait predicates). */

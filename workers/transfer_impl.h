@@ -30,6 +30,7 @@ struct xfer {
 	struct work *work;
 	struct gpuq_error *err;
 	struct copy_pool *pool;
+	struct sched_job *job; /* the running job, for its DMA turns (sched.h); NULL outside jobs */
 	char *base;      /* the device range's start: dptr + offset */
 	int fd;
 	int fd_flags;    /* fcntl F_GETFL */

@@ -207,11 +207,30 @@ static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
 }
 
 /*
- * DMAs a transfer keeps queued on its lane at most. Enough to keep the copy
- * engine busy (12 MiB: a quarter of a millisecond of PCIe), few enough that
- * another job's DMA on the same engine waits behind no more than that.
+ * DMAs a transfer keeps queued on its lane at most: the device's whole
+ * queue (sched.h's DMA turns share it between transfers). Enough to keep
+ * the copy engine busy (12 MiB: a quarter of a millisecond of PCIe), few
+ * enough that another job's DMA waits behind no more than that.
  */
-#define XFER_MAX_QUEUED_DMAS 6
+#define XFER_MAX_QUEUED_DMAS SCHED_DMA_QUEUE
+
+struct turn_wait {
+	struct xfer *x;
+	enum sched_dma dir;
+};
+
+static bool turn_given(void *arg)
+{
+	const struct turn_wait *t = arg;
+	return sched_dma_turn(t->x->job, t->dir);
+}
+
+/* Yields until the job may queue a DMA in dir (its transfer has nothing else in flight to wait for). */
+static void dma_turn_wait(struct xfer *x, enum sched_dma dir)
+{
+	struct turn_wait t = { x, dir };
+	sched_wait_device(turn_given, &t);
+}
 
 /* ---- put ---- */
 
@@ -275,6 +294,7 @@ static void put_close(struct staged *s, const struct put_state *p)
 		chunk_release(s, chunk_of(s, k), true);
 	copy_group_destroy(&s->group);
 	free(s->ch);
+	sched_dma_leave(s->x->job);
 }
 
 struct put_wait {
@@ -290,7 +310,8 @@ static bool put_can_move(void *arg)
 	struct xfer *x = w->s->x;
 	bool ready = true;
 	struct gpuq_error ignored;
-	if (copy_task_done(&chunk_of(w->s, p->j)->task) && p->j - p->r < XFER_MAX_QUEUED_DMAS)
+	if (copy_task_done(&chunk_of(w->s, p->j)->task) && p->j - p->r < XFER_MAX_QUEUED_DMAS &&
+	    sched_dma_turn(x->job, SCHED_DMA_H2D))
 		return true;
 	if (p->r == p->j)
 		return false;
@@ -312,7 +333,8 @@ int xfer_put_staged(struct xfer *x)
 		    (rc = put_fill(&s, &p)) != 0)
 			break;
 		struct xfer_chunk *c = chunk_of(&s, p.j);
-		if (!copy_task_done(&c->task) || p.j - p.r >= XFER_MAX_QUEUED_DMAS) {
+		if (!copy_task_done(&c->task) || p.j - p.r >= XFER_MAX_QUEUED_DMAS ||
+		    !sched_dma_turn(x->job, SCHED_DMA_H2D)) {
 			/* meanwhile, slots whose DMAs end take further reads */
 			sched_wait_device(put_can_move, &wait);
 			continue;
@@ -322,6 +344,7 @@ int xfer_put_staged(struct xfer *x)
 		rc = x->dev->ops->h2d_async(x->dev, x->base + c->at, c->slot, c->n, x->err);
 		if (rc != 0)
 			break;
+		sched_dma_queued(x->job, c->slot, SCHED_DMA_H2D);
 		p.j++;
 		x->sum += c->sum;
 		x->done += c->n;
@@ -370,12 +393,17 @@ static int get_fill(struct staged *s, struct get_state *g)
 	while (g->issued < s->nchunks && g->issued < g->collected + s->window &&
 	       g->issued - g->w < XFER_MAX_QUEUED_DMAS) {
 		bool must = g->issued == g->w && g->collected == g->w;
+		if (must)
+			dma_turn_wait(x, SCHED_DMA_D2H);
+		else if (!sched_dma_turn(x->job, SCHED_DMA_D2H))
+			break;
 		struct xfer_chunk *c = chunk_prepare(s, g->issued, chunk_write, must);
 		if (!c)
 			break;
 		g->issued++;
 		if (x->dev->ops->d2h_async(x->dev, c->slot, x->base + c->at, c->n, x->err) < 0)
 			return -1;
+		sched_dma_queued(x->job, c->slot, SCHED_DMA_D2H);
 		if (g->issued == s->nchunks)
 			xfer_issued_all(x);
 	}
@@ -461,6 +489,7 @@ static void get_close(struct staged *s, const struct get_state *g)
 		chunk_release(s, chunk_of(s, k), true);
 	copy_group_destroy(&s->group);
 	free(s->ch);
+	sched_dma_leave(s->x->job);
 }
 
 struct get_wait {

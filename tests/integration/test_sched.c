@@ -288,6 +288,101 @@ TEST(sched_urgent_jobs_go_first)
 	daemon_stop(&d);
 }
 
+/*
+ * DMA turns. The host backend's DMA engines, like a GPU's copy engines,
+ * stay with one stream while it has a copy ready and ignore priorities, so
+ * a transfer that keeps its queue full shuts out every other's copies. A
+ * one-chunk put is timed alone, then while `n` puts of 64 chunks each
+ * (priority `backlog`) run on other buffers: the device queues at most
+ * SCHED_DMA_QUEUE (6) DMAs for all of them, stops queueing theirs while
+ * the small put's waits, and gives the small put its turn first, so it
+ * waits behind about 6 chunks, not until the long puts end.
+ */
+#define TURN_MAX_BACKLOG 8
+#define TURN_CHUNK (64u << 10)
+#define TURN_CHUNK_DELAY_US "20000"
+/*
+ * The small put's time beside them over its time alone: about 6 with turns
+ * (12 on a loaded machine), 50 or more without (it waits for a long put's
+ * 64 chunks to end, which the check of their states catches first).
+ */
+#define TURN_MAX_RATIO 25
+
+static double timed_put(struct gpuq_client *c, const char *buffer, int fd, const char *priority)
+{
+	CHECK(lseek(fd, 0, SEEK_SET) == 0); /* a put reads from the descriptor's offset on */
+	double t0 = now_s();
+	wait_ok(c, start_put_fd(c, buffer, fd, priority), "the one-chunk put");
+	return now_s() - t0;
+}
+
+/* The small put's time beside the backlog and alone, in seconds. */
+struct turn_times {
+	double busy, idle;
+};
+
+static struct turn_times put_behind_backlog(int n, const char *backlog, const char *priority)
+{
+	slow_engines("h2d:" TURN_CHUNK_DELAY_US);
+	struct daemon_proc d;
+	daemon_start(&d, "--staging-slot", "64K", "--staging-slots", "64", NULL);
+	struct gpuq_client *c = client_open(&d);
+	int small = memfd_random(TURN_CHUNK, 99);
+	uint64_t jobs[TURN_MAX_BACKLOG];
+	do_alloc(c, "small", 0, TURN_CHUNK);
+	double idle = timed_put(c, "small", small, priority);
+	for (int i = 0; i < n; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "big%d", i);
+		do_alloc(c, name, 0, 64 * TURN_CHUNK);
+		int fd = memfd_random(64 * TURN_CHUNK, (uint64_t)i);
+		jobs[i] = start_put_fd(c, name, fd, backlog);
+		close(fd);
+	}
+	usleep(150000); /* every put of the backlog runs, with its DMAs queued */
+	double busy = timed_put(c, "small", small, priority);
+	for (int i = 0; i < n; i++) {
+		char state[16];
+		state_of(c, jobs[i], state, sizeof state);
+		CHECKF(strcmp(state, "running") == 0, "put %d of the backlog is %s after the small one",
+		       i, state);
+		struct gpuq_reply *r = job_request(c, "cancel", jobs[i], 0);
+		gpuq_reply_free(r);
+	}
+	close(small);
+	gpuq_close(c);
+	daemon_stop(&d);
+	return (struct turn_times){ busy, idle };
+}
+
+TEST(sched_a_small_put_passes_a_long_put_on_the_copy_engine)
+{
+	if (test_backend_is_cuda())
+		return; /* the GPU's figures are bench sched's (2) */
+	struct turn_times t = put_behind_backlog(1, NULL, NULL);
+	CHECKF(t.busy < TURN_MAX_RATIO * t.idle,
+	       "a one-chunk put took %.3f s beside a long put, %.3f s alone", t.busy, t.idle);
+}
+
+TEST(sched_a_small_put_waits_behind_the_device_dma_queue_only)
+{
+	if (test_backend_is_cuda())
+		return;
+	struct turn_times t = put_behind_backlog(TURN_MAX_BACKLOG, NULL, NULL);
+	CHECKF(t.busy < TURN_MAX_RATIO * t.idle,
+	       "a one-chunk put took %.3f s behind eight running puts, %.3f s alone", t.busy, t.idle);
+}
+
+TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
+{
+	if (test_backend_is_cuda())
+		return;
+	struct turn_times t = put_behind_backlog(TURN_MAX_BACKLOG, "low", "high");
+	CHECKF(t.busy < TURN_MAX_RATIO * t.idle,
+	       "a high-priority one-chunk put took %.3f s behind eight low ones, %.3f s alone",
+	       t.busy, t.idle);
+}
+
 static uint64_t start_run_expr(struct gpuq_client *c, const char *text)
 {
 	struct mp_map req;
