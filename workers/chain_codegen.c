@@ -216,23 +216,6 @@ static void put_run_elem(struct text *t, const chain_prog *g)
 	put(t, "\t\t}\n\t\t}\n\t}\n");
 }
 
-bool chain_codegen_one_stream(const chain_prog *g)
-{
-	unsigned loads = 0, stores = 0;
-	if (g->reduce != KERNELS_REDUCE_NONE)
-		return false;
-	for (unsigned v = 0; v < g->nvars; v++) {
-		if (g->var_dtype[v] == KERNELS_EXPR_F64)
-			return false;
-		loads += var_loaded_full(g, v);
-		stores += (g->var_flags[v] & KERNELS_EXPR_STORE) != 0;
-	}
-	for (unsigned n = 0; n < g->nnodes; n++)
-		if (g->node[n].type == KERNELS_EXPR_F64)
-			return false;
-	return loads <= 1 && stores <= 1;
-}
-
 /* Each full variable's n elements: from raw registers (r0, r1), loaded at i (n == 1), or zeros. */
 static void put_locals(struct text *t, const chain_prog *g, unsigned n)
 {
@@ -284,9 +267,8 @@ static void put_run(struct text *t, const chain_prog *g)
 	put_args(t, g);
 	put(t, ");\n");
 	put_stores(t, g, 1);
-	put(t, "\t}\n};\n\nextern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS, %d)\n"
-	       "gq_run(const __grid_constant__ kernels_expr p)\n{\n\tgq_elementwise<G>(p);\n}\n",
-	    chain_codegen_one_stream(g) ? CHAIN_CODEGEN_ONE_STREAM_BLOCKS : 1);
+	put(t, "\t}\n};\n\nextern \"C\" __global__ void __launch_bounds__(KERNELS_REDUCE_THREADS)\n"
+	       "gq_run(const __grid_constant__ kernels_expr p)\n{\n\tgq_elementwise<G>(p);\n}\n");
 }
 
 /* The reduced values of N elements: the root's, or for dot the two roots' product in double. */

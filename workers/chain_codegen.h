@@ -34,17 +34,4 @@ char *chain_codegen_source(const chain_prog *prog);
  */
 const char *chain_codegen_entry(const chain_prog *prog);
 
-/*
- * Whether prog is an elementwise program over one stream of memory in
- * 32-bit arithmetic: at most one full variable loaded and one stored, no
- * f64. Its kernel is then compiled for CHAIN_CODEGEN_ONE_STREAM_BLOCKS
- * blocks per SM (__launch_bounds__' second argument, 32 registers): such a
- * kernel is bound by the bytes it keeps in flight, and at the 40 registers
- * ptxas picks unasked (6 blocks per SM) an H200 sees too few of them (the
- * 5-op f32 chain reached 0.88 of cudaMemcpy). Programs with more streams
- * or f64 need their registers more than the occupancy.
- */
-#define CHAIN_CODEGEN_ONE_STREAM_BLOCKS 8
-bool chain_codegen_one_stream(const chain_prog *prog);
-
 #endif

@@ -118,39 +118,6 @@ TEST(chain_codegen_depends_on_shape_not_constants)
 
 /* ---- The disk cache ---- */
 
-/* One-stream 32-bit programs ask for more blocks per SM; the others keep ptxas's own choice. */
-TEST(chain_codegen_asks_occupancy_for_one_stream_programs)
-{
-	static const struct {
-		const char *text;
-		enum gpuq_dtype t;
-		bool one;
-	} cases[] = {
-		{ "x = sin(x) + 1", GPUQ_DTYPE_F32, true },
-		{ "y = relu(x * 0.5)", GPUQ_DTYPE_F16, true },
-		{ "y = x * s", GPUQ_DTYPE_F32, true }, /* s broadcasts: one stream in */
-		{ "y = a * x + y", GPUQ_DTYPE_F32, false },
-		{ "x = sqrt(x)", GPUQ_DTYPE_F64, false },
-		{ "x = f64(x) * 2", GPUQ_DTYPE_F32, false },
-		{ "y = x; z = x", GPUQ_DTYPE_F32, false },
-	};
-	char hint[64];
-	snprintf(hint, sizeof hint, "__launch_bounds__(KERNELS_REDUCE_THREADS, %d)",
-		 CHAIN_CODEGEN_ONE_STREAM_BLOCKS);
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		chain_prog p;
-		program(cases[i].text, false, cases[i].t, &p);
-		char *src = chain_codegen_source(&p);
-		CHECK(src);
-		CHECKF(chain_codegen_one_stream(&p) == cases[i].one, "'%s'", cases[i].text);
-		CHECKF((strstr(src, hint) != NULL) == cases[i].one, "'%s': %s", cases[i].text, src);
-		free(src);
-	}
-	chain_prog r;
-	program("sum(x)", true, GPUQ_DTYPE_F32, &r);
-	CHECK(!chain_codegen_one_stream(&r));
-}
-
 static char *tmp_dir(void)
 {
 	static char dir[64];
