@@ -818,28 +818,20 @@ static unsigned slot_share(const struct sched *s)
 	return share ? share : 1;
 }
 
-/* The bytes a transfer has still to move (as its progress says); unknown: as many as can be. */
-static uint64_t bytes_left(const struct sched_job *j)
-{
-	uint64_t total = atomic_load_explicit(&j->work->progress_total, memory_order_relaxed);
-	uint64_t done = atomic_load_explicit(&j->work->progress_bytes, memory_order_relaxed);
-	return total == 0 ? UINT64_MAX : total > done ? total - done : 0;
-}
-
 /*
  * Whether job a goes before job b for a staging slot or a DMA turn: -1 if
- * so, 1 if b goes first, 0 if neither by these rules. The more urgent
- * first; within a priority, the one with fewer bytes left, so that a short
- * transfer passes long ones instead of waiting for a turn behind each.
- * (A steady stream of short transfers could keep a long one waiting: the
- * price of small jobs never waiting behind big ones.)
+ * so, 1 if b goes first, 0 if neither by priority. Within a priority the
+ * callers take turns (fewer slots held, the earlier last turn): a job that
+ * has had none yet, a short one just come, goes next, and every job in
+ * flight keeps moving, so owners get the shares admission gave them. (An
+ * order by bytes left, tried first, let the jobs nearest their end take
+ * every turn: one owner's backlog then moved 98 % of the bytes.)
  */
 static int job_claim_order(const struct sched_job *a, const struct sched_job *b)
 {
 	if (a->work->priority != b->work->priority)
 		return a->work->priority < b->work->priority ? -1 : 1;
-	uint64_t la = bytes_left(a), lb = bytes_left(b);
-	return la != lb ? (la < lb ? -1 : 1) : 0;
+	return 0;
 }
 
 /* Whether another job has the better claim to the next free slot. */

@@ -367,7 +367,7 @@ TEST(sched_a_small_put_passes_a_long_put_on_the_copy_engine)
 TEST(sched_a_small_put_waits_behind_the_device_dma_queue_only)
 {
 	if (test_backend_is_cuda())
-		return;
+		SKIP("times puts with the host engines' delay (bench sched measures the GPU)");
 	struct turn_times t = put_behind_backlog(TURN_MAX_BACKLOG, NULL, NULL);
 	CHECKF(t.busy < TURN_MAX_RATIO * t.idle,
 	       "a one-chunk put took %.3f s behind eight running puts, %.3f s alone", t.busy, t.idle);
@@ -376,11 +376,45 @@ TEST(sched_a_small_put_waits_behind_the_device_dma_queue_only)
 TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
 {
 	if (test_backend_is_cuda())
-		return;
+		SKIP("times puts with the host engines' delay (bench sched measures the GPU)");
 	struct turn_times t = put_behind_backlog(TURN_MAX_BACKLOG, "low", "high");
 	CHECKF(t.busy < TURN_MAX_RATIO * t.idle,
 	       "a high-priority one-chunk put took %.3f s behind eight low ones, %.3f s alone",
 	       t.busy, t.idle);
+}
+
+/*
+ * Two long puts take turns: B, started once A has moved about a sixth of
+ * its chunks, still moves its chunks beside A's, so A ends near B's end
+ * (round robin: A ends about 0.9 of B's time after B started), not after
+ * A's chunks alone (jobs nearest their end first: about 0.45), which on
+ * the H200 let one owner's backlog move 98 % of the bytes.
+ */
+TEST(sched_long_puts_take_turns_at_the_copy_engine)
+{
+	if (test_backend_is_cuda())
+		SKIP("times puts with the host engines' delay (bench sched measures the GPU)");
+	slow_engines("h2d:" TURN_CHUNK_DELAY_US);
+	struct daemon_proc d;
+	daemon_start(&d, "--staging-slot", "64K", "--staging-slots", "64", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "a", 0, 48 * TURN_CHUNK);
+	do_alloc(c, "b", 0, 48 * TURN_CHUNK);
+	int fa = memfd_random(48 * TURN_CHUNK, 1), fb = memfd_random(48 * TURN_CHUNK, 2);
+	uint64_t a = start_put_fd(c, "a", fa, NULL);
+	usleep(8 * 20000);
+	double start = now_s();
+	uint64_t b = start_put_fd(c, "b", fb, NULL);
+	wait_ok(c, a, "put a");
+	double a_end = now_s() - start;
+	wait_ok(c, b, "put b");
+	double b_end = now_s() - start;
+	CHECKF(a_end > 0.7 * b_end, "put a ended %.3f s after b started, b %.3f s: b waited for a's turns",
+	       a_end, b_end);
+	close(fa);
+	close(fb);
+	gpuq_close(c);
+	daemon_stop(&d);
 }
 
 static uint64_t start_run_expr(struct gpuq_client *c, const char *text)
