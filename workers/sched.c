@@ -780,12 +780,18 @@ void sched_pause(void)
 	fiber_yield();
 }
 
-void sched_publish_tail(struct device *dev)
+struct sched_job *sched_running_job(struct device *dev)
 {
 	struct sched *s = dev->sched;
-	if (!s || !sched_in_job() || dev->sched != self)
+	return s && sched_in_job() && s == self ? s->current : NULL;
+}
+
+void sched_publish_tail(struct device *dev)
+{
+	struct sched_job *j = sched_running_job(dev);
+	if (!j)
 		return;
-	struct sched_job *j = s->current;
+	struct sched *s = j->s;
 	struct work *work = j->work;
 	if (work->sched_state != SCHED_WORK_ADMITTED || !sched_work_lane_ordered(work))
 		return;
@@ -858,7 +864,7 @@ static bool slot_takeable(void *arg)
 int sched_slot_acquire(struct device *dev, bool wait, unsigned *slot)
 {
 	struct sched *s = dev->sched;
-	struct sched_job *j = s && sched_in_job() && dev->sched == self ? s->current : NULL;
+	struct sched_job *j = sched_running_job(dev);
 	if (!j) /* outside a job: the device is otherwise idle (open, tests) */
 		return -1;
 	if (!j->slot_user) {
@@ -938,12 +944,6 @@ static bool dma_outranked(const struct sched *s, const struct sched_job *job, en
 			return true;
 	}
 	return false;
-}
-
-struct sched_job *sched_dma_job(struct device *dev)
-{
-	struct sched *s = dev->sched;
-	return s && sched_in_job() && s == self ? s->current : NULL;
 }
 
 bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)

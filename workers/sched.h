@@ -131,6 +131,9 @@ void sched_pause(void);
  * never say so are waited for until they finish.
  */
 void sched_publish_tail(struct device *dev);
+/* The job running on dev's worker now, or NULL (outside jobs, or another thread). */
+struct sched_job;
+struct sched_job *sched_running_job(struct device *dev);
 /*
  * Any thread: something a job of s may be waiting for has happened (a
  * copy thread finished a task, another device's part published something).
@@ -162,8 +165,8 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * then whichever took its last turn earlier. A small or urgent job's DMA
  * thus waits behind at most SCHED_DMA_QUEUE chunks, whatever is running.
  *
- * sched_dma_job: the running job (NULL outside jobs: every turn is then
- * given). sched_dma_turn: whether job may queue a DMA in dir now; if not,
+ * sched_dma_turn (job: sched_running_job's; NULL outside jobs, when every
+ * turn is given): whether job may queue a DMA in dir now; if not,
  * it counts as waiting for a turn until it queues one or leaves. A
  * predicate may call it (worker thread). sched_dma_queued: the job queued a
  * DMA through slot; it is done when the slot's DMA is ready or the slot is
@@ -171,8 +174,6 @@ void sched_slot_release(struct device *dev, unsigned slot);
  */
 #define SCHED_DMA_QUEUE 6
 enum sched_dma { SCHED_DMA_H2D, SCHED_DMA_D2H, SCHED_DMA_DIRS };
-struct sched_job;
-struct sched_job *sched_dma_job(struct device *dev);
 bool sched_dma_turn(struct sched_job *job, enum sched_dma dir);
 void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir);
 void sched_dma_leave(struct sched_job *job);

@@ -336,7 +336,7 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	x->work = work;
 	x->err = &work->error;
 	x->pool = dev->config.copy_pool;
-	x->job = sched_dma_job(dev);
+	x->job = sched_running_job(dev);
 	x->base = (char *)work->dptr + work->offset;
 	x->fd = work->fd;
 	x->total = work->length;
