@@ -7,7 +7,8 @@
  * libFuzzer adds what it finds to the first directory named; to keep the
  * committed seeds as they are, name a scratch directory first:
  *   build/fuzz-decode -max_total_time=60 /tmp/gpuq-corpus tests/fuzz/corpus
- * The seeds are a ping and an alloc request, two frames back to back,
+ * The seeds are a ping, an alloc request, an attach, a region_create, a put
+ * through a region and a lease_break, two frames back to back,
  * headers claiming 2^32-1 entries or bytes, deep nesting, a 4 GiB frame, and
  * requests with duplicate keys (at the root and in a nested map), strings
  * that are not UTF-8 and an owner beyond 32 bits.

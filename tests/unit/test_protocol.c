@@ -193,3 +193,15 @@ TEST(parse_size_bad)
 	check_size_bad("17179869184G");
 	CHECK_EQ(gpuq_parse_size(NULL, &(uint64_t){ 0 }), -1);
 }
+
+/* nvidia-smi's grouping (8-4-4-4-12 hex digits after "GPU-"), which attach compares against. */
+TEST(format_uuid_as_nvidia_smi_prints_it)
+{
+	const unsigned char bytes[16] = { 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
+					  0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10 };
+	char text[64], small[12];
+	gpuq_format_uuid(text, sizeof text, bytes);
+	CHECK_STR(text, "GPU-01234567-89ab-cdef-fedc-ba9876543210");
+	gpuq_format_uuid(small, sizeof small, bytes); /* cut, never overrun */
+	CHECK_STR(small, "GPU-0123456");
+}
