@@ -271,14 +271,7 @@ extern "C" cudaError_t kernels_expr_run(const struct kernels_expr *x, cudaStream
 		return cudaErrorInvalidValue;
 	if (x->count == 0)
 		return cudaSuccess;
-	int n;
-	unsigned blocks;
-	cudaError_t e = per_sm(expr_run_kernel, g_run_per_sm, &n);
-	if (e == cudaSuccess)
-		e = wave(n, (x->count / KERNELS_EXPR_ITEM + 1) / 2, &blocks);
-	if (e != cudaSuccess)
-		return e;
-	expr_run_kernel<<<blocks, KERNELS_REDUCE_THREADS, 0, stream>>>(*x);
+	expr_run_kernel<<<kernels_elementwise_blocks(x->count), KERNELS_REDUCE_THREADS, 0, stream>>>(*x);
 	return cudaGetLastError();
 }
 

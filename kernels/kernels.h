@@ -124,6 +124,19 @@ cudaError_t kernels_expr_prepare(void);
 /* The elementwise program x over x->count elements (x->repeat times per element). */
 cudaError_t kernels_expr_run(const struct kernels_expr *x, cudaStream_t stream);
 
+/*
+ * Blocks of an elementwise expression kernel over count elements: one pair
+ * of items per thread of KERNELS_REDUCE_THREADS (kernels/chain_ops.cuh's
+ * gq_elementwise), at most KERNELS_MAX_GRID; the kernel loops beyond.
+ */
+#define KERNELS_MAX_GRID (1u << 30)
+static inline unsigned kernels_elementwise_blocks(uint64_t count)
+{
+	uint64_t span = 2 * KERNELS_REDUCE_THREADS;
+	uint64_t need = (count / KERNELS_EXPR_ITEM + span - 1) / span;
+	return need < 1 ? 1 : need > KERNELS_MAX_GRID ? KERNELS_MAX_GRID : (unsigned)need;
+}
+
 /* Tiles of a reduction of count elements (kernels/chain_abi.h). */
 static inline uint64_t kernels_reduce_tiles(uint64_t count)
 {

@@ -79,7 +79,7 @@ static void cuda_expr(const struct chain_spec *spec, struct kernels_expr *x)
 	x->prog = spec->prog;
 }
 
-/* The compiled kernel: one wave of it (the elementwise loop), or its persistent tile grid. */
+/* The compiled kernel: a grid over every element, or a reduction's persistent tile grid. */
 static cudaError_t cuda_launch_compiled(const struct chain_module *m, int sms,
 					const struct chain_spec *spec, const struct cuda_plan *p,
 					cudaStream_t s)
@@ -95,9 +95,7 @@ static cudaError_t cuda_launch_compiled(const struct chain_module *m, int sms,
 				 : cudaSuccess;
 	if (spec->count == 0)
 		return cudaSuccess;
-	uint64_t pairs = (spec->count / KERNELS_EXPR_ITEM + 1) / 2;
-	uint64_t need = (pairs + KERNELS_REDUCE_THREADS - 1) / KERNELS_REDUCE_THREADS;
-	return chain_module_launch(m, (unsigned)(need < 1 ? 1 : need < wave ? need : wave), params, s);
+	return chain_module_launch(m, kernels_elementwise_blocks(spec->count), params, s);
 }
 
 /* A fused plan's kernels: compiled or interpreted, and a reduction's fold and copy back. */
