@@ -26,7 +26,7 @@
 #include "client/cli.h"
 
 #define BENCH_SCHED_MAX_FIGURES 48
-#define BENCH_SCHED_MAX_TARGETS 4
+#define BENCH_SCHED_MAX_TARGETS 6
 
 enum bench_sched_state { PART_RAN, PART_FAILED, PART_SKIPPED };
 

@@ -5,13 +5,15 @@
  * clock from submission to reply; the daemon's queued_s + run_s of each is
  * kept beside it.
  *
- * Head of line: a 1 MiB checksum (of buffer C) and a 1 MiB put from
- * scratch: (into P) take turns, `samples` of each on the idle device, then
- * as many while a long put from scratch: runs into L (32 GiB on a GPU, at
- * most a quarter of the device; 256 MiB on the host backend). A pair counts
- * only if the long put was running before it and still is after it (its
- * state is asked between pairs); once it has ended, another starts.
- * Figures: p50 and p99 busy / idle.
+ * Head of line: a 1 MiB checksum (of buffer C), a 1 MiB put from scratch:
+ * (into P) and a 1 MiB get (of C) to scratch: take turns, `samples` of each
+ * on the idle device; then as many checksums and puts while a long put from
+ * scratch: runs into L (32 GiB on a GPU, at most a quarter of the device;
+ * 256 MiB on the host backend), and as many gets while a long get of L to
+ * scratch: runs (host->device and device->host copies queue apart). A
+ * round counts only if the long job was running before it and still is
+ * after it (its state is asked between rounds); once it has ended, another
+ * starts. Figures: p50 and p99 busy / idle.
  *
  * Priority: 1,000 low-priority puts from scratch: of 256 MiB (4 MiB on the
  * host backend) into a ring of 16 ranges of Q, so that as many are in
@@ -29,9 +31,9 @@
 
 #define SMALL_BYTES (1ull << 20)
 #define WARMUP 10
-#define LONG_PUT_CUDA (32ull << 30)
-#define LONG_PUT_HOST (256ull << 20)
-#define LONG_PUT_MAX_STARTS 1000
+#define LONG_JOB_CUDA (32ull << 30)
+#define LONG_JOB_HOST (256ull << 20)
+#define LONG_JOB_MAX_STARTS 1000
 #define RUNNING_WITHIN_S 30.0
 #define LOW_JOBS 1000
 #define LOW_BYTES_CUDA (256ull << 20)
@@ -41,8 +43,8 @@
 #define HIGH_SAMPLES 5
 #define TARGET_RATIO 3.0
 
-enum { KIND_CHECKSUM, KIND_PUT, KINDS };
-static const char *const kind_names[] = { "checksum", "put" };
+enum { KIND_CHECKSUM, KIND_PUT, KIND_GET, KINDS };
+static const char *const kind_names[] = { "checksum", "put", "get" };
 
 /* Round trips of one kind: this clock's, and the daemon's queued_s + run_s. */
 struct series {
@@ -101,6 +103,16 @@ static int small_put(struct bench_sched *b, const char *buffer, struct series *s
 	return timed(b, &req, "put of 1 MiB from scratch:", s);
 }
 
+static int small_get(struct bench_sched *b, const char *buffer, struct series *s)
+{
+	struct mp_map req;
+
+	bench_job_begin(b, &req, "get", true);
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_bool(&req, "scratch", true);
+	return timed(b, &req, "get of 1 MiB to scratch:", s);
+}
+
 /* The buffers of the small jobs: c (1 MiB, random) and, when p is given, p. */
 static int small_buffers(struct bench_sched *b, const char *c, const char *p)
 {
@@ -111,93 +123,112 @@ static int small_buffers(struct bench_sched *b, const char *c, const char *p)
 
 /* ---- part 2: head of line ---- */
 
+/* The long job the small jobs of a busy phase run beside: a put or a get. */
+struct hol_long {
+	const char *op;
+	int first, last; /* the kinds measured beside it */
+	uint64_t id;
+	unsigned starts;
+};
+
 struct hol {
 	char l[64], c[64], p[64];
 	uint64_t long_bytes;
-	uint64_t long_id;
-	unsigned starts; /* long puts started */
+	struct hol_long put, get;
 	struct series idle[KINDS], busy[KINDS];
 };
 
-static int hol_pair(struct bench_sched *b, struct hol *h, struct series *s)
+/* One job of each kind from first to last, in turn, into s. */
+static int hol_round(struct bench_sched *b, struct hol *h, int first, int last, struct series *s)
 {
-	if (small_checksum(b, h->c, NULL, &s[KIND_CHECKSUM]) < 0 ||
-	    small_put(b, h->p, &s[KIND_PUT]) < 0)
-		return -1;
+	for (int k = first; k <= last; k++) {
+		int rc = k == KIND_CHECKSUM ? small_checksum(b, h->c, NULL, &s[k])
+			 : k == KIND_PUT    ? small_put(b, h->p, &s[k])
+					    : small_get(b, h->c, &s[k]);
+		if (rc < 0)
+			return -1;
+	}
 	return 0;
 }
 
-/* WARMUP unmeasured pairs, then `samples` measured ones, on the idle device. */
+/* WARMUP unmeasured rounds, then `samples` measured ones, on the idle device. */
 static int hol_idle(struct bench_sched *b, struct hol *h)
 {
 	for (int i = 0; i < WARMUP; i++) {
-		if (hol_pair(b, h, h->idle) < 0)
+		if (hol_round(b, h, 0, KINDS - 1, h->idle) < 0)
 			return -1;
-		h->idle[KIND_CHECKSUM].n = h->idle[KIND_PUT].n = 0;
+		for (int k = 0; k < KINDS; k++)
+			h->idle[k].n = 0;
 	}
-	while (h->idle[KIND_CHECKSUM].n < b->samples)
-		if (hol_pair(b, h, h->idle) < 0)
+	while (h->idle[0].n < b->samples)
+		if (hol_round(b, h, 0, KINDS - 1, h->idle) < 0)
 			return -1;
 	return 0;
 }
 
-/* Starts a long put (detached) and returns once the daemon says it runs. */
-static int hol_start_long(struct bench_sched *b, struct hol *h)
+/* Starts the long job (detached) and returns once the daemon says it runs. */
+static int hol_start_long(struct bench_sched *b, struct hol *h, struct hol_long *lj)
 {
 	double deadline = bench_job_now() + RUNNING_WITHIN_S;
 	struct gpuq_reply *r;
 	struct mp_map req;
 	char state[16];
+	bool put = strcmp(lj->op, "put") == 0;
 
-	bench_job_begin(b, &req, "put", false);
+	bench_job_begin(b, &req, lj->op, false);
 	bench_job_put_scratch(&req, h->l, 0, h->long_bytes);
-	if (bench_job_call(b, &req, "the long put from scratch:", &r) < 0)
+	if (bench_job_call(b, &req, put ? "the long put from scratch:" : "the long get to scratch:",
+			   &r) < 0)
 		return -1;
-	h->long_id = field_u64(bench_job_record(r), "job", 0);
+	lj->id = field_u64(bench_job_record(r), "job", 0);
 	gpuq_reply_free(r);
-	h->starts++;
+	lj->starts++;
 	do {
-		if (bench_job_state(b, h->long_id, state, sizeof state) < 0)
+		if (bench_job_state(b, lj->id, state, sizeof state) < 0)
 			return -1;
 		if (strcmp(state, "running") == 0)
 			return 0;
 		if (strcmp(state, "queued") != 0)
-			return bench_sched_fail(b, "the long put (job %" PRIu64 ") was %s before a "
+			return bench_sched_fail(b, "the long %s (job %" PRIu64 ") was %s before a "
 						   "sample could be taken; `gpuq status %" PRIu64
-						   "` says more", h->long_id, state, h->long_id);
+						   "` says more", lj->op, lj->id, state, lj->id);
 		usleep(1000);
 	} while (bench_job_now() < deadline);
-	return bench_sched_fail(b, "the long put (job %" PRIu64 ") was still queued after %.0f s",
-				h->long_id, RUNNING_WITHIN_S);
+	return bench_sched_fail(b, "the long %s (job %" PRIu64 ") was still queued after %.0f s",
+				lj->op, lj->id, RUNNING_WITHIN_S);
 }
 
-/* `samples` pairs, each taken while a long put ran throughout it. */
-static int hol_busy(struct bench_sched *b, struct hol *h)
+/* `samples` rounds of lj's kinds, each taken while a long job ran throughout it. */
+static int hol_busy(struct bench_sched *b, struct hol *h, struct hol_long *lj)
 {
 	char state[16];
 
-	if (hol_start_long(b, h) < 0)
+	if (hol_start_long(b, h, lj) < 0)
 		return -1;
-	while (h->busy[KIND_CHECKSUM].n < b->samples) {
-		if (hol_pair(b, h, h->busy) < 0 ||
-		    bench_job_state(b, h->long_id, state, sizeof state) < 0)
+	while (h->busy[lj->first].n < b->samples) {
+		if (hol_round(b, h, lj->first, lj->last, h->busy) < 0 ||
+		    bench_job_state(b, lj->id, state, sizeof state) < 0)
 			return -1;
 		if (strcmp(state, "running") == 0)
 			continue;
-		/* The long put ended during the pair: the pair does not count. */
-		h->busy[KIND_CHECKSUM].n--;
-		h->busy[KIND_PUT].n--;
+		/* The long job ended during the round: the round does not count. */
+		for (int k = lj->first; k <= lj->last; k++)
+			h->busy[k].n--;
 		if (strcmp(state, "done") != 0)
-			return bench_sched_fail(b, "the long put (job %" PRIu64 ") ended %s; `gpuq "
-						   "status %" PRIu64 "` says why", h->long_id, state,
-						   h->long_id);
-		if (h->starts == LONG_PUT_MAX_STARTS)
-			return bench_sched_fail(b, "%u long puts ended before %u pairs could be "
-						   "taken during them", h->starts, b->samples);
-		if (hol_start_long(b, h) < 0)
+			return bench_sched_fail(b, "the long %s (job %" PRIu64 ") ended %s; `gpuq "
+						   "status %" PRIu64 "` says why", lj->op, lj->id,
+						   state, lj->id);
+		if (lj->starts == LONG_JOB_MAX_STARTS)
+			return bench_sched_fail(b, "%u long %ss ended before %u rounds could be "
+						   "taken during them", lj->starts, lj->op,
+						   b->samples);
+		if (hol_start_long(b, h, lj) < 0)
 			return -1;
 	}
-	return 0;
+	/* Cancelled, not waited out: what is left of it would hold up the next phase. */
+	int rc = bench_job_cancel_all(b, &lj->id, 1);
+	lj->id = 0;
+	return rc;
 }
 
 /* p50 and p99 of this clock's and p50 of the daemon's times, in µs; sorts s. */
@@ -220,7 +251,8 @@ static void hol_report(struct bench_sched *b, struct hol *h)
 	char key[48], what[48];
 
 	bench_sched_figure(b, "long_put_bytes", (double)h->long_bytes);
-	bench_sched_figure(b, "long_puts", h->starts);
+	bench_sched_figure(b, "long_puts", h->put.starts);
+	bench_sched_figure(b, "long_gets", h->get.starts);
 	bench_sched_figure(b, "samples", b->samples);
 	table_init(&t, cols, (int)(sizeof cols / sizeof cols[0]));
 	for (int k = 0; k < KINDS; k++) {
@@ -252,26 +284,32 @@ static void hol_report(struct bench_sched *b, struct hol *h)
 	if (!b->cli->json)
 		table_print(&t, stdout);
 	table_free(&t);
-	bench_sched_say(b, "busy: %u long put%s of the %u pairs' time; pairs during which one "
-			   "ended were taken again\n",
-			h->starts, h->starts == 1 ? " ran through each" : "s ran in turn through",
-			b->samples);
+	bench_sched_say(b, "busy: %u long put%s (checksum, put) and %u long get%s (get), each "
+			   "through the whole of a round; rounds during which one ended were taken "
+			   "again\n",
+			h->put.starts, h->put.starts == 1 ? "" : "s", h->get.starts,
+			h->get.starts == 1 ? "" : "s");
 }
 
 int bench_latency_head_of_line(struct bench_sched *b)
 {
-	struct hol h = { .long_id = 0 };
+	struct hol h = {
+		.put = { .op = "put", .first = KIND_CHECKSUM, .last = KIND_PUT },
+		.get = { .op = "get", .first = KIND_GET, .last = KIND_GET },
+	};
 	char size[32];
 	int rc = 0;
 
-	h.long_bytes = bench_sched_fit(b->cuda ? LONG_PUT_CUDA : LONG_PUT_HOST, 4, b->mem_total);
+	h.long_bytes = bench_sched_fit(b->cuda ? LONG_JOB_CUDA : LONG_JOB_HOST, 4, b->mem_total);
 	bench_job_name(b, "l", h.l, sizeof h.l);
 	bench_job_name(b, "c", h.c, sizeof h.c);
 	bench_job_name(b, "p", h.p, sizeof h.p);
-	bench_sched_say(b, "\n(2) head of line: a 1 MiB checksum and a 1 MiB put from scratch: "
-			   "(wait: true, this clock), %u of each idle, then %u while a %s put from "
-			   "scratch: runs on another buffer\n",
-			b->samples, b->samples, human_bytes(size, sizeof size, h.long_bytes, 2));
+	human_bytes(size, sizeof size, h.long_bytes, 2);
+	bench_sched_say(b, "\n(2) head of line: a 1 MiB checksum, a 1 MiB put from scratch: and a "
+			   "1 MiB get to scratch: (wait: true, this clock), %u of each idle, then %u "
+			   "checksums and puts while a %s put from scratch: runs on another buffer, "
+			   "and %u gets while a %s get to scratch: does\n",
+			b->samples, b->samples, size, b->samples, size);
 	for (int k = 0; k < KINDS && rc == 0; k++)
 		if (series_alloc(&h.idle[k], b->samples) < 0 ||
 		    series_alloc(&h.busy[k], b->samples) < 0)
@@ -283,8 +321,12 @@ int bench_latency_head_of_line(struct bench_sched *b)
 	if (rc == 0)
 		rc = hol_idle(b, &h);
 	if (rc == 0)
-		rc = hol_busy(b, &h);
-	if (h.long_id && bench_job_cancel_all(b, &h.long_id, 1) < 0)
+		rc = hol_busy(b, &h, &h.put);
+	if (rc == 0)
+		rc = hol_busy(b, &h, &h.get);
+	if (h.put.id && bench_job_cancel_all(b, &h.put.id, 1) < 0)
+		rc = -1;
+	if (h.get.id && bench_job_cancel_all(b, &h.get.id, 1) < 0)
 		rc = -1;
 	if (rc == 0)
 		hol_report(b, &h);

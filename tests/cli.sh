@@ -151,6 +151,7 @@ cp "$dir/out" "$dir/sched.out"
 cp "$dir/err" "$dir/sched.err"
 expect bench_sched_overlap "together / raw together" out
 expect bench_sched_head_of_line "put p99 busy / idle" out
+expect bench_sched_head_of_line_get "get p99 busy / idle" out
 expect bench_sched_priority "high checksum / idle  " out
 if [ "$(id -u)" -eq 0 ]; then
 	expect bench_sched_fairness "owner of 80 jobs: % of bytes" out
