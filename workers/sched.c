@@ -953,7 +953,7 @@ bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
 	struct sched *s = job->s;
 	unsigned mine = dma_refresh(s, job, dir);
 	bool others = s->dma_queued[dir] > mine;
-	if (s->dma_queued[dir] >= sched_dma_queue(dir) || (others && mine > 0) ||
+	if (s->dma_queued[dir] >= SCHED_DMA_QUEUE || (others && mine > 0) ||
 	    dma_outranked(s, job, dir)) {
 		job->dma_waiting[dir] = true;
 		return false;

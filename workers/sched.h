@@ -157,22 +157,17 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * DMA turns. A GPU's copy engine runs the copies queued on it in the order
  * they were queued, whatever their streams and priorities, and may keep to
  * one stream while it has copies queued. So the staged transfers of a
- * device take turns at queueing theirs: at most sched_dma_queue(dir) DMAs
+ * device take turns at queueing theirs: at most SCHED_DMA_QUEUE DMAs
  * through staging slots queued per direction on the device; a job queues
  * one beside another job's queued DMAs only when it has none queued itself
  * (so a stream that keeps its queue full never shuts out another's copy);
  * and a job waiting for a turn outranks the jobs that are not, by priority,
  * then whichever took its last turn earlier. A small or urgent job's DMA
- * thus waits behind at most sched_dma_queue(dir) chunks, whatever is running.
- *
- * The two directions' queues differ because their transfers do. A put's
- * chunks are read before their DMA, so a few queued DMAs keep the engine
- * busy. A get's chunks reach the copy threads' writes only as their DMAs
- * end, and the writes into page cache are the slow half: measured on the
- * H200, a staged get into a memfd ran at 0.40 of pinned cudaMemcpy with 6
- * DMAs queued, 0.45 with 10 and 0.50 with 16, while a put ran at 0.91 with
- * 6 or 16, and a 1 MiB put behind a long one took 1.7x its idle time with
- * 6 queued, 2.3x with 10 and 2.8x with 16.
+ * thus waits behind at most SCHED_DMA_QUEUE chunks, whatever is running.
+ * The bound has a price for a get into page cache alone on the device
+ * (docs/ARCHITECTURE.md, "DMA turns", has the H200's figures): its writes
+ * go faster with more DMAs queued ahead of them, and a deeper queue for
+ * gets alone would have a small get wait longer behind a long one.
  *
  * sched_dma_turn (job: sched_running_job's; NULL outside jobs, when every
  * turn is given): whether job may queue a DMA in dir now; if not,
@@ -181,13 +176,8 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * DMA through slot; it is done when the slot's DMA is ready or the slot is
  * released. sched_dma_leave: the job queues no more (it waits for no turn).
  */
-#define SCHED_DMA_QUEUE_H2D 6
-#define SCHED_DMA_QUEUE_D2H 16
+#define SCHED_DMA_QUEUE 6
 enum sched_dma { SCHED_DMA_H2D, SCHED_DMA_D2H, SCHED_DMA_DIRS };
-static inline unsigned sched_dma_queue(enum sched_dma dir)
-{
-	return dir == SCHED_DMA_D2H ? SCHED_DMA_QUEUE_D2H : SCHED_DMA_QUEUE_H2D;
-}
 bool sched_dma_turn(struct sched_job *job, enum sched_dma dir);
 void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir);
 void sched_dma_leave(struct sched_job *job);

@@ -208,13 +208,11 @@ static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
 
 /*
  * DMAs a transfer keeps queued on its lane at most: the device's whole
- * queue in its direction (sched.h's DMA turns share it between transfers
- * and say why a get's is deeper). A put's 6 (12 MiB: a quarter of a
- * millisecond of PCIe) keep the copy engine busy, few enough that another
- * job's DMA waits behind no more than that.
+ * queue (sched.h's DMA turns share it between transfers). Enough to keep
+ * the copy engine busy (12 MiB: a quarter of a millisecond of PCIe), few
+ * enough that another job's DMA waits behind no more than that.
  */
-#define PUT_MAX_QUEUED_DMAS SCHED_DMA_QUEUE_H2D
-#define GET_MAX_QUEUED_DMAS SCHED_DMA_QUEUE_D2H
+#define XFER_MAX_QUEUED_DMAS SCHED_DMA_QUEUE
 
 struct turn_wait {
 	struct xfer *x;
@@ -312,7 +310,7 @@ static bool put_can_move(void *arg)
 	struct xfer *x = w->s->x;
 	bool ready = true;
 	struct gpuq_error ignored;
-	if (copy_task_done(&chunk_of(w->s, p->j)->task) && p->j - p->r < PUT_MAX_QUEUED_DMAS &&
+	if (copy_task_done(&chunk_of(w->s, p->j)->task) && p->j - p->r < XFER_MAX_QUEUED_DMAS &&
 	    sched_dma_turn(x->job, SCHED_DMA_H2D))
 		return true;
 	if (p->r == p->j)
@@ -335,7 +333,7 @@ int xfer_put_staged(struct xfer *x)
 		    (rc = put_fill(&s, &p)) != 0)
 			break;
 		struct xfer_chunk *c = chunk_of(&s, p.j);
-		if (!copy_task_done(&c->task) || p.j - p.r >= PUT_MAX_QUEUED_DMAS ||
+		if (!copy_task_done(&c->task) || p.j - p.r >= XFER_MAX_QUEUED_DMAS ||
 		    !sched_dma_turn(x->job, SCHED_DMA_H2D)) {
 			/* meanwhile, slots whose DMAs end take further reads */
 			sched_wait_device(put_can_move, &wait);
@@ -393,7 +391,7 @@ static int get_fill(struct staged *s, struct get_state *g)
 		if (get_collect(s, g) < 0)
 			return -1;
 	while (g->issued < s->nchunks && g->issued < g->collected + s->window &&
-	       g->issued - g->w < GET_MAX_QUEUED_DMAS) {
+	       g->issued - g->w < XFER_MAX_QUEUED_DMAS) {
 		bool must = g->issued == g->w && g->collected == g->w;
 		if (must)
 			dma_turn_wait(x, SCHED_DMA_D2H);

@@ -294,7 +294,7 @@ TEST(sched_urgent_jobs_go_first)
  * a transfer that keeps its queue full shuts out every other's copies. A
  * one-chunk put is timed alone, then while `n` puts of 64 chunks each
  * (priority `backlog`) run on other buffers: the device queues at most
- * SCHED_DMA_QUEUE_H2D (6) DMAs for all of them, stops queueing theirs while
+ * SCHED_DMA_QUEUE (6) DMAs for all of them, stops queueing theirs while
  * the small put's waits, and gives the small put its turn first, so it
  * waits behind about 6 chunks, not until the long puts end.
  */
