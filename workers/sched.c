@@ -86,6 +86,7 @@ struct sched {
 	unsigned char slot_dma[GPUQ_MAX_STAGING_SLOTS];
 	unsigned dma_queued[SCHED_DMA_DIRS];
 	uint64_t dma_turns; /* turns taken, numbering them */
+	double shared_until; /* when more than one job was last in flight (monotonic seconds) */
 	uint64_t memory_epoch;
 	/* Waking from an idle sleep (sched_notify). */
 	atomic_bool notified, sleeping;
@@ -370,6 +371,8 @@ static void job_finish(struct sched *s, struct sched_job *j)
 	struct work *work = j->work;
 	inflight_unlink(s, j);
 	reclaim_slots(s, j);
+	if (s->ninflight > 1)
+		s->shared_until = monotonic_seconds();
 	s->ninflight--;
 	s->inflight_by_level[level_of(work)]--;
 	lane_give_back(s, j->lane);
@@ -946,6 +949,14 @@ static bool dma_outranked(const struct sched *s, const struct sched_job *job, en
 	return false;
 }
 
+/* How many DMAs a direction may have queued now: more once one job has had the device to itself a while. */
+static unsigned dma_queue_limit(const struct sched *s)
+{
+	if (s->ninflight > 1 || monotonic_seconds() - s->shared_until < SCHED_DMA_ALONE_S)
+		return SCHED_DMA_QUEUE;
+	return SCHED_DMA_QUEUE_ALONE;
+}
+
 bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
 {
 	if (!job)
@@ -953,7 +964,7 @@ bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
 	struct sched *s = job->s;
 	unsigned mine = dma_refresh(s, job, dir);
 	bool others = s->dma_queued[dir] > mine;
-	if (s->dma_queued[dir] >= SCHED_DMA_QUEUE || (others && mine > 0) ||
+	if (s->dma_queued[dir] >= dma_queue_limit(s) || (others && mine > 0) ||
 	    dma_outranked(s, job, dir)) {
 		job->dma_waiting[dir] = true;
 		return false;

@@ -164,6 +164,13 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * and a job waiting for a turn outranks the jobs that are not, by priority,
  * then whichever took its last turn earlier. A small or urgent job's DMA
  * thus waits behind at most SCHED_DMA_QUEUE chunks, whatever is running.
+ *
+ * A job that has had the device to itself for SCHED_DMA_ALONE_S may queue
+ * up to SCHED_DMA_QUEUE_ALONE: a get into page cache went faster with more
+ * DMAs queued ahead of its writes (docs/ARCHITECTURE.md, "DMA turns", has
+ * the H200's figures), and no one waited behind them. The first job to
+ * come after such a stretch waits behind up to that many chunks once; from
+ * then on the device is shared and the queue is SCHED_DMA_QUEUE again.
  * The bound has a price for a get into page cache alone on the device
  * (docs/ARCHITECTURE.md, "DMA turns", has the H200's figures): its writes
  * go faster with more DMAs queued ahead of them, and a deeper queue for
@@ -177,6 +184,8 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * released. sched_dma_leave: the job queues no more (it waits for no turn).
  */
 #define SCHED_DMA_QUEUE 6
+#define SCHED_DMA_QUEUE_ALONE 16
+#define SCHED_DMA_ALONE_S 0.1
 enum sched_dma { SCHED_DMA_H2D, SCHED_DMA_D2H, SCHED_DMA_DIRS };
 bool sched_dma_turn(struct sched_job *job, enum sched_dma dir);
 void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir);

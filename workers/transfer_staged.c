@@ -208,11 +208,11 @@ static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
 
 /*
  * DMAs a transfer keeps queued on its lane at most: the device's whole
- * queue (sched.h's DMA turns share it between transfers). Enough to keep
- * the copy engine busy (12 MiB: a quarter of a millisecond of PCIe), few
- * enough that another job's DMA waits behind no more than that.
+ * queue when the transfer has had it to itself a while (sched.h's DMA
+ * turns hold it to SCHED_DMA_QUEUE, 12 MiB, a quarter of a millisecond of
+ * PCIe, while the device is shared).
  */
-#define XFER_MAX_QUEUED_DMAS SCHED_DMA_QUEUE
+#define XFER_MAX_QUEUED_DMAS SCHED_DMA_QUEUE_ALONE
 
 struct turn_wait {
 	struct xfer *x;
