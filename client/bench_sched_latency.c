@@ -40,7 +40,7 @@
 #define LOW_BYTES_HOST (4ull << 20)
 #define RING 16
 #define IDLE_SAMPLES 20
-#define HIGH_SAMPLES 5
+#define HIGH_SAMPLES 20 /* as many as the idle median has */
 #define TARGET_RATIO 3.0
 
 enum { KIND_CHECKSUM, KIND_PUT, KIND_GET, KINDS };
