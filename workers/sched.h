@@ -171,10 +171,6 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * the H200's figures), and no one waited behind them. The first job to
  * come after such a stretch waits behind up to that many chunks once; from
  * then on the device is shared and the queue is SCHED_DMA_QUEUE again.
- * The bound has a price for a get into page cache alone on the device
- * (docs/ARCHITECTURE.md, "DMA turns", has the H200's figures): its writes
- * go faster with more DMAs queued ahead of them, and a deeper queue for
- * gets alone would have a small get wait longer behind a long one.
  *
  * sched_dma_turn (job: sched_running_job's; NULL outside jobs, when every
  * turn is given): whether job may queue a DMA in dir now; if not,
