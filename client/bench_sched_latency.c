@@ -125,7 +125,7 @@ static int small_buffers(struct bench_sched *b, const char *c, const char *p)
 
 /* The long job the small jobs of a busy phase run beside: a put or a get. */
 struct hol_long {
-	const char *op;
+	const char *op, *what;
 	int first, last; /* the kinds measured beside it */
 	uint64_t id;
 	unsigned starts;
@@ -173,12 +173,10 @@ static int hol_start_long(struct bench_sched *b, struct hol *h, struct hol_long 
 	struct gpuq_reply *r;
 	struct mp_map req;
 	char state[16];
-	bool put = strcmp(lj->op, "put") == 0;
 
 	bench_job_begin(b, &req, lj->op, false);
 	bench_job_put_scratch(&req, h->l, 0, h->long_bytes);
-	if (bench_job_call(b, &req, put ? "the long put from scratch:" : "the long get to scratch:",
-			   &r) < 0)
+	if (bench_job_call(b, &req, lj->what, &r) < 0)
 		return -1;
 	lj->id = field_u64(bench_job_record(r), "job", 0);
 	gpuq_reply_free(r);
@@ -294,8 +292,8 @@ static void hol_report(struct bench_sched *b, struct hol *h)
 int bench_latency_head_of_line(struct bench_sched *b)
 {
 	struct hol h = {
-		.put = { .op = "put", .first = KIND_CHECKSUM, .last = KIND_PUT },
-		.get = { .op = "get", .first = KIND_GET, .last = KIND_GET },
+		.put = { "put", "the long put from scratch:", KIND_CHECKSUM, KIND_PUT, 0, 0 },
+		.get = { "get", "the long get to scratch:", KIND_GET, KIND_GET, 0, 0 },
 	};
 	char size[32];
 	int rc = 0;

@@ -139,9 +139,10 @@ done
 stop_daemon
 # The scheduler: a put, a get and a chain (4 GiB each on a GPU) alone and at
 # once beside bench_sched's raw ceiling; a small job's latency behind a long
-# put (a small get's behind a long get) and behind 1000 low-priority puts; two owners' shares. The second
-# owner is a child of gpuq (root) as uid 65534: the socket's group must be
-# its group and the directory enterable. No configuration: equal weights.
+# put (a small get's behind a long get) and behind 1000 low-priority puts;
+# two owners' shares. The second owner is a child of gpuq (root) as uid
+# 65534: the socket's group must be its group and the directory enterable.
+# No configuration: equal weights.
 other_group=$(getent group 65534 | cut -d: -f1)
 chmod 0711 "$dir"
 start_daemon --config /dev/null ${other_group:+--socket-group "$other_group"}
