@@ -30,9 +30,22 @@
 
 /* How often a sleeping scheduler looks again at its host waits anyway (deadlines, cancels). */
 #define SCHED_HOST_RECHECK_S 0.01
-/* Spinning on device waits: pause this many times between rounds, and give up the CPU every so many rounds. */
+/* A job polling in place for something no predicate says (sched_pause): pause this many times between looks. */
 #define SCHED_SPIN_PAUSES 32
+/* Spinning on device waits: give up the CPU every so many rounds. */
 #define SCHED_SPIN_YIELD_EVERY 64
+/*
+ * The gap between two looks at what a job waits for on the device: half the
+ * time waited so far, within these bounds. Each look is a call into the
+ * driver (cudaEventQuery), and looking as often as the CPU can slows the
+ * device's copies: on the H200 a 1 GiB put from page cache took 12 % longer
+ * with a look every microsecond or two than with one every ten or so
+ * (docs/ARCHITECTURE.md, "Polling the device"). A wait of a few
+ * microseconds (a small collective) is still seen within one; a long one,
+ * which has many chunks queued behind it, within SCHED_POLL_MAX_S.
+ */
+#define SCHED_POLL_MIN_S 1e-6
+#define SCHED_POLL_MAX_S 16e-6
 
 struct sched_lane {
 	void *lane;
@@ -355,6 +368,7 @@ static void job_retire(struct sched *s, struct work *work, double started, bool 
 {
 	struct worker *w = s->w;
 	double now = monotonic_seconds();
+	worker_refresh_after(w, work);
 	pthread_mutex_lock(&w->lock);
 	if (counted) {
 		sched_retire(&w->queues, work, started, now);
@@ -362,8 +376,9 @@ static void job_retire(struct sched *s, struct work *work, double started, bool 
 	} else {
 		sched_remove(&w->queues, work);
 	}
+	worker_account_locked(w, work);
 	pthread_mutex_unlock(&w->lock);
-	worker_finish_work(w, work);
+	worker_hand_back(w, work);
 }
 
 static void job_finish(struct sched *s, struct sched_job *j)
@@ -485,11 +500,12 @@ static bool sched_admit(struct sched *s)
 	atomic_store(&w->queues.dirty, false);
 	struct sched_load load = { .inflight = s->ninflight, .max_inflight = s->max_inflight };
 	memcpy(load.inflight_by_level, s->inflight_by_level, sizeof load.inflight_by_level);
+	double now = monotonic_seconds();
 	while (n < room) {
-		struct work *work = sched_pick(&w->queues, &load, &deps[n]);
+		struct work *work = sched_pick(&w->queues, &load, &deps[n], now);
 		if (!work)
 			break;
-		sched_admit_work(&w->queues, work, monotonic_seconds());
+		sched_admit_work(&w->queues, work, now);
 		w->depth--;
 		load.inflight++;
 		load.inflight_by_level[level_of(work)]++;
@@ -576,11 +592,30 @@ static bool sched_done(const struct sched *s)
 	return s->w->stopping && s->w->queues.queued == 0 && s->ninflight == 0;
 }
 
-/* Polling for the device: a few pauses, and now and then the CPU to others. */
-static void idle_spin(unsigned *rounds)
+/* How long to wait before the next look at a device wait that has lasted `waited` seconds. */
+static double poll_gap(double waited)
 {
-	for (int i = 0; i < SCHED_SPIN_PAUSES; i++)
-		__builtin_ia32_pause();
+	double gap = waited / 2;
+	return gap < SCHED_POLL_MIN_S ? SCHED_POLL_MIN_S : gap > SCHED_POLL_MAX_S ? SCHED_POLL_MAX_S : gap;
+}
+
+/* Spins until `until` (monotonic seconds), pausing between looks at the clock. */
+static void spin_until(double until)
+{
+	do {
+		for (int i = 0; i < 8; i++)
+			__builtin_ia32_pause();
+	} while (monotonic_seconds() < until);
+}
+
+/*
+ * Polling for the device: waits the gap for how long the scheduler has
+ * been idle (since `idle_since`), and now and then gives the CPU to others.
+ */
+static void idle_spin(double idle_since, unsigned *rounds)
+{
+	double now = monotonic_seconds();
+	spin_until(now + poll_gap(now - idle_since));
 	if (++*rounds % SCHED_SPIN_YIELD_EVERY == 0)
 		sched_yield();
 }
@@ -599,25 +634,34 @@ static double idle_timeout(const struct sched *s)
  * Nothing moved in the last round and nothing waits for the device: sleep
  * until a submission, a cancel or a notification, looking again at least
  * every SCHED_HOST_RECHECK_S while jobs are in flight. An idle worker first
- * polls for spin_us (a client's next request often comes at once).
+ * polls for spin_us (a client's next request often comes at once). Returns
+ * whether the loop is over (sched_done): this is the one place it looks,
+ * under the lock it takes anyway to sleep.
  */
-static void idle_sleep(struct sched *s)
+/* An idle worker's poll for new work, for spin_us: whether something came. */
+static bool idle_spin_for_work(struct sched *s)
 {
 	struct worker *w = s->w;
-	if (s->ninflight == 0 && w->pool->spin_us) {
-		double end = monotonic_seconds() + w->pool->spin_us / 1e6;
-		unsigned i = 0;
-		while (!atomic_load(&w->queues.dirty) && !atomic_load(&s->notified)) {
-			__builtin_ia32_pause();
-			if (++i % 64 == 0 && monotonic_seconds() > end)
-				break;
-		}
+	double end = monotonic_seconds() + w->pool->spin_us / 1e6;
+	for (unsigned i = 1; !atomic_load(&w->queues.dirty) && !atomic_load(&s->notified); i++) {
+		__builtin_ia32_pause();
+		if (i % 64 == 0 && monotonic_seconds() > end)
+			return false;
 	}
-	struct timespec until = deadline_after(idle_timeout(s));
+	return true;
+}
+
+static bool idle_sleep(struct sched *s)
+{
+	struct worker *w = s->w;
+	if (s->ninflight == 0 && w->pool->spin_us && idle_spin_for_work(s))
+		return false; /* not the end: something was queued or announced */
+	struct timespec until = s->ninflight ? deadline_after(idle_timeout(s)) : (struct timespec){ 0 };
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&s->sleeping, true);
-	while (!atomic_load(&s->notified) && !atomic_load(&w->queues.dirty) && !sched_done(s) &&
-	       !(w->stopping && s->ninflight == 0)) {
+	bool done;
+	while (!(done = sched_done(s)) && !atomic_load(&s->notified) &&
+	       !atomic_load(&w->queues.dirty) && !(w->stopping && s->ninflight == 0)) {
 		if (s->ninflight == 0) {
 			pthread_cond_wait(&w->wake, &w->lock);
 		} else if (pthread_cond_timedwait(&w->wake, &w->lock, &until) == ETIMEDOUT) {
@@ -627,12 +671,14 @@ static void idle_sleep(struct sched *s)
 	atomic_store(&s->sleeping, false);
 	atomic_store(&s->notified, false);
 	pthread_mutex_unlock(&w->lock);
+	return done;
 }
 
 void sched_run(struct sched *s)
 {
 	struct worker *w = s->w;
 	unsigned spins = 0;
+	double idle_since = 0; /* when the rounds stopped moving; 0 while they move */
 	self = s;
 	for (;;) {
 		bool device_waits = false;
@@ -640,17 +686,19 @@ void sched_run(struct sched *s)
 			device_reset_run(w, s);
 		bool progress = sched_admit(s);
 		progress = sched_round(s, &device_waits) || progress;
-		pthread_mutex_lock(&w->lock);
-		bool done = sched_done(s);
-		pthread_mutex_unlock(&w->lock);
-		if (done)
-			break;
-		if (progress)
+		if (progress) {
+			idle_since = 0;
+			continue; /* a round that moved is followed by another: the end is seen there */
+		}
+		if (device_waits) { /* jobs in flight: not the end */
+			if (idle_since == 0)
+				idle_since = monotonic_seconds();
+			idle_spin(idle_since, &spins);
 			continue;
-		if (device_waits)
-			idle_spin(&spins);
-		else
-			idle_sleep(s);
+		}
+		idle_since = 0;
+		if (idle_sleep(s))
+			break;
 	}
 	self = NULL;
 }
@@ -716,9 +764,10 @@ static void wait_until(bool (*ready)(void *arg), void *arg, bool device, enum sc
 		return;
 	}
 	if (device && !self->dev->ops->completions_notify) {
+		double start = monotonic_seconds();
 		while (job_alone(self)) {
-			for (int i = 0; i < SCHED_SPIN_PAUSES; i++)
-				__builtin_ia32_pause();
+			double now = monotonic_seconds();
+			spin_until(now + poll_gap(now - start));
 			if (ready(arg))
 				return;
 		}

@@ -278,6 +278,18 @@ int sched_enqueue(struct sched_queues *q, struct work *w)
 	return 0;
 }
 
+/*
+ * Something changed that may let a queued work start: the worker admits
+ * again. With nothing queued there is nothing to admit, and a worker
+ * that finishes one job at a time (a client's noops, one after another)
+ * need not take the lock for an admission that finds nothing.
+ */
+static void admission_wanted(struct sched_queues *q)
+{
+	if (q->queued)
+		q->dirty = true;
+}
+
 /* Unlinks w from its owner queue (it is queued there). */
 static void owner_queue_unlink(struct sched_queues *q, struct work *w)
 {
@@ -306,7 +318,7 @@ void sched_remove(struct sched_queues *q, struct work *w)
 	ledger_unlink(q, w);
 	w->sched_state = SCHED_WORK_FINISHED;
 	atomic_store(&w->waiting, SCHED_NOT_WAITING);
-	q->dirty = true;
+	admission_wanted(q);
 }
 
 void sched_retire(struct sched_queues *q, struct work *w, double started, double now)
@@ -319,7 +331,7 @@ void sched_retire(struct sched_queues *q, struct work *w, double started, double
 	}
 	ledger_unlink(q, w);
 	w->sched_state = SCHED_WORK_FINISHED;
-	q->dirty = true;
+	admission_wanted(q);
 }
 
 bool sched_hold(struct sched_queues *q, struct work *w, struct work *hold)
@@ -344,14 +356,14 @@ void sched_unhold(struct sched_queues *q, struct work *hold)
 		return;
 	ledger_unlink(q, hold);
 	hold->sched_state = SCHED_WORK_FINISHED;
-	q->dirty = true;
+	admission_wanted(q);
 }
 
 void sched_mark_tail(struct sched_queues *q, struct work *w)
 {
 	if (w->sched_state == SCHED_WORK_ADMITTED) {
 		w->sched_state = SCHED_WORK_TAIL;
-		q->dirty = true;
+		admission_wanted(q);
 	}
 }
 
@@ -399,9 +411,8 @@ static struct work *queue_candidate(struct sched_queues *q, struct sched_owner_q
 }
 
 struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
-			struct sched_deps *deps)
+			struct sched_deps *deps, double now)
 {
-	double now = monotonic_seconds();
 	for (int level = 0; level < GPUQ_PRIORITIES; level++) {
 		struct work *best = NULL;
 		struct sched_owner *best_owner = NULL;

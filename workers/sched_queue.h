@@ -102,10 +102,10 @@ struct work *sched_queued_first(struct sched_queues *q);
 /*
  * The work that should start next, with the tail events it must wait for
  * in deps, or NULL when none may start now. Works looked at and refused
- * get their waiting reason.
+ * get their waiting reason. now: CLOCK_MONOTONIC seconds, for fair share.
  */
 struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
-			struct sched_deps *deps);
+			struct sched_deps *deps, double now);
 /* w (just picked) is in flight now, since `now` (CLOCK_MONOTONIC seconds). */
 void sched_admit_work(struct sched_queues *q, struct work *w, double now);
 /* w has issued all its device work; tail_event is set. */

@@ -79,15 +79,20 @@ static bool work_moves_bytes(enum work_kind kind)
 	return kind == WORK_PUT || kind == WORK_GET || kind == WORK_COPY;
 }
 
-/* Worker thread: records the outcome, and the device's health after it. */
-static void worker_account(struct worker *w, struct work *work)
+static bool work_changes_memory(const struct work *work)
 {
-	bool memory_changed = work->kind == WORK_ALLOC || work->kind == WORK_FREE;
-	struct gpuq_error ignored;
-	if (memory_changed && !w->dev.faulted && w->dev.ops->refresh_info)
-		w->dev.ops->refresh_info(&w->dev, &ignored);
+	return work->kind == WORK_ALLOC || work->kind == WORK_FREE;
+}
 
-	pthread_mutex_lock(&w->lock);
+void worker_refresh_after(struct worker *w, const struct work *work)
+{
+	struct gpuq_error ignored;
+	if (work_changes_memory(work) && !w->dev.faulted && w->dev.ops->refresh_info)
+		w->dev.ops->refresh_info(&w->dev, &ignored);
+}
+
+void worker_account_locked(struct worker *w, const struct work *work)
+{
 	w->counters.jobs++;
 	if (work->error.code != GPUQ_OK)
 		w->counters.jobs_failed++;
@@ -97,9 +102,8 @@ static void worker_account(struct worker *w, struct work *work)
 		w->healthy = false;
 		snprintf(w->health, sizeof w->health, "%s", w->dev.fault_reason);
 	}
-	if (memory_changed)
+	if (work_changes_memory(work))
 		w->info = w->dev.info;
-	pthread_mutex_unlock(&w->lock);
 }
 
 void worker_wake_main(struct worker *w)
@@ -107,11 +111,19 @@ void worker_wake_main(struct worker *w)
 	uv_async_send(&w->pool->async);
 }
 
-void worker_finish_work(struct worker *w, struct work *work)
+void worker_hand_back(struct worker *w, struct work *work)
 {
-	worker_account(w, work);
 	atomic_store(&work->phase, WORK_FINISHED);
 	pool_push_done(w->pool, work);
+}
+
+void worker_finish_work(struct worker *w, struct work *work)
+{
+	worker_refresh_after(w, work);
+	pthread_mutex_lock(&w->lock);
+	worker_account_locked(w, work);
+	pthread_mutex_unlock(&w->lock);
+	worker_hand_back(w, work);
 }
 
 /* Worker thread: a device that never opened refuses what slipped in before its health was known. */

@@ -185,9 +185,17 @@ int worker_ask_reset(struct worker_pool *pool, int device, const char *why, stru
 void run_work(struct device *dev, struct work *work);
 /*
  * Worker thread (sched.c): work has ended; records its outcome and the
- * device's health, and hands it to the main thread.
+ * device's health, and hands it to the main thread. worker_finish_work
+ * does it all; the scheduler does it in its three steps, so that the
+ * accounting shares the critical section in which it retires the work:
+ * worker_refresh_after (the device's memory figures after an alloc or a
+ * free: a backend call, without the lock), worker_account_locked (under
+ * w->lock), then worker_hand_back (without it).
  */
 void worker_finish_work(struct worker *w, struct work *work);
+void worker_refresh_after(struct worker *w, const struct work *work);
+void worker_account_locked(struct worker *w, const struct work *work);
+void worker_hand_back(struct worker *w, struct work *work);
 /* Worker thread: the main thread should look at the workers (a reset happened). */
 void worker_wake_main(struct worker *w);
 
