@@ -289,6 +289,15 @@ static void key_label(const msgpack_object *k, char *out, size_t size)
 		snprintf(out, size, "of type %s", obj_type_name(k->type));
 }
 
+/* msgpack_object_equal, with the common case first: string keys compared by length, then bytes. */
+static bool keys_equal(const msgpack_object *a, const msgpack_object *b)
+{
+	if (a->type == MSGPACK_OBJECT_STR && b->type == MSGPACK_OBJECT_STR)
+		return a->via.str.size == b->via.str.size &&
+		       memcmp(a->via.str.ptr, b->via.str.ptr, a->via.str.size) == 0;
+	return msgpack_object_equal(*a, *b);
+}
+
 int msg_check_unique_keys(const msgpack_object *o, struct gpuq_error *err)
 {
 	if (o->type == MSGPACK_OBJECT_ARRAY) {
@@ -302,7 +311,7 @@ int msg_check_unique_keys(const msgpack_object *o, struct gpuq_error *err)
 	const msgpack_object_kv *kv = o->via.map.ptr;
 	for (uint32_t i = 0; i < o->via.map.size; i++) {
 		for (uint32_t j = 0; j < i; j++) {
-			if (!msgpack_object_equal(kv[i].key, kv[j].key))
+			if (!keys_equal(&kv[i].key, &kv[j].key))
 				continue;
 			char label[224];
 			key_label(&kv[i].key, label, sizeof label);

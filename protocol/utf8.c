@@ -37,6 +37,10 @@ bool utf8_valid(const char *s, size_t n)
 {
 	const unsigned char *p = (const unsigned char *)s;
 	for (size_t i = 0; i < n;) {
+		if (p[i] < 0x80) { /* ASCII, nearly every string a request or reply holds */
+			i++;
+			continue;
+		}
 		size_t len = utf8_sequence(p + i, n - i);
 		if (len == 0)
 			return false;
