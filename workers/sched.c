@@ -37,12 +37,11 @@
 /*
  * The gap between two looks at what a job waits for on the device: half the
  * time waited so far, within these bounds. Each look is a call into the
- * driver (cudaEventQuery), and looking as often as the CPU can slows the
- * device's copies: on the H200 a 1 GiB put from page cache took 12 % longer
- * with a look every microsecond or two than with one every ten or so
- * (docs/ARCHITECTURE.md, "Polling the device"). A wait of a few
- * microseconds (a small collective) is still seen within one; a long one,
- * which has many chunks queued behind it, within SCHED_POLL_MAX_S.
+ * driver (cudaEventQuery); a long wait, which has chunks queued behind it,
+ * need not make one every microsecond, while a wait of a few microseconds
+ * (a small collective) is still seen within one. (docs/ARCHITECTURE.md,
+ * "Polling the device", has what the H200 showed, and the open question
+ * of the staged put it did not answer.)
  */
 #define SCHED_POLL_MIN_S 1e-6
 #define SCHED_POLL_MAX_S 16e-6
@@ -630,14 +629,6 @@ static double idle_timeout(const struct sched *s)
 	return t > 0 ? t : 0;
 }
 
-/*
- * Nothing moved in the last round and nothing waits for the device: sleep
- * until a submission, a cancel or a notification, looking again at least
- * every SCHED_HOST_RECHECK_S while jobs are in flight. An idle worker first
- * polls for spin_us (a client's next request often comes at once). Returns
- * whether the loop is over (sched_done): this is the one place it looks,
- * under the lock it takes anyway to sleep.
- */
 /* An idle worker's poll for new work, for spin_us: whether something came. */
 static bool idle_spin_for_work(struct sched *s)
 {
@@ -651,6 +642,14 @@ static bool idle_spin_for_work(struct sched *s)
 	return true;
 }
 
+/*
+ * Nothing moved in the last round and nothing waits for the device: sleep
+ * until a submission, a cancel or a notification, looking again at least
+ * every SCHED_HOST_RECHECK_S while jobs are in flight. An idle worker first
+ * polls for spin_us (a client's next request often comes at once). Returns
+ * whether the loop is over (sched_done): this is the one place it looks,
+ * under the lock it takes anyway to sleep.
+ */
 static bool idle_sleep(struct sched *s)
 {
 	struct worker *w = s->w;
