@@ -294,7 +294,8 @@ static bool keys_equal(const msgpack_object *a, const msgpack_object *b)
 {
 	if (a->type == MSGPACK_OBJECT_STR && b->type == MSGPACK_OBJECT_STR)
 		return a->via.str.size == b->via.str.size &&
-		       memcmp(a->via.str.ptr, b->via.str.ptr, a->via.str.size) == 0;
+		       (a->via.str.size == 0 || /* an empty string's ptr may be NULL */
+			memcmp(a->via.str.ptr, b->via.str.ptr, a->via.str.size) == 0);
 	return msgpack_object_equal(*a, *b);
 }
 

@@ -10,8 +10,9 @@
  * The seeds are a ping, an alloc request, an attach, a region_create, a put
  * through a region and a lease_break, two frames back to back,
  * headers claiming 2^32-1 entries or bytes, deep nesting, a 4 GiB frame, and
- * requests with duplicate keys (at the root and in a nested map), strings
- * that are not UTF-8 and an owner beyond 32 bits.
+ * requests with duplicate keys (at the root, in a nested map, integer keys),
+ * distinct keys of one length, strings that are not UTF-8 (also after
+ * ASCII) and an owner beyond 32 bits.
  *
  * Besides "does not crash", it checks these and abort()s when one fails, so
  * that libFuzzer keeps the input:

@@ -887,26 +887,32 @@ TEST(fuzz_json_nested_keys_linear)
 	bytes_free(&b);
 }
 
-/* Decodes a map built by build() and returns msg_check_unique_keys's verdict and message. */
-static int unique_keys(void (*build)(struct mp_map *), char *message, size_t size)
+/* Decodes sb (and destroys it); returns msg_check_unique_keys's verdict and message. */
+static int keys_verdict(msgpack_sbuffer *sb, char *message, size_t size)
 {
-	struct mp_map m;
-	msgpack_sbuffer sb;
 	struct msg msg;
 	struct gpuq_error err;
-	mp_map_init(&m);
-	build(&m);
-	msgpack_sbuffer_init(&sb);
-	mp_map_finish(&m, &sb);
-	CHECK(msg_decode(&msg, sb.data, sb.size, &msg_request_limits, &err) == 0);
+	CHECK(msg_decode(&msg, sb->data, sb->size, &msg_request_limits, &err) == 0);
 	gpuq_error_clear(&err);
 	int rc = msg_check_unique_keys(msg.root, &err);
 	snprintf(message, size, "%s", err.message);
 	if (rc < 0)
 		CHECK_EQ(err.code, GPUQ_E_BAD_REQUEST);
 	msg_free(&msg);
-	msgpack_sbuffer_destroy(&sb);
+	msgpack_sbuffer_destroy(sb);
 	return rc;
+}
+
+/* Decodes a map built by build() and returns msg_check_unique_keys's verdict and message. */
+static int unique_keys(void (*build)(struct mp_map *), char *message, size_t size)
+{
+	struct mp_map m;
+	msgpack_sbuffer sb;
+	mp_map_init(&m);
+	build(&m);
+	msgpack_sbuffer_init(&sb);
+	mp_map_finish(&m, &sb);
+	return keys_verdict(&sb, message, size);
 }
 
 static void distinct(struct mp_map *m)
@@ -943,6 +949,71 @@ TEST(msg_duplicate_keys_are_found_at_any_depth)
 	CHECK(strstr(message, "key 'a' twice"));
 	CHECK(unique_keys(twice_in_a_nested_map, message, sizeof message) < 0);
 	CHECK(strstr(message, "key 'op' twice"));
+}
+
+static void same_length_keys(struct mp_map *m)
+{
+	mp_put_u64(m, "ab", 1);
+	mp_put_u64(m, "ba", 1);
+}
+
+/* msg_check_unique_keys on raw msgpack: {"x": {k: 1, k': 2}}, k and k' built by pack_key. */
+static int raw_nested_keys(void (*pack_key)(msgpack_packer *, int), char *message, size_t size)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 1);
+	msgpack_pack_str_with_body(&pk, "x", 1);
+	msgpack_pack_map(&pk, 2);
+	for (int i = 0; i < 2; i++) {
+		pack_key(&pk, i);
+		msgpack_pack_int(&pk, i + 1);
+	}
+	return keys_verdict(&sb, message, size);
+}
+
+/* Found by the fuzzer: two empty keys, whose pointers msgpack-c leaves NULL (no memcmp on those). */
+static void empty_key_twice(msgpack_packer *pk, int i)
+{
+	(void)i;
+	msgpack_pack_str(pk, 0);
+}
+
+static void int_key_twice(msgpack_packer *pk, int i)
+{
+	(void)i;
+	msgpack_pack_int(pk, 7);
+}
+
+static void int_then_uint_key(msgpack_packer *pk, int i)
+{
+	if (i == 0)
+		msgpack_pack_int64(pk, -7);
+	else
+		msgpack_pack_uint64(pk, 7);
+}
+
+static void str_then_int_key(msgpack_packer *pk, int i)
+{
+	if (i == 0)
+		msgpack_pack_str_with_body(pk, "7", 1);
+	else
+		msgpack_pack_int(pk, 7);
+}
+
+/* Keys that are not strings still go through msgpack's own equality. */
+TEST(msg_duplicate_keys_of_other_types_and_same_length_strings)
+{
+	char message[512];
+	CHECK(unique_keys(same_length_keys, message, sizeof message) == 0);
+	CHECK(raw_nested_keys(empty_key_twice, message, sizeof message) < 0);
+	CHECK(strstr(message, "twice"));
+	CHECK(raw_nested_keys(int_key_twice, message, sizeof message) < 0);
+	CHECK(strstr(message, "twice"));
+	CHECK(raw_nested_keys(int_then_uint_key, message, sizeof message) == 0);
+	CHECK(raw_nested_keys(str_then_int_key, message, sizeof message) == 0);
 }
 
 static void owner_wide(struct mp_map *m)

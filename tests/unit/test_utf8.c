@@ -24,6 +24,7 @@ TEST(utf8_valid_accepts_every_well_formed_sequence)
 	CHECK(valid("\xf4\x8f\xbf\xbf"));           /* U+10FFFF, the last */
 	CHECK(valid("\xed\x9f\xbf"));               /* U+D7FF, just below the surrogates */
 	CHECK(utf8_valid("a\0b", 3));               /* NUL is a character */
+	CHECK(valid("ascii \xc3\xa9 ascii \xf0\x9f\x98\x80."));
 }
 
 TEST(utf8_valid_refuses_what_strict_decoders_refuse)
@@ -41,6 +42,11 @@ TEST(utf8_valid_refuses_what_strict_decoders_refuse)
 	CHECK(!valid("\xf5\x80\x80\x80"));
 	CHECK(!valid("\xff"));
 	CHECK(!valid("\xe2\x82"));         /* a 3-byte sequence cut at 2 */
+	/* The same after ASCII, which utf8_valid steps over without decoding. */
+	CHECK(!valid("plain\x80"));
+	CHECK(!valid("plain\xc3"));
+	CHECK(!valid("ab\xed\xa0\x80"));
+	CHECK(!valid("ab\xc3\xa9" "cd\xff"));
 }
 
 TEST(utf8_escape_writes_invalid_bytes_as_hex_and_keeps_the_rest)
