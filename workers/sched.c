@@ -40,8 +40,8 @@
  * driver (cudaEventQuery); a long wait, which has chunks queued behind it,
  * need not make one every microsecond, while a wait of a few microseconds
  * (a small collective) is still seen within one. (docs/ARCHITECTURE.md,
- * "Polling the device", has what the H200 showed, and the open question
- * of the staged put it did not answer.)
+ * "Polling the device": on the H200 the rate of looks did not set a
+ * staged put's pace; its read-ahead did.)
  */
 #define SCHED_POLL_MIN_S 1e-6
 #define SCHED_POLL_MAX_S 16e-6
