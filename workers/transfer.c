@@ -329,22 +329,23 @@ static int get_streamed(struct xfer *x)
 /* ---- setting up, and what follows every path ---- */
 
 /*
- * The bytes one transfer keeps in staging slots at most: chunks read ahead
- * of its next DMA (put), DMAs ahead of its next write-out (get). Reads
- * outrun the DMA, so a put fills whatever it may hold, and a chunk then
- * waits that long between its copy thread's write and the DMA's read (the
- * less in between, the more of it is likely still in the processor's
- * cache). On the H200 machine a 256 MiB put from a memfd
- * moved at 0.63-0.65 of pinned memory's rate with the whole default ring
- * (128 MiB) ahead, 0.78-0.82 with 64 MiB (docs/ARCHITECTURE.md, "Polling
- * the device"). The ring stays larger, so that two transfers at once each
- * have this much.
+ * The bytes a put keeps read ahead of its next DMA, at most. The copy
+ * threads outrun the DMA, so a put fills whatever slots it may hold, and a
+ * chunk then waits that long between its copy thread's write and the
+ * DMA's read (the less in between, the more of it is likely still in the
+ * processor's cache). On the H200 machine a 256 MiB put from a memfd moved
+ * at 0.55-0.66 of pinned memory's rate with the whole default ring (128
+ * MiB) ahead, 0.75-0.82 with 64 MiB (docs/ARCHITECTURE.md, "Polling the
+ * device"). A get is not held to it: its slots wait for copy threads to
+ * write them out, and fewer of them measured slower (32 MiB: 0.39-0.40
+ * into a memfd, against 0.44-0.47). The ring stays larger, so that two
+ * transfers at once each have this much.
  */
-#define XFER_AHEAD_BYTES ((size_t)64 << 20)
+#define XFER_READ_AHEAD_BYTES ((size_t)64 << 20)
 
-unsigned xfer_slots(unsigned ring, size_t chunk)
+unsigned xfer_put_slots(unsigned ring, size_t chunk)
 {
-	size_t fit = XFER_AHEAD_BYTES / chunk; /* chunk: 4K to 1G */
+	size_t fit = XFER_READ_AHEAD_BYTES / chunk; /* chunk: 4K to 1G */
 	return fit >= ring ? ring : fit >= 2 ? (unsigned)fit : 2;
 }
 
@@ -361,7 +362,7 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	x->fd = work->fd;
 	x->total = work->length;
 	x->chunk = dev->config.staging_slot_bytes & ~(size_t)7;
-	x->slots = xfer_slots(dev->config.staging_slots, x->chunk);
+	x->slots = dev->config.staging_slots;
 	x->verify = work->verify;
 	x->publish_tail = true;
 	x->scratch = work->scratch;
@@ -520,6 +521,7 @@ int transfer_put(struct device *dev, struct work *work)
 	struct xfer x;
 	uint64_t room = work->length, device_sum = 0;
 	int rc = xfer_open(&x, dev, work);
+	x.slots = xfer_put_slots(x.slots, x.chunk);
 	x.publish_tail = !x.verify; /* verify reads the range on the device after the DMAs */
 	if (rc == 0)
 		rc = xfer_choose_path(&x, true);

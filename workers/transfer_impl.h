@@ -42,7 +42,7 @@ struct xfer {
 	off_t pos;       /* regular: the descriptor's offset when the job started */
 	uint64_t total;  /* bytes to move; a put without length moves up to this many */
 	size_t chunk;    /* bytes per staging slot, a multiple of 8 */
-	unsigned slots;  /* staging slots it may hold at once (xfer_open: XFER_AHEAD_BYTES) */
+	unsigned slots;  /* staging slots it may hold at once: the ring's; a put's, XFER_READ_AHEAD_BYTES' */
 	bool verify;
 	bool scratch;    /* no descriptor: put the random stream of seed, get into nothing */
 	uint64_t seed;
@@ -76,8 +76,8 @@ struct xfer_chunk {
 };
 
 /* transfer.c */
-/* Slots one transfer may hold: of a ring of `ring` (2 to 256) slots of `chunk` bytes, XFER_AHEAD_BYTES' worth, two at least. */
-unsigned xfer_slots(unsigned ring, size_t chunk);
+/* Slots a put may hold: of a ring of `ring` (2 to 256) slots of `chunk` bytes, XFER_READ_AHEAD_BYTES' worth, two at least. */
+unsigned xfer_put_slots(unsigned ring, size_t chunk);
 int xfer_cancelled(struct xfer *x);
 void xfer_progress(struct xfer *x);
 /* The last DMA is issued: later jobs on the buffer may start (sched_publish_tail). */
