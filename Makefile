@@ -47,10 +47,11 @@ ALL_CFLAGS += $(NCCL_CFLAGS)
 
 PROTOCOL_SRC := $(sort $(wildcard protocol/*.c))
 DAEMON_SRC := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c)))
-WORKERS_SRC := $(sort $(wildcard workers/*.c))
+WORKERS_SRC := $(sort $(wildcard workers/*.c workers/*/*.c))
+WORKERS_SRC := $(filter-out workers/faults/%,$(WORKERS_SRC))
 KERNELS_SRC := $(sort $(wildcard kernels/*.cu))
-LIBGPUQ_SRC := client/libgpuq.c client/libgpuq_collective.c client/libgpuq_share.c client/libgpuq_cuda.c
-CLI_SRC := $(filter-out $(LIBGPUQ_SRC),$(sort $(wildcard client/*.c)))
+LIBGPUQ_SRC := client/lib/libgpuq.c client/lib/libgpuq_collective.c client/lib/libgpuq_share.c client/lib/libgpuq_cuda.c
+CLI_SRC := $(sort $(wildcard client/cli/*.c client/bench/*.c))
 UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
 ITEST_SRC := $(sort $(wildcard tests/integration/*.c))
 
@@ -76,7 +77,7 @@ $(BUILD)/obj/%.o: %.cu
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # The texts NVRTC compiles chain kernels with, linked in by the assembler's .incbin.
-$(BUILD)/obj/workers/chain_prelude.o: kernels/chain_ops.cuh kernels/chain_abi.h kernels/chain_reduce.h
+$(BUILD)/obj/workers/chain/chain_prelude.o: kernels/chain_ops.cuh kernels/chain_abi.h kernels/chain_reduce.h
 
 $(BUILD)/gpuqd: $(BUILD)/obj/daemon/main.o $(CORE_OBJ)
 	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
@@ -86,9 +87,9 @@ $(BUILD)/libgpuq.a: $(LIBGPUQ_OBJ)
 	ar rcs $@ $^
 
 # The public headers, laid out as an installed program includes them.
-$(BUILD)/include/gpuq.h: client/gpuq.h protocol/msg.h protocol/protocol.h
+$(BUILD)/include/gpuq.h: client/lib/gpuq.h protocol/msg.h protocol/protocol.h
 	@mkdir -p $(BUILD)/include/protocol
-	cp client/gpuq.h $(BUILD)/include/gpuq.h
+	cp client/lib/gpuq.h $(BUILD)/include/gpuq.h
 	cp protocol/msg.h protocol/protocol.h $(BUILD)/include/protocol/
 
 $(BUILD)/gpuq: $(call obj,$(CLI_SRC)) $(BUILD)/libgpuq.a
@@ -98,14 +99,14 @@ $(BUILD)/tests/unit: $(call obj,$(UNIT_SRC) tests/harness.c) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/itest: $(call obj,$(ITEST_SRC) tests/harness.c workers/host_patterns.c) $(BUILD)/libgpuq.a
+$(BUILD)/tests/itest: $(call obj,$(ITEST_SRC) tests/harness.c workers/backend/host_patterns.c) $(BUILD)/libgpuq.a
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -ldl -pthread
 
 # Kernels against their host definitions, on the GPU (run by gpu-check), and the
 # chain kernels compiled with NVRTC as gpuqd compiles and loads them.
-SELFTEST_C_SRC := workers/chain_codegen.c workers/chain_prelude.c workers/chain_nvrtc.c \
-	workers/chain_module.c workers/chain_prog.c workers/chain_eval.c workers/chain_expr.c \
+SELFTEST_C_SRC := workers/chain/chain_codegen.c workers/chain/chain_prelude.c workers/chain/chain_nvrtc.c \
+	workers/chain/chain_module.c workers/chain/chain_prog.c workers/chain/chain_eval.c workers/chain/chain_expr.c \
 	protocol/protocol.c
 $(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(call obj,$(KERNELS_SRC)) \
 		$(call obj,$(SELFTEST_C_SRC))
@@ -114,7 +115,7 @@ $(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(cal
 
 # Client processes attaching a gpuq buffer and running their own kernel on it (gpu-check).
 $(BUILD)/tests/attach_selftest: $(BUILD)/obj/tests/gpu/attach_selftest.o \
-		$(BUILD)/obj/tests/gpu/attach_kernel.o $(BUILD)/obj/workers/host_patterns.o $(BUILD)/libgpuq.a
+		$(BUILD)/obj/tests/gpu/attach_kernel.o $(BUILD)/obj/workers/backend/host_patterns.o $(BUILD)/libgpuq.a
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) $(CUDA_LIBS) -lstdc++ -lm -pthread
 
@@ -126,7 +127,7 @@ $(BUILD)/tests/copy_selftest: $(BUILD)/obj/tests/gpu/copy_selftest.o $(call obj,
 # The host half of a get alone (store functions, populating, chunking,
 # threads), for the GPU machine: build/tests/host_write_bench (see its header).
 all: $(BUILD)/tests/host_write_bench
-$(BUILD)/tests/host_write_bench: $(call obj,tests/bench/host_write_bench.c workers/copy_store.c workers/copy_guard.c)
+$(BUILD)/tests/host_write_bench: $(call obj,tests/bench/host_write_bench.c workers/transfer/copy_store.c workers/transfer/copy_guard.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(CUDA_LIBS) -lstdc++ -lm -pthread
 
@@ -201,7 +202,7 @@ install: $(BUILD)/gpuqd $(BUILD)/gpuq $(BUILD)/libgpuq.a
 	install -m 0755 $(BUILD)/gpuq $(DESTDIR)$(BINDIR)/gpuq
 	install -m 0755 $(BUILD)/gpuqd $(DESTDIR)$(SBINDIR)/gpuqd
 	install -m 0644 $(BUILD)/libgpuq.a $(DESTDIR)$(LIBDIR)/libgpuq.a
-	install -m 0644 client/gpuq.h $(DESTDIR)$(INCLUDEDIR)/gpuq/gpuq.h
+	install -m 0644 client/lib/gpuq.h $(DESTDIR)$(INCLUDEDIR)/gpuq/gpuq.h
 	install -m 0644 protocol/msg.h protocol/protocol.h $(DESTDIR)$(INCLUDEDIR)/gpuq/protocol/
 	sed 's|/usr/local/sbin/gpuqd|$(SBINDIR)/gpuqd|' systemd/gpuqd.service \
 		> $(DESTDIR)$(UNITDIR)/gpuqd.service
@@ -225,9 +226,9 @@ uninstall:
 # objects as gpuqd, but collective.c, op_collective_read.c, request.c and
 # run.c compiled again with the flag into obj/faults/, and the fault
 # injection's own files added; the production gpuqd has none of it.
-FAULT_SRC := workers/collective.c daemon/op_collective_read.c daemon/request.c workers/run.c
+FAULT_SRC := workers/collective/collective.c daemon/op_collective_read.c daemon/request.c workers/run.c
 # Only in gpuqd-faults: a job that makes a device fault (inject_fault), for the
-# device-reset tests (workers/device_reset.c).
+# device-reset tests (workers/backend/device_reset.c).
 FAULT_ONLY_SRC := daemon/faults/op_fault.c workers/faults/fault_inject.c kernels/faults/fault.cu
 FAULT_OBJ := $(patsubst %.c,$(BUILD)/obj/faults/%.o,$(FAULT_SRC)) \
 	$(patsubst %.c,$(BUILD)/obj/faults/%.o,$(filter %.c,$(FAULT_ONLY_SRC))) \

@@ -1,7 +1,7 @@
 /* The job table. Main thread only (see job.h). */
 #include "daemon/job.h"
 
-#include "workers/sched.h"
+#include "workers/sched/sched.h"
 #include "workers/clock.h"
 
 #include <stdlib.h>

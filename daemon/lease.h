@@ -5,7 +5,7 @@
  * read-write, until it releases it, its connection closes, or root or the
  * admin group breaks it. The scheduler honours a lease as it honours a job:
  * each lease is a ledger entry on the buffer's device holding a read or
- * write access on the whole buffer (workers/sched_queue.h sched_hold), so
+ * write access on the whole buffer (workers/sched/sched_queue.h sched_hold), so
  * daemon jobs that conflict with it wait behind it (waiting_reason
  * `lease`), and jobs that only read pass a read lease. The table is the
  * main thread's; the entry (`hold`) is the worker's ledger's between the

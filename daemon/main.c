@@ -16,12 +16,12 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
-#include "workers/copy_pool.h"
+#include "workers/transfer/copy_pool.h"
 
 #define EXIT_NO_DEVICE 69
 #define EXIT_CONFIG 78 /* sysexits' EX_CONFIG: the unit does not restart on it */
 
-/* The host copy threads (workers/copy_pool.h); the workers hold the pointer too. */
+/* The host copy threads (workers/transfer/copy_pool.h); the workers hold the pointer too. */
 static struct copy_pool *copy_pool;
 
 /*

@@ -2,7 +2,7 @@
  * Prometheus text exposition of gpuqd's state (see metrics.h). Main thread
  * only: counters are bumped as jobs finish, gauges read when rendering.
  *
- * The kernel chains' graph-cache counters come from workers/chain.h (atomic,
+ * The kernel chains' graph-cache counters come from workers/chain/chain.h (atomic,
  * readable from any thread). Communicator counts are not exported: the
  * all-reduce's communicator cache belongs to each worker and has no counter
  * the main thread may read; they belong beside the device gauges once it does.
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "workers/chain.h"
+#include "workers/chain/chain.h"
 
 static const double latency_bounds[METRICS_LATENCY_BUCKETS] = {
 	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,

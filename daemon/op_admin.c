@@ -45,7 +45,7 @@ void device_on_reset(int index, void *arg)
 }
 
 /*
- * reset_device: an administrator's reset of one device (workers/device_reset.h).
+ * reset_device: an administrator's reset of one device (workers/backend/device_reset.h).
  * Its running jobs are cancelled; the worker resets the device once they
  * have ended, and the reply says only that it was asked: `devices` shows
  * the reset (`resets`, `last_reset`, health) once it happened.

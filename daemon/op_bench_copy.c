@@ -1,6 +1,6 @@
 /*
  * bench_copy: a job that measures the host<->device copy paths on one device
- * (workers/bench_copy.c), so that operators can run it on a live server.
+ * (workers/bench/bench_copy.c), so that operators can run it on a live server.
  * The request is checked here; the job owns the spec, whose rows the result
  * renders until the job leaves the history. Main thread only.
  */
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
-#include "workers/bench_copy.h"
+#include "workers/bench/bench_copy.h"
 
 #define DEFAULT_REPEATS 5
 #define MAX_REPEATS 100

@@ -1,6 +1,6 @@
 /*
  * bench_d2d: the device-to-device and peer copy benchmark as a job
- * (workers/bench_d2d.c), on one device, or as a gang over every device when
+ * (workers/bench/bench_d2d.c), on one device, or as a gang over every device when
  * there are peer pairs to measure. The request is checked here and each
  * pair's route decided as copy decides it; the job owns the spec, whose rows
  * the result renders until the job leaves the history. Main thread only.
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
-#include "workers/bench_d2d.h"
+#include "workers/bench/bench_d2d.h"
 
 #define DEFAULT_REPEATS 5
 

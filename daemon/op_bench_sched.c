@@ -1,6 +1,6 @@
 /*
  * bench_sched: the ceiling `gpuq bench sched` measures gpuqd's scheduler
- * against (workers/sched_bench.c): a host-to-device copy, a device-to-host
+ * against (workers/bench/sched_bench.c): a host-to-device copy, a device-to-host
  * copy and a bandwidth-bound kernel chain, each alone and all three at once,
  * with nothing of gpuq's in the way. A job that runs alone on its device.
  * Main thread only.
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "daemon/daemon.h"
-#include "workers/sched_bench.h"
+#include "workers/bench/sched_bench.h"
 
 #define DEFAULT_BYTES (4ull << 30)
 #define MIN_BYTES (1ull << 20)

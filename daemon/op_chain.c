@@ -20,8 +20,8 @@
 
 #include "daemon/daemon.h"
 #include "daemon/op_chain.h"
-#include "workers/chain.h"
-#include "workers/chain_bench.h"
+#include "workers/chain/chain.h"
+#include "workers/bench/chain_bench.h"
 
 #define BENCH_DEFAULT_BYTES (1ull << 30)
 #define BENCH_LAUNCH_COUNT 1024

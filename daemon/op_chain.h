@@ -7,7 +7,7 @@
 #define GPUQ_OP_CHAIN_H
 
 #include "daemon/daemon.h"
-#include "workers/chain.h"
+#include "workers/chain/chain.h"
 
 /* The request's mode, repeat, kernel and math fields into spec, each with its default. */
 int op_chain_read_options(struct request *req, struct chain_spec *spec, struct gpuq_error *err);

@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 #include "daemon/daemon.h"
-#include "workers/collective.h"
+#include "workers/collective/collective.h"
 
 /* What a primitive's result names: its buffers as the request gave them. */
 struct coll_names {

@@ -1,6 +1,6 @@
 /*
  * Reading a collective request into a plan: each primitive's fields, every
- * rank's buffers checked against NCCL's layout (workers/collective_layout.h:
+ * rank's buffers checked against NCCL's layout (workers/collective/collective_layout.h:
  * which elements each rank reads and writes for the count), and a group's
  * primitives checked for ranges one writes and another uses. All of it
  * before anything is held or queued, so a refused request costs nothing;

@@ -1,6 +1,6 @@
 /*
  * copy: bytes from one buffer range to another, on one device or between
- * two (workers/copy.c does the moving; copy.h says how). Everything is
+ * two (workers/copy/copy.c does the moving; copy.h says how). Everything is
  * checked here first, so that a refused copy changes no byte: both buffers
  * and ranges, the lengths, overlap, the engine and the path. The route is
  * decided here too, from what each device's worker found when it opened
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
-#include "workers/copy.h"
+#include "workers/copy/copy.h"
 
 #define MAX_CHUNK (4ull << 30)
 #define MAX_PEER_TIMEOUT_MS 3600000u

@@ -1,7 +1,7 @@
 /*
  * Expressions over buffers, the main thread's part: `run` with `expr`
  * ('y = a * x + y') and `reduce` ('sum(abs(x - y))'). It parses the
- * expression (workers/chain_expr.h), resolves each variable to one of the
+ * expression (workers/chain/chain_expr.h), resolves each variable to one of the
  * caller's buffers (or `owner`'s, for root; on `device` when the name says
  * no @GPU and the request gives one), binds them (one device, one count or
  * one element, float dtypes, no buffer named twice), checks what the
@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "daemon/op_chain.h"
-#include "workers/chain_expr.h"
+#include "workers/chain/chain_expr.h"
 
 struct expr_job {
 	struct chain_spec spec; /* first: work.spec points here */

@@ -4,7 +4,7 @@
  * everything a request says (the memfd's seals, mode and size, the names,
  * the quotas and RLIMIT_MEMLOCK) before a job maps or pins anything; the
  * mapping and pinning happen on the region's device's worker
- * (workers/region_pin.h). Main thread only.
+ * (workers/transfer/region_pin.h). Main thread only.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
  * put and get: bytes between a client's descriptor and a buffer. The main
  * thread checks the descriptor, the range and the options before anything
  * moves, so a refused request changes no byte; the worker does the moving
- * (workers/transfer.c). Main thread only.
+ * (workers/transfer/transfer.c). Main thread only.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "workers/transfer.h"
+#include "workers/transfer/transfer.h"
 
 /* The one descriptor a put/get carries, checked for the access it needs. */
 static int read_descriptor(struct request *req, bool for_reading, struct gpuq_error *err)

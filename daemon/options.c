@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "protocol/protocol.h"
-#include "workers/chain.h"
-#include "workers/sched.h"
+#include "workers/chain/chain.h"
+#include "workers/sched/sched.h"
 
 static const char usage_text[] =
 	"usage: gpuqd [OPTIONS]\n"

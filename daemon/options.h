@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 #include "daemon/log.h"
-#include "workers/backend.h"
-#include "workers/copy_store.h"
+#include "workers/backend/backend.h"
+#include "workers/transfer/copy_store.h"
 
 #define GPUQD_VERSION "0.1.0"
 
@@ -21,14 +21,14 @@ struct options {
 	enum log_level log_level;
 	size_t max_frame;
 	unsigned queue_depth;         /* per worker */
-	unsigned max_inflight;        /* jobs each worker keeps in flight (workers/sched.h) */
+	unsigned max_inflight;        /* jobs each worker keeps in flight (workers/sched/sched.h) */
 	unsigned spin_us;      /* idle threads poll this long before sleeping */
 	unsigned job_history;         /* finished jobs kept for status/wait */
 	unsigned shutdown_timeout_ms; /* for running jobs at SIGTERM */
 	struct device_config device;
 	bool probe; /* open the devices, print them, exit */
-	unsigned copy_threads; /* host copy threads shared by the workers (workers/copy_pool.c) */
-	enum copy_stores copy_stores; /* how they store into a get's mapping (workers/copy_store.h) */
+	unsigned copy_threads; /* host copy threads shared by the workers (workers/transfer/copy_pool.c) */
+	enum copy_stores copy_stores; /* how they store into a get's mapping (workers/transfer/copy_store.h) */
 	unsigned collective_timeout_ms; /* an all-reduce's default timeout (and its init's floor) */
 	char config_path[256];         /* --config, or the default if it exists */
 	bool config_given;             /* --config was on the command line: it must exist */

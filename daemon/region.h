@@ -1,6 +1,6 @@
 /*
  * Host regions: a client's memfd that gpuqd maps and pins once (on a
- * device's worker, workers/region_pin.h) and keeps under a name of its
+ * device's worker, workers/transfer/region_pin.h) and keeps under a name of its
  * owner's until region_free (or, for an ephemeral region, until the
  * connection that made it closes). put and get move bytes between a range
  * of it and a buffer with one DMA. The registry is the main thread's alone;

@@ -20,7 +20,7 @@
  * expression kernels and the kernels compiled at run time: add, sub, mul,
  * div and fma are the explicitly rounded intrinsics, so nvcc never contracts
  * a mul and a following add into one fma, and the host reference
- * (workers/chain_eval.c) can follow the same arithmetic. The transcendental
+ * (workers/chain/chain_eval.c) can follow the same arithmetic. The transcendental
  * functions are CUDA's IEEE-accurate ones (this file is never built with
  * --use_fast_math).
  */

@@ -1,8 +1,8 @@
 /*
  * The layout of an expression program as the kernels read it: one struct
- * shared by host C code (workers/chain_prog.h builds it), the kernels nvcc
+ * shared by host C code (workers/chain/chain_prog.h builds it), the kernels nvcc
  * compiles (kernels/chain_expr.cu) and the kernels gpuqd compiles at run time
- * with NVRTC (workers/chain_codegen.c hands NVRTC this very text). So it is
+ * with NVRTC (workers/chain/chain_codegen.c hands NVRTC this very text). So it is
  * plain C that every one of them reads alike: no #include, fixed-size types
  * only, and no padding that the compilers could place differently.
  *

@@ -4,7 +4,7 @@
  * (the per-op and interpreted fused chain kernels) and kernels/chain_expr.cu
  * (the program interpreter and the reductions) include it, and gpuqd hands
  * this very text to NVRTC in front of every kernel it compiles
- * (workers/chain_codegen.c). One text is what makes a compiled kernel give
+ * (workers/chain/chain_codegen.c). One text is what makes a compiled kernel give
  * the same bits as the interpreted ones: the same functions, the same
  * rounding, the same order of a reduction.
  *

@@ -1,7 +1,7 @@
 /*
  * How a reduction folds values (kernels/chain_abi.h defines the order):
  * one definition that the kernels (kernels/chain_ops.cuh, nvcc and NVRTC
- * alike) and the host backend (workers/chain_eval.c) both compile, so both
+ * alike) and the host backend (workers/chain/chain_eval.c) both compile, so both
  * fold the same values to the same bits. Plain C for gcc, CUDA C++ for nvcc
  * and NVRTC; no #include but chain_abi.h. The device rounds with the
  * explicit intrinsics so that nvcc never contracts v * v + acc into an fma;

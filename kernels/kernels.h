@@ -68,7 +68,7 @@ cudaError_t kernels_copy(void *dst, const void *src, size_t bytes, cudaStream_t 
  *
  * A chain op maps each element x to f(x, a, b). The ops, their names on the
  * wire and their argument counts are one list (kernels/chain_abi.h, which
- * NVRTC reads too); workers/chain.c and the daemon's validation read it, so
+ * NVRTC reads too); workers/chain/chain.c and the daemon's validation read it, so
  * host and device number them alike.
  * Float element types only (f16, bf16, f32, f64): f16 and bf16 compute in
  * float, and every op rounds its result to the element type, so a chain run
@@ -114,7 +114,7 @@ cudaError_t kernels_chain_fused(const void *in, void *out, size_t count, enum ke
  * ---- Expression programs (kernels/chain_expr.cu) ----
  *
  * The interpreting kernels of kernels/chain_abi.h's programs: what runs
- * when no kernel compiled for the program can be had (workers/chain_jit.h).
+ * when no kernel compiled for the program can be had (workers/chain/chain_jit.h).
  * Every buffer of x 16-byte aligned; x is copied into the launch.
  */
 

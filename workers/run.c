@@ -3,20 +3,20 @@
  * device operation goes through the backend table, so this file serves the
  * CUDA and the host backend alike.
  */
-#include "workers/chain.h"
-#include "workers/chain_bench.h"
+#include "workers/chain/chain.h"
+#include "workers/bench/chain_bench.h"
 #include "workers/clock.h"
-#include "workers/bench_copy.h"
-#include "workers/bench_d2d.h"
-#include "workers/copy.h"
-#include "workers/region_pin.h"
-#include "workers/collective.h"
-#include "workers/sched.h"
-#include "workers/sched_bench.h"
+#include "workers/bench/bench_copy.h"
+#include "workers/bench/bench_d2d.h"
+#include "workers/copy/copy.h"
+#include "workers/transfer/region_pin.h"
+#include "workers/collective/collective.h"
+#include "workers/sched/sched.h"
+#include "workers/bench/sched_bench.h"
 #ifdef GPUQ_FAULT_INJECTION
 #include "workers/faults/fault_inject.h"
 #endif
-#include "workers/transfer.h"
+#include "workers/transfer/transfer.h"
 #include "workers/worker.h"
 
 

@@ -15,7 +15,7 @@
 #include <sys/types.h>
 
 #include "protocol/protocol.h"
-#include "workers/backend.h"
+#include "workers/backend/backend.h"
 
 enum work_kind {
 	WORK_NOOP,
@@ -39,16 +39,16 @@ enum work_kind {
 	WORK_BENCH_SCHED, /* bench_sched: the raw ceiling of overlapping engines (spec: struct sched_bench) */
 	WORK_FAULT,       /* inject_fault: tests/gpuqd-faults only (workers/faults/fault_inject.c) */
 	/* kinds of zero-copy sharing */
-	WORK_REGION_MAP,   /* region_create: map the client's memfd, place and pin it (workers/region_pin.c) */
+	WORK_REGION_MAP,   /* region_create: map the client's memfd, place and pin it (workers/transfer/region_pin.c) */
 	WORK_REGION_UNMAP, /* region_free: once no job uses it, unpin and unmap it */
-	WORK_ATTACH,       /* attach: the lease takes its place in the ledger (workers/sched_queue.h) */
+	WORK_ATTACH,       /* attach: the lease takes its place in the ledger (workers/sched/sched_queue.h) */
 };
 
 enum work_phase { WORK_QUEUED, WORK_RUNNING, WORK_FINISHED };
 
 /*
  * A range of a buffer a work reads or writes: what the scheduler keeps in
- * order (workers/sched.h). base is the buffer's device memory (its identity
+ * order (workers/sched/sched.h). base is the buffer's device memory (its identity
  * while it lives), [off, off + len) the range.
  */
 struct work_access {
@@ -126,7 +126,7 @@ struct work {
 	uint64_t wait_memory_ms;
 
 	/*
-	 * The scheduler's (workers/sched.c): the submission order, the ledger
+	 * The scheduler's (workers/sched/sched.c): the submission order, the ledger
 	 * links (under the worker's lock), the lane and tail event while in
 	 * flight. `waiting` and `waiting_job` say why the work waits, for the
 	 * main thread to show (atomics: read without the lock).

@@ -19,8 +19,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "workers/backend.h"
-#include "workers/sched.h"
+#include "workers/backend/backend.h"
+#include "workers/sched/sched.h"
 #include "workers/work.h"
 
 /* Per-worker counters, summed under the worker's lock; one list feeds stats. */
@@ -48,7 +48,7 @@ struct worker_snapshot {
 	unsigned queue_depth;
 	struct worker_counters counters;
 	struct sched_stats sched;
-	/* resets (workers/device_reset.h): how many, the last one's cause and duration */
+	/* resets (workers/backend/device_reset.h): how many, the last one's cause and duration */
 	unsigned resets;
 	char last_reset[320];
 	double last_reset_s;
@@ -64,7 +64,7 @@ struct worker {
 
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t wake;  /* on CLOCK_MONOTONIC: the scheduler's idle sleep */
-	struct sched_queues queues; /* queued and in-flight works (workers/sched_queue.h) */
+	struct sched_queues queues; /* queued and in-flight works (workers/sched/sched_queue.h) */
 	struct sched *sched;  /* the worker thread's scheduler, once made */
 	_Atomic unsigned depth; /* works queued, not yet admitted */
 	bool stopping;
@@ -72,7 +72,7 @@ struct worker {
 	char health[600];
 	struct device_info info;
 	struct worker_counters counters;
-	/* Device resets (workers/device_reset.c). */
+	/* Device resets (workers/backend/device_reset.c). */
 	unsigned resets;
 	double reset_times[8];     /* the latest resets, a ring: the limit's window */
 	char last_reset[320];      /* why the last one happened */

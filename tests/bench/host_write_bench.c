@@ -5,7 +5,7 @@
  * exist, the way transfer_staged.c's get does it: map the destination per
  * job, hand chunks to N threads (each takes the next chunk; populate it with
  * MADV_POPULATE_WRITE or not; copy it under copy_guarded's SIGBUS guard with
- * a store function of workers/copy_store.c), then munmap in N parallel parts.
+ * a store function of workers/transfer/copy_store.c), then munmap in N parallel parts.
  * Each row varies one thing (store function, populating, chunk size, one
  * mapping or one per thread region, pwrite, the source as a 64 MiB ring like
  * the staging slots, a fresh memfd, a page-cache file, a private buffer as
@@ -37,8 +37,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "workers/copy_guard.h"
-#include "workers/copy_store.h"
+#include "workers/transfer/copy_guard.h"
+#include "workers/transfer/copy_store.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23

@@ -34,8 +34,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "client/gpuq.h"
-#include "workers/host_patterns.h"
+#include "client/lib/gpuq.h"
+#include "workers/backend/host_patterns.h"
 
 #define BYTES (1ull << 30)
 #define NAME "attach-selftest"

@@ -8,7 +8,7 @@
  * Chains (the second half): every op in every float dtype four ways, the
  * per-op kernel, the interpreted fused kernel, the program interpreter and
  * the kernel compiled for it with NVRTC and loaded through the driver API
- * (as gpuqd does: workers/chain_codegen.c, chain_nvrtc.c, chain_module.c),
+ * (as gpuqd does: workers/chain/chain_codegen.c, chain_nvrtc.c, chain_module.c),
  * each into poisoned memory, all four the same bits and within the stated
  * ulps of a long-double reference; every reduction compiled and interpreted,
  * the same bits as the host's reference in the stated order where the values
@@ -34,12 +34,12 @@
 #include "kernels/kernels.h"
 
 extern "C" {
-#include "workers/chain_codegen.h"
-#include "workers/chain_eval.h"
-#include "workers/chain_expr.h"
-#include "workers/chain_module.h"
-#include "workers/chain_nvrtc.h"
-#include "workers/chain_prog.h"
+#include "workers/chain/chain_codegen.h"
+#include "workers/chain/chain_eval.h"
+#include "workers/chain/chain_expr.h"
+#include "workers/chain/chain_module.h"
+#include "workers/chain/chain_nvrtc.h"
+#include "workers/chain/chain_prog.h"
 }
 
 #define CUDA_OK(call)                                                                  \
@@ -542,7 +542,7 @@ static bool compiled_module(const char *what, const chain_prog *p, bool fast, ch
 	return rc == 0;
 }
 
-/* One wave of an elementwise module (as workers/chain_cuda.c launches it). */
+/* One wave of an elementwise module (as workers/chain/chain_cuda.c launches it). */
 static cudaError_t launch_compiled_run(const chain_module &m, kernels_expr &x)
 {
 	void *params[1] = { &x };
@@ -780,7 +780,7 @@ static bool same_partial(const kernels_partial &a, const kernels_partial &b)
 
 /*
  * One reduction compiled and interpreted on the GPU, twice each, against the
- * host's reference (workers/chain_eval.c, the same order): the same bits
+ * host's reference (workers/chain/chain_eval.c, the same order): the same bits
  * where exact (exact true), else within tol relative.
  */
 static void reduce_case(const char *text, bool exact, size_t count, const std::vector<float> &hx,

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "protocol/frame.h"
-#include "workers/host_patterns.h"
+#include "workers/backend/host_patterns.h"
 
 #define MAX_ARGS 48
 

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "client/gpuq.h"
+#include "client/lib/gpuq.h"
 #include "tests/harness.h"
 
 struct daemon_proc {

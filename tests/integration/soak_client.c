@@ -17,7 +17,7 @@
 
 #include "kernels/hash.h"
 #include "tests/integration/soak.h"
-#include "workers/host_patterns.h"
+#include "workers/backend/host_patterns.h"
 
 /* The client's state: its connection, its slots, its random numbers. */
 struct client {

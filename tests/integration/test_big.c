@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
-#include "workers/host_patterns.h"
+#include "workers/backend/host_patterns.h"
 
 static void require_big(void)
 {

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "tests/integration/coll_util.h"
-#include "workers/host_patterns.h"
+#include "workers/backend/host_patterns.h"
 
 #define COUNT 1001 /* odd, so that the host backend's slices are uneven */
 

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
-#include "workers/host_patterns.h"
+#include "workers/backend/host_patterns.h"
 
 #define SLOT ((size_t)2 << 20) /* gpuqd's default --staging-slot */
 

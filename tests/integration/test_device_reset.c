@@ -1,6 +1,6 @@
 /*
  * A device that faults is reset and serves again, without restarting gpuqd
- * (workers/device_reset.c): jobs in flight fail, buffers there are lost (and
+ * (workers/backend/device_reset.c): jobs in flight fail, buffers there are lost (and
  * say so), new jobs succeed, other devices carry on; too many faults leave it
  * unhealthy for an operator, whose reset-device brings it back. On the cuda
  * tier the fault is a real illegal address (tests/gpuqd-faults' inject_fault).

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
-#include "workers/host_patterns.h"
+#include "workers/backend/host_patterns.h"
 
 TEST(ping_reports_server_and_backend)
 {

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
-#include "workers/host_patterns.h"
+#include "workers/backend/host_patterns.h"
 
 #define MIB (1024u * 1024u)
 

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
-#include "workers/host_patterns.h"
+#include "workers/backend/host_patterns.h"
 
 /* The engine delays only mean something on the host backend; the GPU is fast enough as it is. */
 static void slow_engines(const char *spec)

@@ -1,5 +1,5 @@
 /*
- * Unit tests for workers/chain.c: the op table, and the plan cache driven by
+ * Unit tests for workers/chain/chain.c: the op table, and the plan cache driven by
  * fake plan operations, for the paths the host backend never takes (CUDA
  * refusing to update a graph, a build failing) and the LRU order.
  */
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "tests/harness.h"
-#include "workers/chain.h"
+#include "workers/chain/chain.h"
 
 static char bufs[4][64] __attribute__((aligned(16)));
 

@@ -1,13 +1,13 @@
 /*
- * Unit tests for the expression language (workers/chain_expr.c) and
- * programs (workers/chain_prog.c): what parses, what binds, the types
+ * Unit tests for the expression language (workers/chain/chain_expr.c) and
+ * programs (workers/chain/chain_prog.c): what parses, what binds, the types
  * every node gets, the op-list form, and every refusal with its column.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "tests/harness.h"
-#include "workers/chain_expr.h"
+#include "workers/chain/chain_expr.h"
 
 static struct chain_expr x;
 

@@ -19,10 +19,10 @@
 #include <unistd.h>
 
 #include "tests/harness.h"
-#include "workers/chain_codegen.h"
-#include "workers/chain_diskcache.h"
-#include "workers/chain_expr.h"
-#include "workers/chain_jit.h"
+#include "workers/chain/chain_codegen.h"
+#include "workers/chain/chain_diskcache.h"
+#include "workers/chain/chain_expr.h"
+#include "workers/chain/chain_jit.h"
 
 static const struct chain_nvrtc_status *need_nvrtc(void)
 {

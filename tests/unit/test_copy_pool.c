@@ -6,10 +6,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "workers/copy_guard.h"
-#include "workers/copy_hash.h"
-#include "workers/copy_pool.h"
-#include "workers/host_patterns.h"
+#include "workers/transfer/copy_guard.h"
+#include "workers/transfer/copy_hash.h"
+#include "workers/transfer/copy_pool.h"
+#include "workers/backend/host_patterns.h"
 
 struct add_task {
 	struct copy_task task; /* first */

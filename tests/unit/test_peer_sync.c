@@ -1,5 +1,5 @@
 /*
- * Unit tests for workers/peer_sync.c: the waits between a gang's parts end
+ * Unit tests for workers/copy/peer_sync.c: the waits between a gang's parts end
  * when what they wait for comes, and otherwise on every way out the header
  * promises (cancel, another part's failure, a part that ended or left, the
  * timeout), and the barrier lets everyone through together.
@@ -10,7 +10,7 @@
 
 #include "tests/harness.h"
 #include "workers/clock.h"
-#include "workers/peer_sync.h"
+#include "workers/copy/peer_sync.h"
 
 struct gang {
 	struct work works[2];

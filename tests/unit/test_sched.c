@@ -1,6 +1,6 @@
 /*
- * Unit tests for the scheduler's admission rule (workers/sched_queue.c) and
- * for fibers (workers/fiber.c): which queued work starts next, and what it
+ * Unit tests for the scheduler's admission rule (workers/sched/sched_queue.c) and
+ * for fibers (workers/sched/fiber.c): which queued work starts next, and what it
  * must wait for, with no worker thread and no device.
  */
 #include <fenv.h>
@@ -8,8 +8,8 @@
 
 #include "tests/harness.h"
 #include "workers/clock.h"
-#include "workers/fiber.h"
-#include "workers/sched_queue.h"
+#include "workers/sched/fiber.h"
+#include "workers/sched/sched_queue.h"
 
 static char buffer_a[64], buffer_b[64]; /* stand-ins for device memory */
 static double add_weight = 1; /* the weight add() gives its works */

@@ -1,7 +1,7 @@
-/* Unit tests for what a put decides before it moves a byte: workers/transfer.c. */
+/* Unit tests for what a put decides before it moves a byte: workers/transfer/transfer.c. */
 #include "tests/harness.h"
 
-#include "workers/transfer_impl.h"
+#include "workers/transfer/transfer_impl.h"
 
 #define MiB ((size_t)1 << 20)
 

@@ -1,7 +1,7 @@
 /*
  * The fault-injection build's job (tests/gpuqd-faults only): makes the
  * device fault as a real kernel bug does, so that the tests run the whole
- * recovery (workers/device_reset.c). On CUDA a kernel writes through an
+ * recovery (workers/backend/device_reset.c). On CUDA a kernel writes through an
  * invalid pointer; the host backend records the same sticky fault its
  * GPUQ_HOST_FAULT_DEVICE hook does. Worker thread.
  */
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "kernels/faults/fault.h"
-#include "workers/cuda_check.h"
+#include "workers/backend/cuda_check.h"
 #include "workers/faults/fault_inject.h"
 
 int fault_inject_run(struct device *dev, struct work *work)

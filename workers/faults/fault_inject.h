@@ -2,7 +2,7 @@
 #ifndef GPUQ_FAULT_INJECT_H
 #define GPUQ_FAULT_INJECT_H
 
-#include "workers/backend.h"
+#include "workers/backend/backend.h"
 #include "workers/work.h"
 
 /* Faults the device on purpose (a sticky error); always returns -1 with work->error. */

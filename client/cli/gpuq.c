@@ -1,0 +1,468 @@
+/*
+ * gpuq: the command-line client of gpuqd.
+ *
+ *   gpuq [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]
+ *
+ * main parses the global options, finds the command in cli_commands, lets
+ * it parse its own options and run, and returns its exit status.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "client/cli/cli.h"
+
+static int cmd_reduce_either(struct cli *cli);
+
+#define JOB_OPTS (OPT_DETACH | OPT_PRIORITY)
+#define COLL_OPTS (OPT_DEVICES | OPT_REDOP | OPT_OUT | OPT_COUNT | OPT_COLL_TIMEOUT | OPT_ROOT)
+
+const struct cli_cmd cli_commands[] = {
+	{ "ping", "", "check that gpuqd answers; show its version and backend",
+	  "Asks gpuqd for its version, backend, device count, uptime and pid.\n",
+	  0, 0, 0, { NULL }, cmd_ping },
+	{ "devices", "", "list the devices: memory, health, queue",
+	  "Lists the daemon's devices with their memory (as the driver reports it,\n"
+	  "and what gpuq's buffers hold), health and queue depth. --json adds the\n"
+	  "UUIDs, PCI bus ids, peer access and counters.\n",
+	  0, 0, 0, { NULL }, cmd_devices },
+	{ "noop", "[--device N]", "send an empty job through a device worker",
+	  "Sends a job that does nothing through device N's worker (default 0):\n"
+	  "it measures dispatch.\n",
+	  JOB_OPTS | OPT_DEVICE, 0, 0, { NULL }, cmd_noop },
+	{ "alloc", "NAME (--bytes SIZE | --count N --dtype T) [--device N] [--wait-memory MS] [--ephemeral] [--shareable]",
+	  "allocate a named buffer on a device",
+	  "Allocates buffer NAME on device N (default 0), sized either in bytes or\n"
+	  "as N elements of dtype T (bytes u8 i32 i64 f16 bf16 f32 f64). Without\n"
+	  "room on the device it fails at once (out_of_memory), or with --wait-memory\n"
+	  "MS waits up to MS milliseconds for other jobs to free enough. A buffer\n"
+	  "stays until it is freed, whatever becomes of the client that made it.\n"
+	  "With --ephemeral it goes with this gpuq's connection instead: gpuq keeps\n"
+	  "running, holding the buffer, until it is interrupted or killed, and the\n"
+	  "daemon then frees it. --shareable allocates it on its own (not from the\n"
+	  "pool) so that your processes may attach it (gpuq attach,\n"
+	  "gpuq_buffer_attach) and map it on the GPU.\n",
+	  JOB_OPTS | OPT_BYTES | OPT_COUNT | OPT_DTYPE | OPT_DEVICE | OPT_WAIT_MEMORY | OPT_EPHEMERAL |
+		  OPT_SHAREABLE,
+	  1, 1, { "NAME" }, cmd_alloc },
+	{ "free", "BUF", "free a buffer",
+	  "Frees buffer BUF once the jobs already queued or running on it have\n"
+	  "finished; no new job may use it meanwhile.\n",
+	  JOB_OPTS, 1, 1, { "BUF" }, cmd_free },
+	{ "region", "create NAME --bytes SIZE [--device N] [--ephemeral] | free NAME",
+	  "make or free a host region: memory gpuqd pins once",
+	  "create: makes a memfd of SIZE (a multiple of 4 KiB) and hands it to gpuqd,\n"
+	  "which maps it, places its pages on device N's NUMA node (default 0) and\n"
+	  "pins it once. put/get then move bytes between a range of it and a buffer\n"
+	  "in one DMA: gpuq put region:NAME[OFFSET:LENGTH] BUF, gpuq get BUF\n"
+	  "region:NAME. Programs map the same memory (gpuq_region_open). Regions\n"
+	  "count against the host-pinned quota and gpuqd's RLIMIT_MEMLOCK. With\n"
+	  "--ephemeral the region goes when this command's connection does: it holds\n"
+	  "it until interrupted. free: after the jobs that use it.\n",
+	  OPT_BYTES | OPT_DEVICE | OPT_EPHEMERAL, 2, 2, { "create|free", "NAME" }, cmd_region },
+	{ "regions", "", "list your host regions (every user's for root)",
+	  "Lists regions: size, the device that pinned them and its NUMA node, the jobs\n"
+	  "using them, how long pinning took; and the bytes pinned beside gpuqd's\n"
+	  "RLIMIT_MEMLOCK.\n",
+	  0, 0, 0, { NULL }, cmd_regions },
+	{ "attach", "BUF [--read-only]", "map a shareable buffer here and hold a lease on it",
+	  "Attaches BUF (allocated with --shareable) as a program does with\n"
+	  "gpuq_buffer_attach: once the jobs before it on BUF are done, gpuqd sends\n"
+	  "its handle and gpuq maps it on the GPU, then holds the lease until\n"
+	  "interrupted (or broken). Meanwhile daemon jobs on BUF wait; with\n"
+	  "--read-only (a read lease) jobs that only read it go on.\n",
+	  0 | OPT_READ_ONLY, 1, 1, { "BUF" }, cmd_attach },
+	{ "leases", "", "list leases: who has which buffer attached",
+	  "Lists the leases on your buffers and your own (every lease for root and\n"
+	  "the admin group): buffer, mode, holder uid and pid, how long held.\n",
+	  0, 0, 0, { NULL }, cmd_leases },
+	{ "lease", "break LEASE", "break a lease (root and the admin group)",
+	  "Ends lease LEASE: the jobs waiting behind it go on, and its holder is told\n"
+	  "(an event lease_broken on its connection).\n",
+	  0, 2, 2, { "break", "LEASE" }, cmd_lease },
+	{ "buffers", "[--device N]", "list your buffers (every user's for root)",
+	  "Lists buffers, on device N only if given.\n", OPT_DEVICE, 0, 0, { NULL },
+	  cmd_buffers },
+	{ "put", "FILE BUF [--offset N] [--length N] [--verify] [--path P]",
+	  "copy a file (or stdin) into a buffer",
+	  "Copies FILE ('-': standard input) into BUF at --offset (default 0):\n"
+	  "exactly --length bytes if given, else up to the end of FILE. BUF may\n"
+	  "name the range itself: w0[4K:1M], w0@1[1G:] or w0[:100]. gpuq opens\n"
+	  "FILE itself and hands gpuqd the descriptor; the daemon never opens paths.\n"
+	  "Files and memfds are read by gpuqd's copy threads in parallel, pipes in\n"
+	  "order. --verify compares the checksum of the bytes read with the\n"
+	  "device's checksum of the range. --path auto (default), staged, or\n"
+	  "registered (a memfd sealed against shrinking, pinned and copied\n"
+	  "directly). On a terminal a progress bar shows on stderr; the summary\n"
+	  "says bytes, time, GB/s and the path taken. FILE 'scratch:' is no file:\n"
+	  "gpuqd makes up random bytes (to measure the path without a file).\n",
+	  JOB_OPTS | OPT_OFFSET | OPT_LENGTH | OPT_VERIFY | OPT_PATH, 2, 2, { "FILE", "BUF" },
+	  cmd_put },
+	{ "get", "BUF FILE [--offset N] [--length N] [--verify] [--path P]",
+	  "copy a buffer into a file (or stdout)",
+	  "Copies BUF from --offset (default 0), --length bytes (default: to its\n"
+	  "end), into FILE ('-': standard output, which must not be a terminal).\n"
+	  "BUF may name the range itself, as for put. FILE is created or truncated\n"
+	  "(mode 0666 less the umask). With FILE '-' the summary goes to stderr\n"
+	  "and --json cannot be used. --verify hashes the device range first and\n"
+	  "the bytes as they are written, and compares. --path as for put.\n"
+	  "FILE 'scratch:' drops the bytes (to measure the path without a file).\n",
+	  JOB_OPTS | OPT_OFFSET | OPT_LENGTH | OPT_VERIFY | OPT_PATH, 2, 2, { "BUF", "FILE" },
+	  cmd_get },
+	{ "fill", "BUF zero | value V | iota | random SEED",
+	  "fill a buffer with a pattern",
+	  "Fills BUF on its device: zero; value V (an integer or a float, converted\n"
+	  "to BUF's dtype); iota (element i is i); random SEED (reproducible from\n"
+	  "SEED: random bits for integer buffers, [0, 1) for float ones).\n",
+	  JOB_OPTS, 2, 3, { "BUF", "PATTERN", "ARG" }, cmd_fill },
+	{ "checksum", "BUF", "hash a buffer's bytes on its device",
+	  "Prints BUF's 64-bit checksum, the same on every backend for the same\n"
+	  "bytes.\n",
+	  JOB_OPTS, 1, 1, { "BUF" }, cmd_checksum },
+	{ "jobs", "", "list your jobs (every user's for root)",
+	  "Lists jobs, oldest first; `gpuq status JOB` shows one in full.\n",
+	  0, 0, 0, { NULL }, cmd_jobs },
+	{ "status", "JOB", "show a job", "Shows every field of job JOB.\n", 0, 1, 1,
+	  { "JOB" }, cmd_status },
+	{ "wait", "JOB [--timeout MS]", "wait for a job to finish",
+	  "Waits until job JOB finishes (at most --timeout MS) and prints what it\n"
+	  "did. Exits 1 if the job failed or the wait ran out (the job goes on).\n",
+	  0, 1, 1, { "JOB" }, cmd_wait },
+	{ "cancel", "JOB", "cancel a job",
+	  "Cancels job JOB: a queued job at once, a running put or get at its next\n"
+	  "chunk (other jobs are too short to stop).\n",
+	  0, 1, 1, { "JOB" }, cmd_cancel },
+	{ "bench", "dispatch [--clients LIST] [--requests N] [--device N]",
+	  "measure request latency against a bare socket echo",
+	  "For each client count C in LIST (default 1,8), C threads with a\n"
+	  "connection each make N round trips (default 2000, after 200 unmeasured)\n"
+	  "to an echo thread in this process, then of ping, then of noop (waited,\n"
+	  "on --device N). Prints p50/p99 latency, requests/s and the p50 ratio\n"
+	  "to the echo baseline.\n"
+	  "\n"
+	  "bench copy [--device N] [--sizes LIST] [--requests R]: gpuqd measures\n"
+	  "its copy paths on device N as a job (default sizes 256M,1G,4G; R timed\n"
+	  "repeats after a warm-up, default 5): cudaMemcpy pageable and pinned\n"
+	  "against gpuq from a memfd, from a file and registered, both ways, then\n"
+	  "device<->device where the daemon has bench_d2d. One table: GB/s and the\n"
+	  "ratio to the pinned ceiling of the same run, each row verified.\n"
+	  "\n"
+	  "bench allreduce [--bytes MIN:MAX] [--factor F] [--devices LIST|all]\n"
+	  "[--dtype T] [--op OP]: for each size from MIN to MAX (default 8:64M,\n"
+	  "times F, default 2) a raw ncclAllReduce loop on a communicator of the\n"
+	  "same devices (default all) timed by gpuqd with CUDA events, then the\n"
+	  "same all-reduce as allreduce jobs sent from here, 8 in flight; both\n"
+	  "results are checked element by element. An nccl-tests style table:\n"
+	  "time, algbw, busbw (algbw x 2(n-1)/n), wrong elements, the ratio.\n"
+	  "\n"
+	  "bench collective --op PRIMITIVE [--bytes MIN:MAX] [--factor F] [--devices\n"
+	  "LIST|all] [--dtype T] [--reduce OP] [--root N]: the same for all-gather,\n"
+	  "reduce-scatter, broadcast, reduce, all-to-all or sendrecv (a ring: rank r\n"
+	  "sends to rank r+1, one group), with nccl-tests' size and bus factor for\n"
+	  "each ((n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for\n"
+	  "broadcast, reduce and sendrecv).\n"
+	  "\n"
+	  "bench chain [--device N] [--bytes SIZE] [--repeat N]: gpuqd measures\n"
+	  "kernel chains on device N as a job: launch-bound, 1024 f32 elements and\n"
+	  "chains of 1, 5 and 20 ops applied N times (default 1000), eager against\n"
+	  "graph in µs per kernel; bandwidth-bound, SIZE of f32 (default 1G) and\n"
+	  "sin | add 1 | sqrt | mul 2 | sub 3, each op alone and the chain eager,\n"
+	  "graph and fused in GB/s beside cudaMemcpy device to device; and the\n"
+	  "time to instantiate, update and find a cached graph. Medians of 10\n"
+	  "timed replays; the H200 targets are marked met or missed.\n"
+	  "\n"
+	  "bench sched [--device N] [--bytes SIZE] [--repeat R] [--requests S]:\n"
+	  "gpuqd's scheduler on device N beside what the device does alone, in one\n"
+	  "run. (1) overlap: a put from scratch:, a get to scratch: and the fused\n"
+	  "chain sin | add 1 | sqrt | mul 2 | sub 3, SIZE each (default 4G, less on\n"
+	  "a small device, 16M on the host backend), alone and all three at once,\n"
+	  "beside gpuqd's raw ceiling of the same (pinned copies and the kernel on\n"
+	  "three streams); medians of R rounds (default 3). (2) head of line: p50\n"
+	  "and p99 of a 1 MiB checksum and a 1 MiB put, S of each (default 200),\n"
+	  "idle and while a 32 GiB put runs. (3) priority: a high-priority checksum\n"
+	  "behind 1000 queued low-priority 256 MiB puts, against idle. (4) fairness:\n"
+	  "two owners, one sending 800 puts and then the other 80: each one's share\n"
+	  "of the bytes moved (and of the time in flight) while both have jobs\n"
+	  "queued; needs root (a child process becomes uid 65534, and gpuqd's\n"
+	  "--socket-group must let it in), skipped otherwise. Sizes shrink on the\n"
+	  "host backend. A closing table marks the H200 targets met or MISSED.\n"
+	  "\n"
+	  "bench attach [--device N] [--bytes SIZE] [--requests R]: a shareable\n"
+	  "buffer of SIZE (default 10G; 64M on the host backend) filled with random\n"
+	  "bytes; R times (default 5) a new process attaches it and reads its first\n"
+	  "bytes (checked against gpuqd's), cold (the CUDA driver starting in that\n"
+	  "process) and warm; beside gpuq get of it to scratch: and a copy of it\n"
+	  "into pinned memory (cudaMemcpy). Target: attach <= 50 ms for any size.\n",
+	  BENCH_OPTS, 1, 1, { "KIND" }, cmd_bench },
+	{ "copy", "SRC DST [--engine ce|sm] [--verify] [--path auto|peer|host-staged]",
+	  "copy bytes between buffers, on one GPU or between GPUs",
+	  "Copies SRC into DST. Each is BUF (NAME or NAME@GPU) or a range of one:\n"
+	  "BUF[OFFSET:LENGTH], BUF[OFFSET:] or BUF[:LENGTH] (sizes take K, M, G).\n"
+	  "SRC's length is copied and DST's range must hold it; ranges in one buffer\n"
+	  "must not overlap. Within one GPU --engine ce (the default) uses the copy\n"
+	  "engine and --engine sm a kernel. Between GPUs the copy goes over their\n"
+	  "peer link (NVLink or PCIe) where they have peer access, else through\n"
+	  "pinned host memory (host-staged); --path peer or host-staged insists on\n"
+	  "one. The summary says which path was taken; `gpuq devices` shows every\n"
+	  "pair's. --verify compares checksums of both ranges,\n"
+	  "each computed on its GPU. A cancel stops the copy at its next chunk.\n",
+	  JOB_OPTS | OPT_ENGINE | OPT_VERIFY | OPT_PATH, 2, 2, { "SRC", "DST" }, cmd_copy },
+	{ "run", "EXPR | BUF CHAIN [--mode fused|graph|eager] [--repeat N] [--out BUF2] "
+	  "[--kernel auto|compiled|interpreted] [--math ieee|fast] [--device N]",
+	  "run an expression over buffers, or a chain of ops on one, on their device",
+	  "EXPR is one argument of statements OUT = EXPRESSION separated by ';', as\n"
+	  "'y = a * x + y' or 'out = relu(x * 0.5 + bias)': buffers are variables\n"
+	  "(NAME, NAME@GPU or `any-name`; one device, one count, or one element to\n"
+	  "broadcast), with + - * / ( ), numbers, every op below as a function\n"
+	  "(add(x, y), clamp(x, lo, hi), fma(x, a, b): x*a+b rounded once) and the\n"
+	  "casts f16() bf16() f32() f64(); at most 8 inputs and 4 outputs. Mixed\n"
+	  "dtypes compute in the wider type (f16 with bf16: f32). --device N picks\n"
+	  "where names without @GPU live.\n"
+	  "BUF CHAIN applies CHAIN, such as 'sin | add 1 | sqrt | mul 2 | sub 3', to\n"
+	  "every element of BUF, in place or into BUF2 (--out: same device, dtype and\n"
+	  "count): the expression BUF = sub(mul(sqrt(add(sin(BUF), 1)), 2), 3).\n"
+	  "--repeat N runs the statements (the chain) N times. Ops: sin cos tan exp\n"
+	  "log log2 sqrt rsqrt abs neg relu sigmoid tanh floor ceil round; add C,\n"
+	  "sub C, mul C, div C, pow C, min C, max C; clamp LO HI; fma A B (x*A+B).\n"
+	  "Buffers are f16, bf16, f32 or f64; constants are rounded to float except\n"
+	  "for f64. --mode: fused (default: one kernel, replayed from a CUDA graph),\n"
+	  "graph or eager (one kernel per op; a chain of ops on one buffer only).\n"
+	  "Fused runs a kernel compiled for the expression (NVRTC; cached in memory\n"
+	  "and on disk), or when none can be had an interpreting one, and says which\n"
+	  "(--kernel insists on one). --math fast: CUDA's fast intrinsics (compiled\n"
+	  "kernels only; gpuq(1) lists their errors). `gpuq stats` shows the caches.\n",
+	  JOB_OPTS | OPT_MODE | OPT_REPEAT | OPT_OUT | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 2,
+	  { "EXPR|BUF", "CHAIN" }, cmd_run },
+	{ "stats", "[--device N]", "show each device's job and kernel-chain counters",
+	  "Per device: jobs run and failed, bytes moved, and the kernel-chain\n"
+	  "counters: chains run, kernels launched, graph-cache hits, misses,\n"
+	  "updates (only the buffers changed), instantiations and evictions, the\n"
+	  "plans cached out of the capacity (gpuqd --graph-cache), and compiled\n"
+	  "kernels: compiles (NVRTC), disk hits, memory hits and fallbacks to the\n"
+	  "interpreted kernel.\n",
+	  OPT_DEVICE, 0, 0, { NULL }, cmd_stats },
+	{ "allreduce",
+	  "NAME [--devices LIST|all] [--op sum|prod|min|max|avg] [--out NAME2] [--count N] "
+	  "[--collective-timeout MS]",
+	  "all-reduce buffer NAME across GPUs (NCCL, warm communicators)",
+	  "Reduces the buffers called NAME on each of the GPUs in LIST (rank order\n"
+	  "as given: 0-3, 3,1,0; 'all': every GPU; default: every GPU holding NAME)\n"
+	  "with --op (default sum) and leaves the result in all of them, or in the\n"
+	  "buffers called NAME2 (--out). Every copy of NAME must have one dtype and\n"
+	  "hold --count N elements (default: rank 0's count); an error names a\n"
+	  "buffer that is too small and by how much. Types: u8 i32 i64 f16 bf16 f32\n"
+	  "f64. The communicator for an ordered set of GPUs is made at its first use\n"
+	  "and kept warm. --collective-timeout MS fails the job with `timeout` when\n"
+	  "a rank has not arrived MS after submission (a rank still queued is taken\n"
+	  "out of its queue) or the collective does not finish in time (default:\n"
+	  "gpuqd's --collective-timeout, 30 s); the communicator is then dropped.\n"
+	  "The other collectives: reduce-scatter, all-gather, broadcast, reduce,\n"
+	  "sendrecv, all-to-all, group.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "reduce-scatter", "NAME [--devices LIST|all] [--op OP] [--out NAME2] [--count N]",
+	  "reduce NAME across GPUs, leaving block r of the result on rank r",
+	  "NCCL's reduce-scatter: every rank's NAME holds n blocks of --count N\n"
+	  "elements (default: NAME's count / n); block r of the reduction (--op,\n"
+	  "default sum) goes to rank r's NAME2 (--out, N elements), or in place to\n"
+	  "block r of its NAME. --devices, --collective-timeout as for allreduce.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "all-gather", "NAME [--devices LIST|all] [--out NAME2] [--count N]",
+	  "gather every rank's NAME into every rank's NAME2",
+	  "NCCL's all-gather: rank r's NAME (--count N elements, default its count)\n"
+	  "becomes block r of NAME2 (--out, n x N elements) on every rank. In place\n"
+	  "(no --out) NAME holds the n blocks and rank r's own is block r of it\n"
+	  "(N defaults to its count / n). Any dtype, bytes too.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "broadcast", "NAME --root N [--devices LIST|all] [--out NAME2] [--count N]",
+	  "copy root rank N's NAME to every rank",
+	  "NCCL's broadcast: --count elements (default the root's count) of NAME on\n"
+	  "rank N (--root: an index into --devices, default 0) go to NAME on every\n"
+	  "rank, or to NAME2 (--out; then only the root needs NAME). Any dtype.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "reduce", "EXPR [--count N] [--kernel K] [--math M] [--device N] | NAME --root N [--op OP] "
+	  "[--devices LIST|all] [--out NAME2] [--count N]",
+	  "reduce an expression to one number, or NAME across GPUs onto a root rank",
+	  "With an EXPR (it has parentheses): sum, min, max, mean, norm2,\n"
+	  "count_nonzero or argmax of an expression (as for run), or dot(a, b):\n"
+	  "'sum(abs(x - y))', 'norm2(w)', 'dot(a, b)', on the buffers' device. The\n"
+	  "result is an f64 (an i64 for count_nonzero and argmax), the same bits on\n"
+	  "every run: values are added in f64 in one fixed order. NaN: sum, mean,\n"
+	  "norm2 and dot give NaN; min and max give NaN; argmax the index of the\n"
+	  "first NaN; count_nonzero counts it. --count N reduces the first N\n"
+	  "elements (0: the empty reduction: sum 0, min inf, max -inf, mean NaN,\n"
+	  "argmax -1). --kernel and --math as for run.\n"
+	  "With a buffer NAME: NCCL's reduce: NAME of every rank, reduced with --op\n"
+	  "(default sum), goes to NAME on rank N (--root, default 0), or to its\n"
+	  "NAME2 (--out: only the root needs it).\n",
+	  JOB_OPTS | COLL_OPTS | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 1, { "EXPR|NAME" },
+	  cmd_reduce_either },
+	{ "sendrecv", "SRC DST [--count N] [--devices LIST]",
+	  "send a buffer range from one GPU to another (NCCL send/recv)",
+	  "One job runs both ends: SRC (NAME@GPU, optionally [OFFSET:LENGTH]) is sent\n"
+	  "to DST on another GPU with ncclSend and ncclRecv, --count elements\n"
+	  "(default: SRC's range). The communicator is that of the two GPUs\n"
+	  "(ascending), or of --devices, which must list both.\n",
+	  JOB_OPTS | OPT_COUNT | OPT_DEVICES | OPT_COLL_TIMEOUT, 2, 2, { "SRC", "DST" },
+	  cmd_sendrecv },
+	{ "all-to-all", "NAME --out NAME2 [--devices LIST|all] [--count N]",
+	  "exchange blocks: block j of rank r's NAME to block r of rank j's NAME2",
+	  "NCCL's all-to-all, from grouped send/recv: every rank's NAME and NAME2\n"
+	  "(--out, required: it cannot run in place) hold n blocks of --count N\n"
+	  "elements (default NAME's count / n). Any dtype.\n",
+	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	{ "group", "--devices LIST 'OP ARGS' ...",
+	  "run several collectives as one NCCL group (one job)",
+	  "Each argument is one collective as its command takes it, quoted:\n"
+	  "'all-gather a --out b', 'reduce g --root 1 --op max', 'sendrecv x@0 y@1'\n"
+	  "(options: --out, --op, --root, --count). All run on the ranks of\n"
+	  "--devices between ncclGroupStart and ncclGroupEnd, as one job; none may\n"
+	  "write a range another uses. An all-to-all of n GPUs is n x n sendrecvs.\n",
+	  JOB_OPTS | OPT_DEVICES | OPT_COLL_TIMEOUT, 1, 64, { "OP" }, cmd_group },
+	{ "metrics", "", "print gpuqd's metrics (Prometheus text format)",
+	  "Prints the daemon's metrics in the Prometheus text exposition format:\n"
+	  "jobs by op and result, job latency histograms, bytes moved by path,\n"
+	  "queue depths, per-GPU memory and health, quota refusals, reloads.\n"
+	  "gpuqd --metrics-textfile writes the same for node_exporter.\n",
+	  0, 0, 0, { NULL }, cmd_metrics },
+	{ "shutdown", "", "stop gpuqd (root and the admin group)",
+	  "Asks gpuqd to stop as SIGTERM would: it stops accepting, cancels queued\n"
+	  "jobs, lets running ones finish within its --shutdown-timeout, and exits.\n"
+	  "Only root and members of gpuqd's admin group may. Under systemd, prefer\n"
+	  "systemctl stop gpuqd (the socket starts it again at the next client).\n",
+	  0, 0, 0, { NULL }, cmd_shutdown },
+	{ "reset-device", "GPU", "reset one GPU and serve it again (root and the admin group)",
+	  "Cancels the GPU's running jobs, resets the device (cudaDeviceReset) once\n"
+	  "they have ended and opens it again, as gpuqd does by itself after a fault;\n"
+	  "the buffers there are lost (listed as such until freed). Also brings back\n"
+	  "a GPU that faulted more often than --reset-limit allows. Waits until the\n"
+	  "reset is done (--timeout MS, default 60 s) and prints the GPU's health.\n",
+	  0, 1, 1, { "GPU" }, cmd_reset_device },
+	{ NULL, NULL, NULL, NULL, 0, 0, 0, { NULL }, NULL },
+};
+
+static const char global_help[] =
+	"Options (also accepted after COMMAND):\n"
+	"  -s, --socket PATH  gpuqd's socket; by default $GPUQ_SOCKET, else\n"
+	"                     /run/gpuq/gpuqd.sock for root and\n"
+	"                     $XDG_RUNTIME_DIR/gpuq.sock for others (the\n"
+	"                     system's /run/gpuq/gpuqd.sock if that is absent)\n"
+	"                     (here and now: %s)\n"
+	"  -j, --json         print the daemon's reply as JSON on stdout\n"
+	"  -t, --timeout MS   stop waiting after MS milliseconds; for job commands\n"
+	"                     and wait the daemon stops waiting and the job goes on\n"
+	"  -h, --help         this help; gpuq COMMAND --help for one command\n"
+	"  -V, --version      gpuq's version and protocol version\n"
+	"\n"
+	"BUF is NAME or NAME@GPU (w0@1). SIZE and N take K, M, G suffixes (powers\n"
+	"of 1024). Job commands (noop alloc free put get copy fill checksum run and\n"
+	"the collectives) wait for the job and print what it did; --detach prints\n"
+	"the job id at once, and --priority high|normal|low says how urgent the job\n"
+	"is (default normal).\n"
+	"\n"
+	"Exit status:\n"
+	"  0  success\n"
+	"  1  gpuqd refused the request, or the job failed or timed out\n"
+	"  2  usage error (including a FILE that cannot be opened)\n"
+	"  3  gpuqd cannot be reached or did not answer in time (--timeout),\n"
+	"     or the connection broke\n";
+
+static void print_help(FILE *f)
+{
+	const struct cli_cmd *cmd;
+
+	fprintf(f, "usage: gpuq [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]\n\n"
+		   "Talks to gpuqd, the GPU job daemon, over its UNIX socket.\n\n"
+		   "Commands (job commands also take --detach and --priority):\n");
+	for (cmd = cli_commands; cmd->name; cmd++) {
+		int w = fprintf(f, "  %s%s%s", cmd->name, *cmd->synopsis ? " " : "",
+				cmd->synopsis);
+
+		/* The summary goes in a column, or under a synopsis too long for it. */
+		if (w > 27)
+			fprintf(f, "\n%30s%s\n", "", cmd->summary);
+		else
+			fprintf(f, "%*s%s\n", 30 - w, "", cmd->summary);
+	}
+	fprintf(f, "\n");
+	fprintf(f, global_help, gpuq_default_socket());
+}
+
+void cli_print_command_help(FILE *f, const struct cli_cmd *cmd)
+{
+	fprintf(f, "usage: gpuq %s%s%s%s\n\n%s", cmd->name, *cmd->synopsis ? " " : "",
+		cmd->synopsis,
+		cmd->opts & OPT_DETACH ? " [--detach]" : "", cmd->help);
+	if (cmd->opts & OPT_DETACH)
+		fprintf(f, "\n--detach prints the job id as soon as the job is queued;\n"
+			   "`gpuq wait JOB` waits for it later. --timeout MS bounds the wait.\n"
+			   "--priority high|normal|low: the job's priority on its GPU (default\n"
+			   "normal; a quota rule may cap it).\n");
+	fprintf(f, "\nThe global options (--socket, --json, --timeout) work here too;\n"
+		   "gpuq --help lists them and the exit status.\n");
+}
+
+/* gpuq reduce: an expression (parentheses: no buffer name has them), or NCCL's reduce. */
+static int cmd_reduce_either(struct cli *cli)
+{
+	return strchr(cli->args[0], '(') ? cmd_reduce(cli) : cmd_collective(cli);
+}
+
+static const struct cli_cmd *find_command(const char *name)
+{
+	const struct cli_cmd *cmd;
+
+	for (cmd = cli_commands; cmd->name; cmd++)
+		if (strcmp(cmd->name, name) == 0)
+			return cmd;
+	return NULL;
+}
+
+static int unknown_command(const char *name)
+{
+	const struct cli_cmd *cmd;
+
+	fprintf(stderr, "gpuq: unknown command '%s'; the commands are:", name);
+	for (cmd = cli_commands; cmd->name; cmd++)
+		fprintf(stderr, " %s", cmd->name);
+	fprintf(stderr, "\n(gpuq --help says more)\n");
+	return CLI_USAGE;
+}
+
+/* Output that could not be written (a full disk, a closed pipe) is a failure. */
+static int finish_output(int rc)
+{
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		perror("gpuq: writing to stdout");
+		return rc ? rc : CLI_REFUSED;
+	}
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	struct cli cli = { .out = stdout };
+	int at, rc;
+
+	at = cli_parse_global(&cli, argc, argv);
+	if (at == -'h' || at == -'V') {
+		if (at == -'h')
+			print_help(stdout);
+		else
+			printf("gpuq %s (protocol %d)\n", GPUQ_CLI_VERSION,
+			       GPUQ_PROTOCOL_VERSION);
+		return finish_output(CLI_OK);
+	}
+	if (at < 0)
+		return -at;
+	cli.cmd = find_command(argv[at]);
+	if (!cli.cmd)
+		return unknown_command(argv[at]);
+	rc = cli_parse_command(&cli, argc - at, argv + at);
+	if (rc == -'h') {
+		cli_print_command_help(stdout, cli.cmd);
+		return finish_output(CLI_OK);
+	}
+	if (rc == 0)
+		rc = cli.cmd->run(&cli);
+	gpuq_close(cli.client);
+	return finish_output(rc);
+}

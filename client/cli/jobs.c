@@ -1,0 +1,356 @@
+/*
+ * The job commands: noop, alloc, free, put, get, fill, checksum. Each packs
+ * its arguments into one request that, unless --detach, asks the daemon to
+ * reply when the job has finished.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/cli/cli.h"
+
+void cli_put_timeout(struct cli *cli, struct mp_map *req)
+{
+	if (cli->has_timeout) {
+		mp_put_u64(req, "timeout_ms", cli->timeout_ms);
+		cli->daemon_waits = true;
+	}
+}
+
+int cli_job_begin(struct cli *cli, struct mp_map *req, const char *op)
+{
+	int rc = cli_begin(cli, req, op);
+
+	if (rc == 0 && cli->priority)
+		mp_put_str(req, "priority", cli->priority);
+	if (rc || cli->detach)
+		return rc;
+	mp_put_bool(req, "wait", true);
+	cli_put_timeout(cli, req);
+	return 0;
+}
+
+static int job_send(struct cli *cli, struct mp_map *req, const int *fds, int nfds)
+{
+	struct gpuq_reply *r;
+	int rc = cli_call(cli, req, fds, nfds, &r);
+
+	return rc ? rc : cli_finish_job(cli, r);
+}
+
+int cli_finish_job(struct cli *cli, struct gpuq_reply *r)
+{
+	const msgpack_object *rec = gpuq_reply_get(r, "job");
+	int rc = CLI_OK;
+
+	if (rec && rec->type != MSGPACK_OBJECT_MAP)
+		rec = NULL;
+	if (cli->json)
+		render_json(stdout, r->root);
+	if (!gpuq_reply_ok(r))
+		rc = cli_report_refusal(r);
+	else if (!cli->json && rec && cli->detach)
+		fprintf(cli->out, "%" PRIu64 "\n", field_u64(rec, "job", 0));
+	else if (!cli->json && rec)
+		render_job_summary(cli->out, rec);
+	gpuq_reply_free(r);
+	return rc;
+}
+
+int cmd_noop(struct cli *cli)
+{
+	struct mp_map req;
+	int rc = cli_job_begin(cli, &req, "noop");
+
+	if (rc)
+		return rc;
+	if (cli->has_device)
+		mp_put_u64(&req, "device", cli->device);
+	return job_send(cli, &req, NULL, 0);
+}
+
+/* alloc's size grammar: --bytes SIZE, or --count N with --dtype T. */
+static int check_alloc_size(const struct cli *cli)
+{
+	if (!cli->has_bytes && !cli->has_count)
+		return cli_usage(cli, "give the size: --bytes SIZE, or --count N with --dtype T");
+	if (cli->has_bytes && cli->has_count)
+		return cli_usage(cli, "--bytes and --count both give the size; keep one");
+	if (cli->has_count && !cli->dtype)
+		return cli_usage(cli, "--count needs --dtype T (one of %s)", gpuq_dtype_list());
+	return 0;
+}
+
+/*
+ * An ephemeral buffer lives as long as the connection that made it: keep
+ * it open until a signal ends gpuq (the daemon then frees the buffer) or
+ * the daemon closes it.
+ */
+static int hold_ephemeral(struct cli *cli)
+{
+	fprintf(stderr, "gpuq: holding ephemeral buffer %s until gpuq is interrupted or killed\n",
+		cli->args[0]);
+	fflush(NULL);
+	return cli_hold_connection(cli, "the buffer");
+}
+
+int cmd_alloc(struct cli *cli)
+{
+	struct mp_map req;
+	int rc = check_alloc_size(cli);
+
+	if (rc || (rc = cli_job_begin(cli, &req, "alloc")))
+		return rc;
+	mp_put_str(&req, "name", cli->args[0]);
+	if (cli->has_device)
+		mp_put_u64(&req, "device", cli->device);
+	if (cli->has_bytes)
+		mp_put_u64(&req, "bytes", cli->bytes);
+	if (cli->has_count)
+		mp_put_u64(&req, "count", cli->count);
+	if (cli->dtype)
+		mp_put_str(&req, "dtype", cli->dtype);
+	if (cli->has_wait_memory)
+		mp_put_u64(&req, "wait_memory_ms", cli->wait_memory_ms);
+	if (cli->ephemeral)
+		mp_put_bool(&req, "ephemeral", true);
+	if (cli->shareable)
+		mp_put_bool(&req, "shareable", true);
+	rc = job_send(cli, &req, NULL, 0);
+	return rc == CLI_OK && cli->ephemeral ? hold_ephemeral(cli) : rc;
+}
+
+/* free and checksum: a job on one buffer with nothing else. */
+static int buffer_job(struct cli *cli, const char *op)
+{
+	struct mp_map req;
+	int rc = cli_job_begin(cli, &req, op);
+
+	if (rc)
+		return rc;
+	mp_put_str(&req, "buffer", cli->args[0]);
+	return job_send(cli, &req, NULL, 0);
+}
+
+int cmd_free(struct cli *cli)
+{
+	return buffer_job(cli, "free");
+}
+
+int cmd_checksum(struct cli *cli)
+{
+	return buffer_job(cli, "checksum");
+}
+
+/* FILE "scratch:": no file; gpuqd makes the bytes up (put) or drops them (get). */
+#define SCRATCH "scratch:"
+/* FILE "region:NAME[OFFSET:LENGTH]": a host region (gpuq region create), one DMA. */
+#define REGION "region:"
+
+/*
+ * put and get: the buffer (BUF may carry a range, NAME[OFFSET:LENGTH]), the
+ * window, the options, and the descriptor the bytes move through (-1: the
+ * scratch source or sink). On a terminal a progress bar runs on stderr
+ * while the job does; it is cleared before the summary is printed.
+ */
+static int transfer_via(struct cli *cli, const char *op, const char *buf, int fd,
+			const char *region)
+{
+	struct progress_bar bar;
+	struct gpuq_reply *r;
+	struct mp_map req;
+	char label[128];
+	int rc = cli_job_begin(cli, &req, op);
+
+	if (rc)
+		return rc;
+	mp_put_str(&req, "buffer", buf);
+	if (region)
+		mp_put_str(&req, "region", region);
+	else if (fd >= 0)
+		mp_put_u64(&req, "fds", 1);
+	else
+		mp_put_bool(&req, "scratch", true);
+	if (cli->has_offset)
+		mp_put_u64(&req, "offset", cli->offset);
+	if (cli->has_length)
+		mp_put_u64(&req, "length", cli->length);
+	if (cli->verify)
+		mp_put_bool(&req, "verify", true);
+	if (cli->path)
+		mp_put_str(&req, "path", cli->path);
+	snprintf(label, sizeof(label), "%s %s", op, buf);
+	progress_begin(cli, &req, &bar, label);
+	rc = cli_call(cli, &req, &fd, fd >= 0 && !region, &r);
+	progress_end(cli, &bar);
+	return rc ? rc : cli_finish_job(cli, r);
+}
+
+static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
+{
+	return transfer_via(cli, op, buf, fd, NULL);
+}
+
+/* put or get through a region (FILE region:NAME[OFFSET:LENGTH]): no descriptor, one DMA. */
+static int region_transfer(struct cli *cli, const char *op, const char *buffer, const char *region)
+{
+	return transfer_via(cli, op, buffer, -1, region);
+}
+
+/* A FILE that cannot be opened is the command line's fault: exit 2. */
+static int open_failed(const struct cli *cli, const char *path, const char *how)
+{
+	fprintf(stderr, "gpuq %s: cannot open '%s' for %s: %s\n", cli->cmd->name, path,
+		how, strerror(errno));
+	return CLI_USAGE;
+}
+
+int cmd_put(struct cli *cli)
+{
+	const char *path = cli->args[0];
+	int fd, rc;
+
+	if (strcmp(path, "-") == 0)
+		return transfer(cli, "put", cli->args[1], STDIN_FILENO);
+	if (strcmp(path, SCRATCH) == 0)
+		return transfer(cli, "put", cli->args[1], -1);
+	if (strncmp(path, REGION, strlen(REGION)) == 0)
+		return region_transfer(cli, "put", cli->args[1], path + strlen(REGION));
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return open_failed(cli, path, "reading");
+	rc = transfer(cli, "put", cli->args[1], fd);
+	close(fd);
+	return rc;
+}
+
+/* get to stdout: the bytes own stdout, so the summary moves to stderr. */
+static int get_to_stdout(struct cli *cli)
+{
+	if (cli->json)
+		return cli_usage(cli, "--json and FILE '-' would both write to stdout; "
+				      "give a FILE or drop --json");
+	if (isatty(STDOUT_FILENO))
+		return cli_usage(cli, "refusing to write buffer bytes to a terminal; "
+				      "redirect stdout or give a FILE");
+	cli->out = stderr;
+	return transfer(cli, "get", cli->args[0], STDOUT_FILENO);
+}
+
+int cmd_get(struct cli *cli)
+{
+	const char *path = cli->args[1];
+	int fd, rc;
+
+	if (strcmp(path, "-") == 0)
+		return get_to_stdout(cli);
+	if (strcmp(path, SCRATCH) == 0)
+		return transfer(cli, "get", cli->args[0], -1);
+	if (strncmp(path, REGION, strlen(REGION)) == 0)
+		return region_transfer(cli, "get", cli->args[0], path + strlen(REGION));
+	/* Read and write where allowed: gpuqd can then map the file and write it in parallel. */
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	if (fd < 0 && errno == EACCES)
+		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	if (fd < 0)
+		return open_failed(cli, path, "writing");
+	rc = transfer(cli, "get", cli->args[0], fd);
+	close(fd);
+	return rc;
+}
+
+/*
+ * fill's argument, parsed before anything is sent. V travels as an integer
+ * when it reads as one (so that i64 buffers get every bit), else as a float;
+ * the daemon checks the range.
+ */
+struct fill_arg {
+	enum { FILL_ARG_NONE, FILL_ARG_INT, FILL_ARG_UINT, FILL_ARG_FLOAT, FILL_ARG_SEED } kind;
+	int64_t i;
+	uint64_t u;
+	double d;
+};
+
+static int parse_fill_value(const struct cli *cli, const char *s, struct fill_arg *a)
+{
+	char *end;
+
+	errno = 0;
+	a->i = strtoll(s, &end, 10);
+	if (*s && !*end && !errno) {
+		a->kind = FILL_ARG_INT;
+		return 0;
+	}
+	errno = 0;
+	a->u = strtoull(s, &end, 10);
+	if (*s && *s != '-' && !*end && !errno) {
+		a->kind = FILL_ARG_UINT;
+		return 0;
+	}
+	a->d = strtod(s, &end);
+	if (!*s || *end)
+		return cli_usage(cli, "V '%s' is not a number (an integer, or a float "
+				      "such as 0.5 or 1e-3)", s);
+	a->kind = FILL_ARG_FLOAT;
+	return 0;
+}
+
+/* Checks that the pattern's argument is there exactly when it takes one, and parses it. */
+static int parse_fill_arg(const struct cli *cli, const char *pattern, struct fill_arg *a)
+{
+	bool value = strcmp(pattern, "value") == 0, random = strcmp(pattern, "random") == 0;
+
+	a->kind = FILL_ARG_NONE;
+	if ((value || random) && cli->nargs < 3)
+		return cli_usage(cli, "pattern '%s' needs %s", pattern,
+				 value ? "a value V" : "a SEED");
+	if (!value && !random && cli->nargs > 2)
+		return cli_usage(cli, "pattern '%s' takes no argument (only value V and "
+				      "random SEED do), but '%s' follows it",
+				 pattern, cli->args[2]);
+	if (value)
+		return parse_fill_value(cli, cli->args[2], a);
+	if (random && cli_parse_uint(cli->args[2], &a->u) < 0)
+		return cli_usage(cli, "SEED '%s' is not a number (0 to 2^64-1)", cli->args[2]);
+	if (random)
+		a->kind = FILL_ARG_SEED;
+	return 0;
+}
+
+static void put_fill_arg(struct mp_map *req, const struct fill_arg *a)
+{
+	switch (a->kind) {
+	case FILL_ARG_INT:
+		mp_put_i64(req, "value", a->i);
+		break;
+	case FILL_ARG_UINT:
+		mp_put_u64(req, "value", a->u);
+		break;
+	case FILL_ARG_FLOAT:
+		mp_put_f64(req, "value", a->d);
+		break;
+	case FILL_ARG_SEED:
+		mp_put_u64(req, "seed", a->u);
+		break;
+	case FILL_ARG_NONE:
+		break;
+	}
+}
+
+int cmd_fill(struct cli *cli)
+{
+	const char *pattern = cli->args[1];
+	struct fill_arg arg;
+	struct mp_map req;
+	int rc = parse_fill_arg(cli, pattern, &arg);
+
+	if (rc || (rc = cli_job_begin(cli, &req, "fill")))
+		return rc;
+	mp_put_str(&req, "buffer", cli->args[0]);
+	mp_put_str(&req, "pattern", pattern);
+	put_fill_arg(&req, &arg);
+	return job_send(cli, &req, NULL, 0);
+}

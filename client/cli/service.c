@@ -1,0 +1,130 @@
+/*
+ * The commands about gpuqd as a service: metrics, shutdown and
+ * reset-device. The daemon decides who may.
+ */
+#include <time.h>
+#include <unistd.h>
+
+#include "client/cli/cli.h"
+
+static void render_metrics(FILE *f, const msgpack_object *reply)
+{
+	const msgpack_object *text = msg_map_get(reply, "text");
+
+	if (text && text->type == MSGPACK_OBJECT_STR)
+		fwrite(text->via.str.ptr, 1, text->via.str.size, f);
+}
+
+static void render_shutdown(FILE *f, const msgpack_object *reply)
+{
+	uint64_t active = field_u64(reply, "jobs_active", 0);
+	uint64_t ms = field_u64(reply, "shutdown_timeout_ms", 0);
+
+	if (active)
+		fprintf(f, "gpuqd is stopping; its %llu unfinished jobs have %llu ms to end\n",
+			(unsigned long long)active, (unsigned long long)ms);
+	else
+		fprintf(f, "gpuqd is stopping\n");
+}
+
+/* A request with nothing but its op, rendered by render (or as JSON). */
+static int service_request(struct cli *cli, const char *op,
+			   void (*render)(FILE *f, const msgpack_object *reply))
+{
+	struct gpuq_reply *r;
+	struct mp_map req;
+	int rc = cli_begin(cli, &req, op);
+
+	if (rc || (rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+		return rc;
+	if (cli->json)
+		render_json(stdout, r->root);
+	if (!gpuq_reply_ok(r))
+		rc = cli_report_refusal(r);
+	else if (!cli->json)
+		render(cli->out, r->root);
+	gpuq_reply_free(r);
+	return rc;
+}
+
+int cmd_metrics(struct cli *cli)
+{
+	return service_request(cli, "metrics", render_metrics);
+}
+
+int cmd_shutdown(struct cli *cli)
+{
+	return service_request(cli, "shutdown", render_shutdown);
+}
+
+/* Device index's reset count and health, from `devices`; -1 when the reply cannot be had. */
+static int device_state(struct cli *cli, uint64_t index, uint64_t *resets, bool *healthy,
+			char *health, size_t size)
+{
+	struct gpuq_reply *r;
+	struct mp_map req;
+	int rc = cli_begin(cli, &req, "devices");
+	if (rc || (rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+		return -1;
+	const msgpack_object *list = field_array(r->root, "devices");
+	rc = -1;
+	if (list && index < list->via.array.size) {
+		const msgpack_object *dev = &list->via.array.ptr[index];
+		*resets = field_u64(dev, "resets", 0);
+		*healthy = field_bool(dev, "healthy", false);
+		field_str(dev, "health", health, size, "?");
+		rc = 0;
+	}
+	gpuq_reply_free(r);
+	return rc;
+}
+
+static double seconds_now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/*
+ * Asks for the reset, then watches `devices` until the device's reset count
+ * moves (--timeout, default 60 s): the reset waits for the device's jobs in
+ * flight, which gpuqd cancels.
+ */
+int cmd_reset_device(struct cli *cli)
+{
+	uint64_t index, before = 0, resets = 0;
+	bool healthy = false;
+	char health[640];
+	struct gpuq_reply *r;
+	struct mp_map req;
+	if (cli_parse_uint(cli->args[0], &index) < 0)
+		return cli_usage(cli, "GPU '%s' is not a device index; `gpuq devices` lists them",
+				 cli->args[0]);
+	int rc = cli_begin(cli, &req, "reset_device");
+	if (rc)
+		return rc;
+	mp_put_u64(&req, "device", index);
+	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+		return rc;
+	if (!gpuq_reply_ok(r)) {
+		rc = cli_report_refusal(r);
+		gpuq_reply_free(r);
+		return rc;
+	}
+	before = field_u64(r->root, "resets", 0);
+	gpuq_reply_free(r);
+	double start = seconds_now(), limit = cli->has_timeout ? cli->timeout_ms / 1e3 : 60;
+	while (device_state(cli, index, &resets, &healthy, health, sizeof health) == 0 &&
+	       resets == before && seconds_now() - start < limit)
+		usleep(20000);
+	if (resets == before) {
+		fprintf(stderr, "gpuq reset-device: gpu %llu was not reset within %.0f s (it waits for "
+				"its jobs in flight to end); `gpuq devices` shows when it is\n",
+			(unsigned long long)index, limit);
+		return CLI_REFUSED;
+	}
+	fprintf(cli->out, "gpu %llu reset in %.3f s: %s\n", (unsigned long long)index,
+		seconds_now() - start, health);
+	return healthy ? CLI_OK : CLI_REFUSED;
+}

@@ -1,0 +1,335 @@
+/*
+ * The backend seam: one small table of device operations, implemented by the
+ * CUDA backend (backend_cuda.c) and by the host backend (backend_host.c, a
+ * "device" that is a memory arena). Jobs (workers/run.c, workers/transfer/transfer.c)
+ * are written once against it.
+ *
+ * Threads: device_count runs on the main thread before any worker starts.
+ * Every other operation runs only on the worker thread that owns the device,
+ * between its open and its close. Operations return 0, or -1 with err set
+ * (code and a message that names the device and the failing call).
+ */
+#ifndef GPUQ_BACKEND_H
+#define GPUQ_BACKEND_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol/protocol.h"
+
+#define GPUQ_MAX_DEVICES 64
+#define GPUQ_MAX_STAGING_SLOTS 256
+
+struct device_info {
+	char name[128];
+	char uuid[64];
+	char pci_bus_id[32];
+	int cc_major, cc_minor;
+	int sms;
+	int copy_engines;
+	uint64_t mem_total;
+	uint64_t mem_free;
+};
+
+enum fill_pattern { FILL_ZERO, FILL_VALUE, FILL_IOTA, FILL_RANDOM };
+
+struct fill_spec {
+	enum fill_pattern pattern;
+	enum gpuq_dtype dtype;
+	uint64_t value_bits; /* FILL_VALUE: one element's bytes, little-endian */
+	uint64_t seed;       /* FILL_RANDOM */
+};
+
+struct device_config {
+	size_t staging_slot_bytes;    /* size of one pinned staging slot */
+	unsigned staging_slots;       /* slots in the ring (2..GPUQ_MAX_STAGING_SLOTS) */
+	uint64_t pool_release_bytes;  /* CUDA pool release threshold */
+	uint64_t host_arena_bytes;    /* host backend: bytes a device may hold */
+	int host_devices;             /* host backend: how many devices to make */
+	struct copy_pool *copy_pool;  /* host copy threads shared by the workers (daemon-owned) */
+	uint64_t register_min_bytes;  /* path auto: register client mappings from this size (0: never) */
+	unsigned chain_graph_cache;   /* chain plans (CUDA graphs) kept per device: --graph-cache */
+	unsigned reset_limit;         /* faults recovered within reset_window_s before a device stays unhealthy */
+	unsigned reset_window_s;
+	char kernel_cache_dir[256];   /* compiled chain kernels on disk: --kernel-cache ("": none) */
+	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
+};
+
+struct backend_ops;
+struct copy_pool;
+/* host_register's flags. */
+#define BACKEND_REGISTER_READ_ONLY 1u
+#define BACKEND_REGISTER_PORTABLE 2u
+/*
+ * Device-to-device copies (workers/copy/copy.c). How a device reaches
+ * another's memory, as open finds it: the kind of link where the driver can
+ * copy directly, or NONE (copies go through host memory, "host-staged").
+ */
+enum peer_link {
+	PEER_LINK_NONE,   /* no peer access: host-staged */
+	PEER_LINK_SAME,   /* the same GPU named twice in --devices */
+	PEER_LINK_NVLINK, /* peer access over NVLink (NVML says so) */
+	PEER_LINK_PCIE,   /* peer access, and NVML says the pair has no NVLink */
+	PEER_LINK_P2P,    /* peer access; the link's kind is unknown (no NVML: see peer_note) */
+	PEER_LINK_HOST,   /* the host backend: a memcpy between arenas */
+};
+/* The engines a copy within one device may use. */
+enum copy_engine { COPY_ENGINE_CE, COPY_ENGINE_SM };
+/* workers/collective/collective.h */
+struct coll_cache;
+struct coll_call;
+struct coll_id;
+struct chain_spec;
+struct chain_state;
+struct sched;
+#define DEVICE_CHAIN_COUNTERS 16
+
+/* One device as its worker sees it. Owned by that worker thread. */
+struct device {
+	int index;  /* gpuq's index: what clients name */
+	int ordinal; /* the backend's own number (CUDA device ordinal) */
+	const struct backend_ops *ops;
+	struct device_config config;
+	struct device_info info;
+	bool peer_access[GPUQ_MAX_DEVICES]; /* filled by open */
+	int device_count;                   /* devices in the daemon, for the peer matrix */
+	const int *ordinals; /* every device's backend number, by gpuq index (daemon-owned) */
+	/* The staging ring, allocated by open: pinned host memory on CUDA. */
+	void *staging[GPUQ_MAX_STAGING_SLOTS];
+	/*
+	 * Set by the backend when an error leaves the device unusable (a sticky
+	 * CUDA error: the context is lost). The worker then marks it unhealthy
+	 * with fault_reason and refuses further jobs on it.
+	 */
+	bool faulted;
+	char fault_reason[256];
+	/* A reset failed to open it again: nothing of the backend's is held (workers/backend/device_reset.c). */
+	bool lost;
+	/*
+	 * Set by reset when the driver gives this process no new context on the
+	 * device after a fault: only a new process recovers it, so retrying is
+	 * pointless and the health says to restart gpuqd.
+	 */
+	bool needs_restart;
+	void *impl; /* the backend's private state */
+	/* The kernel-chain state (workers/chain/chain.h): the graph cache, made by
+	 * the worker at the device's first chain and released by close. */
+	struct chain_state *chain;
+	/* Chain counters: added to by the worker, read by the main thread's
+	 * `stats` op (the one part of a device it reads), hence atomic. */
+	_Atomic uint64_t chain_counters[DEVICE_CHAIN_COUNTERS];
+	/*
+	 * Filled by open, read-only afterwards: peer_link[j] is how this
+	 * device reaches device j's memory; pool_shared[j] says whether device j
+	 * was granted access to this device's memory pool (where buffers live);
+	 * peer_note says why a link's kind is unknown ("" when nothing to say).
+	 */
+	enum peer_link peer_link[GPUQ_MAX_DEVICES];
+	bool pool_shared[GPUQ_MAX_DEVICES];
+	char peer_note[160];
+	/*
+	 * The host-staged peer ring of copies from this device: portable
+	 * pinned memory (host_alloc_portable), made by workers/copy/copy.c at the
+	 * first such copy and freed by close (host_free_portable).
+	 */
+	void *peer_ring;
+	size_t peer_ring_bytes;
+	/* The warm communicators (workers/collective/collective.h), made by the
+	 * worker at the device's first collective and released by close. */
+	struct coll_cache *coll;
+	/*
+	 * The scheduler (workers/sched/sched.h) and the lane of the job it runs now:
+	 * set by the scheduler before it resumes a job, NULL between jobs. Every
+	 * operation that enqueues device work enqueues it on dev->lane, or on
+	 * the device's own streams when it is NULL (open, close, code outside jobs).
+	 */
+	struct sched *_Atomic sched; /* read by other threads to notify it (host engines) */
+	void *lane;
+};
+
+struct backend_ops {
+	const char *name; /* "cuda" or "host" */
+	/*
+	 * Whether the device's completions wake the scheduler by themselves
+	 * (sched_notify: the host backend's engine threads do); if not (CUDA),
+	 * a job waiting for the device makes the worker poll.
+	 */
+	bool completions_notify;
+
+	/*
+	 * Devices this backend can serve (the host backend: config->host_devices).
+	 * Main thread, before workers start.
+	 */
+	int (*device_count)(const struct device_config *config, int *count,
+			    struct gpuq_error *err);
+
+	/* Takes the device: context, streams, pool, staging ring, peer matrix, info. */
+	int (*open)(struct device *dev, struct gpuq_error *err);
+	/* Releases everything open took, in order; logs and goes on past errors. */
+	void (*close)(struct device *dev);
+
+	/* Refreshes the volatile parts of dev->info (free memory). */
+	int (*refresh_info)(struct device *dev, struct gpuq_error *err);
+
+	/* Device memory: GPUQ_E_OUT_OF_MEMORY when it cannot be had. */
+	int (*alloc)(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err);
+	int (*release)(struct device *dev, void *ptr, struct gpuq_error *err);
+	/*
+	 * Device memory that client processes may map (a shareable buffer):
+	 * allocated on its own, never from the pool, and *fd a descriptor that
+	 * opens this allocation and nothing else, the caller's to close. CUDA:
+	 * cuMemCreate with a POSIX file-descriptor handle (workers/backend/cuda_vmm.h);
+	 * host: a memfd whose mapping is the arena piece. release frees it.
+	 */
+	int (*alloc_shareable)(struct device *dev, uint64_t bytes, void **ptr, int *fd,
+			       struct gpuq_error *err);
+
+	/* Synchronous: the fill/checksum is complete when they return. */
+	int (*fill)(struct device *dev, void *ptr, uint64_t bytes,
+		    const struct fill_spec *spec, struct gpuq_error *err);
+	int (*checksum)(struct device *dev, const void *ptr, uint64_t bytes,
+			uint64_t *out, struct gpuq_error *err);
+
+	/*
+	 * Asynchronous copies between a staging slot and device memory: enqueue
+	 * the copy (host->device on one stream, device->host on another) and mark
+	 * the slot busy; slot_wait blocks until the slot's last copy is done.
+	 */
+	int (*h2d_async)(struct device *dev, void *dst, unsigned slot, size_t n,
+			 struct gpuq_error *err);
+	int (*d2h_async)(struct device *dev, unsigned slot, const void *src, size_t n,
+			 struct gpuq_error *err);
+	int (*slot_wait)(struct device *dev, unsigned slot, struct gpuq_error *err);
+
+	/* operations of the pipelined-copy issue */
+	/* Non-blocking slot_wait: *ready is true once the slot's last copy is done. */
+	int (*slot_ready)(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err);
+	/*
+	 * The registered path and regions: pins the host range [ptr, ptr + n)
+	 * (page-aligned) for direct copies; flags are BACKEND_REGISTER_*:
+	 * READ_ONLY when the device only reads it (a put from a read-only
+	 * mapping), PORTABLE when every device copies from and to it (a
+	 * region). host_unregister undoes it.
+	 */
+	int (*host_register)(struct device *dev, void *ptr, size_t n, unsigned flags,
+			     struct gpuq_error *err);
+	int (*host_unregister)(struct device *dev, void *ptr, struct gpuq_error *err);
+	/*
+	 * Synchronous copies between registered (or pinned, or, for the benchmark's
+	 * baselines, pageable) host memory and device memory, on the h2d or d2h
+	 * stream. *seconds (may be NULL) is the copy's time between events
+	 * recorded around it on that stream.
+	 */
+	int (*copy_h2d)(struct device *dev, void *dst, const void *src, size_t n, double *seconds,
+			struct gpuq_error *err);
+	int (*copy_d2h)(struct device *dev, void *dst, const void *src, size_t n, double *seconds,
+			struct gpuq_error *err);
+	/* Pinned host memory outside the ring (the benchmark's ceiling). */
+	int (*host_alloc_pinned)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
+	void (*host_free_pinned)(struct device *dev, void *ptr);
+	/*
+	 * Device-side copies for copy jobs (workers/copy/copy.c). They enqueue
+	 * on the compute stream and return at once; events order them, across
+	 * devices too, and the caller waits on its own events before it returns.
+	 *
+	 * copy_d2d: dst <- src, both on this device, by the copy engine
+	 * (cudaMemcpyAsync) or the SM kernel (kernels_copy).
+	 * copy_peer: dst on this device <- src on device src_index, by the
+	 * driver's peer copy (cudaMemcpyPeerAsync); only where this device has
+	 * peer access to src_index and that device's pool is shared with it
+	 * (the caller checks: without them CUDA would stage silently).
+	 * ring_d2h / ring_h2d: between device memory and portable pinned memory
+	 * from host_alloc_portable (the host-staged peer path's ring).
+	 */
+	int (*copy_d2d)(struct device *dev, void *dst, const void *src, size_t n,
+			enum copy_engine engine, struct gpuq_error *err);
+	int (*copy_peer)(struct device *dev, void *dst, int src_index, const void *src, size_t n,
+			 struct gpuq_error *err);
+	int (*ring_d2h)(struct device *dev, void *host, const void *src, size_t n,
+			struct gpuq_error *err);
+	int (*ring_h2d)(struct device *dev, void *dst, const void *host, size_t n,
+			struct gpuq_error *err);
+	/* Pinned host memory every device may copy from and to (cudaHostAllocPortable). */
+	int (*host_alloc_portable)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
+	void (*host_free_portable)(struct device *dev, void *ptr);
+	/*
+	 * Events. event_record marks the compute stream's work so far;
+	 * event_wait makes the compute stream wait for an event, which may
+	 * belong to another device (recorded by that device's worker);
+	 * event_sync blocks until one of this device's own events is complete;
+	 * event_elapsed gives the seconds between two timing events.
+	 */
+	int (*event_create)(struct device *dev, bool timing, void **event, struct gpuq_error *err);
+	void (*event_destroy)(struct device *dev, void *event);
+	int (*event_record)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*event_wait)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*event_sync)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*event_elapsed)(struct device *dev, void *start, void *end, double *seconds,
+			     struct gpuq_error *err);
+	/* operations of the kernel-chain issue */
+	/* Runs spec's chain (workers/chain/chain.h) and fills spec->result; synchronous. */
+	int (*chain)(struct device *dev, struct chain_spec *spec, struct gpuq_error *err);
+	/*
+	 * The chain benchmark's baseline: bytes copied device to device, reps
+	 * times, each timed; *seconds is the median of one copy.
+	 */
+	int (*chain_copy_time)(struct device *dev, void *dst, const void *src, uint64_t bytes,
+			       unsigned reps, double *seconds, struct gpuq_error *err);
+	/* The reductions' baseline: a kernel that only reads bytes at src, timed likewise. */
+	int (*chain_read_time)(struct device *dev, const void *src, uint64_t bytes, unsigned reps,
+			       double *seconds, struct gpuq_error *err);
+	/* operations of the collectives (all-reduce, then NCCL's other primitives) */
+	/*
+	 * workers/collective/collective.h drives them; each runs on the rank's worker and
+	 * polls coll_poll while it waits, so none waits past the call's deadline,
+	 * the collective's failure or the part's cancel flag. coll_unique_id
+	 * makes a fresh communicator id (rank 0 only); coll_comm_init makes this
+	 * rank's communicator from it, with every other rank at the same time,
+	 * and on failure releases what it made; coll_run runs this rank's part
+	 * of spec's primitives (one group) and waits for it; coll_bench times the
+	 * raw loop into
+	 * spec->bench_us; coll_comm_abort stops and frees at once (after a
+	 * failure); coll_comm_destroy finalizes, then frees (at close).
+	 */
+	int (*coll_unique_id)(struct device *dev, struct coll_id *id, struct gpuq_error *err);
+	int (*coll_comm_init)(struct device *dev, struct coll_call *call, const struct coll_id *id,
+			      void **comm, struct gpuq_error *err);
+	int (*coll_run)(struct device *dev, void *comm, struct coll_call *call,
+			struct gpuq_error *err);
+	int (*coll_bench)(struct device *dev, void *comm, struct coll_call *call,
+			  struct gpuq_error *err);
+	void (*coll_comm_abort)(struct device *dev, void *comm);
+	void (*coll_comm_destroy)(struct device *dev, void *comm);
+	/* operations of the scheduler issue */
+	/*
+	 * A lane: the stream of one job in flight (CUDA: a non-blocking stream
+	 * with the CUDA stream priority of `priority`, an enum gpuq_priority;
+	 * host: an ordered queue that the device's engine threads run). The
+	 * scheduler makes them, keeps them between jobs and sets dev->lane.
+	 */
+	int (*lane_create)(struct device *dev, int priority, void **lane, struct gpuq_error *err);
+	void (*lane_destroy)(struct device *dev, void *lane);
+	/*
+	 * Non-blocking: *done once everything the event marks has run. -1 with
+	 * err when the device reports an error instead (a fault).
+	 */
+	int (*event_query)(struct device *dev, void *event, bool *done, struct gpuq_error *err);
+	/*
+	 * Between a close and the next open of a device that faulted or is
+	 * reset on demand: makes it new (CUDA: cudaDeviceReset, which destroys
+	 * the primary context and everything in it). workers/backend/device_reset.c.
+	 */
+	int (*reset)(struct device *dev, struct gpuq_error *err);
+	/* Enqueues spec's fused chain on the current lane without waiting (the scheduler's ceiling). */
+	int (*chain_enqueue)(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err);
+};
+
+extern const struct backend_ops backend_cuda;
+extern const struct backend_ops backend_host;
+
+/* "cuda" or "host" -> its table, or NULL. */
+const struct backend_ops *backend_by_name(const char *name);
+
+#endif

@@ -1,0 +1,165 @@
+/*
+ * Shareable device memory through the driver's virtual memory management
+ * (see cuda_vmm.h). cuda.h supplies types and prototypes only: every
+ * function is the pointer the runtime hands out for it.
+ */
+#include "workers/backend/cuda_vmm.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "workers/backend/cuda_check.h"
+#include "workers/backend/cuda_driver.h"
+
+#define VMM_FUNCTIONS(X)                                                       \
+	X(cuMemGetAllocationGranularity)                                       \
+	X(cuMemCreate)                                                         \
+	X(cuMemAddressReserve)                                                 \
+	X(cuMemMap)                                                            \
+	X(cuMemSetAccess)                                                      \
+	X(cuMemExportToShareableHandle)                                        \
+	X(cuMemUnmap)                                                          \
+	X(cuMemAddressFree)                                                    \
+	X(cuMemRelease)                                                        \
+	X(cuGetErrorName)
+
+static struct {
+#define VMM_POINTER(name) __typeof__(&name) name;
+	VMM_FUNCTIONS(VMM_POINTER)
+#undef VMM_POINTER
+	cudaError_t error; /* why the lookup failed; cudaSuccess once it has worked */
+	char missing[64];
+} drv;
+
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+static void vmm_lookup(void)
+{
+#define VMM_LOOKUP(name)                                                       \
+	drv.error = cuda_driver_entry(#name, (void **)&drv.name);              \
+	if (drv.error != cudaSuccess) {                                        \
+		snprintf(drv.missing, sizeof drv.missing, "%s", #name);        \
+		return;                                                        \
+	}
+	VMM_FUNCTIONS(VMM_LOOKUP)
+#undef VMM_LOOKUP
+}
+
+/* A driver call's failure: out_of_memory for CUDA_ERROR_OUT_OF_MEMORY, else the device's error. */
+static int vmm_fail(struct device *dev, struct gpuq_error *err, CUresult rc, const char *call,
+		    const char *file, int line)
+{
+	const char *name = NULL;
+	drv.cuGetErrorName(rc, &name);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "[gpu %d] out of device memory: %s failed (%s); free a buffer on gpu %d or ask for less",
+				 dev->index, call, name ? name : "?", dev->index);
+	return cuda_fail(dev, err, (cudaError_t)rc, call, file, line);
+}
+
+#define VMM_TRY(dev, err, call, label)                                         \
+	do {                                                                   \
+		CUresult rc_ = (call);                                         \
+		if (rc_ != CUDA_SUCCESS) {                                     \
+			vmm_fail((dev), (err), rc_, #call, __FILE__, __LINE__); \
+			goto label;                                            \
+		}                                                              \
+	} while (0)
+
+static void vmm_prop(const struct device *dev, CUmemAllocationProp *prop)
+{
+	memset(prop, 0, sizeof *prop);
+	prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop->location.id = dev->ordinal;
+	prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+/*
+ * Read-write access for the device and for each other GPU that may read its
+ * buffers (copies, collectives), each physical GPU once.
+ */
+static unsigned vmm_access(const struct device *dev, CUmemAccessDesc *desc)
+{
+	unsigned n = 0;
+	for (int j = -1; j < dev->device_count && j < GPUQ_MAX_DEVICES; j++) {
+		int ordinal = j < 0 ? dev->ordinal : dev->ordinals[j];
+		bool seen = false;
+		if (j >= 0 && !dev->pool_shared[j])
+			continue;
+		for (unsigned k = 0; k < n; k++)
+			seen = seen || desc[k].location.id == ordinal;
+		if (seen)
+			continue;
+		memset(&desc[n], 0, sizeof desc[n]);
+		desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		desc[n].location.id = ordinal;
+		desc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		n++;
+	}
+	return n;
+}
+
+int cuda_vmm_create(struct device *dev, uint64_t bytes, struct cuda_vmm_alloc *a, int *fd,
+		    struct gpuq_error *err)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc desc[GPUQ_MAX_DEVICES + 1];
+	CUmemGenericAllocationHandle handle = 0;
+	CUdeviceptr va = 0;
+	size_t granularity = 0;
+	uint64_t size = 0;
+	bool mapped = false;
+	int exported = -1;
+	memset(a, 0, sizeof *a);
+	*fd = -1;
+	pthread_once(&drv_once, vmm_lookup);
+	if (drv.error != cudaSuccess)
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+				 "[gpu %d] shareable buffers need the driver entry point %s, which cannot be had: %s",
+				 dev->index, drv.missing, cudaGetErrorString(drv.error));
+	vmm_prop(dev, &prop);
+	VMM_TRY(dev, err, drv.cuMemGetAllocationGranularity(&granularity, &prop,
+							   CU_MEM_ALLOC_GRANULARITY_MINIMUM), fail);
+	size = (bytes + granularity - 1) / granularity * granularity;
+	VMM_TRY(dev, err, drv.cuMemCreate(&handle, size, &prop, 0), fail);
+	VMM_TRY(dev, err, drv.cuMemAddressReserve(&va, size, granularity, 0, 0), fail);
+	VMM_TRY(dev, err, drv.cuMemMap(va, size, 0, handle, 0), fail);
+	mapped = true;
+	VMM_TRY(dev, err, drv.cuMemSetAccess(va, size, desc, vmm_access(dev, desc)), fail);
+	VMM_TRY(dev, err, drv.cuMemExportToShareableHandle(&exported, handle,
+							  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+		fail);
+	*a = (struct cuda_vmm_alloc){ handle, va, size };
+	*fd = exported;
+	return 0;
+fail:
+	if (mapped)
+		drv.cuMemUnmap(va, size);
+	if (va)
+		drv.cuMemAddressFree(va, size);
+	if (handle)
+		drv.cuMemRelease(handle);
+	return -1;
+}
+
+int cuda_vmm_destroy(struct device *dev, struct cuda_vmm_alloc *a, struct gpuq_error *err)
+{
+	int rc = 0;
+	CUresult r;
+	if (!a->handle)
+		return 0;
+	if ((r = drv.cuMemUnmap(a->va, a->size)) != CUDA_SUCCESS)
+		rc = vmm_fail(dev, err, r, "cuMemUnmap(va, size)", __FILE__, __LINE__);
+	if ((r = drv.cuMemAddressFree(a->va, a->size)) != CUDA_SUCCESS && rc == 0)
+		rc = vmm_fail(dev, err, r, "cuMemAddressFree(va, size)", __FILE__, __LINE__);
+	if ((r = drv.cuMemRelease(a->handle)) != CUDA_SUCCESS && rc == 0)
+		rc = vmm_fail(dev, err, r, "cuMemRelease(handle)", __FILE__, __LINE__);
+	memset(a, 0, sizeof *a);
+	return rc;
+}

@@ -1,0 +1,96 @@
+/*
+ * What the three transfer paths share (transfer.c, transfer_staged.c,
+ * transfer_registered.c). Not for use outside them.
+ *
+ * A struct xfer lives on the worker's stack for one put or get; the worker
+ * owns it. Copy threads read its constant fields (fd, pos, verify) while
+ * they run a chunk of it, and write only into their own chunk.
+ */
+#ifndef GPUQ_TRANSFER_IMPL_H
+#define GPUQ_TRANSFER_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "workers/backend/backend.h"
+#include "workers/transfer/copy_pool.h"
+#include "workers/work.h"
+
+/* How the bytes move; the job's result names it (`path`). */
+enum xfer_path {
+	XFER_STAGED,     /* copy threads pread/pwrite pinned slots in parallel, DMA per slot */
+	XFER_STREAMED,   /* in order through the slots, read/written by the worker itself */
+	XFER_REGISTERED, /* the client's mapping is pinned and copied directly */
+	XFER_REGION,     /* a region, pinned when it was made: one DMA (work->host) */
+};
+
+struct xfer {
+	struct device *dev;
+	struct work *work;
+	struct gpuq_error *err;
+	struct copy_pool *pool;
+	struct sched_job *job; /* the running job, for its DMA turns (sched.h); NULL outside jobs */
+	char *base;      /* the device range's start: dptr + offset */
+	int fd;
+	int fd_flags;    /* fcntl F_GETFL */
+	bool regular;    /* a regular file or a memfd */
+	mode_t mode;     /* its file type (st_mode), for the streamed path */
+	bool tty;        /* a terminal */
+	int pipe_size;   /* a pipe's capacity (F_GETPIPE_SZ); 0 otherwise or unknown */
+	off_t size;      /* regular: its size when the job started */
+	off_t pos;       /* regular: the descriptor's offset when the job started */
+	uint64_t total;  /* bytes to move; a put without length moves up to this many */
+	size_t chunk;    /* bytes per staging slot, a multiple of 8 */
+	unsigned slots;  /* staging slots it may hold at once: the ring's; a put's, XFER_READ_AHEAD_BYTES' */
+	bool verify;
+	bool scratch;    /* no descriptor: put the random stream of seed, get into nothing */
+	uint64_t seed;
+	enum xfer_path path;
+	uint64_t done;   /* bytes moved so far */
+	bool publish_tail; /* tell the scheduler once the last DMA is issued (no device work follows) */
+	double moved_at; /* streamed: when a byte last moved (or the transfer began) */
+	uint64_t sum;    /* checksum terms of the bytes that passed through the host */
+	bool eof;        /* streamed put: the source ended */
+	/*
+	 * Staged get into a descriptor open for reading and writing: the
+	 * destination range mapped shared, written by memcpy (parallel pwrites
+	 * to one file serialise on its inode lock). NULL: pwrite.
+	 */
+	unsigned char *map;
+	size_t map_len;
+	unsigned char *map_data; /* the transfer's first byte in map */
+};
+
+/* One slot's worth of a staged transfer, handed to a copy thread. */
+struct xfer_chunk {
+	struct copy_task task; /* first: the task is the chunk */
+	struct xfer *x;
+	unsigned slot;      /* the staging slot it holds (sched_slot_acquire) */
+	unsigned char *buf; /* that slot's memory */
+	uint64_t at;        /* offset within the transfer */
+	size_t n;           /* bytes to read or write */
+	size_t got;         /* bytes read or written */
+	int error;          /* errno of a failed read or write, else 0 */
+	uint64_t sum;       /* checksum terms of buf[0, got) (verify) */
+};
+
+/* transfer.c */
+/* Slots a put may hold: of a ring of `ring` (2 to 256) slots of `chunk` bytes, XFER_READ_AHEAD_BYTES' worth, two at least. */
+unsigned xfer_put_slots(unsigned ring, size_t chunk);
+int xfer_cancelled(struct xfer *x);
+void xfer_progress(struct xfer *x);
+/* The last DMA is issued: later jobs on the buffer may start (sched_publish_tail). */
+void xfer_issued_all(struct xfer *x);
+
+/* transfer_staged.c */
+int xfer_put_staged(struct xfer *x);
+int xfer_get_staged(struct xfer *x);
+
+/* transfer_registered.c (and transfer_check_registrable, transfer.h) */
+int xfer_put_registered(struct xfer *x);
+int xfer_get_registered(struct xfer *x);
+/* The region path: one DMA between work->host and the device range. */
+int xfer_copy_region(struct xfer *x, bool put);
+
+#endif

@@ -1,0 +1,161 @@
+/*
+ * The registered path: the client's memfd is mapped, the mapping registered
+ * with the device (pinned), and copied directly by the copy engine in
+ * REG_CHUNK pieces, checking for a cancel between them. Worker thread only.
+ *
+ * Only a memfd sealed against shrinking (F_SEAL_SHRINK) qualifies: gpuqd's
+ * own threads touch the mapping (the host backend's copies, --verify's
+ * hashing), and a file another process could truncate underneath would turn
+ * that into SIGBUS in the daemon. A regular file is always staged.
+ *
+ * Registering pins every page first, which costs far more per byte than
+ * staging does for a transfer seen once; `gpuq bench copy` measures both, and
+ * --register-min (off by default) says from what size path auto takes it.
+ * A region (put/get through `region`) is that done once, when the region is
+ * made: its path here is a single copy.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "workers/transfer/copy_hash.h"
+#include "workers/transfer/transfer.h"
+#include "workers/transfer/transfer_impl.h"
+
+#define REG_CHUNK ((size_t)64 << 20)
+
+int transfer_check_registrable(int fd, bool put, struct gpuq_error *err)
+{
+	int fd_flags = fcntl(fd, F_GETFL);
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "path registered needs a memfd sealed against shrinking "
+				 "(memfd_create with MFD_ALLOW_SEALING, then F_ADD_SEALS F_SEAL_SHRINK), "
+				 "so that gpuqd can map it safely; use path auto or staged");
+	if (!put && ((fd_flags & O_ACCMODE) != O_RDWR || (fd_flags & O_APPEND)))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "path registered for get needs the memfd open for reading and "
+				 "writing, without O_APPEND (it is mapped to be written)");
+	return 0;
+}
+
+struct reg_map {
+	void *map;      /* the mapping, from the page holding pos */
+	size_t len;     /* its length, whole pages */
+	char *data;     /* the transfer's first byte in it */
+	bool registered;
+};
+
+/* Maps and registers [pos, pos + total) of the descriptor. */
+static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	off_t start = x->pos - x->pos % page;
+	size_t lead = (size_t)(x->pos - start);
+	bool rw = (x->fd_flags & O_ACCMODE) == O_RDWR;
+	memset(m, 0, sizeof *m);
+	m->len = (lead + x->total + (size_t)page - 1) / (size_t)page * (size_t)page;
+	m->map = mmap(NULL, m->len, rw ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, x->fd, start);
+	if (m->map == MAP_FAILED) {
+		m->map = NULL;
+		return gpuq_fail(x->err, GPUQ_E_IO, "path registered: cannot map the %s: %s",
+				 put ? "source" : "destination", strerror(errno));
+	}
+	m->data = (char *)m->map + lead;
+	if (x->dev->ops->host_register(x->dev, m->map, m->len, rw ? 0 : BACKEND_REGISTER_READ_ONLY, x->err) < 0)
+		return -1;
+	m->registered = true;
+	return 0;
+}
+
+static void reg_map_close(struct xfer *x, struct reg_map *m, int *rc)
+{
+	struct gpuq_error unreg_err;
+	if (m->registered && x->dev->ops->host_unregister(x->dev, m->map, &unreg_err) < 0 &&
+	    *rc == 0) {
+		*x->err = unreg_err;
+		*rc = -1;
+	}
+	if (m->map)
+		munmap(m->map, m->len);
+}
+
+/* Copies the range in REG_CHUNK pieces, in the direction given. */
+static int reg_copy(struct xfer *x, struct reg_map *m, bool put)
+{
+	struct device *dev = x->dev;
+	int rc = 0;
+	while (x->done < x->total && (rc = xfer_cancelled(x)) == 0) {
+		size_t n = x->total - x->done < REG_CHUNK ? (size_t)(x->total - x->done) : REG_CHUNK;
+		if (put)
+			rc = dev->ops->copy_h2d(dev, x->base + x->done, m->data + x->done, n, NULL, x->err);
+		else
+			rc = dev->ops->copy_d2h(dev, m->data + x->done, x->base + x->done, n, NULL, x->err);
+		if (rc != 0)
+			break;
+		x->done += n;
+		xfer_progress(x);
+	}
+	if (rc == 0 && x->verify)
+		x->sum = copy_hash_terms_parallel(x->pool, m->data, x->done);
+	return rc;
+}
+
+int xfer_put_registered(struct xfer *x)
+{
+	struct reg_map m;
+	if (x->total == 0)
+		return 0;
+	int rc = reg_map_open(x, &m, true);
+	if (rc == 0)
+		rc = reg_copy(x, &m, true);
+	reg_map_close(x, &m, &rc);
+	return rc;
+}
+
+/* The destination grows to hold the range first (sealed against shrinking, not growing). */
+int xfer_get_registered(struct xfer *x)
+{
+	struct reg_map m;
+	off_t end = x->pos + (off_t)x->total;
+	if (x->total == 0)
+		return 0;
+	if (x->size < end && ftruncate(x->fd, end) < 0)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "path registered: cannot extend the destination to %lld bytes: %s",
+				 (long long)end, strerror(errno));
+	int rc = reg_map_open(x, &m, false);
+	if (rc == 0)
+		rc = reg_copy(x, &m, false);
+	reg_map_close(x, &m, &rc);
+	return rc;
+}
+
+/*
+ * A region was mapped and pinned when it was made (workers/transfer/region_pin.c):
+ * the whole range is one copy on the job's lane, so it runs at the copy
+ * engine's rate and overlaps other jobs as any copy does. A cancel is seen
+ * before it starts, not during it.
+ */
+int xfer_copy_region(struct xfer *x, bool put)
+{
+	struct device *dev = x->dev;
+	char *host = x->work->host;
+	int rc = xfer_cancelled(x);
+	if (rc != 0 || x->total == 0)
+		return rc;
+	if (put)
+		rc = dev->ops->copy_h2d(dev, x->base, host, x->total, NULL, x->err);
+	else
+		rc = dev->ops->copy_d2h(dev, host, x->base, x->total, NULL, x->err);
+	if (rc != 0)
+		return rc;
+	x->done = x->total;
+	xfer_progress(x);
+	if (x->verify)
+		x->sum = copy_hash_terms_parallel(x->pool, host, x->done);
+	return 0;
+}

@@ -1,0 +1,567 @@
+/*
+ * The staged path: a regular file or memfd moved through the pinned staging
+ * ring, its reads (put) or writes (get) done by the copy threads at the
+ * file's offsets, several slots at once. The ring is the device's, shared by
+ * the jobs in flight there: each chunk takes a slot from the scheduler
+ * (sched_slot_acquire) and gives it back once its DMA (put) or its write-out
+ * (get) is done, so a transfer holds at most its share of the ring while
+ * others want slots, and a small job never waits behind a large one's ring.
+ *
+ * Put: the job keeps chunks handed to the copy threads ahead of the next DMA
+ * (chunk j), as far as it can have slots without waiting; as each chunk is
+ * read, in order, it issues that slot's DMA on its lane. Get is the mirror:
+ * DMAs are issued into slots ahead, and a finished DMA is handed to a copy
+ * thread to write out: by memcpy into a
+ * shared mapping of the destination where the descriptor allows it (pwrites
+ * to one file serialise on its inode lock; reads do not), populated first,
+ * with the copy pool's store function (copy_store.h: memcpy, or
+ * non-temporal stores with --copy-stores nt), else by pwrite.
+ * Every chunk handed out
+ * is waited for before the transfer returns, whatever happened, so that no
+ * copy thread still touches a slot or a chunk afterwards.
+ *
+ * Worker thread, except chunk_read and chunk_write (copy threads).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "workers/transfer/copy_guard.h"
+#include "workers/transfer/copy_hash.h"
+#include "workers/sched/sched.h"
+#include "workers/transfer/transfer_impl.h"
+
+struct staged {
+	struct xfer *x;
+	struct xfer_chunk *ch; /* chunk k's record is ch[k % window] */
+	unsigned window;
+	struct copy_group group;
+	uint64_t nchunks;
+};
+
+/* Copy thread: the chunk's bytes from the source into its slot, until n or end of file. */
+static void chunk_read(struct copy_task *task)
+{
+	struct xfer_chunk *c = (struct xfer_chunk *)task;
+	struct xfer *x = c->x;
+	if (x->scratch) {
+		copy_fill_random_words(c->buf, c->n, x->seed, c->at / 8);
+		c->got = c->n;
+	}
+	while (c->got < c->n) {
+		ssize_t r = pread(x->fd, c->buf + c->got, c->n - c->got,
+				  x->pos + (off_t)(c->at + c->got));
+		if (r > 0) {
+			c->got += (size_t)r;
+		} else if (r == 0) {
+			break;
+		} else if (errno != EINTR) {
+			c->error = errno;
+			break;
+		}
+	}
+	if (x->verify)
+		c->sum = copy_hash_terms(c->buf, c->got, c->at / 8);
+}
+
+/*
+ * Fills in the page tables for a chunk of the mapped destination in one
+ * call. Left to page faults, each 4 KiB page of a 2 MiB chunk traps on its
+ * own, and the traps, not the copy, set the pace (measured on a 6.18 kernel:
+ * a GiB copied into a memfd mapping 2.5 times faster populated first). A
+ * kernel without MADV_POPULATE_WRITE (before 5.14) says EINVAL and the
+ * faults do the work; a failure of any other kind shows in the copy itself.
+ */
+static void populate_for_write(unsigned char *addr, size_t n)
+{
+	static const long populate_write = 23; /* MADV_POPULATE_WRITE, Linux 5.14 */
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t start = (uintptr_t)addr & ~(page - 1);
+	(void)madvise((void *)start, (uintptr_t)addr + n - start, (int)populate_write);
+}
+
+/* Copy thread: the slot's bytes out to the destination at the chunk's offset. */
+static void chunk_write(struct copy_task *task)
+{
+	struct xfer_chunk *c = (struct xfer_chunk *)task;
+	struct xfer *x = c->x;
+	if (x->verify)
+		c->sum = copy_hash_terms(c->buf, c->n, c->at / 8);
+	if (x->map_data && c->n)
+		populate_for_write(x->map_data + c->at, c->n);
+	if (x->map_data || x->scratch) {
+		c->error = x->scratch ? 0
+				      : copy_guarded_store(x->map_data + c->at, c->buf, c->n,
+							   copy_pool_store(x->pool));
+		c->got = c->error ? 0 : c->n;
+		return;
+	}
+	while (c->got < c->n) {
+		ssize_t w = pwrite(x->fd, c->buf + c->got, c->n - c->got,
+				   x->pos + (off_t)(c->at + c->got));
+		if (w > 0) {
+			c->got += (size_t)w;
+		} else if (w == 0) {
+			c->error = EIO; /* a regular file that takes nothing */
+			break;
+		} else if (errno != EINTR) {
+			c->error = errno;
+			break;
+		}
+	}
+}
+
+static int staged_open(struct staged *s, struct xfer *x)
+{
+	memset(s, 0, sizeof *s);
+	s->x = x;
+	s->nchunks = (x->total + x->chunk - 1) / x->chunk;
+	s->window = x->slots;
+	s->ch = calloc(s->window, sizeof *s->ch);
+	if (!s->ch)
+		return gpuq_fail(x->err, GPUQ_E_OUT_OF_MEMORY, "no host memory for %u chunk records",
+				 s->window);
+	copy_group_init(&s->group);
+	return 0;
+}
+
+static struct xfer_chunk *chunk_of(struct staged *s, uint64_t k)
+{
+	return &s->ch[k % s->window];
+}
+
+/* Chunk k's record, with a slot taken (waiting for one only if `wait`); NULL without a slot. */
+static struct xfer_chunk *chunk_prepare(struct staged *s, uint64_t k, copy_task_fn fn, bool wait)
+{
+	struct xfer *x = s->x;
+	unsigned slot;
+	if (sched_slot_acquire(x->dev, wait, &slot) != 0)
+		return NULL;
+	struct xfer_chunk *c = chunk_of(s, k);
+	memset(c, 0, sizeof *c);
+	c->task.fn = fn;
+	c->task.group = &s->group;
+	c->x = x;
+	c->slot = slot;
+	c->buf = x->dev->staging[slot];
+	c->at = k * x->chunk;
+	c->n = x->total - c->at < x->chunk ? (size_t)(x->total - c->at) : x->chunk;
+	return c;
+}
+
+/* Gives a chunk's slot back once its last DMA is done (waiting for it, unless the device faulted). */
+static void chunk_release(struct staged *s, struct xfer_chunk *c, bool dma_issued)
+{
+	struct xfer *x = s->x;
+	struct gpuq_error ignored;
+	if (dma_issued && !x->dev->faulted)
+		x->dev->ops->slot_wait(x->dev, c->slot, &ignored);
+	sched_slot_release(x->dev, c->slot);
+}
+
+/*
+ * Why a write into the mapped destination failed (copy_guard turned its
+ * SIGBUS into an error): the file shrank under the mapping, or its
+ * filesystem could not back the pages (full, or over a quota), which
+ * fallocate over the chunk's range then reports as the system's own error.
+ */
+static int chunk_mapped_error(struct xfer *x, const struct xfer_chunk *c)
+{
+	struct stat st;
+	off_t at = x->pos + (off_t)c->at;
+	if (fstat(x->fd, &st) == 0 && st.st_size < at + (off_t)c->n)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "writing the destination at byte %llu: the file shrank while it "
+				 "was written", (unsigned long long)c->at);
+	int error = fallocate(x->fd, 0, at, (off_t)c->n) < 0 ? errno : 0;
+	if (error == 0 || error == EOPNOTSUPP || error == ENOSYS)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "writing the destination at byte %llu: the mapped write failed though "
+				 "the file holds that range (is its filesystem full?)",
+				 (unsigned long long)c->at);
+	return gpuq_fail(x->err, GPUQ_E_IO, "writing the destination at byte %llu: %s",
+			 (unsigned long long)c->at, strerror(error));
+}
+
+/* A finished chunk: its read or write error, or a source that ended early. */
+static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
+{
+	if (c->error && !put && x->map_data)
+		return chunk_mapped_error(x, c);
+	if (c->error)
+		return gpuq_fail(x->err, GPUQ_E_IO, "%s the %s at byte %llu: %s",
+				 put ? "reading" : "writing", put ? "source" : "destination",
+				 (unsigned long long)(c->at + c->got), strerror(c->error));
+	if (c->got < c->n)
+		return gpuq_fail(x->err, GPUQ_E_IO,
+				 "the source ended after %llu of the %llu bytes %s",
+				 (unsigned long long)(c->at + c->got), (unsigned long long)x->total,
+				 x->work->length_exact ? "asked for" : "it held when the put started");
+	return 0;
+}
+
+/*
+ * DMAs a transfer keeps queued on its lane at most: the device's whole
+ * queue when the transfer has had it to itself a while (sched.h's DMA
+ * turns hold it to SCHED_DMA_QUEUE, 12 MiB, a quarter of a millisecond of
+ * PCIe, while the device is shared).
+ */
+#define XFER_MAX_QUEUED_DMAS SCHED_DMA_QUEUE_ALONE
+
+struct turn_wait {
+	struct xfer *x;
+	enum sched_dma dir;
+};
+
+static bool turn_given(void *arg)
+{
+	const struct turn_wait *t = arg;
+	return sched_dma_turn(t->x->job, t->dir);
+}
+
+/* Yields until the job may queue a DMA in dir (its transfer has nothing else in flight to wait for). */
+static void dma_turn_wait(struct xfer *x, enum sched_dma dir)
+{
+	struct turn_wait t = { x, dir };
+	sched_wait_device(turn_given, &t);
+}
+
+/* ---- put ---- */
+
+/* Where a put is: chunks [r, j) have DMAs issued, [j, next) are being read. */
+struct put_state {
+	uint64_t r, j, next;
+};
+
+/* Gives back the slots of chunks whose DMA has finished, oldest first. */
+static int put_reclaim(struct staged *s, struct put_state *p)
+{
+	struct xfer *x = s->x;
+	while (p->r < p->j) {
+		bool ready = false;
+		struct xfer_chunk *c = chunk_of(s, p->r);
+		if (x->dev->ops->slot_ready(x->dev, c->slot, &ready, x->err) < 0)
+			return -1;
+		if (!ready)
+			break;
+		sched_slot_release(x->dev, c->slot);
+		p->r++;
+	}
+	return 0;
+}
+
+/*
+ * Hands reads to the copy threads for as many chunks ahead as the job can
+ * have slots for now. When nothing is being read, chunk j needs a slot: the
+ * oldest DMA's, once done, or a free one, waited for.
+ */
+static int put_fill(struct staged *s, struct put_state *p)
+{
+	struct xfer *x = s->x;
+	while (p->next < s->nchunks && p->next < p->r + s->window) {
+		bool must = p->next == p->j && p->r == p->j;
+		struct xfer_chunk *c = chunk_prepare(s, p->next, chunk_read, must);
+		if (!c)
+			break;
+		copy_pool_submit(x->pool, &c->task);
+		p->next++;
+	}
+	if (p->next > p->j)
+		return 0;
+	/* Nothing is read and no slot is free to us: the oldest DMA's slot comes back first. */
+	struct xfer_chunk *oldest = chunk_of(s, p->r);
+	if (x->dev->ops->slot_wait(x->dev, oldest->slot, x->err) < 0)
+		return -1;
+	sched_slot_release(x->dev, oldest->slot);
+	p->r++;
+	return put_fill(s, p);
+}
+
+/* Waits for what is still out: reads [j, next) and DMAs [r, j); gives every slot back. */
+static void put_close(struct staged *s, const struct put_state *p)
+{
+	for (uint64_t k = p->j; k < p->next; k++) {
+		copy_task_wait(&chunk_of(s, k)->task);
+		chunk_release(s, chunk_of(s, k), false);
+	}
+	for (uint64_t k = p->r; k < p->j; k++)
+		chunk_release(s, chunk_of(s, k), true);
+	copy_group_destroy(&s->group);
+	free(s->ch);
+	sched_dma_leave(s->x->job);
+}
+
+struct put_wait {
+	struct staged *s;
+	const struct put_state *p;
+};
+
+/* Chunk j can go to the copy engine, or the oldest DMA is done (its slot can take another read). */
+static bool put_can_move(void *arg)
+{
+	const struct put_wait *w = arg;
+	const struct put_state *p = w->p;
+	struct xfer *x = w->s->x;
+	bool ready = true;
+	struct gpuq_error ignored;
+	if (copy_task_done(&chunk_of(w->s, p->j)->task) && p->j - p->r < XFER_MAX_QUEUED_DMAS &&
+	    sched_dma_turn(x->job, SCHED_DMA_H2D))
+		return true;
+	if (p->r == p->j)
+		return false;
+	if (x->dev->ops->slot_ready(x->dev, chunk_of(w->s, p->r)->slot, &ready, &ignored) < 0)
+		return true; /* a fault: the next call says it */
+	return ready;
+}
+
+int xfer_put_staged(struct xfer *x)
+{
+	struct staged s;
+	struct put_state p = { 0, 0, 0 };
+	struct put_wait wait = { &s, &p };
+	int rc = staged_open(&s, x);
+	if (rc != 0)
+		return rc;
+	while (p.j < s.nchunks && rc == 0) {
+		if ((rc = xfer_cancelled(x)) != 0 || (rc = put_reclaim(&s, &p)) != 0 ||
+		    (rc = put_fill(&s, &p)) != 0)
+			break;
+		struct xfer_chunk *c = chunk_of(&s, p.j);
+		if (!copy_task_done(&c->task) || p.j - p.r >= XFER_MAX_QUEUED_DMAS ||
+		    !sched_dma_turn(x->job, SCHED_DMA_H2D)) {
+			/* meanwhile, slots whose DMAs end take further reads */
+			sched_wait_device(put_can_move, &wait);
+			continue;
+		}
+		if ((rc = chunk_check(x, c, true)) != 0)
+			break;
+		rc = x->dev->ops->h2d_async(x->dev, x->base + c->at, c->slot, c->n, x->err);
+		if (rc != 0)
+			break;
+		sched_dma_queued(x->job, c->slot, SCHED_DMA_H2D);
+		p.j++;
+		x->sum += c->sum;
+		x->done += c->n;
+		xfer_progress(x);
+		if (p.j == s.nchunks)
+			xfer_issued_all(x);
+	}
+	put_close(&s, &p);
+	return rc;
+}
+
+/* ---- get ---- */
+
+/* Where a get is: chunks [collected, w) are being written out, [w, issued) have DMAs issued. */
+struct get_state {
+	uint64_t collected, w, issued;
+};
+
+/* A chunk a copy thread has written out: its outcome, counted once, and its slot back. */
+static int get_collect(struct staged *s, struct get_state *g)
+{
+	struct xfer *x = s->x;
+	struct xfer_chunk *c = chunk_of(s, g->collected);
+	copy_task_wait(&c->task);
+	g->collected++;
+	sched_slot_release(x->dev, c->slot);
+	if (chunk_check(x, c, false) < 0)
+		return -1;
+	x->sum += c->sum;
+	x->done += c->n;
+	xfer_progress(x);
+	return 0;
+}
+
+/*
+ * Issues DMAs for as many chunks ahead as the job can have slots for now;
+ * when none is in flight, chunk w needs one: the oldest write's, once
+ * done, or a free one, waited for.
+ */
+static int get_fill(struct staged *s, struct get_state *g)
+{
+	struct xfer *x = s->x;
+	while (g->collected < g->w && copy_task_done(&chunk_of(s, g->collected)->task))
+		if (get_collect(s, g) < 0)
+			return -1;
+	while (g->issued < s->nchunks && g->issued < g->collected + s->window &&
+	       g->issued - g->w < XFER_MAX_QUEUED_DMAS) {
+		bool must = g->issued == g->w && g->collected == g->w;
+		if (must)
+			dma_turn_wait(x, SCHED_DMA_D2H);
+		else if (!sched_dma_turn(x->job, SCHED_DMA_D2H))
+			break;
+		struct xfer_chunk *c = chunk_prepare(s, g->issued, chunk_write, must);
+		if (!c)
+			break;
+		g->issued++;
+		if (x->dev->ops->d2h_async(x->dev, c->slot, x->base + c->at, c->n, x->err) < 0)
+			return -1;
+		sched_dma_queued(x->job, c->slot, SCHED_DMA_D2H);
+		if (g->issued == s->nchunks)
+			xfer_issued_all(x);
+	}
+	if (g->issued > g->w)
+		return 0;
+	if (get_collect(s, g) < 0) /* the oldest write's slot comes back first */
+		return -1;
+	return get_fill(s, g);
+}
+
+/*
+ * Maps the destination range when the descriptor allows it (open for
+ * reading and writing), growing the file to hold the range first; else the
+ * copy threads pwrite. A file that cannot be mapped is simply pwritten.
+ */
+static void get_map_destination(struct xfer *x)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	off_t end = x->pos + (off_t)x->total, start = x->pos - x->pos % page;
+	if (x->scratch || (x->fd_flags & O_ACCMODE) != O_RDWR || x->total == 0 ||
+	    (x->size < end && ftruncate(x->fd, end) < 0))
+		return;
+	size_t len = (size_t)(end - start + page - 1) / (size_t)page * (size_t)page;
+	void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, x->fd, start);
+	if (map == MAP_FAILED)
+		return;
+	x->map = map;
+	x->map_len = len;
+	x->map_data = x->map + (x->pos - start);
+}
+
+struct unmap_part {
+	struct copy_task task; /* first */
+	void *addr;
+	size_t len;
+};
+
+static void part_unmap(struct copy_task *task)
+{
+	struct unmap_part *p = (struct unmap_part *)task;
+	munmap(p->addr, p->len);
+}
+
+/*
+ * Unmapping a populated mapping walks every page table entry (about 70 ns a
+ * page: 18 ms a GiB where a GiB of DMA takes 19 ms). Split across the copy
+ * threads, the walks run side by side: munmap holds the address-space lock
+ * exclusively only to detach its range, and zaps the pages under the shared
+ * lock.
+ */
+static void unmap_destination(struct xfer *x)
+{
+	enum { MAX_PARTS = 64 };
+	struct unmap_part parts[MAX_PARTS];
+	struct copy_group group;
+	long page = sysconf(_SC_PAGESIZE);
+	unsigned n = copy_pool_threads(x->pool);
+	n = n < 1 ? 1 : n > MAX_PARTS ? MAX_PARTS : n;
+	size_t part = (x->map_len / n + (size_t)page - 1) / (size_t)page * (size_t)page;
+	unsigned count = 0;
+	copy_group_init(&group);
+	for (size_t at = 0; at < x->map_len; at += part, count++) {
+		parts[count].addr = x->map + at;
+		parts[count].len = x->map_len - at < part ? x->map_len - at : part;
+		parts[count].task.fn = part_unmap;
+		parts[count].task.group = &group;
+		copy_pool_submit(x->pool, &parts[count].task);
+	}
+	for (unsigned i = 0; i < count; i++)
+		copy_task_wait(&parts[i].task);
+	copy_group_destroy(&group);
+	x->map = x->map_data = NULL;
+}
+
+/* Waits for what is still out: DMAs [w, issued) and writes [collected, w); gives every slot back. */
+static void get_close(struct staged *s, const struct get_state *g)
+{
+	for (uint64_t k = g->collected; k < g->w; k++) {
+		copy_task_wait(&chunk_of(s, k)->task);
+		chunk_release(s, chunk_of(s, k), false);
+	}
+	for (uint64_t k = g->w; k < g->issued; k++)
+		chunk_release(s, chunk_of(s, k), true);
+	copy_group_destroy(&s->group);
+	free(s->ch);
+	sched_dma_leave(s->x->job);
+}
+
+struct get_wait {
+	struct staged *s;
+	const struct get_state *g;
+};
+
+/* Chunk w's DMA is done, or the oldest write is (its slot can take another DMA). */
+static bool get_can_move(void *arg)
+{
+	const struct get_wait *w = arg;
+	const struct get_state *g = w->g;
+	struct xfer *x = w->s->x;
+	bool ready = true;
+	struct gpuq_error ignored;
+	if (x->dev->ops->slot_ready(x->dev, chunk_of(w->s, g->w)->slot, &ready, &ignored) < 0)
+		return true; /* a fault: the next call says it */
+	return ready || (g->collected < g->w && copy_task_done(&chunk_of(w->s, g->collected)->task));
+}
+
+/*
+ * A get that failed leaves the destination no longer than it was: the
+ * mapped path grew it to the whole range first, and pwrites may have grown
+ * it part way. If that fails too, the job's error says so.
+ */
+static void get_restore_length(struct xfer *x)
+{
+	struct stat st;
+	int rc;
+	if (x->scratch || fstat(x->fd, &st) < 0 || st.st_size <= x->size)
+		return;
+	while ((rc = ftruncate(x->fd, x->size)) < 0 && errno == EINTR)
+		;
+	size_t used = strlen(x->err->message);
+	if (rc < 0 && used < sizeof x->err->message)
+		snprintf(x->err->message + used, sizeof x->err->message - used,
+			 "; restoring the destination's length of %lld bytes failed too: %s",
+			 (long long)x->size, strerror(errno));
+}
+
+int xfer_get_staged(struct xfer *x)
+{
+	struct staged s;
+	struct get_state g = { 0, 0, 0 };
+	struct get_wait wait = { &s, &g };
+	get_map_destination(x);
+	int rc = staged_open(&s, x);
+	while (rc == 0 && g.w < s.nchunks) {
+		if ((rc = xfer_cancelled(x)) != 0 || (rc = get_fill(&s, &g)) != 0)
+			break;
+		struct xfer_chunk *c = chunk_of(&s, g.w);
+		bool ready = false;
+		if ((rc = x->dev->ops->slot_ready(x->dev, c->slot, &ready, x->err)) != 0)
+			break;
+		if (!ready) { /* meanwhile, slots whose writes end take further DMAs */
+			sched_wait_device(get_can_move, &wait);
+			continue;
+		}
+		copy_pool_submit(x->pool, &c->task);
+		g.w++;
+	}
+	/* The last writes: checked in order, stopping at the first failure. */
+	while (rc == 0 && g.collected < g.w)
+		rc = get_collect(&s, &g);
+	if (rc == 0 && x->done < x->total && !atomic_load(&x->work->cancel))
+		rc = gpuq_fail(x->err, GPUQ_E_INTERNAL, "get: %llu of %llu bytes written",
+			       (unsigned long long)x->done, (unsigned long long)x->total);
+	if (s.ch)
+		get_close(&s, &g);
+	if (x->map)
+		unmap_destination(x);
+	if (rc != 0)
+		get_restore_length(x);
+	return rc;
+}
