@@ -159,8 +159,10 @@ int gpuq_priority_from_name(const char *s, size_t len, enum gpuq_priority *out)
 }
 
 /*
- * The multiplier of a unit suffix: "", "B", or one of K M G T P E (either
- * case) followed by nothing, "B", or "iB" (also either case). 0 if malformed.
+ * The multiplier of a unit suffix, as the units' names say: "" or "B" is
+ * bytes; K M G T P E (either case) alone or with "iB" are powers of 1024
+ * (64K and 64KiB are 65536), and with "B" alone powers of 1000, SI's
+ * (64KB is 64000). 0 if malformed.
  */
 static uint64_t size_unit(const char *s)
 {
@@ -170,23 +172,29 @@ static uint64_t size_unit(const char *s)
 	const char *at = strchr(letters, *s | 0x20); /* ASCII lower case */
 	if (!at)
 		return 0;
+	unsigned power = (unsigned)(at - letters + 1);
 	s++;
 	bool iec = *s == 'i' || *s == 'I';
 	if (iec)
 		s++;
-	if (*s == 'B' || *s == 'b')
+	bool bytes = *s == 'B' || *s == 'b';
+	if (bytes)
 		s++;
-	else if (iec)
-		return 0; /* "Ki" without the B */
-	if (*s != '\0')
+	if (*s != '\0' || (iec && !bytes)) /* "Ki" without the B */
 		return 0;
-	return (uint64_t)1 << (10 * (at - letters + 1));
+	if (bytes && !iec) {
+		uint64_t m = 1;
+		while (power-- > 0)
+			m *= 1000;
+		return m;
+	}
+	return (uint64_t)1 << (10 * power);
 }
 
 /*
  * floor(0.DIGITS * mult), exactly and without floating point, working from
  * the last digit: floor((d + x) / 10) == floor((d + floor(x)) / 10) for an
- * integer d. With mult <= 2^60 nothing here can overflow.
+ * integer d. With mult <= 2^60 (10^18 is less) nothing here can overflow.
  */
 static uint64_t size_fraction(const char *digits, size_t n, uint64_t mult)
 {

@@ -133,13 +133,13 @@ int cli_parse_job(const struct cli *cli, const char *s, uint64_t *out)
 	return 0;
 }
 
-/* --offset, --length, --bytes, --count: a size with an optional K/M/G suffix. */
+/* --offset, --length, --bytes, --count: a size with an optional unit (gpuq_parse_size). */
 static int parse_size_opt(const struct cli *cli, const char *opt, const char *s,
 			  uint64_t *out, bool *has)
 {
 	if (gpuq_parse_size(s, out) < 0)
 		return cli_usage(cli, "--%s '%s' is not a size; give a number with an "
-				      "optional K, M or G suffix (4096, 64K, 1.5G)", opt, s);
+				      "optional unit (4096, 64K, 1.5G, 64KiB, 100MB)", opt, s);
 	*has = true;
 	return 0;
 }

@@ -132,7 +132,10 @@ TEST(parse_size_good)
 	check_size("4096", 4096);
 	check_size("64K", 64 << 10);
 	check_size("64k", 64 << 10);
-	check_size("64KB", 64 << 10);
+	check_size("64KB", 64000); /* SI: as the unit's name says */
+	check_size("100MB", 100000000);
+	check_size("1.5GB", 1500000000);
+	check_size("1EB", 1000000000000000000ull);
 	check_size("64KiB", 64 << 10);
 	check_size("64kib", 64 << 10);
 	check_size("3M", 3u << 20);
@@ -190,6 +193,7 @@ TEST(parse_size_bad)
 	check_size_bad("16.0E");
 	check_size_bad("18014398509481984K");
 	check_size_bad("16384P");
+	check_size_bad("19EB"); /* 1.9e19: over 2^64 */
 	check_size_bad("17179869184G");
 	CHECK_EQ(gpuq_parse_size(NULL, &(uint64_t){ 0 }), -1);
 }

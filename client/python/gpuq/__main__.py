@@ -18,9 +18,12 @@ EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
 def _size(text: str) -> int:
-    """``4096``, ``64K``, ``1.5G``: powers of 1024, as the CLI reads sizes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:I?B)?\s*", text, re.IGNORECASE)
-    value = float(m[1]) * 1024 ** "_KMGT".index(m[2].upper() or "_") if m else 0.0
+    """``4096``, ``64K``, ``1.5G``, ``64KiB`` (powers of 1024), ``100MB`` (of 1000), as the CLI reads sizes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(?:([KMGT])(I?)(B?))?\s*", text, re.IGNORECASE)
+    if m and m[3] and not m[4]:
+        m = None  # "Ki" without the B
+    base = 1000 if m and m[4] and not m[3] else 1024
+    value = float(m[1]) * base ** "_KMGT".index((m[2] or "_").upper()) if m else 0.0
     if value <= 0 or value != int(value):
         raise argparse.ArgumentTypeError(f"'{text}' is not a size (4096, 64K, 1.5G)")
     return int(value)
