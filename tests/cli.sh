@@ -67,6 +67,11 @@ check alloc 0 gpuq alloc w --bytes 1M
 check alloc_exists_is_1 1 gpuq alloc w --bytes 1M
 expect alloc_exists_error "exists" err
 check alloc_dtype 0 gpuq alloc f --count 1000 --dtype f32 --device 1
+# alloc NAME@GPU is alloc NAME --device GPU, as every other command reads a buffer
+check alloc_name_at_device 0 gpuq alloc at@1 --bytes 4K
+check alloc_name_at_device_lands_there 0 gpuq free at@1
+check alloc_name_at_device_disagrees_is_2 2 gpuq alloc at@1 --bytes 4K --device 0
+expect alloc_name_at_device_disagrees_says_so "says device 1 but --device says 0" err
 check fill_random 0 gpuq fill w random 7
 check checksum_json 0 gpuq --json checksum w
 expect checksum_json_key '"checksum"' out

@@ -29,17 +29,17 @@ const struct cli_cmd cli_commands[] = {
 	  "Sends a job that does nothing through device N's worker (default 0):\n"
 	  "it measures dispatch.\n",
 	  JOB_OPTS | OPT_DEVICE, 0, 0, { NULL }, cmd_noop },
-	{ "alloc", "NAME (--bytes SIZE | --count N --dtype T) [--device N] [--wait-memory MS] [--ephemeral] [--shareable]",
+	{ "alloc", "NAME[@GPU] (--bytes SIZE | --count N --dtype T) [--device N] [--wait-memory MS] [--ephemeral] [--shareable]",
 	  "allocate a named buffer on a device",
-	  "Allocates buffer NAME on device N (default 0), sized either in bytes or\n"
-	  "as N elements of dtype T (bytes u8 i32 i64 f16 bf16 f32 f64). Without\n"
-	  "room on the device it fails at once (out_of_memory), or with --wait-memory\n"
-	  "MS waits up to MS milliseconds for other jobs to free enough. A buffer\n"
-	  "stays until it is freed, whatever becomes of the client that made it.\n"
-	  "With --ephemeral it goes with this gpuq's connection instead: gpuq keeps\n"
-	  "running, holding the buffer, until it is interrupted or killed, and the\n"
-	  "daemon then frees it. --shareable allocates it on its own (not from the\n"
-	  "pool) so that your processes may attach it (gpuq attach,\n"
+	  "Allocates buffer NAME on device N (default 0; NAME@N says the same), sized\n"
+	  "either in bytes or as N elements of dtype T (bytes u8 i32 i64 f16 bf16 f32\n"
+	  "f64). Without room on the device it fails at once (out_of_memory), or with\n"
+	  "--wait-memory MS waits up to MS milliseconds for other jobs to free\n"
+	  "enough. A buffer stays until it is freed, whatever becomes of the client\n"
+	  "that made it. With --ephemeral it goes with this gpuq's connection\n"
+	  "instead: gpuq keeps running, holding the buffer, until it is interrupted\n"
+	  "or killed, and the daemon then frees it. --shareable allocates it on its\n"
+	  "own (not from the pool) so that your processes may attach it (gpuq attach,\n"
 	  "gpuq_buffer_attach) and map it on the GPU.\n",
 	  JOB_OPTS | OPT_BYTES | OPT_COUNT | OPT_DTYPE | OPT_DEVICE | OPT_WAIT_MEMORY | OPT_EPHEMERAL |
 		  OPT_SHAREABLE,

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -97,14 +98,39 @@ static int hold_ephemeral(struct cli *cli)
 	return cli_hold_connection(cli, "the buffer");
 }
 
+/*
+ * alloc NAME@GPU is alloc NAME --device GPU, as every other command reads
+ * a buffer; both given, they must agree. *name_len is the NAME part's length.
+ */
+static int split_alloc_name(struct cli *cli, size_t *name_len)
+{
+	const char *name = cli->args[0], *at = strrchr(name, '@');
+	*name_len = strlen(name);
+	if (!at || at[1] < '0' || at[1] > '9')
+		return 0; /* no device part: the daemon judges the name as it is */
+	char *end;
+	errno = 0;
+	unsigned long long dev = strtoull(at + 1, &end, 10);
+	if (*end != '\0' || errno != 0 || dev > INT_MAX)
+		return cli_usage(cli, "'%s': the device after '@' is not a number", name);
+	if (cli->has_device && cli->device != dev)
+		return cli_usage(cli, "'%s' says device %llu but --device says %llu; give one", name,
+				 dev, (unsigned long long)cli->device);
+	cli->device = dev;
+	cli->has_device = true;
+	*name_len = (size_t)(at - name);
+	return 0;
+}
+
 int cmd_alloc(struct cli *cli)
 {
 	struct mp_map req;
+	size_t name_len;
 	int rc = check_alloc_size(cli);
 
-	if (rc || (rc = cli_job_begin(cli, &req, "alloc")))
+	if (rc || (rc = split_alloc_name(cli, &name_len)) || (rc = cli_job_begin(cli, &req, "alloc")))
 		return rc;
-	mp_put_str(&req, "name", cli->args[0]);
+	mp_put_strn(&req, "name", cli->args[0], name_len);
 	if (cli->has_device)
 		mp_put_u64(&req, "device", cli->device);
 	if (cli->has_bytes)

@@ -72,6 +72,17 @@ def _body(reply: Mapping[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in reply.items() if k not in ("id", "ok")}
 
 
+
+def _split_device(name: str, device: Optional[int]) -> Tuple[str, Optional[int]]:
+    """``"w@1"`` is ``("w", 1)``, as the CLI reads ``gpuq alloc w@1``; given
+    both ways, they must agree."""
+    base, at, digits = name.rpartition("@")
+    if not at or not digits.isdigit():
+        return name, device
+    if device is not None and device != int(digits):
+        raise ValueError(f"'{name}' says device {digits} but device={device}; give one")
+    return base, int(digits)
+
 class Api:
     """The methods shared by :class:`gpuq.Client` and :class:`gpuq.AsyncClient`."""
 
@@ -266,6 +277,7 @@ class Api:
               on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Allocates a buffer ``name`` on ``device`` (default 0): ``nbytes`` bytes, or
         ``count`` elements of ``dtype`` (``u8 i32 i64 f16 bf16 f32 f64``).
+        ``"NAME@GPU"`` names the device too, as ``gpuq alloc NAME@GPU`` does.
 
         ``wait_memory_ms``: how long to wait for memory other jobs free
         instead of :class:`~gpuq.OutOfMemory` at once. ``ephemeral``: the
@@ -276,6 +288,7 @@ class Api:
         ``device``, ``dtype``, ``count``, ``bytes``, ``shareable``,
         ``ephemeral``.
         """
+        name, device = _split_device(name, device)
         return self.job("alloc", name=name, bytes=nbytes, count=count, dtype=dtype,
                         device=device, wait_memory_ms=wait_memory_ms, ephemeral=ephemeral,
                         shareable=shareable, priority=priority, detach=detach, timeout=timeout,

@@ -64,6 +64,15 @@ def test_alloc_on_each_device(client, name):
         client.free(f"{name}@{dev}")
 
 
+def test_alloc_name_at_device_is_the_device(client, name):
+    dev = len(client.devices()) - 1
+    assert client.alloc(f"{name}@{dev}", nbytes=64).result["device"] == dev
+    assert [b["device"] for b in client.buffers() if b["name"] == name] == [dev]
+    with pytest.raises(ValueError, match="says device"):
+        client.alloc(f"{name}@{dev}", nbytes=64, device=dev + 1)
+    client.free(f"{name}@{dev}")
+
+
 def test_fill_patterns_and_checksum_agree_with_the_bytes(client, name):
     client.alloc(name, count=1000, dtype="i32")
     try:
