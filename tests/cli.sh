@@ -118,6 +118,20 @@ expect buffers_lists_f "f" out
 check detach 0 gpuq noop --detach
 check jobs 0 gpuq jobs
 expect jobs_lists_fill "fill" out
+# newest first: the noop just detached is the first row; --last 1 keeps it alone
+check jobs_newest_first 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" jobs | sed -n 2p | grep -q noop"
+check jobs_last_one 0 gpuq jobs --last 1
+cp "$dir/out" "$dir/last"
+check jobs_last_one_is_one_row 0 test "$(wc -l < "$dir/last")" -eq 2
+check jobs_last_zero_is_2 2 gpuq jobs --last 0
+# a job that can never fit fails; --failed shows it and not the done ones
+check alloc_too_big_fails 1 gpuq alloc huge --bytes 1T
+check jobs_failed 0 gpuq jobs --failed
+expect jobs_failed_lists_the_alloc "alloc  *failed" out
+cp "$dir/out" "$dir/failed"
+check jobs_failed_has_no_done 1 grep -q " done " "$dir/failed"
+check jobs_queued_none 0 gpuq jobs --queued
+expect jobs_queued_says_none "no jobs" out
 check status 0 gpuq status 1
 check wait 0 gpuq wait 1
 check status_missing_is_1 1 gpuq status 99999

@@ -42,6 +42,10 @@ enum {
 	LONG_EPHEMERAL,
 	LONG_SHAREABLE,
 	LONG_READ_ONLY,
+	LONG_LAST,
+	LONG_RUNNING,
+	LONG_QUEUED,
+	LONG_FAILED,
 };
 
 /* Accepted before the command and after it. */
@@ -88,6 +92,10 @@ static const struct {
 	{ { "ephemeral", no_argument, NULL, LONG_EPHEMERAL }, OPT_EPHEMERAL },
 	{ { "shareable", no_argument, NULL, LONG_SHAREABLE }, OPT_SHAREABLE },
 	{ { "read-only", no_argument, NULL, LONG_READ_ONLY }, OPT_READ_ONLY },
+	{ { "last", required_argument, NULL, LONG_LAST }, OPT_LAST },
+	{ { "running", no_argument, NULL, LONG_RUNNING }, OPT_JOB_STATE },
+	{ { "queued", no_argument, NULL, LONG_QUEUED }, OPT_JOB_STATE },
+	{ { "failed", no_argument, NULL, LONG_FAILED }, OPT_JOB_STATE },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -266,6 +274,20 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 		return 0;
 	case LONG_READ_ONLY:
 		cli->read_only = true;
+		return 0;
+	case LONG_LAST:
+		if (cli_parse_uint(arg, &cli->last) < 0 || cli->last == 0)
+			return cli_usage(cli, "--last '%s' is not a positive number of jobs", arg);
+		cli->has_last = true;
+		return 0;
+	case LONG_RUNNING:
+		cli->job_states |= CLI_JOBS_RUNNING;
+		return 0;
+	case LONG_QUEUED:
+		cli->job_states |= CLI_JOBS_QUEUED;
+		return 0;
+	case LONG_FAILED:
+		cli->job_states |= CLI_JOBS_FAILED;
 		return 0;
 	}
 	return cli_usage(cli, "unknown option");

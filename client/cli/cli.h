@@ -63,6 +63,8 @@ enum cli_opt {
 	OPT_EPHEMERAL = 1u << 27,    /* --ephemeral: alloc's buffer or region create's goes with the connection */
 	OPT_SHAREABLE = 1u << 28,    /* --shareable: alloc a buffer clients may attach */
 	OPT_READ_ONLY = 1u << 29,    /* --read-only: attach with a read lease */
+	OPT_LAST = 1u << 30,         /* --last N: jobs lists only the N newest */
+	OPT_JOB_STATE = 1u << 31,    /* --running, --queued, --failed: jobs in that state */
 };
 
 struct cli;
@@ -112,6 +114,9 @@ struct cli {
 	uint64_t root;              /* --root */
 	const char *reduce;         /* --reduce */
 	bool shareable, read_only;  /* --shareable, --read-only */
+	bool has_last;
+	uint64_t last;              /* --last */
+	unsigned job_states;        /* --running, --queued, --failed: enum cli_job_state bits */
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */
@@ -264,6 +269,14 @@ void render_ping(FILE *f, const msgpack_object *reply);
 void render_devices(FILE *f, const msgpack_object *reply);
 void render_buffers(FILE *f, const msgpack_object *reply);
 void render_jobs(FILE *f, const msgpack_object *reply);
+/* jobs' selection: newest first, only the states in job_states (0: all), at most last (0: all). */
+enum cli_job_state { CLI_JOBS_QUEUED = 1, CLI_JOBS_RUNNING = 2, CLI_JOBS_FAILED = 4 };
+struct jobs_filter {
+	unsigned states;
+	uint64_t last;
+};
+void render_jobs_selected(FILE *f, const msgpack_object *reply, const struct jobs_filter *flt,
+			  bool json);
 /* One line saying what a finished job did ("put w0: 1.00 GiB in ..."). */
 void render_job_summary(FILE *f, const msgpack_object *record);
 /* Every field of a job record, one per line. */

@@ -97,7 +97,22 @@ int cmd_devices(struct cli *cli)
 
 int cmd_jobs(struct cli *cli)
 {
-	return simple_request(cli, "jobs", render_jobs);
+	struct jobs_filter flt = { .states = cli->job_states, .last = cli->has_last ? cli->last : 0 };
+	struct gpuq_reply *r;
+	struct mp_map req;
+	int rc = cli_begin(cli, &req, "jobs");
+
+	if (rc || (rc = cli_call(cli, &req, NULL, 0, &r)))
+		return rc;
+	if (!gpuq_reply_ok(r)) {
+		if (cli->json)
+			render_json(stdout, r->root);
+		rc = cli_report_refusal(r);
+	} else {
+		render_jobs_selected(cli->json ? stdout : cli->out, r->root, &flt, cli->json);
+	}
+	gpuq_reply_free(r);
+	return rc;
 }
 
 int cmd_buffers(struct cli *cli)

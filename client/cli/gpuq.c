@@ -118,9 +118,12 @@ const struct cli_cmd cli_commands[] = {
 	  "Prints BUF's 64-bit checksum, the same on every backend for the same\n"
 	  "bytes.\n",
 	  JOB_OPTS, 1, 1, { "BUF" }, cmd_checksum },
-	{ "jobs", "", "list your jobs (every user's for root)",
-	  "Lists jobs, oldest first; `gpuq status JOB` shows one in full.\n",
-	  0, 0, 0, { NULL }, cmd_jobs },
+	{ "jobs", "[--last N] [--running] [--queued] [--failed]", "list your jobs, newest first (every user's for root)",
+	  "Lists jobs, newest first; `gpuq status JOB` shows one in full. --last N\n"
+	  "keeps the N newest; --running, --queued and --failed keep the jobs in\n"
+	  "those states (several may be given). The daemon keeps the last\n"
+	  "--job-history finished jobs.\n",
+	  OPT_LAST | OPT_JOB_STATE, 0, 0, { NULL }, cmd_jobs },
 	{ "status", "JOB", "show a job", "Shows every field of job JOB.\n", 0, 1, 1,
 	  { "JOB" }, cmd_status },
 	{ "wait", "JOB [--timeout MS]", "wait for a job to finish",

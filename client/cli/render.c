@@ -5,6 +5,7 @@
  */
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -243,6 +244,58 @@ static void job_row(struct table *t, const msgpack_object *j)
 		table_cell(t, "%s", record_error_code(j, s, sizeof(s)));
 	else
 		table_cell(t, "%s", field_str(j, "waiting", s, sizeof(s), "-"));
+}
+
+static unsigned job_state_bit(const msgpack_object *job)
+{
+	char s[16];
+	const char *state = field_str(job, "state", s, sizeof(s), "");
+	if (strcmp(state, "queued") == 0)
+		return CLI_JOBS_QUEUED;
+	if (strcmp(state, "running") == 0)
+		return CLI_JOBS_RUNNING;
+	return strcmp(state, "failed") == 0 ? CLI_JOBS_FAILED : 0;
+}
+
+/*
+ * The daemon lists jobs oldest first; people look for the latest. The
+ * selection is a shallow copy of the reply whose `jobs` array points at the
+ * chosen entries, newest first, so that --json and the table show the same.
+ */
+void render_jobs_selected(FILE *f, const msgpack_object *reply, const struct jobs_filter *flt,
+			  bool json)
+{
+	const msgpack_object *jobs = field_array(reply, "jobs");
+	uint32_t n = jobs ? jobs->via.array.size : 0, kept = 0;
+	msgpack_object *chosen = calloc(n ? n : 1, sizeof *chosen);
+	msgpack_object_kv *kv = calloc(reply->via.map.size ? reply->via.map.size : 1, sizeof *kv);
+
+	if (!chosen || !kv) {
+		fprintf(stderr, "gpuq: out of memory listing %u jobs\n", n);
+		free(chosen);
+		free(kv);
+		return;
+	}
+	for (uint32_t i = n; i-- > 0 && (flt->last == 0 || kept < flt->last);) {
+		const msgpack_object *job = &jobs->via.array.ptr[i];
+		if (job->type == MSGPACK_OBJECT_MAP && (!flt->states || (job_state_bit(job) & flt->states)))
+			chosen[kept++] = *job;
+	}
+	msgpack_object view = *reply;
+	view.via.map.ptr = kv;
+	for (uint32_t i = 0; i < reply->via.map.size; i++) {
+		kv[i] = reply->via.map.ptr[i];
+		if (&reply->via.map.ptr[i].val == jobs) {
+			kv[i].val.via.array.ptr = chosen;
+			kv[i].val.via.array.size = kept;
+		}
+	}
+	if (json)
+		render_json(f, &view);
+	else
+		render_jobs(f, &view);
+	free(chosen);
+	free(kv);
 }
 
 void render_jobs(FILE *f, const msgpack_object *reply)
