@@ -36,7 +36,8 @@ stop_daemon() {
 for spin in 50 0; do
 	start_daemon --spin "$spin"
 	echo "-- dispatch ($backend backend, --spin $spin)" | tee -a "$table"
-	"$BUILD/gpuq" --socket "$sock" bench dispatch --clients 1,8 --requests 20000 | tee -a "$table"
+	"$BUILD/gpuq" --socket "$sock" bench dispatch --clients 1,8 --requests 20000 \
+		--save-json "$OUT/bench-dispatch-spin$spin.json" | tee -a "$table"
 	stop_daemon
 done
 # Host<->device copies (and device<->device, where the daemon has bench_d2d):
@@ -47,7 +48,7 @@ copy_sizes=256M,1G,4G
 [ "$backend" = cuda ] || copy_sizes=64M,256M
 start_daemon
 echo "-- copy ($backend backend)" | tee -a "$table"
-"$BUILD/gpuq" --socket "$sock" bench copy --sizes "$copy_sizes" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench copy --sizes "$copy_sizes" --save-json "$OUT/bench-copy.json" | tee -a "$table"
 stop_daemon
 # GPUQ_BENCH_COPY_SWEEP=1: the same at 1 GiB under other ring and thread
 # settings, for tuning the defaults (about 10 s each on the H200).
@@ -67,7 +68,7 @@ fi
 # are in the copy table above.
 start_daemon
 echo "-- attach ($backend backend)" | tee -a "$table"
-"$BUILD/gpuq" --socket "$sock" bench attach | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench attach --save-json "$OUT/bench-attach.json" | tee -a "$table"
 stop_daemon
 # Kernel chains: launch-bound eager vs graph, bandwidth-bound eager/graph/fused
 # beside cudaMemcpy D2D, and graph instantiate/update/hit (1 GiB on a GPU;
@@ -76,7 +77,7 @@ chain_bytes=1G
 [ "$backend" = cuda ] || chain_bytes=64M
 start_daemon
 echo "-- chain ($backend backend)" | tee -a "$table"
-"$BUILD/gpuq" --socket "$sock" bench chain --bytes "$chain_bytes" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench chain --bytes "$chain_bytes" --save-json "$OUT/bench-chain.json" | tee -a "$table"
 "$BUILD/gpuq" --socket "$sock" stats | tee -a "$table"
 stop_daemon
 # A compiled chain's kernel as daemons get it: the first compiles it (NVRTC),
@@ -102,7 +103,7 @@ allreduce_bytes=8:1G
 start_daemon
 echo "-- allreduce ($backend backend, all devices)" | tee -a "$table"
 "$BUILD/gpuq" --socket "$sock" bench allreduce --bytes "$allreduce_bytes" --factor 4 \
-	--devices all | tee -a "$table"
+	--devices all --save-json "$OUT/bench-allreduce.json" | tee -a "$table"
 stop_daemon
 # The Python client (client/python/bench.py): ping/noop round trips beside
 # the C client's, put_array/get_array beside bench_copy's memfd rows, in the
@@ -134,7 +135,7 @@ start_daemon
 for op in all-gather reduce-scatter broadcast reduce all-to-all sendrecv; do
 	echo "-- $op ($backend backend, all devices)" | tee -a "$table"
 	"$BUILD/gpuq" --socket "$sock" bench collective --op "$op" --bytes "$coll_bytes" \
-		--factor 8 --devices all | tee -a "$table"
+		--factor 8 --devices all --save-json "$OUT/bench-$op.json" | tee -a "$table"
 done
 stop_daemon
 # The scheduler: a put, a get and a chain (4 GiB each on a GPU) alone and at
@@ -147,6 +148,16 @@ other_group=$(getent group 65534 | cut -d: -f1)
 chmod 0711 "$dir"
 start_daemon --config /dev/null ${other_group:+--socket-group "$other_group"}
 echo "-- sched ($backend backend)" | tee -a "$table"
-"$BUILD/gpuq" --socket "$sock" bench sched | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench sched --save-json "$OUT/bench-sched.json" | tee -a "$table"
 stop_daemon
 rm -rf "$dir"
+# Each benchmark's result drawn beside its log (python -m gpuq plot; matplotlib).
+if [ -n "$py" ] && "$py" -c 'import matplotlib' > /dev/null 2>&1; then
+	for json in "$OUT"/bench-*.json; do
+		[ -s "$json" ] && PYTHONPATH=client/python "$py" -m gpuq plot "$json" -o "${json%.json}.png" \
+			> /dev/null
+	done
+	echo "-- plots: $(ls "$OUT"/bench-*.png 2> /dev/null | wc -l) PNGs beside the logs" | tee -a "$table"
+else
+	echo "-- plots: skipped (no python3 with matplotlib)" | tee -a "$table"
+fi

@@ -10,6 +10,7 @@ export XDG_CACHE_HOME="$dir/cache"
 sock="$dir/gpuqd.sock"
 passed=0
 failed=0
+skipped=0
 gpuq() { "$BUILD/gpuq" --socket "$sock" "$@"; }
 
 # check NAME WANT_EXIT COMMAND...: runs COMMAND, compares its exit status.
@@ -186,6 +187,37 @@ check bench_sched_buffers 0 gpuq buffers
 cp "$dir/out" "$dir/buffers.out"
 check bench_sched_freed_its_buffers 1 grep -q "bsched" "$dir/buffers.out"
 check bench_sched_bad_bytes_is_2 2 gpuq bench sched --bytes 1M:4M
+# Every bench prints --json, and `python -m gpuq plot` draws each into a PNG.
+gpuq --json bench sched --bytes 4M --requests 5 > "$dir/sched.json" 2> /dev/null
+# --save-json: the table as usual, and the same run's JSON in the file
+check bench_dispatch_save_json 0 gpuq bench dispatch --clients 1 --requests 100 --save-json "$dir/dispatch.json"
+expect bench_dispatch_save_json_prints_the_table "P50 / ECHO" out
+check bench_dispatch_save_json_wrote_it 0 grep -q '"bench":"dispatch"' "$dir/dispatch.json"
+check bench_save_json_unwritable_is_2 2 gpuq bench dispatch --save-json "$dir/no/such/dir.json"
+check bench_copy_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench copy --sizes 1M,2M --requests 1 > \"$dir/copy.json\""
+check bench_attach_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench attach --bytes 4M --requests 2 > \"$dir/attach.json\""
+check bench_chain_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench chain --bytes 1M > \"$dir/chain.json\""
+check bench_allreduce_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench allreduce --bytes 8:4K --factor 8 --devices all > \"$dir/allreduce.json\""
+check bench_collective_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench collective --op broadcast --bytes 8:4K --factor 8 --devices all > \"$dir/collective.json\""
+py=/usr/bin/python3
+if PYTHONPATH=client/python "$py" -c 'import matplotlib, msgpack' > /dev/null 2>&1; then
+	for kind in dispatch copy attach chain allreduce collective sched; do
+		check "plot_$kind" 0 env PYTHONPATH=client/python "$py" -m gpuq plot "$dir/$kind.json" \
+			-o "$dir/$kind.png"
+		# a PNG file (its signature), not an empty one
+		check "plot_${kind}_is_a_png" 0 sh -c "head -c 4 \"$dir/$kind.png\" | grep -q PNG && test -s \"$dir/$kind.png\""
+	done
+	check plot_not_a_bench_is_2 2 env PYTHONPATH=client/python "$py" -m gpuq plot "$dir/gpuqd.log" -o "$dir/x.png"
+else
+	skipped=$((skipped + 15))
+	echo "skipped 15 cli/plot_*: no $py with matplotlib and msgpack (make deps installs python3-matplotlib)"
+fi
+# The Grafana dashboard shipped in etc/: valid JSON, and every metric and
+# label its queries use is one this gpuqd exports (after the jobs above).
+check metrics_for_dashboard 0 gpuq metrics
+cp "$dir/out" "$dir/metrics.txt"
+check grafana_dashboard_matches_metrics 0 /usr/bin/python3 tests/dashboard_check.py \
+	etc/grafana-gpuq.json "$dir/metrics.txt"
 # reset-device: the device comes back, its buffers are lost; a bad index is refused
 check reset_alloc 0 gpuq alloc r --bytes 4K --device 1
 check reset_device 0 gpuq reset-device 1
@@ -200,5 +232,5 @@ kill -TERM "$daemon"
 wait "$daemon"
 check daemon_exit_0 0 test $? -eq 0
 rm -rf "$dir"
-echo "RESULT cli: $passed passed, $failed failed, 0 skipped"
+echo "RESULT cli: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -407,17 +407,19 @@ static void print_results(const struct cli *cli, const struct bench_cfg *cfg,
 	struct table t;
 	int i;
 
-	if (cli->json) {
-		printf("{\"bench\":\"dispatch\",\"requests_per_client\":%" PRIu64
-		       ",\"warmup\":%d,\"results\":[", cfg->requests, WARMUP);
+	if (cli->json_out) {
+		FILE *j = cli->json_out;
+		fprintf(j, "{\"bench\":\"dispatch\",\"requests_per_client\":%" PRIu64
+			",\"warmup\":%d,\"results\":[", cfg->requests, WARMUP);
 		for (i = 0; i < nres; i++)
-			printf("%s{\"kind\":\"%s\",\"clients\":%u,\"p50_us\":%.3f,\"p99_us\":%.3f,"
-			       "\"requests_per_s\":%.1f,\"p50_ratio_to_echo\":%.3f}",
-			       i ? "," : "", kind_names[res[i].kind], res[i].clients,
-			       res[i].p50_us, res[i].p99_us, res[i].rps, res[i].ratio);
-		printf("]}\n");
-		return;
+			fprintf(j, "%s{\"kind\":\"%s\",\"clients\":%u,\"p50_us\":%.3f,\"p99_us\":%.3f,"
+				"\"requests_per_s\":%.1f,\"p50_ratio_to_echo\":%.3f}",
+				i ? "," : "", kind_names[res[i].kind], res[i].clients,
+				res[i].p50_us, res[i].p99_us, res[i].rps, res[i].ratio);
+		fprintf(j, "]}\n");
 	}
+	if (cli->json)
+		return;
 	printf("bench dispatch: %" PRIu64 " round trips per client, after %d unmeasured\n",
 	       cfg->requests, WARMUP);
 	table_init(&t, cols, (int)(sizeof(cols) / sizeof(cols[0])));
@@ -513,13 +515,33 @@ static const struct bench_entry bench_kinds[] = {
 	{ "attach", bench_attach },
 };
 
+/*
+ * --save-json FILE: the table as usual, and the --json result in FILE (what
+ * `python -m gpuq plot` draws), from the same run.
+ */
+static int run_kind(struct cli *cli, int (*run)(struct cli *cli))
+{
+	cli->json_out = cli->json ? stdout : NULL;
+	if (cli->save_json && !(cli->json_out = fopen(cli->save_json, "w"))) {
+		fprintf(stderr, "gpuq bench: --save-json %s: %s\n", cli->save_json, strerror(errno));
+		return CLI_USAGE;
+	}
+	int rc = run(cli);
+	if (cli->save_json && (ferror(cli->json_out) | fclose(cli->json_out))) {
+		fprintf(stderr, "gpuq bench: writing %s failed: %s\n", cli->save_json, strerror(errno));
+		rc = rc ? rc : CLI_REFUSED;
+	}
+	cli->json_out = NULL;
+	return rc;
+}
+
 int cmd_bench(struct cli *cli)
 {
 	char names[128] = "";
 	size_t n = sizeof bench_kinds / sizeof bench_kinds[0];
 	for (size_t i = 0; i < n; i++) {
 		if (strcmp(cli->args[0], bench_kinds[i].name) == 0)
-			return bench_kinds[i].run(cli);
+			return run_kind(cli, bench_kinds[i].run);
 		snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
 			 i ? ", " : "", bench_kinds[i].name);
 	}

@@ -246,6 +246,20 @@ static void print_results(struct cli *cli, const struct attach_results *res, int
 		ATTACH_TARGET_S * 1e3, res->warm_s <= ATTACH_TARGET_S && res->same ? "met" : "MISSED");
 }
 
+/* The same figures as print_results, for --json (and `python -m gpuq plot`). */
+static void print_json(const struct cli *cli, const struct attach_results *res, int rounds)
+{
+	double gb = (double)cli->bytes / 1e9;
+	fprintf(cli->json_out, "{\"bench\":\"attach\",\"bytes\":%" PRIu64 ",\"rounds\":%d,\"cold_ms\":%.3f,"
+	       "\"warm_ms\":%.3f,\"import_ms\":%.3f,\"get_ms\":%.3f,\"get_gbps\":%.3f,"
+	       "\"copy_ms\":%.3f,\"copy_gbps\":%.3f,\"bytes_match\":%s,\"target_ms\":%.0f,"
+	       "\"met\":%s}\n",
+	       cli->bytes, rounds, res->cold_s * 1e3, res->warm_s * 1e3, res->import_s * 1e3,
+	       res->get_s * 1e3, res->get_s > 0 ? gb / res->get_s : 0, res->copy_s * 1e3,
+	       res->copy_s > 0 ? gb / res->copy_s : 0, res->same ? "true" : "false",
+	       ATTACH_TARGET_S * 1e3, res->warm_s <= ATTACH_TARGET_S && res->same ? "true" : "false");
+}
+
 static int measure(struct cli *cli, const char *name, int rounds, struct attach_results *res)
 {
 	double cold[ATTACH_MAX_ROUNDS], warm[ATTACH_MAX_ROUNDS], import[ATTACH_MAX_ROUNDS];
@@ -307,6 +321,8 @@ int bench_attach(struct cli *cli)
 	if (rc == CLI_OK)
 		rc = measure(cli, name, rounds, &res);
 	int freed = job_ok(cli, job(cli, "free", name, -1, NULL), NULL);
+	if (rc == CLI_OK && cli->json_out)
+		print_json(cli, &res, rounds);
 	if (rc == CLI_OK && !cli->json)
 		print_results(cli, &res, rounds);
 	return rc ? rc : freed;

@@ -267,8 +267,8 @@ int bench_chain(struct cli *cli)
 
 	if (rc || (rc = run_bench(cli, &r)))
 		return rc;
-	if (cli->json)
-		render_json(stdout, r->root);
+	if (cli->json_out)
+		render_json(cli->json_out, r->root);
 	if (!gpuq_reply_ok(r)) {
 		rc = cli_report_refusal(r);
 	} else if (!cli->json) {

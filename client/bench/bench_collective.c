@@ -467,7 +467,9 @@ static double busbw(const struct bench_coll *b, const struct bench_row *w, doubl
 
 static void print_json(const struct bench_coll *b, const struct bench_row *rows, int nrows)
 {
-	printf("{\"bench\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"dtype\":\"%s\","
+	FILE *j = b->cli->json_out;
+
+	fprintf(j, "{\"bench\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"dtype\":\"%s\","
 	       "\"op\":\"%s\",\"root\":%d,\"bus_factor\":%.6f,\"repeats\":%d,\"window\":%d,"
 	       "\"results\":[",
 	       coll_prim_name(b->prim), b->backend, b->n, gpuq_dtype_name(b->dtype),
@@ -476,7 +478,7 @@ static void print_json(const struct bench_coll *b, const struct bench_row *rows,
 	for (int i = 0; i < nrows; i++) {
 		const struct bench_row *w = &rows[i];
 
-		printf("%s{\"bytes\":%" PRIu64 ",\"count\":%" PRIu64 ",\"iters\":%u,"
+		fprintf(j, "%s{\"bytes\":%" PRIu64 ",\"count\":%" PRIu64 ",\"iters\":%u,"
 		       "\"raw_us\":%.3f,\"raw_algbw_gbps\":%.3f,\"raw_busbw_gbps\":%.3f,"
 		       "\"gpuqd_us\":%.3f,\"gpuqd_algbw_gbps\":%.3f,\"gpuqd_busbw_gbps\":%.3f,"
 		       "\"rtt_us\":%.3f,\"wrong_raw\":%" PRIu64 ",\"wrong_gpuqd\":%" PRIu64
@@ -486,7 +488,7 @@ static void print_json(const struct bench_coll *b, const struct bench_row *rows,
 		       busbw(b, w, w->gpuqd_us), w->rtt_us, w->wrong_raw, w->wrong_gpuqd,
 		       w->gpuqd_us > 0 ? w->raw_us / w->gpuqd_us : 0, w->gpuqd_us - w->raw_us);
 	}
-	printf("]}\n");
+	fprintf(j, "]}\n");
 }
 
 static void print_header(const struct bench_coll *b)
@@ -677,9 +679,9 @@ static int run_bench(struct bench_coll *b, const char *reduce)
 	free_buffers(b);
 	if (rc)
 		return rc;
-	if (b->cli->json)
+	if (b->cli->json_out)
 		print_json(b, rows, nsizes);
-	else
+	if (!b->cli->json)
 		print_table(b, rows, nsizes);
 	for (int i = 0; i < nsizes; i++)
 		if (rows[i].wrong_raw || rows[i].wrong_gpuqd)

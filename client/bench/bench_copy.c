@@ -202,18 +202,19 @@ int bench_copy(struct cli *cli)
 		return rc;
 	}
 	rc = call_d2d(cli, sizes, nsizes, &d2d);
-	if (cli->json) {
-		printf("{\"bench\":\"copy\",\"bench_copy\":");
-		msg_print_json(stdout, copy->root);
-		printf(",\"bench_d2d\":");
+	if (cli->json_out) {
+		FILE *j = cli->json_out;
+		fprintf(j, "{\"bench\":\"copy\",\"bench_copy\":");
+		msg_print_json(j, copy->root);
+		fprintf(j, ",\"bench_d2d\":");
 		if (d2d)
-			msg_print_json(stdout, d2d->root);
+			msg_print_json(j, d2d->root);
 		else
-			printf("null");
-		printf("}\n");
-	} else {
-		print_table(result_of(copy), d2d ? result_of(d2d) : NULL);
+			fprintf(j, "null");
+		fprintf(j, "}\n");
 	}
+	if (!cli->json)
+		print_table(result_of(copy), d2d ? result_of(d2d) : NULL);
 	gpuq_reply_free(copy);
 	gpuq_reply_free(d2d);
 	return rc;

@@ -561,7 +561,7 @@ static void report_json(const struct bench_sched *b, const struct bench_sched_pa
 	mp_map_finish(&root, &sb);
 	msgpack_unpacked_init(&u);
 	if (msgpack_unpack_next(&u, sb.data, sb.size, &off) == MSGPACK_UNPACK_SUCCESS)
-		render_json(stdout, &u.data);
+		render_json(b->cli->json_out, &u.data);
 	msgpack_unpacked_destroy(&u);
 	msgpack_sbuffer_destroy(&sb);
 }
@@ -626,9 +626,9 @@ int bench_sched(struct cli *cli)
 			    "beside what the device does alone, measured in this run\n",
 			b.backend, b.device, name, human_bytes(mem, sizeof mem, b.mem_total, 1));
 	rc = run_parts(&b, parts, nparts);
-	if (cli->json)
+	if (cli->json_out)
 		report_json(&b, parts, nparts);
-	else
+	if (!cli->json)
 		report_table(&b, parts, nparts);
 	return rc;
 }

@@ -46,6 +46,7 @@ enum {
 	LONG_RUNNING,
 	LONG_QUEUED,
 	LONG_FAILED,
+	LONG_SAVE_JSON,
 };
 
 /* Accepted before the command and after it. */
@@ -92,10 +93,11 @@ static const struct {
 	{ { "ephemeral", no_argument, NULL, LONG_EPHEMERAL }, OPT_EPHEMERAL },
 	{ { "shareable", no_argument, NULL, LONG_SHAREABLE }, OPT_SHAREABLE },
 	{ { "read-only", no_argument, NULL, LONG_READ_ONLY }, OPT_READ_ONLY },
-	{ { "last", required_argument, NULL, LONG_LAST }, OPT_LAST },
-	{ { "running", no_argument, NULL, LONG_RUNNING }, OPT_JOB_STATE },
-	{ { "queued", no_argument, NULL, LONG_QUEUED }, OPT_JOB_STATE },
-	{ { "failed", no_argument, NULL, LONG_FAILED }, OPT_JOB_STATE },
+	{ { "last", required_argument, NULL, LONG_LAST }, OPT_JOBS_SELECT },
+	{ { "running", no_argument, NULL, LONG_RUNNING }, OPT_JOBS_SELECT },
+	{ { "queued", no_argument, NULL, LONG_QUEUED }, OPT_JOBS_SELECT },
+	{ { "failed", no_argument, NULL, LONG_FAILED }, OPT_JOBS_SELECT },
+	{ { "save-json", required_argument, NULL, LONG_SAVE_JSON }, OPT_SAVE_JSON },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -288,6 +290,9 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 		return 0;
 	case LONG_FAILED:
 		cli->job_states |= CLI_JOBS_FAILED;
+		return 0;
+	case LONG_SAVE_JSON:
+		cli->save_json = arg;
 		return 0;
 	}
 	return cli_usage(cli, "unknown option");

@@ -63,8 +63,8 @@ enum cli_opt {
 	OPT_EPHEMERAL = 1u << 27,    /* --ephemeral: alloc's buffer or region create's goes with the connection */
 	OPT_SHAREABLE = 1u << 28,    /* --shareable: alloc a buffer clients may attach */
 	OPT_READ_ONLY = 1u << 29,    /* --read-only: attach with a read lease */
-	OPT_LAST = 1u << 30,         /* --last N: jobs lists only the N newest */
-	OPT_JOB_STATE = 1u << 31,    /* --running, --queued, --failed: jobs in that state */
+	OPT_JOBS_SELECT = 1u << 30,  /* --last N, --running, --queued, --failed: which jobs to list */
+	OPT_SAVE_JSON = 1u << 31,    /* --save-json FILE: a bench also writes its --json result to FILE */
 };
 
 struct cli;
@@ -117,6 +117,10 @@ struct cli {
 	bool has_last;
 	uint64_t last;              /* --last */
 	unsigned job_states;        /* --running, --queued, --failed: enum cli_job_state bits */
+	const char *save_json;      /* bench --save-json FILE */
+	/* Where a bench writes its JSON result: stdout with --json, the
+	 * --save-json file (beside the table), or NULL for neither. */
+	FILE *json_out;
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */
@@ -257,7 +261,8 @@ int cmd_reset_device(struct cli *cli);
 /* Options every bench kind may take (gpuq bench KIND --help says which it uses). */
 #define BENCH_OPTS                                                             \
 	(OPT_CLIENTS | OPT_REQUESTS | OPT_DEVICE | OPT_SIZES | OPT_BYTES |       \
-	 OPT_REPEAT | OPT_DEVICES | OPT_REDOP | OPT_FACTOR | OPT_DTYPE | OPT_ROOT | OPT_REDUCE)
+	 OPT_REPEAT | OPT_DEVICES | OPT_REDOP | OPT_FACTOR | OPT_DTYPE | OPT_ROOT | OPT_REDUCE | \
+	 OPT_SAVE_JSON)
 
 /* render.c */
 void render_json(FILE *f, const msgpack_object *obj);

@@ -123,7 +123,7 @@ const struct cli_cmd cli_commands[] = {
 	  "keeps the N newest; --running, --queued and --failed keep the jobs in\n"
 	  "those states (several may be given). The daemon keeps the last\n"
 	  "--job-history finished jobs.\n",
-	  OPT_LAST | OPT_JOB_STATE, 0, 0, { NULL }, cmd_jobs },
+	  OPT_JOBS_SELECT, 0, 0, { NULL }, cmd_jobs },
 	{ "status", "JOB", "show a job", "Shows every field of job JOB.\n", 0, 1, 1,
 	  { "JOB" }, cmd_status },
 	{ "wait", "JOB [--timeout MS]", "wait for a job to finish",
@@ -194,7 +194,11 @@ const struct cli_cmd cli_commands[] = {
 	  "bytes; R times (default 5) a new process attaches it and reads its first\n"
 	  "bytes (checked against gpuqd's), cold (the CUDA driver starting in that\n"
 	  "process) and warm; beside gpuq get of it to scratch: and a copy of it\n"
-	  "into pinned memory (cudaMemcpy). Target: attach <= 50 ms for any size.\n",
+	  "into pinned memory (cudaMemcpy). Target: attach <= 50 ms for any size.\n"
+	  "\n"
+	  "Every bench prints its result as JSON with --json, or writes it to FILE\n"
+	  "with --save-json FILE while printing its table as usual; `python -m gpuq\n"
+	  "plot FILE -o PICTURE.png` draws it (client/python; needs matplotlib).\n",
 	  BENCH_OPTS, 1, 1, { "KIND" }, cmd_bench },
 	{ "copy", "SRC DST [--engine ce|sm] [--verify] [--path auto|peer|host-staged]",
 	  "copy bytes between buffers, on one GPU or between GPUs",

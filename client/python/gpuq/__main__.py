@@ -94,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--verify", action="store_true")
     _job_options(s)
+    s = sub.add_parser("plot", help="draw a `gpuq --json bench` result into a PNG (matplotlib)")
+    s.add_argument("result", help="the JSON that `gpuq --json bench KIND` printed")
+    s.add_argument("-o", "--output", required=True, help="the picture to write (.png, .svg, .pdf)")
     s = sub.add_parser("noop", help="an empty job through a worker")
     s.add_argument("--device", type=int)
     _job_options(s)
@@ -149,11 +152,29 @@ def _render(out: Any, as_json: bool) -> str:
     return str(out)
 
 
+def _plot(src: str, dst: str) -> int:
+    """No daemon involved: a result file in, a picture out."""
+    try:
+        from .plot import plot_file
+        kind = plot_file(src, dst)
+    except ImportError as exc:
+        print(f"python -m gpuq plot: needs matplotlib ({exc}); on Debian: "
+              "apt-get install python3-matplotlib", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"python -m gpuq plot: {src}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{dst}: {kind} benchmark")
+    return EXIT_OK
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "fill" and args.pattern in ("value", "random") and args.arg is None:
         parser.error(f"fill {args.pattern} needs {'a value' if args.pattern == 'value' else 'a seed'}")
+    if args.command == "plot":
+        return _plot(args.result, args.output)
     try:
         with Client(args.socket) as client:
             out = _run(client, args)
