@@ -3,7 +3,7 @@
  * jobs against the same NCCL calls in a raw loop on a communicator of the
  * same devices, measured in one run and printed as nccl-tests does (time,
  * algbw = size / time, busbw = algbw x the primitive's bus factor, and the
- * size as nccl-tests counts it: workers/collective/collective_layout.h).
+ * size as nccl-tests counts it: protocol/collective_layout.h).
  *
  * Setup: an input and an output buffer of the largest size on every device,
  * the inputs filled with `fill random` (seed SEED + rank), so that the
@@ -23,7 +23,7 @@
  * sendrecv runs as nccl-tests' does: a ring, rank r sending to rank r+1 (to
  * itself with one rank), all of it one group. Checking reads every rank's
  * output back (get into a memfd) and compares each element it writes with
- * the reference (workers/collective/collective_math.h).
+ * the reference (protocol/collective_math.h).
  *
  * One thread and one connection; the pipelined round sends WINDOW requests
  * before reading the first reply, and libgpuq keeps replies by id.
@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "client/cli/cli.h"
-#include "workers/collective/collective_layout.h"
+#include "protocol/collective_layout.h"
 
 #define MAX_RANKS 64
 #define MAX_SIZES 64

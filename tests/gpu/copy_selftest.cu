@@ -20,7 +20,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "kernels/kernels.h"
 
 #define CUDA_OK(call)                                                                  \

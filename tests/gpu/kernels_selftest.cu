@@ -1,6 +1,6 @@
 /*
  * A standalone GPU self-test of the kernels in kernels/: every launcher's
- * output, computed on the device, against the definitions in kernels/hash.h
+ * output, computed on the device, against the definitions in protocol/hash.h
  * computed here on the host, over awkward sizes and destination offsets. The
  * device memory is poisoned with 0xAB first, and the bytes around each output
  * must keep it (nothing written before or after).
@@ -30,7 +30,7 @@
 
 #include <cmath>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "kernels/kernels.h"
 
 extern "C" {
@@ -115,7 +115,7 @@ static uint64_t f64_bits(double d)
 	return u;
 }
 
-/* The references, straight from the definitions in kernels/hash.h. */
+/* The references, straight from the definitions in protocol/hash.h. */
 
 static std::vector<uint8_t> ref_random(kernels_dtype t, uint64_t seed, size_t bytes)
 {

@@ -7,7 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 
 const struct tdtype tdtype_f32 = { "f32", GPUQ_DTYPE_F32, 4, 23, -149 };
 const struct tdtype tdtype_f64 = { "f64", GPUQ_DTYPE_F64, 8, 52, -1074 };
