@@ -32,6 +32,7 @@
 
 #include "protocol/hash.h"
 #include "kernels/kernels.h"
+#include "tests/gpu/cuda_ok.h"
 
 extern "C" {
 #include "workers/chain/chain_codegen.h"
@@ -41,17 +42,6 @@ extern "C" {
 #include "workers/chain/chain_nvrtc.h"
 #include "workers/chain/chain_prog.h"
 }
-
-#define CUDA_OK(call)                                                                  \
-	do {                                                                           \
-		cudaError_t e_ = (call);                                               \
-		if (e_ != cudaSuccess) {                                               \
-			fprintf(stderr, "%s failed: %s (%s) at %s:%d\n", #call,        \
-				cudaGetErrorString(e_), cudaGetErrorName(e_), __FILE__, \
-				__LINE__);                                             \
-			exit(2);                                                       \
-		}                                                                      \
-	} while (0)
 
 static const size_t kSizes[] = { 0, 1, 7, 8, 15, 16, 17, 4096 + 1, (64u << 20) + 3 };
 static const size_t kMaxSize = (64u << 20) + 3;
