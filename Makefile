@@ -127,7 +127,8 @@ $(BUILD)/tests/copy_selftest: $(BUILD)/obj/tests/gpu/copy_selftest.o $(call obj,
 # The host half of a get alone (store functions, populating, chunking,
 # threads), for the GPU machine: build/tests/host_write_bench (see its header).
 all: $(BUILD)/tests/host_write_bench
-$(BUILD)/tests/host_write_bench: $(call obj,tests/bench/host_write_bench.c workers/transfer/copy_store.c workers/transfer/copy_guard.c)
+$(BUILD)/tests/host_write_bench: $(call obj,tests/bench/host_write_bench.c workers/transfer/copy_store.c \
+		workers/transfer/copy_guard.c client/bench/bench_time.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(CUDA_LIBS) -lstdc++ -lm -pthread
 

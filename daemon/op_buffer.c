@@ -14,7 +14,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
-#include "kernels/hash.h"
+#include "protocol/dtype.h"
 
 static void render_noop(const struct job *job, struct mp_map *out)
 {

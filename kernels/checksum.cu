@@ -1,6 +1,6 @@
 /*
  * The checksum kernel: the sum, modulo 2^64, of gpuq_checksum_term(w_i, i)
- * over the 8-byte little-endian words w_i of a buffer (kernels/hash.h).
+ * over the 8-byte little-endian words w_i of a buffer (protocol/hash.h).
  *
  * Terms can be added in any order, so each thread sums its words in a
  * grid-stride loop, a warp folds its 32 partial sums with shuffles, and one
@@ -14,7 +14,7 @@
 #include "kernels/kernels.h"
 
 #include "kernels/grid.cuh"
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 
 static const unsigned kThreads = 256;
 static const unsigned kBlocksPerSm = 8;

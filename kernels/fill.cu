@@ -1,6 +1,6 @@
 /*
  * Fill kernels: a repeated pattern, iota and the seeded random stream of
- * kernels/hash.h.
+ * protocol/hash.h.
  *
  * All of them are bound by memory bandwidth, so each thread writes 16 bytes
  * with one aligned store and the grid (a few blocks per SM) strides over the
@@ -19,7 +19,7 @@
 #include "kernels/kernels.h"
 
 #include "kernels/grid.cuh"
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 
 static const unsigned kThreads = 256;
 /* Blocks per SM: enough resident warps to keep many stores in flight. */

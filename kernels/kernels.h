@@ -40,7 +40,7 @@ cudaError_t kernels_fill_iota(void *dst, size_t count, enum kernels_dtype dtype,
 			      cudaStream_t stream);
 
 /*
- * Fills dst as kernels/hash.h defines: for BYTES/U8/I32/I64, byte j is byte
+ * Fills dst as protocol/hash.h defines: for BYTES/U8/I32/I64, byte j is byte
  * (j % 8) of gpuq_random_word(seed, j / 8); for floats, element i is
  * gpuq_uniform_*(gpuq_random_word(seed, i)).
  */
@@ -48,7 +48,7 @@ cudaError_t kernels_fill_random(void *dst, size_t bytes, enum kernels_dtype dtyp
 				uint64_t seed, cudaStream_t stream);
 
 /*
- * Adds the checksum terms of src[0..bytes) (see kernels/hash.h) into *d_sum,
+ * Adds the checksum terms of src[0..bytes) (see protocol/hash.h) into *d_sum,
  * a device word the launcher zeroes first on the same stream. The caller
  * copies it back and applies gpuq_checksum_finish(sum, bytes).
  * src may have any alignment.

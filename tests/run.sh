@@ -2,9 +2,10 @@
 # Runs every test tier against the binaries in BUILD (default build/) and
 # ends with one line: "N passed, N failed, N skipped".
 #
-# Tiers: unit (C), integration against the host backend, the same suite
-# against the CUDA backend (each test says "skipped: no cuda device: ..."
-# on a machine without a GPU), the CLI tests, the service tests, and the
+# Tiers: the layering of the includes (tests/layers.sh), unit (C),
+# integration against the host backend, the same suite against the CUDA
+# backend (each test says "skipped: no cuda device: ..." on a machine
+# without a GPU), the CLI tests, the service tests, and the
 # Python client's suite on each backend.
 # GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
 set -u
@@ -18,6 +19,7 @@ tier() {
 	"$@" 2>&1 | tee -a "$LOG"
 }
 
+tier sh tests/layers.sh          # which folders each layer may include
 tier "$BUILD/tests/unit"
 GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
 GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"

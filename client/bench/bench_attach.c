@@ -21,9 +21,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "client/bench/bench_time.h"
 #include "client/cli/cli.h"
 
 #define ATTACH_MAX_ROUNDS 50
@@ -40,35 +40,16 @@ struct attach_sample {
 	double copy_s;    /* the whole buffer into pinned memory (the last round), else 0 */
 };
 
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof v[0], cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* Attaches buf read-only and reads its first 8 bytes: the time of both; a stays attached (*attached). */
 static int attach_first(struct gpuq_client *c, const char *buf, struct gpuq_attachment *a,
 			bool *attached, struct attach_sample *s, double *seconds, struct gpuq_error *err)
 {
-	double start = now_s();
+	double start = bench_now();
 	*attached = gpuq_buffer_attach(c, buf, false, a, err) == 0;
 	if (!*attached)
 		return -1;
 	int rc = gpuq_attachment_read(a, 0, &s->first, sizeof s->first, false, NULL, err);
-	*seconds = now_s() - start;
+	*seconds = bench_now() - start;
 	s->import_s = a->import_s;
 	return rc;
 }
@@ -110,10 +91,10 @@ static void child_round(const struct cli *cli, const char *buf, bool copy_all, i
 	struct gpuq_attachment held, a;
 	bool holding = false, attached = false;
 	memset(&s, 0, sizeof s);
-	double start = now_s(), t;
+	double start = bench_now(), t;
 	int rc = gpuq_connect(cli->socket, &c, &err);
 	if (rc == 0 && (rc = attach_first(c, buf, &held, &holding, &s, &t, &err)) == 0)
-		s.cold_s = now_s() - start;
+		s.cold_s = bench_now() - start;
 	if (rc == 0) {
 		rc = attach_first(c, buf, &a, &attached, &s, &s.warm_s, &err);
 		if (rc == 0 && copy_all)
@@ -281,9 +262,9 @@ static int measure(struct cli *cli, const char *name, int rounds, struct attach_
 	}
 	if (rc != CLI_OK)
 		return rc;
-	res->cold_s = median(cold, rounds);
-	res->warm_s = median(warm, rounds);
-	res->import_s = median(import, rounds);
+	res->cold_s = bench_median(cold, (unsigned)rounds);
+	res->warm_s = bench_median(warm, (unsigned)rounds);
+	res->import_s = bench_median(import, (unsigned)rounds);
 	return job_ok(cli, job(cli, "get", name, -1, scratch_fields), &res->get_s);
 }
 

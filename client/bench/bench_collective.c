@@ -3,7 +3,7 @@
  * jobs against the same NCCL calls in a raw loop on a communicator of the
  * same devices, measured in one run and printed as nccl-tests does (time,
  * algbw = size / time, busbw = algbw x the primitive's bus factor, and the
- * size as nccl-tests counts it: workers/collective/collective_layout.h).
+ * size as nccl-tests counts it: protocol/collective_layout.h).
  *
  * Setup: an input and an output buffer of the largest size on every device,
  * the inputs filled with `fill random` (seed SEED + rank), so that the
@@ -23,7 +23,7 @@
  * sendrecv runs as nccl-tests' does: a ring, rank r sending to rank r+1 (to
  * itself with one rank), all of it one group. Checking reads every rank's
  * output back (get into a memfd) and compares each element it writes with
- * the reference (workers/collective/collective_math.h).
+ * the reference (protocol/collective_math.h).
  *
  * One thread and one connection; the pipelined round sends WINDOW requests
  * before reading the first reply, and libgpuq keeps replies by id.
@@ -32,11 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "client/bench/bench_time.h"
 #include "client/cli/cli.h"
-#include "workers/collective/collective_layout.h"
+#include "protocol/collective_layout.h"
 
 #define MAX_RANKS 64
 #define MAX_SIZES 64
@@ -76,14 +76,6 @@ struct bench_row {
 	double raw_us, gpuqd_us, rtt_us;
 	uint64_t wrong_raw, wrong_gpuqd;
 };
-
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 /* Sends req and returns the reply if ok; NULL (after printing why) otherwise. */
 static struct gpuq_reply *call_ok(struct bench_coll *b, struct mp_map *req, const int *fds,
@@ -383,13 +375,6 @@ static int one_job(struct bench_coll *b)
 	return rc ? rc : recv_job(b, id);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 /* Round trips one at a time: the median. */
 static int run_rtt(struct bench_coll *b, struct bench_row *row)
 {
@@ -399,15 +384,13 @@ static int run_rtt(struct bench_coll *b, struct bench_row *row)
 	for (int i = 0; i < WARMUP && rc == 0; i++)
 		rc = one_job(b);
 	for (int i = 0; i < RTT_JOBS && rc == 0; i++) {
-		double t0 = now_s();
+		double t0 = bench_now();
 
 		rc = one_job(b);
-		t[i] = (now_s() - t0) * 1e6;
+		t[i] = (bench_now() - t0) * 1e6;
 	}
-	if (rc == 0) {
-		qsort(t, RTT_JOBS, sizeof(t[0]), cmp_double);
-		row->rtt_us = (t[RTT_JOBS / 2 - 1] + t[RTT_JOBS / 2]) / 2;
-	}
+	if (rc == 0)
+		row->rtt_us = bench_median(t, RTT_JOBS);
 	return rc;
 }
 
@@ -416,7 +399,7 @@ static int run_pipelined(struct bench_coll *b, struct bench_row *row)
 {
 	uint64_t ids[WINDOW];
 	unsigned jobs = row->iters * REPEATS, sent = 0, done = 0;
-	double t0 = now_s();
+	double t0 = bench_now();
 	int rc = 0;
 
 	while (rc == 0 && sent < jobs && sent < WINDOW)
@@ -426,7 +409,7 @@ static int run_pipelined(struct bench_coll *b, struct bench_row *row)
 		if (rc == 0 && sent < jobs)
 			rc = send_job(b, &ids[sent++ % WINDOW]);
 	}
-	row->gpuqd_us = (now_s() - t0) * 1e6 / jobs;
+	row->gpuqd_us = (bench_now() - t0) * 1e6 / jobs;
 	return rc;
 }
 

@@ -190,12 +190,12 @@ static int overlap_reply(struct bench_sched *b, const struct gpuq_reply *r, unsi
 /* One round: job `only` alone, or (-1) the three at once; *wall on this clock. */
 static int overlap_round(struct bench_sched *b, struct overlap *o, int only, double *wall)
 {
-	double t0 = bench_job_now();
+	double t0 = bench_now();
 	int rc;
 
 	o->only = only;
 	rc = bench_job_pipeline(b, only < 0 ? OV_JOBS : 1, overlap_build, overlap_reply, o);
-	*wall = bench_job_now() - t0;
+	*wall = bench_now() - t0;
 	return rc;
 }
 
@@ -315,15 +315,15 @@ static void overlap_report(struct bench_sched *b, struct overlap *o)
 {
 	static const char *const names[] = { "put", "get", "chain" };
 	double wall[OV_JOBS + 1], run_alone[OV_JOBS], run_together[OV_JOBS], own[OV_JOBS];
-	double serial = bench_job_median(o->serial, b->reps);
+	double serial = bench_median(o->serial, b->reps);
 	char key[40];
 
 	for (int j = 0; j <= OV_JOBS; j++)
-		wall[j] = bench_job_median(o->wall[j], b->reps);
+		wall[j] = bench_median(o->wall[j], b->reps);
 	for (int j = 0; j < OV_JOBS; j++) {
-		run_alone[j] = bench_job_median(o->run_s[0][j], b->reps);
-		run_together[j] = bench_job_median(o->run_s[1][j], b->reps);
-		own[j] = bench_job_median(o->own_s[j], b->reps);
+		run_alone[j] = bench_median(o->run_s[0][j], b->reps);
+		run_together[j] = bench_median(o->run_s[1][j], b->reps);
+		own[j] = bench_median(o->own_s[j], b->reps);
 	}
 	overlap_print(b, o, wall, run_alone, run_together, own, serial);
 	bench_sched_figure(b, "bytes", (double)o->bytes);

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "client/bench/bench_time.h"
 #include "client/cli/cli.h"
 
 #define BENCH_SCHED_MAX_FIGURES 48
@@ -98,9 +99,7 @@ int bench_fair_share(struct bench_sched *b);
  * job fails the running part with "what: code: message" (a broken
  * connection also sets b->broken) and returns -1.
  */
-double bench_job_now(void);
-/* The median (sorts v), and the value at quantile q (0..1) of sorted v. */
-double bench_job_median(double *v, unsigned n);
+/* The value at quantile q (0..1) of sorted v (bench_median sorts). */
 double bench_job_quantile(const double *sorted, unsigned n, double q);
 /* Sends req and returns its ok reply (the caller frees it). */
 int bench_job_call(struct bench_sched *b, struct mp_map *req, const char *what,

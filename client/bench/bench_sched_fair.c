@@ -95,7 +95,7 @@ static uint64_t ring_put(struct bench_sched *b, struct mp_map *req, unsigned i, 
 	uint64_t id = bench_job_begin(b, req, "put", false);
 
 	bench_job_put_scratch(req, p->buffer, (i % RING) * p->bytes, p->bytes);
-	p->sent[i] = bench_job_now();
+	p->sent[i] = bench_now();
 	return id;
 }
 
@@ -354,11 +354,11 @@ static void fair_report(struct bench_sched *b, const struct fair *f)
  */
 static void reap_child(pid_t pid)
 {
-	double deadline = bench_job_now() + REAP_S;
+	double deadline = bench_now() + REAP_S;
 	int status;
 	pid_t got;
 
-	while ((got = waitpid(pid, &status, WNOHANG)) == 0 && bench_job_now() < deadline)
+	while ((got = waitpid(pid, &status, WNOHANG)) == 0 && bench_now() < deadline)
 		usleep(10000);
 	if (got == 0) {
 		kill(pid, SIGKILL);

@@ -7,7 +7,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "client/bench/bench_sched.h"
 
@@ -15,29 +14,6 @@
 #define PIPELINE_WINDOW 64
 /* How long a wait request in a batch lets the daemon wait for its job. */
 #define WAIT_JOB_MS 600000
-
-double bench_job_now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int compare_doubles(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-double bench_job_median(double *v, unsigned n)
-{
-	if (n == 0)
-		return 0;
-	qsort(v, n, sizeof v[0], compare_doubles);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 double bench_job_quantile(const double *sorted, unsigned n, double q)
 {

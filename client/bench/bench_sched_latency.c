@@ -69,13 +69,13 @@ static void series_free(struct series *s)
 /* Sends req (wait: true) and appends its round trip to s. */
 static int timed(struct bench_sched *b, struct mp_map *req, const char *what, struct series *s)
 {
-	double t0 = bench_job_now();
+	double t0 = bench_now();
 	struct gpuq_reply *r;
 	const msgpack_object *rec;
 
 	if (bench_job_call(b, req, what, &r) < 0)
 		return -1;
-	s->wall[s->n] = bench_job_now() - t0;
+	s->wall[s->n] = bench_now() - t0;
 	rec = bench_job_record(r);
 	s->daemon[s->n++] = field_f64(rec, "queued_s", 0) + field_f64(rec, "run_s", 0);
 	gpuq_reply_free(r);
@@ -169,7 +169,7 @@ static int hol_idle(struct bench_sched *b, struct hol *h)
 /* Starts the long job (detached) and returns once the daemon says it runs. */
 static int hol_start_long(struct bench_sched *b, struct hol *h, struct hol_long *lj)
 {
-	double deadline = bench_job_now() + RUNNING_WITHIN_S;
+	double deadline = bench_now() + RUNNING_WITHIN_S;
 	struct gpuq_reply *r;
 	struct mp_map req;
 	char state[16];
@@ -191,7 +191,7 @@ static int hol_start_long(struct bench_sched *b, struct hol *h, struct hol_long 
 						   "sample could be taken; `gpuq status %" PRIu64
 						   "` says more", lj->op, lj->id, state, lj->id);
 		usleep(1000);
-	} while (bench_job_now() < deadline);
+	} while (bench_now() < deadline);
 	return bench_sched_fail(b, "the long %s (job %" PRIu64 ") was still queued after %.0f s",
 				lj->op, lj->id, RUNNING_WITHIN_S);
 }
@@ -232,8 +232,8 @@ static int hol_busy(struct bench_sched *b, struct hol *h, struct hol_long *lj)
 /* p50 and p99 of this clock's and p50 of the daemon's times, in µs; sorts s. */
 static void series_quantiles(struct series *s, double *p50, double *p99, double *daemon50)
 {
-	*daemon50 = bench_job_median(s->daemon, s->n) * 1e6;
-	bench_job_median(s->wall, s->n);
+	*daemon50 = bench_median(s->daemon, s->n) * 1e6;
+	bench_median(s->wall, s->n);
 	*p50 = bench_job_quantile(s->wall, s->n, 0.5) * 1e6;
 	*p99 = bench_job_quantile(s->wall, s->n, 0.99) * 1e6;
 }
@@ -394,25 +394,25 @@ static int prio_measure(struct bench_sched *b, struct prio *p)
 	    high_checksums(b, p, WARMUP, p->idle_wall, p->idle_daemon) < 0 ||
 	    high_checksums(b, p, IDLE_SAMPLES, p->idle_wall, p->idle_daemon) < 0)
 		return -1;
-	t0 = bench_job_now();
+	t0 = bench_now();
 	if (bench_job_submit_all(b, LOW_JOBS, low_put, p->ids, p) < 0)
 		return -1;
-	p->submit_s = bench_job_now() - t0;
+	p->submit_s = bench_now() - t0;
 	if (high_checksums(b, p, HIGH_SAMPLES, p->high_wall, p->high_daemon) < 0 ||
 	    queue_depth(b, &p->queued_after) < 0)
 		return -1;
-	t0 = bench_job_now();
+	t0 = bench_now();
 	if (bench_job_cancel_all(b, p->ids, LOW_JOBS) < 0)
 		return -1;
-	p->drain_s = bench_job_now() - t0;
+	p->drain_s = bench_now() - t0;
 	return 0;
 }
 
 static void prio_report(struct bench_sched *b, struct prio *p)
 {
 	double first = p->high_wall[0] * 1e6;
-	double idle = bench_job_median(p->idle_wall, IDLE_SAMPLES) * 1e6;
-	double high = bench_job_median(p->high_wall, HIGH_SAMPLES) * 1e6;
+	double idle = bench_median(p->idle_wall, IDLE_SAMPLES) * 1e6;
+	double high = bench_median(p->high_wall, HIGH_SAMPLES) * 1e6;
 	double worst = p->high_wall[HIGH_SAMPLES - 1] * 1e6; /* sorted by the median */
 	double ratio = idle > 0 ? high / idle : 0;
 	bool held = p->queued_after > 0;
@@ -420,8 +420,8 @@ static void prio_report(struct bench_sched *b, struct prio *p)
 	bench_sched_say(b, "idle: %.1f µs (median of %d; the daemon's %.1f µs); behind the "
 			   "backlog: median %.1f µs, first %.1f µs, worst %.1f µs (the daemon's "
 			   "median %.1f µs)\n",
-			idle, IDLE_SAMPLES, bench_job_median(p->idle_daemon, IDLE_SAMPLES) * 1e6,
-			high, first, worst, bench_job_median(p->high_daemon, HIGH_SAMPLES) * 1e6);
+			idle, IDLE_SAMPLES, bench_median(p->idle_daemon, IDLE_SAMPLES) * 1e6,
+			high, first, worst, bench_median(p->high_daemon, HIGH_SAMPLES) * 1e6);
 	bench_sched_say(b, "backlog: %d puts sent in %.3f s, %" PRIu64 " still queued after the "
 			   "checksums%s; cancelled and drained in %.3f s\n",
 			LOW_JOBS, p->submit_s, p->queued_after,

@@ -348,21 +348,11 @@ static void render_stats(FILE *f, const msgpack_object *reply)
 int cmd_stats(struct cli *cli)
 {
 	struct mp_map req;
-	struct gpuq_reply *r;
 	int rc = cli_begin(cli, &req, "stats");
 
 	if (rc)
 		return rc;
 	if (cli->has_device)
 		mp_put_u64(&req, "device", cli->device);
-	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
-		return rc;
-	if (cli->json)
-		render_json(stdout, r->root);
-	if (!gpuq_reply_ok(r))
-		rc = cli_report_refusal(r);
-	else if (!cli->json)
-		render_stats(cli->out, r->root);
-	gpuq_reply_free(r);
-	return rc;
+	return cli_call_and_render(cli, &req, render_stats);
 }

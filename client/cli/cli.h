@@ -159,6 +159,9 @@ int cli_report_refusal(const struct gpuq_reply *r);
  */
 int cli_call_and_render(struct cli *cli, struct mp_map *req,
 			void (*render)(FILE *f, const msgpack_object *reply));
+/* cli_call_and_render of a request with nothing but its op. */
+int cli_call_op_and_render(struct cli *cli, const char *op,
+			   void (*render)(FILE *f, const msgpack_object *reply));
 void cli_print_error(const struct gpuq_error *err);
 /*
  * Keeps cli's connection, and what goes with it (an ephemeral buffer or

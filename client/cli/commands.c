@@ -75,9 +75,8 @@ int cli_call_and_render(struct cli *cli, struct mp_map *req,
 	return rc;
 }
 
-/* A request with nothing but its op. */
-static int simple_request(struct cli *cli, const char *op,
-			  void (*render)(FILE *f, const msgpack_object *reply))
+int cli_call_op_and_render(struct cli *cli, const char *op,
+			   void (*render)(FILE *f, const msgpack_object *reply))
 {
 	struct mp_map req;
 	int rc = cli_begin(cli, &req, op);
@@ -87,12 +86,12 @@ static int simple_request(struct cli *cli, const char *op,
 
 int cmd_ping(struct cli *cli)
 {
-	return simple_request(cli, "ping", render_ping);
+	return cli_call_op_and_render(cli, "ping", render_ping);
 }
 
 int cmd_devices(struct cli *cli)
 {
-	return simple_request(cli, "devices", render_devices);
+	return cli_call_op_and_render(cli, "devices", render_devices);
 }
 
 int cmd_jobs(struct cli *cli)

@@ -27,34 +27,14 @@ static void render_shutdown(FILE *f, const msgpack_object *reply)
 		fprintf(f, "gpuqd is stopping\n");
 }
 
-/* A request with nothing but its op, rendered by render (or as JSON). */
-static int service_request(struct cli *cli, const char *op,
-			   void (*render)(FILE *f, const msgpack_object *reply))
-{
-	struct gpuq_reply *r;
-	struct mp_map req;
-	int rc = cli_begin(cli, &req, op);
-
-	if (rc || (rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
-		return rc;
-	if (cli->json)
-		render_json(stdout, r->root);
-	if (!gpuq_reply_ok(r))
-		rc = cli_report_refusal(r);
-	else if (!cli->json)
-		render(cli->out, r->root);
-	gpuq_reply_free(r);
-	return rc;
-}
-
 int cmd_metrics(struct cli *cli)
 {
-	return service_request(cli, "metrics", render_metrics);
+	return cli_call_op_and_render(cli, "metrics", render_metrics);
 }
 
 int cmd_shutdown(struct cli *cli)
 {
-	return service_request(cli, "shutdown", render_shutdown);
+	return cli_call_op_and_render(cli, "shutdown", render_shutdown);
 }
 
 /* Device index's reset count and health, from `devices`; -1 when the reply cannot be had. */

@@ -71,13 +71,6 @@ int cmd_region(struct cli *cli)
 	return cli_usage(cli, "unknown region command '%s' (create, free)", cli->args[0]);
 }
 
-/* A request answered at once, rendered by render (or as JSON). */
-static int listing(struct cli *cli, const char *op, void (*render)(FILE *f, const msgpack_object *reply))
-{
-	struct mp_map req;
-	int rc = cli_begin(cli, &req, op);
-	return rc ? rc : cli_call_and_render(cli, &req, render);
-}
 
 static void render_regions(FILE *f, const msgpack_object *reply)
 {
@@ -117,7 +110,7 @@ static void render_regions(FILE *f, const msgpack_object *reply)
 
 int cmd_regions(struct cli *cli)
 {
-	return listing(cli, "regions", render_regions);
+	return cli_call_op_and_render(cli, "regions", render_regions);
 }
 
 static void render_leases(FILE *f, const msgpack_object *reply)
@@ -150,7 +143,7 @@ static void render_leases(FILE *f, const msgpack_object *reply)
 
 int cmd_leases(struct cli *cli)
 {
-	return listing(cli, "leases", render_leases);
+	return cli_call_op_and_render(cli, "leases", render_leases);
 }
 
 static void render_broken(FILE *f, const msgpack_object *reply)

@@ -32,11 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
+#include "client/bench/bench_time.h"
 #include "workers/transfer/copy_guard.h"
 #include "workers/transfer/copy_store.h"
 
@@ -84,13 +84,6 @@ static const char *src_kind;
 static int memfd = -1, filefd = -1;
 static unsigned char *anon;
 static double started;
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logmsg(const char *fmt, ...)
@@ -328,7 +321,7 @@ static copy_store_fn store_fn(enum store s)
 static int timed_write(const struct row *r, int fd, double *all, double *copy, double *unmap)
 {
 	struct job j = { .r = r, .fd = fd, .store = store_fn(r->store) };
-	double t0 = now();
+	double t0 = bench_now();
 	if (r->target == T_ANON) {
 		j.maps[0] = anon;
 		j.nmaps = 1;
@@ -355,24 +348,12 @@ static int timed_write(const struct row *r, int fd, double *all, double *copy, d
 		j.nmaps = 1;
 	}
 	run_phase(r->threads, copy_part, &j);
-	double t1 = now();
+	double t1 = bench_now();
 	if (r->target != T_ANON && r->store != S_PWRITE)
 		run_phase(r->threads, unmap_part, &j);
-	double t2 = now();
+	double t2 = bench_now();
 	*all = t2 - t0, *copy = t1 - t0, *unmap = t2 - t1;
 	return atomic_load(&j.errors);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, unsigned n)
-{
-	qsort(v, n, sizeof *v, cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* A new memfd of the size, its pages not yet allocated (a client's empty memfd). */
@@ -387,7 +368,7 @@ static int fresh_memfd(void)
 static void run_row(struct row *r)
 {
 	double all[32], copy[32], unmap[32];
-	if (now() - started > TIME_LIMIT_S) {
+	if (bench_now() - started > TIME_LIMIT_S) {
 		r->skipped = true;
 		logmsg("%-44s %2ut  skipped (time limit)\n", r->label, r->threads);
 		return;
@@ -420,11 +401,11 @@ static void run_row(struct row *r)
 	double lo = all[0], hi = all[0];
 	for (unsigned k = 1; k < reps; k++)
 		lo = all[k] < lo ? all[k] : lo, hi = all[k] > hi ? all[k] : hi;
-	r->gbs = size / median(all, reps) / 1e9;
+	r->gbs = size / bench_median(all, reps) / 1e9;
 	r->gbs_min = size / hi / 1e9;
 	r->gbs_max = size / lo / 1e9;
-	r->copy_gbs = size / median(copy, reps) / 1e9;
-	r->unmap_ms = median(unmap, reps) * 1e3;
+	r->copy_gbs = size / bench_median(copy, reps) / 1e9;
+	r->unmap_ms = bench_median(unmap, reps) * 1e3;
 	r->ran = true;
 }
 
@@ -641,7 +622,7 @@ int main(int argc, char **argv)
 	}
 	if (size < 64 * MIB || size % (32 * MIB) || reps < 1 || reps > 31 || nthread_counts == 0)
 		usage(); /* a multiple of the largest chunk */
-	started = now();
+	started = bench_now();
 	int bad = self_check();
 	const char *nt_name = "";
 	copy_store_pick(COPY_STORES_NT, &nt_name);
@@ -660,13 +641,13 @@ int main(int argc, char **argv)
 	pool_start();
 	make_source();
 	make_targets();
-	logmsg("setup: %.1f s; source %s\n", now() - started, src_kind);
+	logmsg("setup: %.1f s; source %s\n", bench_now() - started, src_kind);
 	make_rows();
 	for (unsigned i = 0; i < nrows; i++)
 		run_row(&rows[i]);
 	print_table();
 	printf("nt = %s; store self-check %s; total %.1f s\n", nt_name, bad ? "FAILED" : "ok",
-	       now() - started);
+	       bench_now() - started);
 	bool wrong = bad != 0;
 	for (unsigned i = 0; i < nrows; i++)
 		wrong |= rows[i].ran && !rows[i].ok;

@@ -20,19 +20,9 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "kernels/kernels.h"
-
-#define CUDA_OK(call)                                                                  \
-	do {                                                                           \
-		cudaError_t e_ = (call);                                               \
-		if (e_ != cudaSuccess) {                                               \
-			fprintf(stderr, "%s failed: %s (%s) at %s:%d\n", #call,        \
-				cudaGetErrorString(e_), cudaGetErrorName(e_), __FILE__, \
-				__LINE__);                                             \
-			exit(2);                                                       \
-		}                                                                      \
-	} while (0)
+#include "tests/gpu/cuda_ok.h"
 
 static const size_t kGuard = 64;       /* poisoned bytes either side of the destination */
 static const uint8_t kPoison = 0xAB;

@@ -1,6 +1,6 @@
 /*
  * A standalone GPU self-test of the kernels in kernels/: every launcher's
- * output, computed on the device, against the definitions in kernels/hash.h
+ * output, computed on the device, against the definitions in protocol/hash.h
  * computed here on the host, over awkward sizes and destination offsets. The
  * device memory is poisoned with 0xAB first, and the bytes around each output
  * must keep it (nothing written before or after).
@@ -30,8 +30,9 @@
 
 #include <cmath>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "kernels/kernels.h"
+#include "tests/gpu/cuda_ok.h"
 
 extern "C" {
 #include "workers/chain/chain_codegen.h"
@@ -41,17 +42,6 @@ extern "C" {
 #include "workers/chain/chain_nvrtc.h"
 #include "workers/chain/chain_prog.h"
 }
-
-#define CUDA_OK(call)                                                                  \
-	do {                                                                           \
-		cudaError_t e_ = (call);                                               \
-		if (e_ != cudaSuccess) {                                               \
-			fprintf(stderr, "%s failed: %s (%s) at %s:%d\n", #call,        \
-				cudaGetErrorString(e_), cudaGetErrorName(e_), __FILE__, \
-				__LINE__);                                             \
-			exit(2);                                                       \
-		}                                                                      \
-	} while (0)
 
 static const size_t kSizes[] = { 0, 1, 7, 8, 15, 16, 17, 4096 + 1, (64u << 20) + 3 };
 static const size_t kMaxSize = (64u << 20) + 3;
@@ -115,7 +105,7 @@ static uint64_t f64_bits(double d)
 	return u;
 }
 
-/* The references, straight from the definitions in kernels/hash.h. */
+/* The references, straight from the definitions in protocol/hash.h. */
 
 static std::vector<uint8_t> ref_random(kernels_dtype t, uint64_t seed, size_t bytes)
 {

@@ -7,39 +7,19 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "kernels/hash.h"
+#include "protocol/dtype.h"
+#include "protocol/hash.h"
 
 const struct tdtype tdtype_f32 = { "f32", GPUQ_DTYPE_F32, 4, 23, -149 };
 const struct tdtype tdtype_f64 = { "f64", GPUQ_DTYPE_F64, 8, 52, -1074 };
 const struct tdtype tdtype_f16 = { "f16", GPUQ_DTYPE_F16, 2, 10, -24 };
 const struct tdtype tdtype_bf16 = { "bf16", GPUQ_DTYPE_BF16, 2, 7, -133 };
 
-static float f16_to_float(uint16_t h)
-{
-	int exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-	float v;
-	if (exp == 0x1F)
-		v = man ? NAN : INFINITY;
-	else if (exp == 0)
-		v = ldexpf((float)man, -24);
-	else
-		v = ldexpf((float)(man | 0x400), exp - 25);
-	return (h & 0x8000) ? -v : v;
-}
-
-static float bf16_to_float(uint16_t b)
-{
-	uint32_t bits = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &bits, sizeof f);
-	return f;
-}
-
 long double tload(const struct tdtype *t, const void *p, size_t i)
 {
 	switch (t->dtype) {
-	case GPUQ_DTYPE_F16: return f16_to_float(((const uint16_t *)p)[i]);
-	case GPUQ_DTYPE_BF16: return bf16_to_float(((const uint16_t *)p)[i]);
+	case GPUQ_DTYPE_F16: return gpuq_f16_bits_to_f32(((const uint16_t *)p)[i]);
+	case GPUQ_DTYPE_BF16: return gpuq_bf16_bits_to_f32(((const uint16_t *)p)[i]);
 	case GPUQ_DTYPE_F32: return ((const float *)p)[i];
 	default: return ((const double *)p)[i];
 	}

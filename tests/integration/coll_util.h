@@ -1,8 +1,8 @@
 /*
  * What the collective tests share: typed buffers on given devices, requests
  * built with libgpuq's gpuq_collective_* calls, and the check of every
- * output element against the reference (workers/collective/collective_layout.h names
- * the input elements each one is made of; workers/collective/collective_math.h says
+ * output element against the reference (protocol/collective_layout.h names
+ * the input elements each one is made of; protocol/collective_math.h says
  * whether it is right), from the seeds the inputs were filled with.
  */
 #ifndef GPUQ_TEST_COLL_UTIL_H
@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "tests/integration/fixture.h"
-#include "workers/collective/collective_layout.h"
+#include "protocol/collective_layout.h"
 
 extern const enum gpuq_dtype coll_typed_dtypes[7]; /* every dtype but bytes */
 

@@ -15,7 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "tests/integration/soak.h"
 #include "workers/backend/host_patterns.h"
 

@@ -1,5 +1,5 @@
 /*
- * NCCL's primitives against the reference (workers/collective/collective_layout.h):
+ * NCCL's primitives against the reference (protocol/collective_layout.h):
  * every primitive x dtype x op once, the device count (2, 3, 4), the
  * placement (in and out of place), the root and the count (odd, and 1)
  * rotating among the combinations so that each primitive meets each of

@@ -1,11 +1,11 @@
 /*
- * workers/collective/collective_layout.h: NCCL's layouts as nccl.h words them, and
+ * protocol/collective_layout.h: NCCL's layouts as nccl.h words them, and
  * nccl-tests' sizes and bus factors; the host backend's reduction in place.
- * workers/collective/collective_math.h and the collective's names: the f16/bf16
- * decoders against an independent definition and as exact inverses of
- * kernels/hash.h's encoders, the random elements against host_fill_random,
- * the integer reference's wrapping and rounding, and the float check's
- * tolerance at its edges.
+ * protocol/collective_math.h and the collective's names: the f16/bf16
+ * decoders of protocol/dtype.h against an independent definition and as
+ * exact inverses of its encoders, the random elements against
+ * host_fill_random, the integer reference's wrapping and rounding, and the
+ * float check's tolerance at its edges.
  */
 #include <math.h>
 #include <stdint.h>
@@ -14,8 +14,8 @@
 #include "tests/harness.h"
 #include "workers/collective/collective.h"
 #include "workers/collective/collective_host.h"
-#include "workers/collective/collective_layout.h"
-#include "workers/collective/collective_math.h"
+#include "protocol/collective_layout.h"
+#include "protocol/collective_math.h"
 #include "workers/backend/host_patterns.h"
 
 TEST(collective_f16_decoder_is_exact_and_inverts_the_encoder)

@@ -1,5 +1,5 @@
 /*
- * kernels/hash.h on the host: the float conversions against known bit
+ * protocol/hash.h and protocol/dtype.h on the host: the float conversions against known bit
  * patterns, the uniform values, the random stream and the checksum's
  * sensitivity. The GPU computes the same functions (tests/gpu checks that);
  * these pin down the definitions themselves.
@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "tests/harness.h"
 
 static float f32_from_bits(uint32_t u)

@@ -33,7 +33,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "kernels/kernels.h"
 #include "protocol/protocol.h"
 #include "workers/backend/backend.h"

@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 
 void host_fill_pattern(void *dst, size_t bytes, uint64_t pattern, size_t elem_size)
 {

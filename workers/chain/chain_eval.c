@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "kernels/chain_reduce.h"
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 
 /* binary16 bits -> float (exact). */
 static float eval_f16_to_f32(uint16_t h)

@@ -44,8 +44,8 @@
 
 #include "protocol/protocol.h"
 #include "workers/backend/backend.h"
-#include "workers/collective/collective_layout.h"
-#include "workers/collective/collective_math.h"
+#include "protocol/collective_layout.h"
+#include "protocol/collective_math.h"
 #include "workers/work.h"
 
 #define COLL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES; collective_cuda.c checks it */

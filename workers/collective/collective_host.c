@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "workers/backend/backend.h"
 #include "workers/clock.h"
 #include "workers/collective/collective.h"

@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "workers/collective/collective_host.h"
 
 /* Integers: wrapping arithmetic in the low `size` bytes, signed or not. */

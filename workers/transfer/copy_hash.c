@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 
 /* Parts of at least this size go to the pool; smaller ranges are done inline. */
 #define PART_BYTES ((size_t)8 << 20)

@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kernels/hash.h"
+#include "protocol/hash.h"
 #include "workers/clock.h"
 #include "workers/transfer/copy_hash.h"
 #include "workers/sched/sched.h"

@@ -1,12 +1,11 @@
 /*
  * The arithmetic of the reducing collectives that the daemon, the tests
- * and the benchmark share: the reduction ops and their names, the inverses
- * of kernels/hash.h's float -> f16/bf16 conversions, the elements `fill
- * random` makes, and the reference an output element is checked against.
- * Plain C, header-only, any thread.
+ * and the benchmark share: the reduction ops and their names, the elements
+ * `fill random` makes, and the reference an output element is checked
+ * against. Plain C, header-only, any thread.
  *
  * The reference is computed independently of the host backend's reduction
- * (collective_host_reduce.c): integers exactly, with NCCL's semantics (sums and
+ * (workers/collective/collective_host_reduce.c): integers exactly, with NCCL's semantics (sums and
  * products wrap; avg divides the wrapped sum by n, truncating toward zero;
  * min and max compare signed for i32/i64, unsigned for u8), floats in double,
  * with a tolerance for the dtype's rounding in whatever order the backend
@@ -20,7 +19,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/hash.h"
+#include "protocol/dtype.h"
+#include "protocol/hash.h"
 #include "protocol/protocol.h"
 
 enum coll_op { COLL_SUM, COLL_PROD, COLL_MIN, COLL_MAX, COLL_AVG };
@@ -52,51 +52,15 @@ static inline int coll_op_from_name(const char *name, enum coll_op *out)
 	return -1;
 }
 
-/* binary16 bits -> float: exact (every half is a float). */
-static inline float gpuq_f16_bits_to_f32(uint16_t h)
-{
-	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-	uint32_t exp = (h >> 10) & 0x1Fu;
-	uint32_t man = h & 0x3FFu;
-	uint32_t bits;
-	if (exp == 0x1Fu) {
-		bits = sign | 0x7F800000u | (man << 13); /* inf, or NaN with its payload */
-	} else if (exp != 0) {
-		bits = sign | ((exp - 15 + 127) << 23) | (man << 13);
-	} else if (man == 0) {
-		bits = sign; /* signed zero */
-	} else {
-		/* subnormal: normalise the mantissa into float's wider exponent range */
-		int e = -1;
-		do {
-			man <<= 1;
-			e++;
-		} while (!(man & 0x400u));
-		bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3FFu) << 13);
-	}
-	float f;
-	memcpy(&f, &bits, sizeof f);
-	return f;
-}
-
-/* bfloat16 bits -> float: exact (bfloat16 is float's top half). */
-static inline float gpuq_bf16_bits_to_f32(uint16_t b)
-{
-	uint32_t bits = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &bits, sizeof f);
-	return f;
-}
-
+/* f16, bf16, f32 and f64 (protocol.h). */
 static inline bool coll_dtype_is_float(enum gpuq_dtype t)
 {
-	return t == GPUQ_DTYPE_F16 || t == GPUQ_DTYPE_BF16 || t == GPUQ_DTYPE_F32 ||
-	       t == GPUQ_DTYPE_F64;
+	return gpuq_dtype_is_float(t);
 }
 
 /*
  * Element i of a buffer of dtype t filled with `fill random seed`, as its raw
- * bits (little-endian, in the low bytes): kernels/hash.h's definition, the
+ * bits (little-endian, in the low bytes): protocol/hash.h's definition, the
  * same on every backend.
  */
 static inline uint64_t coll_random_element(enum gpuq_dtype t, uint64_t seed, uint64_t i)

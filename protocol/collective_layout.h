@@ -5,7 +5,7 @@
  * input elements make each output element. Plain C, header-only, any
  * thread: the daemon checks buffers against it before any rank starts, and
  * the tests and the benchmark check results with it. The host backend
- * (collective_host.c) runs the primitives with code of its own, so that the
+ * (workers/collective/collective_host.c) runs the primitives with code of its own, so that the
  * two check each other.
  *
  * `count` is NCCL's count argument: the elements of allreduce, broadcast,
@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "workers/collective/collective_math.h"
+#include "protocol/collective_math.h"
 
 enum coll_prim {
 	COLL_ALLREDUCE,
