@@ -47,6 +47,8 @@ enum {
 	LONG_QUEUED,
 	LONG_FAILED,
 	LONG_SAVE_JSON,
+	LONG_INTERVAL,
+	LONG_ONCE,
 };
 
 /* Accepted before the command and after it. */
@@ -98,6 +100,8 @@ static const struct {
 	{ { "queued", no_argument, NULL, LONG_QUEUED }, OPT_JOBS_SELECT },
 	{ { "failed", no_argument, NULL, LONG_FAILED }, OPT_JOBS_SELECT },
 	{ { "save-json", required_argument, NULL, LONG_SAVE_JSON }, OPT_SAVE_JSON },
+	{ { "interval", required_argument, NULL, LONG_INTERVAL }, OPT_TOP },
+	{ { "once", no_argument, NULL, LONG_ONCE }, OPT_TOP },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -293,6 +297,12 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 		return 0;
 	case LONG_SAVE_JSON:
 		cli->save_json = arg;
+		return 0;
+	case LONG_INTERVAL:
+		return parse_uint_opt(cli, "interval", arg, "a time in milliseconds (e.g. 500)",
+				      &cli->interval_ms, &cli->has_interval);
+	case LONG_ONCE:
+		cli->once = true;
 		return 0;
 	}
 	return cli_usage(cli, "unknown option");

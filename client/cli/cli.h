@@ -50,6 +50,7 @@ enum cli_opt {
 	OPT_MODE = 1u << 13,   /* --mode M: how run runs the chain (fused, graph, eager) */
 	OPT_REPEAT = 1u << 14, /* --repeat N: run's passes; bench chain's launch-bound passes */
 	OPT_OUT = 1u << 15,    /* --out BUF: run's output buffer */
+	OPT_TOP = 1u << 16,    /* --interval MS, --once: top's refresh and its one-shot mode */
 	OPT_DEVICES = 1u << 17,      /* --devices LIST|all: allreduce's ranks, in order */
 	OPT_REDOP = 1u << 18,        /* --op sum|prod|min|max|avg */
 	OPT_FACTOR = 1u << 19,       /* --factor F: bench allreduce's step between sizes */
@@ -121,6 +122,8 @@ struct cli {
 	/* Where a bench writes its JSON result: stdout with --json, the
 	 * --save-json file (beside the table), or NULL for neither. */
 	FILE *json_out;
+	bool once, has_interval;    /* top --once, --interval */
+	uint64_t interval_ms;
 	char **args;
 	int nargs;
 	/* Where human output goes: stdout, or stderr when stdout carries data. */
@@ -260,6 +263,8 @@ int bench_attach(struct cli *cli);
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);
 int cmd_reset_device(struct cli *cli);
+/* top.c (top_snapshot.c, top_view.c, top.h): gpuq top, the live view */
+int cmd_top(struct cli *cli);
 
 /* Options every bench kind may take (gpuq bench KIND --help says which it uses). */
 #define BENCH_OPTS                                                             \

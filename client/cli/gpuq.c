@@ -330,6 +330,26 @@ const struct cli_cmd cli_commands[] = {
 	  "queue depths, per-GPU memory and health, quota refusals, reloads.\n"
 	  "gpuqd --metrics-textfile writes the same for node_exporter.\n",
 	  0, 0, 0, { NULL }, cmd_metrics },
+	{ "top", "[--interval MS] [--device N] [--once [--json]]",
+	  "a live view of gpuqd: devices, engines, memory by user, jobs",
+	  "Shows, refreshed every --interval MS (default 1000): per GPU the memory\n"
+	  "gpuq's buffers hold, free and in all, each engine's busy share (H2D, D2H,\n"
+	  "KERNEL, COPY, COLL, OTHER: the part of the interval with a job on it),\n"
+	  "jobs in flight and queued, bytes moved and jobs done per second; the\n"
+	  "memory each user's buffers hold per GPU; each user's jobs and device time\n"
+	  "(over the interval, and over every job gpuqd still lists); the jobs\n"
+	  "running and queued by priority, with why each waits. Rates compare two\n"
+	  "polls, so they show '-' until the second. Non-root users see their own\n"
+	  "buffers and jobs; root sees everyone's.\n"
+	  "Keys: q quit; s sort the jobs by priority, age, device or owner; d show\n"
+	  "all devices or one (each press the next); u one user or all; p pause;\n"
+	  "h or ? explain the keys. Ctrl-C, SIGTERM and the daemon going away end\n"
+	  "it too; the terminal is restored and the last line says why.\n"
+	  "--device N starts with device N alone. --once prints one snapshot,\n"
+	  "without escape sequences, after two polls --interval apart (so rates\n"
+	  "exist), and exits; with --json as one JSON object: devices (busy_share\n"
+	  "per engine, bytes_per_s, jobs_per_s), memory, users, jobs.\n",
+	  OPT_TOP | OPT_DEVICE, 0, 0, { NULL }, cmd_top },
 	{ "shutdown", "", "stop gpuqd (root and the admin group)",
 	  "Asks gpuqd to stop as SIGTERM would: it stops accepting, cancels queued\n"
 	  "jobs, lets running ones finish within its --shutdown-timeout, and exits.\n"
