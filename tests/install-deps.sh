@@ -12,6 +12,8 @@ missing=""
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
 # inih for the configuration file (static library).
 [ -f /usr/lib/x86_64-linux-gnu/libinih.a ] || missing="$missing libinih-dev"
+# tmux: a real terminal for gpuq top's tests (tests/top.sh).
+command -v tmux >/dev/null 2>&1 || missing="$missing tmux"
 # The Python client's tier runs on Debian's /usr/bin/python3 (the python3
 # first on PATH may be another interpreter): msgpack, numpy and pytest for
 # its suite, matplotlib for its plots, venv, setuptools and wheel for its

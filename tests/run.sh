@@ -24,6 +24,7 @@ tier "$BUILD/tests/unit"
 GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
 GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
 tier sh tests/cli.sh "$BUILD"
+tier sh tests/top.sh "$BUILD"     # gpuq top: --once, and the live view in tmux
 tier sh tests/service.sh "$BUILD" # socket activation, notify, config, install
 tier sh tests/python.sh "$BUILD"  # the Python client: pip install, then its suite
 GPUQ_TEST_BACKEND=cuda tier sh tests/python.sh "$BUILD"
