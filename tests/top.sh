@@ -150,6 +150,8 @@ else
 	check tty_d_hides_device_1 1 grep -q "^ *1  host arena" "$dir/pane"
 	tm send-keys -t top s
 	wait_pane tty_s_sorts_by_age "sort age; device 0"
+	tm send-keys -t top u
+	wait_pane tty_u_filters_user "sort age; device 0; user 0"
 	tm send-keys -t top p
 	wait_pane tty_p_pauses "PAUSED (p resumes)"
 	tm send-keys -t top p h

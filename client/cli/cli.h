@@ -11,6 +11,7 @@
  *   table.c     aligned text tables
  *   bench.c     bench dispatch
  *   service.c   metrics, shutdown
+ *   top*.c      gpuq top, the live view (top.h says which file does what)
  */
 #ifndef GPUQ_CLI_H
 #define GPUQ_CLI_H

@@ -208,49 +208,52 @@ static void paint_line(FILE *out, const char *s, size_t len, int cols)
 }
 
 /*
- * Redraws the whole screen in one write: the view's lines from the top,
- * cut to the width; what does not fit in the height is counted on the line
- * above the keys, which the last row always shows.
+ * Paints text's lines from the top row, cut to the width; when they do not
+ * fit above the keys' row, the last row they may use counts the rest.
  */
+static void paint_body(FILE *out, const char *text, size_t len, const struct top_live *t)
+{
+	const char *p = text, *end = text + len, *nl;
+	char more[96];
+	int row, lines = 0;
+
+	for (nl = text; nl < end; nl++)
+		lines += *nl == '\n';
+	for (row = 0; p < end && row < t->rows - 1; row++, p = nl + 1) {
+		if (!(nl = memchr(p, '\n', (size_t)(end - p))))
+			nl = end;
+		if (row == t->rows - 2 && lines - row > 1) {
+			snprintf(more, sizeof more,
+				 "... %d more lines (a taller terminal, or d/u to filter)", lines - row);
+			paint_line(out, more, strlen(more), t->cols);
+			break;
+		}
+		paint_line(out, p, (size_t)(nl - p), t->cols);
+	}
+}
+
+/* Redraws the whole screen in one write, the keys in reverse video on the last row. */
 static void top_paint(const struct top_live *t)
 {
-	char *text = NULL, *screen = NULL, more[96];
+	char *text = NULL, *screen = NULL;
 	size_t tlen = 0, slen = 0;
+	const char *keys = keys_line(t);
 	FILE *view = open_memstream(&text, &tlen), *out;
-	const char *p, *end;
-	int row = 0, body = t->rows - 1;
 
 	if (!view)
 		return;
 	top_view_text(view, &t->snap, &t->view);
 	fclose(view);
-	if (!(out = open_memstream(&screen, &slen))) {
-		free(text);
-		return;
+	if ((out = open_memstream(&screen, &slen))) {
+		fputs("\033[H", out);
+		paint_body(out, text, tlen, t);
+		fprintf(out, "\033[J\033[%d;1H\033[7m", t->rows);
+		fwrite(keys, 1, fit_width(keys, strlen(keys), t->cols), out);
+		fputs("\033[m\033[K", out);
+		fclose(out);
+		fwrite(screen, 1, slen, stdout);
+		fflush(stdout);
 	}
-	fputs("\033[H", out);
-	for (p = text; p < text + tlen; p = end + 1, row++) {
-		end = memchr(p, '\n', (size_t)(text + tlen - p));
-		if (!end)
-			end = text + tlen;
-		if (row == body - 1 && end + 1 < text + tlen) {
-			int rest = 0;
-			for (const char *q = p; q < text + tlen; q++)
-				rest += *q == '\n';
-			snprintf(more, sizeof more, "... %d more lines (a taller terminal, or d/u to filter)", rest);
-			paint_line(out, more, strlen(more), t->cols);
-			row++;
-			break;
-		}
-		paint_line(out, p, (size_t)(end - p), t->cols);
-	}
-	fputs("\033[J", out);
-	fprintf(out, "\033[%d;1H\033[7m", t->rows);
-	fwrite(keys_line(t), 1, fit_width(keys_line(t), strlen(keys_line(t)), t->cols), out);
-	fputs("\033[m\033[K", out);
-	fclose(out);
-	fwrite(screen, 1, slen, stdout);
-	fflush(stdout);
 	free(text);
 	free(screen);
 }

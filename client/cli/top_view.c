@@ -77,7 +77,7 @@ static void device_row(struct table *t, const struct top_device *d)
 /* Engine columns are busy shares: the part of the interval with a job on that engine. */
 static void devices_text(FILE *f, const struct top_snapshot *s, const struct top_view *v)
 {
-	struct table_col cols[] = {
+	static const struct table_col cols[] = {
 		{ "GPU", true },    { "NAME", false },  { "USED", true },    { "FREE", true },
 		{ "TOTAL", true },  { "H2D", true },    { "D2H", true },     { "KERNEL", true },
 		{ "COPY", true },   { "COLL", true },   { "OTHER", true },   { "RUN", true },
@@ -174,34 +174,55 @@ static bool job_shown(const struct top_view *v, const struct top_job *j)
 	return device_shown(v, j->device) && owner_shown(v, j->owner);
 }
 
-/* "jobs: 1 running, 2 queued; high 0/1, normal 1/1, low 0/0; waiting: buffer 2" */
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *const priorities[] = { "high", "normal", "low" };
+/* The protocol's waiting reasons, in the order the summary names them. */
+static const char *const reasons[] = { "queue", "buffer", "gang", "exclusive", "inflight",
+				       "chain", "staging", "memory", "peers", "lease", "region" };
+
+static int name_index(const char *const *names, int n, const char *name)
+{
+	int i;
+
+	for (i = 0; i < n; i++)
+		if (strcmp(names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+/* "jobs: 1 running, 2 queued; ... high 0/1, normal 1/1, low 0/0; waiting: buffer 2" */
 static void jobs_summary(FILE *f, const struct top_snapshot *s, const struct top_view *v)
 {
-	static const char *const prios[] = { "high", "normal", "low" };
-	static const char *const reasons[] = { "queue", "buffer", "gang", "exclusive", "inflight",
-					       "chain", "staging", "memory", "peers", "lease", "region" };
-	int run[3] = { 0 }, queued[3] = { 0 }, waiting[11] = { 0 }, i, k, nw = 0;
+	int run[NELEM(priorities)] = { 0 }, queued[NELEM(priorities)] = { 0 };
+	int waiting[NELEM(reasons)] = { 0 }, nrun = 0, nqueued = 0, nwaiting = 0, i, k;
 
 	for (i = 0; i < s->njobs; i++) {
 		const struct top_job *j = &s->jobs[i];
-		bool running = strcmp(j->state, "running") == 0;
 
 		if (!job_shown(v, j))
 			continue;
-		for (k = 0; k < 3; k++)
-			if (strcmp(j->priority, prios[k]) == 0)
-				running ? run[k]++ : queued[k]++;
-		for (k = 0; k < 11; k++)
-			if (strcmp(j->reason, reasons[k]) == 0)
-				waiting[k]++, nw++;
+		k = name_index(priorities, NELEM(priorities), j->priority);
+		if (k >= 0 && strcmp(j->state, "running") == 0) {
+			run[k]++;
+			nrun++;
+		} else if (k >= 0) {
+			queued[k]++;
+			nqueued++;
+		}
+		if ((k = name_index(reasons, NELEM(reasons), j->reason)) >= 0) {
+			waiting[k]++;
+			nwaiting++;
+		}
 	}
-	fprintf(f, "\njobs: %d running, %d queued; by priority (running/queued): high %d/%d, "
-		   "normal %d/%d, low %d/%d; waiting:", run[0] + run[1] + run[2],
-		queued[0] + queued[1] + queued[2], run[0], queued[0], run[1], queued[1], run[2], queued[2]);
-	for (k = 0; k < 11; k++)
+	fprintf(f, "\njobs: %d running, %d queued; by priority (running/queued):", nrun, nqueued);
+	for (k = 0; k < NELEM(priorities); k++)
+		fprintf(f, "%s %s %d/%d", k ? "," : "", priorities[k], run[k], queued[k]);
+	fprintf(f, "; waiting:");
+	for (k = 0; k < NELEM(reasons); k++)
 		if (waiting[k])
 			fprintf(f, " %s %d", reasons[k], waiting[k]);
-	fprintf(f, "%s\n", nw ? "" : " none");
+	fprintf(f, "%s\n", nwaiting ? "" : " none");
 }
 
 static void jobs_text(FILE *f, const struct top_snapshot *s, const struct top_view *v)
