@@ -172,6 +172,7 @@ static int signals_install(void)
 	fcntl(top_wake[1], F_SETFL, O_NONBLOCK);
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART; /* the loop's poll still wakes: the pipe */
 	sigemptyset(&sa.sa_mask);
 	for (i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
 		sigaction(sigs[i], &sa, NULL);
@@ -200,11 +201,16 @@ static const char *keys_line(const struct top_live *t)
 			 : "q quit  s sort  d device  u user  p pause  h help";
 }
 
-/* Writes one screen line, cut to the width, clearing the rest of the row. */
+/*
+ * Writes one screen line, cut to the width. The row is cleared first: a
+ * line as wide as the screen leaves the cursor past its end, where clearing
+ * "to the end of the line" would take the last character with it.
+ */
 static void paint_line(FILE *out, const char *s, size_t len, int cols)
 {
+	fputs("\033[2K", out);
 	fwrite(s, 1, fit_width(s, len, cols), out);
-	fputs("\033[K\r\n", out);
+	fputs("\r\n", out);
 }
 
 /*
@@ -247,9 +253,9 @@ static void top_paint(const struct top_live *t)
 	if ((out = open_memstream(&screen, &slen))) {
 		fputs("\033[H", out);
 		paint_body(out, text, tlen, t);
-		fprintf(out, "\033[J\033[%d;1H\033[7m", t->rows);
+		fprintf(out, "\033[J\033[%d;1H\033[2K\033[7m", t->rows);
 		fwrite(keys, 1, fit_width(keys, strlen(keys), t->cols), out);
-		fputs("\033[m\033[K", out);
+		fputs("\033[m", out);
 		fclose(out);
 		fwrite(screen, 1, slen, stdout);
 		fflush(stdout);
