@@ -181,9 +181,12 @@ else
 	wait_pane tty_sigterm_exits_0 "^EXITED 0"
 	expect tty_sigterm_says_so "gpuq top: stopped by Terminated$" "$dir/pane"
 
-	# Last: the daemon goes away under a live view (the put ends first, so it stops at once).
+	# Last: the daemon goes away under a paused live view, which polls nothing but
+	# still watches the socket (the put ends first, so that gpuqd stops at once).
 	tm send-keys -t top clear Enter "\"$BUILD/gpuq\" --socket \"$sock\" top --interval 100; echo EXITED \$?" Enter
 	wait_pane tty_before_daemon_stops "^gpuq top: gpuqd"
+	tm send-keys -t top p
+	wait_pane tty_paused_before_daemon_stops "PAUSED"
 	kill "$holder"
 	wait "$holder" 2> /dev/null
 	holder=""

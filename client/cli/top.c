@@ -345,8 +345,11 @@ static int top_refresh(struct top_live *t, struct gpuq_error *err)
 }
 
 /*
- * The live loop: waits for a key, a signal or the next refresh, whichever
- * comes first. Returns the exit code; *why says what ended it.
+ * The live loop: waits for a key, a signal, the daemon's socket or the next
+ * refresh, whichever comes first. The socket is watched because top sends
+ * nothing between refreshes (and nothing at all while paused): when it
+ * turns readable the daemon has closed it, and refreshing at once says so.
+ * Returns the exit code; *why says what ended it.
  */
 static int top_loop(struct top_live *t, char *why, size_t size)
 {
@@ -354,12 +357,13 @@ static int top_loop(struct top_live *t, char *why, size_t size)
 	struct gpuq_error err;
 
 	for (;;) {
-		struct pollfd fds[2] = { { .fd = STDIN_FILENO, .events = POLLIN },
-					 { .fd = top_wake[0], .events = POLLIN } };
+		struct pollfd fds[3] = { { .fd = STDIN_FILENO, .events = POLLIN },
+					 { .fd = top_wake[0], .events = POLLIN },
+					 { .fd = gpuq_fd(t->client), .events = POLLIN } };
 		double left = next - now_ms();
 		char drain[16];
 
-		poll(fds, 2, t->paused ? -1 : left > 0 ? (int)left + 1 : 0);
+		poll(fds, 3, t->paused ? -1 : left > 0 ? (int)left + 1 : 0);
 		while (read(top_wake[0], drain, sizeof drain) > 0)
 			;
 		if (top_stop_signal) {
@@ -374,7 +378,7 @@ static int top_loop(struct top_live *t, char *why, size_t size)
 			snprintf(why, size, "quit");
 			return CLI_OK;
 		}
-		if (!t->paused && now_ms() >= next) {
+		if (fds[2].revents || (!t->paused && now_ms() >= next)) {
 			if (top_refresh(t, &err) < 0) {
 				snprintf(why, size, "gpuqd went away: %s", err.message);
 				return poll_failed(&err);

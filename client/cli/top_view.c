@@ -46,7 +46,7 @@ static void header_text(FILE *f, const struct top_snapshot *s, const struct top_
 
 	snprintf(dev, sizeof dev, v->device < 0 ? "all" : "%d", v->device);
 	snprintf(user, sizeof user, v->owner < 0 ? "all" : "%" PRId64, v->owner);
-	fprintf(f, "gpuq top: %s, %s backend, up %s; over %s; sort %s; device %s; user %s\n",
+	fprintf(f, "gpuq top: %s, %s backend, up %s; rates over %s; sort %s; device %s; user %s\n",
 		s->server, s->backend, human_seconds(up, sizeof up, s->uptime_s),
 		s->interval_s > 0 ? human_seconds(every, sizeof every, s->interval_s) : "-",
 		top_sort_name(v->sort), dev, user);
@@ -158,7 +158,10 @@ static void users_text(FILE *f, const struct top_snapshot *s, const struct top_v
 		table_cell(&t, "%" PRIu64, u->owner);
 		table_cell(&t, "%" PRIu64, u->running);
 		table_cell(&t, "%" PRIu64, u->queued);
-		table_cell(&t, "%s", s->interval_s > 0 ? human_seconds(b, sizeof b, u->recent_s) : "-");
+		if (s->interval_s <= 0)
+			table_cell(&t, "-");
+		else
+			table_cell(&t, "%s", u->recent_s > 0 ? human_seconds(b, sizeof b, u->recent_s) : "0");
 		table_cell(&t, "%s", percent(b, sizeof b, recent > 0, recent > 0 ? u->recent_s / recent : 0));
 		table_cell(&t, "%s", human_seconds(b, sizeof b, u->total_s));
 	}
