@@ -104,6 +104,8 @@ check once_device_filter 0 gpuq top --once --interval 50 --device 1
 cp "$dir/out" "$dir/once1"
 check once_device_filter_hides_0 1 grep -q "^ *0  host arena" "$dir/once1"
 check once_device_filter_hides_put 1 grep -q "put  *running" "$dir/once1"
+check once_device_missing_is_1 1 gpuq top --once --interval 50 --device 7
+expect once_device_missing_says_so "device 7 does not exist (gpuqd has 2" err
 
 check json 0 gpuq top --once --json --interval 200
 cp "$dir/out" "$dir/json"

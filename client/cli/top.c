@@ -56,29 +56,54 @@ static int poll_failed(const struct gpuq_error *err)
 								     : CLI_REFUSED;
 }
 
+/*
+ * The first poll, which also checks that --device names one of the
+ * daemon's devices. 0, or an exit code (printed): a missing device is
+ * refused as the daemon refuses one (not_found).
+ */
+static int top_first_poll(struct gpuq_client *c, const struct top_view *v,
+			  struct top_snapshot *out)
+{
+	struct gpuq_error err;
+	int i;
+
+	if (top_snapshot_poll(c, NULL, out, &err) < 0) {
+		fprintf(stderr, "gpuq top: %s\n", err.message);
+		return poll_failed(&err);
+	}
+	if (v->device < 0)
+		return 0;
+	for (i = 0; i < out->ndevices; i++)
+		if (out->devices[i].index == (uint64_t)v->device)
+			return 0;
+	fprintf(stderr, "gpuq top: device %d does not exist (gpuqd has %d; `gpuq devices` lists them)\n",
+		v->device, out->ndevices);
+	top_snapshot_free(out);
+	return CLI_REFUSED;
+}
+
 /* Two polls interval_ms apart, sorted; 0 or an exit code (printed). */
-static int top_poll_twice(struct gpuq_client *c, uint64_t interval_ms, enum top_sort sort,
+static int top_poll_twice(struct gpuq_client *c, uint64_t interval_ms, const struct top_view *v,
 			  struct top_snapshot *out)
 {
 	struct top_snapshot first;
 	struct gpuq_error err;
 	struct timespec ts = { .tv_sec = (time_t)(interval_ms / 1000),
 			       .tv_nsec = (long)(interval_ms % 1000) * 1000000 };
+	int rc = top_first_poll(c, v, &first);
 
-	if (top_snapshot_poll(c, NULL, &first, &err) < 0)
-		goto fail;
+	if (rc)
+		return rc;
 	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 		;
-	if (top_snapshot_poll(c, &first, out, &err) < 0) {
-		top_snapshot_free(&first);
-		goto fail;
-	}
+	rc = top_snapshot_poll(c, &first, out, &err);
 	top_snapshot_free(&first);
-	top_snapshot_sort(out, sort);
+	if (rc < 0) {
+		fprintf(stderr, "gpuq top: %s\n", err.message);
+		return poll_failed(&err);
+	}
+	top_snapshot_sort(out, v->sort);
 	return 0;
-fail:
-	fprintf(stderr, "gpuq top: %s\n", err.message);
-	return poll_failed(&err);
 }
 
 /* --once: plain text (no escape sequences) or JSON, for scripts. */
@@ -86,7 +111,7 @@ static int top_once(struct gpuq_client *c, const struct cli *cli, const struct t
 		    uint64_t interval_ms)
 {
 	struct top_snapshot s;
-	int rc = top_poll_twice(c, interval_ms, v->sort, &s);
+	int rc = top_poll_twice(c, interval_ms, v, &s);
 
 	if (rc)
 		return rc;
@@ -392,14 +417,11 @@ static int top_loop(struct top_live *t, char *why, size_t size)
 static int top_live(struct gpuq_client *c, const struct top_view *v, uint64_t interval_ms)
 {
 	struct top_live t = { .client = c, .view = *v, .interval_ms = interval_ms };
-	struct gpuq_error err;
 	char why[600];
-	int rc;
+	int rc = top_first_poll(c, v, &t.snap);
 
-	if (top_snapshot_poll(c, NULL, &t.snap, &err) < 0) {
-		fprintf(stderr, "gpuq top: %s\n", err.message);
-		return poll_failed(&err);
-	}
+	if (rc)
+		return rc;
 	top_snapshot_sort(&t.snap, t.view.sort);
 	if (signals_install() < 0 || term_enter() < 0) {
 		perror("gpuq top: setting up the terminal");
