@@ -41,14 +41,6 @@ static bool term_raw;
 static volatile sig_atomic_t top_stop_signal, top_resized;
 static int top_wake[2] = { -1, -1 };
 
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* A refused poll is the daemon's answer (1); a broken connection, unreachable (3). */
 static int poll_failed(const struct gpuq_error *err)
 {
@@ -378,14 +370,14 @@ static int top_refresh(struct top_live *t, struct gpuq_error *err)
  */
 static int top_loop(struct top_live *t, char *why, size_t size)
 {
-	double next = now_ms() + (double)t->interval_ms;
+	double next = top_now_s() + (double)t->interval_ms / 1e3; /* the next refresh */
 	struct gpuq_error err;
 
 	for (;;) {
 		struct pollfd fds[3] = { { .fd = STDIN_FILENO, .events = POLLIN },
 					 { .fd = top_wake[0], .events = POLLIN },
 					 { .fd = gpuq_fd(t->client), .events = POLLIN } };
-		double left = next - now_ms();
+		double left = (next - top_now_s()) * 1e3; /* ms */
 		char drain[16];
 
 		poll(fds, 3, t->paused ? -1 : left > 0 ? (int)left + 1 : 0);
@@ -403,12 +395,12 @@ static int top_loop(struct top_live *t, char *why, size_t size)
 			snprintf(why, size, "quit");
 			return CLI_OK;
 		}
-		if (fds[2].revents || (!t->paused && now_ms() >= next)) {
+		if (fds[2].revents || (!t->paused && top_now_s() >= next)) {
 			if (top_refresh(t, &err) < 0) {
 				snprintf(why, size, "gpuqd went away: %s", err.message);
 				return poll_failed(&err);
 			}
-			next = now_ms() + (double)t->interval_ms;
+			next = top_now_s() + (double)t->interval_ms / 1e3;
 		}
 		top_paint(t);
 	}

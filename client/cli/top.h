@@ -84,6 +84,8 @@ struct top_view {
 };
 
 /* top_snapshot.c */
+/* CLOCK_MONOTONIC in seconds: what polls are timed with. */
+double top_now_s(void);
 /*
  * Polls the daemon into next, with rates against prev (NULL, or a snapshot
  * with no devices: none). 0, or -1 with err: the connection failed or the

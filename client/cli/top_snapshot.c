@@ -15,7 +15,7 @@ const char *const top_engine_keys[TOP_ENGINES] = { "h2d", "d2h", "kernel",
 const char *const top_engine_titles[TOP_ENGINES] = { "H2D", "D2H", "KERNEL",
 						     "COPY", "COLL", "OTHER" };
 
-static double monotonic_s(void)
+double top_now_s(void)
 {
 	struct timespec ts;
 
@@ -283,7 +283,7 @@ int top_snapshot_poll(struct gpuq_client *c, const struct top_snapshot *prev,
 	for (i = 0; i < 4 && rc == 0; i++)
 		rc = call_op(c, ops[i], &r[i], err);
 	if (rc == 0) {
-		next->polled_at = monotonic_s();
+		next->polled_at = top_now_s();
 		next->interval_s = prev && prev->polled_at > 0 ? next->polled_at - prev->polled_at : 0;
 		ping_read(next, r[0]->root);
 		if (devices_read(next, r[1]->root, prev) < 0 || users_read(next, r[2], r[3], prev) < 0)
