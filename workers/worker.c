@@ -466,19 +466,6 @@ void worker_kick(struct worker_pool *pool, int device)
 	pthread_mutex_unlock(&w->lock);
 }
 
-static struct timespec deadline_after(unsigned ms)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_REALTIME, &t);
-	t.tv_sec += ms / 1000;
-	t.tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (t.tv_nsec >= 1000000000L) {
-		t.tv_sec++;
-		t.tv_nsec -= 1000000000L;
-	}
-	return t;
-}
-
 int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
 {
 	pool->stopped = true;
@@ -489,7 +476,7 @@ int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
 		pthread_cond_signal(&w->wake);
 		pthread_mutex_unlock(&w->lock);
 	}
-	struct timespec deadline = deadline_after(timeout_ms);
+	struct timespec deadline = deadline_after(CLOCK_REALTIME, timeout_ms / 1e3);
 	int stuck = 0;
 	for (int i = 0; i < pool->count; i++) {
 		struct worker *w = &pool->workers[i];

@@ -575,16 +575,6 @@ static bool sched_round(struct sched *s, bool *device_waits)
 	return progress;
 }
 
-static struct timespec deadline_after(double seconds)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	double ns = (double)t.tv_nsec + seconds * 1e9;
-	t.tv_sec += (time_t)(ns / 1e9);
-	t.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
-	return t;
-}
-
 /* Whether the loop is over: told to stop, nothing queued, nothing in flight. Under the lock. */
 static bool sched_done(const struct sched *s)
 {
@@ -655,7 +645,7 @@ static bool idle_sleep(struct sched *s)
 	struct worker *w = s->w;
 	if (s->ninflight == 0 && w->pool->spin_us && idle_spin_for_work(s))
 		return false; /* not the end: something was queued or announced */
-	struct timespec until = s->ninflight ? deadline_after(idle_timeout(s)) : (struct timespec){ 0 };
+	struct timespec until = s->ninflight ? deadline_after(CLOCK_MONOTONIC, idle_timeout(s)) : (struct timespec){ 0 };
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&s->sleeping, true);
 	bool done;
