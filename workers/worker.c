@@ -183,6 +183,7 @@ static void worker_init(struct worker_pool *pool, struct worker *w, int index,
 	w->dev.ordinal = pool->ordinals[index];
 	w->dev.ordinals = pool->ordinals;
 	w->dev.ops = pool->ops;
+	w->dev.waits = &sched_device_waits;
 	w->dev.config = *config;
 	w->dev.device_count = pool->count;
 	snprintf(w->health, sizeof w->health, "starting");

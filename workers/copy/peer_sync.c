@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "workers/clock.h"
-#include "workers/sched/sched.h"
+#include "workers/sched/sched_wait.h"
 
 int peer_sync_init(struct peer_sync *s, struct work *const *parts, int nparts,
 		   unsigned timeout_ms)
