@@ -10,6 +10,7 @@
  */
 #include "workers/worker.h"
 #include "workers/clock.h"
+#include "workers/backend/device_reset.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -148,6 +149,15 @@ static void worker_refuse_all(struct worker *w, const struct gpuq_error *why)
 	pthread_mutex_unlock(&w->lock);
 }
 
+/* How the scheduler calls back the worker (sched_hooks.h): retiring works, resetting the device. */
+static const struct sched_hooks worker_sched_hooks = {
+	.refresh_after = worker_refresh_after,
+	.account_locked = worker_account_locked,
+	.hand_back = worker_hand_back,
+	.reset_due = device_reset_due,
+	.reset_run = device_reset_run,
+};
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -155,7 +165,7 @@ static void *worker_main(void *arg)
 	gpuq_error_clear(&err);
 	int rc = w->dev.ops->open(&w->dev, &err);
 	struct sched *s = NULL;
-	if (rc == 0 && !(s = sched_create(w, w->pool->max_inflight))) {
+	if (rc == 0 && !(s = sched_create(w, &worker_sched_hooks, w->pool->max_inflight))) {
 		rc = gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "device %d: no memory for its scheduler",
 			       w->dev.index);
 		w->dev.ops->close(&w->dev);

@@ -13,7 +13,9 @@
  * What a job may call while it runs (waits, slots, DMA turns) is in
  * sched_wait.c, below this file: the loop calls into it (to bind the
  * thread's scheduler, to reclaim a finished job's slots), never the other
- * way. The state both share is sched_state.h's.
+ * way. The state both share is sched_state.h's. The worker above calls
+ * this file; this file calls the worker back (retiring a work, resetting
+ * the device) only through the hooks it was made with (sched_hooks.h).
  *
  * Threads: everything here runs on the device's worker thread, except
  * sched_stats (any thread, under the worker's lock). The queues are the
@@ -29,7 +31,6 @@
 #include <time.h>
 
 #include "workers/clock.h"
-#include "workers/backend/device_reset.h"
 #include "workers/sched/fiber.h"
 #include "workers/sched/sched_state.h"
 #include "workers/worker.h"
@@ -41,7 +42,8 @@
 
 /* ---- creating and freeing ---- */
 
-struct sched *sched_create(struct worker *w, unsigned max_inflight)
+struct sched *sched_create(struct worker *w, const struct sched_hooks *hooks,
+			   unsigned max_inflight)
 {
 	struct sched *s = calloc(1, sizeof *s);
 	if (!s)
@@ -51,7 +53,7 @@ struct sched *sched_create(struct worker *w, unsigned max_inflight)
 	s->lock = &w->lock;
 	s->wake = &w->wake;
 	s->queues = &w->queues;
-	s->reset_due = device_reset_due;
+	s->hooks = *hooks;
 	s->max_inflight = max_inflight ? max_inflight : SCHED_DEFAULT_INFLIGHT;
 	unsigned records = 2 * s->max_inflight;
 	s->jobs = calloc(records, sizeof *s->jobs);
@@ -231,7 +233,7 @@ static void job_retire(struct sched *s, struct work *work, double started, bool 
 {
 	struct worker *w = s->w;
 	double now = monotonic_seconds();
-	worker_refresh_after(w, work);
+	s->hooks.refresh_after(w, work);
 	pthread_mutex_lock(&w->lock);
 	if (counted) {
 		sched_retire(&w->queues, work, started, now);
@@ -239,9 +241,9 @@ static void job_retire(struct sched *s, struct work *work, double started, bool 
 	} else {
 		sched_remove(&w->queues, work);
 	}
-	worker_account_locked(w, work);
+	s->hooks.account_locked(w, work);
 	pthread_mutex_unlock(&w->lock);
-	worker_hand_back(w, work);
+	s->hooks.hand_back(w, work);
 }
 
 static void job_finish(struct sched *s, struct sched_job *j)
@@ -357,7 +359,7 @@ static bool sched_admit(struct sched *s)
 	struct work *started[BATCH];
 	struct sched_deps deps[BATCH];
 	unsigned n = 0, room = s->nfree_jobs < BATCH ? s->nfree_jobs : BATCH;
-	if (!atomic_load(&w->queues.dirty) || device_reset_due(w))
+	if (!atomic_load(&w->queues.dirty) || s->hooks.reset_due(w))
 		return false; /* a reset first waits for the jobs in flight to end */
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&w->queues.dirty, false);
@@ -519,8 +521,8 @@ void sched_run(struct sched *s)
 	sched_wait_bind(s);
 	for (;;) {
 		bool device_waits = false;
-		if (s->ninflight == 0 && device_reset_due(w))
-			device_reset_run(w, s);
+		if (s->ninflight == 0 && s->hooks.reset_due(w))
+			s->hooks.reset_run(w, s);
 		bool progress = sched_admit(s);
 		progress = sched_round(s, &device_waits) || progress;
 		if (progress) {

@@ -50,6 +50,7 @@
 
 #include "workers/backend/backend.h"
 #include "workers/sched/sched_engine.h"
+#include "workers/sched/sched_hooks.h"
 #include "workers/sched/sched_queue.h"
 #include "workers/sched/sched_wait.h"
 #include "workers/work.h"
@@ -70,8 +71,12 @@ struct sched_stats {
 #define SCHED_MAX_INFLIGHT 256
 
 struct sched;
-/* Worker thread, after the device opened: the scheduler of w's device (NULL: out of memory). */
-struct sched *sched_create(struct worker *w, unsigned max_inflight);
+/*
+ * Worker thread, after the device opened: the scheduler of w's device
+ * (NULL: out of memory), which calls w back through hooks (copied).
+ */
+struct sched *sched_create(struct worker *w, const struct sched_hooks *hooks,
+			   unsigned max_inflight);
 /*
  * Worker thread, before the device closes: frees the lanes and fibers. The
  * struct itself stays until sched_free (main thread, after the worker thread

@@ -3,7 +3,7 @@
  * loop (sched.c: admits, resumes, retires) and the waits a job may call
  * (sched_wait.c). The loop calls down into the waits; the waits never call
  * the loop, and reach the worker only through what the loop copied here at
- * creation (its lock, condition variable, queues and reset check).
+ * creation (its lock, condition variable, queues and hooks).
  *
  * Threads: the device's worker thread, except notified and sleeping
  * (atomic: sched_notify, any thread) and by_engine, busy_since and
@@ -21,6 +21,7 @@
 #include "workers/backend/backend.h"
 #include "workers/clock.h"
 #include "workers/sched/sched_engine.h"
+#include "workers/sched/sched_hooks.h"
 #include "workers/sched/sched_queue.h"
 #include "workers/sched/sched_wait.h"
 #include "workers/work.h"
@@ -98,13 +99,14 @@ struct sched {
 	atomic_bool notified, sleeping;
 	/*
 	 * The worker's (w's), copied at creation for the waits, which know
-	 * nothing of struct worker: its lock and condition variable, its
-	 * queues, and whether its device must be reset now (device_reset_due).
+	 * nothing of struct worker: its lock and condition variable and its
+	 * queues; and how to call it back (the loop and the waits use these,
+	 * never a worker_* or device_reset_* name).
 	 */
 	pthread_mutex_t *lock;
 	pthread_cond_t *wake;
 	struct sched_queues *queues;
-	bool (*reset_due)(struct worker *w);
+	struct sched_hooks hooks;
 	/* Engines in flight and their busy time; under the worker's lock. */
 	unsigned by_engine[SCHED_ENGINES];
 	double busy_since[SCHED_ENGINES], busy_total[SCHED_ENGINES];

@@ -104,7 +104,7 @@ static void poll_until(bool (*ready)(void *arg), void *arg)
 static bool job_alone(const struct sched *s)
 {
 	return s->ninflight == 1 && !atomic_load(&s->queues->dirty) &&
-	       !atomic_load(&s->notified) && !s->reset_due(s->w);
+	       !atomic_load(&s->notified) && !s->hooks.reset_due(s->w);
 }
 
 static void wait_until(bool (*ready)(void *arg), void *arg, bool device, enum sched_wait why)
