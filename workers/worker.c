@@ -10,6 +10,7 @@
  */
 #include "workers/worker.h"
 #include "workers/clock.h"
+#include "workers/backend/device_reset.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -148,6 +149,15 @@ static void worker_refuse_all(struct worker *w, const struct gpuq_error *why)
 	pthread_mutex_unlock(&w->lock);
 }
 
+/* How the scheduler calls back the worker (sched_hooks.h): retiring works, resetting the device. */
+static const struct sched_hooks worker_sched_hooks = {
+	.refresh_after = worker_refresh_after,
+	.account_locked = worker_account_locked,
+	.hand_back = worker_hand_back,
+	.reset_due = device_reset_due,
+	.reset_run = device_reset_run,
+};
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -155,7 +165,7 @@ static void *worker_main(void *arg)
 	gpuq_error_clear(&err);
 	int rc = w->dev.ops->open(&w->dev, &err);
 	struct sched *s = NULL;
-	if (rc == 0 && !(s = sched_create(w, w->pool->max_inflight))) {
+	if (rc == 0 && !(s = sched_create(w, &worker_sched_hooks, w->pool->max_inflight))) {
 		rc = gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "device %d: no memory for its scheduler",
 			       w->dev.index);
 		w->dev.ops->close(&w->dev);
@@ -183,6 +193,7 @@ static void worker_init(struct worker_pool *pool, struct worker *w, int index,
 	w->dev.ordinal = pool->ordinals[index];
 	w->dev.ordinals = pool->ordinals;
 	w->dev.ops = pool->ops;
+	w->dev.waits = &sched_device_waits;
 	w->dev.config = *config;
 	w->dev.device_count = pool->count;
 	snprintf(w->health, sizeof w->health, "starting");
@@ -466,19 +477,6 @@ void worker_kick(struct worker_pool *pool, int device)
 	pthread_mutex_unlock(&w->lock);
 }
 
-static struct timespec deadline_after(unsigned ms)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_REALTIME, &t);
-	t.tv_sec += ms / 1000;
-	t.tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (t.tv_nsec >= 1000000000L) {
-		t.tv_sec++;
-		t.tv_nsec -= 1000000000L;
-	}
-	return t;
-}
-
 int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
 {
 	pool->stopped = true;
@@ -489,7 +487,7 @@ int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
 		pthread_cond_signal(&w->wake);
 		pthread_mutex_unlock(&w->lock);
 	}
-	struct timespec deadline = deadline_after(timeout_ms);
+	struct timespec deadline = deadline_after(CLOCK_REALTIME, timeout_ms / 1e3);
 	int stuck = 0;
 	for (int i = 0; i < pool->count; i++) {
 		struct worker *w = &pool->workers[i];

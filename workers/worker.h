@@ -186,8 +186,9 @@ void run_work(struct device *dev, struct work *work);
 /*
  * Worker thread (sched.c): work has ended; records its outcome and the
  * device's health, and hands it to the main thread. worker_finish_work
- * does it all; the scheduler does it in its three steps, so that the
- * accounting shares the critical section in which it retires the work:
+ * does it all; the scheduler does it in its three steps (through
+ * sched_hooks.h), so that the accounting shares the critical section in
+ * which it retires the work:
  * worker_refresh_after (the device's memory figures after an alloc or a
  * free: a backend call, without the lock), worker_account_locked (under
  * w->lock), then worker_hand_back (without it).

@@ -84,13 +84,34 @@ struct coll_id;
 struct chain_spec;
 struct chain_state;
 struct sched;
+struct device;
 #define DEVICE_CHAIN_COUNTERS 16
+
+/*
+ * What a backend asks of the scheduler that drives its device, through
+ * this table rather than by name, since the scheduler is above it
+ * (workers/sched/sched_wait.h fills it in; the worker sets dev->waits
+ * before the device opens). wait_device and wait_host yield the running
+ * job until ready(arg) (outside a job they poll): wait_device for what
+ * the device finishes by itself (an event: the worker keeps polling),
+ * wait_host for what the backend's own threads finish and announce with
+ * notify (the worker may sleep meanwhile). notify (any thread) wakes
+ * scheduler s, which may be NULL. publish_tail: the running job has issued
+ * all the device work it will issue on its lane (sched_publish_tail).
+ */
+struct device_waits {
+	void (*wait_device)(bool (*ready)(void *arg), void *arg);
+	void (*wait_host)(bool (*ready)(void *arg), void *arg);
+	void (*notify)(struct sched *s);
+	void (*publish_tail)(struct device *dev);
+};
 
 /* One device as its worker sees it. Owned by that worker thread. */
 struct device {
 	int index;  /* gpuq's index: what clients name */
 	int ordinal; /* the backend's own number (CUDA device ordinal) */
 	const struct backend_ops *ops;
+	const struct device_waits *waits; /* the scheduler's hooks, set before open */
 	struct device_config config;
 	struct device_info info;
 	bool peer_access[GPUQ_MAX_DEVICES]; /* filled by open */

@@ -40,10 +40,10 @@
 #include "workers/chain/chain.h"
 #include "workers/collective/collective_cuda.h"
 #include "workers/backend/cuda_check.h"
+#include "workers/backend/cuda_util.h"
 #include "workers/backend/cuda_vmm.h"
 #include "workers/backend/numa.h"
 #include "workers/backend/peer_link.h"
-#include "workers/sched/sched.h"
 
 /* Dtypes are passed to the kernels by value: both enums must agree. */
 _Static_assert((int)KERNELS_BYTES == (int)GPUQ_DTYPE_BYTES && (int)KERNELS_U8 == (int)GPUQ_DTYPE_U8 &&
@@ -57,34 +57,6 @@ _Static_assert((int)KERNELS_BYTES == (int)GPUQ_DTYPE_BYTES && (int)KERNELS_U8 ==
 
 /* Slots start on page boundaries, which copy engines and memcpy both favour. */
 #define CUDA_SLOT_ALIGN ((size_t)4096)
-
-/*
- * A lane (backend.h): one job's stream, the event its waits are on, and its
- * own checksum words, so that jobs in flight together share nothing.
- */
-struct cuda_lane {
-	cudaStream_t stream;
-	cudaEvent_t done;
-	unsigned long long *d_sum, *h_sum;
-};
-
-struct cuda_state {
-	cudaStream_t compute, h2d, d2h;
-	cudaEvent_t sync_done; /* what waits on the device's own streams (outside jobs) use */
-	cudaMemPool_t pool;
-	void *staging; /* one pinned block holding every slot */
-	size_t ring_mapped; /* bytes mmap'ed on the GPU's node and registered; 0: cudaHostAlloc */
-	cudaEvent_t slot_done[GPUQ_MAX_STAGING_SLOTS];
-	unsigned long long *d_sum; /* the checksum kernel's accumulator */
-	unsigned long long *h_sum; /* pinned: where d_sum is copied back */
-	bool peer_enabled[GPUQ_MAX_DEVICES]; /* by gpuq index: what close disables */
-	/* Live allocations from the pool, so that close can free what clients left. */
-	void **live;
-	size_t nlive, live_cap;
-	/* Shareable buffers, each an allocation of its own (cuda_vmm.h); close frees what is left. */
-	struct cuda_vmm_alloc *shared;
-	size_t nshared, shared_cap;
-};
 
 /* Remembers an allocation; false when the host is out of memory. */
 static bool cuda_track(struct cuda_state *st, void *ptr)
@@ -109,84 +81,6 @@ static void cuda_untrack(struct cuda_state *st, void *ptr)
 			return;
 		}
 	}
-}
-
-/* The stream device work goes on: the running job's lane, else the device's own `fallback`. */
-static cudaStream_t cuda_stream(const struct device *dev, cudaStream_t fallback)
-{
-	const struct cuda_lane *lane = dev->lane;
-	return lane ? lane->stream : fallback;
-}
-
-cudaStream_t cuda_current_stream(const struct device *dev)
-{
-	const struct cuda_state *st = dev->impl;
-	return cuda_stream(dev, st->compute);
-}
-
-struct cuda_event_poll {
-	cudaEvent_t event;
-	cudaError_t result;
-};
-
-/* A wait's predicate: the event is complete, or CUDA reports an error instead. */
-static bool cuda_event_settled(void *arg)
-{
-	struct cuda_event_poll *p = arg;
-	p->result = cudaEventQuery(p->event);
-	if (p->result != cudaErrorNotReady)
-		return true;
-	(void)cudaGetLastError(); /* "not ready" is an answer, not an error to report later */
-	return false;
-}
-
-/*
- * Waits for event without blocking the worker: a job yields to the
- * scheduler until the event is complete (code outside jobs polls).
- */
-int cuda_wait_event(struct device *dev, cudaEvent_t event, const char *what, struct gpuq_error *err)
-{
-	struct cuda_event_poll p = { event, cudaErrorNotReady };
-	sched_wait_device(cuda_event_settled, &p);
-	return p.result == cudaSuccess ? 0 : cuda_fail(dev, err, p.result, what, __FILE__, __LINE__);
-}
-
-/* Waits for everything enqueued so far on the current stream (the lane's, or compute). */
-int cuda_sync(struct device *dev, struct gpuq_error *err)
-{
-	struct cuda_state *st = dev->impl;
-	struct cuda_lane *lane = dev->lane;
-	cudaEvent_t ev = lane ? lane->done : st->sync_done;
-	CUDA_TRY(dev, err, cudaEventRecord(ev, cuda_current_stream(dev)));
-	return cuda_wait_event(dev, ev, "waiting for the job's stream (cudaEventQuery)", err);
-}
-
-int cuda_fail(struct device *dev, struct gpuq_error *err, cudaError_t e, const char *call,
-	      const char *file, int line)
-{
-	enum gpuq_errc code =
-		e == cudaErrorMemoryAllocation ? GPUQ_E_OUT_OF_MEMORY : GPUQ_E_DEVICE_ERROR;
-	(void)cudaGetLastError(); /* a sticky error stays regardless */
-	if (!cuda_error_is_sticky(e))
-		return gpuq_fail(err, code, "[gpu %d] %s failed: %s (%s) at %s:%d", dev->index,
-				 call, cudaGetErrorString(e), cudaGetErrorName(e), file, line);
-	dev->faulted = true;
-	snprintf(dev->fault_reason, sizeof dev->fault_reason, "%s failed: %s (%s)", call,
-		 cudaGetErrorString(e), cudaGetErrorName(e));
-	return gpuq_fail(err, code,
-			 "[gpu %d] %s failed: %s (%s) at %s:%d; the error is sticky: the CUDA "
-			 "context of gpu %d is lost and it takes no more jobs",
-			 dev->index, call, cudaGetErrorString(e), cudaGetErrorName(e), file, line,
-			 dev->index);
-}
-
-/* The one place teardown failures are reported; the daemon's logger may take over here. */
-void cuda_log_teardown_error(const struct device *dev, cudaError_t e, const char *call,
-			     const char *file, int line)
-{
-	fprintf(stderr, "gpuqd: [gpu %d] %s failed during teardown: %s (%s) at %s:%d\n",
-		dev->index, call, cudaGetErrorString(e), cudaGetErrorName(e), file, line);
-	(void)cudaGetLastError();
 }
 
 /* Main thread. The configuration is the host backend's business; CUDA counts its own. */

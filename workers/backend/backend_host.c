@@ -9,7 +9,7 @@
  * Device work runs on the device's engine threads (host_engine.h), in the
  * order of the lane it was enqueued on, as on a GPU: the copies of a put,
  * a get and a kernel chain of three jobs run side by side, and a job waits
- * for its own work by yielding to the scheduler (sched.h).
+ * for its own work by yielding to the scheduler (through dev->waits, backend.h).
  *
  * Threads: as backend.h says; the arena's list is shared with the compute
  * engine (which releases blocks) under the device's lock.
@@ -29,7 +29,6 @@
 #include "workers/collective/collective_host.h"
 #include "workers/backend/host_engine.h"
 #include "workers/backend/host_patterns.h"
-#include "workers/sched/sched.h"
 
 /*
  * Each allocation is preceded by a header: its size, so release can return
@@ -76,9 +75,9 @@ static bool host_event_settled(void *arg)
 }
 
 /* Waits for ev: a job yields until an engine thread has got there (it tells the scheduler). */
-static void host_event_wait_host(struct host_event *ev)
+static void host_event_wait_host(struct device *dev, struct host_event *ev)
 {
-	sched_wait_host(host_event_settled, ev, SCHED_NOT_WAITING);
+	dev->waits->wait_host(host_event_settled, ev);
 }
 
 static int host_enqueue(struct device *dev, enum host_engine_kind kind, host_op_fn fn,
@@ -97,7 +96,7 @@ static int host_sync(struct device *dev, struct gpuq_error *err)
 	if (host_stream_record(host_current(dev), &ev) != 0)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory to queue work",
 				 dev->index);
-	host_event_wait_host(&ev);
+	host_event_wait_host(dev, &ev);
 	return 0;
 }
 
@@ -471,7 +470,7 @@ static int host_slot_wait(struct device *dev, unsigned slot, struct gpuq_error *
 {
 	struct host_device *h = dev->impl;
 	(void)err;
-	host_event_wait_host(&h->slot_done[slot]);
+	host_event_wait_host(dev, &h->slot_done[slot]);
 	return 0;
 }
 
@@ -516,7 +515,7 @@ static int host_copy_timed(struct device *dev, enum host_engine_kind kind, void 
 					    : gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 							"host device %d: no memory to queue work",
 							dev->index);
-	host_event_wait_host(&end);
+	host_event_wait_host(dev, &end);
 	if (seconds)
 		*seconds = end.at - start.at;
 	return 0;
@@ -603,7 +602,7 @@ static void host_event_destroy(struct device *dev, void *event)
 	(void)dev;
 	if (!event)
 		return;
-	host_event_wait_host(event);
+	host_event_wait_host(dev, event);
 	free(event);
 }
 
@@ -628,7 +627,7 @@ static int host_event_sync(struct device *dev, void *event, struct gpuq_error *e
 {
 	(void)dev;
 	(void)err;
-	host_event_wait_host(event);
+	host_event_wait_host(dev, event);
 	return 0;
 }
 

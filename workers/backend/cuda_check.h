@@ -58,21 +58,11 @@ static inline bool cuda_error_is_sticky(cudaError_t e)
 /*
  * Sets err from e as described above, marks dev faulted when e is sticky,
  * clears the thread's last error and returns -1. call names what failed.
- * Defined in workers/backend/backend_cuda.c.
+ * Defined in workers/backend/cuda_util.c, as is cuda_log_teardown_error;
+ * cuda_util.h has the stream and the waits the CUDA files share.
  */
 int cuda_fail(struct device *dev, struct gpuq_error *err, cudaError_t e, const char *call,
 	      const char *file, int line);
-
-/*
- * backend_cuda.c's stream and waits, for the other CUDA files of workers/:
- * the stream device work goes on now (the running job's lane, or the
- * device's compute stream outside jobs); a wait for an event that yields to
- * the scheduler instead of blocking the worker; and a wait for everything
- * enqueued on the current stream so far.
- */
-cudaStream_t cuda_current_stream(const struct device *dev);
-int cuda_wait_event(struct device *dev, cudaEvent_t event, const char *what, struct gpuq_error *err);
-int cuda_sync(struct device *dev, struct gpuq_error *err);
 
 /* Logs a failure during teardown ("gpuqd: [gpu N] ...") and clears it. */
 void cuda_log_teardown_error(const struct device *dev, cudaError_t e, const char *call,

@@ -22,7 +22,6 @@
 
 #include "workers/backend/backend.h"
 #include "workers/clock.h"
-#include "workers/sched/sched.h"
 
 enum qop_type { QOP_RUN, QOP_MARK, QOP_WAIT };
 
@@ -205,7 +204,7 @@ static void *engine_main(void *arg)
 		retire_ready(e);
 		pthread_cond_broadcast(&engines_cond);
 		pthread_mutex_unlock(&engines_lock);
-		sched_notify(e->dev->sched);
+		e->dev->waits->notify(e->dev->sched);
 		pthread_mutex_lock(&engines_lock);
 	}
 	pthread_mutex_unlock(&engines_lock);

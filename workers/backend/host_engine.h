@@ -15,7 +15,7 @@
  * else takes the copy queued first, whatever its stream, as a GPU's do.
  *
  * Threads: operations are enqueued by the device's worker thread; engine
- * threads run them and tell the device's scheduler (sched_notify) when one
+ * threads run them and tell the device's scheduler (dev->waits->notify) when one
  * completes. One lock serves every host device (it is a test backend).
  */
 #ifndef GPUQ_HOST_ENGINE_H

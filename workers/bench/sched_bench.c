@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "workers/chain/chain.h"
-#include "workers/sched/sched.h"
+#include "workers/sched/sched_wait.h"
 
 /* The same chain as `gpuq bench chain`'s bandwidth rows: sin | add 1 | sqrt | mul 2 | sub 3. */
 static const struct kernels_chain_op ceiling_chain[] = {

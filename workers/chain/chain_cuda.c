@@ -4,7 +4,8 @@
  * A device's chain state (workers/chain/chain.c) holds, besides the plan cache, a
  * struct chain_cuda: the stream chains run on and the events that time them.
  * The stream is the chain code's own rather than the backend's compute
- * stream, so that backend_cuda.c's private state stays private; ordering
+ * stream, so that the chain code touches none of the backend's streams
+ * (it only calls down, into cuda_util.h, for the lane and the waits); ordering
  * is kept because a worker runs one job at a time and every backend
  * operation, chains included, leaves its streams idle when it returns.
  *
@@ -44,7 +45,7 @@
 #include "workers/chain/chain_jit.h"
 #include "workers/chain/chain_module.h"
 #include "workers/backend/cuda_check.h"
-#include "workers/sched/sched.h"
+#include "workers/backend/cuda_util.h"
 
 struct chain_cuda {
 	bool ready; /* kernels loaded and stream made */
@@ -412,7 +413,7 @@ static int cuda_replays(struct device *dev, struct chain_cuda *cc, const struct 
 		}
 		CUDA_TRY(dev, err, cudaEventRecord(cc->stop[r], lane));
 	}
-	sched_publish_tail(dev);
+	dev->waits->publish_tail(dev);
 	return 0;
 }
 

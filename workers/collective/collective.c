@@ -6,7 +6,7 @@
  * communicator. Worker threads only; see collective.h for who owns what.
  */
 #include "workers/collective/collective.h"
-#include "workers/sched/sched.h"
+#include "workers/sched/sched_wait.h"
 
 #include <sched.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "workers/clock.h"
-#include "workers/sched/sched.h"
+#include "workers/sched/sched_wait.h"
 
 int peer_sync_init(struct peer_sync *s, struct work *const *parts, int nparts,
 		   unsigned timeout_ms)
@@ -132,16 +132,6 @@ static int check_ended(struct peer_sync *s, int self, const char *what, struct g
 	return 0;
 }
 
-static struct timespec deadline_in(double seconds)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	double ns = (double)t.tv_nsec + seconds * 1e9;
-	t.tv_sec += (time_t)(ns / 1e9);
-	t.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
-	return t;
-}
-
 /* Whether every part but self has ended; the lock is held. */
 static bool others_ended(const struct peer_sync *s, int self)
 {
@@ -182,7 +172,7 @@ static int wait_change(struct peer_sync *s, int self, double seconds, struct gpu
 		pthread_mutex_lock(&s->lock);
 		return 0;
 	}
-	struct timespec until = deadline_in(seconds);
+	struct timespec until = deadline_after(CLOCK_MONOTONIC, seconds);
 	int rc = pthread_cond_timedwait(&s->changed, &s->lock, &until);
 	if (rc != 0 && rc != ETIMEDOUT && rc != EINTR)
 		return gpuq_fail(err, GPUQ_E_INTERNAL, "pthread_cond_timedwait: %s", strerror(rc));

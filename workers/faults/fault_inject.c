@@ -10,6 +10,7 @@
 
 #include "kernels/faults/fault.h"
 #include "workers/backend/cuda_check.h"
+#include "workers/backend/cuda_util.h"
 #include "workers/faults/fault_inject.h"
 
 int fault_inject_run(struct device *dev, struct work *work)

@@ -10,9 +10,16 @@
  * sleeping on the worker's condition variable otherwise, until a submission,
  * a cancel or sched_notify (a copy thread, another device's part) wakes it.
  *
+ * What a job may call while it runs (waits, slots, DMA turns) is in
+ * sched_wait.c, below this file: the loop calls into it (to bind the
+ * thread's scheduler, to reclaim a finished job's slots), never the other
+ * way. The state both share is sched_state.h's. The worker above calls
+ * this file; this file calls the worker back (retiring a work, resetting
+ * the device) only through the hooks it was made with (sched_hooks.h).
+ *
  * Threads: everything here runs on the device's worker thread, except
- * sched_notify and sched_stats (any thread; the latter under the worker's
- * lock). The queues are the worker's lock's (worker.h).
+ * sched_stats (any thread, under the worker's lock). The queues are the
+ * worker's lock's (worker.h).
  */
 #include "workers/sched/sched.h"
 
@@ -24,148 +31,29 @@
 #include <time.h>
 
 #include "workers/clock.h"
-#include "workers/backend/device_reset.h"
 #include "workers/sched/fiber.h"
+#include "workers/sched/sched_state.h"
 #include "workers/worker.h"
 
 /* How often a sleeping scheduler looks again at its host waits anyway (deadlines, cancels). */
 #define SCHED_HOST_RECHECK_S 0.01
-/* A job polling in place for something no predicate says (sched_pause): pause this many times between looks. */
-#define SCHED_SPIN_PAUSES 32
 /* Spinning on device waits: give up the CPU every so many rounds. */
 #define SCHED_SPIN_YIELD_EVERY 64
-/*
- * The gap between two looks at what a job waits for on the device: half the
- * time waited so far, within these bounds. Each look is a call into the
- * driver (cudaEventQuery); a long wait, which has chunks queued behind it,
- * need not make one every microsecond, while a wait of a few microseconds
- * (a small collective) is still seen within one. (docs/ARCHITECTURE.md,
- * "Polling the device": on the H200 the rate of looks did not set a
- * staged put's pace; its read-ahead did.)
- */
-#define SCHED_POLL_MIN_S 1e-6
-#define SCHED_POLL_MAX_S 16e-6
-
-struct sched_lane {
-	void *lane;
-	void *tail; /* the event a job records when it has issued all its device work */
-	int priority;
-	struct sched_lane *next;
-};
-
-struct sched_job {
-	struct sched *s;
-	struct work *work;
-	struct fiber *fiber;
-	struct sched_lane *lane;
-	double started;
-	enum sched_engine engine;
-	/* While it waits: the predicate, and whether the worker may sleep meanwhile. */
-	bool (*ready)(void *arg);
-	void *ready_arg;
-	bool device_wait;
-	double wake_at; /* a sleeping job's deadline (sched_sleep), else 0 */
-	uint64_t round; /* the last round that resumed it */
-	bool paused; /* yielded without doing anything (sched_pause) */
-	/* Staging slots: held now; waiting for one. */
-	unsigned slots_held;
-	bool slot_user, slot_waiting;
-	/* DMA turns (sched_dma_turn): waiting for one, by direction; when it last took one. */
-	bool dma_waiting[SCHED_DMA_DIRS];
-	uint64_t dma_last;
-	struct sched_job *next; /* in flight, by priority then submission */
-};
-
-struct sched {
-	struct worker *w;
-	struct device *dev;
-	unsigned max_inflight;
-	struct sched_job *jobs; /* 2 x max_inflight records */
-	struct sched_job *free_jobs;
-	unsigned nfree_jobs;
-	struct sched_job *inflight;
-	struct sched_job *current; /* the job whose fiber runs now */
-	uint64_t rounds; /* sched_round's, numbering them */
-	unsigned ninflight;
-	unsigned inflight_by_level[GPUQ_PRIORITIES];
-	struct sched_lane *free_lanes[GPUQ_PRIORITIES];
-	struct fiber **free_fibers;
-	unsigned nfree_fibers;
-	/* The staging ring: which slots are free, and which job holds each. */
-	struct sched_job *slot_holder[GPUQ_MAX_STAGING_SLOTS];
-	unsigned slots_free, slot_users;
-	/* DMAs queued through slots and not yet seen done: each slot's direction + 1, or 0. */
-	unsigned char slot_dma[GPUQ_MAX_STAGING_SLOTS];
-	unsigned dma_queued[SCHED_DMA_DIRS];
-	uint64_t dma_turns; /* turns taken, numbering them */
-	double shared_until; /* when more than one job was last in flight (monotonic seconds) */
-	uint64_t memory_epoch;
-	/* Waking from an idle sleep (sched_notify). */
-	atomic_bool notified, sleeping;
-	/* Engines in flight and their busy time; under the worker's lock. */
-	unsigned by_engine[SCHED_ENGINES];
-	double busy_since[SCHED_ENGINES], busy_total[SCHED_ENGINES];
-};
-
-static _Thread_local struct sched *self;
-
-static int level_of(const struct work *w)
-{
-	return w->priority >= 0 && w->priority < GPUQ_PRIORITIES ? w->priority
-								 : GPUQ_PRIORITY_NORMAL;
-}
-
-struct sched *sched_self(void)
-{
-	return self;
-}
-
-int sched_current_priority(void)
-{
-	if (!sched_in_job())
-		return GPUQ_PRIORITY_NORMAL;
-	return level_of(self->current->work);
-}
-
-bool sched_in_job(void)
-{
-	return self && self->current && fiber_current();
-}
-
-const char *sched_engine_name(enum sched_engine engine)
-{
-	static const char *const names[SCHED_ENGINES] = {
-		[SCHED_ENGINE_H2D] = "h2d",       [SCHED_ENGINE_D2H] = "d2h",
-		[SCHED_ENGINE_KERNEL] = "kernel", [SCHED_ENGINE_COPY] = "copy",
-		[SCHED_ENGINE_COLLECTIVE] = "collective", [SCHED_ENGINE_OTHER] = "other",
-	};
-	return (unsigned)engine < SCHED_ENGINES ? names[engine] : "unknown";
-}
-
-enum sched_engine sched_engine_of(const struct work *work)
-{
-	switch (work->kind) {
-	case WORK_PUT: return SCHED_ENGINE_H2D;
-	case WORK_GET: return SCHED_ENGINE_D2H;
-	case WORK_FILL:
-	case WORK_CHECKSUM:
-	case WORK_CHAIN: return SCHED_ENGINE_KERNEL;
-	case WORK_COPY: return SCHED_ENGINE_COPY;
-	case WORK_COLLECTIVE:
-	case WORK_COLLECTIVE_BENCH: return SCHED_ENGINE_COLLECTIVE;
-	default: return SCHED_ENGINE_OTHER;
-	}
-}
 
 /* ---- creating and freeing ---- */
 
-struct sched *sched_create(struct worker *w, unsigned max_inflight)
+struct sched *sched_create(struct worker *w, const struct sched_hooks *hooks,
+			   unsigned max_inflight)
 {
 	struct sched *s = calloc(1, sizeof *s);
 	if (!s)
 		return NULL;
 	s->w = w;
 	s->dev = &w->dev;
+	s->lock = &w->lock;
+	s->wake = &w->wake;
+	s->queues = &w->queues;
+	s->hooks = *hooks;
 	s->max_inflight = max_inflight ? max_inflight : SCHED_DEFAULT_INFLIGHT;
 	unsigned records = 2 * s->max_inflight;
 	s->jobs = calloc(records, sizeof *s->jobs);
@@ -339,35 +227,13 @@ static void job_record_put(struct sched *s, struct sched_job *j)
 	s->nfree_jobs++;
 }
 
-/* Slots a job still holds when it ends (a path that failed between acquire and release). */
-static bool slot_idle(void *arg);
-static void slot_dma_clear(struct sched *s, unsigned slot);
-
-static void reclaim_slots(struct sched *s, struct sched_job *j)
-{
-	struct device *dev = s->dev;
-	for (unsigned i = 0; i < dev->config.staging_slots && j->slots_held; i++) {
-		if (s->slot_holder[i] != j)
-			continue;
-		struct { struct device *dev; unsigned slot; } arg = { dev, i };
-		if (!dev->faulted)
-			sched_wait_device(slot_idle, &arg);
-		slot_dma_clear(s, i);
-		s->slot_holder[i] = NULL;
-		s->slots_free++;
-		j->slots_held--;
-	}
-	if (j->slot_user)
-		s->slot_users--;
-}
-
 /* Everything after a work's end: the queues, the share, the counters, the main thread. */
 static void job_retire(struct sched *s, struct work *work, double started, bool counted,
 		       enum sched_engine engine)
 {
 	struct worker *w = s->w;
 	double now = monotonic_seconds();
-	worker_refresh_after(w, work);
+	s->hooks.refresh_after(w, work);
 	pthread_mutex_lock(&w->lock);
 	if (counted) {
 		sched_retire(&w->queues, work, started, now);
@@ -375,20 +241,20 @@ static void job_retire(struct sched *s, struct work *work, double started, bool 
 	} else {
 		sched_remove(&w->queues, work);
 	}
-	worker_account_locked(w, work);
+	s->hooks.account_locked(w, work);
 	pthread_mutex_unlock(&w->lock);
-	worker_hand_back(w, work);
+	s->hooks.hand_back(w, work);
 }
 
 static void job_finish(struct sched *s, struct sched_job *j)
 {
 	struct work *work = j->work;
 	inflight_unlink(s, j);
-	reclaim_slots(s, j);
+	sched_slots_reclaim(s, j);
 	if (s->ninflight > 1)
 		s->shared_until = monotonic_seconds();
 	s->ninflight--;
-	s->inflight_by_level[level_of(work)]--;
+	s->inflight_by_level[sched_level_of(work)]--;
 	lane_give_back(s, j->lane);
 	s->free_fibers[s->nfree_fibers++] = j->fiber;
 	double started = j->started;
@@ -459,7 +325,7 @@ static void job_start(struct sched *s, struct work *work, const struct sched_dep
 	j->work = work;
 	j->started = now;
 	j->engine = sched_engine_of(work);
-	j->lane = lane_take(s, level_of(work), &work->error);
+	j->lane = lane_take(s, sched_level_of(work), &work->error);
 	dev->lane = j->lane ? j->lane->lane : NULL;
 	if (!j->lane || job_apply_deps(s, j, deps) != 0 || !(j->fiber = fiber_take(s, j))) {
 		if (!j->fiber && work->error.code == GPUQ_OK)
@@ -475,7 +341,7 @@ static void job_start(struct sched *s, struct work *work, const struct sched_dep
 	}
 	dev->lane = NULL;
 	s->ninflight++;
-	s->inflight_by_level[level_of(work)]++;
+	s->inflight_by_level[sched_level_of(work)]++;
 	inflight_insert(s, j);
 	pthread_mutex_lock(&s->w->lock);
 	engine_busy(s, j->engine, true, now);
@@ -493,7 +359,7 @@ static bool sched_admit(struct sched *s)
 	struct work *started[BATCH];
 	struct sched_deps deps[BATCH];
 	unsigned n = 0, room = s->nfree_jobs < BATCH ? s->nfree_jobs : BATCH;
-	if (!atomic_load(&w->queues.dirty) || device_reset_due(w))
+	if (!atomic_load(&w->queues.dirty) || s->hooks.reset_due(w))
 		return false; /* a reset first waits for the jobs in flight to end */
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&w->queues.dirty, false);
@@ -507,7 +373,7 @@ static bool sched_admit(struct sched *s)
 		sched_admit_work(&w->queues, work, now);
 		w->depth--;
 		load.inflight++;
-		load.inflight_by_level[level_of(work)]++;
+		load.inflight_by_level[sched_level_of(work)]++;
 		started[n++] = work;
 	}
 	if (n == room && w->queues.queued)
@@ -559,7 +425,7 @@ static bool sched_round(struct sched *s, bool *device_waits)
 		next = j->next;
 		if (j->round == round)
 			continue;
-		int level = level_of(j->work);
+		int level = sched_level_of(j->work);
 		if (j->ready && !j->ready(j->ready_arg)) {
 			*device_waits = *device_waits || j->device_wait;
 			passed_over = level < passed_over ? level : passed_over;
@@ -575,36 +441,10 @@ static bool sched_round(struct sched *s, bool *device_waits)
 	return progress;
 }
 
-static struct timespec deadline_after(double seconds)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	double ns = (double)t.tv_nsec + seconds * 1e9;
-	t.tv_sec += (time_t)(ns / 1e9);
-	t.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
-	return t;
-}
-
 /* Whether the loop is over: told to stop, nothing queued, nothing in flight. Under the lock. */
 static bool sched_done(const struct sched *s)
 {
 	return s->w->stopping && s->w->queues.queued == 0 && s->ninflight == 0;
-}
-
-/* How long to wait before the next look at a device wait that has lasted `waited` seconds. */
-static double poll_gap(double waited)
-{
-	double gap = waited / 2;
-	return gap < SCHED_POLL_MIN_S ? SCHED_POLL_MIN_S : gap > SCHED_POLL_MAX_S ? SCHED_POLL_MAX_S : gap;
-}
-
-/* Spins until `until` (monotonic seconds), pausing between looks at the clock. */
-static void spin_until(double until)
-{
-	do {
-		for (int i = 0; i < 8; i++)
-			__builtin_ia32_pause();
-	} while (monotonic_seconds() < until);
 }
 
 /*
@@ -614,7 +454,7 @@ static void spin_until(double until)
 static void idle_spin(double idle_since, unsigned *rounds)
 {
 	double now = monotonic_seconds();
-	spin_until(now + poll_gap(now - idle_since));
+	sched_spin_until(now + sched_poll_gap(now - idle_since));
 	if (++*rounds % SCHED_SPIN_YIELD_EVERY == 0)
 		sched_yield();
 }
@@ -655,7 +495,7 @@ static bool idle_sleep(struct sched *s)
 	struct worker *w = s->w;
 	if (s->ninflight == 0 && w->pool->spin_us && idle_spin_for_work(s))
 		return false; /* not the end: something was queued or announced */
-	struct timespec until = s->ninflight ? deadline_after(idle_timeout(s)) : (struct timespec){ 0 };
+	struct timespec until = s->ninflight ? deadline_after(CLOCK_MONOTONIC, idle_timeout(s)) : (struct timespec){ 0 };
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&s->sleeping, true);
 	bool done;
@@ -678,11 +518,11 @@ void sched_run(struct sched *s)
 	struct worker *w = s->w;
 	unsigned spins = 0;
 	double idle_since = 0; /* when the rounds stopped moving; 0 while they move */
-	self = s;
+	sched_wait_bind(s);
 	for (;;) {
 		bool device_waits = false;
-		if (s->ninflight == 0 && device_reset_due(w))
-			device_reset_run(w, s);
+		if (s->ninflight == 0 && s->hooks.reset_due(w))
+			s->hooks.reset_run(w, s);
 		bool progress = sched_admit(s);
 		progress = sched_round(s, &device_waits) || progress;
 		if (progress) {
@@ -699,354 +539,6 @@ void sched_run(struct sched *s)
 		if (idle_sleep(s))
 			break;
 	}
-	self = NULL;
+	sched_wait_bind(NULL);
 }
 
-void sched_notify_locked(struct sched *s)
-{
-	if (!s)
-		return;
-	atomic_store(&s->notified, true);
-	pthread_cond_signal(&s->w->wake);
-}
-
-void sched_notify(struct sched *s)
-{
-	if (!s)
-		return;
-	atomic_store(&s->notified, true);
-	if (atomic_load(&s->sleeping)) {
-		pthread_mutex_lock(&s->w->lock);
-		pthread_cond_signal(&s->w->wake);
-		pthread_mutex_unlock(&s->w->lock);
-	}
-}
-
-/* ---- waiting, from a job ---- */
-
-/* Outside a job: poll ready on this thread, spinning first, then sleeping in growing steps. */
-static void poll_until(bool (*ready)(void *arg), void *arg)
-{
-	unsigned rounds = 0;
-	long sleep_ns = 1000;
-	while (!ready(arg)) {
-		if (++rounds < 1000) {
-			__builtin_ia32_pause();
-			continue;
-		}
-		struct timespec t = { 0, sleep_ns };
-		nanosleep(&t, NULL);
-		if (sleep_ns < 1000000)
-			sleep_ns *= 2;
-	}
-}
-
-/*
- * Whether the running job is the device's only business: nothing else in
- * flight, nothing queued that might start. Then a wait for the device
- * polls on the job's own stack: a switch to the scheduler and back costs
- * two system calls (the signal mask), which a collective's end would wait
- * for on every poll.
- */
-static bool job_alone(const struct sched *s)
-{
-	return s->ninflight == 1 && !atomic_load(&s->w->queues.dirty) &&
-	       !atomic_load(&s->notified) && !device_reset_due(s->w);
-}
-
-static void wait_until(bool (*ready)(void *arg), void *arg, bool device, enum sched_wait why)
-{
-	if (ready(arg))
-		return;
-	if (!sched_in_job()) {
-		poll_until(ready, arg);
-		return;
-	}
-	if (device && !self->dev->ops->completions_notify) {
-		double start = monotonic_seconds();
-		while (job_alone(self)) {
-			double now = monotonic_seconds();
-			spin_until(now + poll_gap(now - start));
-			if (ready(arg))
-				return;
-		}
-	}
-	struct sched_job *j = self->current;
-	if (why != SCHED_NOT_WAITING)
-		atomic_store(&j->work->waiting, why);
-	j->ready = ready;
-	j->ready_arg = arg;
-	j->device_wait = device && !self->dev->ops->completions_notify;
-	fiber_yield();
-	if (why != SCHED_NOT_WAITING)
-		atomic_store(&j->work->waiting, SCHED_NOT_WAITING);
-}
-
-void sched_wait_device(bool (*ready)(void *arg), void *arg)
-{
-	wait_until(ready, arg, true, SCHED_NOT_WAITING);
-}
-
-void sched_wait_host(bool (*ready)(void *arg), void *arg, enum sched_wait why)
-{
-	wait_until(ready, arg, false, why);
-}
-
-static bool sleep_over(void *arg)
-{
-	return monotonic_seconds() >= *(const double *)arg;
-}
-
-void sched_sleep(double seconds)
-{
-	double until = monotonic_seconds() + seconds;
-	if (!sched_in_job()) {
-		struct timespec t = { (time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9) };
-		nanosleep(&t, NULL);
-		return;
-	}
-	self->current->wake_at = until;
-	sched_wait_host(sleep_over, &until, SCHED_NOT_WAITING);
-	self->current->wake_at = 0;
-}
-
-void sched_checkpoint(void)
-{
-	if (sched_in_job())
-		fiber_yield();
-}
-
-void sched_pause(void)
-{
-	if (!sched_in_job()) {
-		sched_yield();
-		return;
-	}
-	if (job_alone(self) && !self->dev->ops->completions_notify) { /* as wait_until: poll in place */
-		for (int i = 0; i < SCHED_SPIN_PAUSES; i++)
-			__builtin_ia32_pause();
-		return;
-	}
-	self->current->paused = true;
-	fiber_yield();
-}
-
-struct sched_job *sched_running_job(struct device *dev)
-{
-	struct sched *s = dev->sched;
-	return s && sched_in_job() && s == self ? s->current : NULL;
-}
-
-void sched_publish_tail(struct device *dev)
-{
-	struct sched_job *j = sched_running_job(dev);
-	if (!j)
-		return;
-	struct sched *s = j->s;
-	struct work *work = j->work;
-	if (work->sched_state != SCHED_WORK_ADMITTED || !sched_work_lane_ordered(work))
-		return;
-	struct gpuq_error ignored;
-	if (dev->ops->event_record(dev, j->lane->tail, &ignored) != 0)
-		return; /* later works then wait for the end instead */
-	pthread_mutex_lock(&s->w->lock);
-	work->tail_event = j->lane->tail;
-	sched_mark_tail(&s->w->queues, work);
-	pthread_mutex_unlock(&s->w->lock);
-}
-
-/* ---- staging slots ---- */
-
-static bool slot_idle(void *arg)
-{
-	struct { struct device *dev; unsigned slot; } *a = arg;
-	bool ready = true;
-	struct gpuq_error ignored;
-	if (a->dev->ops->slot_ready(a->dev, a->slot, &ready, &ignored) != 0)
-		return true; /* a fault: nothing more will run */
-	return ready;
-}
-
-/* A job's fair part of the ring while others use it too. */
-static unsigned slot_share(const struct sched *s)
-{
-	unsigned users = s->slot_users ? s->slot_users : 1;
-	unsigned share = s->dev->config.staging_slots / users;
-	return share ? share : 1;
-}
-
-/*
- * Whether job a goes before job b for a staging slot or a DMA turn: -1 if
- * so, 1 if b goes first, 0 if neither by priority. Within a priority the
- * callers take turns (fewer slots held, the earlier last turn): a job that
- * has had none yet, a short one just come, goes next, and every job in
- * flight keeps moving, so owners get the shares admission gave them. (An
- * order by bytes left, tried first, let the jobs nearest their end take
- * every turn: one owner's backlog then moved 98 % of the bytes.)
- */
-static int job_claim_order(const struct sched_job *a, const struct sched_job *b)
-{
-	if (a->work->priority != b->work->priority)
-		return a->work->priority < b->work->priority ? -1 : 1;
-	return 0;
-}
-
-/* Whether another job has the better claim to the next free slot. */
-static bool slot_outranked(const struct sched *s, const struct sched_job *j)
-{
-	for (const struct sched_job *o = s->inflight; o; o = o->next) {
-		if (o == j || !o->slot_waiting || o->slots_held >= slot_share(s))
-			continue;
-		int order = job_claim_order(o, j);
-		if (order < 0 || (order == 0 && o->slots_held < j->slots_held))
-			return true;
-	}
-	return false;
-}
-
-static bool slot_takeable(void *arg)
-{
-	struct sched_job *j = arg;
-	const struct sched *s = j->s;
-	return s->slots_free > 0 && (j->slots_held < slot_share(s) || s->slot_users == 1) &&
-	       !slot_outranked(s, j);
-}
-
-int sched_slot_acquire(struct device *dev, bool wait, unsigned *slot)
-{
-	struct sched *s = dev->sched;
-	struct sched_job *j = sched_running_job(dev);
-	if (!j) /* outside a job: the device is otherwise idle (open, tests) */
-		return -1;
-	if (!j->slot_user) {
-		j->slot_user = true;
-		s->slot_users++;
-	}
-	if (!slot_takeable(j)) {
-		if (!wait)
-			return -1;
-		j->slot_waiting = true;
-		sched_wait_host(slot_takeable, j, SCHED_WAIT_SLOTS);
-		j->slot_waiting = false;
-	}
-	for (unsigned i = 0; i < dev->config.staging_slots; i++) {
-		if (s->slot_holder[i])
-			continue;
-		s->slot_holder[i] = j;
-		s->slots_free--;
-		j->slots_held++;
-		*slot = i;
-		return 0;
-	}
-	return -1; /* slots_free said otherwise: a bug, but refuse rather than share */
-}
-
-void sched_slot_release(struct device *dev, unsigned slot)
-{
-	struct sched *s = dev->sched;
-	if (!s || slot >= dev->config.staging_slots || !s->slot_holder[slot])
-		return;
-	slot_dma_clear(s, slot);
-	s->slot_holder[slot]->slots_held--;
-	s->slot_holder[slot] = NULL;
-	s->slots_free++;
-}
-
-/* ---- DMA turns ---- */
-
-static void slot_dma_clear(struct sched *s, unsigned slot)
-{
-	if (s->slot_dma[slot]) {
-		s->dma_queued[s->slot_dma[slot] - 1]--;
-		s->slot_dma[slot] = 0;
-	}
-}
-
-/* Forgets the queued DMAs of dir that are done; returns how many of them job still has queued. */
-static unsigned dma_refresh(struct sched *s, const struct sched_job *job, enum sched_dma dir)
-{
-	struct device *dev = s->dev;
-	unsigned mine = 0, seen = 0;
-	for (unsigned i = 0; i < dev->config.staging_slots && seen < s->dma_queued[dir]; i++) {
-		if (s->slot_dma[i] != dir + 1)
-			continue;
-		struct { struct device *dev; unsigned slot; } arg = { dev, i };
-		if (slot_idle(&arg)) {
-			slot_dma_clear(s, i);
-			continue;
-		}
-		seen++;
-		mine += s->slot_holder[i] == job;
-	}
-	return mine;
-}
-
-/* Whether another job waiting for a turn in dir goes before job (then: whichever had its last turn earlier). */
-static bool dma_outranked(const struct sched *s, const struct sched_job *job, enum sched_dma dir)
-{
-	for (const struct sched_job *o = s->inflight; o; o = o->next) {
-		if (o == job || !o->dma_waiting[dir])
-			continue;
-		int order = job_claim_order(o, job);
-		if (order == 0)
-			order = o->dma_last != job->dma_last ? (o->dma_last < job->dma_last ? -1 : 1)
-							       : (o->work->seq < job->work->seq ? -1 : 1);
-		if (order < 0)
-			return true;
-	}
-	return false;
-}
-
-/* How many DMAs a direction may have queued now: more once one job has had the device to itself a while. */
-static unsigned dma_queue_limit(const struct sched *s)
-{
-	if (s->ninflight > 1 || monotonic_seconds() - s->shared_until < SCHED_DMA_ALONE_S)
-		return SCHED_DMA_QUEUE;
-	return SCHED_DMA_QUEUE_ALONE;
-}
-
-bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
-{
-	if (!job)
-		return true;
-	struct sched *s = job->s;
-	unsigned mine = dma_refresh(s, job, dir);
-	bool others = s->dma_queued[dir] > mine;
-	if (s->dma_queued[dir] >= dma_queue_limit(s) || (others && mine > 0) ||
-	    dma_outranked(s, job, dir)) {
-		job->dma_waiting[dir] = true;
-		return false;
-	}
-	return true;
-}
-
-void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir)
-{
-	if (!job || slot >= job->s->dev->config.staging_slots)
-		return;
-	struct sched *s = job->s;
-	slot_dma_clear(s, slot);
-	s->slot_dma[slot] = (unsigned char)(dir + 1);
-	s->dma_queued[dir]++;
-	job->dma_waiting[dir] = false;
-	job->dma_last = ++s->dma_turns;
-}
-
-void sched_dma_leave(struct sched_job *job)
-{
-	if (job)
-		memset(job->dma_waiting, 0, sizeof job->dma_waiting);
-}
-
-/* ---- memory ---- */
-
-void sched_memory_released(struct device *dev)
-{
-	if (dev->sched)
-		dev->sched->memory_epoch++;
-}
-
-uint64_t sched_memory_epoch(struct device *dev)
-{
-	return dev->sched ? dev->sched->memory_epoch : 0;
-}

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "workers/clock.h"
-#include "workers/sched/sched.h"
+#include "workers/sched/sched_wait.h"
 
 /*
  * How long copy_task_wait polls before it sleeps: a little more than a 2 MiB

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "workers/backend/numa.h"
-#include "workers/sched/sched.h"
+#include "workers/sched/sched_wait.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23

@@ -26,7 +26,7 @@
 #include "protocol/hash.h"
 #include "workers/clock.h"
 #include "workers/transfer/copy_hash.h"
-#include "workers/sched/sched.h"
+#include "workers/sched/sched_wait.h"
 #include "workers/transfer/transfer_impl.h"
 
 #define POLL_FIRST_S 20e-6

@@ -34,7 +34,7 @@
 
 #include "workers/transfer/copy_guard.h"
 #include "workers/transfer/copy_hash.h"
-#include "workers/sched/sched.h"
+#include "workers/sched/sched_wait.h"
 #include "workers/transfer/transfer_impl.h"
 
 struct staged {
