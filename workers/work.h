@@ -16,32 +16,14 @@
 
 #include "protocol/protocol.h"
 #include "workers/backend/backend.h"
+#include "workers/work_kinds.h"
 
+/* One per row of workers/work_kinds.h, which says everything else about each. */
 enum work_kind {
-	WORK_NOOP,
-	WORK_ALLOC,
-	WORK_FREE,
-	WORK_PUT,
-	WORK_GET,
-	WORK_FILL,
-	WORK_CHECKSUM,
-	/* kinds of the pipelined-copy issue */
-	WORK_BENCH_COPY, /* bench_copy: host<->device paths measured on one device */
-	WORK_COPY,       /* copy: one part of a device-to-device copy (spec: struct copy_spec) */
-	WORK_BENCH_D2D,  /* bench_d2d: one part of the D2D/peer benchmark (spec: struct bench_d2d) */
-	/* kinds of the kernel-chain issue */
-	WORK_CHAIN,       /* run: an elementwise chain on a buffer (spec: struct chain_spec) */
-	WORK_BENCH_CHAIN, /* bench_chain: the chain benchmark (spec: struct chain_bench) */
-	/* kinds of the collectives */
-	WORK_COLLECTIVE,       /* allreduce ... group: one rank's part (spec: struct coll_spec) */
-	WORK_COLLECTIVE_BENCH, /* bench_collective: the raw loop on the same communicator */
-	/* kinds of the scheduler issue */
-	WORK_BENCH_SCHED, /* bench_sched: the raw ceiling of overlapping engines (spec: struct sched_bench) */
-	WORK_FAULT,       /* inject_fault: tests/gpuqd-faults only (workers/faults/fault_inject.c) */
-	/* kinds of zero-copy sharing */
-	WORK_REGION_MAP,   /* region_create: map the client's memfd, place and pin it (workers/transfer/region_pin.c) */
-	WORK_REGION_UNMAP, /* region_free: once no job uses it, unpin and unmap it */
-	WORK_ATTACH,       /* attach: the lease takes its place in the ledger (workers/sched/sched_queue.h) */
+#define WORK_KIND_ENUM(kind, name, runner, engine, flags) WORK_##kind,
+	WORK_KINDS(WORK_KIND_ENUM)
+#undef WORK_KIND_ENUM
+	WORK_KIND_COUNT
 };
 
 enum work_phase { WORK_QUEUED, WORK_RUNNING, WORK_FINISHED };
