@@ -25,7 +25,8 @@
  *    that ordering against other works is a stream wait; a gang part never
  *    is, whatever its kind), or 0.
  *
- * A kind's own parameters travel in work->spec (owned by the job).
+ * A kind's own parameters travel in work->spec (owned by the job), except
+ * put/get's, which are small and embedded (work->transfer).
  */
 #ifndef GPUQ_WORK_KINDS_H
 #define GPUQ_WORK_KINDS_H
