@@ -482,7 +482,8 @@ static int xfer_verify_compare(struct xfer *x, bool put, uint64_t device)
 			 (unsigned long long)x->done,
 			 put ? "read from the source" : "written to the destination",
 			 (unsigned long long)host, (unsigned long long)x->work->transfer.offset,
-			 (unsigned long long)(x->work->transfer.offset + x->done), (unsigned long long)device);
+			 (unsigned long long)(x->work->transfer.offset + x->done),
+			 (unsigned long long)device);
 }
 
 /* The descriptor's offset moves past what was read or written, as read() and write() would. */
