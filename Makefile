@@ -225,9 +225,9 @@ uninstall:
 # tests/gpuqd-faults: gpuqd with fault injection (GPUQ_FAULT_INJECTION: a
 # collective request may ask one rank to hang), for the tests only. The same
 # objects as gpuqd, but collective.c, op_collective_read.c, request.c and
-# run.c compiled again with the flag into obj/faults/, and the fault
+# work_kinds.c compiled again with the flag into obj/faults/, and the fault
 # injection's own files added; the production gpuqd has none of it.
-FAULT_SRC := workers/collective/collective.c daemon/op_collective_read.c daemon/request.c workers/run.c
+FAULT_SRC := workers/collective/collective.c daemon/op_collective_read.c daemon/request.c workers/work_kinds.c
 # Only in gpuqd-faults: a job that makes a device fault (inject_fault), for the
 # device-reset tests (workers/backend/device_reset.c).
 FAULT_ONLY_SRC := daemon/faults/op_fault.c workers/faults/fault_inject.c kernels/faults/fault.cu

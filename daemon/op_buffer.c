@@ -39,7 +39,7 @@ static void render_transfer(const struct job *job, struct mp_map *out)
 	mp_put_f64(out, "seconds", r->seconds);
 	mp_put_f64(out, "gbps", r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0);
 	mp_put_str(out, "path", r->path ? r->path : "none");
-	if (job->work.verify) { /* a done job's checksums matched */
+	if (job->work.transfer.verify) { /* a done job's checksums matched */
 		mp_put_bool(out, "verified", true);
 		mp_put_u64(out, "checksum", r->checksum);
 	}

@@ -301,7 +301,6 @@ void op_copy(struct request *req)
 	job->buffer2 = dst.b;
 	dst.b->users++;
 	dst.b->last_job = job->id;
-	job->work.offset = src.offset;
 	job->work.length = s->bytes;
 	copy_set_access(job, &src, &dst, s->bytes);
 	job_submit(req, job);

@@ -375,7 +375,7 @@ void region_transfer_hold(struct job *job, const struct region_span *span, bool 
 	job->region_held = true;
 	atomic_fetch_add(&r->users, 1);
 	r->last_job = job->id;
-	job->work.host = (char *)r->map + span->offset;
+	job->work.transfer.host = (char *)r->map + span->offset;
 	work_add_range(&job->work, r->map, span->offset, job->work.length, !put);
 }
 

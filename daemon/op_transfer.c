@@ -90,7 +90,7 @@ static int check_source_fits(int fd, const struct buffer *b, uint64_t offset, ui
 }
 
 /* `verify` (bool), `path` (auto, staged, registered), `seed` (scratch). */
-static int read_copy_options(struct request *req, bool put, struct work *w,
+static int read_copy_options(struct request *req, bool put, struct transfer_spec *w,
 			     struct gpuq_error *err)
 {
 	char path[16] = "auto";
@@ -125,7 +125,8 @@ static int read_copy_options(struct request *req, bool put, struct work *w,
  * `scratch` or `region`: no descriptor; otherwise exactly one, with the
  * access it needs.
  */
-static int read_endpoint(struct request *req, bool put, struct work *w, struct gpuq_error *err)
+static int read_endpoint(struct request *req, bool put, struct transfer_spec *w,
+			 struct gpuq_error *err)
 {
 	bool region = msg_map_get(req->map, "region") != NULL;
 	w->scratch = false;
@@ -150,7 +151,7 @@ static void submit_transfer(struct request *req, bool put)
 {
 	struct gpuq_error err;
 	struct buffer_ref ref;
-	struct work opts;
+	struct transfer_spec opts;
 	struct region_span span = { NULL, 0 };
 	uint64_t offset = 0, length = 0;
 	bool has_length = false;
@@ -174,15 +175,15 @@ static void submit_transfer(struct request *req, bool put)
 	if (!job)
 		return;
 	job_attach_buffer(job, b);
-	job->work.offset = offset;
+	job->work.transfer.offset = offset;
 	job->work.length = length;
 	work_narrow_access(&job->work, offset, length, put);
-	job->work.length_exact = put && has_length;
-	job->work.verify = opts.verify;
-	job->work.path = opts.path;
-	job->work.scratch = opts.scratch;
-	job->work.seed = opts.seed;
-	job->work.idle_timeout_ms = req->d->opt.transfer_idle_timeout_ms;
+	job->work.transfer.length_exact = put && has_length;
+	job->work.transfer.verify = opts.verify;
+	job->work.transfer.path = opts.path;
+	job->work.transfer.scratch = opts.scratch;
+	job->work.transfer.seed = opts.seed;
+	job->work.transfer.idle_timeout_ms = req->d->opt.transfer_idle_timeout_ms;
 	if (span.region)
 		region_transfer_hold(job, &span, put);
 	else if (!opts.scratch) {

@@ -16,32 +16,15 @@
 
 #include "protocol/protocol.h"
 #include "workers/backend/backend.h"
+#include "workers/transfer/transfer_spec.h"
+#include "workers/work_kinds.h"
 
+/* One per row of workers/work_kinds.h, which says everything else about each. */
 enum work_kind {
-	WORK_NOOP,
-	WORK_ALLOC,
-	WORK_FREE,
-	WORK_PUT,
-	WORK_GET,
-	WORK_FILL,
-	WORK_CHECKSUM,
-	/* kinds of the pipelined-copy issue */
-	WORK_BENCH_COPY, /* bench_copy: host<->device paths measured on one device */
-	WORK_COPY,       /* copy: one part of a device-to-device copy (spec: struct copy_spec) */
-	WORK_BENCH_D2D,  /* bench_d2d: one part of the D2D/peer benchmark (spec: struct bench_d2d) */
-	/* kinds of the kernel-chain issue */
-	WORK_CHAIN,       /* run: an elementwise chain on a buffer (spec: struct chain_spec) */
-	WORK_BENCH_CHAIN, /* bench_chain: the chain benchmark (spec: struct chain_bench) */
-	/* kinds of the collectives */
-	WORK_COLLECTIVE,       /* allreduce ... group: one rank's part (spec: struct coll_spec) */
-	WORK_COLLECTIVE_BENCH, /* bench_collective: the raw loop on the same communicator */
-	/* kinds of the scheduler issue */
-	WORK_BENCH_SCHED, /* bench_sched: the raw ceiling of overlapping engines (spec: struct sched_bench) */
-	WORK_FAULT,       /* inject_fault: tests/gpuqd-faults only (workers/faults/fault_inject.c) */
-	/* kinds of zero-copy sharing */
-	WORK_REGION_MAP,   /* region_create: map the client's memfd, place and pin it (workers/transfer/region_pin.c) */
-	WORK_REGION_UNMAP, /* region_free: once no job uses it, unpin and unmap it */
-	WORK_ATTACH,       /* attach: the lease takes its place in the ledger (workers/sched/sched_queue.h) */
+#define WORK_KIND_ENUM(kind, name, runner, engine, flags) WORK_##kind,
+	WORK_KINDS(WORK_KIND_ENUM)
+#undef WORK_KIND_ENUM
+	WORK_KIND_COUNT
 };
 
 enum work_phase { WORK_QUEUED, WORK_RUNNING, WORK_FINISHED };
@@ -73,31 +56,18 @@ struct work {
 
 	/* Inputs. */
 	void *dptr;        /* the buffer's device memory (WORK_ALLOC: set by the worker) */
-	uint64_t offset;   /* PUT/GET: where in the buffer */
 	uint64_t length;   /* PUT/GET/FILL/CHECKSUM: bytes; ALLOC/FREE: the buffer's size */
-	bool length_exact; /* PUT: exactly `length` bytes must arrive */
-	int fd;            /* PUT/GET: the client's descriptor; the daemon closes it */
+	/* PUT/GET: the client's descriptor (-1: scratch or a region); REGION_MAP:
+	 * the region's memfd. The daemon closes it when the job ends. */
+	int fd;
 	struct fill_spec fill;
 	void *spec; /* a kind's own parameters (e.g. a chain), owned by the job */
-	/* PUT/GET: `verify` compares the checksums of the bytes that passed
-	 * through the host and of the device range; `path` is the `path` field. */
-	bool verify;
-	enum transfer_path { TRANSFER_PATH_AUTO, TRANSFER_PATH_STAGED, TRANSFER_PATH_REGISTERED } path;
-	/* PUT/GET without a descriptor (fd -1): put writes the random stream of
-	 * `seed` (as fill random), get discards what it reads. For benchmarks. */
-	bool scratch;
-	uint64_t seed;
-	/* PUT/GET through a pipe, socket or device: fail with `timeout` after this
-	 * long without moving a byte (--transfer-idle-timeout); 0: never. */
-	unsigned idle_timeout_ms;
+	struct transfer_spec transfer; /* PUT/GET's own parameters (workers/transfer/transfer_spec.h) */
 	/*
-	 * PUT/GET through a region (fd -1): the range of the region's
-	 * registered mapping the bytes come from or go to, `length` long.
 	 * REGION_MAP/UNMAP: the region's mapping is dptr, its size length, and
 	 * UNMAP first waits until *users (the jobs the main thread still counts
 	 * on the region) is 0.
 	 */
-	void *host;
 	const _Atomic unsigned *users;
 	/* ALLOC: a buffer that clients may attach, allocated on its own (backend.h alloc_shareable). */
 	bool shareable;

@@ -181,7 +181,7 @@ void worker_kick(struct worker_pool *pool, int device);
  */
 int worker_ask_reset(struct worker_pool *pool, int device, const char *why, struct gpuq_error *err);
 
-/* The work a worker runs: workers/run.c. Worker thread. */
+/* The work a worker runs, through its kind's runner (workers/work_kinds.c). Worker thread. */
 void run_work(struct device *dev, struct work *work);
 /*
  * Worker thread (sched.c): work has ended; records its outcome and the

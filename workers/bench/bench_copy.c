@@ -284,13 +284,13 @@ static int run_transfer(struct bench *b, bool h2d, int fd, enum transfer_path pa
 	w.device = b->dev->index;
 	w.dptr = b->dbuf;
 	w.length = b->size;
-	w.length_exact = true;
+	w.transfer.length_exact = true;
 	w.fd = fd;
-	w.path = path;
-	w.verify = verify;
-	w.host = fd < 0 && path == TRANSFER_PATH_REGISTERED ? b->region_map : NULL;
-	w.scratch = fd < 0 && !w.host;
-	w.seed = b->seed; /* scratch: the source's own bytes */
+	w.transfer.path = path;
+	w.transfer.verify = verify;
+	w.transfer.host = fd < 0 && path == TRANSFER_PATH_REGISTERED ? b->region_map : NULL;
+	w.transfer.scratch = fd < 0 && !w.transfer.host;
+	w.transfer.seed = b->seed; /* scratch: the source's own bytes */
 	if (fd >= 0 && lseek(fd, 0, SEEK_SET) < 0)
 		return gpuq_fail(err, GPUQ_E_IO, "bench: lseek: %s", strerror(errno));
 	double start = monotonic_seconds();

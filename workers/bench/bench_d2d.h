@@ -74,7 +74,7 @@ struct bench_d2d {
 int bench_d2d_init_gang(struct bench_d2d *b, struct work *const *parts, int nparts);
 void bench_d2d_destroy(struct bench_d2d *b);
 
-/* WORK_BENCH_D2D (workers/run.c): runs work's part of the benchmark in work->spec. */
+/* WORK_BENCH_D2D (a row of workers/work_kinds.h): runs work's part of the benchmark in work->spec. */
 int bench_d2d_run(struct device *dev, struct work *work);
 
 #endif

@@ -78,7 +78,7 @@ struct chain_bench {
 /* The bandwidth chain's op names, for the report. */
 const char *chain_bench_op_name(unsigned i);
 
-/* Worker thread: runs a WORK_BENCH_CHAIN (workers/run.c). */
+/* Worker thread: runs a WORK_BENCH_CHAIN (a row of workers/work_kinds.h). */
 int chain_bench_run(struct device *dev, struct work *work);
 
 #endif

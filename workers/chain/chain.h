@@ -252,7 +252,7 @@ int chain_cache_get(struct device *dev, struct chain_state *cs, struct chain_spe
  */
 int chain_execute(struct device *dev, struct chain_spec *spec, const atomic_bool *cancel,
 		  struct gpuq_error *err);
-/* Worker thread: runs a WORK_CHAIN (workers/run.c); result.bytes is chain_bytes. */
+/* Worker thread: runs a WORK_CHAIN (a row of workers/work_kinds.h); result.bytes is chain_bytes. */
 int chain_run(struct device *dev, struct work *work);
 
 /* Backends' implementations, referenced from their tables. */

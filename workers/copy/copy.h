@@ -85,7 +85,7 @@ int copy_spec_init_gang(struct copy_spec *s, struct work *src_part, struct work 
 			unsigned timeout_ms);
 void copy_spec_destroy(struct copy_spec *s);
 
-/* WORK_COPY (workers/run.c): runs work's part of the copy in work->spec. */
+/* WORK_COPY (a row of workers/work_kinds.h): runs work's part of the copy in work->spec. */
 int copy_run(struct device *dev, struct work *work);
 
 /*

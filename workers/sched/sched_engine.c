@@ -1,5 +1,6 @@
 /* The engines a work keeps busy (sched_engine.h). Any thread. */
 #include "workers/sched/sched_engine.h"
+#include "workers/work_kinds.h"
 
 const char *sched_engine_name(enum sched_engine engine)
 {
@@ -13,15 +14,10 @@ const char *sched_engine_name(enum sched_engine engine)
 
 enum sched_engine sched_engine_of(const struct work *work)
 {
-	switch (work->kind) {
-	case WORK_PUT: return SCHED_ENGINE_H2D;
-	case WORK_GET: return SCHED_ENGINE_D2H;
-	case WORK_FILL:
-	case WORK_CHECKSUM:
-	case WORK_CHAIN: return SCHED_ENGINE_KERNEL;
-	case WORK_COPY: return SCHED_ENGINE_COPY;
-	case WORK_COLLECTIVE:
-	case WORK_COLLECTIVE_BENCH: return SCHED_ENGINE_COLLECTIVE;
-	default: return SCHED_ENGINE_OTHER;
-	}
+	static const enum sched_engine engines[WORK_KIND_COUNT] = {
+#define WORK_KIND_ENGINE(kind, name, runner, engine, flags) [WORK_##kind] = SCHED_ENGINE_##engine,
+		WORK_KINDS(WORK_KIND_ENGINE) /* workers/work_kinds.h */
+#undef WORK_KIND_ENGINE
+	};
+	return (unsigned)work->kind < WORK_KIND_COUNT ? engines[work->kind] : SCHED_ENGINE_OTHER;
 }

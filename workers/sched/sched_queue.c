@@ -22,18 +22,21 @@ static bool work_is_gang(const struct work *w)
 	return w->gang_size > 1;
 }
 
+/* The admission flags of each kind (WORK_KIND_EXCLUSIVE, ...), from the rows of workers/work_kinds.h. */
+static const unsigned char work_kind_flags[WORK_KIND_COUNT] = {
+#define WORK_KIND_FLAGS(kind, name, runner, engine, flags) [WORK_##kind] = (flags),
+	WORK_KINDS(WORK_KIND_FLAGS)
+#undef WORK_KIND_FLAGS
+};
+
+static bool work_kind_has(const struct work *w, enum work_kind_flag flag)
+{
+	return (unsigned)w->kind < WORK_KIND_COUNT && (work_kind_flags[w->kind] & flag);
+}
+
 bool sched_work_exclusive(const struct work *w)
 {
-	switch (w->kind) {
-	case WORK_BENCH_COPY:
-	case WORK_BENCH_D2D:
-	case WORK_BENCH_CHAIN:
-	case WORK_COLLECTIVE_BENCH:
-	case WORK_BENCH_SCHED:
-		return true;
-	default:
-		return false;
-	}
+	return work_kind_has(w, WORK_KIND_EXCLUSIVE);
 }
 
 /*
@@ -44,21 +47,7 @@ bool sched_work_exclusive(const struct work *w)
  */
 bool sched_work_lane_ordered(const struct work *w)
 {
-	if (work_is_gang(w))
-		return false;
-	switch (w->kind) {
-	case WORK_NOOP:
-	case WORK_FREE:
-	case WORK_PUT:
-	case WORK_GET:
-	case WORK_FILL:
-	case WORK_CHECKSUM:
-	case WORK_COPY:
-	case WORK_CHAIN:
-		return true;
-	default:
-		return false;
-	}
+	return !work_is_gang(w) && work_kind_has(w, WORK_KIND_LANE_ORDERED);
 }
 
 static bool ranges_overlap(const struct work_access *a, const struct work_access *b)

@@ -79,7 +79,7 @@ static const char *stream_fd_kind(const struct xfer *x)
 /* Fails the transfer when its descriptor has moved no byte for the job's idle timeout. */
 static int stream_check_idle(struct xfer *x, short events, uint64_t at)
 {
-	unsigned limit = x->work->idle_timeout_ms;
+	unsigned limit = x->work->transfer.idle_timeout_ms;
 	if (limit == 0 || x->regular || (monotonic_seconds() - x->moved_at) * 1000 < limit)
 		return 0;
 	bool reading = events == POLLIN;
@@ -358,17 +358,17 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	x->err = &work->error;
 	x->pool = dev->config.copy_pool;
 	x->job = sched_running_job(dev);
-	x->base = (char *)work->dptr + work->offset;
+	x->base = (char *)work->dptr + work->transfer.offset;
 	x->fd = work->fd;
 	x->total = work->length;
 	x->chunk = dev->config.staging_slot_bytes & ~(size_t)7;
 	x->slots = dev->config.staging_slots;
-	x->verify = work->verify;
+	x->verify = work->transfer.verify;
 	x->publish_tail = true;
-	x->scratch = work->scratch;
-	x->seed = work->seed;
+	x->scratch = work->transfer.scratch;
+	x->seed = work->transfer.seed;
 	x->moved_at = monotonic_seconds();
-	if (x->scratch || work->host)
+	if (x->scratch || work->transfer.host)
 		return 0; /* no descriptor: staged, at offset 0; or a region */
 	x->fd_flags = fcntl(work->fd, F_GETFL);
 	if (x->fd_flags < 0 || fstat(work->fd, &st) < 0)
@@ -393,19 +393,20 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
  */
 static int xfer_choose_path(struct xfer *x, bool put)
 {
+	const struct transfer_spec *t = &x->work->transfer;
 	uint64_t reg_min = x->dev->config.register_min_bytes;
 	struct gpuq_error ignored;
 	bool offsets = x->regular && (put || !(x->fd_flags & O_APPEND));
 	x->path = offsets || x->scratch ? XFER_STAGED : XFER_STREAMED;
-	if (x->work->host)
+	if (t->host)
 		x->path = XFER_REGION;
-	if (x->scratch || x->work->host)
+	if (x->scratch || t->host)
 		return 0;
-	if (x->work->path == TRANSFER_PATH_REGISTERED) {
+	if (t->path == TRANSFER_PATH_REGISTERED) {
 		if (transfer_check_registrable(x->fd, put, x->err) < 0)
 			return -1;
 		x->path = XFER_REGISTERED;
-	} else if (x->work->path == TRANSFER_PATH_AUTO && offsets && reg_min && x->total >= reg_min &&
+	} else if (t->path == TRANSFER_PATH_AUTO && offsets && reg_min && x->total >= reg_min &&
 		   transfer_check_registrable(x->fd, put, &ignored) == 0) {
 		x->path = XFER_REGISTERED;
 	}
@@ -416,13 +417,13 @@ static int xfer_choose_path(struct xfer *x, bool put)
 static int put_plan_regular(struct xfer *x)
 {
 	uint64_t avail = x->size > x->pos ? (uint64_t)(x->size - x->pos) : 0;
-	if (x->work->length_exact && avail < x->total)
+	if (x->work->transfer.length_exact && avail < x->total)
 		return gpuq_fail(x->err, GPUQ_E_IO,
 				 "the source ended after %llu of the %llu bytes asked for "
 				 "(it holds %llu bytes from its offset %lld); nothing was copied",
 				 (unsigned long long)avail, (unsigned long long)x->total,
 				 (unsigned long long)avail, (long long)x->pos);
-	if (!x->work->length_exact && avail > x->total)
+	if (!x->work->transfer.length_exact && avail > x->total)
 		return gpuq_fail(x->err, GPUQ_E_BAD_REQUEST,
 				 "the source holds %llu bytes but the buffer has room for %llu; "
 				 "give --length, or a larger buffer",
@@ -480,8 +481,9 @@ static int xfer_verify_compare(struct xfer *x, bool put, uint64_t device)
 			 "of the buffer hash to 0x%016llx on the device",
 			 (unsigned long long)x->done,
 			 put ? "read from the source" : "written to the destination",
-			 (unsigned long long)host, (unsigned long long)x->work->offset,
-			 (unsigned long long)(x->work->offset + x->done), (unsigned long long)device);
+			 (unsigned long long)host, (unsigned long long)x->work->transfer.offset,
+			 (unsigned long long)(x->work->transfer.offset + x->done),
+			 (unsigned long long)device);
 }
 
 /* The descriptor's offset moves past what was read or written, as read() and write() would. */
@@ -528,14 +530,14 @@ int transfer_put(struct device *dev, struct work *work)
 	if (rc == 0 && x.path != XFER_STREAMED && x.path != XFER_REGION && !x.scratch)
 		rc = put_plan_regular(&x);
 	if (rc == 0) {
-		bool known = x.path != XFER_STREAMED || work->length_exact;
+		bool known = x.path != XFER_STREAMED || work->transfer.length_exact;
 		atomic_store(&work->progress_total, known ? x.total : 0);
 		rc = put_run(&x);
 	}
-	if (rc == 0 && work->length_exact && x.done < x.total)
+	if (rc == 0 && work->transfer.length_exact && x.done < x.total)
 		rc = gpuq_fail(x.err, GPUQ_E_IO, "the source ended after %llu of the %llu bytes asked for",
 			       (unsigned long long)x.done, (unsigned long long)x.total);
-	if (rc == 0 && !work->length_exact && !x.scratch && x.path != XFER_REGION)
+	if (rc == 0 && !work->transfer.length_exact && !x.scratch && x.path != XFER_REGION)
 		rc = put_require_eof(&x, room);
 	if (rc == 0 && x.verify && (rc = xfer_verify_device(&x, x.done, &device_sum)) == 0)
 		rc = xfer_verify_compare(&x, true, device_sum);

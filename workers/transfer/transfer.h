@@ -14,9 +14,10 @@
  * transfers of --register-min bytes or more).
  *
  * Every path stores progress in work->progress_bytes/total at each chunk,
- * stops at the next chunk once work->cancel is set, and with work->verify
- * compares the checksum of the bytes that passed through the host with the
- * device's checksum of the range (kernels/hash.h).
+ * stops at the next chunk once work->cancel is set, and with
+ * work->transfer.verify compares the checksum of the bytes that passed
+ * through the host with the device's checksum of the range (kernels/hash.h).
+ * A put or get's own parameters are work->transfer (transfer_spec.h).
  */
 #ifndef GPUQ_TRANSFER_H
 #define GPUQ_TRANSFER_H
@@ -25,8 +26,8 @@
 #include "workers/work.h"
 
 /*
- * Descriptor -> device memory at work->dptr + work->offset. Reads
- * work->length bytes exactly when work->length_exact, else up to
+ * Descriptor -> device memory at work->dptr + work->transfer.offset. Reads
+ * work->length bytes exactly when work->transfer.length_exact, else up to
  * work->length bytes and then requires end of file. Sets result.bytes/path
  * (and result.checksum with verify); 0 or -1 with work->error.
  */

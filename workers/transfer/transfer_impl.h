@@ -22,7 +22,7 @@ enum xfer_path {
 	XFER_STAGED,     /* copy threads pread/pwrite pinned slots in parallel, DMA per slot */
 	XFER_STREAMED,   /* in order through the slots, read/written by the worker itself */
 	XFER_REGISTERED, /* the client's mapping is pinned and copied directly */
-	XFER_REGION,     /* a region, pinned when it was made: one DMA (work->host) */
+	XFER_REGION,     /* a region, pinned when it was made: one DMA (work->transfer.host) */
 };
 
 struct xfer {
@@ -90,7 +90,7 @@ int xfer_get_staged(struct xfer *x);
 /* transfer_registered.c (and transfer_check_registrable, transfer.h) */
 int xfer_put_registered(struct xfer *x);
 int xfer_get_registered(struct xfer *x);
-/* The region path: one DMA between work->host and the device range. */
+/* The region path: one DMA between work->transfer.host and the device range. */
 int xfer_copy_region(struct xfer *x, bool put);
 
 #endif

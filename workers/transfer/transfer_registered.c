@@ -143,7 +143,7 @@ int xfer_get_registered(struct xfer *x)
 int xfer_copy_region(struct xfer *x, bool put)
 {
 	struct device *dev = x->dev;
-	char *host = x->work->host;
+	char *host = x->work->transfer.host;
 	int rc = xfer_cancelled(x);
 	if (rc != 0 || x->total == 0)
 		return rc;

@@ -202,7 +202,8 @@ static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
 		return gpuq_fail(x->err, GPUQ_E_IO,
 				 "the source ended after %llu of the %llu bytes %s",
 				 (unsigned long long)(c->at + c->got), (unsigned long long)x->total,
-				 x->work->length_exact ? "asked for" : "it held when the put started");
+				 x->work->transfer.length_exact ? "asked for"
+								  : "it held when the put started");
 	return 0;
 }
 

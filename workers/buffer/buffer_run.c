@@ -1,0 +1,93 @@
+/*
+ * The runners of the kinds that act on one buffer as a whole (rows NOOP,
+ * ALLOC, FREE, FILL, CHECKSUM of workers/work_kinds.h). Worker thread
+ * only, on a fiber of the device's scheduler; every device operation goes
+ * through the backend table, so this file serves the CUDA and the host
+ * backend alike.
+ */
+#include "workers/buffer/buffer_run.h"
+
+#include "workers/clock.h"
+#include "workers/sched/sched.h"
+
+int buffer_run_noop(struct device *dev, struct work *work)
+{
+	(void)dev;
+	(void)work;
+	return 0;
+}
+
+struct memory_wait {
+	struct work *work;
+	struct device *dev;
+	uint64_t epoch;
+	double deadline;
+};
+
+/* Memory was released since the last try, the time is up, or the job was cancelled. */
+static bool memory_wait_over(void *arg)
+{
+	struct memory_wait *m = arg;
+	return sched_memory_epoch(m->dev) != m->epoch || monotonic_seconds() >= m->deadline ||
+	       atomic_load(&m->work->cancel);
+}
+
+/* One try: from the pool, or on its own with a handle to export (a shareable buffer). */
+static int alloc_once(struct device *dev, struct work *work)
+{
+	if (!work->shareable)
+		return dev->ops->alloc(dev, work->length, &work->dptr, &work->error);
+	return dev->ops->alloc_shareable(dev, work->length, &work->dptr, &work->result.share_fd,
+					 &work->error);
+}
+
+/*
+ * An allocation, waiting up to wait_memory_ms for memory that other jobs
+ * release (each release lets every waiting allocation try again, the more
+ * urgent first, since the scheduler resumes jobs in that order).
+ */
+int buffer_run_alloc(struct device *dev, struct work *work)
+{
+	struct memory_wait m = { .work = work, .dev = dev,
+				 .deadline = monotonic_seconds() + work->wait_memory_ms / 1e3 };
+	work->result.bytes = work->length;
+	work->result.share_fd = -1;
+	for (;;) {
+		m.epoch = sched_memory_epoch(dev);
+		if (alloc_once(dev, work) == 0)
+			return 0;
+		if (work->error.code != GPUQ_E_OUT_OF_MEMORY || work->wait_memory_ms == 0 ||
+		    !sched_in_job())
+			return -1;
+		if (atomic_load(&work->cancel))
+			return gpuq_fail(&work->error, GPUQ_E_CANCELLED,
+					 "alloc cancelled while it waited for memory");
+		if (monotonic_seconds() >= m.deadline)
+			return gpuq_fail(&work->error, GPUQ_E_OUT_OF_MEMORY,
+					 "%s; waited %llu ms (wait_memory_ms) without enough being freed",
+					 work->error.message, (unsigned long long)work->wait_memory_ms);
+		sched_wait_host(memory_wait_over, &m, SCHED_WAIT_MEMORY);
+	}
+}
+
+int buffer_run_free(struct device *dev, struct work *work)
+{
+	work->result.bytes = work->length;
+	if (dev->ops->release(dev, work->dptr, &work->error) != 0)
+		return -1;
+	sched_memory_released(dev);
+	return 0;
+}
+
+int buffer_run_fill(struct device *dev, struct work *work)
+{
+	work->result.bytes = work->length;
+	return dev->ops->fill(dev, work->dptr, work->length, &work->fill, &work->error);
+}
+
+int buffer_run_checksum(struct device *dev, struct work *work)
+{
+	work->result.bytes = work->length;
+	return dev->ops->checksum(dev, work->dptr, work->length, &work->result.checksum,
+				  &work->error);
+}
