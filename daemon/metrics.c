@@ -309,10 +309,13 @@ static void render_sharing(struct daemon *d, struct metrics_text *t)
 		region_bytes_on(&d->regions, i, &n);
 		emit(t, "gpuq_regions{gpu=\"%d\"} %u\n", i, n);
 	}
-	if (region_memlock_limit(&limit)) {
-		header(t, "gpuq_memlock_limit_bytes", "gauge", "gpuqd's RLIMIT_MEMLOCK, which regions count against.");
+	/* Always present (+Inf when unlimited), so that a dashboard's query of it has a series. */
+	header(t, "gpuq_memlock_limit_bytes", "gauge",
+	       "gpuqd's RLIMIT_MEMLOCK, which regions count against (+Inf: unlimited).");
+	if (region_memlock_limit(&limit))
 		emit(t, "gpuq_memlock_limit_bytes %llu\n", (unsigned long long)limit);
-	}
+	else
+		emit(t, "gpuq_memlock_limit_bytes +Inf\n");
 	header(t, "gpuq_leases", "gauge", "Leases held on shareable buffers, by device and mode.");
 	for (int i = 0; i < d->pool.count; i++) {
 		unsigned rw = 0, ro = 0;
