@@ -10,9 +10,12 @@
 
 #include "daemon/buffer.h"
 #include "daemon/job.h"
+#include "daemon/job_life.h"
 #include "daemon/lease.h"
 #include "daemon/region.h"
 #include "daemon/options.h"
+#include "daemon/progress.h"
+#include "daemon/reply.h"
 #include "daemon/server.h"
 #include "daemon/service.h"
 #include "protocol/msg.h"
@@ -51,15 +54,6 @@ struct request {
 
 typedef void (*request_handler)(struct request *req);
 
-/* reply.c: answers req. reply_ok adds id and ok to body and sends it. */
-void reply_ok(struct request *req, struct mp_map *body);
-/* reply_ok with descriptor fd attached (SCM_RIGHTS, with the frame's first byte); fd stays the caller's. */
-void reply_ok_fd(struct request *req, struct mp_map *body, int fd);
-void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd);
-void reply_error(struct request *req, const struct gpuq_error *err);
-void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err);
-void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body);
-
 /* op_info.c, op_buffer.c, op_jobs.c: one handler per op. */
 void op_ping(struct request *req);
 void op_devices(struct request *req);
@@ -91,11 +85,6 @@ struct buffer *read_buffer_ref(struct request *req, const char *field, struct bu
 			       struct gpuq_error *err);
 /* op_info.c: a device's `scheduler` map (jobs in flight per engine, busy time), for devices and stats. */
 void render_scheduler(const struct worker_snapshot *s, struct mp_map *out);
-/* progress.c: progress events for waiters that asked (`progress: true`). */
-void progress_watch(struct daemon *d);
-void progress_close(struct daemon *d);
-/* Marks w (a waiter just registered) for progress events if the request asked (`progress: true`). */
-void progress_request(struct daemon *d, struct waiter *w, bool wanted);
 /* op_chain.c: run (a kernel chain on a buffer), stats (per-device counters), bench_chain */
 void op_run(struct request *req);
 void op_stats(struct request *req);
@@ -209,35 +198,6 @@ int read_device(struct request *req, int *device, struct gpuq_error *err);
 int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
 /* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
 struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
-
-/*
- * op_jobs.c: the common path of every job request. Submits job to its
- * worker and answers req now (queued) or registers a waiter (wait: true).
- * On refusal the job is discarded, its buffer released and req answered.
- */
-void job_submit(struct request *req, struct job *job);
-/*
- * Submits a job of gpuqd's own, which no client asked for or waits on (the
- * free of an orphaned ephemeral buffer or region): normal priority, weight
- * 1, outside quotas. 0, or -1 with err (a full queue): the caller undoes
- * what it prepared and discards the job.
- */
-int job_submit_own(struct daemon *d, struct job *job, struct gpuq_error *err);
-/* Main thread: the worker pool's completion callback. */
-void job_on_done(struct work *work, void *arg);
-/*
- * A job whose work needs no device (the free of a buffer a reset lost):
- * done at once, on the main thread, and answered with its record.
- */
-void job_finish_now(struct request *req, struct job *job);
-/* Cancels every queued job (shutdown), answering their waiters. */
-void jobs_cancel_queued(struct daemon *d);
-/* Asks every running job to stop at its next chunk. */
-void jobs_cancel_running(struct daemon *d);
-/* Asks one running job to stop at its next chunk, and wakes its workers to see it. */
-void job_cancel_running(struct daemon *d, struct job *job);
-/* The same for every running job with a part on device. */
-void jobs_cancel_running_on(struct daemon *d, int device);
 
 /* Starts the orderly shutdown (main.c). */
 void daemon_shutdown(struct daemon *d);

@@ -1,4 +1,6 @@
 /* Building and sending replies. Main thread only. */
+#include "daemon/reply.h"
+
 #include "daemon/daemon.h"
 
 void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd)
@@ -38,4 +40,20 @@ void reply_ok(struct request *req, struct mp_map *body)
 void reply_error(struct request *req, const struct gpuq_error *err)
 {
 	reply_error_to(req->conn, req->id, err);
+}
+
+void reply_outcome(struct conn *c, uint64_t id, const struct job *job)
+{
+	struct mp_map body, record;
+	mp_map_init(&body);
+	mp_map_init(&record);
+	job_render(job, true, &record);
+	mp_put_map(&body, "job", &record);
+	bool ok = job->state == GPUQ_JOB_DONE;
+	bool fd = ok && job->reply_fd >= 0 && c == job->reply_conn && id == job->reply_id;
+	if (!ok)
+		error_render(&job->error, &body);
+	if (fd)
+		mp_put_u64(&body, "fds", 1);
+	reply_to_fd(c, id, ok, &body, fd ? job->reply_fd : -1);
 }

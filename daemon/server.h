@@ -127,8 +127,6 @@ void conn_check_frame_timeout(struct conn *c, double now, unsigned timeout_ms);
 void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len);
 /* request.c: a frame over the limit; replies bad_frame and closes c. */
 void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame);
-/* op_jobs.c: unlinks and frees every waiter of c. */
-void waiters_drop_conn(struct conn *c);
 /*
  * op_region.c: c's leases end and its ephemeral regions go once idle
  * (zero-copy sharing); from c's close callback, beside waiters_drop_conn.
