@@ -163,21 +163,8 @@ void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t 
 		    bool write);
 /* Narrows what job_attach_buffer said: the range and whether it writes. */
 void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write);
-/*
- * Ephemeral buffers (alloc ephemeral: true): buffers_drop_conn orphans those
- * of a connection that closed and frees each that nothing holds;
- * buffer_free_if_orphaned frees one once nothing holds it (b may be NULL);
- * buffers_free_orphans retries every one (a full queue refused a free).
- */
-void buffers_drop_conn(struct daemon *d, uint64_t conn_serial);
-void buffer_free_if_orphaned(struct daemon *d, struct buffer *b);
-void buffers_free_orphans(struct daemon *d);
-/*
- * A job or a lease lets go of b (buffer_unhold); then, with free_orphan, an
- * orphaned ephemeral buffer that nothing else holds is freed. b may be
- * freed here: the caller reads it no more.
- */
-void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan);
+/* op_buffer.c: the free of an orphaned ephemeral buffer (the buffer table's free_orphan). */
+void op_free_own(struct daemon *d, struct buffer *b);
 /*
  * The request's `devices` field (distinct device indexes): 1 with devices/n
  * set, 0 when absent, -1 with err.

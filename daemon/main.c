@@ -177,6 +177,15 @@ static void run_loop(struct daemon *d)
 	}
 }
 
+/*
+ * What lower layers call back, so that calls go one way: each is set once
+ * here, before the loop runs, to the function of the layer above.
+ */
+static void register_hooks(struct daemon *d)
+{
+	d->buffers.free_orphan = op_free_own;
+}
+
 static void daemon_free(struct daemon *d)
 {
 	/* Workers that did not stop may still hand the copy threads work: then leave them. */
@@ -224,6 +233,7 @@ int main(int argc, char **argv)
 		worker_pool_stop(&d->pool, 5000);
 		return 1;
 	}
+	register_hooks(d);
 	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
 		 d->server.path, d->pool.count, d->ops->name, (int)getpid());
 	if (service_start(d) < 0) {
