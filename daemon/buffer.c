@@ -328,11 +328,11 @@ void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan)
 		buffer_free_if_orphaned(d, b);
 }
 
-void buffers_drop_conn(struct daemon *d, uint64_t conn_serial)
+void buffers_drop_conn(struct daemon *d, struct conn *c)
 {
 	for (struct buffer *b = d->buffers.head, *next; b; b = next) {
 		next = b->next;
-		if (b->conn_serial != conn_serial)
+		if (b->conn_serial != c->serial)
 			continue;
 		b->orphaned = true;
 		buffer_free_if_orphaned(d, b);

@@ -50,6 +50,7 @@ struct buffer {
 	struct buffer *next;
 };
 
+struct conn;
 struct daemon;
 
 struct buffer_table {
@@ -136,11 +137,12 @@ int buffer_check_usable(const struct buffer *b, struct gpuq_error *err);
 
 /*
  * Ephemeral buffers (alloc ephemeral: true): buffers_drop_conn orphans those
- * of a connection that closed and frees each that nothing holds;
+ * of a connection that closes (its CONN_CLOSING hook, server.h) and frees
+ * each that nothing holds;
  * buffer_free_if_orphaned frees one once nothing holds it (b may be NULL);
  * buffers_free_orphans retries every one (a full queue refused a free).
  */
-void buffers_drop_conn(struct daemon *d, uint64_t conn_serial);
+void buffers_drop_conn(struct daemon *d, struct conn *c);
 void buffer_free_if_orphaned(struct daemon *d, struct buffer *b);
 void buffers_free_orphans(struct daemon *d);
 /*

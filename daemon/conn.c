@@ -52,19 +52,27 @@ static void outbuf_free(struct outbuf *o)
 static void conn_update_poll(struct conn *c);
 static int conn_account_output(struct conn *c);
 
+/* Runs the close hooks of one kind, in the order registered (server.h). */
+static void conn_run_hooks(struct conn *c, enum conn_hook_when when)
+{
+	const struct server *s = c->server;
+	for (size_t i = 0; i < s->nconn_hooks; i++)
+		if (s->conn_hooks[i].when == when)
+			s->conn_hooks[i].run(s->daemon, c);
+}
+
 /*
  * The end of a connection, in the loop's close phase: outside every caller
  * that may be walking a job's waiters (job_complete, the progress timer, a
  * wait's timeout) or the leases (a lease_break or a device reset telling a
- * holder whose send fails), so its waiters can be unlinked and freed here,
- * and its leases ended (which may free them and let an orphaned ephemeral
- * buffer go).
+ * holder whose send fails), so that its CONN_CLOSED hooks may unlink and
+ * free its waiters here and end its leases (which may free them and let an
+ * orphaned ephemeral buffer go).
  */
 static void conn_on_closed(uv_handle_t *handle)
 {
 	struct conn *c = handle->data;
-	waiters_drop_conn(c);
-	share_conn_closed(c->server->daemon, c);
+	conn_run_hooks(c, CONN_CLOSED);
 	frame_reader_free(&c->reader);
 	close(c->fd);
 	free(c);
@@ -87,7 +95,7 @@ void conn_close(struct conn *c)
 		  (int)c->pid, (int)c->uid);
 	parked_close_all(&c->parked);
 	conn_release_quota(c);
-	buffers_drop_conn(c->server->daemon, c->serial);
+	conn_run_hooks(c, CONN_CLOSING);
 	while (c->out_head) {
 		struct outbuf *next = c->out_head->next;
 		outbuf_free(c->out_head);
@@ -363,11 +371,13 @@ static void conn_handle_frames(struct conn *c)
 	while (!c->closed && !c->close_after_flush &&
 	       (rc = frame_reader_next(&c->reader, &payload, &len)) != 0) {
 		if (rc < 0) {
-			request_refuse_oversize(c, len, c->server->max_frame);
+			conn_refusef(c, GPUQ_E_BAD_FRAME,
+				     "frame of %zu bytes exceeds this daemon's limit of %zu (--max-frame); closing",
+				     len, c->server->max_frame);
 			return;
 		}
 		uint64_t end = c->frame_at + GPUQ_FRAME_HEADER_BYTES + len;
-		request_handle(c->server->daemon, c, payload, len);
+		c->server->on_frame(c->server->daemon, c, payload, len);
 		c->frame_at = end;
 		conn_drop_stray_fds(c, end);
 	}

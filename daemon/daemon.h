@@ -54,6 +54,9 @@ struct request {
 
 typedef void (*request_handler)(struct request *req);
 
+/* request.c: handles one complete frame from c (the server's on_frame). */
+void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len);
+
 /* op_info.c, op_buffer.c, op_jobs.c: one handler per op. */
 void op_ping(struct request *req);
 void op_devices(struct request *req);
@@ -115,6 +118,8 @@ int region_transfer_read(struct request *req, bool put, uint64_t *length,
 void region_transfer_hold(struct job *job, const struct region_span *span, bool put);
 /* A job lets go of its region (job_release), freeing an orphaned ephemeral one when idle. */
 void region_job_release(struct daemon *d, struct job *job);
+/* Ephemeral regions of a closed connection go once no job uses them (its CONN_CLOSED hook, server.h). */
+void regions_drop_conn(struct daemon *d, struct conn *c);
 /*
  * op_lease.c: attach (a lease on a shareable buffer, the buffer's handle
  * sent with the reply), release, leases, lease_break.
@@ -123,7 +128,7 @@ void op_attach(struct request *req);
 void op_release(struct request *req);
 void op_leases(struct request *req);
 void op_lease_break(struct request *req);
-/* A connection closed: the leases it holds (or waits for) end. */
+/* A connection closed: the leases it holds (or waits for) end (its CONN_CLOSED hook, server.h). */
 void leases_drop_conn(struct daemon *d, struct conn *c);
 /* Device index was reset: the leases on its buffers end (their holders are told). */
 void leases_drop_device(struct daemon *d, int device);

@@ -41,8 +41,9 @@ static void waiter_unlink(struct waiter *w)
 	}
 }
 
-void waiters_drop_conn(struct conn *c)
+void waiters_drop_conn(struct daemon *d, struct conn *c)
 {
+	(void)d;
 	while (c->waiters)
 		waiter_unlink(c->waiters);
 }

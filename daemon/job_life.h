@@ -49,8 +49,8 @@ struct wait_options {
 int read_wait_options(struct request *req, struct wait_options *o, struct gpuq_error *err);
 /* Registers a waiter for req (answered when job ends) with its timeout and progress events. */
 void wait_for(struct request *req, struct job *job, const struct wait_options *o);
-/* Unlinks and frees every waiter of c (the connection closed). */
-void waiters_drop_conn(struct conn *c);
+/* Unlinks and frees every waiter of c: its CONN_CLOSED hook (server.h). */
+void waiters_drop_conn(struct daemon *d, struct conn *c);
 
 /* Takes every work of the job out of its queue, if none has started. */
 bool job_unqueue(struct daemon *d, struct job *job);

@@ -394,21 +394,14 @@ void region_job_release(struct daemon *d, struct job *job)
 		region_free_if_orphaned(d, r);
 }
 
-/* Ephemeral regions of a closed connection go once no job uses them. */
-static void regions_drop_conn(struct daemon *d, uint64_t serial)
+void regions_drop_conn(struct daemon *d, struct conn *c)
 {
 	struct region *next;
 	for (struct region *r = d->regions.head; r; r = next) {
 		next = r->next;
-		if (r->conn_serial != serial)
+		if (r->conn_serial != c->serial)
 			continue;
 		r->orphaned = true;
 		region_free_if_orphaned(d, r);
 	}
-}
-
-void share_conn_closed(struct daemon *d, struct conn *c)
-{
-	regions_drop_conn(d, c->serial);
-	leases_drop_conn(d, c);
 }
