@@ -116,10 +116,8 @@ struct region_span {
 int region_transfer_read(struct request *req, bool put, uint64_t *length,
 			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err);
 void region_transfer_hold(struct job *job, const struct region_span *span, bool put);
-/* A job lets go of its region (job_release), freeing an orphaned ephemeral one when idle. */
-void region_job_release(struct daemon *d, struct job *job);
-/* Ephemeral regions of a closed connection go once no job uses them (its CONN_CLOSED hook, server.h). */
-void regions_drop_conn(struct daemon *d, struct conn *c);
+/* The free of an orphaned ephemeral region (the region table's free_orphan). */
+void op_region_free_own(struct daemon *d, struct region *r);
 /*
  * op_lease.c: attach (a lease on a shareable buffer, the buffer's handle
  * sent with the reply), release, leases, lease_break.

@@ -202,6 +202,7 @@ static void register_hooks(struct daemon *d)
 	d->server.conn_hooks = conn_hooks;
 	d->server.nconn_hooks = sizeof conn_hooks / sizeof conn_hooks[0];
 	d->buffers.free_orphan = op_free_own;
+	d->regions.free_orphan = op_region_free_own;
 }
 
 static void daemon_free(struct daemon *d)
