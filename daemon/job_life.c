@@ -220,7 +220,7 @@ void job_submit(struct request *req, struct job *job)
 		return;
 	}
 	d->last_dispatch = monotonic_seconds();
-	service_job_started(d, job);
+	d->jobs.hooks.started(d, job);
 	log_debug("job %llu: %s on device %d for uid %d", (unsigned long long)job->id,
 		  job->kind->op, job->work.device, (int)job->owner);
 	if (opts.wait) {
@@ -240,7 +240,7 @@ int job_submit_own(struct daemon *d, struct job *job, struct gpuq_error *err)
 	if (worker_submit(&d->pool, &job->work, err) < 0)
 		return -1;
 	d->last_dispatch = monotonic_seconds();
-	service_job_started(d, job);
+	d->jobs.hooks.started(d, job);
 	return 0;
 }
 
@@ -277,7 +277,7 @@ static void job_log_outcome(const struct job *job)
 static void job_complete(struct daemon *d, struct job *job)
 {
 	job_mark_finished(&d->jobs, job);
-	service_job_finished(d, job);
+	d->jobs.hooks.finished(d, job);
 	job_release(d, job);
 	job_log_outcome(job);
 	while (job->waiters) {
@@ -292,7 +292,7 @@ void job_finish_now(struct request *req, struct job *job)
 {
 	struct daemon *d = req->d;
 	gpuq_error_clear(&job->work.error);
-	service_job_started(d, job);
+	d->jobs.hooks.started(d, job);
 	job_complete(d, job);
 	reply_outcome(req->conn, req->id, job); /* done: the same with or without wait */
 	job_evict_history(&d->jobs);
@@ -307,7 +307,7 @@ void job_on_done(struct work *work, void *arg)
 	job_complete(d, job);
 	job_evict_history(&d->jobs);
 	if (d->stopping)
-		daemon_shutdown(d); /* finishes once the last job is in */
+		d->jobs.hooks.shutdown_step(d); /* finishes once the last job is in */
 }
 
 void cancel_unqueued(struct daemon *d, struct job *job, const char *why)

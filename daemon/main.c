@@ -203,6 +203,9 @@ static void register_hooks(struct daemon *d)
 	d->server.nconn_hooks = sizeof conn_hooks / sizeof conn_hooks[0];
 	d->buffers.free_orphan = op_free_own;
 	d->regions.free_orphan = op_region_free_own;
+	d->jobs.hooks = (struct job_hooks){ .started = service_job_started,
+					    .finished = service_job_finished,
+					    .shutdown_step = daemon_shutdown };
 }
 
 static void daemon_free(struct daemon *d)
