@@ -225,6 +225,25 @@ void conn_send_fd(struct conn *c, const void *data, size_t len, int fd)
 		conn_update_poll(c);
 }
 
+void conn_send_reply(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd)
+{
+	msgpack_sbuffer frame;
+	mp_put_u64(body, "id", id);
+	mp_put_bool(body, "ok", ok);
+	msgpack_sbuffer_init(&frame);
+	mp_map_frame(body, &frame);
+	conn_send_fd(c, frame.data, frame.size, fd);
+	msgpack_sbuffer_destroy(&frame);
+}
+
+void conn_send_error(struct conn *c, uint64_t id, const struct gpuq_error *err)
+{
+	struct mp_map body;
+	mp_map_init(&body);
+	error_render(err, &body);
+	conn_send_reply(c, id, false, &body, -1);
+}
+
 void conn_close_after_flush(struct conn *c)
 {
 	if (c->closed)
@@ -237,7 +256,7 @@ void conn_refuse(struct conn *c, uint64_t id, const struct gpuq_error *err)
 {
 	log_info("connection %llu (pid %d, uid %d): %s: %s", (unsigned long long)c->serial,
 		 (int)c->pid, (int)c->uid, gpuq_errc_name(err->code), err->message);
-	reply_error_to(c, id, err);
+	conn_send_error(c, id, err);
 	conn_close_after_flush(c);
 }
 

@@ -5,13 +5,7 @@
 
 void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd)
 {
-	msgpack_sbuffer frame;
-	mp_put_u64(body, "id", id);
-	mp_put_bool(body, "ok", ok);
-	msgpack_sbuffer_init(&frame);
-	mp_map_frame(body, &frame);
-	conn_send_fd(c, frame.data, frame.size, fd);
-	msgpack_sbuffer_destroy(&frame);
+	conn_send_reply(c, id, ok, body, fd);
 }
 
 void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body)
@@ -26,10 +20,7 @@ void reply_ok_fd(struct request *req, struct mp_map *body, int fd)
 
 void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err)
 {
-	struct mp_map body;
-	mp_map_init(&body);
-	error_render(err, &body);
-	reply_to(c, id, false, &body);
+	conn_send_error(c, id, err);
 }
 
 void reply_ok(struct request *req, struct mp_map *body)

@@ -26,6 +26,7 @@
 
 struct conn;
 struct daemon;
+struct mp_map;
 struct waiter;
 struct outbuf;
 
@@ -136,6 +137,14 @@ void conn_close_now(struct conn *c);
 void conn_send(struct conn *c, const void *data, size_t len);
 /* The same with a descriptor (fd >= 0: duplicated; the caller keeps fd) passed with its first byte. */
 void conn_send_fd(struct conn *c, const void *data, size_t len, int fd);
+/*
+ * Sends a reply: body with the request's id and ok added, as one frame,
+ * with descriptor fd (-1: none) as conn_send_fd passes it. reply.c answers
+ * requests with it; conn.c refuses frames with it.
+ */
+void conn_send_reply(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd);
+/* The error reply: {error: {code, message}, id, ok: false}. */
+void conn_send_error(struct conn *c, uint64_t id, const struct gpuq_error *err);
 /* Stops reading; closes once queued output is written. */
 void conn_close_after_flush(struct conn *c);
 /* Logs why, answers err (with request id, 0 if none) and closes once it is written. */
