@@ -27,8 +27,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/job.h"
 #include "daemon/log.h"
+#include "daemon/server.h"
+#include "workers/clock.h"
 
 #define READ_CHUNK (64u * 1024u)
 #define FDS_PER_RECV 16

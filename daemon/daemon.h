@@ -1,6 +1,11 @@
 /*
  * gpuqd's state, owned by the main thread: the loop, the options, the worker
  * pool, the job and buffer tables and the server. Workers never see it.
+ *
+ * What a file of daemon/ offers is declared in its own header (job.h,
+ * job_life.h, buffer.h, region.h, lease.h, server.h, reply.h, progress.h,
+ * service.h ...); what is left here is the request and what request.c and
+ * the op_*.c files, which have no headers of their own, offer each other.
  */
 #ifndef GPUQ_DAEMON_H
 #define GPUQ_DAEMON_H
@@ -126,10 +131,6 @@ void op_attach(struct request *req);
 void op_release(struct request *req);
 void op_leases(struct request *req);
 void op_lease_break(struct request *req);
-/* A connection closed: the leases it holds (or waits for) end (its CONN_CLOSED hook, server.h). */
-void leases_drop_conn(struct daemon *d, struct conn *c);
-/* Device index was reset: the leases on its buffers end (their holders are told). */
-void leases_drop_device(struct daemon *d, int device);
 /*
  * op_collective.c: every collective op (allreduce ... all_to_all, group,
  * bench_allreduce, bench_collective): NCCL's primitives, one part per
@@ -189,7 +190,11 @@ int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
 /* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
 struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
 
-/* Starts the orderly shutdown (main.c). */
+/*
+ * shutdown.c: starts the orderly shutdown (a signal, the shutdown op), and
+ * takes its next step when called again (each job that ends while it is
+ * under way: the job table's shutdown_step).
+ */
 void daemon_shutdown(struct daemon *d);
 
 #endif
