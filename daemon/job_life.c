@@ -48,7 +48,6 @@ void waiters_drop_conn(struct daemon *d, struct conn *c)
 		waiter_unlink(c->waiters);
 }
 
-
 /* The record goes along, so that the client knows which job to wait for again. */
 static void waiter_on_timeout(uv_timer_t *timer)
 {
@@ -94,7 +93,6 @@ static int waiter_add(struct daemon *d, struct conn *c, uint64_t request_id, str
 	c->waiters = w;
 	return 0;
 }
-
 
 /*
  * The job lets go of b. An ephemeral buffer whose connection is gone goes
