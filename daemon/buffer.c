@@ -1,5 +1,9 @@
-/* The buffer registry. Main thread only. */
+/*
+ * The buffer registry, and how long an ephemeral buffer lives. Main thread
+ * only.
+ */
 #include "daemon/buffer.h"
+#include "daemon/daemon.h"
 #include "protocol/utf8.h"
 #include "workers/clock.h"
 
@@ -295,4 +299,50 @@ int buffer_check_usable(const struct buffer *b, struct gpuq_error *err)
 				 "says why); free it and allocate it again",
 				 b->name, b->device, b->device);
 	return 0;
+}
+
+/*
+ * Frees an orphaned ephemeral buffer if nothing holds it, with the free
+ * job the buffer table's free_orphan makes. A buffer still allocating, in
+ * use or not yet freeable (a full queue) is left for later: job_release
+ * calls this when a job lets go of it, and the service tick retries every
+ * second.
+ */
+void buffer_free_if_orphaned(struct daemon *d, struct buffer *b)
+{
+	if (!b || !b->orphaned || b->users > 0 || d->stopping)
+		return;
+	if (b->state == BUFFER_LOST) { /* a device reset took its memory: nothing to give back */
+		buffer_remove(&d->buffers, b);
+		return;
+	}
+	if (b->state == BUFFER_READY)
+		d->buffers.free_orphan(d, b);
+}
+
+void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan)
+{
+	bool listed = !b->removed;
+	buffer_unhold(b); /* frees a removed buffer with its last user */
+	if (listed && free_orphan)
+		buffer_free_if_orphaned(d, b);
+}
+
+void buffers_drop_conn(struct daemon *d, struct conn *c)
+{
+	for (struct buffer *b = d->buffers.head, *next; b; b = next) {
+		next = b->next;
+		if (b->conn_serial != c->serial)
+			continue;
+		b->orphaned = true;
+		buffer_free_if_orphaned(d, b);
+	}
+}
+
+void buffers_free_orphans(struct daemon *d)
+{
+	for (struct buffer *b = d->buffers.head, *next; b; b = next) {
+		next = b->next; /* a lost buffer is removed (and freed) at once */
+		buffer_free_if_orphaned(d, b);
+	}
 }

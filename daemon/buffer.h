@@ -50,9 +50,19 @@ struct buffer {
 	struct buffer *next;
 };
 
+struct conn;
+struct daemon;
+
 struct buffer_table {
 	struct buffer *head;
 	unsigned count;
+	/*
+	 * Frees b, an orphaned ephemeral buffer that is READY and that nothing
+	 * holds, with a job of gpuqd's own; a full queue leaves it as it was.
+	 * Set at start-up (main.c) to op_buffer.c's op_free_own: the job is
+	 * the free op's, which this registry stays below.
+	 */
+	void (*free_orphan)(struct daemon *d, struct buffer *b);
 };
 
 const char *buffer_state_name(enum buffer_state state);
@@ -124,5 +134,22 @@ unsigned buffer_mark_lost(struct buffer_table *t, int device);
 
 /* 0 if jobs may use b now; -1 with `busy` saying why not. */
 int buffer_check_usable(const struct buffer *b, struct gpuq_error *err);
+
+/*
+ * Ephemeral buffers (alloc ephemeral: true): buffers_drop_conn orphans those
+ * of a connection that closes (its CONN_CLOSING hook, server.h) and frees
+ * each that nothing holds;
+ * buffer_free_if_orphaned frees one once nothing holds it (b may be NULL);
+ * buffers_free_orphans retries every one (a full queue refused a free).
+ */
+void buffers_drop_conn(struct daemon *d, struct conn *c);
+void buffer_free_if_orphaned(struct daemon *d, struct buffer *b);
+void buffers_free_orphans(struct daemon *d);
+/*
+ * A job or a lease lets go of b (buffer_unhold); then, with free_orphan, an
+ * orphaned ephemeral buffer that nothing else holds is freed. b may be
+ * freed here: the caller reads it no more.
+ */
+void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan);
 
 #endif

@@ -27,8 +27,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/job.h"
 #include "daemon/log.h"
+#include "daemon/server.h"
+#include "workers/clock.h"
 
 #define READ_CHUNK (64u * 1024u)
 #define FDS_PER_RECV 16
@@ -52,19 +54,27 @@ static void outbuf_free(struct outbuf *o)
 static void conn_update_poll(struct conn *c);
 static int conn_account_output(struct conn *c);
 
+/* Runs the close hooks of one kind, in the order registered (server.h). */
+static void conn_run_hooks(struct conn *c, enum conn_hook_when when)
+{
+	const struct server *s = c->server;
+	for (size_t i = 0; i < s->nconn_hooks; i++)
+		if (s->conn_hooks[i].when == when)
+			s->conn_hooks[i].run(s->daemon, c);
+}
+
 /*
  * The end of a connection, in the loop's close phase: outside every caller
  * that may be walking a job's waiters (job_complete, the progress timer, a
  * wait's timeout) or the leases (a lease_break or a device reset telling a
- * holder whose send fails), so its waiters can be unlinked and freed here,
- * and its leases ended (which may free them and let an orphaned ephemeral
- * buffer go).
+ * holder whose send fails), so that its CONN_CLOSED hooks may unlink and
+ * free its waiters here and end its leases (which may free them and let an
+ * orphaned ephemeral buffer go).
  */
 static void conn_on_closed(uv_handle_t *handle)
 {
 	struct conn *c = handle->data;
-	waiters_drop_conn(c);
-	share_conn_closed(c->server->daemon, c);
+	conn_run_hooks(c, CONN_CLOSED);
 	frame_reader_free(&c->reader);
 	close(c->fd);
 	free(c);
@@ -87,7 +97,7 @@ void conn_close(struct conn *c)
 		  (int)c->pid, (int)c->uid);
 	parked_close_all(&c->parked);
 	conn_release_quota(c);
-	buffers_drop_conn(c->server->daemon, c->serial);
+	conn_run_hooks(c, CONN_CLOSING);
 	while (c->out_head) {
 		struct outbuf *next = c->out_head->next;
 		outbuf_free(c->out_head);
@@ -217,6 +227,25 @@ void conn_send_fd(struct conn *c, const void *data, size_t len, int fd)
 		conn_update_poll(c);
 }
 
+void conn_send_reply(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd)
+{
+	msgpack_sbuffer frame;
+	mp_put_u64(body, "id", id);
+	mp_put_bool(body, "ok", ok);
+	msgpack_sbuffer_init(&frame);
+	mp_map_frame(body, &frame);
+	conn_send_fd(c, frame.data, frame.size, fd);
+	msgpack_sbuffer_destroy(&frame);
+}
+
+void conn_send_error(struct conn *c, uint64_t id, const struct gpuq_error *err)
+{
+	struct mp_map body;
+	mp_map_init(&body);
+	error_render(err, &body);
+	conn_send_reply(c, id, false, &body, -1);
+}
+
 void conn_close_after_flush(struct conn *c)
 {
 	if (c->closed)
@@ -229,7 +258,7 @@ void conn_refuse(struct conn *c, uint64_t id, const struct gpuq_error *err)
 {
 	log_info("connection %llu (pid %d, uid %d): %s: %s", (unsigned long long)c->serial,
 		 (int)c->pid, (int)c->uid, gpuq_errc_name(err->code), err->message);
-	reply_error_to(c, id, err);
+	conn_send_error(c, id, err);
 	conn_close_after_flush(c);
 }
 
@@ -363,11 +392,13 @@ static void conn_handle_frames(struct conn *c)
 	while (!c->closed && !c->close_after_flush &&
 	       (rc = frame_reader_next(&c->reader, &payload, &len)) != 0) {
 		if (rc < 0) {
-			request_refuse_oversize(c, len, c->server->max_frame);
+			conn_refusef(c, GPUQ_E_BAD_FRAME,
+				     "frame of %zu bytes exceeds this daemon's limit of %zu (--max-frame); closing",
+				     len, c->server->max_frame);
 			return;
 		}
 		uint64_t end = c->frame_at + GPUQ_FRAME_HEADER_BYTES + len;
-		request_handle(c->server->daemon, c, payload, len);
+		c->server->on_frame(c->server->daemon, c, payload, len);
 		c->frame_at = end;
 		conn_drop_stray_fds(c, end);
 	}

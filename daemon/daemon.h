@@ -1,6 +1,11 @@
 /*
  * gpuqd's state, owned by the main thread: the loop, the options, the worker
  * pool, the job and buffer tables and the server. Workers never see it.
+ *
+ * What a file of daemon/ offers is declared in its own header (job.h,
+ * job_life.h, buffer.h, region.h, lease.h, server.h, reply.h, progress.h,
+ * service.h ...); what is left here is the request and what request.c and
+ * the op_*.c files, which have no headers of their own, offer each other.
  */
 #ifndef GPUQ_DAEMON_H
 #define GPUQ_DAEMON_H
@@ -10,9 +15,12 @@
 
 #include "daemon/buffer.h"
 #include "daemon/job.h"
+#include "daemon/job_life.h"
 #include "daemon/lease.h"
 #include "daemon/region.h"
 #include "daemon/options.h"
+#include "daemon/progress.h"
+#include "daemon/reply.h"
 #include "daemon/server.h"
 #include "daemon/service.h"
 #include "protocol/msg.h"
@@ -51,14 +59,8 @@ struct request {
 
 typedef void (*request_handler)(struct request *req);
 
-/* reply.c: answers req. reply_ok adds id and ok to body and sends it. */
-void reply_ok(struct request *req, struct mp_map *body);
-/* reply_ok with descriptor fd attached (SCM_RIGHTS, with the frame's first byte); fd stays the caller's. */
-void reply_ok_fd(struct request *req, struct mp_map *body, int fd);
-void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd);
-void reply_error(struct request *req, const struct gpuq_error *err);
-void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err);
-void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body);
+/* request.c: handles one complete frame from c (the server's on_frame). */
+void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len);
 
 /* op_info.c, op_buffer.c, op_jobs.c: one handler per op. */
 void op_ping(struct request *req);
@@ -91,11 +93,6 @@ struct buffer *read_buffer_ref(struct request *req, const char *field, struct bu
 			       struct gpuq_error *err);
 /* op_info.c: a device's `scheduler` map (jobs in flight per engine, busy time), for devices and stats. */
 void render_scheduler(const struct worker_snapshot *s, struct mp_map *out);
-/* progress.c: progress events for waiters that asked (`progress: true`). */
-void progress_watch(struct daemon *d);
-void progress_close(struct daemon *d);
-/* Marks w (a waiter just registered) for progress events if the request asked (`progress: true`). */
-void progress_request(struct daemon *d, struct waiter *w, bool wanted);
 /* op_chain.c: run (a kernel chain on a buffer), stats (per-device counters), bench_chain */
 void op_run(struct request *req);
 void op_stats(struct request *req);
@@ -124,8 +121,8 @@ struct region_span {
 int region_transfer_read(struct request *req, bool put, uint64_t *length,
 			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err);
 void region_transfer_hold(struct job *job, const struct region_span *span, bool put);
-/* A job lets go of its region (job_release), freeing an orphaned ephemeral one when idle. */
-void region_job_release(struct daemon *d, struct job *job);
+/* The free of an orphaned ephemeral region (the region table's free_orphan). */
+void op_region_free_own(struct daemon *d, struct region *r);
 /*
  * op_lease.c: attach (a lease on a shareable buffer, the buffer's handle
  * sent with the reply), release, leases, lease_break.
@@ -134,10 +131,6 @@ void op_attach(struct request *req);
 void op_release(struct request *req);
 void op_leases(struct request *req);
 void op_lease_break(struct request *req);
-/* A connection closed: the leases it holds (or waits for) end. */
-void leases_drop_conn(struct daemon *d, struct conn *c);
-/* Device index was reset: the leases on its buffers end (their holders are told). */
-void leases_drop_device(struct daemon *d, int device);
 /*
  * op_collective.c: every collective op (allreduce ... all_to_all, group,
  * bench_allreduce, bench_collective): NCCL's primitives, one part per
@@ -174,21 +167,8 @@ void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t 
 		    bool write);
 /* Narrows what job_attach_buffer said: the range and whether it writes. */
 void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write);
-/*
- * Ephemeral buffers (alloc ephemeral: true): buffers_drop_conn orphans those
- * of a connection that closed and frees each that nothing holds;
- * buffer_free_if_orphaned frees one once nothing holds it (b may be NULL);
- * buffers_free_orphans retries every one (a full queue refused a free).
- */
-void buffers_drop_conn(struct daemon *d, uint64_t conn_serial);
-void buffer_free_if_orphaned(struct daemon *d, struct buffer *b);
-void buffers_free_orphans(struct daemon *d);
-/*
- * A job or a lease lets go of b (buffer_unhold); then, with free_orphan, an
- * orphaned ephemeral buffer that nothing else holds is freed. b may be
- * freed here: the caller reads it no more.
- */
-void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan);
+/* op_buffer.c: the free of an orphaned ephemeral buffer (the buffer table's free_orphan). */
+void op_free_own(struct daemon *d, struct buffer *b);
 /*
  * The request's `devices` field (distinct device indexes): 1 with devices/n
  * set, 0 when absent, -1 with err.
@@ -211,35 +191,10 @@ int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
 struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
 
 /*
- * op_jobs.c: the common path of every job request. Submits job to its
- * worker and answers req now (queued) or registers a waiter (wait: true).
- * On refusal the job is discarded, its buffer released and req answered.
+ * shutdown.c: starts the orderly shutdown (a signal, the shutdown op), and
+ * takes its next step when called again (each job that ends while it is
+ * under way: the job table's shutdown_step).
  */
-void job_submit(struct request *req, struct job *job);
-/*
- * Submits a job of gpuqd's own, which no client asked for or waits on (the
- * free of an orphaned ephemeral buffer or region): normal priority, weight
- * 1, outside quotas. 0, or -1 with err (a full queue): the caller undoes
- * what it prepared and discards the job.
- */
-int job_submit_own(struct daemon *d, struct job *job, struct gpuq_error *err);
-/* Main thread: the worker pool's completion callback. */
-void job_on_done(struct work *work, void *arg);
-/*
- * A job whose work needs no device (the free of a buffer a reset lost):
- * done at once, on the main thread, and answered with its record.
- */
-void job_finish_now(struct request *req, struct job *job);
-/* Cancels every queued job (shutdown), answering their waiters. */
-void jobs_cancel_queued(struct daemon *d);
-/* Asks every running job to stop at its next chunk. */
-void jobs_cancel_running(struct daemon *d);
-/* Asks one running job to stop at its next chunk, and wakes its workers to see it. */
-void job_cancel_running(struct daemon *d, struct job *job);
-/* The same for every running job with a part on device. */
-void jobs_cancel_running_on(struct daemon *d, int device);
-
-/* Starts the orderly shutdown (main.c). */
 void daemon_shutdown(struct daemon *d);
 
 #endif

@@ -119,6 +119,19 @@ static inline int job_device(const struct job *job, int i)
 	return job->parts ? job->parts[i].device : job->work.device;
 }
 
+/*
+ * What the layers above hear of jobs, set once at start-up (main.c): the
+ * service glue counts each job against its owner's quota and in the
+ * metrics as it goes to a worker (or is done at once) and as it ends; a
+ * shutdown under way takes its next step each time a job's last work comes
+ * back.
+ */
+struct job_hooks {
+	void (*started)(struct daemon *d, const struct job *job);
+	void (*finished)(struct daemon *d, const struct job *job);
+	void (*shutdown_step)(struct daemon *d);
+};
+
 #define JOB_BUCKETS 4096
 
 struct job_table {
@@ -128,6 +141,7 @@ struct job_table {
 	unsigned finished_count;
 	unsigned history_max;
 	unsigned active; /* queued or running */
+	struct job_hooks hooks;
 };
 
 void job_table_init(struct job_table *t, unsigned history_max);

@@ -22,6 +22,7 @@
 
 struct buffer;
 struct conn;
+struct daemon;
 
 enum lease_state {
 	LEASE_WAITING, /* its attach job is queued: earlier jobs on the buffer come first */
@@ -51,5 +52,9 @@ struct lease_table {
 const char *lease_state_name(enum lease_state state);
 /* The lease with this id, or NULL. */
 struct lease *lease_find(struct lease_table *t, uint64_t id);
+/* A connection closed: the leases it holds (or waits for) end (its CONN_CLOSED hook, server.h). */
+void leases_drop_conn(struct daemon *d, struct conn *c);
+/* Device index was reset: the leases on its buffers end (their holders are told). */
+void leases_drop_device(struct daemon *d, int device);
 
 #endif

@@ -177,6 +177,37 @@ static void run_loop(struct daemon *d)
 	}
 }
 
+/*
+ * What a connection's end lets go of, in this order (server.h says when
+ * each kind runs). Its ephemeral buffers are orphaned at once; the rest
+ * waits for the close callback, outside every walk over waiters and leases
+ * that the code which closed it may be in: its waiters are detached, its
+ * ephemeral regions orphaned, then its leases end (which may let an
+ * orphaned buffer go).
+ */
+static const struct conn_hook conn_hooks[] = {
+	{ CONN_CLOSING, buffers_drop_conn },
+	{ CONN_CLOSED, waiters_drop_conn },
+	{ CONN_CLOSED, regions_drop_conn },
+	{ CONN_CLOSED, leases_drop_conn },
+};
+
+/*
+ * What lower layers call back, so that calls go one way: each is set once
+ * here, before the loop runs, to the function of the layer above.
+ */
+static void register_hooks(struct daemon *d)
+{
+	d->server.on_frame = request_handle;
+	d->server.conn_hooks = conn_hooks;
+	d->server.nconn_hooks = sizeof conn_hooks / sizeof conn_hooks[0];
+	d->buffers.free_orphan = op_free_own;
+	d->regions.free_orphan = op_region_free_own;
+	d->jobs.hooks = (struct job_hooks){ .started = service_job_started,
+					    .finished = service_job_finished,
+					    .shutdown_step = daemon_shutdown };
+}
+
 static void daemon_free(struct daemon *d)
 {
 	/* Workers that did not stop may still hand the copy threads work: then leave them. */
@@ -224,6 +255,7 @@ int main(int argc, char **argv)
 		worker_pool_stop(&d->pool, 5000);
 		return 1;
 	}
+	register_hooks(d);
 	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
 		 d->server.path, d->pool.count, d->ops->name, (int)getpid());
 	if (service_start(d) < 0) {

@@ -554,23 +554,14 @@ void op_fill(struct request *req)
 }
 
 /*
- * Frees an orphaned ephemeral buffer if nothing holds it: a free job that
- * no client asked for or waits on, outside quotas (it only gives back).
- * A buffer still allocating, in use or not yet freeable (a full queue) is
- * left for later: job_release calls this when a job lets go of it, and the
- * service tick retries every second.
+ * The free of an orphaned ephemeral buffer that nothing holds
+ * (buffer_free_if_orphaned, through the buffer table's free_orphan): a job
+ * of gpuqd's own that no client asked for or waits on, outside quotas (it
+ * only gives back). A full queue leaves b READY for a later try.
  */
-void buffer_free_if_orphaned(struct daemon *d, struct buffer *b)
+void op_free_own(struct daemon *d, struct buffer *b)
 {
 	struct gpuq_error err;
-	if (!b || !b->orphaned || b->users > 0 || d->stopping)
-		return;
-	if (b->state == BUFFER_LOST) { /* a device reset took its memory: nothing to give back */
-		buffer_remove(&d->buffers, b);
-		return;
-	}
-	if (b->state != BUFFER_READY)
-		return;
 	struct job *job = job_create(&d->jobs, &kind_free, b->owner, 0, 0);
 	if (!job)
 		return;
@@ -586,31 +577,4 @@ void buffer_free_if_orphaned(struct daemon *d, struct buffer *b)
 	}
 	log_info("job %llu: freeing ephemeral buffer %s@%d of uid %d: the connection that made it closed",
 		 (unsigned long long)job->id, b->name, b->device, (int)b->owner);
-}
-
-void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan)
-{
-	bool listed = !b->removed;
-	buffer_unhold(b); /* frees a removed buffer with its last user */
-	if (listed && free_orphan)
-		buffer_free_if_orphaned(d, b);
-}
-
-void buffers_drop_conn(struct daemon *d, uint64_t conn_serial)
-{
-	for (struct buffer *b = d->buffers.head, *next; b; b = next) {
-		next = b->next;
-		if (b->conn_serial != conn_serial)
-			continue;
-		b->orphaned = true;
-		buffer_free_if_orphaned(d, b);
-	}
-}
-
-void buffers_free_orphans(struct daemon *d)
-{
-	for (struct buffer *b = d->buffers.head, *next; b; b = next) {
-		next = b->next; /* a lost buffer is removed (and freed) at once */
-		buffer_free_if_orphaned(d, b);
-	}
 }

@@ -31,8 +31,6 @@ static void render_region_free(const struct job *job, struct mp_map *out)
 	mp_put_u64(out, "bytes", job->brief.bytes);
 }
 
-static void region_free_if_orphaned(struct daemon *d, struct region *r);
-
 static void finish_region_create(struct daemon *d, struct job *job)
 {
 	struct region *r = job->region;
@@ -199,12 +197,14 @@ static void region_free_job(struct job *job, struct region *r)
 	r->last_job = job->id;
 }
 
-/* A region_free no client asked for: an ephemeral region's connection closed. */
-static void region_free_if_orphaned(struct daemon *d, struct region *r)
+/*
+ * A region_free no client asked for: an ephemeral region's connection
+ * closed, and nothing uses it (region_free_if_orphaned, through the region
+ * table's free_orphan).
+ */
+void op_region_free_own(struct daemon *d, struct region *r)
 {
 	struct gpuq_error err;
-	if (!r || !r->orphaned || r->state != REGION_READY || atomic_load(&r->users) || d->stopping)
-		return;
 	struct job *job = job_create(&d->jobs, &kind_region_free, r->owner, 0, 0);
 	if (!job)
 		return;
@@ -377,38 +377,4 @@ void region_transfer_hold(struct job *job, const struct region_span *span, bool 
 	r->last_job = job->id;
 	job->work.transfer.host = (char *)r->map + span->offset;
 	work_add_range(&job->work, r->map, span->offset, job->work.length, !put);
-}
-
-void region_job_release(struct daemon *d, struct job *job)
-{
-	struct region *r = job->region;
-	job->region = NULL;
-	if (!r || !job->region_held)
-		return;
-	bool removed = r->removed, freeing = r->state == REGION_FREEING && !removed;
-	int device = r->device;
-	region_unhold(r); /* frees a removed region with its last user: r is not read after */
-	if (freeing)
-		worker_kick(&d->pool, device); /* its region_free waits for this */
-	else if (!removed)
-		region_free_if_orphaned(d, r);
-}
-
-/* Ephemeral regions of a closed connection go once no job uses them. */
-static void regions_drop_conn(struct daemon *d, uint64_t serial)
-{
-	struct region *next;
-	for (struct region *r = d->regions.head; r; r = next) {
-		next = r->next;
-		if (r->conn_serial != serial)
-			continue;
-		r->orphaned = true;
-		region_free_if_orphaned(d, r);
-	}
-}
-
-void share_conn_closed(struct daemon *d, struct conn *c)
-{
-	regions_drop_conn(d, c->serial);
-	leases_drop_conn(d, c);
 }

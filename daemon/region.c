@@ -1,5 +1,9 @@
-/* The region registry. Main thread only. */
+/*
+ * The region registry, and how long an ephemeral region lives. Main thread
+ * only.
+ */
 #include "daemon/region.h"
+#include "daemon/daemon.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,4 +162,44 @@ int region_check_memlock(const struct region_table *t, const char *name, uint64_
 			 "or free a region",
 			 name, mib(bytes, want, sizeof want), mib(t->pinned + bytes, total, sizeof total),
 			 mib(cur, limit, sizeof limit));
+}
+
+/*
+ * An orphaned ephemeral region that is READY and that no job uses goes,
+ * with the job the region table's free_orphan makes. One still pinning or
+ * in use waits: finish_region_create and region_job_release call this
+ * again.
+ */
+void region_free_if_orphaned(struct daemon *d, struct region *r)
+{
+	if (!r || !r->orphaned || r->state != REGION_READY || atomic_load(&r->users) || d->stopping)
+		return;
+	d->regions.free_orphan(d, r);
+}
+
+void region_job_release(struct daemon *d, struct job *job)
+{
+	struct region *r = job->region;
+	job->region = NULL;
+	if (!r || !job->region_held)
+		return;
+	bool removed = r->removed, freeing = r->state == REGION_FREEING && !removed;
+	int device = r->device;
+	region_unhold(r); /* frees a removed region with its last user: r is not read after */
+	if (freeing)
+		worker_kick(&d->pool, device); /* its region_free waits for this */
+	else if (!removed)
+		region_free_if_orphaned(d, r);
+}
+
+void regions_drop_conn(struct daemon *d, struct conn *c)
+{
+	struct region *next;
+	for (struct region *r = d->regions.head; r; r = next) {
+		next = r->next;
+		if (r->conn_serial != c->serial)
+			continue;
+		r->orphaned = true;
+		region_free_if_orphaned(d, r);
+	}
 }

@@ -39,10 +39,21 @@ struct region {
 	struct region *next;
 };
 
+struct conn;
+struct daemon;
+struct job;
+
 struct region_table {
 	struct region *head;
 	unsigned count;
 	uint64_t pinned; /* bytes of every region in the table: what RLIMIT_MEMLOCK is checked against */
+	/*
+	 * Frees r, an orphaned ephemeral region that is READY and that no job
+	 * uses, with a region_free job of gpuqd's own; a full queue leaves it
+	 * READY. Set at start-up (main.c) to op_region.c's op_region_free_own:
+	 * the job is the region_free op's, which this registry stays below.
+	 */
+	void (*free_orphan)(struct daemon *d, struct region *r);
 };
 
 const char *region_state_name(enum region_state state);
@@ -74,5 +85,18 @@ int region_check_memlock(const struct region_table *t, const char *name, uint64_
 			 struct gpuq_error *err);
 /* The daemon's RLIMIT_MEMLOCK in *bytes; false when it has none. */
 bool region_memlock_limit(uint64_t *bytes);
+
+/*
+ * Ephemeral regions: regions_drop_conn orphans those of a connection that
+ * closed (its CONN_CLOSED hook, server.h) and frees each that no job uses;
+ * region_free_if_orphaned frees one once no job uses it (r may be NULL).
+ */
+void regions_drop_conn(struct daemon *d, struct conn *c);
+void region_free_if_orphaned(struct daemon *d, struct region *r);
+/*
+ * A job lets go of its region (job_release): a region_free waiting for it
+ * is woken, an orphaned ephemeral one freed once idle.
+ */
+void region_job_release(struct daemon *d, struct job *job);
 
 #endif

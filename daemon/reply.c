@@ -1,15 +1,11 @@
 /* Building and sending replies. Main thread only. */
+#include "daemon/reply.h"
+
 #include "daemon/daemon.h"
 
 void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd)
 {
-	msgpack_sbuffer frame;
-	mp_put_u64(body, "id", id);
-	mp_put_bool(body, "ok", ok);
-	msgpack_sbuffer_init(&frame);
-	mp_map_frame(body, &frame);
-	conn_send_fd(c, frame.data, frame.size, fd);
-	msgpack_sbuffer_destroy(&frame);
+	conn_send_reply(c, id, ok, body, fd);
 }
 
 void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body)
@@ -24,10 +20,7 @@ void reply_ok_fd(struct request *req, struct mp_map *body, int fd)
 
 void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err)
 {
-	struct mp_map body;
-	mp_map_init(&body);
-	error_render(err, &body);
-	reply_to(c, id, false, &body);
+	conn_send_error(c, id, err);
 }
 
 void reply_ok(struct request *req, struct mp_map *body)
@@ -38,4 +31,20 @@ void reply_ok(struct request *req, struct mp_map *body)
 void reply_error(struct request *req, const struct gpuq_error *err)
 {
 	reply_error_to(req->conn, req->id, err);
+}
+
+void reply_outcome(struct conn *c, uint64_t id, const struct job *job)
+{
+	struct mp_map body, record;
+	mp_map_init(&body);
+	mp_map_init(&record);
+	job_render(job, true, &record);
+	mp_put_map(&body, "job", &record);
+	bool ok = job->state == GPUQ_JOB_DONE;
+	bool fd = ok && job->reply_fd >= 0 && c == job->reply_conn && id == job->reply_id;
+	if (!ok)
+		error_render(&job->error, &body);
+	if (fd)
+		mp_put_u64(&body, "fds", 1);
+	reply_to_fd(c, id, ok, &body, fd ? job->reply_fd : -1);
 }

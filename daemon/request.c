@@ -64,15 +64,6 @@ static void refuse_unknown_op(struct request *req, const char *op)
 	reply_error(req, &err);
 }
 
-void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame)
-{
-	struct gpuq_error err;
-	gpuq_fail(&err, GPUQ_E_BAD_FRAME,
-		  "frame of %zu bytes exceeds this daemon's limit of %zu (--max-frame); closing",
-		  len, max_frame);
-	conn_refuse(c, 0, &err);
-}
-
 /*
  * Takes the request's descriptors first, so that the stream stays in step:
  * `fds` of them must have arrived with the frame's first byte, and any

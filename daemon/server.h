@@ -24,9 +24,31 @@
 /* A client that leaves this much unread is dropped. */
 #define CONN_MAX_OUTPUT (64u << 20)
 
+struct conn;
 struct daemon;
+struct mp_map;
 struct waiter;
 struct outbuf;
+
+/*
+ * What a connection's end lets go of (its ephemeral buffers and regions,
+ * its waiters, its leases). The families that tie things to a connection
+ * are registered once at start-up (main.c) and run in the order of that
+ * table. A CONN_CLOSING hook runs in conn_close itself; a CONN_CLOSED hook
+ * from the poll handle's close callback, in the loop's close phase, outside
+ * every walk over a job's waiters or the leases that the code which closed
+ * the connection may be in.
+ */
+enum conn_hook_when { CONN_CLOSING, CONN_CLOSED };
+
+struct conn_hook {
+	enum conn_hook_when when;
+	void (*run)(struct daemon *d, struct conn *c);
+};
+
+/* Handles one complete frame from c (request.c's request_handle). */
+typedef void (*server_frame_fn)(struct daemon *d, struct conn *c, const uint8_t *payload,
+				size_t len);
 
 struct conn {
 	struct server *server;
@@ -67,6 +89,10 @@ struct server {
 	size_t max_frame;
 	uint64_t next_serial;
 	struct conn *conns;
+	/* The layers above, set once at start-up (main.c) before the loop runs. */
+	server_frame_fn on_frame;
+	const struct conn_hook *conn_hooks;
+	size_t nconn_hooks;
 };
 
 /*
@@ -98,9 +124,10 @@ bool server_out_of_descriptors(struct server *s, const char *doing);
 void conn_open(struct server *s, int fd);
 /*
  * Closes c, deferred and idempotent: from here on nothing is read from or
- * sent to it (conn_send drops what it is given); its ephemeral buffers are
- * orphaned at once; its waiters are detached, its leases ended and the
- * struct freed in the loop's close phase, outside every walk over jobs,
+ * sent to it (conn_send drops what it is given); its CONN_CLOSING hooks run
+ * at once (its ephemeral buffers are orphaned); its CONN_CLOSED hooks (its
+ * waiters detached, its regions orphaned, its leases ended) and the struct's
+ * free wait for the loop's close phase, outside every walk over jobs,
  * waiters and leases that the caller may be in.
  */
 void conn_close(struct conn *c);
@@ -110,6 +137,14 @@ void conn_close_now(struct conn *c);
 void conn_send(struct conn *c, const void *data, size_t len);
 /* The same with a descriptor (fd >= 0: duplicated; the caller keeps fd) passed with its first byte. */
 void conn_send_fd(struct conn *c, const void *data, size_t len, int fd);
+/*
+ * Sends a reply: body with the request's id and ok added, as one frame,
+ * with descriptor fd (-1: none) as conn_send_fd passes it. reply.c answers
+ * requests with it; conn.c refuses frames with it.
+ */
+void conn_send_reply(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd);
+/* The error reply: {error: {code, message}, id, ok: false}. */
+void conn_send_error(struct conn *c, uint64_t id, const struct gpuq_error *err);
 /* Stops reading; closes once queued output is written. */
 void conn_close_after_flush(struct conn *c);
 /* Logs why, answers err (with request id, 0 if none) and closes once it is written. */
@@ -122,17 +157,5 @@ void conn_refuse(struct conn *c, uint64_t id, const struct gpuq_error *err);
 int conn_take_fds(struct conn *c, int n, int *out, int *arrived);
 /* Refuses and closes c if its incomplete frame began over timeout_ms ago (0: never). */
 void conn_check_frame_timeout(struct conn *c, double now, unsigned timeout_ms);
-
-/* request.c: handles one complete frame from c. */
-void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len);
-/* request.c: a frame over the limit; replies bad_frame and closes c. */
-void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame);
-/* op_jobs.c: unlinks and frees every waiter of c. */
-void waiters_drop_conn(struct conn *c);
-/*
- * op_region.c: c's leases end and its ephemeral regions go once idle
- * (zero-copy sharing); from c's close callback, beside waiters_drop_conn.
- */
-void share_conn_closed(struct daemon *d, struct conn *c);
 
 #endif

@@ -66,7 +66,10 @@ void service_close(struct daemon *d);
 /* Asks for the orderly shutdown from a request handler (after it has answered). */
 void service_request_shutdown(struct daemon *d);
 
-/* job_submit handed job to its worker; job_complete recorded its end. */
+/*
+ * job_submit handed job to its worker; job_complete recorded its end (the
+ * job table's hooks, set at start-up).
+ */
 void service_job_started(struct daemon *d, const struct job *job);
 void service_job_finished(struct daemon *d, const struct job *job);
 

@@ -8,7 +8,11 @@
  * handles, so that uv_run returns to main.
  */
 #include "daemon/daemon.h"
+#include "daemon/job_life.h"
 #include "daemon/log.h"
+#include "daemon/progress.h"
+#include "daemon/server.h"
+#include "daemon/service.h"
 
 static void on_shutdown_timeout(uv_timer_t *timer)
 {
