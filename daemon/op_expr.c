@@ -101,13 +101,24 @@ static int expr_read_count(struct request *req, struct chain_spec *s, struct gpu
 	return 0;
 }
 
-/* The request into ej: text, program, buffers, options. */
+/* Whether the request gives key (nil is absent). */
+static bool given(const struct request *req, const char *key)
+{
+	const msgpack_object *o = msg_map_get(req->map, key);
+	return o && o->type != MSGPACK_OBJECT_NIL;
+}
+
+/*
+ * The request into ej: text, program, buffers, options. A reduction runs
+ * fused once, so giving `mode` or `repeat` at all is refused, even their
+ * defaults (docs/protocol.md, reduce_expr).
+ */
 static int expr_read(struct request *req, bool reduce, struct expr_job *ej, struct gpuq_error *err)
 {
 	char *text = malloc(CHAIN_EXPR_TEXT_MAX + 2);
 	struct chain_expr *x = malloc(sizeof *x);
 	struct chain_expr_error e;
-	uint64_t device = UINT64_MAX;
+	uint64_t device = 0;
 	int rc = -1;
 	ej->text = text;
 	if (!text || !x) {
@@ -118,9 +129,9 @@ static int expr_read(struct request *req, bool reduce, struct expr_job *ej, stru
 	if (has == 0)
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'expr' (an expression such as %s) is required",
 			  reduce ? "'sum(abs(x - y))'" : "'y = a * x + y'");
-	if (has <= 0 || msg_get_u64(req->map, "device", &device, err) < 0)
+	if (has <= 0 || (has = msg_get_u64(req->map, "device", &device, err)) < 0)
 		goto out;
-	if (device != UINT64_MAX && device >= (uint64_t)req->d->pool.count) {
+	if (has > 0 && device >= (uint64_t)req->d->pool.count) {
 		gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %" PRIu64 " does not exist (devices: 0-%d)",
 			  device, req->d->pool.count - 1);
 		goto out;
@@ -129,9 +140,14 @@ static int expr_read(struct request *req, bool reduce, struct expr_job *ej, stru
 		expr_fail(err, GPUQ_E_BAD_REQUEST, text, e.col, e.msg);
 		goto out;
 	}
-	if (expr_bind(req, ej, x, device == UINT64_MAX ? -1 : (int)device, err) < 0 ||
+	if (expr_bind(req, ej, x, has > 0 ? (int)device : -1, err) < 0 ||
 	    op_chain_read_options(req, &ej->spec, err) < 0 || (reduce && expr_read_count(req, &ej->spec, err) < 0))
 		goto out;
+	if (reduce && (given(req, "mode") || given(req, "repeat"))) {
+		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+			  "a reduction runs fused once: leave out 'mode' and 'repeat'");
+		goto out;
+	}
 	rc = op_chain_check(&ej->spec, err);
 out:
 	free(x);
