@@ -113,16 +113,19 @@ void op_region_open(struct request *req);
  * resolved and checked against the transfer. put: the region's range is the
  * source and decides *length unless the buffer's range gives one (both
  * given: they must agree); get: *length is the buffer range's and the
- * region's range must hold it. 1 with *span, 0 when the request names no
- * region, -1 with err. region_transfer_hold then holds the region for the
- * job (whose work.length is set) and aims its work at the range.
+ * region's range must hold it. b (at buffer_offset) is the buffer, which a
+ * refusal names when it is the side too small. 1 with *span, 0 when the
+ * request names no region, -1 with err. region_transfer_hold then holds
+ * the region for the job (whose work.length is set) and aims its work at
+ * the range.
  */
 struct region_span {
 	struct region *region;
 	uint64_t offset;
 };
-int region_transfer_read(struct request *req, bool put, uint64_t *length,
-			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err);
+int region_transfer_read(struct request *req, bool put, const struct buffer *b,
+			 uint64_t buffer_offset, uint64_t *length, bool buffer_has_length,
+			 struct region_span *span, struct gpuq_error *err);
 void region_transfer_hold(struct job *job, const struct region_span *span, bool put);
 /* A job lets go of its region (job_release), freeing an orphaned ephemeral one when idle. */
 void region_job_release(struct daemon *d, struct job *job);

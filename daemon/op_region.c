@@ -318,53 +318,60 @@ static struct region *read_region_ref(struct request *req, struct buffer_ref *re
 }
 
 /*
- * The bytes a transfer moves: the length given on either side (both: they
- * must agree), else the source's range to its end (put: the region's, get:
- * the buffer's). Both sides must hold them. *length comes in as the
- * buffer's range (given, or to its end) and goes out as the transfer's.
+ * The bytes a transfer moves (*n): the length given on either side (both:
+ * they must agree), else the source's range to its end (put: the region's,
+ * get: the buffer's, `length`: the buffer's range, given or to its end).
+ * The region must hold them; the caller checks the buffer.
  */
 static int region_range(const struct region *r, const struct buffer_ref *ref, bool put,
-			uint64_t *length, bool buffer_has_length, uint64_t *offset,
+			uint64_t length, bool buffer_has_length, uint64_t *offset, uint64_t *n,
 			struct gpuq_error *err)
 {
 	*offset = ref->offset;
 	if (*offset > r->bytes)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "offset %llu is past the end of region '%s' (%llu bytes)",
 				 (unsigned long long)*offset, r->name, (unsigned long long)r->bytes);
-	uint64_t room = r->bytes - *offset, n = *length;
-	if (ref->has_length && buffer_has_length && ref->length != *length)
+	uint64_t room = r->bytes - *offset;
+	*n = length;
+	if (ref->has_length && buffer_has_length && ref->length != length)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "region '%s' is given %llu bytes but the buffer's range is %llu bytes; "
 				 "give ranges of one length (or one of them)",
-				 r->name, (unsigned long long)ref->length, (unsigned long long)*length);
+				 r->name, (unsigned long long)ref->length, (unsigned long long)length);
 	if (ref->has_length)
-		n = ref->length;
+		*n = ref->length;
 	else if (put && !buffer_has_length)
-		n = room;
-	if (n > room)
+		*n = room;
+	if (*n > room)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "%llu bytes at offset %llu are outside region '%s' (%llu bytes)",
-				 (unsigned long long)n, (unsigned long long)*offset, r->name,
+				 (unsigned long long)*n, (unsigned long long)*offset, r->name,
 				 (unsigned long long)r->bytes);
-	if (n > *length)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "the buffer has room for %llu bytes from its offset, but region '%s' gives %llu; "
-				 "give a range of the region (NAME[OFFSET:LENGTH]) or a larger buffer",
-				 (unsigned long long)*length, r->name, (unsigned long long)n);
-	*length = n;
 	return 0;
 }
 
-int region_transfer_read(struct request *req, bool put, uint64_t *length,
-			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err)
+int region_transfer_read(struct request *req, bool put, const struct buffer *b,
+			 uint64_t buffer_offset, uint64_t *length, bool buffer_has_length,
+			 struct region_span *span, struct gpuq_error *err)
 {
 	struct buffer_ref ref;
+	uint64_t n = 0;
 	if (!msg_map_get(req->map, "region"))
 		return 0;
 	span->region = read_region_ref(req, &ref, err);
 	if (!span->region ||
-	    region_range(span->region, &ref, put, length, buffer_has_length, &span->offset, err) < 0)
+	    region_range(span->region, &ref, put, *length, buffer_has_length, &span->offset, &n,
+			 err) < 0)
 		return -1;
+	if (n > *length) /* the buffer is the side too small: name it */
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "buffer '%s@%d' has room for %llu bytes from offset %llu, but region '%s' "
+				 "gives %llu; give a range of the region (NAME[OFFSET:LENGTH]) or a larger "
+				 "buffer",
+				 b->name, b->device, (unsigned long long)*length,
+				 (unsigned long long)buffer_offset, span->region->name,
+				 (unsigned long long)n);
+	*length = n;
 	return 1;
 }
 

@@ -159,7 +159,8 @@ static void submit_transfer(struct request *req, bool put)
 	int rc = b ? read_endpoint(req, put, &opts, &err) : -1;
 	if (rc == 0)
 		rc = read_range(req, b, &ref, &offset, &length, &has_length, &err);
-	if (rc == 0 && (rc = region_transfer_read(req, put, &length, has_length, &span, &err)) > 0)
+	if (rc == 0 && (rc = region_transfer_read(req, put, b, offset, &length, has_length,
+							  &span, &err)) > 0)
 		has_length = true; /* the region's range says how many bytes move */
 	if (rc == 0 && put && !has_length && !opts.scratch)
 		rc = check_source_fits(req->fds[0], b, offset, length, &err);
