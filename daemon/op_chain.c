@@ -19,7 +19,8 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
-#include "daemon/op_chain.h"
+#include "daemon/chain_request.h"
+#include "daemon/op_expr.h"
 #include "workers/chain/chain.h"
 #include "workers/bench/chain_bench.h"
 
@@ -161,114 +162,6 @@ static int read_ops(struct request *req, enum gpuq_dtype dtype, struct chain_spe
 	return 0;
 }
 
-/* The string field key as one of names (find), or its default; -1 with err naming the choices. */
-static int read_choice(struct request *req, const char *key, const char *choices,
-		       int (*find)(const char *, void *), void *out, struct gpuq_error *err)
-{
-	char value[16];
-	int rc = msg_get_str(req->map, key, value, sizeof value, err);
-	if (rc < 0)
-		return -1;
-	if (rc > 0 && find(value, out) < 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': '%s' is not %s", key, value,
-				 choices);
-	return 0;
-}
-
-static int find_mode(const char *name, void *out)
-{
-	return chain_mode_find(name, out);
-}
-
-static int find_kernel(const char *name, void *out)
-{
-	return chain_kernel_find(name, out);
-}
-
-static int find_math(const char *name, void *out)
-{
-	return chain_math_find(name, out);
-}
-
-int op_chain_read_options(struct request *req, struct chain_spec *spec, struct gpuq_error *err)
-{
-	spec->mode = CHAIN_FUSED;
-	spec->kernel = CHAIN_KERNEL_AUTO;
-	spec->math = CHAIN_MATH_IEEE;
-	spec->repeat = 1;
-	if (read_choice(req, "mode", "fused, graph or eager", find_mode, &spec->mode, err) < 0 ||
-	    read_choice(req, "kernel", "auto, compiled or interpreted", find_kernel, &spec->kernel,
-			err) < 0 ||
-	    read_choice(req, "math", "ieee or fast", find_math, &spec->math, err) < 0 ||
-	    msg_get_u64(req->map, "repeat", &spec->repeat, err) < 0)
-		return -1;
-	if (spec->repeat < 1 || spec->repeat > CHAIN_MAX_REPEAT)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
-				 spec->repeat, CHAIN_MAX_REPEAT);
-	return 0;
-}
-
-int op_chain_check(const struct chain_spec *spec, struct gpuq_error *err)
-{
-	bool reduce = chain_spec_is_reduce(spec);
-	if (reduce && (spec->mode != CHAIN_FUSED || spec->repeat != 1))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "a reduction runs fused once: leave out 'mode' and 'repeat'");
-	if (spec->mode != CHAIN_FUSED && !spec->has_ops)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "mode %s runs one kernel per op, which only a chain of ops on one "
-				 "buffer has (as x = add(sin(x), 1), or 'sin | add 1'); run this "
-				 "expression in mode fused", chain_mode_name(spec->mode));
-	if (spec->mode == CHAIN_GRAPH && spec->repeat * spec->nops > CHAIN_MAX_GRAPH_KERNELS)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "graph mode captures ops x repeat = %" PRIu64 " kernels into one graph, "
-				 "more than %d; lower 'repeat' or use mode fused",
-				 spec->repeat * spec->nops, CHAIN_MAX_GRAPH_KERNELS);
-	if (spec->math == CHAIN_MATH_FAST &&
-	    (spec->mode != CHAIN_FUSED || spec->kernel == CHAIN_KERNEL_INTERPRETED))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "math fast needs a compiled kernel: mode fused with kernel auto or "
-				 "compiled (the interpreted and per-op kernels compute IEEE only)");
-	return 0;
-}
-
-/* How the fused kernel was had: compiled (from where, for what, in how long) or interpreted, and why. */
-static void render_kernel(const struct chain_spec *s, struct mp_map *out)
-{
-	const struct chain_kernel_info *k = &s->result.kernel;
-	if (s->mode != CHAIN_FUSED)
-		return;
-	mp_put_str(out, "kernel", k->compiled ? "compiled" : "interpreted");
-	mp_put_str(out, "math", chain_math_name(k->math));
-	if (k->compiled) {
-		mp_put_str(out, "kernel_source", chain_source_name(k->source));
-		mp_put_str(out, "arch", k->arch);
-		mp_put_f64(out, "compile_ms", k->compile_s * 1e3);
-	}
-	if (k->note[0])
-		mp_put_str(out, "kernel_note", k->note);
-}
-
-void op_chain_render(const struct chain_spec *s, uint64_t bytes, struct mp_map *out)
-{
-	const struct chain_result *r = &s->result;
-	mp_put_str(out, "mode", chain_mode_name(s->mode));
-	mp_put_str(out, "graph", chain_cache_outcome_name(r->cache));
-	mp_put_bool(out, "instantiated", r->instantiated);
-	render_kernel(s, out);
-	if (s->has_ops) {
-		mp_put_u64(out, "ops", s->nops);
-		mp_put_str(out, "dtype", gpuq_dtype_name(s->dtype));
-	}
-	mp_put_u64(out, "repeat", s->repeat);
-	mp_put_u64(out, "kernels", r->kernels);
-	mp_put_u64(out, "count", s->count);
-	mp_put_u64(out, "bytes", bytes);
-	mp_put_f64(out, "prepare_s", r->prepare_s);
-	mp_put_f64(out, "device_s", r->device_s);
-	mp_put_f64(out, "gbps", r->device_s > 0 ? (double)bytes / r->device_s / 1e9 : 0);
-}
-
 /*
  * The `out` field's buffer, resolved as `buffer` is (the caller's, or for
  * root `owner`'s), or NULL with *absent when there is none.
@@ -327,7 +220,7 @@ static void render_run(const struct job *job, struct mp_map *out)
 	const struct run_job *rj = job->work.spec;
 	if (!rj)
 		return;
-	op_chain_render(&rj->spec, job->work.result.bytes, out);
+	chain_request_render(&rj->spec, job->work.result.bytes, out);
 	if (rj->out_label[0])
 		mp_put_str(out, "out", rj->out_label);
 }
@@ -345,7 +238,7 @@ static int read_run(struct request *req, const struct buffer *b, struct run_job 
 		    struct buffer **out, struct gpuq_error *err)
 {
 	struct chain_spec *s = &rj->spec;
-	if (read_ops(req, b->dtype, s, err) < 0 || op_chain_read_options(req, s, err) < 0 ||
+	if (read_ops(req, b->dtype, s, err) < 0 || chain_request_read_options(req, s, err) < 0 ||
 	    read_out(req, b, out, err) < 0)
 		return -1;
 	struct kernels_chain_op ops[KERNELS_CHAIN_MAX_OPS];
@@ -353,7 +246,7 @@ static int read_run(struct request *req, const struct buffer *b, struct run_job 
 	memcpy(ops, s->ops, nops * sizeof ops[0]);
 	chain_spec_from_ops(s, ops, nops, b->dtype, b->dptr, *out ? (*out)->dptr : b->dptr);
 	s->count = b->count;
-	if (op_chain_check(s, err) < 0)
+	if (chain_request_check(s, err) < 0)
 		return -1;
 	if (*out)
 		snprintf(rj->out_label, sizeof rj->out_label, "%s@%d", (*out)->name, (*out)->device);

@@ -22,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/op_chain.h"
+#include "daemon/chain_request.h"
+#include "daemon/op_expr.h"
 #include "workers/chain/chain_expr.h"
 
 struct expr_job {
@@ -141,14 +142,14 @@ static int expr_read(struct request *req, bool reduce, struct expr_job *ej, stru
 		goto out;
 	}
 	if (expr_bind(req, ej, x, has > 0 ? (int)device : -1, err) < 0 ||
-	    op_chain_read_options(req, &ej->spec, err) < 0 || (reduce && expr_read_count(req, &ej->spec, err) < 0))
+	    chain_request_read_options(req, &ej->spec, err) < 0 || (reduce && expr_read_count(req, &ej->spec, err) < 0))
 		goto out;
 	if (reduce && (given(req, "mode") || given(req, "repeat"))) {
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 			  "a reduction runs fused once: leave out 'mode' and 'repeat'");
 		goto out;
 	}
-	rc = op_chain_check(&ej->spec, err);
+	rc = chain_request_check(&ej->spec, err);
 out:
 	free(x);
 	return rc;
@@ -195,7 +196,7 @@ static void render_expr_run(const struct job *job, struct mp_map *out)
 	if (!ej)
 		return;
 	mp_put_str(out, "expr", ej->text);
-	op_chain_render(&ej->spec, job->work.result.bytes, out);
+	chain_request_render(&ej->spec, job->work.result.bytes, out);
 	if (ej->held[0])
 		render_outputs(ej, out);
 }
@@ -209,7 +210,7 @@ static void render_reduce(const struct job *job, struct mp_map *out)
 	unsigned kind = s->prog.reduce;
 	mp_put_str(out, "expr", ej->text);
 	mp_put_str(out, "reduce", chain_prog_reduce_name(kind));
-	op_chain_render(s, job->work.result.bytes, out);
+	chain_request_render(s, job->work.result.bytes, out);
 	if (job->state != GPUQ_JOB_DONE)
 		return;
 	double v = chain_reduce_finish(kind, &s->result.value, s->count);
