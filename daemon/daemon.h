@@ -8,9 +8,11 @@
 #include <stdbool.h>
 #include <uv.h>
 
+#include "daemon/args.h"
 #include "daemon/buffer.h"
 #include "daemon/job.h"
 #include "daemon/lease.h"
+#include "daemon/op_common.h"
 #include "daemon/region.h"
 #include "daemon/options.h"
 #include "daemon/server.h"
@@ -60,17 +62,28 @@ void reply_error(struct request *req, const struct gpuq_error *err);
 void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err);
 void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body);
 
-/* op_info.c, op_buffer.c, op_jobs.c: one handler per op. */
+/*
+ * The ops declared as data (request.c's op table): each has its argument
+ * table (op_NAME_args, daemon/args.h) and a handler that receives the
+ * decoded struct (op_exec, daemon/op_common.h).
+ */
+/* op_buffer.c */
+extern const struct args_spec op_noop_args, op_alloc_args, op_free_args, op_checksum_args,
+	op_fill_args;
+void op_noop(struct request *req, void *args);
+void op_alloc(struct request *req, void *args);
+void op_free(struct request *req, void *args);
+void op_checksum(struct request *req, void *args);
+void op_fill(struct request *req, void *args);
+/* op_transfer.c: put and get share a handler; their defaults say which */
+extern const struct args_spec op_put_args, op_get_args;
+void op_transfer(struct request *req, void *args);
+
+/* Ops that still read their request by hand (request_handler). */
+/* op_info.c, op_jobs.c */
 void op_ping(struct request *req);
 void op_devices(struct request *req);
 void op_buffers(struct request *req);
-void op_noop(struct request *req);
-void op_alloc(struct request *req);
-void op_free(struct request *req);
-void op_fill(struct request *req);
-void op_checksum(struct request *req);
-void op_put(struct request *req);
-void op_get(struct request *req);
 void op_jobs(struct request *req);
 void op_status(struct request *req);
 void op_wait(struct request *req);
@@ -86,9 +99,6 @@ void op_bench_d2d(struct request *req);
  * "host-staged".
  */
 const char *copy_peer_path(struct daemon *d, int src, int dst, bool *direct);
-/* op_buffer.c: the buffer named by `field`, with an optional [OFFSET:LENGTH] range in *ref. */
-struct buffer *read_buffer_ref(struct request *req, const char *field, struct buffer_ref *ref,
-			       struct gpuq_error *err);
 /* op_info.c: a device's `scheduler` map (jobs in flight per engine, busy time), for devices and stats. */
 void render_scheduler(const struct worker_snapshot *s, struct mp_map *out);
 /* progress.c: progress events for waiters that asked (`progress: true`). */
@@ -109,9 +119,11 @@ void op_region_free(struct request *req);
 void op_regions(struct request *req);
 void op_region_open(struct request *req);
 /*
- * The put/get side of a region: the `region` field ("NAME[OFFSET:LENGTH]")
- * resolved and checked against the transfer. put: the region's range is the
- * source and decides *length unless the buffer's range gives one (both
+ * The put/get side of a region: the `region` field's text
+ * ("NAME[OFFSET:LENGTH]"; NULL when the request names none, given false
+ * when it is nil) resolved and checked against the transfer. put: the
+ * region's range is the source and decides *length unless the buffer's
+ * range gives one (both
  * given: they must agree); get: *length is the buffer range's and the
  * region's range must hold it. b (at buffer_offset) is the buffer, which a
  * refusal names when it is the side too small. 1 with *span, 0 when the
@@ -123,9 +135,9 @@ struct region_span {
 	struct region *region;
 	uint64_t offset;
 };
-int region_transfer_read(struct request *req, bool put, const struct buffer *b,
-			 uint64_t buffer_offset, uint64_t *length, bool buffer_has_length,
-			 struct region_span *span, struct gpuq_error *err);
+int region_transfer_read(struct request *req, const char *text, bool given, bool put,
+			 const struct buffer *b, uint64_t buffer_offset, uint64_t *length,
+			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err);
 void region_transfer_hold(struct job *job, const struct region_span *span, bool put);
 /* A job lets go of its region (job_release), freeing an orphaned ephemeral one when idle. */
 void region_job_release(struct daemon *d, struct job *job);
@@ -151,32 +163,22 @@ void op_collective(struct request *req);
 void op_bench_sched(struct request *req);
 /* op_expr.c: reduce_expr (an expression over buffers to one number) */
 void op_reduce_expr(struct request *req);
-void op_metrics(struct request *req);
-/* op_admin.c: an administrator's device reset, and what follows any reset (the pool's callback) */
-void op_reset_device(struct request *req);
-/* daemon/faults/op_fault.c: tests/gpuqd-faults only */
-void op_inject_fault(struct request *req);
-void device_on_reset(int index, void *arg);
-void op_shutdown(struct request *req);
-
-/* op_buffer.c: pieces shared by the job-creating handlers. */
-extern const struct job_kind kind_put, kind_get;
-/* A new job of kind for the caller; on failure req is answered and NULL returned. */
-struct job *new_job(struct request *req, const struct job_kind *kind, enum work_kind work_kind,
-		    int device);
 /*
- * Holds b for the job's life and aims the work at it, as a write of the
- * whole buffer for the scheduler (which keeps jobs on one buffer in order).
+ * op_admin.c: metrics; an administrator's device reset and shutdown (with
+ * the wording of their refusal to others), and what follows any reset
+ * (the pool's callback)
  */
-void job_attach_buffer(struct job *job, struct buffer *b);
-/* Tells the scheduler w touches [offset, offset + length) of b, reading or writing. */
-void work_add_access(struct work *w, const struct buffer *b, uint64_t offset, uint64_t length,
-		     bool write);
-/* The same for any memory the scheduler orders by (a region's mapping): base is its identity. */
-void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t length,
-		    bool write);
-/* Narrows what job_attach_buffer said: the range and whether it writes. */
-void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write);
+extern const struct args_spec op_metrics_args, op_reset_device_args, op_shutdown_args;
+void op_metrics(struct request *req, void *args);
+void op_reset_device(struct request *req, void *args);
+void reset_device_denied(struct request *req, struct gpuq_error *err);
+void op_shutdown(struct request *req, void *args);
+void shutdown_denied(struct request *req, struct gpuq_error *err);
+void device_on_reset(int index, void *arg);
+/* daemon/faults/op_fault.c: tests/gpuqd-faults only */
+extern const struct args_spec op_inject_fault_args;
+void op_inject_fault(struct request *req, void *args);
+
 /*
  * Ephemeral buffers (alloc ephemeral: true): buffers_drop_conn orphans those
  * of a connection that closed and frees each that nothing holds;
@@ -192,27 +194,9 @@ void buffers_free_orphans(struct daemon *d);
  * freed here: the caller reads it no more.
  */
 void buffer_let_go(struct daemon *d, struct buffer *b, bool free_orphan);
-/*
- * The request's `devices` field (distinct device indexes): 1 with devices/n
- * set, 0 when absent, -1 with err.
- */
-int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err);
-/*
- * The benchmarks' `sizes` field: 1 to max byte counts of at most 1 TiB;
- * absent, 256 MiB, 1 GiB and 4 GiB.
- */
-int read_bench_sizes(struct request *req, uint64_t *sizes, unsigned max, unsigned *n,
-		     struct gpuq_error *err);
 struct bench_row;
 /* op_bench_copy.c: a copy benchmark's rows, as bench_copy and bench_d2d reply them. */
 void bench_rows_render(const struct bench_row *rows, unsigned n, struct mp_map *out);
-/* The `device` field: absent means 0; not_found unless it names one of this daemon's devices. */
-int read_device(struct request *req, int *device, struct gpuq_error *err);
-/* Whose namespace buffer names are resolved in: the caller's, or for root, `owner`. */
-int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
-/* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
-struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
-
 /*
  * op_jobs.c: the common path of every job request. Submits job to its
  * worker and answers req now (queued) or registers a waiter (wait: true).

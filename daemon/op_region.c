@@ -295,15 +295,11 @@ void op_region_open(struct request *req)
 }
 
 /* "NAME[OFFSET:LENGTH]": a region's name and an optional range, no @GPU. */
-static struct region *read_region_ref(struct request *req, struct buffer_ref *ref,
-				      struct gpuq_error *err)
+static struct region *region_ref_resolve(struct request *req, const char *text,
+					 struct buffer_ref *ref, struct gpuq_error *err)
 {
-	char text[BUFFER_NAME_MAX + 96];
 	uid_t owner;
-	int rc = msg_get_str(req->map, "region", text, sizeof text, err);
-	if (rc <= 0)
-		return NULL;
-	if (buffer_ref_parse_range(text, "region", ref, err) < 0 || read_owner(req, &owner, err) < 0)
+	if (buffer_ref_parse_range(text, "region", ref, err) < 0 || args_owner(req, &owner, err) < 0)
 		return NULL;
 	if (ref->device >= 0) {
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
@@ -350,15 +346,17 @@ static int region_range(const struct region *r, const struct buffer_ref *ref, bo
 	return 0;
 }
 
-int region_transfer_read(struct request *req, bool put, const struct buffer *b,
-			 uint64_t buffer_offset, uint64_t *length, bool buffer_has_length,
-			 struct region_span *span, struct gpuq_error *err)
+int region_transfer_read(struct request *req, const char *text, bool given, bool put,
+			 const struct buffer *b, uint64_t buffer_offset, uint64_t *length,
+			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err)
 {
 	struct buffer_ref ref;
 	uint64_t n = 0;
-	if (!msg_map_get(req->map, "region"))
+	if (!text)
 		return 0;
-	span->region = read_region_ref(req, &ref, err);
+	if (!given) /* named, but nil */
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'region': expected a string, got nil");
+	span->region = region_ref_resolve(req, text, &ref, err);
 	if (!span->region ||
 	    region_range(span->region, &ref, put, *length, buffer_has_length, &span->offset, &n,
 			 err) < 0)

@@ -6,6 +6,7 @@
  * connection is closed; a readable request that is refused gets an error
  * reply and the connection stays.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,55 +14,163 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 
-struct op_entry {
-	const char *name;
-	request_handler handler;
+/*
+ * Who may call an op. Every op is open to whoever may connect unless its
+ * row says otherwise; the dispatcher checks after the arguments decode,
+ * so that a malformed request is told so first, as the ops always did.
+ */
+enum op_caller {
+	OP_ANYONE,
+	OP_ADMIN, /* root and the admin group (rule: admin-group) */
+	OP_ROOT,
 };
 
-static const struct op_entry ops[] = {
-	{ "ping", op_ping },       { "devices", op_devices },   { "noop", op_noop },
-	{ "alloc", op_alloc },     { "free", op_free },         { "buffers", op_buffers },
-	{ "put", op_put },         { "get", op_get },           { "fill", op_fill },
-	{ "checksum", op_checksum }, { "jobs", op_jobs },       { "status", op_status },
-	{ "wait", op_wait },       { "cancel", op_cancel },
-	{ "bench_copy", op_bench_copy },
-	{ "copy", op_copy },       { "bench_d2d", op_bench_d2d },
-	{ "run", op_run },         { "stats", op_stats },       { "bench_chain", op_bench_chain },
-	{ "allreduce", op_collective }, { "bench_allreduce", op_collective },
-	{ "reduce_scatter", op_collective }, { "all_gather", op_collective },
-	{ "broadcast", op_collective }, { "reduce", op_collective }, { "sendrecv", op_collective },
-	{ "all_to_all", op_collective }, { "group", op_collective },
-	{ "bench_collective", op_collective },
-	{ "reduce_expr", op_reduce_expr },
-	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
-	{ "bench_sched", op_bench_sched }, { "reset_device", op_reset_device },
-	{ "region_create", op_region_create }, { "region_free", op_region_free },
-	{ "regions", op_regions },  { "region_open", op_region_open },
-	{ "attach", op_attach },    { "release", op_release },
-	{ "leases", op_leases },    { "lease_break", op_lease_break },
+/*
+ * One op: its name, its arguments (daemon/args.h; the spec holds the
+ * field table and the argument struct's size), its handler, and who may
+ * call it. `denied` words the refusal for a caller `who` turns away.
+ * Ops not yet declared as data have no spec and a `handler` that reads
+ * the request itself; their arguments are checked there.
+ */
+struct op_def {
+	const char *name;
+	const struct args_spec *args;
+	op_exec exec;
+	request_handler handler; /* instead of args and exec */
+	enum op_caller who;
+	void (*denied)(struct request *req, struct gpuq_error *err);
+};
+
+static const struct op_def op_table[] = {
+	/* name               args               exec         handler            who        denied */
+	{ "ping",             NULL,              NULL,        op_ping,           OP_ANYONE, NULL },
+	{ "devices",          NULL,              NULL,        op_devices,        OP_ANYONE, NULL },
+	{ "noop",             &op_noop_args,     op_noop,     NULL,              OP_ANYONE, NULL },
+	{ "alloc",            &op_alloc_args,    op_alloc,    NULL,              OP_ANYONE, NULL },
+	{ "free",             &op_free_args,     op_free,     NULL,              OP_ANYONE, NULL },
+	{ "buffers",          NULL,              NULL,        op_buffers,        OP_ANYONE, NULL },
+	{ "put",              &op_put_args,      op_transfer, NULL,              OP_ANYONE, NULL },
+	{ "get",              &op_get_args,      op_transfer, NULL,              OP_ANYONE, NULL },
+	{ "fill",             &op_fill_args,     op_fill,     NULL,              OP_ANYONE, NULL },
+	{ "checksum",         &op_checksum_args, op_checksum, NULL,              OP_ANYONE, NULL },
+	{ "jobs",             NULL,              NULL,        op_jobs,           OP_ANYONE, NULL },
+	{ "status",           NULL,              NULL,        op_status,         OP_ANYONE, NULL },
+	{ "wait",             NULL,              NULL,        op_wait,           OP_ANYONE, NULL },
+	{ "cancel",           NULL,              NULL,        op_cancel,         OP_ANYONE, NULL },
+	{ "bench_copy",       NULL,              NULL,        op_bench_copy,     OP_ANYONE, NULL },
+	{ "copy",             NULL,              NULL,        op_copy,           OP_ANYONE, NULL },
+	{ "bench_d2d",        NULL,              NULL,        op_bench_d2d,      OP_ANYONE, NULL },
+	{ "run",              NULL,              NULL,        op_run,            OP_ANYONE, NULL },
+	{ "stats",            NULL,              NULL,        op_stats,          OP_ANYONE, NULL },
+	{ "bench_chain",      NULL,              NULL,        op_bench_chain,    OP_ANYONE, NULL },
+	{ "allreduce",        NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "bench_allreduce",  NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "reduce_scatter",   NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "all_gather",       NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "broadcast",        NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "reduce",           NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "sendrecv",         NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "all_to_all",       NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "group",            NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "bench_collective", NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "reduce_expr",      NULL,              NULL,        op_reduce_expr,    OP_ANYONE, NULL },
+	{ "metrics",          &op_metrics_args,  op_metrics,  NULL,              OP_ANYONE, NULL },
+	{ "shutdown",         &op_shutdown_args, op_shutdown, NULL,              OP_ADMIN,
+	  shutdown_denied },
+	{ "bench_sched",      NULL,              NULL,        op_bench_sched,    OP_ANYONE, NULL },
+	{ "reset_device",     &op_reset_device_args, op_reset_device, NULL,      OP_ADMIN,
+	  reset_device_denied },
+	{ "region_create",    NULL,              NULL,        op_region_create,  OP_ANYONE, NULL },
+	{ "region_free",      NULL,              NULL,        op_region_free,    OP_ANYONE, NULL },
+	{ "regions",          NULL,              NULL,        op_regions,        OP_ANYONE, NULL },
+	{ "region_open",      NULL,              NULL,        op_region_open,    OP_ANYONE, NULL },
+	{ "attach",           NULL,              NULL,        op_attach,         OP_ANYONE, NULL },
+	{ "release",          NULL,              NULL,        op_release,        OP_ANYONE, NULL },
+	{ "leases",           NULL,              NULL,        op_leases,         OP_ANYONE, NULL },
+	{ "lease_break",      NULL,              NULL,        op_lease_break,    OP_ANYONE, NULL },
 #ifdef GPUQ_FAULT_INJECTION
-	{ "inject_fault", op_inject_fault }, /* tests/gpuqd-faults only */
+	{ "inject_fault",     &op_inject_fault_args, op_inject_fault, NULL,      OP_ROOT, NULL }, /* tests/gpuqd-faults only */
 #endif
 };
 
-static request_handler find_op(const char *name)
+#define OP_COUNT (sizeof op_table / sizeof op_table[0])
+
+static const struct op_def *find_op(const char *name)
 {
-	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-		if (strcmp(ops[i].name, name) == 0)
-			return ops[i].handler;
+	for (size_t i = 0; i < OP_COUNT; i++)
+		if (strcmp(op_table[i].name, name) == 0)
+			return &op_table[i];
 	return NULL;
+}
+
+/* Every op's name, comma-separated, as unknown_op lists them. */
+static size_t op_names(char *out, size_t size)
+{
+	size_t used = 0;
+	for (size_t i = 0; i < OP_COUNT; i++) {
+		int n = snprintf(out + used, size - used, "%s%s", i ? ", " : "", op_table[i].name);
+		used += (size_t)n < size - used ? (size_t)n : size - used - 1;
+	}
+	return used;
 }
 
 static void refuse_unknown_op(struct request *req, const char *op)
 {
-	char names[256];
-	size_t used = 0;
-	for (size_t i = 0; i < sizeof ops / sizeof ops[0] && used < sizeof names; i++)
-		used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
-					 ops[i].name);
+	char names[OP_COUNT * (2 + 24)];
+	op_names(names, sizeof names);
 	struct gpuq_error err;
 	gpuq_fail(&err, GPUQ_E_UNKNOWN_OP, "unknown op '%s' (ops: %s)", op, names);
 	reply_error(req, &err);
+}
+
+static bool op_may_call(const struct op_def *op, const struct request *req)
+{
+	switch (op->who) {
+	case OP_ANYONE: return true;
+	case OP_ADMIN: return quota_is_admin(req->d, req->conn);
+	case OP_ROOT: return req->conn->uid == 0;
+	}
+	return false;
+}
+
+static void op_refuse_caller(const struct op_def *op, struct request *req, struct gpuq_error *err)
+{
+	if (op->denied) {
+		op->denied(req, err);
+		return;
+	}
+	if (op->who == OP_ROOT)
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED, "%s is root's", op->name);
+	else
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  "only root and members of the admin group may call %s (rule: admin-group)",
+			  op->name);
+}
+
+/* Decodes the op's arguments, checks the caller, then runs the op. */
+static void op_run_one(const struct op_def *op, struct request *req)
+{
+	_Alignas(max_align_t) char args[ARGS_MAX_SIZE];
+	struct gpuq_error err;
+	if (op->args && op->args->size > sizeof args) {
+		gpuq_fail(&err, GPUQ_E_INTERNAL, "op %s: its arguments take %zu bytes; at most %zu",
+			  op->name, op->args->size, sizeof args);
+		reply_error(req, &err);
+		return;
+	}
+	if (op->args && args_decode(req, op->args, args, &err) < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	if (!op_may_call(op, req)) {
+		op_refuse_caller(op, req, &err);
+		reply_error(req, &err);
+		return;
+	}
+	if (op->exec)
+		op->exec(req, args);
+	else
+		op->handler(req);
 }
 
 void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame)
@@ -132,12 +241,12 @@ static void dispatch(struct request *req)
 		reply_error(req, &err);
 		return;
 	}
-	request_handler handler = find_op(op);
-	if (!handler) {
+	const struct op_def *def = find_op(op);
+	if (!def) {
 		refuse_unknown_op(req, op);
 		return;
 	}
-	handler(req);
+	op_run_one(def, req);
 }
 
 void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len)
