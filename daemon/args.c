@@ -25,13 +25,20 @@ int args_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
 	return 1;
 }
 
-/* A device index of this daemon, or not_found naming the devices there are. */
-static int device_check(struct request *req, uint64_t d, struct gpuq_error *err)
+int args_device_check(struct request *req, uint64_t d, struct gpuq_error *err)
 {
 	if (d >= (uint64_t)req->d->pool.count)
 		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
 				 (unsigned long long)d, req->d->pool.count - 1);
 	return 0;
+}
+
+struct buffer *args_resolve(struct request *req, uid_t owner, const char *name, int device,
+			    struct gpuq_error *err)
+{
+	if (device >= 0 && args_device_check(req, (uint64_t)device, err) < 0)
+		return NULL; /* not "not found on device 99", as if there were one */
+	return buffer_resolve(&req->d->buffers, owner, name, device, err);
 }
 
 int args_device(struct request *req, const char *key, bool required, int *device,
@@ -41,7 +48,7 @@ int args_device(struct request *req, const char *key, bool required, int *device
 	int rc = msg_get_u64(req->map, key, &d, err);
 	if (rc == 0 && required)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s' is required", key);
-	if (rc < 0 || (rc > 0 && device_check(req, d, err) < 0))
+	if (rc < 0 || (rc > 0 && args_device_check(req, d, err) < 0))
 		return -1;
 	if (rc > 0)
 		*device = (int)d;
@@ -63,10 +70,12 @@ int args_devices(struct request *req, const char *key, struct args_devices *out,
 				 list->via.array.size, count);
 	for (uint32_t i = 0; i < list->via.array.size; i++) {
 		const msgpack_object *o = &list->via.array.ptr[i];
-		if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 >= (uint64_t)count)
+		if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
 			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 					 "field '%s': entry %u is not a device of this daemon (0-%d)", key,
 					 i, count - 1);
+		if (args_device_check(req, o->via.u64, err) < 0)
+			return -1;
 		for (int j = 0; j < out->n; j++)
 			if (out->dev[j] == (int)o->via.u64)
 				return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
@@ -119,7 +128,7 @@ int args_buffer(struct request *req, const char *key, bool with_range, unsigned 
 		rc = buffer_ref_parse(text, key, out->ref.name, &out->ref.device, err);
 	if (rc < 0 || args_owner(req, &owner, err) < 0)
 		return -1;
-	out->b = buffer_resolve(&req->d->buffers, owner, out->ref.name, out->ref.device, err);
+	out->b = args_resolve(req, owner, out->ref.name, out->ref.device, err);
 	if (!out->b || buffer_usable(out->b, flags, err) < 0) {
 		out->b = NULL;
 		return -1;

@@ -133,4 +133,18 @@ int args_devices(struct request *req, const char *key, struct args_devices *out,
 int args_buffer(struct request *req, const char *key, bool with_range, unsigned flags,
 		struct args_buffer *out, struct gpuq_error *err);
 
+/*
+ * Device d is one of this daemon's: 0, or -1 with not_found "device 99
+ * does not exist (devices: 0-7)", the words every op uses for a `device`,
+ * an entry of `devices` and the @GPU of a name (docs/protocol.md).
+ */
+int args_device_check(struct request *req, uint64_t d, struct gpuq_error *err);
+/*
+ * The buffer NAME (device -1) or NAME@device of owner, whatever its state,
+ * or NULL with err: a device that does not exist is said to, before any
+ * buffer is looked for.
+ */
+struct buffer *args_resolve(struct request *req, uid_t owner, const char *name, int device,
+			    struct gpuq_error *err);
+
 #endif

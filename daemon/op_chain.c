@@ -182,7 +182,7 @@ static struct buffer *resolve_out(struct request *req, bool *absent, struct gpuq
 			  (int)req->conn->uid);
 		return NULL;
 	}
-	struct buffer *b = buffer_resolve(&req->d->buffers, (uid_t)owner, name, device, err);
+	struct buffer *b = args_resolve(req, (uid_t)owner, name, device, err);
 	if (b && buffer_check_usable(b, err) < 0)
 		return NULL;
 	return b;

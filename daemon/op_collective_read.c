@@ -295,8 +295,7 @@ static struct buffer *read_end(struct task_read *tr, const char *field, struct b
 			  "field '%s' (NAME@GPU, optionally [OFFSET:LENGTH]) is required", field);
 	if (rc <= 0 || buffer_ref_parse_range(text, field, ref, err) < 0)
 		return NULL;
-	struct buffer *b = buffer_resolve(&tr->req->d->buffers, tr->plan->owner, ref->name,
-					  ref->device, err);
+	struct buffer *b = args_resolve(tr->req, tr->plan->owner, ref->name, ref->device, err);
 	if (!b || buffer_check_usable(b, err) < 0 ||
 	    buffer_range_check(b, ref->offset, ref->has_length, ref->length, length, err) < 0)
 		return NULL;

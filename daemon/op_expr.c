@@ -56,8 +56,8 @@ static int expr_fail(struct gpuq_error *err, enum gpuq_errc code, const char *te
 static struct buffer *expr_resolve(struct request *req, const struct chain_expr_var *v,
 				   uid_t owner, int device, struct gpuq_error *err)
 {
-	struct buffer *b = buffer_resolve(&req->d->buffers, owner, v->name,
-					  v->device >= 0 ? v->device : device, err);
+	struct buffer *b = args_resolve(req, owner, v->name, v->device >= 0 ? v->device : device,
+					err);
 	if (b && buffer_check_usable(b, err) < 0)
 		return NULL;
 	return b;
