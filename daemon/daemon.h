@@ -78,6 +78,20 @@ void op_fill(struct request *req, void *args);
 /* op_transfer.c: put and get share a handler; their defaults say which */
 extern const struct args_spec op_put_args, op_get_args;
 void op_transfer(struct request *req, void *args);
+/*
+ * The benchmarks (request.c lets root, the admin group and those a quota
+ * rule grants it call them): op_bench_copy.c, op_bench_d2d.c,
+ * op_bench_sched.c, and bench_chain in op_chain.c.
+ */
+extern const struct args_spec op_bench_copy_args, op_bench_d2d_args, op_bench_sched_args,
+	op_bench_chain_args;
+void op_bench_copy(struct request *req, void *args);
+void op_bench_d2d(struct request *req, void *args);
+void op_bench_sched(struct request *req, void *args);
+void op_bench_chain(struct request *req, void *args);
+/* op_chain.c: stats (per-device counters) */
+extern const struct args_spec op_stats_args;
+void op_stats(struct request *req, void *args);
 
 /* Ops that still read their request by hand (request_handler). */
 /* op_info.c, op_jobs.c */
@@ -88,10 +102,8 @@ void op_jobs(struct request *req);
 void op_status(struct request *req);
 void op_wait(struct request *req);
 void op_cancel(struct request *req);
-void op_bench_copy(struct request *req);
-/* op_copy.c, op_bench_d2d.c: device-to-device copies and their benchmark */
+/* op_copy.c: device-to-device copies */
 void op_copy(struct request *req);
-void op_bench_d2d(struct request *req);
 /*
  * How a copy from device src to device dst travels: "self" when they are
  * one, the peer link's name ("nvlink", "pcie-p2p", "p2p", "same-gpu",
@@ -106,10 +118,8 @@ void progress_watch(struct daemon *d);
 void progress_close(struct daemon *d);
 /* Marks w (a waiter just registered) for progress events if the request asked (`progress: true`). */
 void progress_request(struct daemon *d, struct waiter *w, bool wanted);
-/* op_chain.c: run (a kernel chain on a buffer), stats (per-device counters), bench_chain */
+/* op_chain.c: run (a kernel chain on a buffer, or an expression: op_expr.c) */
 void op_run(struct request *req);
-void op_stats(struct request *req);
-void op_bench_chain(struct request *req);
 /*
  * op_region.c: host regions (region_create, region_free, regions,
  * region_open) and put/get through one (`region` instead of a descriptor).
@@ -159,8 +169,6 @@ void leases_drop_device(struct daemon *d, int device);
  * device queued in one step; the request's `op` says which.
  */
 void op_collective(struct request *req);
-/* op_bench_sched.c: the overlap ceiling `gpuq bench sched` compares the scheduler with */
-void op_bench_sched(struct request *req);
 /* op_expr.c: reduce_expr (an expression over buffers to one number) */
 void op_reduce_expr(struct request *req);
 /*

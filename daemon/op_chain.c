@@ -316,25 +316,27 @@ static void render_device_stats(struct daemon *d, int index, struct mp_array *ou
 	mp_array_map(out, &m);
 }
 
-void op_stats(struct request *req)
+struct stats_args {
+	int device;
+	bool has_device; /* absent: every device */
+};
+
+static const struct args_field stats_fields[] = {
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct stats_args, device),
+	  ARGS_GIVEN(struct stats_args, has_device) },
+};
+const struct args_spec op_stats_args = ARGS_SPEC(struct stats_args, stats_fields, NULL);
+
+void op_stats(struct request *req, void *args)
 {
+	const struct stats_args *a = args;
 	struct daemon *d = req->d;
-	struct gpuq_error err;
-	uint64_t device = 0;
-	int has_device = msg_get_u64(req->map, "device", &device, &err);
-	if (has_device > 0 && device >= (uint64_t)d->pool.count)
-		has_device = gpuq_fail(&err, GPUQ_E_NOT_FOUND, "device %" PRIu64 " does not exist (devices: 0-%d)",
-				       device, d->pool.count - 1);
-	if (has_device < 0) {
-		reply_error(req, &err);
-		return;
-	}
 	struct mp_map body;
 	struct mp_array devices;
 	mp_map_init(&body);
 	mp_array_init(&devices);
 	for (int i = 0; i < d->pool.count; i++)
-		if (!has_device || (uint64_t)i == device)
+		if (!a->has_device || i == a->device)
 			render_device_stats(d, i, &devices);
 	mp_put_str(&body, "backend", d->ops->name);
 	mp_put_array(&body, "devices", &devices);
@@ -476,57 +478,79 @@ static void render_bench(const struct job *job, struct mp_map *out)
 
 static const struct job_kind kind_bench_chain = { .op = "bench_chain", .render = render_bench };
 
-/* device, bytes (f32, a multiple of 16), repeat and reps, each with its default. */
-static int read_bench(struct request *req, int *device, struct chain_bench *b,
-		      struct gpuq_error *err)
+/* bench_chain: device, bytes (f32, a multiple of 16), repeat and reps, each with its default. */
+struct bench_chain_args {
+	int device;
+	uint64_t bytes, repeat, reps;
+};
+
+static int check_bench_bytes(struct request *req, void *args, struct gpuq_error *err)
 {
-	uint64_t dev = 0, reps = BENCH_DEFAULT_REPS;
-	b->bytes = BENCH_DEFAULT_BYTES;
-	b->launch_repeat = BENCH_DEFAULT_REPEAT;
-	b->launch_count = BENCH_LAUNCH_COUNT;
-	if (msg_get_u64(req->map, "device", &dev, err) < 0 ||
-	    msg_get_u64(req->map, "bytes", &b->bytes, err) < 0 ||
-	    msg_get_u64(req->map, "repeat", &b->launch_repeat, err) < 0 ||
-	    msg_get_u64(req->map, "reps", &reps, err) < 0)
-		return -1;
-	if (dev >= (uint64_t)req->d->pool.count)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %" PRIu64 " does not exist (devices: 0-%d)",
-				 dev, req->d->pool.count - 1);
-	if (b->bytes < 4096 || b->bytes % 16)
+	const struct bench_chain_args *a = args;
+	(void)req;
+	if (a->bytes < 4096 || a->bytes % 16)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'bytes': %" PRIu64 " is not a multiple of 16 of at least 4096", b->bytes);
-	if (b->launch_repeat < 1 || b->launch_repeat > BENCH_MAX_REPEAT)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
-				 b->launch_repeat, BENCH_MAX_REPEAT);
-	if (reps < 1 || reps > CHAIN_MAX_REPS)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'reps': %" PRIu64 " is not 1 to %d", reps,
-				 CHAIN_MAX_REPS);
-	*device = (int)dev;
-	b->reps = (unsigned)reps;
+				 "field 'bytes': %" PRIu64 " is not a multiple of 16 of at least 4096", a->bytes);
 	return 0;
 }
 
-void op_bench_chain(struct request *req)
+static int check_bench_repeat(struct request *req, void *args, struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	int device = 0;
-	struct chain_bench *b = calloc(1, sizeof *b);
-	if (!b) {
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a benchmark");
-		reply_error(req, &err);
-		return;
-	}
-	if (read_bench(req, &device, b, &err) < 0) {
-		free(b);
-		reply_error(req, &err);
-		return;
-	}
-	struct job *job = new_job(req, &kind_bench_chain, WORK_BENCH_CHAIN, device);
-	if (!job) {
-		free(b);
-		return;
-	}
-	job->work.spec = b;
-	job->release = release_spec;
-	job_submit(req, job);
+	const struct bench_chain_args *a = args;
+	(void)req;
+	if (a->repeat < 1 || a->repeat > BENCH_MAX_REPEAT)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
+				 a->repeat, BENCH_MAX_REPEAT);
+	return 0;
+}
+
+static int check_bench_reps(struct request *req, void *args, struct gpuq_error *err)
+{
+	const struct bench_chain_args *a = args;
+	(void)req;
+	if (a->reps < 1 || a->reps > CHAIN_MAX_REPS)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'reps': %" PRIu64 " is not 1 to %d",
+				 a->reps, CHAIN_MAX_REPS);
+	return 0;
+}
+
+static const struct args_field bench_chain_fields[] = {
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct bench_chain_args, device) },
+	{ "bytes", ARGS_U64, 0, ARGS_AT(struct bench_chain_args, bytes), .then = check_bench_bytes },
+	{ "repeat", ARGS_U64, 0, ARGS_AT(struct bench_chain_args, repeat), .then = check_bench_repeat },
+	{ "reps", ARGS_U64, 0, ARGS_AT(struct bench_chain_args, reps), .then = check_bench_reps },
+};
+static const struct bench_chain_args bench_chain_defaults = {
+	.bytes = BENCH_DEFAULT_BYTES, .repeat = BENCH_DEFAULT_REPEAT, .reps = BENCH_DEFAULT_REPS
+};
+const struct args_spec op_bench_chain_args =
+	ARGS_SPEC(struct bench_chain_args, bench_chain_fields, &bench_chain_defaults);
+
+static int fill_bench_chain(struct request *req, const void *args, void *spec, int *device,
+			    struct gpuq_error *err)
+{
+	const struct bench_chain_args *a = args;
+	struct chain_bench *b = spec;
+	(void)req;
+	(void)err;
+	b->bytes = a->bytes;
+	b->launch_repeat = a->repeat;
+	b->launch_count = BENCH_LAUNCH_COUNT;
+	b->reps = (unsigned)a->reps;
+	*device = a->device;
+	return 0;
+}
+
+static const struct spec_job bench_chain_job = {
+	.kind = &kind_bench_chain,
+	.work_kind = WORK_BENCH_CHAIN,
+	.spec_size = sizeof(struct chain_bench),
+	.what = "a benchmark",
+	.fill = fill_bench_chain,
+	.release = release_spec,
+};
+
+void op_bench_chain(struct request *req, void *args)
+{
+	spec_job_submit(req, &bench_chain_job, args);
 }

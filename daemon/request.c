@@ -21,6 +21,7 @@
  */
 enum op_caller {
 	OP_ANYONE,
+	OP_BENCH, /* benchmarks hold whole devices: admins and the quota's benchmarks right */
 	OP_ADMIN, /* root and the admin group (rule: admin-group) */
 	OP_ROOT,
 };
@@ -57,14 +58,14 @@ static const struct op_def op_table[] = {
 	{ "status",           NULL,              NULL,        op_status,         OP_ANYONE, NULL },
 	{ "wait",             NULL,              NULL,        op_wait,           OP_ANYONE, NULL },
 	{ "cancel",           NULL,              NULL,        op_cancel,         OP_ANYONE, NULL },
-	{ "bench_copy",       NULL,              NULL,        op_bench_copy,     OP_ANYONE, NULL },
+	{ "bench_copy",       &op_bench_copy_args, op_bench_copy, NULL,          OP_BENCH,  NULL },
 	{ "copy",             NULL,              NULL,        op_copy,           OP_ANYONE, NULL },
-	{ "bench_d2d",        NULL,              NULL,        op_bench_d2d,      OP_ANYONE, NULL },
+	{ "bench_d2d",        &op_bench_d2d_args, op_bench_d2d, NULL,            OP_BENCH,  NULL },
 	{ "run",              NULL,              NULL,        op_run,            OP_ANYONE, NULL },
-	{ "stats",            NULL,              NULL,        op_stats,          OP_ANYONE, NULL },
-	{ "bench_chain",      NULL,              NULL,        op_bench_chain,    OP_ANYONE, NULL },
+	{ "stats",            &op_stats_args,    op_stats,    NULL,              OP_ANYONE, NULL },
+	{ "bench_chain",      &op_bench_chain_args, op_bench_chain, NULL,        OP_BENCH,  NULL },
 	{ "allreduce",        NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
-	{ "bench_allreduce",  NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "bench_allreduce",  NULL,              NULL,        op_collective,     OP_BENCH,  NULL },
 	{ "reduce_scatter",   NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
 	{ "all_gather",       NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
 	{ "broadcast",        NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
@@ -72,12 +73,12 @@ static const struct op_def op_table[] = {
 	{ "sendrecv",         NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
 	{ "all_to_all",       NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
 	{ "group",            NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
-	{ "bench_collective", NULL,              NULL,        op_collective,     OP_ANYONE, NULL },
+	{ "bench_collective", NULL,              NULL,        op_collective,     OP_BENCH,  NULL },
 	{ "reduce_expr",      NULL,              NULL,        op_reduce_expr,    OP_ANYONE, NULL },
 	{ "metrics",          &op_metrics_args,  op_metrics,  NULL,              OP_ANYONE, NULL },
 	{ "shutdown",         &op_shutdown_args, op_shutdown, NULL,              OP_ADMIN,
 	  shutdown_denied },
-	{ "bench_sched",      NULL,              NULL,        op_bench_sched,    OP_ANYONE, NULL },
+	{ "bench_sched",      &op_bench_sched_args, op_bench_sched, NULL,        OP_BENCH,  NULL },
 	{ "reset_device",     &op_reset_device_args, op_reset_device, NULL,      OP_ADMIN,
 	  reset_device_denied },
 	{ "region_create",    NULL,              NULL,        op_region_create,  OP_ANYONE, NULL },
@@ -123,16 +124,6 @@ static void refuse_unknown_op(struct request *req, const char *op)
 	reply_error(req, &err);
 }
 
-static bool op_may_call(const struct op_def *op, const struct request *req)
-{
-	switch (op->who) {
-	case OP_ANYONE: return true;
-	case OP_ADMIN: return quota_is_admin(req->d, req->conn);
-	case OP_ROOT: return req->conn->uid == 0;
-	}
-	return false;
-}
-
 static void op_refuse_caller(const struct op_def *op, struct request *req, struct gpuq_error *err)
 {
 	if (op->denied) {
@@ -145,6 +136,25 @@ static void op_refuse_caller(const struct op_def *op, struct request *req, struc
 		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
 			  "only root and members of the admin group may call %s (rule: admin-group)",
 			  op->name);
+}
+
+/* 0 when the caller may call op, else -1 with permission_denied saying who may. */
+static int op_check_caller(const struct op_def *op, struct request *req, struct gpuq_error *err)
+{
+	switch (op->who) {
+	case OP_ANYONE: return 0;
+	case OP_BENCH: return quota_check_benchmarks(req->d, req->conn, op->name, err);
+	case OP_ADMIN:
+		if (quota_is_admin(req->d, req->conn))
+			return 0;
+		break;
+	case OP_ROOT:
+		if (req->conn->uid == 0)
+			return 0;
+		break;
+	}
+	op_refuse_caller(op, req, err);
+	return -1;
 }
 
 /* Decodes the op's arguments, checks the caller, then runs the op. */
@@ -162,8 +172,7 @@ static void op_run_one(const struct op_def *op, struct request *req)
 		reply_error(req, &err);
 		return;
 	}
-	if (!op_may_call(op, req)) {
-		op_refuse_caller(op, req, &err);
+	if (op_check_caller(op, req, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
