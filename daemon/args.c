@@ -224,3 +224,49 @@ int args_decode(struct request *req, const struct args_spec *spec, void *out,
 	}
 	return 0;
 }
+
+/* The slot size each type needs; 0 for ARGS_STR (any array of at least 2). */
+static size_t type_size(enum args_type t)
+{
+	switch (t) {
+	case ARGS_BOOL: case ARGS_PRESENT: return sizeof(bool);
+	case ARGS_U64: return sizeof(uint64_t);
+	case ARGS_I64: return sizeof(int64_t);
+	case ARGS_F64: return sizeof(double);
+	case ARGS_NUMBER: return sizeof(struct args_number);
+	case ARGS_STR: return 0;
+	case ARGS_ARRAY: case ARGS_MAP: return sizeof(const void *);
+	case ARGS_ENUM: case ARGS_DEVICE: return sizeof(int);
+	case ARGS_OWNER: return sizeof(uid_t);
+	case ARGS_DEVICES: return sizeof(struct args_devices);
+	case ARGS_BUFFER: case ARGS_BUFFER_NAME: return sizeof(struct args_buffer);
+	}
+	return SIZE_MAX;
+}
+
+static int field_check(const struct args_spec *spec, const struct args_field *f,
+		       struct gpuq_error *err)
+{
+	size_t need = type_size(f->type);
+	if (need == SIZE_MAX || (need ? f->size != need : f->size < 2))
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "field '%s': a slot of %zu bytes for type %d",
+				 f->key, f->size, (int)f->type);
+	if (f->at + f->size > spec->size || (f->given_at && f->given_at > spec->size))
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "field '%s' lies outside its %zu-byte struct",
+				 f->key, spec->size);
+	if (f->type == ARGS_ENUM && (!f->names || !f->bad_name))
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "field '%s': an enum needs names and bad_name",
+				 f->key);
+	return 0;
+}
+
+int args_spec_check(const struct args_spec *spec, struct gpuq_error *err)
+{
+	if (spec->size > ARGS_MAX_SIZE)
+		return gpuq_fail(err, GPUQ_E_INTERNAL, "an argument struct of %zu bytes; at most %d",
+				 spec->size, ARGS_MAX_SIZE);
+	for (size_t i = 0; i < spec->nfields; i++)
+		if (field_check(spec, &spec->fields[i], err) < 0)
+			return -1;
+	return 0;
+}

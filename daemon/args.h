@@ -122,6 +122,13 @@ int args_decode(struct request *req, const struct args_spec *spec, void *out,
 		struct gpuq_error *err);
 
 /*
+ * 0 if spec is well formed (every slot the size its type writes, inside
+ * the struct; enums with their names), else -1 with err naming the field.
+ * The unit tests check every op's spec with it.
+ */
+int args_spec_check(const struct args_spec *spec, struct gpuq_error *err);
+
+/*
  * The resolutions args_decode makes, for callers that still read a field
  * by hand. Each returns 1 when the field is given, 0 when absent, -1 with err.
  */

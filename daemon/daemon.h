@@ -53,6 +53,14 @@ struct request {
 
 typedef void (*request_handler)(struct request *req);
 
+/*
+ * request.c: 0 if the op table is well formed: each row has a handler
+ * (and, declared as data, a spec args_spec_check accepts), names are
+ * unique, and unknown_op's list of them fits its message. Else -1 with
+ * err. For the unit tests.
+ */
+int request_check_ops(struct gpuq_error *err);
+
 /* reply.c: answers req. reply_ok adds id and ok to body and sends it. */
 void reply_ok(struct request *req, struct mp_map *body);
 /* reply_ok with descriptor fd attached (SCM_RIGHTS, with the frame's first byte); fd stays the caller's. */
@@ -93,15 +101,19 @@ void op_bench_chain(struct request *req, void *args);
 extern const struct args_spec op_stats_args;
 void op_stats(struct request *req, void *args);
 
+/* op_info.c: what the main thread answers from its own state */
+extern const struct args_spec op_ping_args, op_devices_args, op_buffers_args;
+void op_ping(struct request *req, void *args);
+void op_devices(struct request *req, void *args);
+void op_buffers(struct request *req, void *args);
+/* op_jobs.c: the jobs, and one job's status, wait and cancel */
+extern const struct args_spec op_jobs_args, op_status_args, op_wait_args, op_cancel_args;
+void op_jobs(struct request *req, void *args);
+void op_status(struct request *req, void *args);
+void op_wait(struct request *req, void *args);
+void op_cancel(struct request *req, void *args);
+
 /* Ops that still read their request by hand (request_handler). */
-/* op_info.c, op_jobs.c */
-void op_ping(struct request *req);
-void op_devices(struct request *req);
-void op_buffers(struct request *req);
-void op_jobs(struct request *req);
-void op_status(struct request *req);
-void op_wait(struct request *req);
-void op_cancel(struct request *req);
 /* op_copy.c: device-to-device copies */
 void op_copy(struct request *req);
 /*
@@ -124,10 +136,12 @@ void op_run(struct request *req);
  * op_region.c: host regions (region_create, region_free, regions,
  * region_open) and put/get through one (`region` instead of a descriptor).
  */
-void op_region_create(struct request *req);
-void op_region_free(struct request *req);
-void op_regions(struct request *req);
-void op_region_open(struct request *req);
+extern const struct args_spec op_region_create_args, op_region_free_args, op_regions_args,
+	op_region_open_args;
+void op_region_create(struct request *req, void *args);
+void op_region_free(struct request *req, void *args);
+void op_regions(struct request *req, void *args);
+void op_region_open(struct request *req, void *args);
 /*
  * The put/get side of a region: the `region` field's text
  * ("NAME[OFFSET:LENGTH]"; NULL when the request names none, given false
@@ -155,10 +169,13 @@ void region_job_release(struct daemon *d, struct job *job);
  * op_lease.c: attach (a lease on a shareable buffer, the buffer's handle
  * sent with the reply), release, leases, lease_break.
  */
-void op_attach(struct request *req);
-void op_release(struct request *req);
-void op_leases(struct request *req);
-void op_lease_break(struct request *req);
+extern const struct args_spec op_attach_args, op_release_args, op_leases_args,
+	op_lease_break_args;
+void op_attach(struct request *req, void *args);
+void op_release(struct request *req, void *args);
+void op_leases(struct request *req, void *args);
+void op_lease_break(struct request *req, void *args);
+void lease_break_denied(struct request *req, struct gpuq_error *err);
 /* A connection closed: the leases it holds (or waits for) end. */
 void leases_drop_conn(struct daemon *d, struct conn *c);
 /* Device index was reset: the leases on its buffers end (their holders are told). */

@@ -44,20 +44,20 @@ struct op_def {
 
 static const struct op_def op_table[] = {
 	/* name               args               exec         handler            who        denied */
-	{ "ping",             NULL,              NULL,        op_ping,           OP_ANYONE, NULL },
-	{ "devices",          NULL,              NULL,        op_devices,        OP_ANYONE, NULL },
+	{ "ping",             &op_ping_args,     op_ping,     NULL,              OP_ANYONE, NULL },
+	{ "devices",          &op_devices_args,  op_devices,  NULL,              OP_ANYONE, NULL },
 	{ "noop",             &op_noop_args,     op_noop,     NULL,              OP_ANYONE, NULL },
 	{ "alloc",            &op_alloc_args,    op_alloc,    NULL,              OP_ANYONE, NULL },
 	{ "free",             &op_free_args,     op_free,     NULL,              OP_ANYONE, NULL },
-	{ "buffers",          NULL,              NULL,        op_buffers,        OP_ANYONE, NULL },
+	{ "buffers",          &op_buffers_args,  op_buffers,  NULL,              OP_ANYONE, NULL },
 	{ "put",              &op_put_args,      op_transfer, NULL,              OP_ANYONE, NULL },
 	{ "get",              &op_get_args,      op_transfer, NULL,              OP_ANYONE, NULL },
 	{ "fill",             &op_fill_args,     op_fill,     NULL,              OP_ANYONE, NULL },
 	{ "checksum",         &op_checksum_args, op_checksum, NULL,              OP_ANYONE, NULL },
-	{ "jobs",             NULL,              NULL,        op_jobs,           OP_ANYONE, NULL },
-	{ "status",           NULL,              NULL,        op_status,         OP_ANYONE, NULL },
-	{ "wait",             NULL,              NULL,        op_wait,           OP_ANYONE, NULL },
-	{ "cancel",           NULL,              NULL,        op_cancel,         OP_ANYONE, NULL },
+	{ "jobs",             &op_jobs_args,     op_jobs,     NULL,              OP_ANYONE, NULL },
+	{ "status",           &op_status_args,   op_status,   NULL,              OP_ANYONE, NULL },
+	{ "wait",             &op_wait_args,     op_wait,     NULL,              OP_ANYONE, NULL },
+	{ "cancel",           &op_cancel_args,   op_cancel,   NULL,              OP_ANYONE, NULL },
 	{ "bench_copy",       &op_bench_copy_args, op_bench_copy, NULL,          OP_BENCH,  NULL },
 	{ "copy",             NULL,              NULL,        op_copy,           OP_ANYONE, NULL },
 	{ "bench_d2d",        &op_bench_d2d_args, op_bench_d2d, NULL,            OP_BENCH,  NULL },
@@ -81,14 +81,15 @@ static const struct op_def op_table[] = {
 	{ "bench_sched",      &op_bench_sched_args, op_bench_sched, NULL,        OP_BENCH,  NULL },
 	{ "reset_device",     &op_reset_device_args, op_reset_device, NULL,      OP_ADMIN,
 	  reset_device_denied },
-	{ "region_create",    NULL,              NULL,        op_region_create,  OP_ANYONE, NULL },
-	{ "region_free",      NULL,              NULL,        op_region_free,    OP_ANYONE, NULL },
-	{ "regions",          NULL,              NULL,        op_regions,        OP_ANYONE, NULL },
-	{ "region_open",      NULL,              NULL,        op_region_open,    OP_ANYONE, NULL },
-	{ "attach",           NULL,              NULL,        op_attach,         OP_ANYONE, NULL },
-	{ "release",          NULL,              NULL,        op_release,        OP_ANYONE, NULL },
-	{ "leases",           NULL,              NULL,        op_leases,         OP_ANYONE, NULL },
-	{ "lease_break",      NULL,              NULL,        op_lease_break,    OP_ANYONE, NULL },
+	{ "region_create",    &op_region_create_args, op_region_create, NULL,              OP_ANYONE, NULL },
+	{ "region_free",      &op_region_free_args, op_region_free, NULL,              OP_ANYONE, NULL },
+	{ "regions",          &op_regions_args,  op_regions,  NULL,              OP_ANYONE, NULL },
+	{ "region_open",      &op_region_open_args, op_region_open, NULL,              OP_ANYONE, NULL },
+	{ "attach",           &op_attach_args,   op_attach,   NULL,              OP_ANYONE, NULL },
+	{ "release",          &op_release_args,  op_release,  NULL,              OP_ANYONE, NULL },
+	{ "leases",           &op_leases_args,   op_leases,   NULL,              OP_ANYONE, NULL },
+	{ "lease_break",      &op_lease_break_args, op_lease_break, NULL,        OP_ADMIN,
+	  lease_break_denied },
 #ifdef GPUQ_FAULT_INJECTION
 	{ "inject_fault",     &op_inject_fault_args, op_inject_fault, NULL,      OP_ROOT, NULL }, /* tests/gpuqd-faults only */
 #endif
@@ -180,6 +181,30 @@ static void op_run_one(const struct op_def *op, struct request *req)
 		op->exec(req, args);
 	else
 		op->handler(req);
+}
+
+int request_check_ops(struct gpuq_error *err)
+{
+	for (size_t i = 0; i < OP_COUNT; i++) {
+		const struct op_def *op = &op_table[i];
+		if (!op->exec == !op->handler || (op->exec && !op->args) || (op->handler && op->args))
+			return gpuq_fail(err, GPUQ_E_INTERNAL,
+					 "op %s: give either args and exec or a handler", op->name);
+		struct gpuq_error spec_err;
+		if (op->args && args_spec_check(op->args, &spec_err) < 0)
+			return gpuq_fail(err, GPUQ_E_INTERNAL, "op %s: %s", op->name, spec_err.message);
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(op_table[j].name, op->name) == 0)
+				return gpuq_fail(err, GPUQ_E_INTERNAL, "op %s is in the table twice",
+						 op->name);
+	}
+	char names[OP_COUNT * (2 + 24)];
+	size_t len = op_names(names, sizeof names);
+	if (len + sizeof "unknown op '' (ops: )" + 31 > sizeof err->message)
+		return gpuq_fail(err, GPUQ_E_INTERNAL,
+				 "the ops' names take %zu bytes: unknown_op's message would cut them off",
+				 len);
+	return 0;
 }
 
 void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame)
