@@ -197,6 +197,12 @@ static int decode_field(struct request *req, const struct args_field *f, void *s
 			 (int)f->type);
 }
 
+int args_key_named(const char *key, struct gpuq_error *err)
+{
+	struct gpuq_error inner = *err;
+	return gpuq_fail(err, inner.code, "field '%s': %s", key, inner.message);
+}
+
 int args_decode(struct request *req, const struct args_spec *spec, void *out,
 		struct gpuq_error *err)
 {
@@ -210,11 +216,15 @@ int args_decode(struct request *req, const struct args_spec *spec, void *out,
 		if (f->when && !f->when(out))
 			continue;
 		int rc = decode_field(req, f, base + f->at, err);
+		if (rc < 0 && (f->flags & ARGS_KEY_NAMED) && err->code != GPUQ_E_BAD_REQUEST)
+			return args_key_named(f->key, err);
 		if (rc < 0)
 			return -1;
 		if (rc == 0 && (f->flags & ARGS_REQUIRED)) {
 			if (f->missing)
 				return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "%s", f->missing);
+			if (f->type == ARGS_BUFFER || f->type == ARGS_BUFFER_NAME)
+				return -1; /* args_buffer worded it, saying what a reference looks like */
 			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s' is required", f->key);
 		}
 		if (f->given_at)

@@ -56,6 +56,7 @@ enum args_type {
 #define ARGS_REQUIRED 0x1u   /* absent (or nil) is a bad_request: `missing`, or a message of the type's */
 #define ARGS_ANY_STATE 0x2u  /* ARGS_BUFFER*: resolved whatever its state (not checked usable) */
 #define ARGS_LOST_OK 0x4u    /* ARGS_BUFFER*: usable, or lost to a device reset */
+#define ARGS_KEY_NAMED 0x8u  /* ARGS_BUFFER*: a refusal other than bad_request starts "field 'KEY': " */
 
 struct args_number {
 	double f;
@@ -140,6 +141,8 @@ int args_devices(struct request *req, const char *key, struct args_devices *out,
 int args_buffer(struct request *req, const char *key, bool with_range, unsigned flags,
 		struct args_buffer *out, struct gpuq_error *err);
 
+/* err's message prefixed with "field 'KEY': ", its code kept; -1. */
+int args_key_named(const char *key, struct gpuq_error *err);
 /*
  * Device d is one of this daemon's: 0, or -1 with not_found "device 99
  * does not exist (devices: 0-7)", the words every op uses for a `device`,
