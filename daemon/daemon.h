@@ -100,6 +100,9 @@ void op_bench_chain(struct request *req, void *args);
 /* op_chain.c: stats (per-device counters) */
 extern const struct args_spec op_stats_args;
 void op_stats(struct request *req, void *args);
+/* op_copy.c: device-to-device copies */
+extern const struct args_spec op_copy_args;
+void op_copy(struct request *req, void *args);
 
 /* op_info.c: what the main thread answers from its own state */
 extern const struct args_spec op_ping_args, op_devices_args, op_buffers_args;
@@ -114,8 +117,6 @@ void op_wait(struct request *req, void *args);
 void op_cancel(struct request *req, void *args);
 
 /* Ops that still read their request by hand (request_handler). */
-/* op_copy.c: device-to-device copies */
-void op_copy(struct request *req);
 /*
  * How a copy from device src to device dst travels: "self" when they are
  * one, the peer link's name ("nvlink", "pcie-p2p", "p2p", "same-gpu",

@@ -59,7 +59,7 @@ static const struct op_def op_table[] = {
 	{ "wait",             &op_wait_args,     op_wait,     NULL,              OP_ANYONE, NULL },
 	{ "cancel",           &op_cancel_args,   op_cancel,   NULL,              OP_ANYONE, NULL },
 	{ "bench_copy",       &op_bench_copy_args, op_bench_copy, NULL,          OP_BENCH,  NULL },
-	{ "copy",             NULL,              NULL,        op_copy,           OP_ANYONE, NULL },
+	{ "copy",             &op_copy_args,     op_copy,     NULL,              OP_ANYONE, NULL },
 	{ "bench_d2d",        &op_bench_d2d_args, op_bench_d2d, NULL,            OP_BENCH,  NULL },
 	{ "run",              NULL,              NULL,        op_run,            OP_ANYONE, NULL },
 	{ "stats",            &op_stats_args,    op_stats,    NULL,              OP_ANYONE, NULL },
