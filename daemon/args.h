@@ -100,8 +100,11 @@ struct args_spec {
 	const void *defaults; /* NULL: zeroed */
 };
 
-/* The largest argument struct any op may declare (request.c keeps it on the stack). */
-#define ARGS_MAX_SIZE 4096
+/*
+ * The largest argument struct any op may declare (request.c keeps it on the
+ * stack): run's holds an expression's text (4 KiB) and its parsed program.
+ */
+#define ARGS_MAX_SIZE 16384
 
 /*
  * Table-writing helpers. ARGS_AT places a field at member of type T;

@@ -9,51 +9,26 @@
 
 #include "daemon/chain_request.h"
 
-/* The string field key as one of names (find), or its default; -1 with err naming the choices. */
-static int read_choice(struct request *req, const char *key, const char *choices,
-		       int (*find)(const char *, void *), void *out, struct gpuq_error *err)
-{
-	char value[16];
-	int rc = msg_get_str(req->map, key, value, sizeof value, err);
-	if (rc < 0)
-		return -1;
-	if (rc > 0 && find(value, out) < 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': '%s' is not %s", key, value,
-				 choices);
-	return 0;
-}
+const char *const chain_request_modes[] = { "fused", "graph", "eager", NULL };
+const char *const chain_request_kernels[] = { "auto", "compiled", "interpreted", NULL };
+const char *const chain_request_maths[] = { "ieee", "fast", NULL };
 
-static int find_mode(const char *name, void *out)
+int chain_request_check_repeat(struct request *req, void *args, struct gpuq_error *err)
 {
-	return chain_mode_find(name, out);
-}
-
-static int find_kernel(const char *name, void *out)
-{
-	return chain_kernel_find(name, out);
-}
-
-static int find_math(const char *name, void *out)
-{
-	return chain_math_find(name, out);
-}
-
-int chain_request_read_options(struct request *req, struct chain_spec *spec, struct gpuq_error *err)
-{
-	spec->mode = CHAIN_FUSED;
-	spec->kernel = CHAIN_KERNEL_AUTO;
-	spec->math = CHAIN_MATH_IEEE;
-	spec->repeat = 1;
-	if (read_choice(req, "mode", "fused, graph or eager", find_mode, &spec->mode, err) < 0 ||
-	    read_choice(req, "kernel", "auto, compiled or interpreted", find_kernel, &spec->kernel,
-			err) < 0 ||
-	    read_choice(req, "math", "ieee or fast", find_math, &spec->math, err) < 0 ||
-	    msg_get_u64(req->map, "repeat", &spec->repeat, err) < 0)
-		return -1;
-	if (spec->repeat < 1 || spec->repeat > CHAIN_MAX_REPEAT)
+	const struct chain_options *o = args; /* first in every chain op's arguments */
+	(void)req;
+	if (o->repeat < 1 || o->repeat > CHAIN_MAX_REPEAT)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
-				 spec->repeat, CHAIN_MAX_REPEAT);
+				 o->repeat, CHAIN_MAX_REPEAT);
 	return 0;
+}
+
+void chain_request_apply(const struct chain_options *o, struct chain_spec *spec)
+{
+	spec->mode = (enum chain_mode)o->mode;
+	spec->kernel = (enum chain_kernel)o->kernel;
+	spec->math = (enum chain_math)o->math;
+	spec->repeat = o->repeat;
 }
 
 int chain_request_check(const struct chain_spec *spec, struct gpuq_error *err)

@@ -103,6 +103,13 @@ void op_stats(struct request *req, void *args);
 /* op_copy.c: device-to-device copies */
 extern const struct args_spec op_copy_args;
 void op_copy(struct request *req, void *args);
+/*
+ * op_chain.c: run (an op list on a buffer, or an expression: op_expr.c);
+ * op_expr.c: reduce_expr (an expression over buffers to one number)
+ */
+extern const struct args_spec op_run_args, op_reduce_expr_args;
+void op_run(struct request *req, void *args);
+void op_reduce_expr(struct request *req, void *args);
 
 /* op_info.c: what the main thread answers from its own state */
 extern const struct args_spec op_ping_args, op_devices_args, op_buffers_args;
@@ -131,8 +138,6 @@ void progress_watch(struct daemon *d);
 void progress_close(struct daemon *d);
 /* Marks w (a waiter just registered) for progress events if the request asked (`progress: true`). */
 void progress_request(struct daemon *d, struct waiter *w, bool wanted);
-/* op_chain.c: run (a kernel chain on a buffer, or an expression: op_expr.c) */
-void op_run(struct request *req);
 /*
  * op_region.c: host regions (region_create, region_free, regions,
  * region_open) and put/get through one (`region` instead of a descriptor).
@@ -187,8 +192,6 @@ void leases_drop_device(struct daemon *d, int device);
  * device queued in one step; the request's `op` says which.
  */
 void op_collective(struct request *req);
-/* op_expr.c: reduce_expr (an expression over buffers to one number) */
-void op_reduce_expr(struct request *req);
 /*
  * op_admin.c: metrics; an administrator's device reset and shutdown (with
  * the wording of their refusal to others), and what follows any reset

@@ -141,62 +141,49 @@ static int read_op(const msgpack_object *o, unsigned pos, enum gpuq_dtype dtype,
 	return 0;
 }
 
-static int read_ops(struct request *req, enum gpuq_dtype dtype, struct chain_spec *spec,
-		    struct gpuq_error *err)
+/*
+ * run's arguments: the expression form's (op_expr.h), or the op-list
+ * form's: `buffer`, `ops` (parsed for the buffer's dtype as they decode)
+ * and `out`. The options come between ops and out, as they always did.
+ */
+struct run_args {
+	struct expr_args e; /* first: the expression rows' and options' checks find it */
+	struct args_buffer buffer, out;
+	const msgpack_object *list; /* `ops` */
+	struct kernels_chain_op ops[KERNELS_CHAIN_MAX_OPS];
+	unsigned nops;
+};
+
+static bool op_list_form(const void *args)
 {
-	const msgpack_object *list;
-	int rc = msg_get_array(req->map, "ops", &list, err);
-	if (rc == 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'ops' (a list of [name, args...]) is required");
-	if (rc < 0)
-		return -1;
-	uint32_t n = list->via.array.size;
+	return !expr_form(args);
+}
+
+/* `ops`: 1 to 64 ops for the buffer's dtype, each refusal naming the op's position. */
+static int run_read_ops(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct run_args *a = args;
+	enum gpuq_dtype dtype = a->buffer.b->dtype;
+	uint32_t n = a->list->via.array.size;
+	(void)req;
 	if (n == 0 || n > KERNELS_CHAIN_MAX_OPS)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'ops' has %u ops; a chain has 1 to %d", n, KERNELS_CHAIN_MAX_OPS);
 	for (uint32_t i = 0; i < n; i++)
-		if (read_op(&list->via.array.ptr[i], i + 1, dtype, &spec->ops[i], err) < 0)
+		if (read_op(&a->list->via.array.ptr[i], i + 1, dtype, &a->ops[i], err) < 0)
 			return -1;
-	spec->nops = n;
+	a->nops = n;
 	return 0;
 }
 
-/*
- * The `out` field's buffer, resolved as `buffer` is (the caller's, or for
- * root `owner`'s), or NULL with *absent when there is none.
- */
-static struct buffer *resolve_out(struct request *req, bool *absent, struct gpuq_error *err)
+/* The out buffer, which must match the input's device, dtype and count; the input itself is in place. */
+static int run_check_out(struct request *req, void *args, struct gpuq_error *err)
 {
-	char ref[BUFFER_NAME_MAX + 32], name[BUFFER_NAME_MAX + 1];
-	int device;
-	uint64_t owner = (uint64_t)req->conn->uid;
-	int rc = msg_get_str(req->map, "out", ref, sizeof ref, err);
-	*absent = rc == 0;
-	if (rc <= 0 || buffer_ref_parse(ref, "out", name, &device, err) < 0 ||
-	    msg_get_u64_in(req->map, "owner", 0, GPUQ_MAX_UID, &owner, err) < 0)
-		return NULL;
-	if (req->conn->uid != 0 && owner != (uint64_t)req->conn->uid) {
-		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
-			  "only root may name another owner's buffers (you are uid %d)",
-			  (int)req->conn->uid);
-		return NULL;
-	}
-	struct buffer *b = args_resolve(req, (uid_t)owner, name, device, err);
-	if (b && buffer_check_usable(b, err) < 0)
-		return NULL;
-	return b;
-}
-
-/* The out buffer, which must match the input's device, dtype and count. */
-static int read_out(struct request *req, const struct buffer *in, struct buffer **out,
-		    struct gpuq_error *err)
-{
-	bool absent;
-	*out = resolve_out(req, &absent, err);
-	if (!*out)
-		return absent ? 0 : -1;
-	const struct buffer *o = *out;
+	struct run_args *a = args;
+	const struct buffer *in = a->buffer.b, *o = a->out.b;
+	(void)req;
+	if (!o)
+		return 0;
 	if (o->device != in->device)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "out '%s@%d' is on gpu %d but buffer '%s@%d' on gpu %d; a chain runs on "
@@ -211,9 +198,29 @@ static int read_out(struct request *req, const struct buffer *in, struct buffer 
 				 in->device, in->count, gpuq_dtype_name(in->dtype), in->count,
 				 gpuq_dtype_name(in->dtype));
 	if (o == in)
-		*out = NULL; /* naming the input is running in place */
+		a->out.b = NULL; /* naming the input is running in place */
 	return 0;
 }
+
+static const struct args_field run_fields[] = {
+	{ "expr", ARGS_PRESENT, 0, ARGS_AT(struct run_args, e.form) },
+	{ "ops", ARGS_PRESENT, 0, ARGS_AT(struct run_args, e.has_ops), .when = expr_form },
+	{ "buffer", ARGS_PRESENT, 0, ARGS_AT(struct run_args, e.has_buffer), .when = expr_form },
+	{ "out", ARGS_PRESENT, 0, ARGS_AT(struct run_args, e.has_out), .when = expr_form,
+	  .then = expr_check_alone },
+	EXPR_FIELDS(struct run_args, e,
+		    "field 'expr' (an expression such as 'y = a * x + y') is required"),
+	{ "buffer", ARGS_BUFFER_NAME, ARGS_REQUIRED, ARGS_AT(struct run_args, buffer),
+	  .when = op_list_form },
+	{ "ops", ARGS_ARRAY, ARGS_REQUIRED, ARGS_AT(struct run_args, list),
+	  .missing = "field 'ops' (a list of [name, args...]) is required", .when = op_list_form,
+	  .then = run_read_ops },
+	CHAIN_OPTION_FIELDS(struct run_args, e.opts),
+	{ "out", ARGS_BUFFER_NAME, 0, ARGS_AT(struct run_args, out), .when = op_list_form,
+	  .then = run_check_out },
+};
+static const struct run_args run_defaults = { .e = { .opts = CHAIN_OPTION_DEFAULTS } };
+const struct args_spec op_run_args = ARGS_SPEC(struct run_args, run_fields, &run_defaults);
 
 static void render_run(const struct job *job, struct mp_map *out)
 {
@@ -233,60 +240,63 @@ static void release_spec(struct job *job)
 
 static const struct job_kind kind_run = { .op = "run", .render = render_run };
 
-/* Reads everything but the input buffer into rj; 0, or -1 with err. */
-static int read_run(struct request *req, const struct buffer *b, struct run_job *rj,
-		    struct buffer **out, struct gpuq_error *err)
+/* The op list's program on the buffer (to out), checked against the options. */
+static int run_fill(struct request *req, const void *args, void *spec, int *device,
+		    struct gpuq_error *err)
 {
+	const struct run_args *a = args;
+	const struct buffer *b = a->buffer.b, *out = a->out.b;
+	struct run_job *rj = spec;
 	struct chain_spec *s = &rj->spec;
-	if (read_ops(req, b->dtype, s, err) < 0 || chain_request_read_options(req, s, err) < 0 ||
-	    read_out(req, b, out, err) < 0)
-		return -1;
-	struct kernels_chain_op ops[KERNELS_CHAIN_MAX_OPS];
-	unsigned nops = s->nops;
-	memcpy(ops, s->ops, nops * sizeof ops[0]);
-	chain_spec_from_ops(s, ops, nops, b->dtype, b->dptr, *out ? (*out)->dptr : b->dptr);
+	(void)req;
+	chain_request_apply(&a->e.opts, s);
+	chain_spec_from_ops(s, a->ops, a->nops, b->dtype, b->dptr, out ? out->dptr : b->dptr);
 	s->count = b->count;
 	if (chain_request_check(s, err) < 0)
 		return -1;
-	if (*out)
-		snprintf(rj->out_label, sizeof rj->out_label, "%s@%d", (*out)->name, (*out)->device);
+	if (out)
+		snprintf(rj->out_label, sizeof rj->out_label, "%s@%d", out->name, out->device);
+	*device = b->device;
 	return 0;
 }
 
-void op_run(struct request *req)
+/* The job holds the input, and its out buffer as job->buffer2 (which op_jobs.c releases). */
+static int run_shape(struct request *req, const void *args, struct job *job,
+		     struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	struct buffer *out = NULL;
-	if (msg_map_get(req->map, "expr")) {
-		op_run_expr(req);
-		return;
-	}
-	struct run_job *rj = calloc(1, sizeof *rj);
-	struct buffer *b = rj ? read_buffer(req, &err) : NULL;
-	if (!rj)
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for another chain");
-	if (!b || read_run(req, b, rj, &out, &err) < 0) {
-		free(rj);
-		reply_error(req, &err);
-		return;
-	}
-	struct job *job = new_job(req, &kind_run, WORK_CHAIN, b->device);
-	if (!job) {
-		free(rj);
-		return;
-	}
+	const struct run_args *a = args;
+	struct buffer *b = a->buffer.b, *out = a->out.b;
+	(void)req;
+	(void)err;
 	job_attach_buffer(job, b);
-	job->work.spec = rj;
 	job->work.length = b->bytes;
-	job->release = release_spec;
-	if (out) { /* held like the input until the job ends (op_jobs.c releases buffer2) */
+	if (out) {
 		job->buffer2 = out;
 		out->users++;
 		out->last_job = job->id;
 		work_narrow_access(&job->work, 0, b->bytes, false);
 		work_add_access(&job->work, out, 0, out->bytes, true);
 	}
-	job_submit(req, job);
+	return 0;
+}
+
+static const struct spec_job run_job = {
+	.kind = &kind_run,
+	.work_kind = WORK_CHAIN,
+	.spec_size = sizeof(struct run_job),
+	.what = "another chain",
+	.fill = run_fill,
+	.shape = run_shape,
+	.release = release_spec,
+};
+
+void op_run(struct request *req, void *args)
+{
+	const struct run_args *a = args;
+	if (a->e.form)
+		expr_submit(req, &a->e);
+	else
+		spec_job_submit(req, &run_job, a);
 }
 
 /* One device's counters: its worker's, and its chain cache's. */
