@@ -53,14 +53,6 @@ struct request {
 
 typedef void (*request_handler)(struct request *req);
 
-/*
- * request.c: 0 if the op table is well formed: each row has a handler
- * (and, declared as data, a spec args_spec_check accepts), names are
- * unique, and unknown_op's list of them fits its message. Else -1 with
- * err. For the unit tests.
- */
-int request_check_ops(struct gpuq_error *err);
-
 /* reply.c: answers req. reply_ok adds id and ok to body and sends it. */
 void reply_ok(struct request *req, struct mp_map *body);
 /* reply_ok with descriptor fd attached (SCM_RIGHTS, with the frame's first byte); fd stays the caller's. */
@@ -257,5 +249,13 @@ void jobs_cancel_running_on(struct daemon *d, int device);
 
 /* Starts the orderly shutdown (main.c). */
 void daemon_shutdown(struct daemon *d);
+
+/*
+ * request.c: 0 if the op table is well formed: each row has a handler
+ * (and, declared as data, a spec args_spec_check accepts), names are
+ * unique, and unknown_op's list of them fits its message. Else -1 with
+ * err. For the unit tests.
+ */
+int request_check_ops(struct gpuq_error *err);
 
 #endif

@@ -116,15 +116,6 @@ static size_t op_names(char *out, size_t size)
 	return used;
 }
 
-static void refuse_unknown_op(struct request *req, const char *op)
-{
-	char names[OP_COUNT * (2 + 24)];
-	op_names(names, sizeof names);
-	struct gpuq_error err;
-	gpuq_fail(&err, GPUQ_E_UNKNOWN_OP, "unknown op '%s' (ops: %s)", op, names);
-	reply_error(req, &err);
-}
-
 static void op_refuse_caller(const struct op_def *op, struct request *req, struct gpuq_error *err)
 {
 	if (op->denied) {
@@ -205,6 +196,15 @@ int request_check_ops(struct gpuq_error *err)
 				 "the ops' names take %zu bytes: unknown_op's message would cut them off",
 				 len);
 	return 0;
+}
+
+static void refuse_unknown_op(struct request *req, const char *op)
+{
+	char names[OP_COUNT * (2 + 24)];
+	op_names(names, sizeof names);
+	struct gpuq_error err;
+	gpuq_fail(&err, GPUQ_E_UNKNOWN_OP, "unknown op '%s' (ops: %s)", op, names);
+	reply_error(req, &err);
 }
 
 void request_refuse_oversize(struct conn *c, size_t len, size_t max_frame)
