@@ -181,9 +181,12 @@ void leases_drop_device(struct daemon *d, int device);
 /*
  * op_collective.c: every collective op (allreduce ... all_to_all, group,
  * bench_allreduce, bench_collective): NCCL's primitives, one part per
- * device queued in one step; the request's `op` says which.
+ * device queued in one step; each op's argument defaults say which.
  */
-void op_collective(struct request *req);
+extern const struct args_spec op_allreduce_args, op_reduce_scatter_args, op_all_gather_args,
+	op_broadcast_args, op_reduce_args, op_sendrecv_args, op_all_to_all_args, op_group_args,
+	op_bench_allreduce_args, op_bench_collective_args;
+void op_collective(struct request *req, void *args);
 /*
  * op_admin.c: metrics; an administrator's device reset and shutdown (with
  * the wording of their refusal to others), and what follows any reset

@@ -1,5 +1,6 @@
 /*
- * Reading a collective request into a plan: each primitive's fields, every
+ * Reading a collective request: its top-level fields as a table (the
+ * owner, the ranks, the knobs), then into a plan each primitive's fields, every
  * rank's buffers checked against NCCL's layout (workers/collective/collective_layout.h:
  * which elements each rank reads and writes for the count), and a group's
  * primitives checked for ranges one writes and another uses. All of it
@@ -491,40 +492,110 @@ static int check_overlaps(struct coll_plan *p, struct gpuq_error *err)
 	return 0;
 }
 
-static int read_u64_in(struct request *req, const char *field, uint64_t lo, uint64_t hi,
-		       uint64_t *out, struct gpuq_error *err)
+/* A knob given outside [lo, hi]: the refusal names the field and the range. */
+static int knob_range(const char *field, uint64_t v, uint64_t lo, uint64_t hi,
+		      struct gpuq_error *err)
 {
-	int rc = msg_get_u64(req->map, field, out, err);
-	if (rc > 0 && (*out < lo || *out > hi))
+	if (v < lo || v > hi)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': %" PRIu64 " is not in %" PRIu64
-				 " to %" PRIu64, field, *out, lo, hi);
-	return rc < 0 ? -1 : 0;
+				 " to %" PRIu64, field, v, lo, hi);
+	return 0;
 }
 
-/* The timeout, the benchmark's loop sizes and (in test builds) the hang to inject. */
-static int read_knobs(struct request *req, struct coll_plan *p, bool bench, struct gpuq_error *err)
+static int check_devices(struct request *req, void *args, struct gpuq_error *err)
 {
-	p->timeout_ms = req->d->opt.collective_timeout_ms;
-	p->warmup = BENCH_DEFAULT_WARMUP;
-	p->iters = BENCH_DEFAULT_ITERS;
-	p->repeats = BENCH_DEFAULT_REPEATS;
-	if (read_u64_in(req, "collective_timeout_ms", 1, COLL_MAX_TIMEOUT_MS, &p->timeout_ms, err) < 0)
-		return -1;
-	if (bench && (read_u64_in(req, "warmup", 0, BENCH_MAX_WARMUP, &p->warmup, err) < 0 ||
-		      read_u64_in(req, "iters", 1, BENCH_MAX_ITERS, &p->iters, err) < 0 ||
-		      read_u64_in(req, "repeats", 1, BENCH_MAX_REPEATS, &p->repeats, err) < 0))
-		return -1;
+	const struct coll_args *a = args;
+	(void)req;
+	if (a->group && a->devices.n == 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'devices' (the ranks, in order) is required: every collective "
+				 "of a group runs on the same ranks");
+	return 0;
+}
+
+static int check_timeout(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct coll_args *a = args;
+	if (!a->has_timeout)
+		a->timeout_ms = req->d->opt.collective_timeout_ms;
+	return a->has_timeout ? knob_range("collective_timeout_ms", a->timeout_ms, 1,
+					   COLL_MAX_TIMEOUT_MS, err) : 0;
+}
+
+static int check_warmup(struct request *req, void *args, struct gpuq_error *err)
+{
+	(void)req;
+	return knob_range("warmup", ((const struct coll_args *)args)->warmup, 0, BENCH_MAX_WARMUP, err);
+}
+
+static int check_iters(struct request *req, void *args, struct gpuq_error *err)
+{
+	(void)req;
+	return knob_range("iters", ((const struct coll_args *)args)->iters, 1, BENCH_MAX_ITERS, err);
+}
+
+static int check_repeats(struct request *req, void *args, struct gpuq_error *err)
+{
+	(void)req;
+	return knob_range("repeats", ((const struct coll_args *)args)->repeats, 1, BENCH_MAX_REPEATS,
+			  err);
+}
+
+static bool is_bench(const void *args)
+{
+	return ((const struct coll_args *)args)->bench;
+}
+
+static const struct args_field coll_fields[] = {
+	{ "owner", ARGS_OWNER, 0, ARGS_AT(struct coll_args, owner) },
+	{ "devices", ARGS_DEVICES, 0, ARGS_AT(struct coll_args, devices), .then = check_devices },
+	{ "collective_timeout_ms", ARGS_U64, 0, ARGS_AT(struct coll_args, timeout_ms),
+	  ARGS_GIVEN(struct coll_args, has_timeout), .then = check_timeout },
+	{ "warmup", ARGS_U64, 0, ARGS_AT(struct coll_args, warmup), .when = is_bench,
+	  .then = check_warmup },
+	{ "iters", ARGS_U64, 0, ARGS_AT(struct coll_args, iters), .when = is_bench,
+	  .then = check_iters },
+	{ "repeats", ARGS_U64, 0, ARGS_AT(struct coll_args, repeats), .when = is_bench,
+	  .then = check_repeats },
 #ifdef GPUQ_FAULT_INJECTION
-	uint64_t hang = 0;
-	int rc = msg_get_u64(req->map, "inject_hang_rank", &hang, err);
-	if (rc < 0)
-		return -1;
-	if (rc > 0 && hang >= (uint64_t)p->n)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'inject_hang_rank': %" PRIu64
-				 " is not a rank (0-%d)", hang, p->n - 1);
-	if (rc > 0)
-		p->hang_rank = (int)hang;
+	{ "inject_hang_rank", ARGS_U64, 0, ARGS_AT(struct coll_args, hang_rank),
+	  ARGS_GIVEN(struct coll_args, has_hang) },
 #endif
+};
+
+/* One spec per op: the same fields, and defaults that say which op it is. */
+#define COLL_ARGS(name, group_, bench_, prim_)                                                 \
+	static const struct coll_args name##_defaults = {                                     \
+		.op = #name, .group = group_, .bench = bench_, .prim = prim_,                   \
+		.warmup = BENCH_DEFAULT_WARMUP, .iters = BENCH_DEFAULT_ITERS,                   \
+		.repeats = BENCH_DEFAULT_REPEATS,                                               \
+	};                                                                                      \
+	const struct args_spec op_##name##_args =                                               \
+		ARGS_SPEC(struct coll_args, coll_fields, &name##_defaults)
+
+COLL_ARGS(allreduce, false, false, COLL_ALLREDUCE);
+COLL_ARGS(reduce_scatter, false, false, COLL_REDUCE_SCATTER);
+COLL_ARGS(all_gather, false, false, COLL_ALL_GATHER);
+COLL_ARGS(broadcast, false, false, COLL_BROADCAST);
+COLL_ARGS(reduce, false, false, COLL_REDUCE);
+COLL_ARGS(sendrecv, false, false, COLL_SENDRECV);
+COLL_ARGS(all_to_all, false, false, COLL_ALL_TO_ALL);
+COLL_ARGS(group, true, false, COLL_ALLREDUCE);
+COLL_ARGS(bench_allreduce, false, true, COLL_ALLREDUCE);
+COLL_ARGS(bench_collective, true, true, COLL_ALLREDUCE);
+
+/* The knobs into the plan, once its ranks are known (a hang names one). */
+static int plan_knobs(const struct coll_args *a, struct coll_plan *p, struct gpuq_error *err)
+{
+	p->timeout_ms = a->timeout_ms;
+	p->warmup = a->warmup;
+	p->iters = a->iters;
+	p->repeats = a->repeats;
+	if (a->has_hang && a->hang_rank >= (uint64_t)p->n)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'inject_hang_rank': %" PRIu64
+				 " is not a rank (0-%d)", a->hang_rank, p->n - 1);
+	if (a->has_hang)
+		p->hang_rank = (int)a->hang_rank;
 	return 0;
 }
 
@@ -545,20 +616,16 @@ static int read_tasks(struct request *req, struct coll_plan *p, enum coll_prim p
 	return check_overlaps(p, err);
 }
 
-int op_collective_read(struct request *req, bool group, enum coll_prim prim, bool bench,
-		      struct coll_plan *plan, struct gpuq_error *err)
+int op_collective_read(struct request *req, const struct coll_args *a, struct coll_plan *plan,
+		       struct gpuq_error *err)
 {
 	memset(plan, 0, sizeof *plan);
-	plan->group = group;
+	plan->group = a->group;
 	plan->hang_rank = -1;
-	int rc = read_owner(req, &plan->owner, err);
-	if (rc == 0)
-		rc = read_device_list(req, plan->devices, &plan->n, err);
-	if (rc == 0 && group)
-		rc = gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			       "field 'devices' (the ranks, in order) is required: every collective "
-			       "of a group runs on the same ranks");
-	if (rc >= 0 && read_tasks(req, plan, prim, err) == 0 && read_knobs(req, plan, bench, err) == 0)
+	plan->owner = a->owner;
+	plan->n = a->devices.n;
+	memcpy(plan->devices, a->devices.dev, sizeof plan->devices);
+	if (read_tasks(req, plan, a->prim, err) == 0 && plan_knobs(a, plan, err) == 0)
 		return 0;
 	op_collective_plan_free(plan);
 	return -1;
