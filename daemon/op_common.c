@@ -113,43 +113,6 @@ void spec_job_submit(struct request *req, const struct spec_job *sj, const void 
 	job_submit(req, job);
 }
 
-int read_device(struct request *req, int *device, struct gpuq_error *err)
-{
-	*device = 0;
-	return args_device(req, "device", false, device, err) < 0 ? -1 : 0;
-}
-
-int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
-{
-	return args_owner(req, owner, err) < 0 ? -1 : 0;
-}
-
-struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
-{
-	struct args_buffer a;
-	args_buffer(req, "buffer", false, 0, &a, err);
-	return a.b;
-}
-
-struct buffer *read_buffer_ref(struct request *req, const char *field, struct buffer_ref *ref,
-			       struct gpuq_error *err)
-{
-	struct args_buffer a;
-	args_buffer(req, field, true, 0, &a, err);
-	*ref = a.ref;
-	return a.b;
-}
-
-int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err)
-{
-	struct args_devices a;
-	int rc = args_devices(req, "devices", &a, err);
-	for (int i = 0; i < a.n; i++)
-		devices[i] = a.dev[i];
-	*n = a.n;
-	return rc;
-}
-
 int read_bench_sizes(struct request *req, uint64_t *sizes, unsigned max, unsigned *n,
 		     struct gpuq_error *err)
 {

@@ -69,25 +69,6 @@ struct spec_job {
 void spec_job_submit(struct request *req, const struct spec_job *sj, const void *args);
 
 /*
- * Readers kept for ops that still read their request by hand; each is the
- * matching resolution of daemon/args.h. Once every op declares its
- * arguments they go.
- */
-/* The `device` field: absent means 0; not_found unless it names one of this daemon's devices. */
-int read_device(struct request *req, int *device, struct gpuq_error *err);
-/* Whose namespace buffer names are resolved in: the caller's, or for root, `owner`. */
-int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
-/* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
-struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
-/* The buffer named by `field`, with an optional [OFFSET:LENGTH] range in *ref. */
-struct buffer *read_buffer_ref(struct request *req, const char *field, struct buffer_ref *ref,
-			       struct gpuq_error *err);
-/*
- * The request's `devices` field (distinct device indexes): 1 with devices/n
- * set, 0 when absent, -1 with err.
- */
-int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err);
-/*
  * The benchmarks' `sizes` field: 1 to max byte counts of at most 1 TiB;
  * absent, 256 MiB, 1 GiB and 4 GiB.
  */
