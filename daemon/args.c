@@ -136,6 +136,13 @@ int args_buffer(struct request *req, const char *key, bool with_range, unsigned 
 	return 1;
 }
 
+/* The key is there with a value other than nil (which the protocol reads as absent). */
+static bool given(const msgpack_object *map, const char *key)
+{
+	const msgpack_object *o = msg_map_get(map, key);
+	return o && o->type != MSGPACK_OBJECT_NIL;
+}
+
 /* ARGS_ENUM: the string's index in f->names, or -1 with f->bad_name. */
 static int decode_enum(struct request *req, const struct args_field *f, int *out,
 		       struct gpuq_error *err)
@@ -185,7 +192,7 @@ static int decode_field(struct request *req, const struct args_field *f, void *s
 	case ARGS_STR: return msg_get_str(req->map, f->key, slot, f->size, err);
 	case ARGS_ARRAY: return msg_get_array(req->map, f->key, slot, err);
 	case ARGS_MAP: return msg_get_map(req->map, f->key, slot, err);
-	case ARGS_PRESENT: return *(bool *)slot = msg_map_get(req->map, f->key) != NULL;
+	case ARGS_PRESENT: return *(bool *)slot = given(req->map, f->key);
 	case ARGS_ENUM: return decode_enum(req, f, slot, err);
 	case ARGS_OWNER: return args_owner(req, slot, err);
 	case ARGS_DEVICE: return args_device(req, f->key, false, slot, err);

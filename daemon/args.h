@@ -43,7 +43,7 @@ enum args_type {
 	ARGS_STR,     /* char[size], NUL-terminated; too long or holding a NUL: bad_request */
 	ARGS_ARRAY,   /* const msgpack_object * (an array) pointing into the request */
 	ARGS_MAP,     /* const msgpack_object * (a map) pointing into the request */
-	ARGS_PRESENT, /* bool: the key is in the map, whatever its value (nil too) */
+	ARGS_PRESENT, /* bool: the key is given (not nil), whatever its type: checked later */
 	ARGS_ENUM,    /* int: the index of the string in names[]; else bad_name */
 	ARGS_OWNER,   /* uid_t: whose namespace names resolve in (root may name another) */
 	ARGS_DEVICE,  /* int: one of this daemon's devices, else not_found */

@@ -190,6 +190,11 @@ TEST(region_refusals_name_the_problem)
 	mp_put_str(&req, "region", "r");
 	mp_put_str(&req, "path", "staged");
 	expect_refused(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "path region");
+	/* nil is absent: a put whose region is nil is one without, and needs a descriptor */
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", "b");
+	mp_put_nil(&req, "region");
+	expect_refused(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "exactly one descriptor");
 	gpuq_region_unmap(&r);
 	gpuq_close(c);
 	daemon_stop(&d);
