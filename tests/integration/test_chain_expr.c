@@ -356,6 +356,29 @@ TEST(chain_expr_refuses_what_the_op_list_refuses)
 	o.repeat = 1;
 	expect_refused(expr_call(c, "reduce_expr", "sum(x)", &o), GPUQ_E_BAD_REQUEST,
 		       "a reduction runs fused once");
+	/* nil is absent (docs/protocol.md, Requests): expr nil is the op-list form, buffer nil no conflict */
+	struct mp_map req;
+	struct mp_array ops, sin_op;
+	gpuq_request_begin(c, &req, "run");
+	mp_put_nil(&req, "expr");
+	mp_put_str(&req, "buffer", "x");
+	mp_array_init(&ops);
+	mp_array_init(&sin_op);
+	mp_array_str(&sin_op, "sin");
+	mp_array_array(&ops, &sin_op);
+	mp_put_array(&req, "ops", &ops);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "run with expr nil and an op list");
+	gpuq_reply_free(r);
+	gpuq_request_begin(c, &req, "run");
+	mp_put_str(&req, "expr", "y = x");
+	mp_put_nil(&req, "buffer");
+	mp_put_nil(&req, "out");
+	mp_put_bool(&req, "wait", true);
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "run with an expression and buffer nil");
+	gpuq_reply_free(r);
 	/* 2^64-1 is a device number like any other, not "no device" */
 	const uint64_t devices[] = { UINT64_MAX, UINT64_MAX - 1, 99 };
 	for (int i = 0; i < 3; i++) {
