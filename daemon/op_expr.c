@@ -29,7 +29,7 @@ struct expr_job {
 	struct chain_spec spec; /* first: work.spec points here */
 	struct buffer *held[KERNELS_EXPR_MAX_VARS];
 	unsigned nheld;
-	char *text;
+	char text[CHAIN_EXPR_TEXT_MAX + 1];
 };
 
 /*
@@ -109,10 +109,7 @@ int expr_bind(struct request *req, void *args, struct gpuq_error *err)
 
 static void expr_release(struct job *job)
 {
-	struct expr_job *ej = job->work.spec;
-	if (ej)
-		free(ej->text);
-	free(ej);
+	free(job->work.spec);
 	job->work.spec = NULL;
 }
 
@@ -192,7 +189,7 @@ static bool expr_stores(const struct chain_spec *spec, unsigned var)
 	return false;
 }
 
-/* The spec from the decoded expression, checked against the options; the text copied. */
+/* The spec from the decoded expression, checked against the options; the text kept for the result. */
 static int expr_fill(struct request *req, const void *args, void *spec, int *device,
 		     struct gpuq_error *err)
 {
@@ -210,8 +207,7 @@ static int expr_fill(struct request *req, const void *args, void *spec, int *dev
 	chain_request_apply(&a->opts, &ej->spec);
 	if (chain_request_check(&ej->spec, err) < 0)
 		return -1;
-	if (!(ej->text = strdup(a->text)))
-		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for an expression");
+	memcpy(ej->text, a->text, sizeof ej->text);
 	*device = ej->held[ej->spec.prog.nstmts ? ej->spec.prog.stmt_var[0] : 0]->device;
 	return 0;
 }
