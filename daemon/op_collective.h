@@ -52,7 +52,7 @@ struct coll_plan {
  * owner, the ranks, the timeout, the benchmark's loop sizes and, in
  * fault-injection builds, the rank to hang. The primitives themselves (the
  * request's own fields, or each entry of a group's `ops`) are read into a
- * plan by op_collective_read.
+ * plan by op_collective_read, each from its map by its own table.
  */
 struct coll_args {
 	const char *op;      /* the job kind's name: "allreduce" ... "bench_collective" */
