@@ -119,6 +119,7 @@ static bool prim_has_root(const void *args)
 	return coll_prim_has_root(((const struct prim_args *)args)->prim);
 }
 
+/* The reductions, in enum coll_op's order (ARGS_ENUM gives the index). */
 static const char *const coll_op_names[] = { "sum", "prod", "min", "max", "avg", NULL };
 
 static const struct args_field named_fields[] = {
