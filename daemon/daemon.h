@@ -13,10 +13,12 @@
 #include <stdbool.h>
 #include <uv.h>
 
+#include "daemon/args.h"
 #include "daemon/buffer.h"
 #include "daemon/job.h"
 #include "daemon/job_life.h"
 #include "daemon/lease.h"
+#include "daemon/op_common.h"
 #include "daemon/region.h"
 #include "daemon/options.h"
 #include "daemon/progress.h"
@@ -62,25 +64,60 @@ typedef void (*request_handler)(struct request *req);
 /* request.c: handles one complete frame from c (the server's on_frame). */
 void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len);
 
-/* op_info.c, op_buffer.c, op_jobs.c: one handler per op. */
-void op_ping(struct request *req);
-void op_devices(struct request *req);
-void op_buffers(struct request *req);
-void op_noop(struct request *req);
-void op_alloc(struct request *req);
-void op_free(struct request *req);
-void op_fill(struct request *req);
-void op_checksum(struct request *req);
-void op_put(struct request *req);
-void op_get(struct request *req);
-void op_jobs(struct request *req);
-void op_status(struct request *req);
-void op_wait(struct request *req);
-void op_cancel(struct request *req);
-void op_bench_copy(struct request *req);
-/* op_copy.c, op_bench_d2d.c: device-to-device copies and their benchmark */
-void op_copy(struct request *req);
-void op_bench_d2d(struct request *req);
+/*
+ * The ops declared as data (request.c's op table): each has its argument
+ * table (op_NAME_args, daemon/args.h) and a handler that receives the
+ * decoded struct (op_exec, daemon/op_common.h).
+ */
+/* op_buffer.c */
+extern const struct args_spec op_noop_args, op_alloc_args, op_free_args, op_checksum_args,
+	op_fill_args;
+void op_noop(struct request *req, void *args);
+void op_alloc(struct request *req, void *args);
+void op_free(struct request *req, void *args);
+void op_checksum(struct request *req, void *args);
+void op_fill(struct request *req, void *args);
+/* op_transfer.c: put and get share a handler; their defaults say which */
+extern const struct args_spec op_put_args, op_get_args;
+void op_transfer(struct request *req, void *args);
+/*
+ * The benchmarks (request.c lets root, the admin group and those a quota
+ * rule grants it call them): op_bench_copy.c, op_bench_d2d.c,
+ * op_bench_sched.c, and bench_chain in op_chain.c.
+ */
+extern const struct args_spec op_bench_copy_args, op_bench_d2d_args, op_bench_sched_args,
+	op_bench_chain_args;
+void op_bench_copy(struct request *req, void *args);
+void op_bench_d2d(struct request *req, void *args);
+void op_bench_sched(struct request *req, void *args);
+void op_bench_chain(struct request *req, void *args);
+/* op_chain.c: stats (per-device counters) */
+extern const struct args_spec op_stats_args;
+void op_stats(struct request *req, void *args);
+/* op_copy.c: device-to-device copies */
+extern const struct args_spec op_copy_args;
+void op_copy(struct request *req, void *args);
+/*
+ * op_chain.c: run (an op list on a buffer, or an expression: op_expr.c);
+ * op_expr.c: reduce_expr (an expression over buffers to one number)
+ */
+extern const struct args_spec op_run_args, op_reduce_expr_args;
+void op_run(struct request *req, void *args);
+void op_reduce_expr(struct request *req, void *args);
+
+/* op_info.c: what the main thread answers from its own state */
+extern const struct args_spec op_ping_args, op_devices_args, op_buffers_args;
+void op_ping(struct request *req, void *args);
+void op_devices(struct request *req, void *args);
+void op_buffers(struct request *req, void *args);
+/* op_jobs.c: the jobs, and one job's status, wait and cancel */
+extern const struct args_spec op_jobs_args, op_status_args, op_wait_args, op_cancel_args;
+void op_jobs(struct request *req, void *args);
+void op_status(struct request *req, void *args);
+void op_wait(struct request *req, void *args);
+void op_cancel(struct request *req, void *args);
+
+/* Ops that still read their request by hand (request_handler). */
 /*
  * How a copy from device src to device dst travels: "self" when they are
  * one, the peer link's name ("nvlink", "pcie-p2p", "p2p", "same-gpu",
@@ -88,37 +125,37 @@ void op_bench_d2d(struct request *req);
  * "host-staged".
  */
 const char *copy_peer_path(struct daemon *d, int src, int dst, bool *direct);
-/* op_buffer.c: the buffer named by `field`, with an optional [OFFSET:LENGTH] range in *ref. */
-struct buffer *read_buffer_ref(struct request *req, const char *field, struct buffer_ref *ref,
-			       struct gpuq_error *err);
 /* op_info.c: a device's `scheduler` map (jobs in flight per engine, busy time), for devices and stats. */
 void render_scheduler(const struct worker_snapshot *s, struct mp_map *out);
-/* op_chain.c: run (a kernel chain on a buffer), stats (per-device counters), bench_chain */
-void op_run(struct request *req);
-void op_stats(struct request *req);
-void op_bench_chain(struct request *req);
 /*
  * op_region.c: host regions (region_create, region_free, regions,
  * region_open) and put/get through one (`region` instead of a descriptor).
  */
-void op_region_create(struct request *req);
-void op_region_free(struct request *req);
-void op_regions(struct request *req);
-void op_region_open(struct request *req);
+extern const struct args_spec op_region_create_args, op_region_free_args, op_regions_args,
+	op_region_open_args;
+void op_region_create(struct request *req, void *args);
+void op_region_free(struct request *req, void *args);
+void op_regions(struct request *req, void *args);
+void op_region_open(struct request *req, void *args);
 /*
- * The put/get side of a region: the `region` field ("NAME[OFFSET:LENGTH]")
- * resolved and checked against the transfer. put: the region's range is the
- * source and decides *length unless the buffer's range gives one (both
+ * The put/get side of a region: the `region` field's text
+ * ("NAME[OFFSET:LENGTH]"; NULL when the request names none, given false
+ * when it is nil) resolved and checked against the transfer. put: the
+ * region's range is the source and decides *length unless the buffer's
+ * range gives one (both
  * given: they must agree); get: *length is the buffer range's and the
- * region's range must hold it. 1 with *span, 0 when the request names no
- * region, -1 with err. region_transfer_hold then holds the region for the
- * job (whose work.length is set) and aims its work at the range.
+ * region's range must hold it. b (at buffer_offset) is the buffer, which a
+ * refusal names when it is the side too small. 1 with *span, 0 when the
+ * request names no region, -1 with err. region_transfer_hold then holds
+ * the region for the job (whose work.length is set) and aims its work at
+ * the range.
  */
 struct region_span {
 	struct region *region;
 	uint64_t offset;
 };
-int region_transfer_read(struct request *req, bool put, uint64_t *length,
+int region_transfer_read(struct request *req, const char *text, bool given, bool put,
+			 const struct buffer *b, uint64_t buffer_offset, uint64_t *length,
 			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err);
 void region_transfer_hold(struct job *job, const struct region_span *span, bool put);
 /* The free of an orphaned ephemeral region (the region table's free_orphan). */
@@ -127,74 +164,56 @@ void op_region_free_own(struct daemon *d, struct region *r);
  * op_lease.c: attach (a lease on a shareable buffer, the buffer's handle
  * sent with the reply), release, leases, lease_break.
  */
-void op_attach(struct request *req);
-void op_release(struct request *req);
-void op_leases(struct request *req);
-void op_lease_break(struct request *req);
+extern const struct args_spec op_attach_args, op_release_args, op_leases_args,
+	op_lease_break_args;
+void op_attach(struct request *req, void *args);
+void op_release(struct request *req, void *args);
+void op_leases(struct request *req, void *args);
+void op_lease_break(struct request *req, void *args);
+void lease_break_denied(struct request *req, struct gpuq_error *err);
 /*
  * op_collective.c: every collective op (allreduce ... all_to_all, group,
  * bench_allreduce, bench_collective): NCCL's primitives, one part per
- * device queued in one step; the request's `op` says which.
+ * device queued in one step; each op's argument defaults say which.
  */
-void op_collective(struct request *req);
-/* op_bench_sched.c: the overlap ceiling `gpuq bench sched` compares the scheduler with */
-void op_bench_sched(struct request *req);
-/* op_expr.c: reduce_expr (an expression over buffers to one number) */
-void op_reduce_expr(struct request *req);
-void op_metrics(struct request *req);
-/* op_admin.c: an administrator's device reset, and what follows any reset (the pool's callback) */
-void op_reset_device(struct request *req);
-/* daemon/faults/op_fault.c: tests/gpuqd-faults only */
-void op_inject_fault(struct request *req);
-void device_on_reset(int index, void *arg);
-void op_shutdown(struct request *req);
-
-/* op_buffer.c: pieces shared by the job-creating handlers. */
-extern const struct job_kind kind_put, kind_get;
-/* A new job of kind for the caller; on failure req is answered and NULL returned. */
-struct job *new_job(struct request *req, const struct job_kind *kind, enum work_kind work_kind,
-		    int device);
+extern const struct args_spec op_allreduce_args, op_reduce_scatter_args, op_all_gather_args,
+	op_broadcast_args, op_reduce_args, op_sendrecv_args, op_all_to_all_args, op_group_args,
+	op_bench_allreduce_args, op_bench_collective_args;
+void op_collective(struct request *req, void *args);
 /*
- * Holds b for the job's life and aims the work at it, as a write of the
- * whole buffer for the scheduler (which keeps jobs on one buffer in order).
+ * op_admin.c: metrics; an administrator's device reset and shutdown (with
+ * the wording of their refusal to others), and what follows any reset
+ * (the pool's callback)
  */
-void job_attach_buffer(struct job *job, struct buffer *b);
-/* Tells the scheduler w touches [offset, offset + length) of b, reading or writing. */
-void work_add_access(struct work *w, const struct buffer *b, uint64_t offset, uint64_t length,
-		     bool write);
-/* The same for any memory the scheduler orders by (a region's mapping): base is its identity. */
-void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t length,
-		    bool write);
-/* Narrows what job_attach_buffer said: the range and whether it writes. */
-void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write);
+extern const struct args_spec op_metrics_args, op_reset_device_args, op_shutdown_args;
+void op_metrics(struct request *req, void *args);
+void op_reset_device(struct request *req, void *args);
+void reset_device_denied(struct request *req, struct gpuq_error *err);
+void op_shutdown(struct request *req, void *args);
+void shutdown_denied(struct request *req, struct gpuq_error *err);
+void device_on_reset(int index, void *arg);
+/* daemon/faults/op_fault.c: tests/gpuqd-faults only */
+extern const struct args_spec op_inject_fault_args;
+void op_inject_fault(struct request *req, void *args);
+
 /* op_buffer.c: the free of an orphaned ephemeral buffer (the buffer table's free_orphan). */
 void op_free_own(struct daemon *d, struct buffer *b);
-/*
- * The request's `devices` field (distinct device indexes): 1 with devices/n
- * set, 0 when absent, -1 with err.
- */
-int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err);
-/*
- * The benchmarks' `sizes` field: 1 to max byte counts of at most 1 TiB;
- * absent, 256 MiB, 1 GiB and 4 GiB.
- */
-int read_bench_sizes(struct request *req, uint64_t *sizes, unsigned max, unsigned *n,
-		     struct gpuq_error *err);
 struct bench_row;
 /* op_bench_copy.c: a copy benchmark's rows, as bench_copy and bench_d2d reply them. */
 void bench_rows_render(const struct bench_row *rows, unsigned n, struct mp_map *out);
-/* The `device` field: absent means 0; not_found unless it names one of this daemon's devices. */
-int read_device(struct request *req, int *device, struct gpuq_error *err);
-/* Whose namespace buffer names are resolved in: the caller's, or for root, `owner`. */
-int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
-/* The buffer named by the request's `buffer` field, resolved and usable, or NULL with err. */
-struct buffer *read_buffer(struct request *req, struct gpuq_error *err);
-
 /*
  * shutdown.c: starts the orderly shutdown (a signal, the shutdown op), and
  * takes its next step when called again (each job that ends while it is
  * under way: the job table's shutdown_step).
  */
 void daemon_shutdown(struct daemon *d);
+
+/*
+ * request.c: 0 if the op table is well formed: each row has a handler
+ * (and, declared as data, a spec args_spec_check accepts), names are
+ * unique, and unknown_op's list of them fits its message. Else -1 with
+ * err. For the unit tests.
+ */
+int request_check_ops(struct gpuq_error *err);
 
 #endif

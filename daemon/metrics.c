@@ -28,7 +28,7 @@ static const double latency_bounds[METRICS_LATENCY_BUCKETS] = {
 
 static const char *const quota_limits[METRICS_QUOTA_LIMITS] = {
 	"device-memory", "queued-jobs", "devices", "max-priority", "host-pinned", "connections",
-	"parked-fds", "pending-frame-bytes", "reply-bytes",
+	"parked-fds", "pending-frame-bytes", "reply-bytes", "benchmarks",
 };
 
 static int latency_bucket(double seconds)

@@ -14,7 +14,7 @@
 #include "protocol/protocol.h"
 
 /* The quota limits refusals are counted by (metrics.c names them). */
-#define METRICS_QUOTA_LIMITS 9
+#define METRICS_QUOTA_LIMITS 10
 
 struct daemon;
 

@@ -7,8 +7,11 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 
-void op_metrics(struct request *req)
+const struct args_spec op_metrics_args = ARGS_NONE;
+
+void op_metrics(struct request *req, void *args)
 {
+	(void)args;
 	struct metrics_text text = { 0 };
 	struct gpuq_error err;
 	if (metrics_render(req->d, &text) < 0) {
@@ -50,59 +53,68 @@ void device_on_reset(int index, void *arg)
  * have ended, and the reply says only that it was asked: `devices` shows
  * the reset (`resets`, `last_reset`, health) once it happened.
  */
-void op_reset_device(struct request *req)
+struct reset_device_args {
+	int device;
+};
+
+static const struct args_field reset_device_fields[] = {
+	{ "device", ARGS_DEVICE, ARGS_REQUIRED, ARGS_AT(struct reset_device_args, device) },
+};
+const struct args_spec op_reset_device_args =
+	ARGS_SPEC(struct reset_device_args, reset_device_fields, NULL);
+
+void reset_device_denied(struct request *req, struct gpuq_error *err)
+{
+	(void)req;
+	gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+		  "only root and members of the admin group may reset a device (rule: admin-group)");
+}
+
+/* Only root and the admin group get here (request.c's op table). */
+void op_reset_device(struct request *req, void *args)
 {
 	struct daemon *d = req->d;
+	int device = ((struct reset_device_args *)args)->device;
 	struct gpuq_error err;
-	uint64_t device = 0;
-	char why[160];
-	int rc = msg_get_u64(req->map, "device", &device, &err);
-	if (rc == 0)
-		rc = gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "field 'device' is required");
-	if (rc > 0 && device >= (uint64_t)d->pool.count)
-		rc = gpuq_fail(&err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
-			       (unsigned long long)device, d->pool.count - 1);
-	if (rc > 0 && !quota_is_admin(d, req->conn))
-		rc = gpuq_fail(&err, GPUQ_E_PERMISSION_DENIED,
-			       "only root and members of the admin group may reset a device (rule: "
-			       "admin-group)");
 	struct worker_snapshot s;
-	if (rc > 0) {
-		worker_snapshot(&d->pool, (int)device, &s);
-		snprintf(why, sizeof why, "a reset asked by uid %d", (int)req->conn->uid);
-		jobs_cancel_running_on(d, (int)device);
-		rc = worker_ask_reset(&d->pool, (int)device, why, &err) < 0 ? -1 : 1;
-	}
-	if (rc < 0) {
+	char why[160];
+	worker_snapshot(&d->pool, device, &s);
+	snprintf(why, sizeof why, "a reset asked by uid %d", (int)req->conn->uid);
+	jobs_cancel_running_on(d, device);
+	if (worker_ask_reset(&d->pool, device, why, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
-	log_warn("gpu %d: %s", (int)device, why);
+	log_warn("gpu %d: %s", device, why);
 	struct mp_map body;
 	mp_map_init(&body);
-	mp_put_u64(&body, "device", device);
+	mp_put_u64(&body, "device", (uint64_t)device);
 	mp_put_bool(&body, "reset_requested", true);
 	mp_put_u64(&body, "resets", s.resets);
 	reply_ok(req, &body);
 }
 
-void op_shutdown(struct request *req)
+const struct args_spec op_shutdown_args = ARGS_NONE;
+
+void shutdown_denied(struct request *req, struct gpuq_error *err)
+{
+	struct daemon *d = req->d;
+	if (d->svc.quotas.has_admin)
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  "rule admin-group: only root and members of group '%s' may stop gpuqd; uid %d is neither",
+			  d->svc.quotas.admin_group, (int)req->conn->uid);
+	else
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  "rule admin-group: only root may stop gpuqd (no admin-group is configured); you are uid %d",
+			  (int)req->conn->uid);
+}
+
+/* Only root and the admin group get here (request.c's op table). */
+void op_shutdown(struct request *req, void *args)
 {
 	struct daemon *d = req->d;
 	struct conn *c = req->conn;
-	struct gpuq_error err;
-	if (!quota_is_admin(d, c)) {
-		if (d->svc.quotas.has_admin)
-			gpuq_fail(&err, GPUQ_E_PERMISSION_DENIED,
-				  "rule admin-group: only root and members of group '%s' may stop gpuqd; uid %d is neither",
-				  d->svc.quotas.admin_group, (int)c->uid);
-		else
-			gpuq_fail(&err, GPUQ_E_PERMISSION_DENIED,
-				  "rule admin-group: only root may stop gpuqd (no admin-group is configured); you are uid %d",
-				  (int)c->uid);
-		reply_error(req, &err);
-		return;
-	}
+	(void)args;
 	log_info("shutdown requested by uid %d (pid %d)", (int)c->uid, (int)c->pid);
 	struct mp_map body;
 	mp_map_init(&body);

@@ -75,46 +75,63 @@ static void release_bench_copy(struct job *job)
 
 static const struct job_kind kind_bench_copy = { "bench_copy", NULL, render_bench_copy };
 
-static int read_bench_copy(struct request *req, struct bench_copy_spec *s, int *device,
-			   struct gpuq_error *err)
+struct bench_copy_args {
+	int device;
+	uint64_t repeats;
+	uint64_t sizes[BENCH_COPY_MAX_SIZES];
+	unsigned nsizes;
+	bool has_sizes;
+};
+
+static int check_repeats(struct request *req, void *args, struct gpuq_error *err)
 {
-	uint64_t d = 0, repeats = DEFAULT_REPEATS;
-	if (msg_get_u64(req->map, "device", &d, err) < 0 ||
-	    msg_get_u64(req->map, "repeats", &repeats, err) < 0 ||
-	    read_bench_sizes(req, s->sizes, BENCH_COPY_MAX_SIZES, &s->nsizes, err) < 0)
-		return -1;
-	if (d >= (uint64_t)req->d->pool.count)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
-				 (unsigned long long)d, req->d->pool.count - 1);
-	if (repeats < 1 || repeats > MAX_REPEATS)
+	const struct bench_copy_args *a = args;
+	(void)req;
+	if (a->repeats < 1 || a->repeats > MAX_REPEATS)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeats': %llu is not 1 to %d",
-				 (unsigned long long)repeats, MAX_REPEATS);
-	s->repeats = (unsigned)repeats;
-	*device = (int)d;
+				 (unsigned long long)a->repeats, MAX_REPEATS);
 	return 0;
 }
 
-void op_bench_copy(struct request *req)
+static int read_sizes(struct request *req, void *args, struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	int device = 0;
-	struct bench_copy_spec *spec = calloc(1, sizeof *spec);
-	if (!spec) {
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a benchmark");
-		reply_error(req, &err);
-		return;
-	}
-	if (read_bench_copy(req, spec, &device, &err) < 0) {
-		free(spec);
-		reply_error(req, &err);
-		return;
-	}
-	struct job *job = new_job(req, &kind_bench_copy, WORK_BENCH_COPY, device);
-	if (!job) {
-		free(spec);
-		return;
-	}
-	job->work.spec = spec;
-	job->release = release_bench_copy;
-	job_submit(req, job);
+	struct bench_copy_args *a = args;
+	return read_bench_sizes(req, a->sizes, BENCH_COPY_MAX_SIZES, &a->nsizes, err);
+}
+
+static const struct args_field bench_copy_fields[] = {
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct bench_copy_args, device) },
+	{ "repeats", ARGS_U64, 0, ARGS_AT(struct bench_copy_args, repeats), .then = check_repeats },
+	{ "sizes", ARGS_PRESENT, 0, ARGS_AT(struct bench_copy_args, has_sizes), .then = read_sizes },
+};
+static const struct bench_copy_args bench_copy_defaults = { .repeats = DEFAULT_REPEATS };
+const struct args_spec op_bench_copy_args =
+	ARGS_SPEC(struct bench_copy_args, bench_copy_fields, &bench_copy_defaults);
+
+static int fill_bench_copy(struct request *req, const void *args, void *spec, int *device,
+			   struct gpuq_error *err)
+{
+	const struct bench_copy_args *a = args;
+	struct bench_copy_spec *s = spec;
+	(void)req;
+	(void)err;
+	memcpy(s->sizes, a->sizes, sizeof s->sizes);
+	s->nsizes = a->nsizes;
+	s->repeats = (unsigned)a->repeats;
+	*device = a->device;
+	return 0;
+}
+
+static const struct spec_job bench_copy_job = {
+	.kind = &kind_bench_copy,
+	.work_kind = WORK_BENCH_COPY,
+	.spec_size = sizeof(struct bench_copy_spec),
+	.what = "a benchmark",
+	.fill = fill_bench_copy,
+	.release = release_bench_copy,
+};
+
+void op_bench_copy(struct request *req, void *args)
+{
+	spec_job_submit(req, &bench_copy_job, args);
 }

@@ -51,35 +51,57 @@ static void add_note(struct bench_d2d *b, const char *fmt, ...)
 	va_end(ap);
 }
 
-static int read_bench(struct request *req, struct bench_d2d *b, bool *peers,
-		      struct gpuq_error *err)
+struct bench_d2d_args {
+	int device;
+	uint64_t repeats, seed, timeout_ms;
+	bool has_seed, peers;
+	uint64_t sizes[BENCH_D2D_MAX_SIZES];
+	unsigned nsizes;
+	bool has_sizes;
+};
+
+static int check_repeats(struct request *req, void *args, struct gpuq_error *err)
 {
-	uint64_t d = 0, repeats = DEFAULT_REPEATS, timeout = COPY_TIMEOUT_MS;
-	b->seed = (uint64_t)(monotonic_seconds() * 1e9); /* fresh data each run unless given */
-	*peers = true;
-	if (msg_get_u64(req->map, "device", &d, err) < 0 ||
-	    msg_get_u64(req->map, "repeats", &repeats, err) < 0 ||
-	    msg_get_u64(req->map, "seed", &b->seed, err) < 0 ||
-	    msg_get_u64(req->map, "peer_timeout_ms", &timeout, err) < 0 ||
-	    msg_get_bool(req->map, "peers", peers, err) < 0 ||
-	    read_bench_sizes(req, b->sizes, BENCH_D2D_MAX_SIZES, &b->nsizes, err) < 0)
-		return -1;
-	if (d >= (uint64_t)req->d->pool.count)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
-				 (unsigned long long)d, req->d->pool.count - 1);
-	if (repeats < 1 || repeats > BENCH_D2D_MAX_REPEATS)
+	const struct bench_d2d_args *a = args;
+	(void)req;
+	if (a->repeats < 1 || a->repeats > BENCH_D2D_MAX_REPEATS)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeats': %llu is not 1 to %d",
-				 (unsigned long long)repeats, BENCH_D2D_MAX_REPEATS);
-	if (timeout < 1 || timeout > 3600000)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'peer_timeout_ms': %llu is not 1 to 3600000",
-				 (unsigned long long)timeout);
-	b->device = (int)d;
-	b->repeats = (unsigned)repeats;
-	b->timeout_ms = (unsigned)timeout;
-	b->host = strcmp(req->d->ops->name, "host") == 0;
+				 (unsigned long long)a->repeats, BENCH_D2D_MAX_REPEATS);
 	return 0;
 }
+
+static int check_timeout(struct request *req, void *args, struct gpuq_error *err)
+{
+	const struct bench_d2d_args *a = args;
+	(void)req;
+	if (a->timeout_ms < 1 || a->timeout_ms > 3600000)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'peer_timeout_ms': %llu is not 1 to 3600000",
+				 (unsigned long long)a->timeout_ms);
+	return 0;
+}
+
+static int read_sizes(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct bench_d2d_args *a = args;
+	return read_bench_sizes(req, a->sizes, BENCH_D2D_MAX_SIZES, &a->nsizes, err);
+}
+
+static const struct args_field bench_d2d_fields[] = {
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct bench_d2d_args, device) },
+	{ "repeats", ARGS_U64, 0, ARGS_AT(struct bench_d2d_args, repeats), .then = check_repeats },
+	{ "seed", ARGS_U64, 0, ARGS_AT(struct bench_d2d_args, seed),
+	  ARGS_GIVEN(struct bench_d2d_args, has_seed) },
+	{ "peer_timeout_ms", ARGS_U64, 0, ARGS_AT(struct bench_d2d_args, timeout_ms),
+	  .then = check_timeout },
+	{ "peers", ARGS_BOOL, 0, ARGS_AT(struct bench_d2d_args, peers) },
+	{ "sizes", ARGS_PRESENT, 0, ARGS_AT(struct bench_d2d_args, has_sizes), .then = read_sizes },
+};
+static const struct bench_d2d_args bench_d2d_defaults = {
+	.repeats = DEFAULT_REPEATS, .timeout_ms = COPY_TIMEOUT_MS, .peers = true
+};
+const struct args_spec op_bench_d2d_args =
+	ARGS_SPEC(struct bench_d2d_args, bench_d2d_fields, &bench_d2d_defaults);
 
 /* Every pair i -> j with i < j, routed as copy routes it; notes say what differs. */
 static void plan_pairs(struct daemon *d, struct bench_d2d *b)
@@ -127,44 +149,58 @@ static int make_bench_gang(struct job *job, struct bench_d2d *b, int count)
 	return 0;
 }
 
-void op_bench_d2d(struct request *req)
+/* The spec from the args, with the notes and the peer pairs to measure. */
+static int fill_bench_d2d(struct request *req, const void *args, void *spec, int *device,
+			  struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	bool peers;
-	int count = req->d->pool.count;
-	struct bench_d2d *b = calloc(1, sizeof *b);
-	if (!b) {
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a benchmark");
-		reply_error(req, &err);
-		return;
-	}
-	if (read_bench(req, b, &peers, &err) < 0) {
-		free(b);
-		reply_error(req, &err);
-		return;
-	}
+	const struct bench_d2d_args *a = args;
+	struct bench_d2d *b = spec;
+	(void)err;
+	/* fresh data each run unless a seed is given */
+	b->seed = a->has_seed ? a->seed : (uint64_t)(monotonic_seconds() * 1e9);
+	memcpy(b->sizes, a->sizes, sizeof b->sizes);
+	b->nsizes = a->nsizes;
+	b->device = a->device;
+	b->repeats = (unsigned)a->repeats;
+	b->timeout_ms = (unsigned)a->timeout_ms;
+	b->host = strcmp(req->d->ops->name, "host") == 0;
 	if (b->host)
 		add_note(b, "host backend: every method is a memcpy in host memory, timed with "
 			    "the host clock; no GPU was measured");
-	if (count < 2)
+	if (req->d->pool.count < 2)
 		add_note(b, "one device: no peer rows (a peer pair needs two)");
-	else if (!peers)
+	else if (!a->peers)
 		add_note(b, "peer rows not asked for (peers: false)");
 	else
 		plan_pairs(req->d, b);
-	struct job *job = new_job(req, &kind_bench_d2d, WORK_BENCH_D2D, b->device);
-	if (!job) {
-		free(b);
-		return;
-	}
-	job->work.spec = b;
-	job->release = release_bench_d2d;
-	if (b->npairs > 0 && make_bench_gang(job, b, count) < 0) {
-		job_discard(&req->d->jobs, job);
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a %d-device job",
-			  count);
-		reply_error(req, &err);
-		return;
-	}
-	job_submit(req, job);
+	*device = b->device;
+	return 0;
+}
+
+/* With peer pairs to measure, the job is a gang over every device. */
+static int shape_bench_d2d(struct request *req, const void *args, struct job *job,
+			   struct gpuq_error *err)
+{
+	struct bench_d2d *b = job->work.spec;
+	int count = req->d->pool.count;
+	(void)args;
+	if (b->npairs > 0 && make_bench_gang(job, b, count) < 0)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a %d-device job",
+				 count);
+	return 0;
+}
+
+static const struct spec_job bench_d2d_job = {
+	.kind = &kind_bench_d2d,
+	.work_kind = WORK_BENCH_D2D,
+	.spec_size = sizeof(struct bench_d2d),
+	.what = "a benchmark",
+	.fill = fill_bench_d2d,
+	.shape = shape_bench_d2d,
+	.release = release_bench_d2d,
+};
+
+void op_bench_d2d(struct request *req, void *args)
+{
+	spec_job_submit(req, &bench_d2d_job, args);
 }

@@ -51,51 +51,66 @@ static void release_bench_sched(struct job *job)
 
 static const struct job_kind kind_bench_sched = { "bench_sched", NULL, render_bench_sched };
 
-static int read_bench_sched(struct request *req, struct sched_bench *b, int *device,
-			    struct gpuq_error *err)
+struct bench_sched_args {
+	int device;
+	uint64_t bytes, reps;
+};
+
+static int check_bytes(struct request *req, void *args, struct gpuq_error *err)
 {
-	uint64_t d = 0, bytes = DEFAULT_BYTES, reps = DEFAULT_REPS;
-	if (msg_get_u64(req->map, "device", &d, err) < 0 ||
-	    msg_get_u64(req->map, "bytes", &bytes, err) < 0 ||
-	    msg_get_u64(req->map, "reps", &reps, err) < 0)
-		return -1;
-	if (d >= (uint64_t)req->d->pool.count)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
-				 (unsigned long long)d, req->d->pool.count - 1);
-	if (bytes < MIN_BYTES || bytes > MAX_BYTES || bytes % 4096)
+	const struct bench_sched_args *a = args;
+	(void)req;
+	if (a->bytes < MIN_BYTES || a->bytes > MAX_BYTES || a->bytes % 4096)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'bytes': %llu is not a multiple of 4096 from 1 MiB to 64 GiB",
-				 (unsigned long long)bytes);
-	if (reps < 1 || reps > SCHED_BENCH_MAX_REPS)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'reps': %llu is not 1 to %d",
-				 (unsigned long long)reps, SCHED_BENCH_MAX_REPS);
-	b->bytes = bytes;
-	b->reps = (unsigned)reps;
-	*device = (int)d;
+				 (unsigned long long)a->bytes);
 	return 0;
 }
 
-void op_bench_sched(struct request *req)
+static int check_reps(struct request *req, void *args, struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	int device = 0;
-	struct sched_bench *b = calloc(1, sizeof *b);
-	if (!b) {
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a benchmark");
-		reply_error(req, &err);
-		return;
-	}
-	if (read_bench_sched(req, b, &device, &err) < 0) {
-		free(b);
-		reply_error(req, &err);
-		return;
-	}
-	struct job *job = new_job(req, &kind_bench_sched, WORK_BENCH_SCHED, device);
-	if (!job) {
-		free(b);
-		return;
-	}
-	job->work.spec = b;
-	job->release = release_bench_sched;
-	job_submit(req, job);
+	const struct bench_sched_args *a = args;
+	(void)req;
+	if (a->reps < 1 || a->reps > SCHED_BENCH_MAX_REPS)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'reps': %llu is not 1 to %d",
+				 (unsigned long long)a->reps, SCHED_BENCH_MAX_REPS);
+	return 0;
+}
+
+static const struct args_field bench_sched_fields[] = {
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct bench_sched_args, device) },
+	{ "bytes", ARGS_U64, 0, ARGS_AT(struct bench_sched_args, bytes), .then = check_bytes },
+	{ "reps", ARGS_U64, 0, ARGS_AT(struct bench_sched_args, reps), .then = check_reps },
+};
+static const struct bench_sched_args bench_sched_defaults = {
+	.bytes = DEFAULT_BYTES, .reps = DEFAULT_REPS
+};
+const struct args_spec op_bench_sched_args =
+	ARGS_SPEC(struct bench_sched_args, bench_sched_fields, &bench_sched_defaults);
+
+static int fill_bench_sched(struct request *req, const void *args, void *spec, int *device,
+			    struct gpuq_error *err)
+{
+	const struct bench_sched_args *a = args;
+	struct sched_bench *b = spec;
+	(void)req;
+	(void)err;
+	b->bytes = a->bytes;
+	b->reps = (unsigned)a->reps;
+	*device = a->device;
+	return 0;
+}
+
+static const struct spec_job bench_sched_job = {
+	.kind = &kind_bench_sched,
+	.work_kind = WORK_BENCH_SCHED,
+	.spec_size = sizeof(struct sched_bench),
+	.what = "a benchmark",
+	.fill = fill_bench_sched,
+	.release = release_bench_sched,
+};
+
+void op_bench_sched(struct request *req, void *args)
+{
+	spec_job_submit(req, &bench_sched_job, args);
 }

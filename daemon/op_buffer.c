@@ -21,28 +21,10 @@ static void render_noop(const struct job *job, struct mp_map *out)
 	mp_put_i64(out, "device", job->work.device);
 }
 
-static void render_bytes(const struct job *job, struct mp_map *out)
-{
-	mp_put_u64(out, "bytes", job->work.result.bytes);
-}
-
 static void render_checksum(const struct job *job, struct mp_map *out)
 {
 	mp_put_u64(out, "checksum", job->work.result.checksum);
 	mp_put_u64(out, "bytes", job->work.result.bytes);
-}
-
-static void render_transfer(const struct job *job, struct mp_map *out)
-{
-	const struct work_result *r = &job->work.result;
-	mp_put_u64(out, "bytes", r->bytes);
-	mp_put_f64(out, "seconds", r->seconds);
-	mp_put_f64(out, "gbps", r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0);
-	mp_put_str(out, "path", r->path ? r->path : "none");
-	if (job->work.transfer.verify) { /* a done job's checksums matched */
-		mp_put_bool(out, "verified", true);
-		mp_put_u64(out, "checksum", r->checksum);
-	}
 }
 
 static void render_alloc(const struct job *job, struct mp_map *out)
@@ -83,209 +65,30 @@ static const struct job_kind kind_alloc = { "alloc", finish_alloc, render_alloc 
 static const struct job_kind kind_free = { "free", finish_free, render_bytes };
 static const struct job_kind kind_fill = { "fill", NULL, render_bytes };
 static const struct job_kind kind_checksum = { "checksum", NULL, render_checksum };
-const struct job_kind kind_put = { "put", NULL, render_transfer };
-const struct job_kind kind_get = { "get", NULL, render_transfer };
-
-struct job *new_job(struct request *req, const struct job_kind *kind,
-			   enum work_kind work_kind, int device)
-{
-	struct conn *c = req->conn;
-	struct job *job = job_create(&req->d->jobs, kind, c->uid, c->gid, c->pid);
-	if (!job) {
-		struct gpuq_error err;
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for another job");
-		reply_error(req, &err);
-		return NULL;
-	}
-	job->work.kind = work_kind;
-	job->work.device = device;
-	return job;
-}
-
-void job_attach_buffer(struct job *job, struct buffer *b)
-{
-	job->buffer = b;
-	b->users++;
-	b->last_job = job->id;
-	snprintf(job->buffer_label, sizeof job->buffer_label, "%s@%d", b->name, b->device);
-	snprintf(job->brief.name, sizeof job->brief.name, "%s", b->name);
-	job->brief.device = b->device;
-	job->brief.dtype = b->dtype;
-	job->brief.count = b->count;
-	job->brief.bytes = b->bytes;
-	job->brief.ephemeral = b->conn_serial != 0;
-	job->work.dptr = b->dptr;
-	job->work.device = b->device;
-	job->work.naccess = 0;
-	work_add_access(&job->work, b, 0, b->bytes, true); /* ops that read, or touch less, narrow it */
-}
-
-void work_add_access(struct work *w, const struct buffer *b, uint64_t offset, uint64_t length,
-		     bool write)
-{
-	work_add_range(w, b->dptr, offset, length, write);
-}
-
-void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t length,
-		    bool write)
-{
-	if (!base || w->naccess == WORK_MAX_ACCESS)
-		return; /* a buffer being allocated has no memory yet: nothing to order against */
-	w->access[w->naccess++] = (struct work_access){ base, offset, length, write };
-}
-
-void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write)
-{
-	if (w->naccess == 0)
-		return;
-	w->access[0].off = offset;
-	w->access[0].len = length;
-	w->access[0].write = write;
-}
-
-/* The `device` field: absent means 0; it must name one of this daemon's devices. */
-int read_device(struct request *req, int *device, struct gpuq_error *err)
-{
-	uint64_t d = 0;
-	if (msg_get_u64(req->map, "device", &d, err) < 0)
-		return -1;
-	if (d >= (uint64_t)req->d->pool.count)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
-				 (unsigned long long)d, req->d->pool.count - 1);
-	*device = (int)d;
-	return 0;
-}
-
-int read_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
-{
-	uint64_t o;
-	*owner = req->conn->uid;
-	int rc = msg_get_u64_in(req->map, "owner", 0, GPUQ_MAX_UID, &o, err);
-	if (rc <= 0)
-		return rc;
-	if (req->conn->uid != 0 && o != (uint64_t)req->conn->uid)
-		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
-				 "only root may name another owner's buffers (you are uid %d)",
-				 (int)req->conn->uid);
-	*owner = (uid_t)o;
-	return 0;
-}
-
-/* The buffer named by the `buffer` field, ready for a job to use. */
-/* The buffer the request's `buffer` field names, whatever its state; NULL with err. */
-static struct buffer *lookup_buffer(struct request *req, struct gpuq_error *err)
-{
-	char ref[BUFFER_NAME_MAX + 32], name[BUFFER_NAME_MAX + 1];
-	int device;
-	uid_t owner;
-	int rc = msg_get_str(req->map, "buffer", ref, sizeof ref, err);
-	if (rc == 0)
-		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'buffer' (NAME or NAME@GPU) is required");
-	if (rc <= 0 || buffer_ref_parse(ref, "buffer", name, &device, err) < 0 ||
-	    read_owner(req, &owner, err) < 0)
-		return NULL;
-	return buffer_resolve(&req->d->buffers, owner, name, device, err);
-}
-
-struct buffer *read_buffer(struct request *req, struct gpuq_error *err)
-{
-	struct buffer *b = lookup_buffer(req, err);
-	if (b && buffer_check_usable(b, err) < 0)
-		return NULL;
-	return b;
-}
-
-/*
- * The buffer named by `field`, which may carry a range
- * (NAME@GPU[OFFSET:LENGTH], daemon/buffer.h), ready for a job to use; *ref
- * holds the parsed reference. The range is not checked against the buffer.
- */
-struct buffer *read_buffer_ref(struct request *req, const char *field, struct buffer_ref *ref,
-			       struct gpuq_error *err)
-{
-	char text[BUFFER_NAME_MAX + 96];
-	uid_t owner;
-	int rc = msg_get_str(req->map, field, text, sizeof text, err);
-	if (rc == 0)
-		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			  "field '%s' (NAME, NAME@GPU, optionally [OFFSET:LENGTH]) is required", field);
-	if (rc <= 0 || buffer_ref_parse_range(text, field, ref, err) < 0 ||
-	    read_owner(req, &owner, err) < 0)
-		return NULL;
-	struct buffer *b = buffer_resolve(&req->d->buffers, owner, ref->name, ref->device, err);
-	if (b && buffer_check_usable(b, err) < 0)
-		return NULL;
-	return b;
-}
-
-int read_device_list(struct request *req, int *devices, int *n, struct gpuq_error *err)
-{
-	const msgpack_object *list;
-	*n = 0;
-	int rc = msg_get_array(req->map, "devices", &list, err);
-	if (rc <= 0)
-		return rc;
-	if (list->via.array.size == 0 || list->via.array.size > (uint32_t)req->d->pool.count)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'devices': %u devices listed; give 1 to %d distinct ones",
-				 list->via.array.size, req->d->pool.count);
-	for (uint32_t i = 0; i < list->via.array.size; i++) {
-		const msgpack_object *o = &list->via.array.ptr[i];
-		if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 >= (uint64_t)req->d->pool.count)
-			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-					 "field 'devices': entry %u is not a device of this daemon (0-%d)",
-					 i, req->d->pool.count - 1);
-		for (int j = 0; j < *n; j++)
-			if (devices[j] == (int)o->via.u64)
-				return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-						 "field 'devices': device %d is listed twice", devices[j]);
-		devices[(*n)++] = (int)o->via.u64;
-	}
-	return 1;
-}
-
-int read_bench_sizes(struct request *req, uint64_t *sizes, unsigned max, unsigned *n,
-		     struct gpuq_error *err)
-{
-	static const uint64_t defaults[] = { 256ull << 20, 1ull << 30, 4ull << 30 };
-	static const uint64_t max_size = 1ull << 40;
-	const msgpack_object *list;
-	int rc = msg_get_array(req->map, "sizes", &list, err);
-	*n = 0;
-	if (rc < 0)
-		return -1;
-	if (rc == 0) {
-		for (unsigned i = 0; i < 3 && i < max; i++)
-			sizes[(*n)++] = defaults[i];
-		return 0;
-	}
-	if (list->via.array.size == 0 || list->via.array.size > max)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'sizes': give 1 to %u sizes, not %u",
-				 max, list->via.array.size);
-	for (uint32_t i = 0; i < list->via.array.size; i++) {
-		const msgpack_object *o = &list->via.array.ptr[i];
-		if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 == 0 ||
-		    o->via.u64 > max_size)
-			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-					 "field 'sizes': entry %u is not a byte count from 1 to 1 TiB", i);
-		sizes[(*n)++] = o->via.u64;
-	}
-	return 0;
-}
 
 /* noop on `device`, or as a gang on every device in `devices` (measures gang dispatch). */
-void op_noop(struct request *req)
+struct noop_args {
+	struct args_devices devices;
+	int device;
+};
+
+static bool noop_on_one(const void *args)
 {
+	return ((const struct noop_args *)args)->devices.n == 0;
+}
+
+static const struct args_field noop_fields[] = {
+	{ "devices", ARGS_DEVICES, 0, ARGS_AT(struct noop_args, devices) },
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct noop_args, device), .when = noop_on_one },
+};
+const struct args_spec op_noop_args = ARGS_SPEC(struct noop_args, noop_fields, NULL);
+
+void op_noop(struct request *req, void *args)
+{
+	const struct noop_args *a = args;
 	struct gpuq_error err;
-	int device = 0, devices[GPUQ_MAX_DEVICES], n;
-	int rc = read_device_list(req, devices, &n, &err);
-	if (rc == 0)
-		rc = read_device(req, &device, &err);
-	if (rc < 0) {
-		reply_error(req, &err);
-		return;
-	}
-	struct job *job = new_job(req, &kind_noop, WORK_NOOP, n ? devices[0] : device);
+	int n = a->devices.n;
+	struct job *job = new_job(req, &kind_noop, WORK_NOOP, n ? a->devices.dev[0] : a->device);
 	if (!job)
 		return;
 	/* `devices` makes a gang, even of one: its record lists them (docs/protocol.md) */
@@ -296,124 +99,131 @@ void op_noop(struct request *req)
 		return;
 	}
 	for (int i = 0; i < n && job->parts; i++)
-		job->parts[i].device = devices[i];
+		job->parts[i].device = a->devices.dev[i];
 	job_submit(req, job);
 }
 
-/* bytes, or count with dtype: the buffer's shape. */
-static int read_shape(struct request *req, enum gpuq_dtype *dtype, uint64_t *count,
-		      uint64_t *bytes, struct gpuq_error *err)
+struct alloc_args {
+	char name[BUFFER_NAME_MAX + 2];
+	int device;
+	uint64_t bytes, count;
+	char dtype_name[16];
+	bool has_bytes, has_count, has_dtype;
+	enum gpuq_dtype dtype;     /* from dtype_name; bytes when absent */
+	uint64_t wait_memory_ms;   /* how long to wait for memory others free (0: not at all) */
+	bool shareable, ephemeral;
+};
+
+static int alloc_check_name(struct request *req, void *args, struct gpuq_error *err)
 {
-	char dname[16] = "";
-	int has_bytes = msg_get_u64(req->map, "bytes", bytes, err);
-	int has_count = has_bytes < 0 ? -1 : msg_get_u64(req->map, "count", count, err);
-	int has_dtype = has_count < 0 ? -1 : msg_get_str(req->map, "dtype", dname, sizeof dname, err);
-	if (has_dtype < 0)
-		return -1;
-	*dtype = GPUQ_DTYPE_BYTES;
-	if (has_dtype && gpuq_dtype_from_name(dname, strlen(dname), dtype) < 0)
+	(void)req;
+	return buffer_name_check(((struct alloc_args *)args)->name, err);
+}
+
+/* bytes, or count with dtype: the buffer's shape, both sizes set. */
+static int alloc_check_shape(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct alloc_args *a = args;
+	(void)req;
+	a->dtype = GPUQ_DTYPE_BYTES;
+	if (a->has_dtype && gpuq_dtype_from_name(a->dtype_name, strlen(a->dtype_name), &a->dtype) < 0)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'dtype': '%s' is not one of %s",
-				 dname, gpuq_dtype_list());
-	size_t size = gpuq_dtype_size(*dtype);
-	if (has_bytes == has_count)
+				 a->dtype_name, gpuq_dtype_list());
+	size_t size = gpuq_dtype_size(a->dtype);
+	if (a->has_bytes == a->has_count)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "alloc takes either 'bytes' or 'count' (with 'dtype'), not %s",
-				 has_bytes ? "both" : "neither");
-	if (has_count && !has_dtype)
+				 a->has_bytes ? "both" : "neither");
+	if (a->has_count && !a->has_dtype)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'count' needs 'dtype'");
-	if (has_count) {
-		if (*count == 0 || *count > UINT64_MAX / size)
+	if (a->has_count) {
+		if (a->count == 0 || a->count > UINT64_MAX / size)
 			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'count': %llu is out of range",
-					 (unsigned long long)*count);
-		*bytes = *count * size;
+					 (unsigned long long)a->count);
+		a->bytes = a->count * size;
 	} else {
-		if (*bytes == 0 || *bytes % size)
+		if (a->bytes == 0 || a->bytes % size)
 			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 					 "field 'bytes': %llu is not a positive multiple of %s's %zu bytes",
-					 (unsigned long long)*bytes, gpuq_dtype_name(*dtype), size);
-		*count = *bytes / size;
+					 (unsigned long long)a->bytes, gpuq_dtype_name(a->dtype), size);
+		a->count = a->bytes / size;
 	}
 	return 0;
 }
 
-/* `wait_memory_ms`: how long an alloc may wait for memory others free (0, the default: not at all). */
-static int read_wait_memory(struct request *req, uint64_t *ms, struct gpuq_error *err)
-{
-	if (msg_get_u64(req->map, "wait_memory_ms", ms, err) < 0)
-		return -1;
-	if (*ms > 3600000)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'wait_memory_ms': %llu is out of range (0 to 3600000)",
-				 (unsigned long long)*ms);
-	return 0;
-}
+static const struct args_field alloc_fields[] = {
+	{ "name", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct alloc_args, name),
+	  .then = alloc_check_name },
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct alloc_args, device) },
+	{ "bytes", ARGS_U64, 0, ARGS_AT(struct alloc_args, bytes),
+	  ARGS_GIVEN(struct alloc_args, has_bytes) },
+	{ "count", ARGS_U64, 0, ARGS_AT(struct alloc_args, count),
+	  ARGS_GIVEN(struct alloc_args, has_count) },
+	{ "dtype", ARGS_STR, 0, ARGS_AT(struct alloc_args, dtype_name),
+	  ARGS_GIVEN(struct alloc_args, has_dtype), .then = alloc_check_shape },
+	{ "wait_memory_ms", ARGS_U64, 0, ARGS_AT(struct alloc_args, wait_memory_ms),
+	  .lo = 0, .hi = 3600000 },
+	{ "shareable", ARGS_BOOL, 0, ARGS_AT(struct alloc_args, shareable) },
+	{ "ephemeral", ARGS_BOOL, 0, ARGS_AT(struct alloc_args, ephemeral) },
+};
+const struct args_spec op_alloc_args = ARGS_SPEC(struct alloc_args, alloc_fields, NULL);
 
-void op_alloc(struct request *req)
+void op_alloc(struct request *req, void *args)
 {
+	const struct alloc_args *a = args;
 	struct gpuq_error err;
-	char name[BUFFER_NAME_MAX + 2];
-	int device = 0;
-	enum gpuq_dtype dtype;
-	uint64_t count = 0, bytes = 0, wait_memory_ms = 0;
-	bool shareable = false, ephemeral = false;
-	int rc = msg_get_str(req->map, "name", name, sizeof name, &err);
-	if (rc == 0)
-		rc = gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "field 'name' is required");
-	if (rc < 0 || buffer_name_check(name, &err) < 0 || read_device(req, &device, &err) < 0 ||
-	    read_shape(req, &dtype, &count, &bytes, &err) < 0 ||
-	    read_wait_memory(req, &wait_memory_ms, &err) < 0 ||
-	    msg_get_bool(req->map, "shareable", &shareable, &err) < 0 ||
-	    msg_get_bool(req->map, "ephemeral", &ephemeral, &err) < 0) {
-		reply_error(req, &err);
-		return;
-	}
-	struct buffer *old = buffer_find(&req->d->buffers, req->conn->uid, name, device);
+	struct buffer *old = buffer_find(&req->d->buffers, req->conn->uid, a->name, a->device);
 	if (old) {
 		gpuq_fail(&err, GPUQ_E_EXISTS,
 			  "buffer '%s' already exists on device %d (%llu bytes of %s); free it or pick another name",
-			  name, device, (unsigned long long)old->bytes, gpuq_dtype_name(old->dtype));
+			  a->name, a->device, (unsigned long long)old->bytes, gpuq_dtype_name(old->dtype));
 		reply_error(req, &err);
 		return;
 	}
-	if (quota_check_alloc(req->d, req->conn, device, bytes, &err) < 0) {
+	if (quota_check_alloc(req->d, req->conn, a->device, a->bytes, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
-	struct buffer *b = buffer_add(&req->d->buffers, name, device, req->conn->uid, dtype, count, bytes);
+	struct buffer *b = buffer_add(&req->d->buffers, a->name, a->device, req->conn->uid, a->dtype,
+				      a->count, a->bytes);
 	if (!b) {
 		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for another buffer");
 		reply_error(req, &err);
 		return;
 	}
-	b->conn_serial = ephemeral ? req->conn->serial : 0;
-	struct job *job = new_job(req, &kind_alloc, WORK_ALLOC, device);
+	b->conn_serial = a->ephemeral ? req->conn->serial : 0;
+	struct job *job = new_job(req, &kind_alloc, WORK_ALLOC, a->device);
 	if (!job) {
 		buffer_remove(&req->d->buffers, b);
 		return;
 	}
 	job_attach_buffer(job, b);
-	b->shareable = shareable;
-	job->work.length = bytes;
-	job->work.shareable = shareable;
-	job->work.wait_memory_ms = wait_memory_ms;
+	b->shareable = a->shareable;
+	job->work.length = a->bytes;
+	job->work.shareable = a->shareable;
+	job->work.wait_memory_ms = a->wait_memory_ms;
 	job_submit(req, job);
 }
+
+/* The ops on one whole buffer: free, checksum. */
+struct buffer_args {
+	struct args_buffer buffer;
+};
+
+static const struct args_field free_fields[] = {
+	{ "buffer", ARGS_BUFFER_NAME, ARGS_REQUIRED | ARGS_LOST_OK,
+	  ARGS_AT(struct buffer_args, buffer) },
+};
+const struct args_spec op_free_args = ARGS_SPEC(struct buffer_args, free_fields, NULL);
 
 /*
  * Jobs already on the buffer run first (the scheduler keeps their order).
  * A buffer a device reset lost names no memory: its free needs no device
  * (which may be unhealthy) and is done at once.
  */
-void op_free(struct request *req)
+void op_free(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct buffer *b = lookup_buffer(req, &err);
-	if (b && b->state != BUFFER_LOST && buffer_check_usable(b, &err) < 0)
-		b = NULL;
-	if (!b) {
-		reply_error(req, &err);
-		return;
-	}
+	struct buffer *b = ((struct buffer_args *)args)->buffer.b;
 	struct job *job = new_job(req, &kind_free, WORK_FREE, b->device);
 	if (!job)
 		return;
@@ -429,14 +239,14 @@ void op_free(struct request *req)
 		job_submit(req, job);
 }
 
-void op_checksum(struct request *req)
+static const struct args_field checksum_fields[] = {
+	{ "buffer", ARGS_BUFFER_NAME, ARGS_REQUIRED, ARGS_AT(struct buffer_args, buffer) },
+};
+const struct args_spec op_checksum_args = ARGS_SPEC(struct buffer_args, checksum_fields, NULL);
+
+void op_checksum(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct buffer *b = read_buffer(req, &err);
-	if (!b) {
-		reply_error(req, &err);
-		return;
-	}
+	struct buffer *b = ((struct buffer_args *)args)->buffer.b;
 	struct job *job = new_job(req, &kind_checksum, WORK_CHECKSUM, b->device);
 	if (!job)
 		return;
@@ -450,7 +260,7 @@ void op_checksum(struct request *req)
  * A float fill value as one element of dtype: finite, and not so large that
  * it rounds to infinity there (an f16 holds at most 65504).
  */
-static int read_fill_float(double v, enum gpuq_dtype dtype, uint64_t *bits, struct gpuq_error *err)
+static int fill_float(double v, enum gpuq_dtype dtype, uint64_t *bits, struct gpuq_error *err)
 {
 	static const double max[] = { [GPUQ_DTYPE_F16] = 65504.0, [GPUQ_DTYPE_BF16] = 0x1.fep+127,
 				      [GPUQ_DTYPE_F32] = FLT_MAX, [GPUQ_DTYPE_F64] = DBL_MAX };
@@ -475,20 +285,14 @@ static int read_fill_float(double v, enum gpuq_dtype dtype, uint64_t *bits, stru
 }
 
 /* The `value` field as one element of dtype, little-endian; range-checked. */
-static int read_fill_value(struct request *req, enum gpuq_dtype dtype, uint64_t *bits,
-			   struct gpuq_error *err)
+static int fill_value(const struct args_number *n, enum gpuq_dtype dtype, uint64_t *bits,
+		      struct gpuq_error *err)
 {
-	double v;
-	int rc = msg_get_f64(req->map, "value", &v, err);
-	if (rc == 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "fill value needs field 'value'");
-	if (rc < 0)
-		return -1;
+	double v = n->f;
 	if (gpuq_dtype_is_float(dtype))
-		return read_fill_float(v, dtype, bits, err);
-	int64_t i;
-	struct gpuq_error not_int;
-	if (msg_get_i64(req->map, "value", &i, &not_int) <= 0) {
+		return fill_float(v, dtype, bits, err);
+	int64_t i = n->i;
+	if (!n->is_int) {
 		/* A float holding a whole number will do; anything else does not fit. */
 		if (v != floor(v) || v < -9223372036854775808.0 || v >= 9223372036854775808.0)
 			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %g does not fit in %s",
@@ -504,51 +308,62 @@ static int read_fill_value(struct request *req, enum gpuq_dtype dtype, uint64_t 
 	return 0;
 }
 
-static int read_fill(struct request *req, enum gpuq_dtype dtype, struct fill_spec *spec,
-		     struct gpuq_error *err)
+/* pattern's names, in the order of fill_patterns */
+static const char *const fill_pattern_names[] = { "zero", "value", "iota", "random", NULL };
+static const enum fill_pattern fill_patterns[] = { FILL_ZERO, FILL_VALUE, FILL_IOTA, FILL_RANDOM };
+
+struct fill_args {
+	struct args_buffer buffer;
+	int pattern; /* index in fill_pattern_names */
+	struct args_number value;
+	uint64_t seed;
+	uint64_t value_bits; /* value as one element of the buffer's dtype */
+};
+
+static bool fill_wants_value(const void *args)
 {
-	char pattern[16];
-	int rc = msg_get_str(req->map, "pattern", pattern, sizeof pattern, err);
-	if (rc == 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'pattern' (zero, value, iota, random) is required");
-	if (rc < 0)
-		return -1;
-	memset(spec, 0, sizeof *spec);
-	spec->dtype = dtype;
-	if (strcmp(pattern, "zero") == 0) {
-		spec->pattern = FILL_ZERO;
-	} else if (strcmp(pattern, "iota") == 0) {
-		spec->pattern = FILL_IOTA;
-	} else if (strcmp(pattern, "value") == 0) {
-		spec->pattern = FILL_VALUE;
-		return read_fill_value(req, dtype, &spec->value_bits, err);
-	} else if (strcmp(pattern, "random") == 0) {
-		spec->pattern = FILL_RANDOM;
-		rc = msg_get_u64(req->map, "seed", &spec->seed, err);
-		if (rc == 0)
-			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "fill random needs field 'seed'");
-		return rc < 0 ? -1 : 0;
-	} else {
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'pattern': '%s' is not zero, value, iota or random", pattern);
-	}
-	return 0;
+	return fill_patterns[((const struct fill_args *)args)->pattern] == FILL_VALUE;
 }
 
-void op_fill(struct request *req)
+static bool fill_wants_seed(const void *args)
 {
-	struct gpuq_error err;
-	struct fill_spec spec;
-	struct buffer *b = read_buffer(req, &err);
-	if (!b || read_fill(req, b->dtype, &spec, &err) < 0) {
-		reply_error(req, &err);
-		return;
-	}
+	return fill_patterns[((const struct fill_args *)args)->pattern] == FILL_RANDOM;
+}
+
+static int fill_check_value(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct fill_args *a = args;
+	(void)req;
+	return fill_value(&a->value, a->buffer.b->dtype, &a->value_bits, err);
+}
+
+static const struct args_field fill_fields[] = {
+	{ "buffer", ARGS_BUFFER_NAME, ARGS_REQUIRED, ARGS_AT(struct fill_args, buffer) },
+	{ "pattern", ARGS_ENUM, ARGS_REQUIRED, ARGS_AT(struct fill_args, pattern),
+	  .missing = "field 'pattern' (zero, value, iota, random) is required",
+	  .names = fill_pattern_names, .strsize = 16,
+	  .bad_name = "field 'pattern': '%s' is not zero, value, iota or random" },
+	{ "value", ARGS_NUMBER, ARGS_REQUIRED, ARGS_AT(struct fill_args, value),
+	  .missing = "fill value needs field 'value'", .when = fill_wants_value,
+	  .then = fill_check_value },
+	{ "seed", ARGS_U64, ARGS_REQUIRED, ARGS_AT(struct fill_args, seed),
+	  .missing = "fill random needs field 'seed'", .when = fill_wants_seed },
+};
+const struct args_spec op_fill_args = ARGS_SPEC(struct fill_args, fill_fields, NULL);
+
+void op_fill(struct request *req, void *args)
+{
+	const struct fill_args *a = args;
+	struct buffer *b = a->buffer.b;
 	struct job *job = new_job(req, &kind_fill, WORK_FILL, b->device);
 	if (!job)
 		return;
 	job_attach_buffer(job, b);
-	job->work.fill = spec;
+	memset(&job->work.fill, 0, sizeof job->work.fill);
+	job->work.fill.dtype = b->dtype;
+	job->work.fill.pattern = fill_patterns[a->pattern];
+	job->work.fill.value_bits = a->value_bits;
+	job->work.fill.seed = a->seed;
 	job->work.length = b->bytes;
 	job_submit(req, job);
 }

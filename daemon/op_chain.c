@@ -19,7 +19,8 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
-#include "daemon/op_chain.h"
+#include "daemon/chain_request.h"
+#include "daemon/op_expr.h"
 #include "workers/chain/chain.h"
 #include "workers/bench/chain_bench.h"
 
@@ -140,170 +141,49 @@ static int read_op(const msgpack_object *o, unsigned pos, enum gpuq_dtype dtype,
 	return 0;
 }
 
-static int read_ops(struct request *req, enum gpuq_dtype dtype, struct chain_spec *spec,
-		    struct gpuq_error *err)
+/*
+ * run's arguments: the expression form's (op_expr.h), or the op-list
+ * form's: `buffer`, `ops` (parsed for the buffer's dtype as they decode)
+ * and `out`. The options come between ops and out, as they always did.
+ */
+struct run_args {
+	struct expr_args e; /* first: the expression rows' and options' checks find it */
+	struct args_buffer buffer, out;
+	const msgpack_object *list; /* `ops` */
+	struct kernels_chain_op ops[KERNELS_CHAIN_MAX_OPS];
+	unsigned nops;
+};
+
+static bool op_list_form(const void *args)
 {
-	const msgpack_object *list;
-	int rc = msg_get_array(req->map, "ops", &list, err);
-	if (rc == 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'ops' (a list of [name, args...]) is required");
-	if (rc < 0)
-		return -1;
-	uint32_t n = list->via.array.size;
+	return !expr_form(args);
+}
+
+/* `ops`: 1 to 64 ops for the buffer's dtype, each refusal naming the op's position. */
+static int run_read_ops(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct run_args *a = args;
+	enum gpuq_dtype dtype = a->buffer.b->dtype;
+	uint32_t n = a->list->via.array.size;
+	(void)req;
 	if (n == 0 || n > KERNELS_CHAIN_MAX_OPS)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'ops' has %u ops; a chain has 1 to %d", n, KERNELS_CHAIN_MAX_OPS);
 	for (uint32_t i = 0; i < n; i++)
-		if (read_op(&list->via.array.ptr[i], i + 1, dtype, &spec->ops[i], err) < 0)
+		if (read_op(&a->list->via.array.ptr[i], i + 1, dtype, &a->ops[i], err) < 0)
 			return -1;
-	spec->nops = n;
+	a->nops = n;
 	return 0;
 }
 
-/* The string field key as one of names (find), or its default; -1 with err naming the choices. */
-static int read_choice(struct request *req, const char *key, const char *choices,
-		       int (*find)(const char *, void *), void *out, struct gpuq_error *err)
+/* The out buffer, which must match the input's device, dtype and count; the input itself is in place. */
+static int run_check_out(struct request *req, void *args, struct gpuq_error *err)
 {
-	char value[16];
-	int rc = msg_get_str(req->map, key, value, sizeof value, err);
-	if (rc < 0)
-		return -1;
-	if (rc > 0 && find(value, out) < 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': '%s' is not %s", key, value,
-				 choices);
-	return 0;
-}
-
-static int find_mode(const char *name, void *out)
-{
-	return chain_mode_find(name, out);
-}
-
-static int find_kernel(const char *name, void *out)
-{
-	return chain_kernel_find(name, out);
-}
-
-static int find_math(const char *name, void *out)
-{
-	return chain_math_find(name, out);
-}
-
-int op_chain_read_options(struct request *req, struct chain_spec *spec, struct gpuq_error *err)
-{
-	spec->mode = CHAIN_FUSED;
-	spec->kernel = CHAIN_KERNEL_AUTO;
-	spec->math = CHAIN_MATH_IEEE;
-	spec->repeat = 1;
-	if (read_choice(req, "mode", "fused, graph or eager", find_mode, &spec->mode, err) < 0 ||
-	    read_choice(req, "kernel", "auto, compiled or interpreted", find_kernel, &spec->kernel,
-			err) < 0 ||
-	    read_choice(req, "math", "ieee or fast", find_math, &spec->math, err) < 0 ||
-	    msg_get_u64(req->map, "repeat", &spec->repeat, err) < 0)
-		return -1;
-	if (spec->repeat < 1 || spec->repeat > CHAIN_MAX_REPEAT)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
-				 spec->repeat, CHAIN_MAX_REPEAT);
-	return 0;
-}
-
-int op_chain_check(const struct chain_spec *spec, struct gpuq_error *err)
-{
-	bool reduce = chain_spec_is_reduce(spec);
-	if (reduce && (spec->mode != CHAIN_FUSED || spec->repeat != 1))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "a reduction runs fused once: leave out 'mode' and 'repeat'");
-	if (spec->mode != CHAIN_FUSED && !spec->has_ops)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "mode %s runs one kernel per op, which only a chain of ops on one "
-				 "buffer has (as x = add(sin(x), 1), or 'sin | add 1'); run this "
-				 "expression in mode fused", chain_mode_name(spec->mode));
-	if (spec->mode == CHAIN_GRAPH && spec->repeat * spec->nops > CHAIN_MAX_GRAPH_KERNELS)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "graph mode captures ops x repeat = %" PRIu64 " kernels into one graph, "
-				 "more than %d; lower 'repeat' or use mode fused",
-				 spec->repeat * spec->nops, CHAIN_MAX_GRAPH_KERNELS);
-	if (spec->math == CHAIN_MATH_FAST &&
-	    (spec->mode != CHAIN_FUSED || spec->kernel == CHAIN_KERNEL_INTERPRETED))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "math fast needs a compiled kernel: mode fused with kernel auto or "
-				 "compiled (the interpreted and per-op kernels compute IEEE only)");
-	return 0;
-}
-
-/* How the fused kernel was had: compiled (from where, for what, in how long) or interpreted, and why. */
-static void render_kernel(const struct chain_spec *s, struct mp_map *out)
-{
-	const struct chain_kernel_info *k = &s->result.kernel;
-	if (s->mode != CHAIN_FUSED)
-		return;
-	mp_put_str(out, "kernel", k->compiled ? "compiled" : "interpreted");
-	mp_put_str(out, "math", chain_math_name(k->math));
-	if (k->compiled) {
-		mp_put_str(out, "kernel_source", chain_source_name(k->source));
-		mp_put_str(out, "arch", k->arch);
-		mp_put_f64(out, "compile_ms", k->compile_s * 1e3);
-	}
-	if (k->note[0])
-		mp_put_str(out, "kernel_note", k->note);
-}
-
-void op_chain_render(const struct chain_spec *s, uint64_t bytes, struct mp_map *out)
-{
-	const struct chain_result *r = &s->result;
-	mp_put_str(out, "mode", chain_mode_name(s->mode));
-	mp_put_str(out, "graph", chain_cache_outcome_name(r->cache));
-	mp_put_bool(out, "instantiated", r->instantiated);
-	render_kernel(s, out);
-	if (s->has_ops) {
-		mp_put_u64(out, "ops", s->nops);
-		mp_put_str(out, "dtype", gpuq_dtype_name(s->dtype));
-	}
-	mp_put_u64(out, "repeat", s->repeat);
-	mp_put_u64(out, "kernels", r->kernels);
-	mp_put_u64(out, "count", s->count);
-	mp_put_u64(out, "bytes", bytes);
-	mp_put_f64(out, "prepare_s", r->prepare_s);
-	mp_put_f64(out, "device_s", r->device_s);
-	mp_put_f64(out, "gbps", r->device_s > 0 ? (double)bytes / r->device_s / 1e9 : 0);
-}
-
-/*
- * The `out` field's buffer, resolved as `buffer` is (the caller's, or for
- * root `owner`'s), or NULL with *absent when there is none.
- */
-static struct buffer *resolve_out(struct request *req, bool *absent, struct gpuq_error *err)
-{
-	char ref[BUFFER_NAME_MAX + 32], name[BUFFER_NAME_MAX + 1];
-	int device;
-	uint64_t owner = (uint64_t)req->conn->uid;
-	int rc = msg_get_str(req->map, "out", ref, sizeof ref, err);
-	*absent = rc == 0;
-	if (rc <= 0 || buffer_ref_parse(ref, "out", name, &device, err) < 0 ||
-	    msg_get_u64_in(req->map, "owner", 0, GPUQ_MAX_UID, &owner, err) < 0)
-		return NULL;
-	if (req->conn->uid != 0 && owner != (uint64_t)req->conn->uid) {
-		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
-			  "only root may name another owner's buffers (you are uid %d)",
-			  (int)req->conn->uid);
-		return NULL;
-	}
-	struct buffer *b = buffer_resolve(&req->d->buffers, (uid_t)owner, name, device, err);
-	if (b && buffer_check_usable(b, err) < 0)
-		return NULL;
-	return b;
-}
-
-/* The out buffer, which must match the input's device, dtype and count. */
-static int read_out(struct request *req, const struct buffer *in, struct buffer **out,
-		    struct gpuq_error *err)
-{
-	bool absent;
-	*out = resolve_out(req, &absent, err);
-	if (!*out)
-		return absent ? 0 : -1;
-	const struct buffer *o = *out;
+	struct run_args *a = args;
+	const struct buffer *in = a->buffer.b, *o = a->out.b;
+	(void)req;
+	if (!o)
+		return 0;
 	if (o->device != in->device)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "out '%s@%d' is on gpu %d but buffer '%s@%d' on gpu %d; a chain runs on "
@@ -318,16 +198,36 @@ static int read_out(struct request *req, const struct buffer *in, struct buffer 
 				 in->device, in->count, gpuq_dtype_name(in->dtype), in->count,
 				 gpuq_dtype_name(in->dtype));
 	if (o == in)
-		*out = NULL; /* naming the input is running in place */
+		a->out.b = NULL; /* naming the input is running in place */
 	return 0;
 }
+
+static const struct args_field run_fields[] = {
+	{ "expr", ARGS_PRESENT, 0, ARGS_AT(struct run_args, e.form) },
+	{ "ops", ARGS_PRESENT, 0, ARGS_AT(struct run_args, e.has_ops), .when = expr_form },
+	{ "buffer", ARGS_PRESENT, 0, ARGS_AT(struct run_args, e.has_buffer), .when = expr_form },
+	{ "out", ARGS_PRESENT, 0, ARGS_AT(struct run_args, e.has_out), .when = expr_form,
+	  .then = expr_check_alone },
+	EXPR_FIELDS(struct run_args, e,
+		    "field 'expr' (an expression such as 'y = a * x + y') is required"),
+	{ "buffer", ARGS_BUFFER_NAME, ARGS_REQUIRED, ARGS_AT(struct run_args, buffer),
+	  .when = op_list_form },
+	{ "ops", ARGS_ARRAY, ARGS_REQUIRED, ARGS_AT(struct run_args, list),
+	  .missing = "field 'ops' (a list of [name, args...]) is required", .when = op_list_form,
+	  .then = run_read_ops },
+	CHAIN_OPTION_FIELDS(struct run_args, e.opts),
+	{ "out", ARGS_BUFFER_NAME, 0, ARGS_AT(struct run_args, out), .when = op_list_form,
+	  .then = run_check_out },
+};
+static const struct run_args run_defaults = { .e = { .opts = CHAIN_OPTION_DEFAULTS } };
+const struct args_spec op_run_args = ARGS_SPEC(struct run_args, run_fields, &run_defaults);
 
 static void render_run(const struct job *job, struct mp_map *out)
 {
 	const struct run_job *rj = job->work.spec;
 	if (!rj)
 		return;
-	op_chain_render(&rj->spec, job->work.result.bytes, out);
+	chain_request_render(&rj->spec, job->work.result.bytes, out);
 	if (rj->out_label[0])
 		mp_put_str(out, "out", rj->out_label);
 }
@@ -340,60 +240,63 @@ static void release_spec(struct job *job)
 
 static const struct job_kind kind_run = { .op = "run", .render = render_run };
 
-/* Reads everything but the input buffer into rj; 0, or -1 with err. */
-static int read_run(struct request *req, const struct buffer *b, struct run_job *rj,
-		    struct buffer **out, struct gpuq_error *err)
+/* The op list's program on the buffer (to out), checked against the options. */
+static int run_fill(struct request *req, const void *args, void *spec, int *device,
+		    struct gpuq_error *err)
 {
+	const struct run_args *a = args;
+	const struct buffer *b = a->buffer.b, *out = a->out.b;
+	struct run_job *rj = spec;
 	struct chain_spec *s = &rj->spec;
-	if (read_ops(req, b->dtype, s, err) < 0 || op_chain_read_options(req, s, err) < 0 ||
-	    read_out(req, b, out, err) < 0)
-		return -1;
-	struct kernels_chain_op ops[KERNELS_CHAIN_MAX_OPS];
-	unsigned nops = s->nops;
-	memcpy(ops, s->ops, nops * sizeof ops[0]);
-	chain_spec_from_ops(s, ops, nops, b->dtype, b->dptr, *out ? (*out)->dptr : b->dptr);
+	(void)req;
+	chain_request_apply(&a->e.opts, s);
+	chain_spec_from_ops(s, a->ops, a->nops, b->dtype, b->dptr, out ? out->dptr : b->dptr);
 	s->count = b->count;
-	if (op_chain_check(s, err) < 0)
+	if (chain_request_check(s, err) < 0)
 		return -1;
-	if (*out)
-		snprintf(rj->out_label, sizeof rj->out_label, "%s@%d", (*out)->name, (*out)->device);
+	if (out)
+		snprintf(rj->out_label, sizeof rj->out_label, "%s@%d", out->name, out->device);
+	*device = b->device;
 	return 0;
 }
 
-void op_run(struct request *req)
+/* The job holds the input, and its out buffer as job->buffer2 (which op_jobs.c releases). */
+static int run_shape(struct request *req, const void *args, struct job *job,
+		     struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	struct buffer *out = NULL;
-	if (msg_map_get(req->map, "expr")) {
-		op_run_expr(req);
-		return;
-	}
-	struct run_job *rj = calloc(1, sizeof *rj);
-	struct buffer *b = rj ? read_buffer(req, &err) : NULL;
-	if (!rj)
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for another chain");
-	if (!b || read_run(req, b, rj, &out, &err) < 0) {
-		free(rj);
-		reply_error(req, &err);
-		return;
-	}
-	struct job *job = new_job(req, &kind_run, WORK_CHAIN, b->device);
-	if (!job) {
-		free(rj);
-		return;
-	}
+	const struct run_args *a = args;
+	struct buffer *b = a->buffer.b, *out = a->out.b;
+	(void)req;
+	(void)err;
 	job_attach_buffer(job, b);
-	job->work.spec = rj;
 	job->work.length = b->bytes;
-	job->release = release_spec;
-	if (out) { /* held like the input until the job ends (op_jobs.c releases buffer2) */
+	if (out) {
 		job->buffer2 = out;
 		out->users++;
 		out->last_job = job->id;
 		work_narrow_access(&job->work, 0, b->bytes, false);
 		work_add_access(&job->work, out, 0, out->bytes, true);
 	}
-	job_submit(req, job);
+	return 0;
+}
+
+static const struct spec_job run_job = {
+	.kind = &kind_run,
+	.work_kind = WORK_CHAIN,
+	.spec_size = sizeof(struct run_job),
+	.what = "another chain",
+	.fill = run_fill,
+	.shape = run_shape,
+	.release = release_spec,
+};
+
+void op_run(struct request *req, void *args)
+{
+	const struct run_args *a = args;
+	if (a->e.form)
+		expr_submit(req, &a->e);
+	else
+		spec_job_submit(req, &run_job, a);
 }
 
 /* One device's counters: its worker's, and its chain cache's. */
@@ -423,25 +326,27 @@ static void render_device_stats(struct daemon *d, int index, struct mp_array *ou
 	mp_array_map(out, &m);
 }
 
-void op_stats(struct request *req)
+struct stats_args {
+	int device;
+	bool has_device; /* absent: every device */
+};
+
+static const struct args_field stats_fields[] = {
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct stats_args, device),
+	  ARGS_GIVEN(struct stats_args, has_device) },
+};
+const struct args_spec op_stats_args = ARGS_SPEC(struct stats_args, stats_fields, NULL);
+
+void op_stats(struct request *req, void *args)
 {
+	const struct stats_args *a = args;
 	struct daemon *d = req->d;
-	struct gpuq_error err;
-	uint64_t device = 0;
-	int has_device = msg_get_u64(req->map, "device", &device, &err);
-	if (has_device > 0 && device >= (uint64_t)d->pool.count)
-		has_device = gpuq_fail(&err, GPUQ_E_NOT_FOUND, "device %" PRIu64 " does not exist (devices: 0-%d)",
-				       device, d->pool.count - 1);
-	if (has_device < 0) {
-		reply_error(req, &err);
-		return;
-	}
 	struct mp_map body;
 	struct mp_array devices;
 	mp_map_init(&body);
 	mp_array_init(&devices);
 	for (int i = 0; i < d->pool.count; i++)
-		if (!has_device || (uint64_t)i == device)
+		if (!a->has_device || i == a->device)
 			render_device_stats(d, i, &devices);
 	mp_put_str(&body, "backend", d->ops->name);
 	mp_put_array(&body, "devices", &devices);
@@ -583,57 +488,79 @@ static void render_bench(const struct job *job, struct mp_map *out)
 
 static const struct job_kind kind_bench_chain = { .op = "bench_chain", .render = render_bench };
 
-/* device, bytes (f32, a multiple of 16), repeat and reps, each with its default. */
-static int read_bench(struct request *req, int *device, struct chain_bench *b,
-		      struct gpuq_error *err)
+/* bench_chain: device, bytes (f32, a multiple of 16), repeat and reps, each with its default. */
+struct bench_chain_args {
+	int device;
+	uint64_t bytes, repeat, reps;
+};
+
+static int check_bench_bytes(struct request *req, void *args, struct gpuq_error *err)
 {
-	uint64_t dev = 0, reps = BENCH_DEFAULT_REPS;
-	b->bytes = BENCH_DEFAULT_BYTES;
-	b->launch_repeat = BENCH_DEFAULT_REPEAT;
-	b->launch_count = BENCH_LAUNCH_COUNT;
-	if (msg_get_u64(req->map, "device", &dev, err) < 0 ||
-	    msg_get_u64(req->map, "bytes", &b->bytes, err) < 0 ||
-	    msg_get_u64(req->map, "repeat", &b->launch_repeat, err) < 0 ||
-	    msg_get_u64(req->map, "reps", &reps, err) < 0)
-		return -1;
-	if (dev >= (uint64_t)req->d->pool.count)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %" PRIu64 " does not exist (devices: 0-%d)",
-				 dev, req->d->pool.count - 1);
-	if (b->bytes < 4096 || b->bytes % 16)
+	const struct bench_chain_args *a = args;
+	(void)req;
+	if (a->bytes < 4096 || a->bytes % 16)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'bytes': %" PRIu64 " is not a multiple of 16 of at least 4096", b->bytes);
-	if (b->launch_repeat < 1 || b->launch_repeat > BENCH_MAX_REPEAT)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
-				 b->launch_repeat, BENCH_MAX_REPEAT);
-	if (reps < 1 || reps > CHAIN_MAX_REPS)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'reps': %" PRIu64 " is not 1 to %d", reps,
-				 CHAIN_MAX_REPS);
-	*device = (int)dev;
-	b->reps = (unsigned)reps;
+				 "field 'bytes': %" PRIu64 " is not a multiple of 16 of at least 4096", a->bytes);
 	return 0;
 }
 
-void op_bench_chain(struct request *req)
+static int check_bench_repeat(struct request *req, void *args, struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	int device = 0;
-	struct chain_bench *b = calloc(1, sizeof *b);
-	if (!b) {
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a benchmark");
-		reply_error(req, &err);
-		return;
-	}
-	if (read_bench(req, &device, b, &err) < 0) {
-		free(b);
-		reply_error(req, &err);
-		return;
-	}
-	struct job *job = new_job(req, &kind_bench_chain, WORK_BENCH_CHAIN, device);
-	if (!job) {
-		free(b);
-		return;
-	}
-	job->work.spec = b;
-	job->release = release_spec;
-	job_submit(req, job);
+	const struct bench_chain_args *a = args;
+	(void)req;
+	if (a->repeat < 1 || a->repeat > BENCH_MAX_REPEAT)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeat': %" PRIu64 " is not 1 to %d",
+				 a->repeat, BENCH_MAX_REPEAT);
+	return 0;
+}
+
+static int check_bench_reps(struct request *req, void *args, struct gpuq_error *err)
+{
+	const struct bench_chain_args *a = args;
+	(void)req;
+	if (a->reps < 1 || a->reps > CHAIN_MAX_REPS)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'reps': %" PRIu64 " is not 1 to %d",
+				 a->reps, CHAIN_MAX_REPS);
+	return 0;
+}
+
+static const struct args_field bench_chain_fields[] = {
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct bench_chain_args, device) },
+	{ "bytes", ARGS_U64, 0, ARGS_AT(struct bench_chain_args, bytes), .then = check_bench_bytes },
+	{ "repeat", ARGS_U64, 0, ARGS_AT(struct bench_chain_args, repeat), .then = check_bench_repeat },
+	{ "reps", ARGS_U64, 0, ARGS_AT(struct bench_chain_args, reps), .then = check_bench_reps },
+};
+static const struct bench_chain_args bench_chain_defaults = {
+	.bytes = BENCH_DEFAULT_BYTES, .repeat = BENCH_DEFAULT_REPEAT, .reps = BENCH_DEFAULT_REPS
+};
+const struct args_spec op_bench_chain_args =
+	ARGS_SPEC(struct bench_chain_args, bench_chain_fields, &bench_chain_defaults);
+
+static int fill_bench_chain(struct request *req, const void *args, void *spec, int *device,
+			    struct gpuq_error *err)
+{
+	const struct bench_chain_args *a = args;
+	struct chain_bench *b = spec;
+	(void)req;
+	(void)err;
+	b->bytes = a->bytes;
+	b->launch_repeat = a->repeat;
+	b->launch_count = BENCH_LAUNCH_COUNT;
+	b->reps = (unsigned)a->reps;
+	*device = a->device;
+	return 0;
+}
+
+static const struct spec_job bench_chain_job = {
+	.kind = &kind_bench_chain,
+	.work_kind = WORK_BENCH_CHAIN,
+	.spec_size = sizeof(struct chain_bench),
+	.what = "a benchmark",
+	.fill = fill_bench_chain,
+	.release = release_spec,
+};
+
+void op_bench_chain(struct request *req, void *args)
+{
+	spec_job_submit(req, &bench_chain_job, args);
 }

@@ -189,22 +189,12 @@ static void render_bench(const struct job *job, struct mp_map *out)
 #define COLL_KIND(name) { .op = name, .finish = finish_collective, .render = render_collective }
 #define BENCH_KIND(name) { .op = name, .finish = finish_collective, .render = render_bench }
 
-/* Every collective op: its job kind, and how its request is read. */
-static const struct coll_op_entry {
-	struct job_kind kind;
-	bool group, bench;
-	enum coll_prim prim; /* the one primitive of a request that is not a group */
-} coll_ops[] = {
-	{ COLL_KIND("allreduce"), false, false, COLL_ALLREDUCE },
-	{ COLL_KIND("reduce_scatter"), false, false, COLL_REDUCE_SCATTER },
-	{ COLL_KIND("all_gather"), false, false, COLL_ALL_GATHER },
-	{ COLL_KIND("broadcast"), false, false, COLL_BROADCAST },
-	{ COLL_KIND("reduce"), false, false, COLL_REDUCE },
-	{ COLL_KIND("sendrecv"), false, false, COLL_SENDRECV },
-	{ COLL_KIND("all_to_all"), false, false, COLL_ALL_TO_ALL },
-	{ COLL_KIND("group"), true, false, COLL_ALLREDUCE },
-	{ BENCH_KIND("bench_allreduce"), false, true, COLL_ALLREDUCE },
-	{ BENCH_KIND("bench_collective"), true, true, COLL_ALLREDUCE },
+/* Every collective op's job kind (their arguments: op_collective_read.c). */
+static const struct job_kind coll_kinds[] = {
+	COLL_KIND("allreduce"), COLL_KIND("reduce_scatter"), COLL_KIND("all_gather"),
+	COLL_KIND("broadcast"), COLL_KIND("reduce"), COLL_KIND("sendrecv"),
+	COLL_KIND("all_to_all"), COLL_KIND("group"),
+	BENCH_KIND("bench_allreduce"), BENCH_KIND("bench_collective"),
 };
 
 /*
@@ -348,16 +338,16 @@ static void refuse(struct request *req, struct job *job, struct coll_job *cj,
 	reply_error(req, &err);
 }
 
-static void submit_collective(struct request *req, const struct job_kind *kind, bool group,
-			      enum coll_prim prim, bool bench)
+static void submit_collective(struct request *req, const struct job_kind *kind,
+			      const struct coll_args *a)
 {
 	struct gpuq_error err;
 	struct coll_plan p;
-	if (op_collective_read(req, group, prim, bench, &p, &err) < 0) {
+	if (op_collective_read(req, a, &p, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
-	struct job *job = new_job(req, kind, bench ? WORK_COLLECTIVE_BENCH : WORK_COLLECTIVE,
+	struct job *job = new_job(req, kind, a->bench ? WORK_COLLECTIVE_BENCH : WORK_COLLECTIVE,
 				  p.devices[0]);
 	if (!job) {
 		op_collective_plan_free(&p);
@@ -375,7 +365,7 @@ static void submit_collective(struct request *req, const struct job_kind *kind, 
 		return;
 	}
 	uint64_t timeout_ms = p.timeout_ms;
-	fill_spec(req->d, cj, &p, bench);
+	fill_spec(req->d, cj, &p, a->bench);
 	op_collective_plan_free(&p);
 	job->work.spec = &cj->spec;
 	job->release = release_collective;
@@ -397,21 +387,17 @@ static void submit_collective(struct request *req, const struct job_kind *kind, 
 	job_submit(req, job);
 }
 
-void op_collective(struct request *req)
+void op_collective(struct request *req, void *args)
 {
-	char op[32] = "";
+	const struct coll_args *a = args;
 	struct gpuq_error err;
-	if (msg_get_str(req->map, "op", op, sizeof op, &err) < 0) {
-		reply_error(req, &err);
-		return;
-	}
-	for (size_t i = 0; i < sizeof coll_ops / sizeof coll_ops[0]; i++) {
-		const struct coll_op_entry *e = &coll_ops[i];
-		if (strcmp(op, e->kind.op) == 0) {
-			submit_collective(req, &e->kind, e->group, e->prim, e->bench);
+	for (size_t i = 0; i < sizeof coll_kinds / sizeof coll_kinds[0]; i++) {
+		if (strcmp(a->op, coll_kinds[i].op) == 0) {
+			submit_collective(req, &coll_kinds[i], a);
 			return;
 		}
 	}
-	gpuq_fail(&err, GPUQ_E_INTERNAL, "op '%s' reached the collectives, which do not have it", op);
+	gpuq_fail(&err, GPUQ_E_INTERNAL, "op '%s' reached the collectives, which do not have it",
+		  a->op);
 	reply_error(req, &err);
 }

@@ -47,12 +47,33 @@ struct coll_plan {
 };
 
 /*
- * Reads a request into plan: one primitive (group false: its fields at the
- * top level) or a group (`ops`, each entry one primitive), and the bench's
- * loop sizes when bench. 0, or -1 with err and nothing allocated.
+ * A collective request's top-level fields, decoded from its op's table
+ * (op_collective_read.c): which op it is (the op's defaults say), the
+ * owner, the ranks, the timeout, the benchmark's loop sizes and, in
+ * fault-injection builds, the rank to hang. The primitives themselves (the
+ * request's own fields, or each entry of a group's `ops`) are read into a
+ * plan by op_collective_read, each from its map by its own table.
  */
-int op_collective_read(struct request *req, bool group, enum coll_prim prim, bool bench,
-		      struct coll_plan *plan, struct gpuq_error *err);
+struct coll_args {
+	const char *op;      /* the job kind's name: "allreduce" ... "bench_collective" */
+	bool group, bench;
+	enum coll_prim prim; /* the one primitive of a request that is not a group */
+	uid_t owner;
+	struct args_devices devices;
+	uint64_t timeout_ms, warmup, iters, repeats;
+	bool has_timeout;
+	uint64_t hang_rank;
+	bool has_hang;
+};
+
+/*
+ * Reads the primitives of a decoded request into plan: one primitive
+ * (group false: its fields at the top level) or a group (`ops`, each entry
+ * one primitive), checked against every rank's buffers; the args' knobs
+ * go with it. 0, or -1 with err and nothing allocated.
+ */
+int op_collective_read(struct request *req, const struct coll_args *a, struct coll_plan *plan,
+		       struct gpuq_error *err);
 /* Frees what the plan still owns (tasks and names are NULL once a job took them). */
 void op_collective_plan_free(struct coll_plan *plan);
 

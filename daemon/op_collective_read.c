@@ -1,5 +1,6 @@
 /*
- * Reading a collective request into a plan: each primitive's fields, every
+ * Reading a collective request: its top-level fields as a table (the
+ * owner, the ranks, the knobs), then into a plan each primitive's fields, every
  * rank's buffers checked against NCCL's layout (workers/collective/collective_layout.h:
  * which elements each rank reads and writes for the count), and a group's
  * primitives checked for ranges one writes and another uses. All of it
@@ -32,25 +33,150 @@ struct task_read {
 	int index; /* in plan->tasks */
 };
 
-/* A buffer name field: NAME only, since `devices` says where. 1, 0 when absent, -1. */
-static int read_name(const msgpack_object *map, const char *field, bool required, char *name,
-		     struct gpuq_error *err)
+/*
+ * One primitive's own fields, decoded from its map (the request, or an
+ * entry of a group's `ops`) by its table: the names of its buffers (NAME
+ * only: `devices` says where), or a sendrecv's two ends (NAME@GPU with a
+ * range), its count, and the reduction and the root where the primitive
+ * has them. What they name is resolved against the ranks afterwards.
+ */
+struct prim_args {
+	enum coll_prim prim; /* from the table's defaults */
+	char in_text[BUFFER_NAME_MAX + 32], out_text[BUFFER_NAME_MAX + 32];
+	char in[BUFFER_NAME_MAX + 1], out[BUFFER_NAME_MAX + 1];
+	bool has_out;
+	char src_text[BUFFER_NAME_MAX + 96], dst_text[BUFFER_NAME_MAX + 96];
+	struct buffer_ref src, dst;
+	uint64_t count;
+	bool has_count;
+	int op; /* enum coll_op */
+	uint64_t root;
+};
+
+/* A buffer name field, NAME only: its text parsed into name. */
+static int prim_name(const char *field, const char *text, char *name, struct gpuq_error *err)
 {
-	char ref[BUFFER_NAME_MAX + 32];
 	int device;
-	int rc = msg_get_str(map, field, ref, sizeof ref, err);
-	if (rc == 0 && required)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s' (a buffer NAME) is required", field);
-	if (rc <= 0)
-		return rc;
-	if (buffer_ref_parse(ref, field, name, &device, err) < 0)
+	if (buffer_ref_parse(text, field, name, &device, err) < 0)
 		return -1;
 	if (device >= 0)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field '%s': give the buffer's NAME ('%s'), not NAME@GPU: "
 				 "'devices' says which GPUs take part",
 				 field, name);
-	return 1;
+	return 0;
+}
+
+static int prim_check_in(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct prim_args *a = args;
+	(void)req;
+	return prim_name("buffer", a->in_text, a->in, err);
+}
+
+static int prim_check_out(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct prim_args *a = args;
+	(void)req;
+	return a->has_out ? prim_name("out", a->out_text, a->out, err) : 0;
+}
+
+/* `count` when given: 1 or more; all_to_all runs out of place. */
+static int prim_check_count(struct request *req, void *args, struct gpuq_error *err)
+{
+	const struct prim_args *a = args;
+	(void)req;
+	if (a->has_count && a->count == 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'count': give 1 or more elements");
+	if (a->prim == COLL_ALL_TO_ALL && (!a->has_out || strcmp(a->out, a->in) == 0))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "all_to_all cannot run in place (a rank would overwrite blocks it "
+				 "has yet to send): give 'out', another buffer");
+	return 0;
+}
+
+static int prim_check_src(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct prim_args *a = args;
+	(void)req;
+	return buffer_ref_parse_range(a->src_text, "src", &a->src, err);
+}
+
+static int prim_check_dst(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct prim_args *a = args;
+	(void)req;
+	return buffer_ref_parse_range(a->dst_text, "dst", &a->dst, err);
+}
+
+static bool prim_reduces(const void *args)
+{
+	return coll_prim_reduces(((const struct prim_args *)args)->prim);
+}
+
+static bool prim_has_root(const void *args)
+{
+	return coll_prim_has_root(((const struct prim_args *)args)->prim);
+}
+
+/* The reductions, in enum coll_op's order (ARGS_ENUM gives the index). */
+static const char *const coll_op_names[] = { "sum", "prod", "min", "max", "avg", NULL };
+
+static const struct args_field named_fields[] = {
+	{ "buffer", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct prim_args, in_text),
+	  .missing = "field 'buffer' (a buffer NAME) is required", .then = prim_check_in },
+	{ "out", ARGS_STR, 0, ARGS_AT(struct prim_args, out_text),
+	  ARGS_GIVEN(struct prim_args, has_out), .then = prim_check_out },
+	{ "count", ARGS_U64, 0, ARGS_AT(struct prim_args, count),
+	  ARGS_GIVEN(struct prim_args, has_count), .then = prim_check_count },
+	{ "reduce", ARGS_ENUM, 0, ARGS_AT(struct prim_args, op), .names = coll_op_names,
+	  .strsize = 16, .bad_name = "field 'reduce': '%s' is not one of " COLL_OP_LIST,
+	  .when = prim_reduces },
+	{ "root", ARGS_U64, 0, ARGS_AT(struct prim_args, root), .when = prim_has_root },
+};
+
+static const struct args_field sendrecv_fields[] = {
+	{ "src", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct prim_args, src_text),
+	  .missing = "field 'src' (NAME@GPU, optionally [OFFSET:LENGTH]) is required",
+	  .then = prim_check_src },
+	{ "dst", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct prim_args, dst_text),
+	  .missing = "field 'dst' (NAME@GPU, optionally [OFFSET:LENGTH]) is required",
+	  .then = prim_check_dst },
+	{ "count", ARGS_U64, 0, ARGS_AT(struct prim_args, count),
+	  ARGS_GIVEN(struct prim_args, has_count), .then = prim_check_count },
+};
+
+/* Each primitive's defaults: which it is, and the reduction (sum) when it has one. */
+static const struct prim_args prim_defaults[] = {
+	[COLL_ALLREDUCE] = { .prim = COLL_ALLREDUCE, .op = COLL_SUM },
+	[COLL_REDUCE_SCATTER] = { .prim = COLL_REDUCE_SCATTER, .op = COLL_SUM },
+	[COLL_ALL_GATHER] = { .prim = COLL_ALL_GATHER, .op = COLL_SUM },
+	[COLL_BROADCAST] = { .prim = COLL_BROADCAST, .op = COLL_SUM },
+	[COLL_REDUCE] = { .prim = COLL_REDUCE, .op = COLL_SUM },
+	[COLL_SENDRECV] = { .prim = COLL_SENDRECV, .op = COLL_SUM },
+	[COLL_ALL_TO_ALL] = { .prim = COLL_ALL_TO_ALL, .op = COLL_SUM },
+};
+
+#define PRIM_SPEC(prim_, fields_) ARGS_SPEC(struct prim_args, fields_, &prim_defaults[prim_])
+
+/* Each primitive's table, by enum coll_prim. */
+static const struct args_spec prim_specs[] = {
+	[COLL_ALLREDUCE] = PRIM_SPEC(COLL_ALLREDUCE, named_fields),
+	[COLL_REDUCE_SCATTER] = PRIM_SPEC(COLL_REDUCE_SCATTER, named_fields),
+	[COLL_ALL_GATHER] = PRIM_SPEC(COLL_ALL_GATHER, named_fields),
+	[COLL_BROADCAST] = PRIM_SPEC(COLL_BROADCAST, named_fields),
+	[COLL_REDUCE] = PRIM_SPEC(COLL_REDUCE, named_fields),
+	[COLL_SENDRECV] = PRIM_SPEC(COLL_SENDRECV, sendrecv_fields),
+	[COLL_ALL_TO_ALL] = PRIM_SPEC(COLL_ALL_TO_ALL, named_fields),
+};
+
+/* The primitive's fields from its map, decoded as a request's are (the map stands in for it). */
+static int prim_decode(const struct task_read *tr, enum coll_prim prim, struct prim_args *a,
+		       struct gpuq_error *err)
+{
+	struct request sub = *tr->req;
+	sub.map = tr->map;
+	return args_decode(&sub, &prim_specs[prim], a, err);
 }
 
 /* No `devices`: every device that has the buffer, in index order. */
@@ -89,37 +215,16 @@ static void add_region(struct task_read *tr, struct buffer *b, uint64_t lo, uint
 	};
 }
 
-/* `count` when given: 1 or more. 1 with *count, 0 when absent, -1. */
-static int read_count(const struct task_read *tr, uint64_t *count, struct gpuq_error *err)
+/* The root, a rank: an index into `devices`. */
+static int check_root(const struct task_read *tr, uint64_t root, struct gpuq_error *err)
 {
-	int rc = msg_get_u64(tr->map, "count", count, err);
-	if (rc > 0 && *count == 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'count': give 1 or more elements");
-	return rc;
-}
-
-/* `reduce` for the reducing primitives, `root` for broadcast and reduce. */
-static int read_op_and_root(struct task_read *tr, struct gpuq_error *err)
-{
-	struct coll_task *t = tr->task;
-	char op[16] = "sum";
-	uint64_t root = 0;
-	if (coll_prim_reduces(t->layout.prim)) {
-		if (msg_get_str(tr->map, "reduce", op, sizeof op, err) < 0)
-			return -1;
-		if (coll_op_from_name(op, &t->op) < 0)
-			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-					 "field 'reduce': '%s' is not one of " COLL_OP_LIST, op);
-	}
-	if (coll_prim_has_root(t->layout.prim) && msg_get_u64(tr->map, "root", &root, err) < 0)
-		return -1;
 	if (root >= (uint64_t)tr->plan->n)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'root': rank %" PRIu64 ", but there %s %d rank%s (0-%d); root "
 				 "is a rank, an index into 'devices'",
 				 root, tr->plan->n == 1 ? "is" : "are", tr->plan->n,
 				 tr->plan->n == 1 ? "" : "s", tr->plan->n - 1);
-	t->layout.root = (int)root;
+	tr->task->layout.root = (int)root;
 	return 0;
 }
 
@@ -244,32 +349,22 @@ static int place_rank(struct task_read *tr, int r, bool in_place, struct buffer 
 }
 
 /* A primitive over named buffers (`buffer`, `out`): every one but sendrecv. */
-static int read_named(struct task_read *tr, struct gpuq_error *err)
+static int read_named(struct task_read *tr, const struct prim_args *a, struct gpuq_error *err)
 {
 	struct coll_task *t = tr->task;
 	struct coll_plan *p = tr->plan;
-	char in[BUFFER_NAME_MAX + 1], out[BUFFER_NAME_MAX + 1];
 	struct buffer *bin[GPUQ_MAX_DEVICES] = { NULL }, *bout[GPUQ_MAX_DEVICES] = { NULL };
-	uint64_t count = 0;
-	int has_out, has_count;
-	if (read_name(tr->map, "buffer", true, in, err) < 0 ||
-	    (has_out = read_name(tr->map, "out", false, out, err)) < 0 ||
-	    (has_count = read_count(tr, &count, err)) < 0)
-		return -1;
-	bool in_place = has_out == 0 || strcmp(out, in) == 0;
-	if (in_place && t->layout.prim == COLL_ALL_TO_ALL)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "all_to_all cannot run in place (a rank would overwrite blocks it "
-				 "has yet to send): give 'out', another buffer");
+	bool in_place = !a->has_out || strcmp(a->out, a->in) == 0;
 	bool by_out = t->layout.prim == COLL_BROADCAST && !in_place; /* only the root has `buffer` */
-	if (p->n == 0 && devices_holding(tr, by_out ? out : in, err) < 0)
+	if (p->n == 0 && devices_holding(tr, by_out ? a->out : a->in, err) < 0)
 		return -1;
 	t->layout.nranks = p->n;
-	if (read_op_and_root(tr, err) < 0 ||
-	    resolve_ranks(tr, in, in_place ? NULL : out, bin, bout, err) < 0)
+	t->op = (enum coll_op)a->op;
+	if (check_root(tr, a->root, err) < 0 ||
+	    resolve_ranks(tr, a->in, in_place ? NULL : a->out, bin, bout, err) < 0)
 		return -1;
 	const struct buffer *ref = bin[t->layout.prim == COLL_BROADCAST ? t->layout.root : 0];
-	t->layout.count = has_count ? count : default_count(&t->layout, in_place, ref->count);
+	t->layout.count = a->has_count ? a->count : default_count(&t->layout, in_place, ref->count);
 	if (t->layout.count == 0)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "buffer '%s@%d' holds %" PRIu64 " elements, fewer than the %d ranks "
@@ -278,25 +373,17 @@ static int read_named(struct task_read *tr, struct gpuq_error *err)
 	for (int r = 0; r < p->n; r++)
 		if (place_rank(tr, r, in_place, bin[r], in_place ? bin[r] : bout[r], err) < 0)
 			return -1;
-	snprintf(tr->names->in, sizeof tr->names->in, "%s", in);
-	snprintf(tr->names->out, sizeof tr->names->out, "%s", in_place ? in : out);
+	snprintf(tr->names->in, sizeof tr->names->in, "%s", a->in);
+	snprintf(tr->names->out, sizeof tr->names->out, "%s", in_place ? a->in : a->out);
 	tr->names->in_place = in_place;
 	return 0;
 }
 
-/* One end of a sendrecv: NAME@GPU with an optional range of whole elements. */
-static struct buffer *read_end(struct task_read *tr, const char *field, struct buffer_ref *ref,
-			       uint64_t *length, struct gpuq_error *err)
+/* One end of a sendrecv, parsed: its buffer, with a range of whole elements. */
+static struct buffer *resolve_end(struct task_read *tr, const char *field,
+				  const struct buffer_ref *ref, uint64_t *length, struct gpuq_error *err)
 {
-	char text[BUFFER_NAME_MAX + 96];
-	int rc = msg_get_str(tr->map, field, text, sizeof text, err);
-	if (rc == 0)
-		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			  "field '%s' (NAME@GPU, optionally [OFFSET:LENGTH]) is required", field);
-	if (rc <= 0 || buffer_ref_parse_range(text, field, ref, err) < 0)
-		return NULL;
-	struct buffer *b = buffer_resolve(&tr->req->d->buffers, tr->plan->owner, ref->name,
-					  ref->device, err);
+	struct buffer *b = args_resolve(tr->req, tr->plan->owner, ref->name, ref->device, err);
 	if (!b || buffer_check_usable(b, err) < 0 ||
 	    buffer_range_check(b, ref->offset, ref->has_length, ref->length, length, err) < 0)
 		return NULL;
@@ -355,13 +442,13 @@ static int sendrecv_ranks(struct task_read *tr, const struct buffer *src, const 
 }
 
 /* sendrecv: `src` (on the sending rank) to `dst` (on the receiving one). */
-static int read_sendrecv(struct task_read *tr, struct gpuq_error *err)
+static int read_sendrecv(struct task_read *tr, const struct prim_args *a, struct gpuq_error *err)
 {
 	struct coll_task *t = tr->task;
-	struct buffer_ref sref, dref;
-	uint64_t slen, dlen, count = 0;
-	struct buffer *src = read_end(tr, "src", &sref, &slen, err), *dst = NULL;
-	if (!src || !(dst = read_end(tr, "dst", &dref, &dlen, err)) || read_count(tr, &count, err) < 0)
+	const struct buffer_ref *sref = &a->src, *dref = &a->dst;
+	uint64_t slen, dlen, count = a->has_count ? a->count : 0;
+	struct buffer *src = resolve_end(tr, "src", sref, &slen, err), *dst = NULL;
+	if (!src || !(dst = resolve_end(tr, "dst", dref, &dlen, err)))
 		return -1;
 	if (src->dtype != dst->dtype)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
@@ -379,25 +466,29 @@ static int read_sendrecv(struct task_read *tr, struct gpuq_error *err)
 	if (check_end("src", src, slen, t->layout.count, err) < 0 ||
 	    check_end("dst", dst, dlen, t->layout.count, err) < 0 || sendrecv_ranks(tr, src, dst, err) < 0)
 		return -1;
-	if (src == dst && sref.offset < dref.offset + bytes && dref.offset < sref.offset + bytes)
+	if (src == dst && sref->offset < dref->offset + bytes && dref->offset < sref->offset + bytes)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "src and dst overlap in '%s@%d' (bytes %" PRIu64 " and %" PRIu64
 				 ", %" PRIu64 " each); give ranges apart",
-				 src->name, src->device, sref.offset, dref.offset, bytes);
-	t->in[t->layout.root] = (char *)src->dptr + sref.offset;
-	t->out[t->layout.peer] = (char *)dst->dptr + dref.offset;
-	add_region(tr, src, sref.offset, sref.offset + bytes, false);
-	add_region(tr, dst, dref.offset, dref.offset + bytes, true);
-	name_end(tr->names->in, sizeof tr->names->in, src, sref.offset, bytes);
-	name_end(tr->names->out, sizeof tr->names->out, dst, dref.offset, bytes);
+				 src->name, src->device, sref->offset, dref->offset, bytes);
+	t->in[t->layout.root] = (char *)src->dptr + sref->offset;
+	t->out[t->layout.peer] = (char *)dst->dptr + dref->offset;
+	add_region(tr, src, sref->offset, sref->offset + bytes, false);
+	add_region(tr, dst, dref->offset, dref->offset + bytes, true);
+	name_end(tr->names->in, sizeof tr->names->in, src, sref->offset, bytes);
+	name_end(tr->names->out, sizeof tr->names->out, dst, dref->offset, bytes);
 	return 0;
 }
 
+/* One primitive: its fields decoded from its map, then what they name resolved on the ranks. */
 static int read_task(struct task_read *tr, enum coll_prim prim, struct gpuq_error *err)
 {
+	struct prim_args a;
 	tr->task->layout.prim = prim;
 	tr->task->op = COLL_SUM;
-	return prim == COLL_SENDRECV ? read_sendrecv(tr, err) : read_named(tr, err);
+	if (prim_decode(tr, prim, &a, err) < 0)
+		return -1;
+	return prim == COLL_SENDRECV ? read_sendrecv(tr, &a, err) : read_named(tr, &a, err);
 }
 
 /* "ops[2] (sendrecv): " before a group entry's error (its end may be cut). */
@@ -492,40 +583,110 @@ static int check_overlaps(struct coll_plan *p, struct gpuq_error *err)
 	return 0;
 }
 
-static int read_u64_in(struct request *req, const char *field, uint64_t lo, uint64_t hi,
-		       uint64_t *out, struct gpuq_error *err)
+/* A knob given outside [lo, hi]: the refusal names the field and the range. */
+static int knob_range(const char *field, uint64_t v, uint64_t lo, uint64_t hi,
+		      struct gpuq_error *err)
 {
-	int rc = msg_get_u64(req->map, field, out, err);
-	if (rc > 0 && (*out < lo || *out > hi))
+	if (v < lo || v > hi)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': %" PRIu64 " is not in %" PRIu64
-				 " to %" PRIu64, field, *out, lo, hi);
-	return rc < 0 ? -1 : 0;
+				 " to %" PRIu64, field, v, lo, hi);
+	return 0;
 }
 
-/* The timeout, the benchmark's loop sizes and (in test builds) the hang to inject. */
-static int read_knobs(struct request *req, struct coll_plan *p, bool bench, struct gpuq_error *err)
+static int check_devices(struct request *req, void *args, struct gpuq_error *err)
 {
-	p->timeout_ms = req->d->opt.collective_timeout_ms;
-	p->warmup = BENCH_DEFAULT_WARMUP;
-	p->iters = BENCH_DEFAULT_ITERS;
-	p->repeats = BENCH_DEFAULT_REPEATS;
-	if (read_u64_in(req, "collective_timeout_ms", 1, COLL_MAX_TIMEOUT_MS, &p->timeout_ms, err) < 0)
-		return -1;
-	if (bench && (read_u64_in(req, "warmup", 0, BENCH_MAX_WARMUP, &p->warmup, err) < 0 ||
-		      read_u64_in(req, "iters", 1, BENCH_MAX_ITERS, &p->iters, err) < 0 ||
-		      read_u64_in(req, "repeats", 1, BENCH_MAX_REPEATS, &p->repeats, err) < 0))
-		return -1;
+	const struct coll_args *a = args;
+	(void)req;
+	if (a->group && a->devices.n == 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'devices' (the ranks, in order) is required: every collective "
+				 "of a group runs on the same ranks");
+	return 0;
+}
+
+static int check_timeout(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct coll_args *a = args;
+	if (!a->has_timeout)
+		a->timeout_ms = req->d->opt.collective_timeout_ms;
+	return a->has_timeout ? knob_range("collective_timeout_ms", a->timeout_ms, 1,
+					   COLL_MAX_TIMEOUT_MS, err) : 0;
+}
+
+static int check_warmup(struct request *req, void *args, struct gpuq_error *err)
+{
+	(void)req;
+	return knob_range("warmup", ((const struct coll_args *)args)->warmup, 0, BENCH_MAX_WARMUP, err);
+}
+
+static int check_iters(struct request *req, void *args, struct gpuq_error *err)
+{
+	(void)req;
+	return knob_range("iters", ((const struct coll_args *)args)->iters, 1, BENCH_MAX_ITERS, err);
+}
+
+static int check_repeats(struct request *req, void *args, struct gpuq_error *err)
+{
+	(void)req;
+	return knob_range("repeats", ((const struct coll_args *)args)->repeats, 1, BENCH_MAX_REPEATS,
+			  err);
+}
+
+static bool is_bench(const void *args)
+{
+	return ((const struct coll_args *)args)->bench;
+}
+
+static const struct args_field coll_fields[] = {
+	{ "owner", ARGS_OWNER, 0, ARGS_AT(struct coll_args, owner) },
+	{ "devices", ARGS_DEVICES, 0, ARGS_AT(struct coll_args, devices), .then = check_devices },
+	{ "collective_timeout_ms", ARGS_U64, 0, ARGS_AT(struct coll_args, timeout_ms),
+	  ARGS_GIVEN(struct coll_args, has_timeout), .then = check_timeout },
+	{ "warmup", ARGS_U64, 0, ARGS_AT(struct coll_args, warmup), .when = is_bench,
+	  .then = check_warmup },
+	{ "iters", ARGS_U64, 0, ARGS_AT(struct coll_args, iters), .when = is_bench,
+	  .then = check_iters },
+	{ "repeats", ARGS_U64, 0, ARGS_AT(struct coll_args, repeats), .when = is_bench,
+	  .then = check_repeats },
 #ifdef GPUQ_FAULT_INJECTION
-	uint64_t hang = 0;
-	int rc = msg_get_u64(req->map, "inject_hang_rank", &hang, err);
-	if (rc < 0)
-		return -1;
-	if (rc > 0 && hang >= (uint64_t)p->n)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'inject_hang_rank': %" PRIu64
-				 " is not a rank (0-%d)", hang, p->n - 1);
-	if (rc > 0)
-		p->hang_rank = (int)hang;
+	{ "inject_hang_rank", ARGS_U64, 0, ARGS_AT(struct coll_args, hang_rank),
+	  ARGS_GIVEN(struct coll_args, has_hang) },
 #endif
+};
+
+/* One spec per op: the same fields, and defaults that say which op it is. */
+#define COLL_ARGS(name, group_, bench_, prim_)                                                 \
+	static const struct coll_args name##_defaults = {                                     \
+		.op = #name, .group = group_, .bench = bench_, .prim = prim_,                   \
+		.warmup = BENCH_DEFAULT_WARMUP, .iters = BENCH_DEFAULT_ITERS,                   \
+		.repeats = BENCH_DEFAULT_REPEATS,                                               \
+	};                                                                                      \
+	const struct args_spec op_##name##_args =                                               \
+		ARGS_SPEC(struct coll_args, coll_fields, &name##_defaults)
+
+COLL_ARGS(allreduce, false, false, COLL_ALLREDUCE);
+COLL_ARGS(reduce_scatter, false, false, COLL_REDUCE_SCATTER);
+COLL_ARGS(all_gather, false, false, COLL_ALL_GATHER);
+COLL_ARGS(broadcast, false, false, COLL_BROADCAST);
+COLL_ARGS(reduce, false, false, COLL_REDUCE);
+COLL_ARGS(sendrecv, false, false, COLL_SENDRECV);
+COLL_ARGS(all_to_all, false, false, COLL_ALL_TO_ALL);
+COLL_ARGS(group, true, false, COLL_ALLREDUCE);
+COLL_ARGS(bench_allreduce, false, true, COLL_ALLREDUCE);
+COLL_ARGS(bench_collective, true, true, COLL_ALLREDUCE);
+
+/* The knobs into the plan, once its ranks are known (a hang names one). */
+static int plan_knobs(const struct coll_args *a, struct coll_plan *p, struct gpuq_error *err)
+{
+	p->timeout_ms = a->timeout_ms;
+	p->warmup = a->warmup;
+	p->iters = a->iters;
+	p->repeats = a->repeats;
+	if (a->has_hang && a->hang_rank >= (uint64_t)p->n)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'inject_hang_rank': %" PRIu64
+				 " is not a rank (0-%d)", a->hang_rank, p->n - 1);
+	if (a->has_hang)
+		p->hang_rank = (int)a->hang_rank;
 	return 0;
 }
 
@@ -546,20 +707,16 @@ static int read_tasks(struct request *req, struct coll_plan *p, enum coll_prim p
 	return check_overlaps(p, err);
 }
 
-int op_collective_read(struct request *req, bool group, enum coll_prim prim, bool bench,
-		      struct coll_plan *plan, struct gpuq_error *err)
+int op_collective_read(struct request *req, const struct coll_args *a, struct coll_plan *plan,
+		       struct gpuq_error *err)
 {
 	memset(plan, 0, sizeof *plan);
-	plan->group = group;
+	plan->group = a->group;
 	plan->hang_rank = -1;
-	int rc = read_owner(req, &plan->owner, err);
-	if (rc == 0)
-		rc = read_device_list(req, plan->devices, &plan->n, err);
-	if (rc == 0 && group)
-		rc = gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			       "field 'devices' (the ranks, in order) is required: every collective "
-			       "of a group runs on the same ranks");
-	if (rc >= 0 && read_tasks(req, plan, prim, err) == 0 && read_knobs(req, plan, bench, err) == 0)
+	plan->owner = a->owner;
+	plan->n = a->devices.n;
+	memcpy(plan->devices, a->devices.dev, sizeof plan->devices);
+	if (read_tasks(req, plan, a->prim, err) == 0 && plan_knobs(a, plan, err) == 0)
 		return 0;
 	op_collective_plan_free(plan);
 	return -1;

@@ -79,164 +79,181 @@ static void release_copy(struct job *job)
 
 static const struct job_kind kind_copy = { "copy", NULL, render_copy };
 
-/* One side: the buffer, its range checked, and its label "NAME@GPU[OFF:LEN]". */
-struct copy_side {
-	struct buffer *b;
-	struct buffer_ref ref;
-	uint64_t offset, length;
+/*
+ * The request, decoded (daemon/args.h): both sides resolved and their
+ * ranges checked, then the engine, the route and the tuning, each checked
+ * as its field decodes, in the order the checks were always made.
+ */
+struct copy_args {
+	struct args_buffer src, dst; /* NAME[@GPU][[OFFSET:LENGTH]] */
+	uint64_t src_length, dst_length; /* each side's range, checked */
+	char engine_name[8], path_name[16];
+	uint64_t chunk, timeout_ms;
+	bool has_chunk, verify;
+	enum copy_engine engine; /* from engine_name */
+	enum copy_route route;   /* from path_name and the devices' links */
+	const char *path;        /* what the result says */
+	uint64_t chunk_bytes;
 };
 
-/* A side's failure, its message prefixed with the field (`src` or `dst`). */
-static int side_fail(const char *field, struct gpuq_error *err)
+/* A side's range within its buffer; a refusal names the field. */
+static int check_side(const char *field, struct args_buffer *side, uint64_t *length,
+		      struct gpuq_error *err)
 {
-	struct gpuq_error inner = *err;
-	return gpuq_fail(err, inner.code, "field '%s': %s", field, inner.message);
+	const struct buffer_ref *ref = &side->ref;
+	if (buffer_range_check(side->b, ref->offset, ref->has_length, ref->length, length, err) < 0)
+		return args_key_named(field, err);
+	return 0;
 }
 
-static int read_side(struct request *req, const char *field, struct copy_side *side,
-		     struct gpuq_error *err)
+static int check_src(struct request *req, void *args, struct gpuq_error *err)
 {
-	side->b = read_buffer_ref(req, field, &side->ref, err);
-	if (!side->b) {
-		if (err->code == GPUQ_E_NOT_FOUND && side->ref.device >= req->d->pool.count)
-			return gpuq_fail(err, GPUQ_E_NOT_FOUND,
-					 "field '%s': device %d does not exist (devices: 0-%d)", field,
-					 side->ref.device, req->d->pool.count - 1);
-		return err->code == GPUQ_E_BAD_REQUEST ? -1 : side_fail(field, err);
-	}
-	side->offset = side->ref.offset;
-	if (buffer_range_check(side->b, side->offset, side->ref.has_length, side->ref.length,
-			       &side->length, err) < 0)
-		return side_fail(field, err);
-	return 0;
+	struct copy_args *a = args;
+	(void)req;
+	return check_side("src", &a->src, &a->src_length, err);
 }
 
 /* The source's length goes; the destination's range must hold it; one buffer may not overlap. */
-static int check_sides(const struct copy_side *src, const struct copy_side *dst,
-		       struct gpuq_error *err)
+static int check_dst(struct request *req, void *args, struct gpuq_error *err)
 {
-	uint64_t n = src->length;
-	if (dst->length < n)
+	struct copy_args *a = args;
+	(void)req;
+	if (check_side("dst", &a->dst, &a->dst_length, err) < 0)
+		return -1;
+	const struct buffer *sb = a->src.b, *db = a->dst.b;
+	uint64_t n = a->src_length, so = a->src.ref.offset, doff = a->dst.ref.offset;
+	if (a->dst_length < n)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "the destination %s%s holds %llu bytes but the source %s%s has %llu; "
 				 "give a larger destination range or a shorter source range",
-				 dst->b->name, dst->ref.has_range ? " range" : "",
-				 (unsigned long long)dst->length, src->b->name,
-				 src->ref.has_range ? " range" : "", (unsigned long long)n);
-	if (src->b == dst->b && n > 0 && src->offset < dst->offset + n &&
-	    dst->offset < src->offset + n)
+				 db->name, a->dst.ref.has_range ? " range" : "",
+				 (unsigned long long)a->dst_length, sb->name,
+				 a->src.ref.has_range ? " range" : "", (unsigned long long)n);
+	if (sb == db && n > 0 && so < doff + n && doff < so + n)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "source [%llu, %llu) and destination [%llu, %llu) overlap in buffer "
 				 "'%s@%d'; a copy within one buffer needs ranges that do not overlap",
-				 (unsigned long long)src->offset, (unsigned long long)(src->offset + n),
-				 (unsigned long long)dst->offset, (unsigned long long)(dst->offset + n),
-				 src->b->name, src->b->device);
+				 (unsigned long long)so, (unsigned long long)(so + n),
+				 (unsigned long long)doff, (unsigned long long)(doff + n), sb->name,
+				 sb->device);
 	return 0;
 }
 
-static int read_engine(struct request *req, bool same_device, struct copy_spec *s,
-		       struct gpuq_error *err)
+static int check_engine(struct request *req, void *args, struct gpuq_error *err)
 {
-	char engine[8] = "ce";
-	int rc = msg_get_str(req->map, "engine", engine, sizeof engine, err);
-	if (rc < 0)
-		return -1;
-	if (strcmp(engine, "ce") == 0)
-		s->engine = COPY_ENGINE_CE;
-	else if (strcmp(engine, "sm") == 0)
-		s->engine = COPY_ENGINE_SM;
+	struct copy_args *a = args;
+	(void)req;
+	if (strcmp(a->engine_name, "ce") == 0)
+		a->engine = COPY_ENGINE_CE;
+	else if (strcmp(a->engine_name, "sm") == 0)
+		a->engine = COPY_ENGINE_SM;
 	else
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'engine': '%s' is not ce or sm",
-				 engine);
-	if (s->engine == COPY_ENGINE_SM && !same_device)
+				 a->engine_name);
+	if (a->engine == COPY_ENGINE_SM && a->src.b->device != a->dst.b->device)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "engine sm copies within one GPU; a copy between GPUs %d and %d goes "
 				 "by the peer link or through host memory (drop --engine sm)",
-				 s->src_device, s->dst_device);
+				 a->src.b->device, a->dst.b->device);
 	return 0;
 }
 
 /* `path`: auto (default), peer or host-staged; decides the route with the devices' links. */
-static int read_route(struct request *req, struct copy_spec *s, struct gpuq_error *err)
+static int check_route(struct request *req, void *args, struct gpuq_error *err)
 {
-	char path[16] = "auto";
-	bool direct;
-	if (msg_get_str(req->map, "path", path, sizeof path, err) < 0)
-		return -1;
-	bool staged = strcmp(path, "host-staged") == 0, peer = strcmp(path, "peer") == 0;
-	if (!staged && !peer && strcmp(path, "auto") != 0)
+	struct copy_args *a = args;
+	int src = a->src.b->device, dst = a->dst.b->device;
+	bool direct, staged = strcmp(a->path_name, "host-staged") == 0,
+		     peer = strcmp(a->path_name, "peer") == 0;
+	if (!staged && !peer && strcmp(a->path_name, "auto") != 0)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'path': '%s' is not auto, peer or host-staged", path);
-	if (s->src_device == s->dst_device) {
+				 "field 'path': '%s' is not auto, peer or host-staged", a->path_name);
+	if (src == dst) {
 		if (staged || peer)
 			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 					 "field 'path': '%s' is for copies between devices; this one is "
 					 "within gpu %d",
-					 path, s->src_device);
-		s->route = COPY_ROUTE_SAME;
+					 a->path_name, src);
+		a->route = COPY_ROUTE_SAME;
 		bool host = strcmp(req->d->ops->name, "host") == 0;
-		s->path = host ? "host-memcpy" : s->engine == COPY_ENGINE_SM ? "sm" : "ce";
+		a->path = host ? "host-memcpy" : a->engine == COPY_ENGINE_SM ? "sm" : "ce";
 		return 0;
 	}
-	const char *link = copy_peer_path(req->d, s->src_device, s->dst_device, &direct);
+	const char *link = copy_peer_path(req->d, src, dst, &direct);
 	if (peer && !direct)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "path peer: gpu %d cannot read gpu %d's buffers directly (no peer "
 				 "access); use path auto or host-staged",
-				 s->dst_device, s->src_device);
-	s->route = direct && !staged ? COPY_ROUTE_PEER : COPY_ROUTE_STAGED;
-	s->path = s->route == COPY_ROUTE_PEER ? link : "host-staged";
+				 dst, src);
+	a->route = direct && !staged ? COPY_ROUTE_PEER : COPY_ROUTE_STAGED;
+	a->path = a->route == COPY_ROUTE_PEER ? link : "host-staged";
 	return 0;
 }
 
-static int read_tuning(struct request *req, struct copy_spec *s, uint64_t *timeout_ms,
-		       struct gpuq_error *err)
+/* chunk_bytes and peer_timeout_ms, once every tuning field has its type checked. */
+static int check_tuning(struct request *req, void *args, struct gpuq_error *err)
 {
-	uint64_t chunk = 0;
-	*timeout_ms = COPY_TIMEOUT_MS;
-	int has_chunk = msg_get_u64(req->map, "chunk_bytes", &chunk, err);
-	if (has_chunk < 0 || msg_get_u64(req->map, "peer_timeout_ms", timeout_ms, err) < 0 ||
-	    msg_get_bool(req->map, "verify", &s->verify, err) < 0)
-		return -1;
-	uint64_t max = s->route == COPY_ROUTE_STAGED ? COPY_RING_SLOT_MAX : MAX_CHUNK;
-	if (has_chunk && (chunk == 0 || chunk > max))
+	struct copy_args *a = args;
+	(void)req;
+	uint64_t max = a->route == COPY_ROUTE_STAGED ? COPY_RING_SLOT_MAX : MAX_CHUNK;
+	if (a->has_chunk && (a->chunk == 0 || a->chunk > max))
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'chunk_bytes': %llu is not 1 to %llu for this path",
-				 (unsigned long long)chunk, (unsigned long long)max);
-	if (*timeout_ms < 1 || *timeout_ms > MAX_PEER_TIMEOUT_MS)
+				 (unsigned long long)a->chunk, (unsigned long long)max);
+	if (a->timeout_ms < 1 || a->timeout_ms > MAX_PEER_TIMEOUT_MS)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'peer_timeout_ms': %llu is not 1 to %u",
-				 (unsigned long long)*timeout_ms, MAX_PEER_TIMEOUT_MS);
-	s->chunk_bytes = has_chunk ? chunk
-			 : s->route == COPY_ROUTE_STAGED ? COPY_RING_SLOT
-			 : s->route == COPY_ROUTE_PEER ? COPY_PEER_CHUNK
+				 (unsigned long long)a->timeout_ms, MAX_PEER_TIMEOUT_MS);
+	a->chunk_bytes = a->has_chunk ? a->chunk
+			 : a->route == COPY_ROUTE_STAGED ? COPY_RING_SLOT
+			 : a->route == COPY_ROUTE_PEER ? COPY_PEER_CHUNK
 						       : COPY_SAME_CHUNK;
 	return 0;
 }
 
-static void label_side(char *out, size_t size, const struct copy_side *side, uint64_t n)
+static const struct args_field copy_fields[] = {
+	{ "src", ARGS_BUFFER, ARGS_REQUIRED | ARGS_KEY_NAMED, ARGS_AT(struct copy_args, src),
+	  .then = check_src },
+	{ "dst", ARGS_BUFFER, ARGS_REQUIRED | ARGS_KEY_NAMED, ARGS_AT(struct copy_args, dst),
+	  .then = check_dst },
+	{ "engine", ARGS_STR, 0, ARGS_AT(struct copy_args, engine_name), .then = check_engine },
+	{ "path", ARGS_STR, 0, ARGS_AT(struct copy_args, path_name), .then = check_route },
+	{ "chunk_bytes", ARGS_U64, 0, ARGS_AT(struct copy_args, chunk),
+	  ARGS_GIVEN(struct copy_args, has_chunk) },
+	{ "peer_timeout_ms", ARGS_U64, 0, ARGS_AT(struct copy_args, timeout_ms) },
+	{ "verify", ARGS_BOOL, 0, ARGS_AT(struct copy_args, verify), .then = check_tuning },
+};
+static const struct copy_args copy_defaults = {
+	.engine_name = "ce", .path_name = "auto", .timeout_ms = COPY_TIMEOUT_MS
+};
+const struct args_spec op_copy_args = ARGS_SPEC(struct copy_args, copy_fields, &copy_defaults);
+
+static void label_side(char *out, size_t size, const struct args_buffer *side, uint64_t n)
 {
 	snprintf(out, size, "%s@%d[%llu:%llu]", side->b->name, side->b->device,
-		 (unsigned long long)side->offset, (unsigned long long)n);
+		 (unsigned long long)side->ref.offset, (unsigned long long)n);
 }
 
-/* Everything the request says, checked; fills s and the sides. */
-static int read_copy(struct request *req, struct copy_spec *s, struct copy_side *src,
-		     struct copy_side *dst, uint64_t *timeout_ms, struct gpuq_error *err)
+static int fill_copy(struct request *req, const void *args, void *spec, int *device,
+		     struct gpuq_error *err)
 {
-	if (read_side(req, "src", src, err) < 0 || read_side(req, "dst", dst, err) < 0 ||
-	    check_sides(src, dst, err) < 0)
-		return -1;
-	s->src_device = src->b->device;
-	s->dst_device = dst->b->device;
-	s->bytes = src->length;
-	s->src = (const char *)src->b->dptr + src->offset;
-	s->dst = (char *)dst->b->dptr + dst->offset;
-	label_side(s->src_label, sizeof s->src_label, src, s->bytes);
-	label_side(s->dst_label, sizeof s->dst_label, dst, s->bytes);
-	if (read_engine(req, s->src_device == s->dst_device, s, err) < 0 ||
-	    read_route(req, s, err) < 0 || read_tuning(req, s, timeout_ms, err) < 0)
-		return -1;
+	const struct copy_args *a = args;
+	struct copy_spec *s = spec;
+	(void)req;
+	(void)err;
+	s->src_device = a->src.b->device;
+	s->dst_device = a->dst.b->device;
+	s->bytes = a->src_length;
+	s->src = (const char *)a->src.b->dptr + a->src.ref.offset;
+	s->dst = (char *)a->dst.b->dptr + a->dst.ref.offset;
+	label_side(s->src_label, sizeof s->src_label, &a->src, s->bytes);
+	label_side(s->dst_label, sizeof s->dst_label, &a->dst, s->bytes);
+	s->engine = a->engine;
+	s->route = a->route;
+	s->path = a->path;
+	s->chunk_bytes = a->chunk_bytes;
+	s->verify = a->verify;
+	*device = s->src_device;
 	return 0;
 }
 
@@ -258,50 +275,45 @@ static int make_copy_gang(struct job *job, struct copy_spec *s, unsigned timeout
 }
 
 /* Within a device one work reads the source and writes the destination; a gang splits them. */
-static void copy_set_access(struct job *job, const struct copy_side *src, const struct copy_side *dst,
-			    uint64_t bytes)
+static void copy_set_access(struct job *job, const struct copy_args *a, uint64_t bytes)
 {
 	struct work *s = job->parts ? &job->parts[COPY_PART_SRC] : &job->work;
 	struct work *d = job->parts ? &job->parts[COPY_PART_DST] : &job->work;
 	s->naccess = d->naccess = 0;
-	work_add_access(s, src->b, src->offset, bytes, false);
-	work_add_access(d, dst->b, dst->offset, bytes, true);
+	work_add_access(s, a->src.b, a->src.ref.offset, bytes, false);
+	work_add_access(d, a->dst.b, a->dst.ref.offset, bytes, true);
 }
 
-void op_copy(struct request *req)
+/* Between devices a gang of two; then both buffers held for the job's life. */
+static int shape_copy(struct request *req, const void *args, struct job *job,
+		      struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	struct copy_side src, dst;
-	uint64_t timeout_ms = COPY_TIMEOUT_MS;
-	struct copy_spec *s = calloc(1, sizeof *s);
-	if (!s) {
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a copy");
-		reply_error(req, &err);
-		return;
-	}
-	if (read_copy(req, s, &src, &dst, &timeout_ms, &err) < 0) {
-		free(s);
-		reply_error(req, &err);
-		return;
-	}
-	struct job *job = new_job(req, &kind_copy, WORK_COPY, s->src_device);
-	if (!job) {
-		free(s);
-		return;
-	}
-	job->work.spec = s;
-	job->release = release_copy;
-	if (s->route != COPY_ROUTE_SAME && make_copy_gang(job, s, (unsigned)timeout_ms) < 0) {
-		job_discard(&req->d->jobs, job);
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for a two-device copy");
-		reply_error(req, &err);
-		return;
-	}
-	job_attach_buffer(job, src.b);
-	job->buffer2 = dst.b;
-	dst.b->users++;
-	dst.b->last_job = job->id;
+	const struct copy_args *a = args;
+	struct copy_spec *s = job->work.spec;
+	(void)req;
+	if (s->route != COPY_ROUTE_SAME && make_copy_gang(job, s, (unsigned)a->timeout_ms) < 0)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "gpuqd has no memory for a two-device copy");
+	job_attach_buffer(job, a->src.b);
+	job->buffer2 = a->dst.b;
+	a->dst.b->users++;
+	a->dst.b->last_job = job->id;
 	job->work.length = s->bytes;
-	copy_set_access(job, &src, &dst, s->bytes);
-	job_submit(req, job);
+	copy_set_access(job, a, s->bytes);
+	return 0;
+}
+
+static const struct spec_job copy_job = {
+	.kind = &kind_copy,
+	.work_kind = WORK_COPY,
+	.spec_size = sizeof(struct copy_spec),
+	.what = "a copy",
+	.fill = fill_copy,
+	.shape = shape_copy,
+	.release = release_copy,
+};
+
+void op_copy(struct request *req, void *args)
+{
+	spec_job_submit(req, &copy_job, args);
 }

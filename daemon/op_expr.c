@@ -1,13 +1,14 @@
 /*
  * Expressions over buffers, the main thread's part: `run` with `expr`
  * ('y = a * x + y') and `reduce` ('sum(abs(x - y))'). It parses the
- * expression (workers/chain/chain_expr.h), resolves each variable to one of the
- * caller's buffers (or `owner`'s, for root; on `device` when the name says
- * no @GPU and the request gives one), binds them (one device, one count or
- * one element, float dtypes, no buffer named twice), checks what the
- * options allow, holds every buffer until the job ends, and hands the
- * worker a struct chain_spec. A refusal names the column it is about and
- * shows it:
+ * expression (workers/chain/chain_expr.h) as its arguments decode (the
+ * rows of op_expr.h: the text is parsed once `device` is known, and each
+ * variable is resolved to one of the caller's buffers, or `owner`'s for
+ * root, on `device` when the name says no @GPU and the request gives one,
+ * and bound: one device, one count or one element, float dtypes, no buffer
+ * named twice); the job then checks what the options allow, holds every
+ * buffer until it ends, and hands the worker a struct chain_spec. A
+ * refusal names the column it is about and shows it:
  *
  *   expression column 9: buffer 'q' not found on gpu 0 (buffers there: a, x, y)
  *     y = a * q + y
@@ -22,14 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/op_chain.h"
-#include "workers/chain/chain_expr.h"
+#include "daemon/op_expr.h"
 
 struct expr_job {
 	struct chain_spec spec; /* first: work.spec points here */
 	struct buffer *held[KERNELS_EXPR_MAX_VARS];
 	unsigned nheld;
-	char *text;
+	char text[CHAIN_EXPR_TEXT_MAX + 1];
 };
 
 /*
@@ -51,99 +51,65 @@ static int expr_fail(struct gpuq_error *err, enum gpuq_errc code, const char *te
 			 (int)(at - from) + (cut_left ? 3 : 0), "");
 }
 
-/* The variable's buffer: NAME@GPU, or NAME on `device` when given, else wherever it is. */
-static struct buffer *expr_resolve(struct request *req, const struct chain_expr_var *v,
-				   uid_t owner, int device, struct gpuq_error *err)
+bool expr_form(const void *args)
 {
-	struct buffer *b = buffer_resolve(&req->d->buffers, owner, v->name,
-					  v->device >= 0 ? v->device : device, err);
+	return ((const struct expr_args *)args)->form;
+}
+
+int expr_check_alone(struct request *req, void *args, struct gpuq_error *err)
+{
+	const struct expr_args *a = args;
+	(void)req;
+	if (!a->reduce && (a->has_ops || a->has_buffer || a->has_out))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "run takes either 'expr', or 'buffer' with "
+				 "'ops' (and 'out'), not both");
+	return 0;
+}
+
+int expr_parse(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct expr_args *a = args;
+	struct chain_expr_error e;
+	(void)req;
+	if (chain_expr_parse(a->text, a->reduce, &a->x, &e) < 0)
+		return expr_fail(err, GPUQ_E_BAD_REQUEST, a->text, e.col, e.msg);
+	return 0;
+}
+
+/* The variable's buffer: NAME@GPU, or NAME on `device` when given, else wherever it is. */
+static struct buffer *expr_resolve(struct request *req, const struct expr_args *a,
+				   const struct chain_expr_var *v, struct gpuq_error *err)
+{
+	int device = v->device >= 0 ? v->device : a->has_device ? a->device : -1;
+	struct buffer *b = args_resolve(req, a->owner, v->name, device, err);
 	if (b && buffer_check_usable(b, err) < 0)
 		return NULL;
 	return b;
 }
 
-/* Every variable's buffer, bound; the spec's program and buffers set. */
-static int expr_bind(struct request *req, struct expr_job *ej, struct chain_expr *x, int device,
-		     struct gpuq_error *err)
+/* Every variable's buffer, resolved, and the program bound to them (typed); a->count set. */
+int expr_bind(struct request *req, void *args, struct gpuq_error *err)
 {
+	struct expr_args *a = args;
+	struct chain_expr *x = &a->x;
 	struct chain_expr_binding b[KERNELS_EXPR_MAX_VARS];
-	void *var[KERNELS_EXPR_MAX_VARS];
 	struct chain_expr_error e;
 	struct gpuq_error found;
-	uid_t owner;
-	if (read_owner(req, &owner, err) < 0)
-		return -1;
 	for (unsigned v = 0; v < x->nvars; v++) {
-		struct buffer *buf = expr_resolve(req, &x->vars[v], owner, device, &found);
+		struct buffer *buf = expr_resolve(req, a, &x->vars[v], &found);
 		if (!buf)
-			return expr_fail(err, found.code, ej->text, x->vars[v].col, found.message);
-		ej->held[v] = buf;
-		var[v] = buf->dptr;
+			return expr_fail(err, found.code, a->text, x->vars[v].col, found.message);
+		a->held[v] = buf;
 		b[v] = (struct chain_expr_binding){ buf->dtype, buf->count, buf->device, buf };
 	}
-	if (chain_expr_bind(x, b, &ej->spec.count, &e) < 0)
-		return expr_fail(err, GPUQ_E_BAD_REQUEST, ej->text, e.col, e.msg);
-	chain_spec_set_program(&ej->spec, &x->prog, var);
+	if (chain_expr_bind(x, b, &a->count, &e) < 0)
+		return expr_fail(err, GPUQ_E_BAD_REQUEST, a->text, e.col, e.msg);
 	return 0;
-}
-
-/* `count` (reduce): the first N elements, at most the expression's. */
-static int expr_read_count(struct request *req, struct chain_spec *s, struct gpuq_error *err)
-{
-	uint64_t n = s->count;
-	if (msg_get_u64(req->map, "count", &n, err) < 0)
-		return -1;
-	if (n > s->count)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'count': %" PRIu64 " is more than the expression's %" PRIu64
-				 " elements", n, s->count);
-	s->count = n;
-	return 0;
-}
-
-/* The request into ej: text, program, buffers, options. */
-static int expr_read(struct request *req, bool reduce, struct expr_job *ej, struct gpuq_error *err)
-{
-	char *text = malloc(CHAIN_EXPR_TEXT_MAX + 2);
-	struct chain_expr *x = malloc(sizeof *x);
-	struct chain_expr_error e;
-	uint64_t device = UINT64_MAX;
-	int rc = -1;
-	ej->text = text;
-	if (!text || !x) {
-		gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for an expression");
-		goto out;
-	}
-	int has = msg_get_str(req->map, "expr", text, CHAIN_EXPR_TEXT_MAX + 1, err);
-	if (has == 0)
-		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'expr' (an expression such as %s) is required",
-			  reduce ? "'sum(abs(x - y))'" : "'y = a * x + y'");
-	if (has <= 0 || msg_get_u64(req->map, "device", &device, err) < 0)
-		goto out;
-	if (device != UINT64_MAX && device >= (uint64_t)req->d->pool.count) {
-		gpuq_fail(err, GPUQ_E_NOT_FOUND, "device %" PRIu64 " does not exist (devices: 0-%d)",
-			  device, req->d->pool.count - 1);
-		goto out;
-	}
-	if (chain_expr_parse(text, reduce, x, &e) < 0) {
-		expr_fail(err, GPUQ_E_BAD_REQUEST, text, e.col, e.msg);
-		goto out;
-	}
-	if (expr_bind(req, ej, x, device == UINT64_MAX ? -1 : (int)device, err) < 0 ||
-	    op_chain_read_options(req, &ej->spec, err) < 0 || (reduce && expr_read_count(req, &ej->spec, err) < 0))
-		goto out;
-	rc = op_chain_check(&ej->spec, err);
-out:
-	free(x);
-	return rc;
 }
 
 static void expr_release(struct job *job)
 {
-	struct expr_job *ej = job->work.spec;
-	if (ej)
-		free(ej->text);
-	free(ej);
+	free(job->work.spec);
 	job->work.spec = NULL;
 }
 
@@ -179,7 +145,7 @@ static void render_expr_run(const struct job *job, struct mp_map *out)
 	if (!ej)
 		return;
 	mp_put_str(out, "expr", ej->text);
-	op_chain_render(&ej->spec, job->work.result.bytes, out);
+	chain_request_render(&ej->spec, job->work.result.bytes, out);
 	if (ej->held[0])
 		render_outputs(ej, out);
 }
@@ -193,7 +159,7 @@ static void render_reduce(const struct job *job, struct mp_map *out)
 	unsigned kind = s->prog.reduce;
 	mp_put_str(out, "expr", ej->text);
 	mp_put_str(out, "reduce", chain_prog_reduce_name(kind));
-	op_chain_render(s, job->work.result.bytes, out);
+	chain_request_render(s, job->work.result.bytes, out);
 	if (job->state != GPUQ_JOB_DONE)
 		return;
 	double v = chain_reduce_finish(kind, &s->result.value, s->count);
@@ -223,14 +189,38 @@ static bool expr_stores(const struct chain_spec *spec, unsigned var)
 	return false;
 }
 
-/* The job for ej on its buffers' device; it holds them all. NULL when req was answered. */
-static struct job *expr_job(struct request *req, const struct job_kind *kind, struct expr_job *ej,
-			    unsigned nvars)
+/* The spec from the decoded expression, checked against the options; the text kept for the result. */
+static int expr_fill(struct request *req, const void *args, void *spec, int *device,
+		     struct gpuq_error *err)
 {
+	const struct expr_args *a = args;
+	struct expr_job *ej = spec;
+	void *var[KERNELS_EXPR_MAX_VARS];
+	unsigned nvars = a->x.prog.nvars;
+	(void)req;
+	for (unsigned v = 0; v < nvars; v++) {
+		ej->held[v] = a->held[v];
+		var[v] = a->held[v]->dptr;
+	}
+	chain_spec_set_program(&ej->spec, &a->x.prog, var);
+	ej->spec.count = a->count;
+	chain_request_apply(&a->opts, &ej->spec);
+	if (chain_request_check(&ej->spec, err) < 0)
+		return -1;
+	memcpy(ej->text, a->text, sizeof ej->text);
+	*device = ej->held[ej->spec.prog.nstmts ? ej->spec.prog.stmt_var[0] : 0]->device;
+	return 0;
+}
+
+/* The job holds every variable's buffer; it is aimed at the first output (reduce: the first input). */
+static int expr_shape(struct request *req, const void *args, struct job *job,
+		      struct gpuq_error *err)
+{
+	struct expr_job *ej = job->work.spec;
+	unsigned nvars = ((const struct expr_args *)args)->x.prog.nvars;
 	struct buffer *first = ej->held[ej->spec.prog.nstmts ? ej->spec.prog.stmt_var[0] : 0];
-	struct job *job = new_job(req, kind, WORK_CHAIN, first->device);
-	if (!job)
-		return NULL;
+	(void)req;
+	(void)err;
 	job_attach_buffer(job, first);
 	job->work.naccess = 0; /* each variable's buffer, written only when a statement stores it */
 	for (unsigned v = 0; v < nvars; v++) {
@@ -241,51 +231,76 @@ static struct job *expr_job(struct request *req, const struct job_kind *kind, st
 		ej->held[v]->last_job = job->id;
 	}
 	ej->nheld = nvars;
-	job->work.spec = ej;
 	job->work.length = first->bytes;
-	job->release = expr_release;
-	return job;
+	return 0;
 }
 
-static void expr_op(struct request *req, bool reduce)
+static const struct spec_job expr_run_job = {
+	.kind = &kind_expr_run,
+	.work_kind = WORK_CHAIN,
+	.spec_size = sizeof(struct expr_job),
+	.what = "an expression",
+	.fill = expr_fill,
+	.shape = expr_shape,
+	.release = expr_release,
+};
+
+static const struct spec_job expr_reduce_job = {
+	.kind = &kind_reduce,
+	.work_kind = WORK_CHAIN,
+	.spec_size = sizeof(struct expr_job),
+	.what = "an expression",
+	.fill = expr_fill,
+	.shape = expr_shape,
+	.release = expr_release,
+};
+
+void expr_submit(struct request *req, const struct expr_args *a)
 {
-	struct gpuq_error err;
-	struct expr_job *ej = calloc(1, sizeof *ej);
-	if (!ej) {
-		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd has no memory for an expression");
-		reply_error(req, &err);
-		return;
-	}
-	if (!reduce && (msg_map_get(req->map, "ops") || msg_map_get(req->map, "buffer") ||
-			msg_map_get(req->map, "out"))) {
-		gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "run takes either 'expr', or 'buffer' with 'ops' "
-			  "(and 'out'), not both");
-		goto refuse;
-	}
-	if (expr_read(req, reduce, ej, &err) < 0)
-		goto refuse;
-	unsigned nvars = ej->spec.prog.nvars;
-	memset(ej->held + nvars, 0, sizeof ej->held - nvars * sizeof ej->held[0]);
-	struct job *job = expr_job(req, reduce ? &kind_reduce : &kind_expr_run, ej, nvars);
-	if (!job) {
-		free(ej->text);
-		free(ej);
-		return;
-	}
-	job_submit(req, job);
-	return;
-refuse:
-	free(ej->text);
-	free(ej);
-	reply_error(req, &err);
+	spec_job_submit(req, a->reduce ? &expr_reduce_job : &expr_run_job, a);
 }
 
-void op_run_expr(struct request *req)
+/* reduce_expr's arguments: the expression's, and `count`. */
+struct reduce_args {
+	struct expr_args e; /* first: the rows' checks find it */
+	uint64_t want;      /* `count` */
+};
+
+/*
+ * reduce_expr's `count`: the first N elements, at most the expression's.
+ * A reduction runs fused once, so giving `mode` or `repeat` at all is
+ * refused, even their defaults (docs/protocol.md, reduce_expr).
+ */
+static int reduce_check_count(struct request *req, void *args, struct gpuq_error *err)
 {
-	expr_op(req, false);
+	struct reduce_args *a = args;
+	(void)req;
+	if (a->e.has_count && a->want > a->e.count)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'count': %" PRIu64 " is more than the expression's %" PRIu64
+				 " elements", a->want, a->e.count);
+	if (a->e.has_count)
+		a->e.count = a->want;
+	if (a->e.opts.has_mode || a->e.opts.has_repeat)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "a reduction runs fused once: leave out 'mode' and 'repeat'");
+	return 0;
 }
 
-void op_reduce_expr(struct request *req)
+static const struct args_field reduce_fields[] = {
+	EXPR_FIELDS(struct reduce_args, e,
+		    "field 'expr' (an expression such as 'sum(abs(x - y))') is required"),
+	CHAIN_OPTION_FIELDS(struct reduce_args, e.opts),
+	{ "count", ARGS_U64, 0, ARGS_AT(struct reduce_args, want),
+	  ARGS_GIVEN(struct reduce_args, e.has_count), .then = reduce_check_count },
+};
+static const struct reduce_args reduce_defaults = {
+	.e = { .opts = CHAIN_OPTION_DEFAULTS, .form = true, .reduce = true },
+};
+const struct args_spec op_reduce_expr_args =
+	ARGS_SPEC(struct reduce_args, reduce_fields, &reduce_defaults);
+
+void op_reduce_expr(struct request *req, void *args)
 {
-	expr_op(req, true);
+	expr_submit(req, &((const struct reduce_args *)args)->e);
 }

@@ -3,9 +3,13 @@
 
 #include "daemon/daemon.h"
 
-void op_ping(struct request *req)
+const struct args_spec op_ping_args = ARGS_NONE;
+const struct args_spec op_devices_args = ARGS_NONE;
+
+void op_ping(struct request *req, void *args)
 {
 	struct daemon *d = req->d;
+	(void)args;
 	struct mp_map body;
 	mp_map_init(&body);
 	mp_put_str(&body, "server", "gpuqd " GPUQD_VERSION);
@@ -101,9 +105,10 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	mp_array_map(out, &m);
 }
 
-void op_devices(struct request *req)
+void op_devices(struct request *req, void *args)
 {
 	struct daemon *d = req->d;
+	(void)args;
 	struct mp_map body;
 	struct mp_array devices;
 	mp_map_init(&body);
@@ -133,18 +138,21 @@ static void render_buffer(const struct buffer *b, double now, struct mp_array *o
 	mp_array_map(out, &m);
 }
 
-void op_buffers(struct request *req)
+/* buffers: the caller's (root: everyone's), on `device` if given. */
+struct buffers_args {
+	int device;
+	bool has_device;
+};
+
+static const struct args_field buffers_fields[] = {
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct buffers_args, device),
+	  ARGS_GIVEN(struct buffers_args, has_device) },
+};
+const struct args_spec op_buffers_args = ARGS_SPEC(struct buffers_args, buffers_fields, NULL);
+
+void op_buffers(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	uint64_t device = 0;
-	int has_device = msg_get_u64(req->map, "device", &device, &err);
-	if (has_device > 0 && device >= (uint64_t)req->d->pool.count)
-		has_device = gpuq_fail(&err, GPUQ_E_NOT_FOUND, "device %llu does not exist (devices: 0-%d)",
-				       (unsigned long long)device, req->d->pool.count - 1);
-	if (has_device < 0) {
-		reply_error(req, &err);
-		return;
-	}
+	const struct buffers_args *a = args;
 	uid_t uid = req->conn->uid;
 	double now = monotonic_seconds();
 	struct mp_map body;
@@ -152,7 +160,7 @@ void op_buffers(struct request *req)
 	mp_map_init(&body);
 	mp_array_init(&list);
 	for (const struct buffer *b = req->d->buffers.head; b; b = b->next) {
-		if ((uid != 0 && b->owner != uid) || (has_device && (uint64_t)b->device != device))
+		if ((uid != 0 && b->owner != uid) || (a->has_device && b->device != a->device))
 			continue;
 		render_buffer(b, now, &list);
 	}

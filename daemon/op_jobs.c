@@ -23,35 +23,51 @@ static void reply_record(struct request *req, const struct job *job, int cancel_
 	reply_ok(req, &body);
 }
 
-/* The job named by the request's `job` field, if the caller may see it. */
-static struct job *lookup_job(struct request *req, struct gpuq_error *err)
-{
+/* The ops on one job: status, wait, cancel. `job` is resolved to one the caller may see. */
+struct job_args {
 	uint64_t id;
-	int rc = msg_get_u64(req->map, "job", &id, err);
-	if (rc == 0)
-		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'job' (the job id) is required");
-	if (rc <= 0)
-		return NULL;
-	struct job *job = job_find(&req->d->jobs, id);
-	if (!job) {
-		gpuq_fail(err, GPUQ_E_NOT_FOUND,
-			  "job %llu not found (ids so far: 1-%llu; the last %u finished jobs are kept)",
-			  (unsigned long long)id, (unsigned long long)(req->d->jobs.next_id - 1),
-			  req->d->jobs.history_max);
-		return NULL;
-	}
-	if (!quota_may_see(req->d, req->conn, job->owner)) {
-		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
-			  "job %llu belongs to uid %d (rule: a job is its owner's, root's and the admin group's)",
-			  (unsigned long long)id, (int)job->owner);
-		return NULL;
-	}
-	return job;
+	struct job *job;
+	struct wait_options wait; /* wait only */
+};
+
+/* The job named by `job`, if the caller may see it. */
+static int job_args_resolve(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct job_args *a = args;
+	struct job *job = job_find(&req->d->jobs, a->id);
+	if (!job)
+		return gpuq_fail(err, GPUQ_E_NOT_FOUND,
+				 "job %llu not found (ids so far: 1-%llu; the last %u finished jobs are kept)",
+				 (unsigned long long)a->id, (unsigned long long)(req->d->jobs.next_id - 1),
+				 req->d->jobs.history_max);
+	if (!quota_may_see(req->d, req->conn, job->owner))
+		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+				 "job %llu belongs to uid %d (rule: a job is its owner's, root's and the admin group's)",
+				 (unsigned long long)a->id, (int)job->owner);
+	a->job = job;
+	return 0;
 }
 
-void op_jobs(struct request *req)
+#define JOB_FIELD                                                                     \
+	{ "job", ARGS_U64, ARGS_REQUIRED, ARGS_AT(struct job_args, id),               \
+	  .missing = "field 'job' (the job id) is required", .then = job_args_resolve }
+static const struct args_field job_fields[] = { JOB_FIELD };
+static const struct args_field wait_fields[] = {
+	JOB_FIELD,
+	{ "wait", ARGS_BOOL, 0, ARGS_AT(struct job_args, wait.wait) },
+	{ "timeout_ms", ARGS_U64, 0, ARGS_AT(struct job_args, wait.timeout_ms) },
+	{ "progress", ARGS_BOOL, 0, ARGS_AT(struct job_args, wait.progress) },
+};
+#undef JOB_FIELD
+const struct args_spec op_status_args = ARGS_SPEC(struct job_args, job_fields, NULL);
+const struct args_spec op_cancel_args = ARGS_SPEC(struct job_args, job_fields, NULL);
+const struct args_spec op_wait_args = ARGS_SPEC(struct job_args, wait_fields, NULL);
+const struct args_spec op_jobs_args = ARGS_NONE;
+
+void op_jobs(struct request *req, void *args)
 {
 	struct mp_map body;
+	(void)args;
 	struct mp_array list;
 	mp_map_init(&body);
 	mp_array_init(&list);
@@ -68,39 +84,23 @@ void op_jobs(struct request *req)
 	reply_ok(req, &body);
 }
 
-void op_status(struct request *req)
+void op_status(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct job *job = lookup_job(req, &err);
-	if (!job)
-		reply_error(req, &err);
-	else
-		reply_record(req, job, -1);
+	reply_record(req, ((struct job_args *)args)->job, -1);
 }
 
-void op_wait(struct request *req)
+void op_wait(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct wait_options opts;
-	struct job *job = lookup_job(req, &err);
-	if (job && read_wait_options(req, &opts, &err) < 0)
-		job = NULL;
-	if (!job)
-		reply_error(req, &err);
-	else if (job_is_finished(job))
-		reply_outcome(req->conn, req->id, job);
+	const struct job_args *a = args;
+	if (job_is_finished(a->job))
+		reply_outcome(req->conn, req->id, a->job);
 	else
-		wait_for(req, job, &opts);
+		wait_for(req, a->job, &a->wait);
 }
 
-void op_cancel(struct request *req)
+void op_cancel(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct job *job = lookup_job(req, &err);
-	if (!job) {
-		reply_error(req, &err);
-		return;
-	}
+	struct job *job = ((struct job_args *)args)->job;
 	if (job_is_finished(job)) {
 		reply_record(req, job, 0);
 		return;

@@ -160,19 +160,6 @@ static void finish_attach(struct daemon *d, struct job *job)
 
 static const struct job_kind kind_attach = { "attach", finish_attach, render_attach };
 
-/* `mode`: read or read-write (the default). */
-static int read_lease_mode(struct request *req, bool *write, struct gpuq_error *err)
-{
-	char mode[16] = "read-write";
-	if (msg_get_str(req->map, "mode", mode, sizeof mode, err) < 0)
-		return -1;
-	*write = strcmp(mode, "read-write") == 0;
-	if (!*write && strcmp(mode, "read") != 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'mode': '%s' is not read or read-write",
-				 mode);
-	return 0;
-}
-
 /* Only a shareable buffer of the caller's (root: anyone's) may be attached. */
 static int check_attachable(const struct request *req, const struct buffer *b,
 			    struct gpuq_error *err)
@@ -231,15 +218,44 @@ static struct lease *lease_new(struct request *req, struct job *job, struct buff
 	return l;
 }
 
-void op_attach(struct request *req)
-{
-	struct gpuq_error err;
+/* attach: a shareable `buffer`, and `mode`: read or read-write (the default). */
+struct attach_args {
+	struct args_buffer buffer;
+	char mode[16];
 	bool write;
-	struct buffer *b = read_buffer(req, &err);
-	if (!b || check_attachable(req, b, &err) < 0 || read_lease_mode(req, &write, &err) < 0) {
-		reply_error(req, &err);
-		return;
-	}
+};
+
+static int attach_check_buffer(struct request *req, void *args, struct gpuq_error *err)
+{
+	return check_attachable(req, ((struct attach_args *)args)->buffer.b, err);
+}
+
+static int attach_check_mode(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct attach_args *a = args;
+	(void)req;
+	a->write = strcmp(a->mode, "read-write") == 0;
+	if (!a->write && strcmp(a->mode, "read") != 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'mode': '%s' is not read or read-write",
+				 a->mode);
+	return 0;
+}
+
+static const struct args_field attach_fields[] = {
+	{ "buffer", ARGS_BUFFER_NAME, ARGS_REQUIRED, ARGS_AT(struct attach_args, buffer),
+	  .then = attach_check_buffer },
+	{ "mode", ARGS_STR, 0, ARGS_AT(struct attach_args, mode), .then = attach_check_mode },
+};
+static const struct attach_args attach_defaults = { .mode = "read-write" };
+const struct args_spec op_attach_args = ARGS_SPEC(struct attach_args, attach_fields,
+						  &attach_defaults);
+
+void op_attach(struct request *req, void *args)
+{
+	const struct attach_args *a = args;
+	struct gpuq_error err;
+	struct buffer *b = a->buffer.b;
+	bool write = a->write;
 	struct job *job = new_job(req, &kind_attach, WORK_ATTACH, b->device);
 	if (!job)
 		return;
@@ -260,31 +276,55 @@ void op_attach(struct request *req)
 	job_submit(req, job);
 }
 
-/* The lease named by `lease`, if the caller holds it (root: any). */
-static struct lease *lookup_lease(struct request *req, bool admin, struct gpuq_error *err)
-{
+/* release and lease_break: the lease named by `lease`, not yet ended. */
+struct lease_args {
 	uint64_t id;
-	int rc = msg_get_u64(req->map, "lease", &id, err);
-	if (rc == 0)
-		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'lease' (the lease id attach returned) is required");
-	if (rc <= 0)
-		return NULL;
-	struct lease *l = lease_find(&req->d->leases, id);
-	if (!l || l->state == LEASE_ENDED) {
-		gpuq_fail(err, GPUQ_E_NOT_FOUND, "lease %llu not found (gpuq leases lists them)",
-			  (unsigned long long)id);
-		return NULL;
-	}
-	if (admin ? !quota_is_admin(req->d, req->conn)
-		  : (req->conn->uid != 0 && req->conn->uid != l->uid)) {
-		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
-			  admin ? "breaking a lease is for root and the admin group (rule: admin-group)"
-				: "lease %llu is held by uid %d; only its holder releases it (root and the "
-				  "admin group may break it)",
-			  (unsigned long long)id, (int)l->uid);
-		return NULL;
-	}
-	return l;
+	struct lease *lease;
+};
+
+static int lease_args_resolve(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct lease_args *a = args;
+	a->lease = lease_find(&req->d->leases, a->id);
+	if (!a->lease || a->lease->state == LEASE_ENDED)
+		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "lease %llu not found (gpuq leases lists them)",
+				 (unsigned long long)a->id);
+	return 0;
+}
+
+/* release: the lease, which only its holder (and root) releases. */
+static int release_args_resolve(struct request *req, void *args, struct gpuq_error *err)
+{
+	if (lease_args_resolve(req, args, err) < 0)
+		return -1;
+	const struct lease *l = ((struct lease_args *)args)->lease;
+	if (req->conn->uid != 0 && req->conn->uid != l->uid)
+		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+				 "lease %llu is held by uid %d; only its holder releases it (root and the "
+				 "admin group may break it)",
+				 (unsigned long long)l->id, (int)l->uid);
+	return 0;
+}
+
+static const struct args_field release_fields[] = {
+	{ "lease", ARGS_U64, ARGS_REQUIRED, ARGS_AT(struct lease_args, id),
+	  .missing = "field 'lease' (the lease id attach returned) is required",
+	  .then = release_args_resolve },
+};
+static const struct args_field lease_break_fields[] = {
+	{ "lease", ARGS_U64, ARGS_REQUIRED, ARGS_AT(struct lease_args, id),
+	  .missing = "field 'lease' (the lease id attach returned) is required",
+	  .then = lease_args_resolve },
+};
+const struct args_spec op_release_args = ARGS_SPEC(struct lease_args, release_fields, NULL);
+const struct args_spec op_lease_break_args = ARGS_SPEC(struct lease_args, lease_break_fields, NULL);
+const struct args_spec op_leases_args = ARGS_NONE;
+
+void lease_break_denied(struct request *req, struct gpuq_error *err)
+{
+	(void)req;
+	gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+		  "breaking a lease is for root and the admin group (rule: admin-group)");
 }
 
 static void reply_lease_end(struct request *req, uint64_t id, const char *key)
@@ -297,27 +337,18 @@ static void reply_lease_end(struct request *req, uint64_t id, const char *key)
 }
 
 /* The holder is done with the buffer (its own stream work on it complete). */
-void op_release(struct request *req)
+void op_release(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct lease *l = lookup_lease(req, false, &err);
-	if (!l) {
-		reply_error(req, &err);
-		return;
-	}
+	struct lease *l = ((struct lease_args *)args)->lease;
 	uint64_t id = l->id;
 	lease_end(req->d, l);
 	reply_lease_end(req, id, "released");
 }
 
-void op_lease_break(struct request *req)
+/* Only root and the admin group get here (request.c's op table). */
+void op_lease_break(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct lease *l = lookup_lease(req, true, &err);
-	if (!l) {
-		reply_error(req, &err);
-		return;
-	}
+	struct lease *l = ((struct lease_args *)args)->lease;
 	uint64_t id = l->id;
 	char why[160];
 	snprintf(why, sizeof why, "broken by uid %d (gpuq lease break)", (int)req->conn->uid);
@@ -347,9 +378,10 @@ static void render_lease(const struct lease *l, double now, struct mp_array *out
 }
 
 /* The caller's leases and those on its buffers; every lease for root and the admin group. */
-void op_leases(struct request *req)
+void op_leases(struct request *req, void *args)
 {
 	struct mp_map body;
+	(void)args;
 	struct mp_array list;
 	bool admin = quota_is_admin(req->d, req->conn);
 	double now = monotonic_seconds();

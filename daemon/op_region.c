@@ -102,51 +102,67 @@ static int read_region_memfd(struct request *req, uint64_t bytes, struct gpuq_er
 	return 0;
 }
 
-/* name, bytes (a positive multiple of the page size), device, ephemeral. */
-static int read_region_create(struct request *req, char *name, size_t size, uint64_t *bytes,
-			      int *device, bool *ephemeral, struct gpuq_error *err)
+/* region_create: name, device, bytes (a positive multiple of the page size), ephemeral. */
+struct region_create_args {
+	char name[BUFFER_NAME_MAX + 2];
+	int device;
+	uint64_t bytes;
+	bool ephemeral;
+};
+
+static int region_create_check_name(struct request *req, void *args, struct gpuq_error *err)
 {
-	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-	int rc = msg_get_str(req->map, "name", name, size, err);
-	if (rc == 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'name' is required");
-	if (rc < 0 || buffer_name_check(name, err) < 0 || read_device(req, device, err) < 0)
-		return -1;
-	rc = msg_get_u64(req->map, "bytes", bytes, err);
-	if (rc == 0)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'bytes' is required");
-	if (rc < 0)
-		return -1;
-	if (*bytes == 0 || *bytes % page)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'bytes': %llu is not a positive multiple of the page size (%llu)",
-				 (unsigned long long)*bytes, (unsigned long long)page);
-	*ephemeral = false;
-	if (msg_get_bool(req->map, "ephemeral", ephemeral, err) < 0)
-		return -1;
-	if (region_find(&req->d->regions, req->conn->uid, name))
-		return gpuq_fail(err, GPUQ_E_EXISTS, "region '%s' already exists; free it or pick another name",
-				 name);
-	return read_region_memfd(req, *bytes, err);
+	(void)req;
+	return buffer_name_check(((struct region_create_args *)args)->name, err);
 }
 
-void op_region_create(struct request *req)
+static int region_create_check_bytes(struct request *req, void *args, struct gpuq_error *err)
 {
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t bytes = ((struct region_create_args *)args)->bytes;
+	(void)req;
+	if (bytes == 0 || bytes % page)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'bytes': %llu is not a positive multiple of the page size (%llu)",
+				 (unsigned long long)bytes, (unsigned long long)page);
+	return 0;
+}
+
+/* A name still free for the caller, and the memfd that will back it. */
+static int region_create_check_new(struct request *req, void *args, struct gpuq_error *err)
+{
+	const struct region_create_args *a = args;
+	if (region_find(&req->d->regions, req->conn->uid, a->name))
+		return gpuq_fail(err, GPUQ_E_EXISTS, "region '%s' already exists; free it or pick another name",
+				 a->name);
+	return read_region_memfd(req, a->bytes, err);
+}
+
+static const struct args_field region_create_fields[] = {
+	{ "name", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct region_create_args, name),
+	  .then = region_create_check_name },
+	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct region_create_args, device) },
+	{ "bytes", ARGS_U64, ARGS_REQUIRED, ARGS_AT(struct region_create_args, bytes),
+	  .then = region_create_check_bytes },
+	{ "ephemeral", ARGS_BOOL, 0, ARGS_AT(struct region_create_args, ephemeral),
+	  .then = region_create_check_new },
+};
+const struct args_spec op_region_create_args =
+	ARGS_SPEC(struct region_create_args, region_create_fields, NULL);
+
+void op_region_create(struct request *req, void *args)
+{
+	const struct region_create_args *a = args;
 	struct gpuq_error err;
-	char name[BUFFER_NAME_MAX + 2];
-	uint64_t bytes = 0;
-	int device = 0;
-	bool ephemeral;
 	struct daemon *d = req->d;
-	if (read_region_create(req, name, sizeof name, &bytes, &device, &ephemeral, &err) < 0 ||
-	    quota_check_pinned(d, req->conn, bytes, &err) < 0 ||
-	    region_check_memlock(&d->regions, name, bytes, &err) < 0) {
+	if (quota_check_pinned(d, req->conn, a->bytes, &err) < 0 ||
+	    region_check_memlock(&d->regions, a->name, a->bytes, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
 	int fd = dup(req->fds[0]); /* the job's, closed when it ends; the region keeps the original */
-	struct region *r = fd >= 0 ? region_add(&d->regions, name, device, req->conn->uid, bytes,
-						 req->fds[0]) : NULL;
+	struct region *r = fd >= 0 ? region_add(&d->regions, a->name, a->device, req->conn->uid,
+						 a->bytes, req->fds[0]) : NULL;
 	if (!r) {
 		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "gpuqd cannot keep another region: %s",
 			  fd < 0 ? strerror(errno) : "no memory");
@@ -156,8 +172,8 @@ void op_region_create(struct request *req)
 		return;
 	}
 	req->fds[0] = -1;
-	r->conn_serial = ephemeral ? req->conn->serial : 0;
-	struct job *job = new_job(req, &kind_region_create, WORK_REGION_MAP, device);
+	r->conn_serial = a->ephemeral ? req->conn->serial : 0;
+	struct job *job = new_job(req, &kind_region_create, WORK_REGION_MAP, a->device);
 	if (!job) {
 		close(fd);
 		region_remove(&d->regions, r);
@@ -166,23 +182,32 @@ void op_region_create(struct request *req)
 	job_name_region(job, r);
 	r->last_job = job->id;
 	job->work.fd = fd;
-	job->work.length = bytes;
+	job->work.length = a->bytes;
 	job_submit(req, job);
 }
 
-/* The region `name` names, for the caller (root: `owner`'s), ready to use. */
-static struct region *lookup_region(struct request *req, struct gpuq_error *err)
-{
+/* The ops on one region: region_free, region_open. `name` resolves for the caller (root: `owner`'s). */
+struct region_args {
 	char name[BUFFER_NAME_MAX + 2];
 	uid_t owner;
-	int rc = msg_get_str(req->map, "name", name, sizeof name, err);
-	if (rc == 0)
-		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'name' (a region's name) is required");
-	if (rc <= 0 || read_owner(req, &owner, err) < 0)
-		return NULL;
-	struct region *r = region_resolve(&req->d->regions, owner, name, err);
-	return r && region_check_usable(r, err) == 0 ? r : NULL;
+	struct region *region; /* ready to use */
+};
+
+static int region_args_resolve(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct region_args *a = args;
+	a->region = region_resolve(&req->d->regions, a->owner, a->name, err);
+	return a->region && region_check_usable(a->region, err) == 0 ? 0 : -1;
 }
+
+static const struct args_field region_fields[] = {
+	{ "name", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct region_args, name),
+	  .missing = "field 'name' (a region's name) is required" },
+	{ "owner", ARGS_OWNER, 0, ARGS_AT(struct region_args, owner), .then = region_args_resolve },
+};
+const struct args_spec op_region_free_args = ARGS_SPEC(struct region_args, region_fields, NULL);
+const struct args_spec op_region_open_args = ARGS_SPEC(struct region_args, region_fields, NULL);
+const struct args_spec op_regions_args = ARGS_NONE;
 
 /* A region_free's job: it unpins and unmaps r once no job uses it; r is being freed from now. */
 static void region_free_job(struct job *job, struct region *r)
@@ -224,14 +249,9 @@ void op_region_free_own(struct daemon *d, struct region *r)
  * Waits for every job that moves bytes through the region, on any device;
  * from the request on, new ones are refused with `busy`.
  */
-void op_region_free(struct request *req)
+void op_region_free(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct region *r = lookup_region(req, &err);
-	if (!r) {
-		reply_error(req, &err);
-		return;
-	}
+	struct region *r = ((struct region_args *)args)->region;
 	struct job *job = new_job(req, &kind_region_free, WORK_REGION_UNMAP, r->device);
 	if (!job)
 		return;
@@ -256,9 +276,10 @@ static void render_region(const struct region *r, double now, struct mp_array *o
 	mp_array_map(out, &m);
 }
 
-void op_regions(struct request *req)
+void op_regions(struct request *req, void *args)
 {
 	struct daemon *d = req->d;
+	(void)args;
 	uid_t uid = req->conn->uid;
 	double now = monotonic_seconds();
 	uint64_t limit;
@@ -277,14 +298,9 @@ void op_regions(struct request *req)
 }
 
 /* Hands the owner (or root) a descriptor of the region's memfd, to map it. */
-void op_region_open(struct request *req)
+void op_region_open(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	struct region *r = lookup_region(req, &err);
-	if (!r) {
-		reply_error(req, &err);
-		return;
-	}
+	struct region *r = ((struct region_args *)args)->region;
 	struct mp_map body;
 	mp_map_init(&body);
 	mp_put_str(&body, "name", r->name);
@@ -295,15 +311,11 @@ void op_region_open(struct request *req)
 }
 
 /* "NAME[OFFSET:LENGTH]": a region's name and an optional range, no @GPU. */
-static struct region *read_region_ref(struct request *req, struct buffer_ref *ref,
-				      struct gpuq_error *err)
+static struct region *region_ref_resolve(struct request *req, const char *text,
+					 struct buffer_ref *ref, struct gpuq_error *err)
 {
-	char text[BUFFER_NAME_MAX + 96];
 	uid_t owner;
-	int rc = msg_get_str(req->map, "region", text, sizeof text, err);
-	if (rc <= 0)
-		return NULL;
-	if (buffer_ref_parse_range(text, "region", ref, err) < 0 || read_owner(req, &owner, err) < 0)
+	if (buffer_ref_parse_range(text, "region", ref, err) < 0 || args_owner(req, &owner, err) < 0)
 		return NULL;
 	if (ref->device >= 0) {
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
@@ -318,53 +330,62 @@ static struct region *read_region_ref(struct request *req, struct buffer_ref *re
 }
 
 /*
- * The bytes a transfer moves: the length given on either side (both: they
- * must agree), else the source's range to its end (put: the region's, get:
- * the buffer's). Both sides must hold them. *length comes in as the
- * buffer's range (given, or to its end) and goes out as the transfer's.
+ * The bytes a transfer moves (*n): the length given on either side (both:
+ * they must agree), else the source's range to its end (put: the region's,
+ * get: the buffer's, `length`: the buffer's range, given or to its end).
+ * The region must hold them; the caller checks the buffer.
  */
 static int region_range(const struct region *r, const struct buffer_ref *ref, bool put,
-			uint64_t *length, bool buffer_has_length, uint64_t *offset,
+			uint64_t length, bool buffer_has_length, uint64_t *offset, uint64_t *n,
 			struct gpuq_error *err)
 {
 	*offset = ref->offset;
 	if (*offset > r->bytes)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "offset %llu is past the end of region '%s' (%llu bytes)",
 				 (unsigned long long)*offset, r->name, (unsigned long long)r->bytes);
-	uint64_t room = r->bytes - *offset, n = *length;
-	if (ref->has_length && buffer_has_length && ref->length != *length)
+	uint64_t room = r->bytes - *offset;
+	*n = length;
+	if (ref->has_length && buffer_has_length && ref->length != length)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "region '%s' is given %llu bytes but the buffer's range is %llu bytes; "
 				 "give ranges of one length (or one of them)",
-				 r->name, (unsigned long long)ref->length, (unsigned long long)*length);
+				 r->name, (unsigned long long)ref->length, (unsigned long long)length);
 	if (ref->has_length)
-		n = ref->length;
+		*n = ref->length;
 	else if (put && !buffer_has_length)
-		n = room;
-	if (n > room)
+		*n = room;
+	if (*n > room)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "%llu bytes at offset %llu are outside region '%s' (%llu bytes)",
-				 (unsigned long long)n, (unsigned long long)*offset, r->name,
+				 (unsigned long long)*n, (unsigned long long)*offset, r->name,
 				 (unsigned long long)r->bytes);
-	if (n > *length)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "the buffer has room for %llu bytes from its offset, but region '%s' gives %llu; "
-				 "give a range of the region (NAME[OFFSET:LENGTH]) or a larger buffer",
-				 (unsigned long long)*length, r->name, (unsigned long long)n);
-	*length = n;
 	return 0;
 }
 
-int region_transfer_read(struct request *req, bool put, uint64_t *length,
+int region_transfer_read(struct request *req, const char *text, bool given, bool put,
+			 const struct buffer *b, uint64_t buffer_offset, uint64_t *length,
 			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err)
 {
 	struct buffer_ref ref;
-	if (!msg_map_get(req->map, "region"))
+	uint64_t n = 0;
+	if (!text)
 		return 0;
-	span->region = read_region_ref(req, &ref, err);
+	if (!given) /* named, but nil */
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'region': expected a string, got nil");
+	span->region = region_ref_resolve(req, text, &ref, err);
 	if (!span->region ||
-	    region_range(span->region, &ref, put, length, buffer_has_length, &span->offset, err) < 0)
+	    region_range(span->region, &ref, put, *length, buffer_has_length, &span->offset, &n,
+			 err) < 0)
 		return -1;
+	if (n > *length) /* the buffer is the side too small: name it */
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "buffer '%s@%d' has room for %llu bytes from offset %llu, but region '%s' "
+				 "gives %llu; give a range of the region (NAME[OFFSET:LENGTH]) or a larger "
+				 "buffer",
+				 b->name, b->device, (unsigned long long)*length,
+				 (unsigned long long)buffer_offset, span->region->name,
+				 (unsigned long long)n);
+	*length = n;
 	return 1;
 }
 

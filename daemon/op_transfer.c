@@ -43,34 +43,6 @@ static int read_descriptor(struct request *req, bool for_reading, struct gpuq_er
 	return 0;
 }
 
-/*
- * offset and length within b: from the reference's [OFFSET:LENGTH] or from
- * the `offset` and `length` fields, not both. *has_length says whether a
- * length was given.
- */
-static int read_range(struct request *req, const struct buffer *b, const struct buffer_ref *ref,
-		      uint64_t *offset, uint64_t *length, bool *has_length, struct gpuq_error *err)
-{
-	int has_offset = msg_get_u64(req->map, "offset", offset, err);
-	int has_len = has_offset < 0 ? -1 : msg_get_u64(req->map, "length", length, err);
-	if (has_len < 0)
-		return -1;
-	if (ref->has_range && (has_offset || has_len))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "buffer '%s@%d' is given a range both in 'buffer' ([OFFSET:LENGTH]) and "
-				 "in 'offset'/'length'; give one",
-				 b->name, b->device);
-	if (ref->has_range) {
-		*offset = ref->offset;
-		*length = ref->length;
-		has_len = ref->has_length;
-	} else if (!has_offset) {
-		*offset = 0;
-	}
-	*has_length = has_len;
-	return buffer_range_check(b, *offset, *has_length, *length, length, err);
-}
-
 /* A regular file that holds more than the room would fail late: refuse it now. */
 static int check_source_fits(int fd, const struct buffer *b, uint64_t offset, uint64_t room,
 			     struct gpuq_error *err)
@@ -89,56 +61,20 @@ static int check_source_fits(int fd, const struct buffer *b, uint64_t offset, ui
 	return 0;
 }
 
-/* `verify` (bool), `path` (auto, staged, registered), `seed` (scratch). */
-static int read_copy_options(struct request *req, bool put, struct transfer_spec *w,
-			     struct gpuq_error *err)
-{
-	char path[16] = "auto";
-	w->verify = false;
-	if (msg_get_bool(req->map, "verify", &w->verify, err) < 0 ||
-	    msg_get_str(req->map, "path", path, sizeof path, err) < 0 ||
-	    msg_get_u64(req->map, "seed", &w->seed, err) < 0)
-		return -1;
-	if (strcmp(path, "auto") == 0)
-		w->path = TRANSFER_PATH_AUTO;
-	else if (strcmp(path, "staged") == 0)
-		w->path = TRANSFER_PATH_STAGED;
-	else if (strcmp(path, "registered") == 0)
-		w->path = TRANSFER_PATH_REGISTERED;
-	else
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'path': '%s' is not auto, staged or registered", path);
-	if (w->path == TRANSFER_PATH_REGISTERED && w->scratch)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "path registered needs a memfd; a scratch %s has none",
-				 put ? "source" : "sink");
-	if (w->path != TRANSFER_PATH_AUTO && msg_map_get(req->map, "region"))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'path': a region is pinned already and always takes path region; "
-				 "leave path out (or auto)");
-	if (w->path == TRANSFER_PATH_REGISTERED)
-		return transfer_check_registrable(req->fds[0], put, err);
-	return 0;
-}
-
 /*
  * `scratch` or `region`: no descriptor; otherwise exactly one, with the
  * access it needs.
  */
-static int read_endpoint(struct request *req, bool put, struct transfer_spec *w,
-			 struct gpuq_error *err)
+static int check_endpoint(struct request *req, bool put, bool region, bool scratch,
+			  struct gpuq_error *err)
 {
-	bool region = msg_map_get(req->map, "region") != NULL;
-	w->scratch = false;
-	if (msg_get_bool(req->map, "scratch", &w->scratch, err) < 0)
-		return -1;
-	if (region && (w->scratch || req->nfds != 0))
+	if (region && (scratch || req->nfds != 0))
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "a %s through a region takes no descriptor and no scratch (%d descriptors came)",
 				 put ? "put" : "get", req->nfds);
 	if (region)
 		return 0;
-	if (!w->scratch)
+	if (!scratch)
 		return read_descriptor(req, put, err);
 	if (req->nfds != 0)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
@@ -147,58 +83,142 @@ static int read_endpoint(struct request *req, bool put, struct transfer_spec *w,
 	return 0;
 }
 
-static void submit_transfer(struct request *req, bool put)
+static const struct job_kind kind_put = { "put", NULL, render_transfer };
+static const struct job_kind kind_get = { "get", NULL, render_transfer };
+
+struct transfer_args {
+	bool put;                 /* put: from the descriptor to the buffer; get: back */
+	struct args_buffer buffer; /* NAME[@GPU][[OFFSET:LENGTH]] */
+	bool region_named;        /* `region` is in the request: no descriptor, no scratch */
+	bool scratch;             /* a scratch source or sink: no descriptor */
+	uint64_t offset, length;  /* the range in the buffer, once checked */
+	bool has_offset, has_length;
+	char region[BUFFER_NAME_MAX + 96];
+	bool has_region;
+	struct region_span span;  /* the region's side, once resolved */
+	bool verify;
+	char path_name[16];
+	uint64_t seed;
+	enum transfer_path path;
+};
+
+static int transfer_check_endpoint(struct request *req, void *args, struct gpuq_error *err)
 {
-	struct gpuq_error err;
-	struct buffer_ref ref;
-	struct transfer_spec opts;
-	struct region_span span = { NULL, 0 };
-	uint64_t offset = 0, length = 0;
-	bool has_length = false;
-	memset(&opts, 0, sizeof opts);
-	struct buffer *b = read_buffer_ref(req, "buffer", &ref, &err);
-	int rc = b ? read_endpoint(req, put, &opts, &err) : -1;
-	if (rc == 0)
-		rc = read_range(req, b, &ref, &offset, &length, &has_length, &err);
-	if (rc == 0 && (rc = region_transfer_read(req, put, &length, has_length, &span, &err)) > 0)
-		has_length = true; /* the region's range says how many bytes move */
-	if (rc == 0 && put && !has_length && !opts.scratch)
-		rc = check_source_fits(req->fds[0], b, offset, length, &err);
-	if (rc >= 0)
-		rc = read_copy_options(req, put, &opts, &err);
-	if (rc < 0) {
-		reply_error(req, &err);
-		return;
+	const struct transfer_args *a = args;
+	return check_endpoint(req, a->put, a->region_named, a->scratch, err);
+}
+
+/*
+ * offset and length within b: from the reference's [OFFSET:LENGTH] or from
+ * the `offset` and `length` fields, not both. has_length then says whether
+ * a length was given.
+ */
+static int transfer_check_range(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct transfer_args *a = args;
+	const struct buffer *b = a->buffer.b;
+	const struct buffer_ref *ref = &a->buffer.ref;
+	(void)req;
+	if (ref->has_range && (a->has_offset || a->has_length))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "buffer '%s@%d' is given a range both in 'buffer' ([OFFSET:LENGTH]) and "
+				 "in 'offset'/'length'; give one",
+				 b->name, b->device);
+	if (ref->has_range) {
+		a->offset = ref->offset;
+		a->length = ref->length;
+		a->has_length = ref->has_length;
+	} else if (!a->has_offset) {
+		a->offset = 0;
 	}
+	return buffer_range_check(b, a->offset, a->has_length, a->length, &a->length, err);
+}
+
+/* The region's side, which may decide the length; then a source too large for the room. */
+static int transfer_check_region(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct transfer_args *a = args;
+	const char *region = a->region_named ? a->region : NULL;
+	int rc = region_transfer_read(req, region, a->has_region, a->put, a->buffer.b, a->offset,
+				      &a->length, a->has_length, &a->span, err);
+	if (rc > 0)
+		a->has_length = true; /* the region's range says how many bytes move */
+	if (rc == 0 && a->put && !a->has_length && !a->scratch)
+		rc = check_source_fits(req->fds[0], a->buffer.b, a->offset, a->length, err);
+	return rc < 0 ? -1 : 0;
+}
+
+/* `path` (auto, staged, registered) against the endpoint it would take. */
+static int transfer_check_path(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct transfer_args *a = args;
+	if (strcmp(a->path_name, "auto") == 0)
+		a->path = TRANSFER_PATH_AUTO;
+	else if (strcmp(a->path_name, "staged") == 0)
+		a->path = TRANSFER_PATH_STAGED;
+	else if (strcmp(a->path_name, "registered") == 0)
+		a->path = TRANSFER_PATH_REGISTERED;
+	else
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'path': '%s' is not auto, staged or registered", a->path_name);
+	if (a->path == TRANSFER_PATH_REGISTERED && a->scratch)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "path registered needs a memfd; a scratch %s has none",
+				 a->put ? "source" : "sink");
+	if (a->path != TRANSFER_PATH_AUTO && a->region_named)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'path': a region is pinned already and always takes path region; "
+				 "leave path out (or auto)");
+	if (a->path == TRANSFER_PATH_REGISTERED)
+		return transfer_check_registrable(req->fds[0], a->put, err);
+	return 0;
+}
+
+#define T struct transfer_args
+static const struct args_field transfer_fields[] = {
+	{ "buffer", ARGS_BUFFER, ARGS_REQUIRED, ARGS_AT(T, buffer) },
+	{ "region", ARGS_PRESENT, 0, ARGS_AT(T, region_named) },
+	{ "scratch", ARGS_BOOL, 0, ARGS_AT(T, scratch), .then = transfer_check_endpoint },
+	{ "offset", ARGS_U64, 0, ARGS_AT(T, offset), ARGS_GIVEN(T, has_offset) },
+	{ "length", ARGS_U64, 0, ARGS_AT(T, length), ARGS_GIVEN(T, has_length),
+	  .then = transfer_check_range },
+	{ "region", ARGS_STR, 0, ARGS_AT(T, region), ARGS_GIVEN(T, has_region),
+	  .then = transfer_check_region },
+	{ "verify", ARGS_BOOL, 0, ARGS_AT(T, verify) },
+	{ "path", ARGS_STR, 0, ARGS_AT(T, path_name) },
+	{ "seed", ARGS_U64, 0, ARGS_AT(T, seed), .then = transfer_check_path },
+};
+#undef T
+static const struct transfer_args put_defaults = { .put = true, .path_name = "auto" };
+static const struct transfer_args get_defaults = { .put = false, .path_name = "auto" };
+const struct args_spec op_put_args = ARGS_SPEC(struct transfer_args, transfer_fields, &put_defaults);
+const struct args_spec op_get_args = ARGS_SPEC(struct transfer_args, transfer_fields, &get_defaults);
+
+/* put and get: the transfer, checked whole, becomes a job on the buffer's device. */
+void op_transfer(struct request *req, void *args)
+{
+	const struct transfer_args *a = args;
+	struct buffer *b = a->buffer.b;
+	bool put = a->put;
 	struct job *job = new_job(req, put ? &kind_put : &kind_get, put ? WORK_PUT : WORK_GET,
 				  b->device);
 	if (!job)
 		return;
 	job_attach_buffer(job, b);
-	job->work.transfer.offset = offset;
-	job->work.length = length;
-	work_narrow_access(&job->work, offset, length, put);
-	job->work.transfer.length_exact = put && has_length;
-	job->work.transfer.verify = opts.verify;
-	job->work.transfer.path = opts.path;
-	job->work.transfer.scratch = opts.scratch;
-	job->work.transfer.seed = opts.seed;
+	job->work.transfer.offset = a->offset;
+	job->work.length = a->length;
+	work_narrow_access(&job->work, a->offset, a->length, put);
+	job->work.transfer.length_exact = put && a->has_length;
+	job->work.transfer.verify = a->verify;
+	job->work.transfer.path = a->path;
+	job->work.transfer.scratch = a->scratch;
+	job->work.transfer.seed = a->seed;
 	job->work.transfer.idle_timeout_ms = req->d->opt.transfer_idle_timeout_ms;
-	if (span.region)
-		region_transfer_hold(job, &span, put);
-	else if (!opts.scratch) {
+	if (a->span.region)
+		region_transfer_hold(job, &a->span, put);
+	else if (!a->scratch) {
 		job->work.fd = req->fds[0];
 		req->fds[0] = -1; /* the job closes it when done */
 	}
 	job_submit(req, job);
-}
-
-void op_put(struct request *req)
-{
-	submit_transfer(req, true);
-}
-
-void op_get(struct request *req)
-{
-	submit_transfer(req, false);
 }

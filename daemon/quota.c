@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "daemon/daemon.h"
 
@@ -234,6 +235,13 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 		}
 		r->weight = w;
 		r->has_weight = true;
+	} else if (strcmp(key, "benchmarks") == 0) {
+		if (strcmp(value, "yes") != 0 && strcmp(value, "no") != 0) {
+			snprintf(msg, msgsize, "benchmarks takes yes or no, not '%s'", value);
+			return -1;
+		}
+		r->benchmarks = strcmp(value, "yes") == 0;
+		r->has_benchmarks = true;
 	} else if (strcmp(key, "devices") == 0) {
 		if (parse_devices(value, &r->devices) < 0) {
 			snprintf(msg, msgsize,
@@ -245,8 +253,8 @@ int quota_rule_set(struct quota_rule *r, const char *key, const char *value, cha
 	} else {
 		snprintf(msg, msgsize,
 			 "unknown limit '%s' in %s (limits: device-memory, host-pinned, queued-jobs, "
-			 "devices, max-priority, weight, connections, parked-fds, pending-frame-bytes, "
-			 "reply-bytes)", key, r->label);
+			 "devices, max-priority, weight, benchmarks, connections, parked-fds, "
+			 "pending-frame-bytes, reply-bytes)", key, r->label);
 		return -1;
 	}
 	return 0;
@@ -330,7 +338,10 @@ bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner)
 }
 
 /* The limits; those from LIMIT_HOLD on are LIMIT_HOLD + an enum quota_hold. */
-enum limit { LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_PRIORITY, LIMIT_WEIGHT, LIMIT_PINNED, LIMIT_HOLD };
+enum limit {
+	LIMIT_MEMORY, LIMIT_JOBS, LIMIT_DEVICES, LIMIT_PRIORITY, LIMIT_WEIGHT, LIMIT_PINNED,
+	LIMIT_BENCHMARKS, LIMIT_HOLD
+};
 
 static bool rule_sets(const struct quota_rule *r, int which)
 {
@@ -341,6 +352,7 @@ static bool rule_sets(const struct quota_rule *r, int which)
 	case LIMIT_PRIORITY: return r->has_priority;
 	case LIMIT_WEIGHT: return r->has_weight;
 	case LIMIT_PINNED: return r->has_pinned;
+	case LIMIT_BENCHMARKS: return r->has_benchmarks;
 	}
 	return which >= LIMIT_HOLD && which - LIMIT_HOLD < HOLD_KINDS && r->has_hold[which - LIMIT_HOLD];
 }
@@ -460,6 +472,31 @@ static int rules_for(struct daemon *d, const struct conn *c, enum limit which,
 	struct client_ids ids;
 	client_ids(c, &ids);
 	return governing(&d->svc.quotas, &ids, which, rules);
+}
+
+int quota_check_benchmarks(struct daemon *d, const struct conn *c, const char *op,
+			   struct gpuq_error *err)
+{
+	/* gpuqd's own user can stop it anyway: a private daemon's owner runs its benchmarks */
+	if (c->uid == geteuid() || quota_is_admin(d, c))
+		return 0;
+	const struct quota_rule *rules[MAX_GOVERNING];
+	int n = rules_for(d, c, LIMIT_BENCHMARKS, rules);
+	for (int i = 0; i < n; i++)
+		if (!rules[i]->benchmarks)
+			return refuse(d, "benchmarks", err,
+				      "quota %s (%s): benchmarks = no; uid %d may not run %s, which "
+				      "holds whole devices (root or the admin group may, or a rule "
+				      "that sets benchmarks = yes)",
+				      rules[i]->label, rules[i]->where, (int)c->uid, op);
+	if (n > 0)
+		return 0;
+	return refuse(d, "benchmarks", err,
+		      "%s holds whole devices, so it is for root, the admin group (%s) and users "
+		      "whose quota rule sets benchmarks = yes; uid %d is none of these (ask for "
+		      "'benchmarks = yes' in its [user:NAME] or [group:NAME] rule of gpuqd.conf)",
+		      op, d->svc.quotas.has_admin ? d->svc.quotas.admin_group : "none configured",
+		      (int)c->uid);
 }
 
 int quota_check_priority(struct daemon *d, const struct conn *c, int priority,

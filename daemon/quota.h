@@ -22,7 +22,11 @@
  * where it was written.
  *
  * Rights: root, and members of the admin group, may see and cancel every
- * job and stop the daemon. Group membership is the client's primary group
+ * job and stop the daemon. Benchmarks (the bench_* ops) run alone on their
+ * devices, so they are for root, the admin group, gpuqd's own user (a
+ * private daemon's owner) and users a rule grants them (benchmarks = yes;
+ * the most specific rules decide, all of them must grant it, and no rule
+ * means no). Group membership is the client's primary group
  * and its supplementary groups as the kernel reports them for the
  * connection (SO_PEERGROUPS), so no user database is read while serving.
  */
@@ -56,7 +60,8 @@ struct quota_rule {
 	uint32_t id;       /* uid or gid; 0 for the default */
 	char label[96];    /* "[group:ml]", as written */
 	char where[300];   /* "/etc/gpuq/gpuqd.conf:12" */
-	bool has_memory, has_jobs, has_devices, has_priority, has_weight, has_pinned;
+	bool has_memory, has_jobs, has_devices, has_priority, has_weight, has_pinned, has_benchmarks;
+	bool benchmarks;        /* may run benchmarks (bench_* ops), which hold whole devices */
 	uint64_t device_memory; /* bytes on any one device */
 	uint64_t host_pinned;   /* bytes of host regions (pinned host memory), all devices together */
 	uint64_t queued_jobs;   /* queued or running at once */
@@ -118,6 +123,13 @@ const char *quota_devices_text(uint64_t mask, char *buf, size_t size);
 bool quota_is_admin(struct daemon *d, const struct conn *c);
 /* Whether the client may see and cancel a job of owner: its own, or an admin's right. */
 bool quota_may_see(struct daemon *d, const struct conn *c, uid_t owner);
+
+/*
+ * Whether the client may run benchmark op (a bench_* op, named in the
+ * refusal): 0, or -1 with permission_denied saying how to get the right.
+ */
+int quota_check_benchmarks(struct daemon *d, const struct conn *c, const char *op,
+			   struct gpuq_error *err);
 
 /*
  * Before a job is handed to its worker: the device quota for the job's

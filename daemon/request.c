@@ -6,6 +6,7 @@
  * connection is closed; a readable request that is refused gets an error
  * reply and the connection stays.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,52 +14,194 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 
-struct op_entry {
-	const char *name;
-	request_handler handler;
+/*
+ * Who may call an op. Every op is open to whoever may connect unless its
+ * row says otherwise; the dispatcher checks after the arguments decode,
+ * so that a malformed request is told so first, as the ops always did.
+ */
+enum op_caller {
+	OP_ANYONE,
+	OP_BENCH, /* benchmarks hold whole devices: admins and the quota's benchmarks right */
+	OP_ADMIN, /* root and the admin group (rule: admin-group) */
+	OP_ROOT,
 };
 
-static const struct op_entry ops[] = {
-	{ "ping", op_ping },       { "devices", op_devices },   { "noop", op_noop },
-	{ "alloc", op_alloc },     { "free", op_free },         { "buffers", op_buffers },
-	{ "put", op_put },         { "get", op_get },           { "fill", op_fill },
-	{ "checksum", op_checksum }, { "jobs", op_jobs },       { "status", op_status },
-	{ "wait", op_wait },       { "cancel", op_cancel },
-	{ "bench_copy", op_bench_copy },
-	{ "copy", op_copy },       { "bench_d2d", op_bench_d2d },
-	{ "run", op_run },         { "stats", op_stats },       { "bench_chain", op_bench_chain },
-	{ "allreduce", op_collective }, { "bench_allreduce", op_collective },
-	{ "reduce_scatter", op_collective }, { "all_gather", op_collective },
-	{ "broadcast", op_collective }, { "reduce", op_collective }, { "sendrecv", op_collective },
-	{ "all_to_all", op_collective }, { "group", op_collective },
-	{ "bench_collective", op_collective },
-	{ "reduce_expr", op_reduce_expr },
-	{ "metrics", op_metrics },  { "shutdown", op_shutdown },
-	{ "bench_sched", op_bench_sched }, { "reset_device", op_reset_device },
-	{ "region_create", op_region_create }, { "region_free", op_region_free },
-	{ "regions", op_regions },  { "region_open", op_region_open },
-	{ "attach", op_attach },    { "release", op_release },
-	{ "leases", op_leases },    { "lease_break", op_lease_break },
+/*
+ * One op: its name, its arguments (daemon/args.h; the spec holds the
+ * field table and the argument struct's size), its handler, and who may
+ * call it. `denied` words the refusal for a caller `who` turns away.
+ * Ops not yet declared as data have no spec and a `handler` that reads
+ * the request itself; their arguments are checked there.
+ */
+struct op_def {
+	const char *name;
+	const struct args_spec *args;
+	op_exec exec;
+	request_handler handler; /* instead of args and exec */
+	enum op_caller who;
+	void (*denied)(struct request *req, struct gpuq_error *err);
+};
+
+static const struct op_def op_table[] = {
+	/* name               args               exec         handler            who        denied */
+	{ "ping",             &op_ping_args,     op_ping,     NULL,              OP_ANYONE, NULL },
+	{ "devices",          &op_devices_args,  op_devices,  NULL,              OP_ANYONE, NULL },
+	{ "noop",             &op_noop_args,     op_noop,     NULL,              OP_ANYONE, NULL },
+	{ "alloc",            &op_alloc_args,    op_alloc,    NULL,              OP_ANYONE, NULL },
+	{ "free",             &op_free_args,     op_free,     NULL,              OP_ANYONE, NULL },
+	{ "buffers",          &op_buffers_args,  op_buffers,  NULL,              OP_ANYONE, NULL },
+	{ "put",              &op_put_args,      op_transfer, NULL,              OP_ANYONE, NULL },
+	{ "get",              &op_get_args,      op_transfer, NULL,              OP_ANYONE, NULL },
+	{ "fill",             &op_fill_args,     op_fill,     NULL,              OP_ANYONE, NULL },
+	{ "checksum",         &op_checksum_args, op_checksum, NULL,              OP_ANYONE, NULL },
+	{ "jobs",             &op_jobs_args,     op_jobs,     NULL,              OP_ANYONE, NULL },
+	{ "status",           &op_status_args,   op_status,   NULL,              OP_ANYONE, NULL },
+	{ "wait",             &op_wait_args,     op_wait,     NULL,              OP_ANYONE, NULL },
+	{ "cancel",           &op_cancel_args,   op_cancel,   NULL,              OP_ANYONE, NULL },
+	{ "bench_copy",       &op_bench_copy_args, op_bench_copy, NULL,          OP_BENCH,  NULL },
+	{ "copy",             &op_copy_args,     op_copy,     NULL,              OP_ANYONE, NULL },
+	{ "bench_d2d",        &op_bench_d2d_args, op_bench_d2d, NULL,            OP_BENCH,  NULL },
+	{ "run",              &op_run_args,      op_run,      NULL,              OP_ANYONE, NULL },
+	{ "stats",            &op_stats_args,    op_stats,    NULL,              OP_ANYONE, NULL },
+	{ "bench_chain",      &op_bench_chain_args, op_bench_chain, NULL,        OP_BENCH,  NULL },
+	{ "allreduce",        &op_allreduce_args, op_collective, NULL, OP_ANYONE, NULL },
+	{ "bench_allreduce",  &op_bench_allreduce_args, op_collective, NULL, OP_BENCH, NULL },
+	{ "reduce_scatter",   &op_reduce_scatter_args, op_collective, NULL, OP_ANYONE, NULL },
+	{ "all_gather",       &op_all_gather_args, op_collective, NULL, OP_ANYONE, NULL },
+	{ "broadcast",        &op_broadcast_args, op_collective, NULL, OP_ANYONE, NULL },
+	{ "reduce",           &op_reduce_args, op_collective, NULL, OP_ANYONE, NULL },
+	{ "sendrecv",         &op_sendrecv_args, op_collective, NULL, OP_ANYONE, NULL },
+	{ "all_to_all",       &op_all_to_all_args, op_collective, NULL, OP_ANYONE, NULL },
+	{ "group",            &op_group_args, op_collective, NULL, OP_ANYONE, NULL },
+	{ "bench_collective", &op_bench_collective_args, op_collective, NULL, OP_BENCH, NULL },
+	{ "reduce_expr",      &op_reduce_expr_args, op_reduce_expr, NULL,        OP_ANYONE, NULL },
+	{ "metrics",          &op_metrics_args,  op_metrics,  NULL,              OP_ANYONE, NULL },
+	{ "shutdown",         &op_shutdown_args, op_shutdown, NULL,              OP_ADMIN,
+	  shutdown_denied },
+	{ "bench_sched",      &op_bench_sched_args, op_bench_sched, NULL,        OP_BENCH,  NULL },
+	{ "reset_device",     &op_reset_device_args, op_reset_device, NULL,      OP_ADMIN,
+	  reset_device_denied },
+	{ "region_create",    &op_region_create_args, op_region_create, NULL,              OP_ANYONE, NULL },
+	{ "region_free",      &op_region_free_args, op_region_free, NULL,              OP_ANYONE, NULL },
+	{ "regions",          &op_regions_args,  op_regions,  NULL,              OP_ANYONE, NULL },
+	{ "region_open",      &op_region_open_args, op_region_open, NULL,              OP_ANYONE, NULL },
+	{ "attach",           &op_attach_args,   op_attach,   NULL,              OP_ANYONE, NULL },
+	{ "release",          &op_release_args,  op_release,  NULL,              OP_ANYONE, NULL },
+	{ "leases",           &op_leases_args,   op_leases,   NULL,              OP_ANYONE, NULL },
+	{ "lease_break",      &op_lease_break_args, op_lease_break, NULL,        OP_ADMIN,
+	  lease_break_denied },
 #ifdef GPUQ_FAULT_INJECTION
-	{ "inject_fault", op_inject_fault }, /* tests/gpuqd-faults only */
+	{ "inject_fault",     &op_inject_fault_args, op_inject_fault, NULL,      OP_ROOT, NULL }, /* tests/gpuqd-faults only */
 #endif
 };
 
-static request_handler find_op(const char *name)
+#define OP_COUNT (sizeof op_table / sizeof op_table[0])
+
+static const struct op_def *find_op(const char *name)
 {
-	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-		if (strcmp(ops[i].name, name) == 0)
-			return ops[i].handler;
+	for (size_t i = 0; i < OP_COUNT; i++)
+		if (strcmp(op_table[i].name, name) == 0)
+			return &op_table[i];
 	return NULL;
+}
+
+/* Every op's name, comma-separated, as unknown_op lists them. */
+static size_t op_names(char *out, size_t size)
+{
+	size_t used = 0;
+	for (size_t i = 0; i < OP_COUNT; i++) {
+		int n = snprintf(out + used, size - used, "%s%s", i ? ", " : "", op_table[i].name);
+		used += (size_t)n < size - used ? (size_t)n : size - used - 1;
+	}
+	return used;
+}
+
+static void op_refuse_caller(const struct op_def *op, struct request *req, struct gpuq_error *err)
+{
+	if (op->denied) {
+		op->denied(req, err);
+		return;
+	}
+	if (op->who == OP_ROOT)
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED, "%s is root's", op->name);
+	else
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  "only root and members of the admin group may call %s (rule: admin-group)",
+			  op->name);
+}
+
+/* 0 when the caller may call op, else -1 with permission_denied saying who may. */
+static int op_check_caller(const struct op_def *op, struct request *req, struct gpuq_error *err)
+{
+	switch (op->who) {
+	case OP_ANYONE: return 0;
+	case OP_BENCH: return quota_check_benchmarks(req->d, req->conn, op->name, err);
+	case OP_ADMIN:
+		if (quota_is_admin(req->d, req->conn))
+			return 0;
+		break;
+	case OP_ROOT:
+		if (req->conn->uid == 0)
+			return 0;
+		break;
+	}
+	op_refuse_caller(op, req, err);
+	return -1;
+}
+
+/* Decodes the op's arguments, checks the caller, then runs the op. */
+static void op_run_one(const struct op_def *op, struct request *req)
+{
+	_Alignas(max_align_t) char args[ARGS_MAX_SIZE];
+	struct gpuq_error err;
+	if (op->args && op->args->size > sizeof args) {
+		gpuq_fail(&err, GPUQ_E_INTERNAL, "op %s: its arguments take %zu bytes; at most %zu",
+			  op->name, op->args->size, sizeof args);
+		reply_error(req, &err);
+		return;
+	}
+	if (op->args && args_decode(req, op->args, args, &err) < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	if (op_check_caller(op, req, &err) < 0) {
+		reply_error(req, &err);
+		return;
+	}
+	if (op->exec)
+		op->exec(req, args);
+	else
+		op->handler(req);
+}
+
+int request_check_ops(struct gpuq_error *err)
+{
+	for (size_t i = 0; i < OP_COUNT; i++) {
+		const struct op_def *op = &op_table[i];
+		if (!op->exec == !op->handler || (op->exec && !op->args) || (op->handler && op->args))
+			return gpuq_fail(err, GPUQ_E_INTERNAL,
+					 "op %s: give either args and exec or a handler", op->name);
+		struct gpuq_error spec_err;
+		if (op->args && args_spec_check(op->args, &spec_err) < 0)
+			return gpuq_fail(err, GPUQ_E_INTERNAL, "op %s: %s", op->name, spec_err.message);
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(op_table[j].name, op->name) == 0)
+				return gpuq_fail(err, GPUQ_E_INTERNAL, "op %s is in the table twice",
+						 op->name);
+	}
+	char names[OP_COUNT * (2 + 24)];
+	size_t len = op_names(names, sizeof names);
+	if (len + sizeof "unknown op '' (ops: )" + 31 > sizeof err->message)
+		return gpuq_fail(err, GPUQ_E_INTERNAL,
+				 "the ops' names take %zu bytes: unknown_op's message would cut them off",
+				 len);
+	return 0;
 }
 
 static void refuse_unknown_op(struct request *req, const char *op)
 {
-	char names[256];
-	size_t used = 0;
-	for (size_t i = 0; i < sizeof ops / sizeof ops[0] && used < sizeof names; i++)
-		used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
-					 ops[i].name);
+	char names[OP_COUNT * (2 + 24)];
+	op_names(names, sizeof names);
 	struct gpuq_error err;
 	gpuq_fail(&err, GPUQ_E_UNKNOWN_OP, "unknown op '%s' (ops: %s)", op, names);
 	reply_error(req, &err);
@@ -123,12 +266,12 @@ static void dispatch(struct request *req)
 		reply_error(req, &err);
 		return;
 	}
-	request_handler handler = find_op(op);
-	if (!handler) {
+	const struct op_def *def = find_op(op);
+	if (!def) {
 		refuse_unknown_op(req, op);
 		return;
 	}
-	handler(req);
+	op_run_one(def, req);
 }
 
 void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len)

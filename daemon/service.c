@@ -38,7 +38,10 @@ static void print_rule(const struct quota_rule *r)
 		printf(" queued-jobs %llu", (unsigned long long)r->queued_jobs);
 	if (r->has_devices)
 		printf(" devices %s", quota_devices_text(r->devices, devices, sizeof devices));
-	bool any = r->has_memory || r->has_pinned || r->has_jobs || r->has_devices;
+	if (r->has_benchmarks)
+		printf(" benchmarks %s", r->benchmarks ? "yes" : "no");
+	bool any = r->has_memory || r->has_pinned || r->has_jobs || r->has_devices ||
+		   r->has_benchmarks;
 	for (int k = 0; k < HOLD_KINDS; k++) {
 		if (r->has_hold[k])
 			print_count(quota_hold_name((enum quota_hold)k), r->hold[k]);

@@ -8,16 +8,20 @@
 
 static const struct job_kind kind_inject_fault = { "inject_fault", NULL, NULL };
 
-void op_inject_fault(struct request *req)
+struct inject_fault_args {
+	uint64_t device;
+};
+
+static const struct args_field inject_fault_fields[] = {
+	{ "device", ARGS_U64, 0, ARGS_AT(struct inject_fault_args, device) },
+};
+const struct args_spec op_inject_fault_args =
+	ARGS_SPEC(struct inject_fault_args, inject_fault_fields, NULL);
+
+/* Only root gets here (request.c's op table). */
+void op_inject_fault(struct request *req, void *args)
 {
-	struct gpuq_error err;
-	uint64_t device = 0;
-	if (msg_get_u64(req->map, "device", &device, &err) < 0 ||
-	    (req->conn->uid != 0 &&
-	     gpuq_fail(&err, GPUQ_E_PERMISSION_DENIED, "inject_fault is root's") < 0)) {
-		reply_error(req, &err);
-		return;
-	}
+	uint64_t device = ((struct inject_fault_args *)args)->device;
 	struct job *job = new_job(req, &kind_inject_fault, WORK_FAULT, (int)device);
 	if (job)
 		job_submit(req, job);

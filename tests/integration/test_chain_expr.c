@@ -310,3 +310,85 @@ TEST(chain_expr_refusals_point_at_the_column)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/* run or reduce_expr with `expr` text on `device` (any uint64), waiting. */
+static struct gpuq_reply *expr_on_device(struct gpuq_client *c, const char *op, const char *text,
+					 uint64_t device)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_str(&req, "expr", text);
+	mp_put_u64(&req, "device", device);
+	mp_put_bool(&req, "wait", true);
+	return call(c, &req, NULL, 0);
+}
+
+/*
+ * An op list is an expression (docs/protocol.md, run): what one refuses,
+ * the other does too. A constant beyond float's range in float arithmetic,
+ * mode and repeat in a reduction, a device the daemon does not have.
+ */
+TEST(chain_expr_refuses_what_the_op_list_refuses)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	talloc(c, "x", &tdtype_f32, 100, 0);
+	talloc(c, "y", &tdtype_f32, 100, 0);
+	talloc(c, "z", &tdtype_f64, 100, 0);
+	struct expr_opts o = EXPR_OPTS_DEFAULT;
+	expect_refused(run_chain(c, "x", "mul 1e300", "fused", 1, NULL), GPUQ_E_BAD_REQUEST,
+		       "op 1 'mul': argument 1 is 1e+300, beyond float's range");
+	expect_refused(expr_call(c, "run", "y = x * 1e300", &o), GPUQ_E_BAD_REQUEST,
+		       "expression column 9: the number 1e+300 is beyond float's range (3.40282e+38), "
+		       "in which f32 expressions take their constants");
+	expect_refused(expr_call(c, "run", "y = clamp(x, -1e39, 1)", &o), GPUQ_E_BAD_REQUEST,
+		       "expression column 14: the number -1e+39 is beyond float's range");
+	expect_refused(expr_call(c, "reduce_expr", "sum(x * 1e300)", &o), GPUQ_E_BAD_REQUEST,
+		       "expression column 9: the number 1e+300");
+	gpuq_reply_free(expr_ok(c, "z = z * 1e300", &o)); /* f64 keeps its constants double */
+	gpuq_reply_free(expr_ok(c, "y = f32(z * 1e300)", &o));
+	/* a reduction runs fused, once: mode and repeat are refused even at their defaults */
+	o.mode = "fused";
+	expect_refused(expr_call(c, "reduce_expr", "sum(x)", &o), GPUQ_E_BAD_REQUEST,
+		       "a reduction runs fused once: leave out 'mode' and 'repeat'");
+	o = EXPR_OPTS_DEFAULT;
+	o.repeat = 1;
+	expect_refused(expr_call(c, "reduce_expr", "sum(x)", &o), GPUQ_E_BAD_REQUEST,
+		       "a reduction runs fused once");
+	/* nil is absent (docs/protocol.md, Requests): expr nil is the op-list form, buffer nil no conflict */
+	struct mp_map req;
+	struct mp_array ops, sin_op;
+	gpuq_request_begin(c, &req, "run");
+	mp_put_nil(&req, "expr");
+	mp_put_str(&req, "buffer", "x");
+	mp_array_init(&ops);
+	mp_array_init(&sin_op);
+	mp_array_str(&sin_op, "sin");
+	mp_array_array(&ops, &sin_op);
+	mp_put_array(&req, "ops", &ops);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "run with expr nil and an op list");
+	gpuq_reply_free(r);
+	gpuq_request_begin(c, &req, "run");
+	mp_put_str(&req, "expr", "y = x");
+	mp_put_nil(&req, "buffer");
+	mp_put_nil(&req, "out");
+	mp_put_bool(&req, "wait", true);
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "run with an expression and buffer nil");
+	gpuq_reply_free(r);
+	/* 2^64-1 is a device number like any other, not "no device" */
+	const uint64_t devices[] = { UINT64_MAX, UINT64_MAX - 1, 99 };
+	for (int i = 0; i < 3; i++) {
+		char want[64];
+		snprintf(want, sizeof want, "device %llu does not exist",
+			 (unsigned long long)devices[i]);
+		expect_refused(expr_on_device(c, "run", "y = x", devices[i]), GPUQ_E_NOT_FOUND, want);
+		expect_refused(expr_on_device(c, "reduce_expr", "sum(x)", devices[i]),
+			       GPUQ_E_NOT_FOUND, want);
+	}
+	gpuq_close(c);
+	daemon_stop(&d);
+}

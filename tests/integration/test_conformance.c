@@ -358,6 +358,52 @@ TEST(a_device_that_does_not_exist_is_not_found_everywhere)
 	daemon_stop(&d);
 }
 
+/*
+ * An entry of `devices`, or the @GPU of a buffer name, beyond the daemon's
+ * devices is not_found with the same words as `device` (docs/protocol.md,
+ * Requests): the device does not exist, whatever the op.
+ */
+TEST(a_device_in_a_list_or_a_name_that_does_not_exist_is_not_found)
+{
+	static const char *const list_ops[] = {
+		"noop", "allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
+		"sendrecv", "all_to_all", "group", "bench_allreduce", "bench_collective",
+	};
+	static const char *const name_ops[] = { "free", "fill", "checksum", "run", "attach" };
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	char want[96];
+	snprintf(want, sizeof want, "device 99 does not exist (devices: 0-%d)", device_count(c) - 1);
+	for (size_t i = 0; i < sizeof list_ops / sizeof list_ops[0]; i++) {
+		struct mp_map req;
+		struct mp_array devices;
+		gpuq_request_begin(c, &req, list_ops[i]);
+		mp_put_str(&req, "buffer", "w");
+		mp_array_init(&devices);
+		mp_array_u64(&devices, 0);
+		mp_array_u64(&devices, 99);
+		mp_put_array(&req, "devices", &devices);
+		expect_free(call(c, &req, NULL, 0), GPUQ_E_NOT_FOUND, want);
+	}
+	for (size_t i = 0; i < sizeof name_ops / sizeof name_ops[0]; i++) {
+		struct mp_map req;
+		gpuq_request_begin(c, &req, name_ops[i]);
+		mp_put_str(&req, "buffer", "w@99");
+		mp_put_str(&req, "pattern", "zeros");
+		expect_free(call(c, &req, NULL, 0), GPUQ_E_NOT_FOUND, want);
+	}
+	/* the same inside an expression, at the name's column */
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "run");
+	mp_put_str(&req, "expr", "y = w@99 + 1");
+	snprintf(want, sizeof want, "expression column 5: device 99 does not exist (devices: 0-%d)",
+		 device_count(c) - 1);
+	expect_free(call(c, &req, NULL, 0), GPUQ_E_NOT_FOUND, want);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(more_descriptors_than_a_request_may_carry_is_bad_frame)
 {
 	struct daemon_proc d;

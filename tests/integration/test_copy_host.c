@@ -489,7 +489,7 @@ TEST(copy_buffer_ranges)
 	expect_fail(xfer(c, "put", "r[19999:2]", src, NULL), GPUQ_E_BAD_REQUEST, "outside buffer");
 	expect_fail(xfer(c, "get", "r[20001:]", dst, NULL), GPUQ_E_BAD_REQUEST, "past the end");
 	expect_fail(xfer(c, "get", "r[1:2", dst, NULL), GPUQ_E_BAD_REQUEST, "malformed range");
-	expect_fail(xfer(c, "get", "r@9[1:2]", dst, NULL), GPUQ_E_NOT_FOUND, "not found");
+	expect_fail(xfer(c, "get", "r@9[1:2]", dst, NULL), GPUQ_E_NOT_FOUND, "device 9 does not exist");
 	CHECK_EQ(do_checksum(c, "r"), host_checksum(want, n));
 	free(want);
 	close(src);

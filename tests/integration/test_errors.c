@@ -48,6 +48,55 @@ TEST(unknown_op_and_missing_fields)
 	daemon_stop(&d);
 }
 
+/* True if list ("a, b, c") holds name as one of its entries. */
+static bool list_has(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = list; *p; ) {
+		const char *end = strstr(p, ", ");
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		if (len == n && memcmp(p, name, n) == 0)
+			return true;
+		if (!end)
+			break;
+		p = end + 2;
+	}
+	return false;
+}
+
+/* unknown_op lists every op the daemon serves, none cut off. */
+TEST(unknown_op_names_every_op)
+{
+	static const char *const ops[] = {
+		"ping", "devices", "noop", "alloc", "free", "buffers", "put", "get", "fill",
+		"checksum", "jobs", "status", "wait", "cancel", "bench_copy", "copy", "bench_d2d",
+		"run", "stats", "bench_chain", "allreduce", "bench_allreduce", "reduce_scatter",
+		"all_gather", "broadcast", "reduce", "sendrecv", "all_to_all", "group",
+		"bench_collective", "reduce_expr", "metrics", "shutdown", "bench_sched",
+		"reset_device", "region_create", "region_free", "regions", "region_open", "attach",
+		"release", "leases", "lease_break",
+	};
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	struct gpuq_reply *r = send_op(c, "frobnicate", NULL, NULL, NULL, 0);
+	struct gpuq_error err;
+	expect_error(r, GPUQ_E_UNKNOWN_OP, "unknown op 'frobnicate' (ops: ");
+	gpuq_reply_error(r, &err);
+	char list[sizeof err.message];
+	const char *start = strstr(err.message, "(ops: ");
+	snprintf(list, sizeof list, "%s", start ? start + 6 : "");
+	size_t len = strlen(list);
+	CHECKF(len > 0 && list[len - 1] == ')', "the list of ops is cut off: %s", err.message);
+	if (len > 0)
+		list[len - 1] = '\0';
+	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+		CHECKF(list_has(list, ops[i]), "unknown_op's list lacks %s: %s", ops[i], err.message);
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(wrong_types_name_the_field)
 {
 	struct daemon_proc d;

@@ -178,7 +178,9 @@ TEST(region_refusals_name_the_problem)
 	expect_refused(region_xfer(c, true, "r[1M:1]", "b", true), GPUQ_E_BAD_REQUEST, "outside region");
 	expect_refused(region_xfer(c, true, "r[0:100]", "b[0:99]", true), GPUQ_E_BAD_REQUEST,
 		       "one length");
-	expect_refused(region_xfer(c, true, "r", "b[1:]", true), GPUQ_E_BAD_REQUEST, "has room for");
+	expect_refused(region_xfer(c, true, "r", "b[1:]", true), GPUQ_E_BAD_REQUEST,
+		       "buffer 'b@0' has room for 1048575 bytes from offset 1, but region 'r' gives "
+		       "1048576");
 	expect_refused(region_xfer(c, false, "r[4096:]", "b", true), GPUQ_E_BAD_REQUEST,
 		       "outside region");
 	expect_refused(region_xfer(c, true, "r@0", "b", true), GPUQ_E_BAD_REQUEST, "names a device");
@@ -188,6 +190,11 @@ TEST(region_refusals_name_the_problem)
 	mp_put_str(&req, "region", "r");
 	mp_put_str(&req, "path", "staged");
 	expect_refused(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "path region");
+	/* nil is absent: a put whose region is nil is one without, and needs a descriptor */
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", "b");
+	mp_put_nil(&req, "region");
+	expect_refused(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "exactly one descriptor");
 	gpuq_region_unmap(&r);
 	gpuq_close(c);
 	daemon_stop(&d);

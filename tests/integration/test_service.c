@@ -304,6 +304,78 @@ TEST(host_pinned_quota_limits_regions)
 	daemon_stop(&d);
 }
 
+/* A small bench_sched (a benchmark any device can run at once), waiting. */
+static struct gpuq_reply *small_benchmark(struct gpuq_client *c, uint64_t reps)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "bench_sched");
+	mp_put_u64(&req, "bytes", 1 << 20);
+	mp_put_u64(&req, "reps", reps);
+	mp_put_bool(&req, "wait", true);
+	return call(c, &req, NULL, 0);
+}
+
+static void benchmark_refused_without_a_rule(void *arg)
+{
+	const struct quota_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	/* a malformed request is told so first, whoever sends it */
+	expect_error(small_benchmark(c, 0), GPUQ_E_BAD_REQUEST, "field 'reps'");
+	expect_error(small_benchmark(c, 1), GPUQ_E_PERMISSION_DENIED,
+		     "bench_sched holds whole devices, so it is for root, the admin group (4243) and "
+		     "users whose quota rule sets benchmarks = yes; uid 65532 is none of these");
+	gpuq_close(c);
+}
+
+static void benchmark_refused_by_a_rule(void *arg)
+{
+	const struct quota_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	expect_error(small_benchmark(c, 1), GPUQ_E_PERMISSION_DENIED,
+		     "quota [user:65531] (");
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "bench_copy");
+	mp_put_bool(&req, "wait", true);
+	expect_error(call(c, &req, NULL, 0), GPUQ_E_PERMISSION_DENIED,
+		     "benchmarks = no; uid 65531 may not run bench_copy");
+	gpuq_close(c);
+}
+
+static void benchmark_allowed(void *arg)
+{
+	const struct quota_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = small_benchmark(c, 1);
+	expect_ok(r, "a benchmark with the right");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+/*
+ * Benchmarks hold whole devices, so they are for root, the admin group and
+ * users a rule grants them (benchmarks = yes); anyone else is refused,
+ * with what would grant it.
+ */
+TEST(benchmarks_need_the_right)
+{
+	struct daemon_proc d;
+	start_with_config(&d, "[gpuqd]\nadmin-group = 4243\n"
+			      "[user:65533]\nbenchmarks = yes\n"
+			      "[user:65531]\nbenchmarks = no\n", NULL);
+	struct quota_args a = { &d };
+	gid_t admin = 4243;
+	as_user(65532, NULL, 0, benchmark_refused_without_a_rule, &a);
+	as_user(65531, NULL, 0, benchmark_refused_by_a_rule, &a);
+	as_user(65533, NULL, 0, benchmark_allowed, &a);
+	as_user(65530, &admin, 1, benchmark_allowed, &a);
+	struct gpuq_client *root = client_open(&d);
+	struct gpuq_reply *r = small_benchmark(root, 1);
+	expect_ok(r, "root's benchmark");
+	gpuq_reply_free(r);
+	gpuq_close(root);
+	daemon_stop(&d);
+}
+
 TEST(admin_group_sees_cancels_and_stops)
 {
 	struct daemon_proc d;

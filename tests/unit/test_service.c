@@ -65,7 +65,8 @@ TEST(config_sets_options_and_rules)
 		      "device-memory = 1G\n"
 		      "[user:0]\n"
 		      "queued-jobs = 3\n"
-		      "devices = 0,2-3\n",
+		      "devices = 0,2-3\n"
+		      "benchmarks = yes\n",
 		      &o, &q, &r, NULL);
 	CHECKF(n == 0, "errors: %s", r.errors[0]);
 	CHECK(r.file_read);
@@ -78,6 +79,8 @@ TEST(config_sets_options_and_rules)
 	CHECK(q.rules[1].scope == QUOTA_USER && q.rules[1].id == 0);
 	CHECK_EQ(q.rules[1].queued_jobs, 3);
 	CHECK_EQ(q.rules[1].devices, 0xd);
+	CHECK(q.rules[1].has_benchmarks && q.rules[1].benchmarks);
+	CHECK(!q.rules[0].has_benchmarks);
 	CHECK(strstr(q.rules[1].where, ":9") != NULL); /* the section's line */
 	quota_set_free(&q);
 }
@@ -110,9 +113,11 @@ TEST(config_reports_every_error_with_its_line)
 		      "colour = blue\n"                   /* 9: unknown limit */
 		      "[frobs]\n"                         /* 10: unknown section */
 		      "a = b\n"
-		      "this line has no equals sign\n",   /* 12: syntax */
+		      "this line has no equals sign\n"    /* 12: syntax */
+		      "[default]\n"
+		      "benchmarks = maybe\n",             /* 14: yes or no */
 		      &o, &q, &r, NULL);
-	CHECKF(n == 8, "%d errors, first: %s", n, r.errors[0]);
+	CHECKF(n == 9, "%d errors, first: %s", n, r.errors[0]);
 	CHECK(has_error(&r, ":2: unknown option 'queue-dpth'"));
 	CHECK(has_error(&r, ":3: queue-depth takes"));
 	CHECK(has_error(&r, ":4: unknown option 'probe'"));
@@ -121,6 +126,7 @@ TEST(config_reports_every_error_with_its_line)
 	CHECK(has_error(&r, ":9: unknown limit 'colour'"));
 	CHECK(has_error(&r, ":10: unknown section [frobs]"));
 	CHECK(has_error(&r, ":12: syntax error"));
+	CHECK(has_error(&r, ":14: benchmarks takes yes or no, not 'maybe'"));
 	quota_set_free(&q);
 }
 

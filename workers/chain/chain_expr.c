@@ -9,6 +9,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -667,6 +668,26 @@ static void bind_types(chain_prog *g)
 	}
 }
 
+/*
+ * A number that meets f16, bf16 or f32 values is rounded to float, as an op
+ * list's constants are: one that overflows float is refused as it is there,
+ * rather than becoming infinity.
+ */
+static int bind_check_consts(const struct chain_expr *x, struct chain_expr_error *e)
+{
+	const chain_prog *g = &x->prog;
+	for (unsigned n = 0; n < g->nnodes; n++) {
+		const struct kernels_expr_node *nd = &g->node[n];
+		double v = nd->kind == KERNELS_EXPR_CONST ? g->c[nd->arg[0]] : 0;
+		if (chain_prog_is_float(nd->type) && gpuq_f32_overflows(v))
+			return fail_at(e, x->node_col[n],
+				       "the number %g is beyond float's range (%g), in which %s "
+				       "expressions take their constants",
+				       v, (double)FLT_MAX, gpuq_dtype_name((enum gpuq_dtype)nd->type));
+	}
+	return 0;
+}
+
 int chain_expr_bind(struct chain_expr *x, const struct chain_expr_binding *b, uint64_t *count,
 		    struct chain_expr_error *e)
 {
@@ -683,5 +704,5 @@ int chain_expr_bind(struct chain_expr *x, const struct chain_expr_binding *b, ui
 	if (chain_prog_check(&x->prog, &at, why, sizeof why) < 0)
 		return fail_at(e, at < x->prog.nnodes ? x->node_col[at] : 0,
 			       "the expression nests too deeply or is malformed: %s", why);
-	return 0;
+	return bind_check_consts(x, e);
 }
