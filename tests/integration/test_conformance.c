@@ -381,7 +381,8 @@ TEST(a_device_in_a_list_or_a_name_that_does_not_exist_is_not_found)
 		gpuq_request_begin(c, &req, list_ops[i]);
 		mp_put_str(&req, "buffer", "w");
 		mp_array_init(&devices);
-		mp_array_u64(&devices, 0);
+		if (device_count(c) > 1) /* a good entry first where a list of two fits the daemon */
+			mp_array_u64(&devices, 0);
 		mp_array_u64(&devices, 99);
 		mp_put_array(&req, "devices", &devices);
 		expect_free(call(c, &req, NULL, 0), GPUQ_E_NOT_FOUND, want);

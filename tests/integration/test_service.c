@@ -415,12 +415,12 @@ TEST(admin_group_sees_cancels_and_stops)
 	rmdir(d.dir);
 }
 
-/* Every sample line is NAME{LABELS} VALUE, and every family has HELP and TYPE. */
+/* Every sample line is NAME{LABELS} VALUE (a number, +Inf, -Inf or NaN), and every family has HELP and TYPE. */
 static void check_exposition(const char *text)
 {
 	regex_t sample;
 	CHECK(regcomp(&sample, "^[a-zA-Z_:][a-zA-Z0-9_:]*(\\{[a-z_]+=\"[^\"]*\"(,[a-z_]+=\"[^\"]*\")*\\})? "
-			       "[-+0-9.e]+$",
+			       "([-+0-9.e]+|[+-]Inf|NaN)$",
 		      REG_EXTENDED | REG_NOSUB) == 0);
 	char *copy = strdup(text), *save = NULL;
 	int samples = 0;
