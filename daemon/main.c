@@ -60,7 +60,7 @@ static int choose_devices(struct daemon *d, int *ordinals, int *count)
 {
 	struct gpuq_error err;
 	int available;
-	if (d->ops->device_count(&d->opt.device, &available, &err) < 0) {
+	if (d->ops->device.count(&d->opt.device, &available, &err) < 0) {
 		log_error("%s", err.message);
 		return -1;
 	}

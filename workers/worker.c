@@ -88,8 +88,8 @@ static bool work_changes_memory(const struct work *work)
 void worker_refresh_after(struct worker *w, const struct work *work)
 {
 	struct gpuq_error ignored;
-	if (work_changes_memory(work) && !w->dev.faulted && w->dev.ops->refresh_info)
-		w->dev.ops->refresh_info(&w->dev, &ignored);
+	if (work_changes_memory(work) && !w->dev.faulted && w->dev.ops->device.refresh_info)
+		w->dev.ops->device.refresh_info(&w->dev, &ignored);
 }
 
 void worker_account_locked(struct worker *w, const struct work *work)
@@ -163,12 +163,12 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 	struct gpuq_error err;
 	gpuq_error_clear(&err);
-	int rc = w->dev.ops->open(&w->dev, &err);
+	int rc = w->dev.ops->device.open(&w->dev, &err);
 	struct sched *s = NULL;
 	if (rc == 0 && !(s = sched_create(w, &worker_sched_hooks, w->pool->max_inflight))) {
 		rc = gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "device %d: no memory for its scheduler",
 			       w->dev.index);
-		w->dev.ops->close(&w->dev);
+		w->dev.ops->device.close(&w->dev);
 	}
 	pthread_mutex_lock(&w->lock);
 	w->sched = s;
@@ -180,7 +180,7 @@ static void *worker_main(void *arg)
 	}
 	sched_run(s);
 	sched_release(s); /* the struct stays for worker_pool_stop: see sched.h */
-	w->dev.ops->close(&w->dev);
+	w->dev.ops->device.close(&w->dev);
 	return NULL;
 }
 

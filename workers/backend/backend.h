@@ -1,13 +1,18 @@
 /*
- * The backend seam: one small table of device operations, implemented by the
- * CUDA backend (backend_cuda.c) and by the host backend (backend_host.c, a
- * "device" that is a memory arena). Jobs (workers/run.c, workers/transfer/transfer.c)
- * are written once against it.
+ * The backend seam: the device operations jobs are written against, once,
+ * implemented by the CUDA backend (backend_cuda.c) and by the host backend
+ * (backend_host.c, a "device" that is a memory arena). struct backend_ops
+ * groups them by concern into small tables: the device's life (device),
+ * memory (mem), copies (copy), events and lanes (events), kernel chains
+ * (chain) and collectives (coll). A backend that lacks an operation leaves
+ * it NULL where the caller checks (chain.enqueue).
  *
- * Threads: device_count runs on the main thread before any worker starts.
+ * Threads: device.count runs on the main thread before any worker starts.
  * Every other operation runs only on the worker thread that owns the device,
  * between its open and its close. Operations return 0, or -1 with err set
- * (code and a message that names the device and the failing call).
+ * (code and a message that names the device and the failing call). A
+ * backend that must wait for the device or for a host thread does so
+ * through dev->waits (struct device_waits), never by calling the scheduler.
  */
 #ifndef GPUQ_BACKEND_H
 #define GPUQ_BACKEND_H
@@ -170,30 +175,33 @@ struct device {
 	void *lane;
 };
 
-struct backend_ops {
-	const char *name; /* "cuda" or "host" */
-	/*
-	 * Whether the device's completions wake the scheduler by themselves
-	 * (sched_notify: the host backend's engine threads do); if not (CUDA),
-	 * a job waiting for the device makes the worker poll.
-	 */
-	bool completions_notify;
-
+/* The device's life: how many, open and close, the volatile info, a reset. */
+struct backend_device_ops {
 	/*
 	 * Devices this backend can serve (the host backend: config->host_devices).
 	 * Main thread, before workers start.
 	 */
-	int (*device_count)(const struct device_config *config, int *count,
-			    struct gpuq_error *err);
-
+	int (*count)(const struct device_config *config, int *count,
+		     struct gpuq_error *err);
 	/* Takes the device: context, streams, pool, staging ring, peer matrix, info. */
 	int (*open)(struct device *dev, struct gpuq_error *err);
 	/* Releases everything open took, in order; logs and goes on past errors. */
 	void (*close)(struct device *dev);
-
 	/* Refreshes the volatile parts of dev->info (free memory). */
 	int (*refresh_info)(struct device *dev, struct gpuq_error *err);
+	/*
+	 * Between a close and the next open of a device that faulted or is
+	 * reset on demand: makes it new (CUDA: cudaDeviceReset, which destroys
+	 * the primary context and everything in it). workers/backend/device_reset.c.
+	 */
+	int (*reset)(struct device *dev, struct gpuq_error *err);
+};
 
+/*
+ * Memory: device buffers (pooled and shareable), fills and checksums on
+ * them, and the pinned or registered host memory copies go through.
+ */
+struct backend_mem_ops {
 	/* Device memory: GPUQ_E_OUT_OF_MEMORY when it cannot be had. */
 	int (*alloc)(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err);
 	int (*release)(struct device *dev, void *ptr, struct gpuq_error *err);
@@ -206,27 +214,11 @@ struct backend_ops {
 	 */
 	int (*alloc_shareable)(struct device *dev, uint64_t bytes, void **ptr, int *fd,
 			       struct gpuq_error *err);
-
 	/* Synchronous: the fill/checksum is complete when they return. */
 	int (*fill)(struct device *dev, void *ptr, uint64_t bytes,
 		    const struct fill_spec *spec, struct gpuq_error *err);
 	int (*checksum)(struct device *dev, const void *ptr, uint64_t bytes,
 			uint64_t *out, struct gpuq_error *err);
-
-	/*
-	 * Asynchronous copies between a staging slot and device memory: enqueue
-	 * the copy (host->device on one stream, device->host on another) and mark
-	 * the slot busy; slot_wait blocks until the slot's last copy is done.
-	 */
-	int (*h2d_async)(struct device *dev, void *dst, unsigned slot, size_t n,
-			 struct gpuq_error *err);
-	int (*d2h_async)(struct device *dev, unsigned slot, const void *src, size_t n,
-			 struct gpuq_error *err);
-	int (*slot_wait)(struct device *dev, unsigned slot, struct gpuq_error *err);
-
-	/* operations of the pipelined-copy issue */
-	/* Non-blocking slot_wait: *ready is true once the slot's last copy is done. */
-	int (*slot_ready)(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err);
 	/*
 	 * The registered path and regions: pins the host range [ptr, ptr + n)
 	 * (page-aligned) for direct copies; flags are BACKEND_REGISTER_*:
@@ -237,93 +229,89 @@ struct backend_ops {
 	int (*host_register)(struct device *dev, void *ptr, size_t n, unsigned flags,
 			     struct gpuq_error *err);
 	int (*host_unregister)(struct device *dev, void *ptr, struct gpuq_error *err);
+	/* Pinned host memory outside the ring (the benchmark's ceiling). */
+	int (*host_alloc_pinned)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
+	void (*host_free_pinned)(struct device *dev, void *ptr);
+	/* Pinned host memory every device may copy from and to (cudaHostAllocPortable). */
+	int (*host_alloc_portable)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
+	void (*host_free_portable)(struct device *dev, void *ptr);
+};
+
+/*
+ * Copies: the staging ring's slots, synchronous host<->device copies, and
+ * device-side copies (same device, peer, the host-staged ring).
+ */
+struct backend_copy_ops {
+	/*
+	 * Asynchronous copies between a staging slot and device memory: enqueue
+	 * the copy (host->device on one stream, device->host on another) and mark
+	 * the slot busy; slot_wait blocks until the slot's last copy is done.
+	 */
+	int (*h2d_async)(struct device *dev, void *dst, unsigned slot, size_t n,
+			 struct gpuq_error *err);
+	int (*d2h_async)(struct device *dev, unsigned slot, const void *src, size_t n,
+			 struct gpuq_error *err);
+	int (*slot_wait)(struct device *dev, unsigned slot, struct gpuq_error *err);
+	/* Non-blocking slot_wait: *ready is true once the slot's last copy is done. */
+	int (*slot_ready)(struct device *dev, unsigned slot, bool *ready, struct gpuq_error *err);
 	/*
 	 * Synchronous copies between registered (or pinned, or, for the benchmark's
 	 * baselines, pageable) host memory and device memory, on the h2d or d2h
 	 * stream. *seconds (may be NULL) is the copy's time between events
 	 * recorded around it on that stream.
 	 */
-	int (*copy_h2d)(struct device *dev, void *dst, const void *src, size_t n, double *seconds,
-			struct gpuq_error *err);
-	int (*copy_d2h)(struct device *dev, void *dst, const void *src, size_t n, double *seconds,
-			struct gpuq_error *err);
-	/* Pinned host memory outside the ring (the benchmark's ceiling). */
-	int (*host_alloc_pinned)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
-	void (*host_free_pinned)(struct device *dev, void *ptr);
+	int (*h2d)(struct device *dev, void *dst, const void *src, size_t n, double *seconds,
+		   struct gpuq_error *err);
+	int (*d2h)(struct device *dev, void *dst, const void *src, size_t n, double *seconds,
+		   struct gpuq_error *err);
 	/*
 	 * Device-side copies for copy jobs (workers/copy/copy.c). They enqueue
 	 * on the compute stream and return at once; events order them, across
 	 * devices too, and the caller waits on its own events before it returns.
 	 *
-	 * copy_d2d: dst <- src, both on this device, by the copy engine
+	 * d2d: dst <- src, both on this device, by the copy engine
 	 * (cudaMemcpyAsync) or the SM kernel (kernels_copy).
-	 * copy_peer: dst on this device <- src on device src_index, by the
+	 * peer: dst on this device <- src on device src_index, by the
 	 * driver's peer copy (cudaMemcpyPeerAsync); only where this device has
 	 * peer access to src_index and that device's pool is shared with it
 	 * (the caller checks: without them CUDA would stage silently).
 	 * ring_d2h / ring_h2d: between device memory and portable pinned memory
 	 * from host_alloc_portable (the host-staged peer path's ring).
 	 */
-	int (*copy_d2d)(struct device *dev, void *dst, const void *src, size_t n,
-			enum copy_engine engine, struct gpuq_error *err);
-	int (*copy_peer)(struct device *dev, void *dst, int src_index, const void *src, size_t n,
-			 struct gpuq_error *err);
+	int (*d2d)(struct device *dev, void *dst, const void *src, size_t n,
+		   enum copy_engine engine, struct gpuq_error *err);
+	int (*peer)(struct device *dev, void *dst, int src_index, const void *src, size_t n,
+		    struct gpuq_error *err);
 	int (*ring_d2h)(struct device *dev, void *host, const void *src, size_t n,
 			struct gpuq_error *err);
 	int (*ring_h2d)(struct device *dev, void *dst, const void *host, size_t n,
 			struct gpuq_error *err);
-	/* Pinned host memory every device may copy from and to (cudaHostAllocPortable). */
-	int (*host_alloc_portable)(struct device *dev, size_t n, void **ptr, struct gpuq_error *err);
-	void (*host_free_portable)(struct device *dev, void *ptr);
+};
+
+/*
+ * Ordering: events on the current lane, and the lanes (one stream per job
+ * in flight) the scheduler makes.
+ */
+struct backend_events_ops {
 	/*
-	 * Events. event_record marks the compute stream's work so far;
-	 * event_wait makes the compute stream wait for an event, which may
+	 * Events. record marks the current lane's work so far;
+	 * wait makes the compute stream wait for an event, which may
 	 * belong to another device (recorded by that device's worker);
-	 * event_sync blocks until one of this device's own events is complete;
-	 * event_elapsed gives the seconds between two timing events.
+	 * sync blocks until one of this device's own events is complete;
+	 * elapsed gives the seconds between two timing events.
 	 */
-	int (*event_create)(struct device *dev, bool timing, void **event, struct gpuq_error *err);
-	void (*event_destroy)(struct device *dev, void *event);
-	int (*event_record)(struct device *dev, void *event, struct gpuq_error *err);
-	int (*event_wait)(struct device *dev, void *event, struct gpuq_error *err);
-	int (*event_sync)(struct device *dev, void *event, struct gpuq_error *err);
-	int (*event_elapsed)(struct device *dev, void *start, void *end, double *seconds,
-			     struct gpuq_error *err);
-	/* operations of the kernel-chain issue */
-	/* Runs spec's chain (workers/chain/chain.h) and fills spec->result; synchronous. */
-	int (*chain)(struct device *dev, struct chain_spec *spec, struct gpuq_error *err);
+	int (*create)(struct device *dev, bool timing, void **event, struct gpuq_error *err);
+	void (*destroy)(struct device *dev, void *event);
+	int (*record)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*wait)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*sync)(struct device *dev, void *event, struct gpuq_error *err);
+	int (*elapsed)(struct device *dev, void *start, void *end, double *seconds,
+		       struct gpuq_error *err);
 	/*
-	 * The chain benchmark's baseline: bytes copied device to device, reps
-	 * times, each timed; *seconds is the median of one copy.
+	 * Non-blocking: *done once everything the event marks has run. -1 with
+	 * err when the device reports an error instead (a fault).
 	 */
-	int (*chain_copy_time)(struct device *dev, void *dst, const void *src, uint64_t bytes,
-			       unsigned reps, double *seconds, struct gpuq_error *err);
-	/* The reductions' baseline: a kernel that only reads bytes at src, timed likewise. */
-	int (*chain_read_time)(struct device *dev, const void *src, uint64_t bytes, unsigned reps,
-			       double *seconds, struct gpuq_error *err);
-	/* operations of the collectives (all-reduce, then NCCL's other primitives) */
-	/*
-	 * workers/collective/collective.h drives them; each runs on the rank's worker and
-	 * polls coll_poll while it waits, so none waits past the call's deadline,
-	 * the collective's failure or the part's cancel flag. coll_unique_id
-	 * makes a fresh communicator id (rank 0 only); coll_comm_init makes this
-	 * rank's communicator from it, with every other rank at the same time,
-	 * and on failure releases what it made; coll_run runs this rank's part
-	 * of spec's primitives (one group) and waits for it; coll_bench times the
-	 * raw loop into
-	 * spec->bench_us; coll_comm_abort stops and frees at once (after a
-	 * failure); coll_comm_destroy finalizes, then frees (at close).
-	 */
-	int (*coll_unique_id)(struct device *dev, struct coll_id *id, struct gpuq_error *err);
-	int (*coll_comm_init)(struct device *dev, struct coll_call *call, const struct coll_id *id,
-			      void **comm, struct gpuq_error *err);
-	int (*coll_run)(struct device *dev, void *comm, struct coll_call *call,
-			struct gpuq_error *err);
-	int (*coll_bench)(struct device *dev, void *comm, struct coll_call *call,
-			  struct gpuq_error *err);
-	void (*coll_comm_abort)(struct device *dev, void *comm);
-	void (*coll_comm_destroy)(struct device *dev, void *comm);
-	/* operations of the scheduler issue */
+	int (*query)(struct device *dev, void *event, bool *done, struct gpuq_error *err);
 	/*
 	 * A lane: the stream of one job in flight (CUDA: a non-blocking stream
 	 * with the CUDA stream priority of `priority`, an enum gpuq_priority;
@@ -332,19 +320,67 @@ struct backend_ops {
 	 */
 	int (*lane_create)(struct device *dev, int priority, void **lane, struct gpuq_error *err);
 	void (*lane_destroy)(struct device *dev, void *lane);
-	/*
-	 * Non-blocking: *done once everything the event marks has run. -1 with
-	 * err when the device reports an error instead (a fault).
-	 */
-	int (*event_query)(struct device *dev, void *event, bool *done, struct gpuq_error *err);
-	/*
-	 * Between a close and the next open of a device that faulted or is
-	 * reset on demand: makes it new (CUDA: cudaDeviceReset, which destroys
-	 * the primary context and everything in it). workers/backend/device_reset.c.
-	 */
-	int (*reset)(struct device *dev, struct gpuq_error *err);
+};
+
+/*
+ * Kernel chains: run one, enqueue a fused one without waiting, and the
+ * benchmark's baselines.
+ */
+struct backend_chain_ops {
+	/* Runs spec's chain (workers/chain/chain.h) and fills spec->result; synchronous. */
+	int (*run)(struct device *dev, struct chain_spec *spec, struct gpuq_error *err);
 	/* Enqueues spec's fused chain on the current lane without waiting (the scheduler's ceiling). */
-	int (*chain_enqueue)(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err);
+	int (*enqueue)(struct device *dev, const struct chain_spec *spec, struct gpuq_error *err);
+	/*
+	 * The chain benchmark's baseline: bytes copied device to device, reps
+	 * times, each timed; *seconds is the median of one copy.
+	 */
+	int (*copy_time)(struct device *dev, void *dst, const void *src, uint64_t bytes,
+			 unsigned reps, double *seconds, struct gpuq_error *err);
+	/* The reductions' baseline: a kernel that only reads bytes at src, timed likewise. */
+	int (*read_time)(struct device *dev, const void *src, uint64_t bytes, unsigned reps,
+			 double *seconds, struct gpuq_error *err);
+};
+
+/* Collectives (NCCL, or the host backend's threads): communicators and their primitives. */
+struct backend_coll_ops {
+	/*
+	 * workers/collective/collective.h drives them; each runs on the rank's
+	 * worker and polls coll_poll while it waits, so none waits past the call's deadline,
+	 * the collective's failure or the part's cancel flag. unique_id
+	 * makes a fresh communicator id (rank 0 only); comm_init makes this
+	 * rank's communicator from it, with every other rank at the same time,
+	 * and on failure releases what it made; run runs this rank's part of
+	 * spec's primitives (one group) and waits for it; bench times the raw
+	 * loop into spec->bench_us; comm_abort stops and frees at once (after a
+	 * failure); comm_destroy finalizes, then frees (at close).
+	 */
+	int (*unique_id)(struct device *dev, struct coll_id *id, struct gpuq_error *err);
+	int (*comm_init)(struct device *dev, struct coll_call *call, const struct coll_id *id,
+			 void **comm, struct gpuq_error *err);
+	int (*run)(struct device *dev, void *comm, struct coll_call *call,
+		   struct gpuq_error *err);
+	int (*bench)(struct device *dev, void *comm, struct coll_call *call,
+		     struct gpuq_error *err);
+	void (*comm_abort)(struct device *dev, void *comm);
+	void (*comm_destroy)(struct device *dev, void *comm);
+};
+
+struct backend_ops {
+	const char *name; /* "cuda" or "host" */
+	/*
+	 * Whether the device's completions wake the scheduler by themselves
+	 * (sched_notify: the host backend's engine threads do); if not (CUDA),
+	 * a job waiting for the device makes the worker poll.
+	 */
+	bool completions_notify;
+
+	struct backend_device_ops device;
+	struct backend_mem_ops mem;
+	struct backend_copy_ops copy;
+	struct backend_events_ops events;
+	struct backend_chain_ops chain;
+	struct backend_coll_ops coll;
 };
 
 extern const struct backend_ops backend_cuda;

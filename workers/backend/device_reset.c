@@ -134,11 +134,11 @@ static int reset_and_open(struct device *dev, struct gpuq_error *err)
 	double start = monotonic_seconds(), pause = 0.05;
 	for (unsigned tries = 1;; tries++) {
 		gpuq_error_clear(err);
-		int rc = dev->ops->reset(dev, err);
+		int rc = dev->ops->device.reset(dev, err);
 		if (rc == 0) {
 			dev->faulted = dev->lost = false;
 			dev->fault_reason[0] = '\0';
-			rc = dev->ops->open(dev, err);
+			rc = dev->ops->device.open(dev, err);
 		}
 		if (rc == 0 || dev->needs_restart || monotonic_seconds() - start + pause > RESET_RETRY_S) {
 			if (rc != 0) {
@@ -174,7 +174,7 @@ int device_reset_run(struct worker *w, struct sched *s)
 	fail_queued_with_buffers(w, cause);
 	sched_drop_lanes(s);
 	if (!dev->lost)
-		dev->ops->close(dev); /* skips the device itself where it faulted */
+		dev->ops->device.close(dev); /* skips the device itself where it faulted */
 	int rc = reset_and_open(dev, &err);
 	if (rc != 0) { /* no context: every job is refused until an operator asks again */
 		dev->faulted = dev->lost = true;

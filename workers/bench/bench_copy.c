@@ -236,7 +236,7 @@ static void close_host(struct bench *b)
 	if (b->src)
 		munmap(b->src, b->size);
 	if (b->pinned)
-		b->dev->ops->host_free_pinned(b->dev, b->pinned);
+		b->dev->ops->mem.host_free_pinned(b->dev, b->pinned);
 }
 
 /* Random source bytes, and the same in pinned memory (CUDA), a memfd and a file. */
@@ -251,7 +251,7 @@ static int open_host(struct bench *b)
 	b->expected = copy_hash_parallel(b->pool, b->src, b->size);
 	if (b->cuda) {
 		void *pin;
-		if (b->dev->ops->host_alloc_pinned(b->dev, b->size, &pin, b->err) < 0)
+		if (b->dev->ops->mem.host_alloc_pinned(b->dev, b->size, &pin, b->err) < 0)
 			return -1;
 		b->pinned = pin;
 		parallel_copy(b->pool, b->pinned, b->src, b->size);
@@ -310,8 +310,8 @@ static int run_once(struct bench *b, bool h2d, enum method_kind kind, double *se
 	switch (kind) {
 	case M_PAGEABLE:
 	case M_PINNED:
-		return h2d ? ops->copy_h2d(b->dev, b->dbuf, host, b->size, seconds, err)
-			   : ops->copy_d2h(b->dev, host, b->dbuf, b->size, seconds, err);
+		return h2d ? ops->copy.h2d(b->dev, b->dbuf, host, b->size, seconds, err)
+			   : ops->copy.d2h(b->dev, host, b->dbuf, b->size, seconds, err);
 	case M_MEMFD:
 		return run_transfer(b, h2d, b->memfd, TRANSFER_PATH_AUTO, false, seconds, taken, err);
 	case M_FILE:
@@ -353,7 +353,7 @@ static int poison(struct bench *b, bool h2d, enum method_kind kind)
 {
 	struct fill_spec zero = { .pattern = FILL_ZERO, .dtype = GPUQ_DTYPE_BYTES };
 	if (h2d)
-		return b->dev->ops->fill(b->dev, b->dbuf, b->size, &zero, b->err);
+		return b->dev->ops->mem.fill(b->dev, b->dbuf, b->size, &zero, b->err);
 	if (host_side(b, kind))
 		copy_fill_random_parallel(b->pool, host_side(b, kind), b->size, ~b->seed);
 	return 0;
@@ -373,7 +373,7 @@ static int check(struct bench *b, bool h2d, enum method_kind kind, bool *ok)
 		*ok = run_transfer(b, false, -1, TRANSFER_PATH_AUTO, true, &s, &taken, &err) == 0;
 		return 0;
 	}
-	if (h2d && b->dev->ops->checksum(b->dev, b->dbuf, b->size, &sum, b->err) < 0)
+	if (h2d && b->dev->ops->mem.checksum(b->dev, b->dbuf, b->size, &sum, b->err) < 0)
 		return -1;
 	if (!h2d)
 		sum = copy_hash_parallel(b->pool, host_side(b, kind), b->size);
@@ -474,7 +474,7 @@ static int restore_device(struct bench *b)
 {
 	void *host = b->cuda ? (void *)b->pinned : (void *)b->src;
 	bool ok;
-	if (b->dev->ops->copy_h2d(b->dev, b->dbuf, host, b->size, NULL, b->err) < 0 ||
+	if (b->dev->ops->copy.h2d(b->dev, b->dbuf, host, b->size, NULL, b->err) < 0 ||
 	    check(b, true, M_PINNED, &ok) < 0)
 		return -1;
 	if (!ok)
@@ -496,7 +496,7 @@ static bool size_fits(struct bench *b)
 		return false;
 	}
 	struct gpuq_error err;
-	if (b->dev->ops->alloc(b->dev, b->size, &b->dbuf, &err) < 0) {
+	if (b->dev->ops->mem.alloc(b->dev, b->size, &b->dbuf, &err) < 0) {
 		b->dbuf = NULL;
 		note(b, "%s skipped: %s", size_name(b->size, size, sizeof size), err.message);
 		return false;
@@ -524,7 +524,7 @@ static int bench_size(struct bench *b, uint64_t size, unsigned index)
 	close_host(b);
 	struct gpuq_error ignored;
 	if (b->dbuf && !b->dev->faulted)
-		b->dev->ops->release(b->dev, b->dbuf, &ignored);
+		b->dev->ops->mem.release(b->dev, b->dbuf, &ignored);
 	b->dbuf = NULL;
 	return rc;
 }

@@ -86,7 +86,7 @@ static int fill_with(struct device *dev, void *p, uint64_t n, enum fill_pattern 
 	spec.pattern = pattern;
 	spec.dtype = GPUQ_DTYPE_BYTES;
 	spec.seed = seed;
-	return dev->ops->fill(dev, p, n, &spec, err);
+	return dev->ops->mem.fill(dev, p, n, &spec, err);
 }
 
 /* ---- D2D on one device ---- */
@@ -100,19 +100,19 @@ static int d2d_run_once(const struct bench_ctx *c, enum d2d_method m, void *dst,
 	const struct backend_ops *ops = dev->ops;
 	int rc;
 	if (m == D2D_RAW) {
-		rc = ops->event_record(dev, c->start, err);
+		rc = ops->events.record(dev, c->start, err);
 		if (rc == 0)
-			rc = ops->copy_d2d(dev, dst, src, n, COPY_ENGINE_CE, err);
+			rc = ops->copy.d2d(dev, dst, src, n, COPY_ENGINE_CE, err);
 		if (rc == 0)
-			rc = ops->event_record(dev, c->end, err);
+			rc = ops->events.record(dev, c->end, err);
 	} else { /* timed from right before its first chunk, as the raw call from before its one */
 		rc = copy_same(dev, NULL, dst, src, n, m == D2D_SM ? COPY_ENGINE_SM : COPY_ENGINE_CE,
 			       0, c->start, c->end, err);
 	}
 	if (rc == 0)
-		rc = ops->event_sync(dev, c->end, err);
+		rc = ops->events.sync(dev, c->end, err);
 	if (rc == 0)
-		rc = ops->event_elapsed(dev, c->start, c->end, seconds, err);
+		rc = ops->events.elapsed(dev, c->start, c->end, seconds, err);
 	return rc;
 }
 
@@ -132,7 +132,7 @@ static int d2d_method(const struct bench_ctx *c, enum d2d_method m, void *dst, c
 			seconds[r - 1] = s;
 	}
 	if (rc == 0)
-		rc = c->dev->ops->checksum(c->dev, dst, n, &got, err);
+		rc = c->dev->ops->mem.checksum(c->dev, dst, n, &got, err);
 	if (rc == 0) {
 		*gbps = median_gbps(seconds, reps, n);
 		*ok = got == want;
@@ -150,13 +150,13 @@ static int d2d_size(const struct bench_ctx *c, uint64_t n, struct gpuq_error *er
 	uint64_t want = 0;
 	double gbps[D2D_METHODS] = { 0 };
 	bool ok[D2D_METHODS] = { false };
-	int rc = dev->ops->alloc(dev, n, &src, err);
+	int rc = dev->ops->mem.alloc(dev, n, &src, err);
 	if (rc == 0)
-		rc = dev->ops->alloc(dev, n, &dst, err);
+		rc = dev->ops->mem.alloc(dev, n, &dst, err);
 	if (rc == 0)
 		rc = fill_with(dev, src, n, FILL_RANDOM, c->b->seed, err);
 	if (rc == 0)
-		rc = dev->ops->checksum(dev, src, n, &want, err);
+		rc = dev->ops->mem.checksum(dev, src, n, &want, err);
 	for (int m = 0; rc == 0 && m < D2D_METHODS; m++)
 		rc = d2d_method(c, (enum d2d_method)m, dst, src, n, want, &gbps[m], &ok[m], err);
 	const char *paths[D2D_METHODS] = { NULL, c->b->host ? "host-memcpy" : "ce",
@@ -165,9 +165,9 @@ static int d2d_size(const struct bench_ctx *c, uint64_t n, struct gpuq_error *er
 		add_row(c, "D2D", n, names[m], paths[m], gbps[m], gbps[D2D_RAW], ok[m]);
 	struct gpuq_error ignored;
 	if (dst && !dev->faulted)
-		dev->ops->release(dev, dst, &ignored);
+		dev->ops->mem.release(dev, dst, &ignored);
 	if (src && !dev->faulted)
-		dev->ops->release(dev, src, &ignored);
+		dev->ops->mem.release(dev, src, &ignored);
 	return rc;
 }
 
@@ -263,22 +263,22 @@ static int pair_run_once(const struct bench_ctx *c, const struct pair_run *r, do
 	if (rc == 0)
 		rc = pair_barrier(c, err);
 	if (rc == 0 && !src)
-		rc = dev->ops->event_record(dev, c->start, err);
+		rc = dev->ops->events.record(dev, c->start, err);
 	if (rc == 0)
 		rc = pair_barrier(c, err);
 	if (rc == 0 && !src && r->m == PAIR_RAW) {
-		rc = dev->ops->copy_peer(dev, b->pair_dst, r->p->src, b->pair_src, r->n, err);
+		rc = dev->ops->copy.peer(dev, b->pair_dst, r->p->src, b->pair_src, r->n, err);
 		if (rc == 0)
-			rc = dev->ops->event_record(dev, c->end, err);
+			rc = dev->ops->events.record(dev, c->end, err);
 	} else if (rc == 0 && gang) {
 		if (!src)
 			b->pair.timing_end = c->end;
 		rc = copy_gang_part(dev, &b->pair, src ? COPY_PART_SRC : COPY_PART_DST, err);
 	}
 	if (rc == 0 && !src)
-		rc = dev->ops->event_sync(dev, c->end, err);
+		rc = dev->ops->events.sync(dev, c->end, err);
 	if (rc == 0 && !src)
-		rc = dev->ops->event_elapsed(dev, c->start, c->end, seconds, err);
+		rc = dev->ops->events.elapsed(dev, c->start, c->end, seconds, err);
 	if (rc == 0)
 		rc = pair_barrier(c, err);
 	if (src && gang && rc == 0)
@@ -300,7 +300,7 @@ static int pair_method(const struct bench_ctx *c, const struct pair_run *r, doub
 			seconds[k - 1] = s;
 	}
 	if (rc == 0 && !src) {
-		rc = c->dev->ops->checksum(c->dev, b->pair_dst, r->n, &got, err);
+		rc = c->dev->ops->mem.checksum(c->dev, b->pair_dst, r->n, &got, err);
 		*gbps = median_gbps(seconds, b->repeats, r->n);
 		*ok = got == b->pair_sum;
 	}
@@ -315,11 +315,11 @@ static int pair_setup(const struct bench_ctx *c, const struct bench_d2d_pair *p,
 	struct device *dev = c->dev;
 	bool src = c->self == p->src;
 	uint64_t sum = 0;
-	int rc = dev->ops->alloc(dev, n, mine, err);
+	int rc = dev->ops->mem.alloc(dev, n, mine, err);
 	if (rc == 0 && src)
 		rc = fill_with(dev, *mine, n, FILL_RANDOM, b->seed, err);
 	if (rc == 0 && src)
-		rc = dev->ops->checksum(dev, *mine, n, &sum, err);
+		rc = dev->ops->mem.checksum(dev, *mine, n, &sum, err);
 	if (rc == 0) {
 		peer_sync_lock(&b->sync);
 		if (src) {
@@ -370,7 +370,7 @@ static int pair_size(const struct bench_ctx *c, const struct bench_d2d_pair *p, 
 		rc = pair_barrier(c, err); /* both done with the other's buffer */
 	struct gpuq_error ignored;
 	if (mine && !c->dev->faulted)
-		c->dev->ops->release(c->dev, mine, &ignored);
+		c->dev->ops->mem.release(c->dev, mine, &ignored);
 	return rc;
 }
 
@@ -400,9 +400,9 @@ int bench_d2d_run(struct device *dev, struct work *work)
 		for (int i = 0; i < b->sync.nparts; i++)
 			if (b->sync.parts[i] == work)
 				c.self = i;
-	int rc = dev->ops->event_create(dev, true, &c.start, err);
+	int rc = dev->ops->events.create(dev, true, &c.start, err);
 	if (rc == 0)
-		rc = dev->ops->event_create(dev, true, &c.end, err);
+		rc = dev->ops->events.create(dev, true, &c.end, err);
 	for (unsigned k = 0; rc == 0 && dev->index == b->device && k < b->nsizes; k++)
 		rc = d2d_size(&c, b->sizes[k], err);
 	if (rc == 0 && c.gang)
@@ -410,8 +410,8 @@ int bench_d2d_run(struct device *dev, struct work *work)
 	if (rc != 0 && c.gang)
 		peer_sync_fail(&b->sync, c.self);
 	if (!dev->faulted) {
-		dev->ops->event_destroy(dev, c.start);
-		dev->ops->event_destroy(dev, c.end);
+		dev->ops->events.destroy(dev, c.start);
+		dev->ops->events.destroy(dev, c.end);
 	}
 	work->result.path = b->host ? "host-memcpy" : "device";
 	return rc;

@@ -41,9 +41,9 @@ struct bench_buffers {
 static int bench_alloc_filled(struct device *dev, uint64_t bytes, const struct fill_spec *fill,
 			      void **ptr, struct gpuq_error *err)
 {
-	if (dev->ops->alloc(dev, bytes, ptr, err) != 0)
+	if (dev->ops->mem.alloc(dev, bytes, ptr, err) != 0)
 		return -1;
-	return fill ? dev->ops->fill(dev, *ptr, bytes, fill, err) : 0;
+	return fill ? dev->ops->mem.fill(dev, *ptr, bytes, fill, err) : 0;
 }
 
 static int bench_alloc(struct device *dev, const struct chain_bench *b, struct bench_buffers *m,
@@ -67,7 +67,7 @@ static void bench_release(struct device *dev, struct bench_buffers *m)
 	struct gpuq_error ignored;
 	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
 		if (all[i] && !dev->faulted)
-			dev->ops->release(dev, all[i], &ignored);
+			dev->ops->mem.release(dev, all[i], &ignored);
 }
 
 /* A chain of the first nops ops of the bandwidth chain, cycled. */
@@ -182,7 +182,7 @@ static int bench_fused(struct device *dev, struct chain_bench *b, const struct b
 		bench_spec(&s, CHAIN_FUSED, CHAIN_BENCH_OPS, 1, count, m->big_in, m->big_out);
 		s.kernel = kernels[k];
 		if (bench_time(dev, &s, b->reps, out[k], err) != 0 ||
-		    dev->ops->checksum(dev, m->big_out, b->bytes, &sums[k], err) != 0)
+		    dev->ops->mem.checksum(dev, m->big_out, b->bytes, &sums[k], err) != 0)
 			return -1;
 	}
 	bench_note_kernel(b, &s);
@@ -196,8 +196,8 @@ static int bench_bandwidth(struct device *dev, struct chain_bench *b, const stru
 	uint64_t count = b->bytes / sizeof(float);
 	struct chain_spec s;
 	double warm;
-	if (dev->ops->chain_copy_time(dev, m->big_out, m->big_in, b->bytes, 1, &warm, err) != 0 ||
-	    dev->ops->chain_copy_time(dev, m->big_out, m->big_in, b->bytes, b->reps, &b->copy_s,
+	if (dev->ops->chain.copy_time(dev, m->big_out, m->big_in, b->bytes, 1, &warm, err) != 0 ||
+	    dev->ops->chain.copy_time(dev, m->big_out, m->big_in, b->bytes, b->reps, &b->copy_s,
 				      err) != 0)
 		return -1;
 	for (unsigned i = 0; i < CHAIN_BENCH_OPS; i++) {
@@ -245,8 +245,8 @@ static int bench_expressions(struct device *dev, struct chain_bench *b,
 	    bench_time(dev, &s, b->reps, &b->axpy_s, err) != 0)
 		return -1;
 	bench_note_kernel(b, &s);
-	if (dev->ops->chain_read_time(dev, m->big_in, b->bytes, 1, &warm, err) != 0 ||
-	    dev->ops->chain_read_time(dev, m->big_in, b->bytes, b->reps, &b->read_s, err) != 0 ||
+	if (dev->ops->chain.read_time(dev, m->big_in, b->bytes, 1, &warm, err) != 0 ||
+	    dev->ops->chain.read_time(dev, m->big_in, b->bytes, b->reps, &b->read_s, err) != 0 ||
 	    bench_reduce(dev, b, m, "sum(x)", CHAIN_KERNEL_AUTO, &b->sum_s, &b->sum, &sum, err) != 0 ||
 	    bench_reduce(dev, b, m, "norm2(x)", CHAIN_KERNEL_AUTO, &b->norm2_s, &b->norm2, &interp,
 			 err) != 0 ||
@@ -338,8 +338,8 @@ int chain_bench_run(struct device *dev, struct work *work)
 	struct chain_bench *b = work->spec;
 	struct bench_buffers m = { NULL, NULL, NULL, NULL, NULL };
 	if (!b || b->reps < 1 || b->reps > CHAIN_MAX_REPS || b->bytes < 16 || b->bytes % 16 ||
-	    b->launch_count < 1 || b->launch_repeat < 1 || !dev->ops->chain_copy_time ||
-	    !dev->ops->chain_read_time)
+	    b->launch_count < 1 || b->launch_repeat < 1 || !dev->ops->chain.copy_time ||
+	    !dev->ops->chain.read_time)
 		return gpuq_fail(&work->error, GPUQ_E_INTERNAL,
 				 "[gpu %d] bench_chain: inconsistent parameters or backend: a bug in gpuqd",
 				 dev->index);

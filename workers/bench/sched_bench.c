@@ -40,17 +40,17 @@ static int ceiling_setup(struct ceiling *c, struct gpuq_error *err)
 	const struct backend_ops *ops = dev->ops;
 	uint64_t n = c->b->bytes;
 	struct fill_spec random = { .pattern = FILL_RANDOM, .dtype = GPUQ_DTYPE_F32, .seed = 11 };
-	if (ops->alloc(dev, n, &c->a, err) || ops->alloc(dev, n, &c->bb, err) ||
-	    ops->alloc(dev, n, &c->k, err) || ops->fill(dev, c->k, n, &random, err) ||
-	    ops->host_alloc_portable(dev, n, &c->host_in, err) ||
-	    ops->host_alloc_portable(dev, n, &c->host_out, err))
+	if (ops->mem.alloc(dev, n, &c->a, err) || ops->mem.alloc(dev, n, &c->bb, err) ||
+	    ops->mem.alloc(dev, n, &c->k, err) || ops->mem.fill(dev, c->k, n, &random, err) ||
+	    ops->mem.host_alloc_portable(dev, n, &c->host_in, err) ||
+	    ops->mem.host_alloc_portable(dev, n, &c->host_out, err))
 		return -1;
 	memset(c->host_in, 0x5a, n); /* touched, so no first-use fault is timed */
 	memset(c->host_out, 0, n);
 	for (int p = 0; p < SCHED_BENCH_PARTS; p++)
-		if (ops->lane_create(dev, GPUQ_PRIORITY_NORMAL, &c->lane[p], err) ||
-		    ops->event_create(dev, true, &c->start[p], err) ||
-		    ops->event_create(dev, true, &c->end[p], err))
+		if (ops->events.lane_create(dev, GPUQ_PRIORITY_NORMAL, &c->lane[p], err) ||
+		    ops->events.create(dev, true, &c->start[p], err) ||
+		    ops->events.create(dev, true, &c->end[p], err))
 			return -1;
 	struct chain_spec *s = &c->chain;
 	chain_spec_from_ops(s, ceiling_chain, sizeof ceiling_chain / sizeof ceiling_chain[0],
@@ -68,20 +68,20 @@ static void ceiling_release(struct ceiling *c)
 	struct gpuq_error ignored;
 	for (int p = 0; p < SCHED_BENCH_PARTS; p++) {
 		if (c->start[p])
-			ops->event_destroy(dev, c->start[p]);
+			ops->events.destroy(dev, c->start[p]);
 		if (c->end[p])
-			ops->event_destroy(dev, c->end[p]);
+			ops->events.destroy(dev, c->end[p]);
 		if (c->lane[p])
-			ops->lane_destroy(dev, c->lane[p]);
+			ops->events.lane_destroy(dev, c->lane[p]);
 	}
 	void *device_mem[] = { c->a, c->bb, c->k };
 	for (size_t i = 0; i < 3; i++)
 		if (device_mem[i] && !dev->faulted)
-			ops->release(dev, device_mem[i], &ignored);
+			ops->mem.release(dev, device_mem[i], &ignored);
 	if (c->host_in)
-		ops->host_free_portable(dev, c->host_in);
+		ops->mem.host_free_portable(dev, c->host_in);
 	if (c->host_out)
-		ops->host_free_portable(dev, c->host_out);
+		ops->mem.host_free_portable(dev, c->host_out);
 }
 
 /* Enqueues part p, between its events, on its own lane (then back on the job's). */
@@ -92,15 +92,15 @@ static int ceiling_enqueue(struct ceiling *c, int p, struct gpuq_error *err)
 	void *own = dev->lane;
 	uint64_t n = c->b->bytes;
 	dev->lane = c->lane[p];
-	int rc = ops->event_record(dev, c->start[p], err);
+	int rc = ops->events.record(dev, c->start[p], err);
 	if (rc == 0 && p == SCHED_BENCH_H2D)
-		rc = ops->ring_h2d(dev, c->a, c->host_in, n, err);
+		rc = ops->copy.ring_h2d(dev, c->a, c->host_in, n, err);
 	else if (rc == 0 && p == SCHED_BENCH_D2H)
-		rc = ops->ring_d2h(dev, c->host_out, c->bb, n, err);
+		rc = ops->copy.ring_d2h(dev, c->host_out, c->bb, n, err);
 	else if (rc == 0)
-		rc = ops->chain_enqueue(dev, &c->chain, err);
+		rc = ops->chain.enqueue(dev, &c->chain, err);
 	if (rc == 0)
-		rc = ops->event_record(dev, c->end[p], err);
+		rc = ops->events.record(dev, c->end[p], err);
 	dev->lane = own;
 	return rc;
 }
@@ -121,8 +121,8 @@ static int ceiling_run(struct ceiling *c, unsigned mask, double *seconds, struct
 		double t;
 		if (!(mask >> p & 1))
 			continue;
-		if (ops->event_sync(c->dev, c->end[p], err) != 0 ||
-		    ops->event_elapsed(c->dev, c->start[first], c->end[p], &t, err) != 0)
+		if (ops->events.sync(c->dev, c->end[p], err) != 0 ||
+		    ops->events.elapsed(c->dev, c->start[first], c->end[p], &t, err) != 0)
 			return -1;
 		*seconds = t > *seconds ? t : *seconds;
 	}

@@ -36,8 +36,8 @@ static bool memory_wait_over(void *arg)
 static int alloc_once(struct device *dev, struct work *work)
 {
 	if (!work->shareable)
-		return dev->ops->alloc(dev, work->length, &work->dptr, &work->error);
-	return dev->ops->alloc_shareable(dev, work->length, &work->dptr, &work->result.share_fd,
+		return dev->ops->mem.alloc(dev, work->length, &work->dptr, &work->error);
+	return dev->ops->mem.alloc_shareable(dev, work->length, &work->dptr, &work->result.share_fd,
 					 &work->error);
 }
 
@@ -73,7 +73,7 @@ int buffer_run_alloc(struct device *dev, struct work *work)
 int buffer_run_free(struct device *dev, struct work *work)
 {
 	work->result.bytes = work->length;
-	if (dev->ops->release(dev, work->dptr, &work->error) != 0)
+	if (dev->ops->mem.release(dev, work->dptr, &work->error) != 0)
 		return -1;
 	sched_memory_released(dev);
 	return 0;
@@ -82,12 +82,12 @@ int buffer_run_free(struct device *dev, struct work *work)
 int buffer_run_fill(struct device *dev, struct work *work)
 {
 	work->result.bytes = work->length;
-	return dev->ops->fill(dev, work->dptr, work->length, &work->fill, &work->error);
+	return dev->ops->mem.fill(dev, work->dptr, work->length, &work->fill, &work->error);
 }
 
 int buffer_run_checksum(struct device *dev, struct work *work)
 {
 	work->result.bytes = work->length;
-	return dev->ops->checksum(dev, work->dptr, work->length, &work->result.checksum,
+	return dev->ops->mem.checksum(dev, work->dptr, work->length, &work->result.checksum,
 				  &work->error);
 }

@@ -522,14 +522,14 @@ static int chain_check_spec(const struct device *dev, const struct chain_spec *s
 int chain_execute(struct device *dev, struct chain_spec *spec, const atomic_bool *cancel,
 		  struct gpuq_error *err)
 {
-	if (!dev->ops->chain)
+	if (!dev->ops->chain.run)
 		return gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] the %s backend cannot run chains",
 				 dev->index, dev->ops->name);
 	if (chain_check_spec(dev, spec, err) != 0)
 		return -1;
 	memset(&spec->result, 0, sizeof spec->result);
 	spec->cancel = cancel;
-	if (dev->ops->chain(dev, spec, err) != 0)
+	if (dev->ops->chain.run(dev, spec, err) != 0)
 		return -1;
 	unsigned reps = spec->reps ? spec->reps : 1;
 	chain_counter_add(dev, CHAIN_COUNTER_runs, 1);

@@ -211,7 +211,7 @@ static int cuda_plan_reduce_memory(struct device *dev, const struct chain_spec *
 				   struct cuda_plan *p, struct gpuq_error *err)
 {
 	p->ntiles = kernels_reduce_tiles(spec->count);
-	if (dev->ops->alloc(dev, (p->ntiles + 1) * sizeof *p->tiles, (void **)&p->tiles, err) != 0)
+	if (dev->ops->mem.alloc(dev, (p->ntiles + 1) * sizeof *p->tiles, (void **)&p->tiles, err) != 0)
 		return -1;
 	return cuda_result_slot(dev, cuda_impl(dev->chain), &p->host_result, err);
 }
@@ -276,7 +276,7 @@ static void cuda_plan_destroy(struct device *dev, void *plan)
 		if (p->exec)
 			CUDA_LOG(dev, cudaGraphExecDestroy(p->exec));
 		if (p->tiles)
-			dev->ops->release(dev, p->tiles, &ignored);
+			dev->ops->mem.release(dev, p->tiles, &ignored);
 	}
 	if (p->host_result) {
 		struct chain_cuda *cc = cuda_impl(dev->chain);

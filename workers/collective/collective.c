@@ -199,7 +199,7 @@ static void coll_cache_drop(struct device *dev, const struct coll_spec *spec)
 	struct coll_comm *e = coll_cache_find(dev, spec);
 	if (!e)
 		return;
-	dev->ops->coll_comm_abort(dev, e->handle);
+	dev->ops->coll.comm_abort(dev, e->handle);
 	coll_cache_remove(dev, e);
 }
 
@@ -223,7 +223,7 @@ static int coll_cache_reserve(struct device *dev, struct gpuq_error *err)
 	for (int i = 1; i < c->count; i++)
 		if (c->entries[i].last_use < lru->last_use)
 			lru = &c->entries[i];
-	dev->ops->coll_comm_abort(dev, lru->handle);
+	dev->ops->coll.comm_abort(dev, lru->handle);
 	coll_cache_remove(dev, lru);
 	return 0;
 }
@@ -334,7 +334,7 @@ static int coll_handoff_id(struct coll_call *call, struct coll_id *id, struct gp
 {
 	struct coll_sync *s = &call->spec->sync;
 	if (call->rank == 0) {
-		if (call->dev->ops->coll_unique_id(call->dev, &s->id, err) < 0)
+		if (call->dev->ops->coll.unique_id(call->dev, &s->id, err) < 0)
 			return -1;
 		atomic_store_explicit(&s->id_ready, true, memory_order_release);
 		*id = s->id;
@@ -373,7 +373,7 @@ static int coll_ensure_comm(struct coll_call *call, struct coll_comm **out,
 	if (coll_cache_reserve(dev, err) < 0 || coll_handoff_id(call, &id, err) < 0)
 		return -1;
 	coll_wait_begin(call, spec->init_timeout_s, "the communicator's creation");
-	if (dev->ops->coll_comm_init(dev, call, &id, &handle, err) < 0)
+	if (dev->ops->coll.comm_init(dev, call, &id, &handle, err) < 0)
 		return -1;
 	*out = coll_cache_add(dev, spec, spec->sync.new_gen, handle);
 	spec->created[r] = true;
@@ -421,8 +421,8 @@ static int coll_execute(struct coll_call *call, struct coll_comm *comm, struct g
 	struct device *dev = call->dev;
 	double start = monotonic_seconds();
 	coll_wait_begin(call, spec->timeout_s, spec->bench ? "the benchmark loop" : "the collective");
-	int rc = spec->bench ? dev->ops->coll_bench(dev, comm->handle, call, err)
-			     : dev->ops->coll_run(dev, comm->handle, call, err);
+	int rc = spec->bench ? dev->ops->coll.bench(dev, comm->handle, call, err)
+			     : dev->ops->coll.run(dev, comm->handle, call, err);
 	spec->seconds[call->rank] = monotonic_seconds() - start;
 	return rc;
 }
@@ -431,7 +431,7 @@ int collective_run(struct device *dev, struct work *work)
 {
 	struct coll_spec *spec = work->spec;
 	struct gpuq_error *err = &work->error;
-	if (!dev->ops->coll_run)
+	if (!dev->ops->coll.run)
 		return gpuq_fail(err, GPUQ_E_INTERNAL, "the %s backend has no collectives",
 				 dev->ops->name);
 	struct coll_call call = { .spec = spec, .work = work, .dev = dev };
@@ -468,9 +468,9 @@ void collective_device_close(struct device *dev)
 			if (c->entries[i].gen < oldest->gen)
 				oldest = &c->entries[i];
 		if (dev->faulted)
-			dev->ops->coll_comm_abort(dev, oldest->handle);
+			dev->ops->coll.comm_abort(dev, oldest->handle);
 		else
-			dev->ops->coll_comm_destroy(dev, oldest->handle);
+			dev->ops->coll.comm_destroy(dev, oldest->handle);
 		coll_cache_remove(dev, oldest);
 	}
 	free(c);

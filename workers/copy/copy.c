@@ -80,7 +80,7 @@ static int loop_drain(struct device *dev, void *last, int rc, struct gpuq_error 
 	struct gpuq_error drain_err;
 	if (!last || dev->faulted)
 		return rc;
-	if (dev->ops->event_sync(dev, last, &drain_err) < 0 && rc == 0) {
+	if (dev->ops->events.sync(dev, last, &drain_err) < 0 && rc == 0) {
 		*err = drain_err;
 		return -1;
 	}
@@ -101,12 +101,12 @@ static int chunk_loop_run(const struct chunk_loop *l, struct gpuq_error *err)
 	uint64_t issued = 0, ends[2] = { 0, 0 };
 	unsigned k = 0;
 	int stop = 0;
-	int rc = ops->event_create(dev, false, &ev[0], err);
+	int rc = ops->events.create(dev, false, &ev[0], err);
 	if (rc == 0)
-		rc = ops->event_create(dev, false, &ev[1], err);
+		rc = ops->events.create(dev, false, &ev[1], err);
 	while (rc == 0 && issued < l->n) {
 		if (k >= 2) {
-			rc = ops->event_sync(dev, ev[k % 2], err);
+			rc = ops->events.sync(dev, ev[k % 2], err);
 			if (rc != 0)
 				break;
 			store_progress(l->work, ends[k % 2]);
@@ -116,23 +116,23 @@ static int chunk_loop_run(const struct chunk_loop *l, struct gpuq_error *err)
 			break;
 		size_t len = l->n - issued < l->chunk ? (size_t)(l->n - issued) : (size_t)l->chunk;
 		if (k == 0 && l->start)
-			rc = ops->event_record(dev, l->start, err);
+			rc = ops->events.record(dev, l->start, err);
 		if (rc == 0)
 			rc = l->enqueue(dev, l->arg, issued, len, err);
 		if (rc == 0)
-			rc = ops->event_record(dev, ev[k % 2], err);
+			rc = ops->events.record(dev, ev[k % 2], err);
 		if (rc != 0)
 			break;
 		issued += len;
 		ends[k % 2] = issued;
 		k++;
 		if (issued == l->n && l->end)
-			rc = ops->event_record(dev, l->end, err);
+			rc = ops->events.record(dev, l->end, err);
 	}
 	rc = loop_drain(dev, k > 0 ? ev[(k - 1) % 2] : NULL, rc, err);
 	for (int i = 0; i < 2; i++)
 		if (ev[i] && !dev->faulted)
-			ops->event_destroy(dev, ev[i]);
+			ops->events.destroy(dev, ev[i]);
 	if (rc == 0 && stop > 0)
 		rc = gpuq_fail(err, GPUQ_E_CANCELLED,
 			       "copy cancelled on gpu %d after %llu of %llu bytes; the destination "
@@ -157,7 +157,7 @@ static int enqueue_same(struct device *dev, const void *arg, uint64_t off, size_
 			struct gpuq_error *err)
 {
 	const struct same_arg *a = arg;
-	return dev->ops->copy_d2d(dev, (char *)a->dst + off, (const char *)a->src + off, len,
+	return dev->ops->copy.d2d(dev, (char *)a->dst + off, (const char *)a->src + off, len,
 				  a->engine, err);
 }
 
@@ -189,9 +189,9 @@ static int run_same(struct device *dev, struct work *work, struct copy_spec *s)
 	int rc = copy_same(dev, work, s->dst, s->src, s->bytes, s->engine, s->chunk_bytes, NULL,
 			   NULL, err);
 	if (rc == 0 && s->verify) {
-		rc = dev->ops->checksum(dev, s->src, s->bytes, &s->src_sum, err);
+		rc = dev->ops->mem.checksum(dev, s->src, s->bytes, &s->src_sum, err);
 		if (rc == 0)
-			rc = dev->ops->checksum(dev, s->dst, s->bytes, &s->dst_sum, err);
+			rc = dev->ops->mem.checksum(dev, s->dst, s->bytes, &s->dst_sum, err);
 		if (rc == 0)
 			rc = verify_compare(s, err);
 	}
@@ -243,7 +243,7 @@ static void publish_src_sum(struct copy_spec *s)
 /* The destination's verify: its own checksum against the source's, once published. */
 static int verify_dst(struct device *dev, struct copy_spec *s, struct gpuq_error *err)
 {
-	int rc = dev->ops->checksum(dev, s->dst, s->bytes, &s->dst_sum, err);
+	int rc = dev->ops->mem.checksum(dev, s->dst, s->bytes, &s->dst_sum, err);
 	if (rc != 0)
 		return rc;
 	peer_sync_lock(&s->sync);
@@ -266,7 +266,7 @@ static int peer_src_finish(struct device *dev, struct copy_spec *s, void *ready,
 	int rc = peer_sync_wait(&s->sync, COPY_PART_SRC, dst_done_published, s,
 				"the destination's end of the copy", err);
 	if (rc == 0)
-		rc = dev->ops->event_wait(dev, s->dst_done, err);
+		rc = dev->ops->events.wait(dev, s->dst_done, err);
 	if (rc == 0) {
 		s->src_waited = true;
 		peer_sync_changed(&s->sync);
@@ -274,9 +274,9 @@ static int peer_src_finish(struct device *dev, struct copy_spec *s, void *ready,
 	s->src_ready = NULL; /* the destination waited for it before it published done */
 	peer_sync_unlock(&s->sync);
 	if (rc == 0)
-		rc = dev->ops->event_record(dev, ready, err);
+		rc = dev->ops->events.record(dev, ready, err);
 	if (rc == 0)
-		rc = dev->ops->event_sync(dev, ready, err);
+		rc = dev->ops->events.sync(dev, ready, err);
 	return rc;
 }
 
@@ -284,9 +284,9 @@ static int peer_src(struct device *dev, struct copy_spec *s, struct gpuq_error *
 {
 	const struct backend_ops *ops = dev->ops;
 	void *ready = NULL;
-	int rc = ops->event_create(dev, false, &ready, err);
+	int rc = ops->events.create(dev, false, &ready, err);
 	if (rc == 0)
-		rc = ops->event_record(dev, ready, err);
+		rc = ops->events.record(dev, ready, err);
 	if (rc == 0) {
 		peer_sync_lock(&s->sync);
 		s->src_ready = ready;
@@ -295,7 +295,7 @@ static int peer_src(struct device *dev, struct copy_spec *s, struct gpuq_error *
 	}
 	/* The checksum reads the source while the destination copies it. */
 	if (rc == 0 && s->verify) {
-		rc = ops->checksum(dev, s->src, s->bytes, &s->src_sum, err);
+		rc = ops->mem.checksum(dev, s->src, s->bytes, &s->src_sum, err);
 		if (rc == 0)
 			publish_src_sum(s);
 	}
@@ -308,7 +308,7 @@ static int peer_src(struct device *dev, struct copy_spec *s, struct gpuq_error *
 		peer_sync_unlock(&s->sync);
 	}
 	if (ready && !dev->faulted)
-		ops->event_destroy(dev, ready);
+		ops->events.destroy(dev, ready);
 	return rc;
 }
 
@@ -324,7 +324,7 @@ static int enqueue_peer(struct device *dev, const void *arg, uint64_t off, size_
 			struct gpuq_error *err)
 {
 	const struct peer_arg *a = arg;
-	return dev->ops->copy_peer(dev, (char *)a->dst + off, a->src_device,
+	return dev->ops->copy.peer(dev, (char *)a->dst + off, a->src_device,
 				   (const char *)a->src + off, len, err);
 }
 
@@ -335,7 +335,7 @@ static int peer_dst_start(struct device *dev, struct copy_spec *s, struct gpuq_e
 	int rc = peer_sync_wait(&s->sync, COPY_PART_DST, src_ready_published, s,
 				"the source's go-ahead", err);
 	if (rc == 0)
-		rc = dev->ops->event_wait(dev, s->src_ready, err);
+		rc = dev->ops->events.wait(dev, s->src_ready, err);
 	if (rc == 0) {
 		s->dst_waited = true;
 		peer_sync_changed(&s->sync);
@@ -355,7 +355,7 @@ static void peer_dst_retire(struct device *dev, struct copy_spec *s, void *done)
 	s->dst_done = NULL;
 	peer_sync_unlock(&s->sync);
 	if (done && !dev->faulted)
-		dev->ops->event_destroy(dev, done);
+		dev->ops->events.destroy(dev, done);
 }
 
 static int peer_dst(struct device *dev, struct copy_spec *s, struct gpuq_error *err)
@@ -371,9 +371,9 @@ static int peer_dst(struct device *dev, struct copy_spec *s, struct gpuq_error *
 	if (rc == 0)
 		rc = chunk_loop_run(&l, err);
 	if (rc == 0)
-		rc = dev->ops->event_create(dev, false, &done, err);
+		rc = dev->ops->events.create(dev, false, &done, err);
 	if (rc == 0)
-		rc = dev->ops->event_record(dev, done, err);
+		rc = dev->ops->events.record(dev, done, err);
 	if (rc == 0) {
 		peer_sync_lock(&s->sync);
 		s->dst_done = done;
@@ -409,7 +409,7 @@ static void *ring_slot(const struct copy_spec *s, uint64_t chunk)
 static int make_events(struct device *dev, void **ev, unsigned n, struct gpuq_error *err)
 {
 	for (unsigned i = 0; i < n; i++)
-		if (dev->ops->event_create(dev, false, &ev[i], err) != 0)
+		if (dev->ops->events.create(dev, false, &ev[i], err) != 0)
 			return -1;
 	return 0;
 }
@@ -418,7 +418,7 @@ static void drop_events(struct device *dev, void **ev, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++)
 		if (ev[i] && !dev->faulted)
-			dev->ops->event_destroy(dev, ev[i]);
+			dev->ops->events.destroy(dev, ev[i]);
 }
 
 struct ring_wait {
@@ -451,11 +451,11 @@ static int staged_src_loop(struct device *dev, struct copy_spec *s, void **ev,
 		for (; rc == 0 && issued < n && issued < drained + COPY_RING_SLOTS; issued++) {
 			rc = peer_sync_check(&s->sync, COPY_PART_SRC, err);
 			if (rc == 0)
-				rc = dev->ops->ring_d2h(dev, ring_slot(s, issued),
+				rc = dev->ops->copy.ring_d2h(dev, ring_slot(s, issued),
 							(const char *)s->src + issued * s->chunk_bytes,
 							staged_len(s, issued), err);
 			if (rc == 0)
-				rc = dev->ops->event_record(dev, ev[issued % COPY_RING_SLOTS], err);
+				rc = dev->ops->events.record(dev, ev[issued % COPY_RING_SLOTS], err);
 			if (rc != 0)
 				break;
 		}
@@ -469,7 +469,7 @@ static int staged_src_loop(struct device *dev, struct copy_spec *s, void **ev,
 			peer_sync_unlock(&s->sync);
 			continue;
 		}
-		rc = dev->ops->event_sync(dev, ev[done % COPY_RING_SLOTS], err);
+		rc = dev->ops->events.sync(dev, ev[done % COPY_RING_SLOTS], err);
 		if (rc == 0) {
 			done++;
 			peer_sync_lock(&s->sync);
@@ -495,10 +495,10 @@ static int ring_get(struct device *dev, size_t stride, void **ring, struct gpuq_
 		return 0;
 	}
 	if (dev->peer_ring)
-		dev->ops->host_free_portable(dev, dev->peer_ring);
+		dev->ops->mem.host_free_portable(dev, dev->peer_ring);
 	dev->peer_ring = NULL;
 	dev->peer_ring_bytes = 0;
-	if (dev->ops->host_alloc_portable(dev, bytes, &dev->peer_ring, err) != 0) {
+	if (dev->ops->mem.host_alloc_portable(dev, bytes, &dev->peer_ring, err) != 0) {
 		dev->peer_ring = NULL;
 		return -1;
 	}
@@ -552,7 +552,7 @@ static int staged_src(struct device *dev, struct copy_spec *s, struct gpuq_error
 		rc = staged_src_loop(dev, s, ev, err);
 	}
 	if (rc == 0 && s->verify) {
-		rc = dev->ops->checksum(dev, s->src, s->bytes, &s->src_sum, err);
+		rc = dev->ops->mem.checksum(dev, s->src, s->bytes, &s->src_sum, err);
 		if (rc == 0)
 			publish_src_sum(s);
 	}
@@ -584,12 +584,12 @@ static int staged_dst_loop(struct device *dev, struct copy_spec *s, void **ev,
 		for (; rc == 0 && issued < filled; issued++) {
 			rc = peer_sync_check(&s->sync, COPY_PART_DST, err);
 			if (rc == 0)
-				rc = dev->ops->ring_h2d(dev, (char *)s->dst + issued * s->chunk_bytes,
+				rc = dev->ops->copy.ring_h2d(dev, (char *)s->dst + issued * s->chunk_bytes,
 							ring_slot(s, issued), staged_len(s, issued), err);
 			if (rc == 0)
-				rc = dev->ops->event_record(dev, ev[issued % COPY_RING_SLOTS], err);
+				rc = dev->ops->events.record(dev, ev[issued % COPY_RING_SLOTS], err);
 			if (rc == 0 && issued + 1 == n && s->timing_end)
-				rc = dev->ops->event_record(dev, s->timing_end, err);
+				rc = dev->ops->events.record(dev, s->timing_end, err);
 			if (rc != 0)
 				break;
 		}
@@ -603,7 +603,7 @@ static int staged_dst_loop(struct device *dev, struct copy_spec *s, void **ev,
 			peer_sync_unlock(&s->sync);
 			continue;
 		}
-		rc = dev->ops->event_sync(dev, ev[done % COPY_RING_SLOTS], err);
+		rc = dev->ops->events.sync(dev, ev[done % COPY_RING_SLOTS], err);
 		if (rc == 0) {
 			done++;
 			store_progress(work, done == n ? s->bytes : done * s->chunk_bytes);

@@ -82,8 +82,8 @@ void sched_drop_lanes(struct sched *s)
 		while (s->free_lanes[p]) {
 			struct sched_lane *l = s->free_lanes[p];
 			s->free_lanes[p] = l->next;
-			dev->ops->event_destroy(dev, l->tail); /* the backends skip the device if it faulted */
-			dev->ops->lane_destroy(dev, l->lane);
+			dev->ops->events.destroy(dev, l->tail); /* the backends skip the device if it faulted */
+			dev->ops->events.lane_destroy(dev, l->lane);
 			free(l);
 		}
 	}
@@ -127,12 +127,12 @@ static struct sched_lane *lane_take(struct sched *s, int priority, struct gpuq_e
 		return NULL;
 	}
 	l->priority = priority;
-	if (dev->ops->lane_create(dev, priority, &l->lane, err) != 0) {
+	if (dev->ops->events.lane_create(dev, priority, &l->lane, err) != 0) {
 		free(l);
 		return NULL;
 	}
-	if (dev->ops->event_create(dev, false, &l->tail, err) != 0) {
-		dev->ops->lane_destroy(dev, l->lane);
+	if (dev->ops->events.create(dev, false, &l->tail, err) != 0) {
+		dev->ops->events.lane_destroy(dev, l->lane);
 		free(l);
 		return NULL;
 	}
@@ -283,7 +283,7 @@ static int job_apply_deps(struct sched *s, struct sched_job *j, const struct sch
 {
 	struct device *dev = s->dev;
 	for (unsigned i = 0; i < deps->count; i++)
-		if (dev->ops->event_wait(dev, deps->events[i], &j->work->error) != 0)
+		if (dev->ops->events.wait(dev, deps->events[i], &j->work->error) != 0)
 			return -1;
 	return 0;
 }

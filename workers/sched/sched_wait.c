@@ -200,7 +200,7 @@ void sched_publish_tail(struct device *dev)
 	if (work->sched_state != SCHED_WORK_ADMITTED || !sched_work_lane_ordered(work))
 		return;
 	struct gpuq_error ignored;
-	if (dev->ops->event_record(dev, j->lane->tail, &ignored) != 0)
+	if (dev->ops->events.record(dev, j->lane->tail, &ignored) != 0)
 		return; /* later works then wait for the end instead */
 	pthread_mutex_lock(s->lock);
 	work->tail_event = j->lane->tail;
@@ -217,7 +217,7 @@ static bool slot_idle(void *arg)
 	struct { struct device *dev; unsigned slot; } *a = arg;
 	bool ready = true;
 	struct gpuq_error ignored;
-	if (a->dev->ops->slot_ready(a->dev, a->slot, &ready, &ignored) != 0)
+	if (a->dev->ops->copy.slot_ready(a->dev, a->slot, &ready, &ignored) != 0)
 		return true; /* a fault: nothing more will run */
 	return ready;
 }

@@ -52,7 +52,7 @@ int region_pin_map(struct device *dev, int fd, uint64_t length, void **map, int 
 				 "[gpu %d] cannot populate the region's %llu bytes: %s", dev->index,
 				 (unsigned long long)length, strerror(e));
 	}
-	if (dev->ops->host_register(dev, p, length, BACKEND_REGISTER_PORTABLE, err) != 0) {
+	if (dev->ops->mem.host_register(dev, p, length, BACKEND_REGISTER_PORTABLE, err) != 0) {
 		munmap(p, length);
 		return -1;
 	}
@@ -67,7 +67,7 @@ int region_pin_unmap(struct device *dev, void *map, uint64_t length, struct gpuq
 		return 0;
 	length = page_round(length);
 	if (!dev->faulted) /* a reset took the registration with the context */
-		rc = dev->ops->host_unregister(dev, map, err);
+		rc = dev->ops->mem.host_unregister(dev, map, err);
 	if (munmap(map, length) != 0 && rc == 0)
 		rc = gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] munmap of a region: %s", dev->index,
 			       strerror(errno));

@@ -219,7 +219,7 @@ static int ring_pop(struct xfer *x, struct stream_ring *r, unsigned *slot, size_
 	*size = r->size[r->head];
 	r->head = (r->head + 1) % GPUQ_MAX_STAGING_SLOTS;
 	r->count--;
-	return x->dev->ops->slot_wait(x->dev, *slot, x->err);
+	return x->dev->ops->copy.slot_wait(x->dev, *slot, x->err);
 }
 
 /* Waits for every DMA still on the ring and gives its slot back; keeps the first error. */
@@ -270,7 +270,7 @@ static int put_streamed(struct xfer *x)
 		}
 		if (x->verify)
 			x->sum += copy_hash_terms(dev->staging[slot], (size_t)got, x->done / 8);
-		if ((rc = dev->ops->h2d_async(dev, x->base + x->done, slot, (size_t)got, x->err)) != 0) {
+		if ((rc = dev->ops->copy.h2d_async(dev, x->base + x->done, slot, (size_t)got, x->err)) != 0) {
 			sched_slot_release(dev, slot);
 			break;
 		}
@@ -299,7 +299,7 @@ static int get_streamed(struct xfer *x)
 		while (issued < x->total && ring.count < x->slots &&
 		       sched_slot_acquire(dev, ring.count == 0, &slot) == 0) {
 			size_t n = x->total - issued < x->chunk ? (size_t)(x->total - issued) : x->chunk;
-			if ((rc = dev->ops->d2h_async(dev, slot, x->base + issued, n, x->err)) != 0) {
+			if ((rc = dev->ops->copy.d2h_async(dev, slot, x->base + issued, n, x->err)) != 0) {
 				sched_slot_release(dev, slot);
 				break;
 			}
@@ -466,7 +466,7 @@ static int put_require_eof(struct xfer *x, uint64_t room)
 /* The device's checksum of the first `bytes` of the range. */
 static int xfer_verify_device(struct xfer *x, uint64_t bytes, uint64_t *sum)
 {
-	return x->dev->ops->checksum(x->dev, x->base, bytes, sum, x->err);
+	return x->dev->ops->mem.checksum(x->dev, x->base, bytes, sum, x->err);
 }
 
 /* Compares the host's checksum of the bytes moved with the device's (`device`). */

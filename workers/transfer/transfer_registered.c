@@ -65,7 +65,7 @@ static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
 				 put ? "source" : "destination", strerror(errno));
 	}
 	m->data = (char *)m->map + lead;
-	if (x->dev->ops->host_register(x->dev, m->map, m->len, rw ? 0 : BACKEND_REGISTER_READ_ONLY, x->err) < 0)
+	if (x->dev->ops->mem.host_register(x->dev, m->map, m->len, rw ? 0 : BACKEND_REGISTER_READ_ONLY, x->err) < 0)
 		return -1;
 	m->registered = true;
 	return 0;
@@ -74,7 +74,7 @@ static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
 static void reg_map_close(struct xfer *x, struct reg_map *m, int *rc)
 {
 	struct gpuq_error unreg_err;
-	if (m->registered && x->dev->ops->host_unregister(x->dev, m->map, &unreg_err) < 0 &&
+	if (m->registered && x->dev->ops->mem.host_unregister(x->dev, m->map, &unreg_err) < 0 &&
 	    *rc == 0) {
 		*x->err = unreg_err;
 		*rc = -1;
@@ -91,9 +91,9 @@ static int reg_copy(struct xfer *x, struct reg_map *m, bool put)
 	while (x->done < x->total && (rc = xfer_cancelled(x)) == 0) {
 		size_t n = x->total - x->done < REG_CHUNK ? (size_t)(x->total - x->done) : REG_CHUNK;
 		if (put)
-			rc = dev->ops->copy_h2d(dev, x->base + x->done, m->data + x->done, n, NULL, x->err);
+			rc = dev->ops->copy.h2d(dev, x->base + x->done, m->data + x->done, n, NULL, x->err);
 		else
-			rc = dev->ops->copy_d2h(dev, m->data + x->done, x->base + x->done, n, NULL, x->err);
+			rc = dev->ops->copy.d2h(dev, m->data + x->done, x->base + x->done, n, NULL, x->err);
 		if (rc != 0)
 			break;
 		x->done += n;
@@ -148,9 +148,9 @@ int xfer_copy_region(struct xfer *x, bool put)
 	if (rc != 0 || x->total == 0)
 		return rc;
 	if (put)
-		rc = dev->ops->copy_h2d(dev, x->base, host, x->total, NULL, x->err);
+		rc = dev->ops->copy.h2d(dev, x->base, host, x->total, NULL, x->err);
 	else
-		rc = dev->ops->copy_d2h(dev, host, x->base, x->total, NULL, x->err);
+		rc = dev->ops->copy.d2h(dev, host, x->base, x->total, NULL, x->err);
 	if (rc != 0)
 		return rc;
 	x->done = x->total;

@@ -161,7 +161,7 @@ static void chunk_release(struct staged *s, struct xfer_chunk *c, bool dma_issue
 	struct xfer *x = s->x;
 	struct gpuq_error ignored;
 	if (dma_issued && !x->dev->faulted)
-		x->dev->ops->slot_wait(x->dev, c->slot, &ignored);
+		x->dev->ops->copy.slot_wait(x->dev, c->slot, &ignored);
 	sched_slot_release(x->dev, c->slot);
 }
 
@@ -247,7 +247,7 @@ static int put_reclaim(struct staged *s, struct put_state *p)
 	while (p->r < p->j) {
 		bool ready = false;
 		struct xfer_chunk *c = chunk_of(s, p->r);
-		if (x->dev->ops->slot_ready(x->dev, c->slot, &ready, x->err) < 0)
+		if (x->dev->ops->copy.slot_ready(x->dev, c->slot, &ready, x->err) < 0)
 			return -1;
 		if (!ready)
 			break;
@@ -277,7 +277,7 @@ static int put_fill(struct staged *s, struct put_state *p)
 		return 0;
 	/* Nothing is read and no slot is free to us: the oldest DMA's slot comes back first. */
 	struct xfer_chunk *oldest = chunk_of(s, p->r);
-	if (x->dev->ops->slot_wait(x->dev, oldest->slot, x->err) < 0)
+	if (x->dev->ops->copy.slot_wait(x->dev, oldest->slot, x->err) < 0)
 		return -1;
 	sched_slot_release(x->dev, oldest->slot);
 	p->r++;
@@ -316,7 +316,7 @@ static bool put_can_move(void *arg)
 		return true;
 	if (p->r == p->j)
 		return false;
-	if (x->dev->ops->slot_ready(x->dev, chunk_of(w->s, p->r)->slot, &ready, &ignored) < 0)
+	if (x->dev->ops->copy.slot_ready(x->dev, chunk_of(w->s, p->r)->slot, &ready, &ignored) < 0)
 		return true; /* a fault: the next call says it */
 	return ready;
 }
@@ -342,7 +342,7 @@ int xfer_put_staged(struct xfer *x)
 		}
 		if ((rc = chunk_check(x, c, true)) != 0)
 			break;
-		rc = x->dev->ops->h2d_async(x->dev, x->base + c->at, c->slot, c->n, x->err);
+		rc = x->dev->ops->copy.h2d_async(x->dev, x->base + c->at, c->slot, c->n, x->err);
 		if (rc != 0)
 			break;
 		sched_dma_queued(x->job, c->slot, SCHED_DMA_H2D);
@@ -402,7 +402,7 @@ static int get_fill(struct staged *s, struct get_state *g)
 		if (!c)
 			break;
 		g->issued++;
-		if (x->dev->ops->d2h_async(x->dev, c->slot, x->base + c->at, c->n, x->err) < 0)
+		if (x->dev->ops->copy.d2h_async(x->dev, c->slot, x->base + c->at, c->n, x->err) < 0)
 			return -1;
 		sched_dma_queued(x->job, c->slot, SCHED_DMA_D2H);
 		if (g->issued == s->nchunks)
@@ -506,7 +506,7 @@ static bool get_can_move(void *arg)
 	struct xfer *x = w->s->x;
 	bool ready = true;
 	struct gpuq_error ignored;
-	if (x->dev->ops->slot_ready(x->dev, chunk_of(w->s, g->w)->slot, &ready, &ignored) < 0)
+	if (x->dev->ops->copy.slot_ready(x->dev, chunk_of(w->s, g->w)->slot, &ready, &ignored) < 0)
 		return true; /* a fault: the next call says it */
 	return ready || (g->collected < g->w && copy_task_done(&chunk_of(w->s, g->collected)->task));
 }
@@ -543,7 +543,7 @@ int xfer_get_staged(struct xfer *x)
 			break;
 		struct xfer_chunk *c = chunk_of(&s, g.w);
 		bool ready = false;
-		if ((rc = x->dev->ops->slot_ready(x->dev, c->slot, &ready, x->err)) != 0)
+		if ((rc = x->dev->ops->copy.slot_ready(x->dev, c->slot, &ready, x->err)) != 0)
 			break;
 		if (!ready) { /* meanwhile, slots whose writes end take further DMAs */
 			sched_wait_device(get_can_move, &wait);
