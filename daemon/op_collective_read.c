@@ -1,7 +1,7 @@
 /*
  * Reading a collective request: its top-level fields as a table (the
  * owner, the ranks, the knobs), then into a plan each primitive's fields, every
- * rank's buffers checked against NCCL's layout (workers/collective/collective_layout.h:
+ * rank's buffers checked against NCCL's layout (protocol/collective_layout.h:
  * which elements each rank reads and writes for the count), and a group's
  * primitives checked for ranges one writes and another uses. All of it
  * before anything is held or queued, so a refused request costs nothing;

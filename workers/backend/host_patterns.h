@@ -1,6 +1,6 @@
 /*
  * The host versions of the device kernels (fill, iota, random, checksum),
- * written from the same definitions in kernels/hash.h. The host backend runs
+ * written from the same definitions in protocol/hash.h. The host backend runs
  * them, and GPU tests use them as the reference. Any thread.
  */
 #ifndef GPUQ_HOST_PATTERNS_H

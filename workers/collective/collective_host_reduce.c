@@ -4,7 +4,7 @@
  *
  * Semantics, as NCCL's: each element is reduced in rank order in the
  * dtype's own precision, rounding after every step (f16 and bf16 through
- * float and kernels/hash.h's conversions, which is exact: float has more
+ * float and protocol/hash.h's conversions, which is exact: float has more
  * than twice their precision); integers wrap; min and max of floats ignore
  * NaNs (fmin/fmax); avg of floats multiplies each input by 1/n (rounded to
  * the dtype) before the sum, as NCCL's PreMulSum does; avg of integers

@@ -33,7 +33,7 @@
  * daemon: making and freeing a scheduler, running it, its figures. What a
  * job may call while it runs (the waits, slots, DMA turns...) is in
  * workers/sched/sched_wait.h, which this header includes. Calls go one way:
- * the loop (sched.c) runs the jobs (run_work, workers/run.c), and the jobs
+ * the loop (sched.c) runs the jobs (run_work, workers/work_kinds.c, through the table of job kinds), and the jobs
  * call down into the waits (sched_wait.c), which call neither.
  *
  * Threads: the scheduler's state belongs to its worker thread, except what

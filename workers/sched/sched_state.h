@@ -34,7 +34,7 @@ struct fiber;
  * time waited so far, within these bounds. Each look is a call into the
  * driver (cudaEventQuery); a long wait, which has chunks queued behind it,
  * need not make one every microsecond, while a wait of a few microseconds
- * (a small collective) is still seen within one. (docs/ARCHITECTURE.md,
+ * (a small collective) is still seen within one. (docs/PERFORMANCE.md,
  * "Polling the device": on the H200 the rate of looks did not set a
  * staged put's pace; its read-ahead did.)
  */

@@ -4,7 +4,7 @@
  * worker thread, sleeps and pauses, staging slots, DMA turns, the memory
  * epoch, publishing the job's tail, and what the job running now is.
  *
- * Jobs (workers/run.c and the job files it calls) include this header;
+ * Jobs (the runners of workers/work_kinds.h and the files they call) include this header;
  * backends do not name these functions but reach them through the table
  * in dev->waits (backend.h's struct device_waits, sched_device_waits
  * below). The functions here call nothing of the scheduler's loop
@@ -100,7 +100,7 @@ void sched_slot_release(struct device *dev, unsigned slot);
  *
  * A job that has had the device to itself for SCHED_DMA_ALONE_S may queue
  * up to SCHED_DMA_QUEUE_ALONE: a get into page cache went faster with more
- * DMAs queued ahead of its writes (docs/ARCHITECTURE.md, "DMA turns", has
+ * DMAs queued ahead of its writes (docs/PERFORMANCE.md, "DMA turns", has
  * the H200's figures), and no one waited behind them. The first job to
  * come after such a stretch waits behind up to that many chunks once; from
  * then on the device is shared and the queue is SCHED_DMA_QUEUE again.

@@ -17,7 +17,7 @@ uint64_t copy_hash_terms(const void *p, size_t n, uint64_t first_word)
 	uint64_t sum = 0;
 	for (size_t i = 0; i < words; i++) {
 		uint64_t w;
-		memcpy(&w, b + i * 8, 8); /* little-endian host, as kernels/hash.h assumes */
+		memcpy(&w, b + i * 8, 8); /* little-endian host, as protocol/hash.h assumes */
 		sum += gpuq_checksum_term(w, first_word + i);
 	}
 	if (n % 8) {

@@ -1,6 +1,6 @@
 /*
  * Host-side hashing and filling for copies, split across the copy threads.
- * The checksum is kernels/hash.h's: a sum of per-word terms, so any part of
+ * The checksum is protocol/hash.h's: a sum of per-word terms, so any part of
  * a range can be hashed on its own and the parts added. Any thread.
  */
 #ifndef GPUQ_COPY_HASH_H
@@ -25,7 +25,7 @@ uint64_t copy_hash_terms_parallel(struct copy_pool *pool, const void *p, size_t 
 uint64_t copy_hash_parallel(struct copy_pool *pool, const void *p, size_t n);
 
 /*
- * Words first_word.. of the random stream of seed (kernels/hash.h) into n
+ * Words first_word.. of the random stream of seed (protocol/hash.h) into n
  * bytes at p; the last word cut short when n is not a multiple of 8.
  */
 void copy_fill_random_words(void *p, size_t n, uint64_t seed, uint64_t first_word);

@@ -24,8 +24,8 @@
 typedef void *(*copy_store_fn)(void *restrict dst, const void *restrict src, size_t n);
 
 enum copy_stores {
-	COPY_STORES_REGULAR, /* the default until measured otherwise (docs/ARCHITECTURE.md) */
-	COPY_STORES_NT,
+	COPY_STORES_REGULAR, /* memcpy */
+	COPY_STORES_NT,      /* non-temporal stores: the default (daemon/options.c), as measured in docs/PERFORMANCE.md */
 };
 
 /* The kinds, by what the CPU runs: best is what COPY_STORES_NT picks. */

@@ -335,7 +335,7 @@ static int get_streamed(struct xfer *x)
  * DMA's read (the less in between, the more of it is likely still in the
  * processor's cache). On the H200 machine a 256 MiB put from a memfd moved
  * at 0.55-0.66 of pinned memory's rate with the whole default ring (128
- * MiB) ahead, 0.75-0.82 with 64 MiB (docs/ARCHITECTURE.md, "Polling the
+ * MiB) ahead, 0.75-0.82 with 64 MiB (docs/PERFORMANCE.md, "Polling the
  * device"). A get is not held to it: its slots wait for copy threads to
  * write them out, and fewer of them measured slower (32 MiB: 0.39-0.40
  * into a memfd, against 0.44-0.47). The ring stays larger, so that two

@@ -16,7 +16,7 @@
  * Every path stores progress in work->progress_bytes/total at each chunk,
  * stops at the next chunk once work->cancel is set, and with
  * work->transfer.verify compares the checksum of the bytes that passed
- * through the host with the device's checksum of the range (kernels/hash.h).
+ * through the host with the device's checksum of the range (protocol/hash.h).
  * A put or get's own parameters are work->transfer (transfer_spec.h).
  */
 #ifndef GPUQ_TRANSFER_H
