@@ -613,9 +613,24 @@ TEST(sched_an_alloc_waits_for_memory_another_job_frees)
 	mp_put_bool(&req, "wait", true);
 	double t0 = now_s();
 	r = call(c, &req, NULL, 0);
-	expect_error(r, GPUQ_E_OUT_OF_MEMORY, "waited 200 ms");
+	expect_error(r, GPUQ_E_OUT_OF_MEMORY, "cannot allocate"); /* the allocator's own words first */
+	expect_error(r, GPUQ_E_OUT_OF_MEMORY, "; waited 200 ms");
 	gpuq_reply_free(r);
 	CHECKF(now_s() - t0 >= 0.19, "it gave up after %.3f s", now_s() - t0);
+	/* more than the whole device: no free can make room, so it fails without waiting */
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "huge");
+	mp_put_u64(&req, "bytes", 2 << 20);
+	mp_put_u64(&req, "wait_memory_ms", 60000);
+	mp_put_bool(&req, "wait", true);
+	t0 = now_s();
+	r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_OUT_OF_MEMORY, "cannot allocate");
+	struct gpuq_error said;
+	gpuq_reply_error(r, &said);
+	CHECKF(!strstr(said.message, "waited"), "it waited: %s", said.message);
+	gpuq_reply_free(r);
+	CHECKF(now_s() - t0 < 30, "it took %.1f s of its 60 s wait", now_s() - t0);
 	/* and without wait_memory_ms, at once */
 	gpuq_request_begin(c, &req, "alloc");
 	mp_put_str(&req, "name", "third");

@@ -5,6 +5,8 @@
  * through the backend table, so this file serves the CUDA and the host
  * backend alike.
  */
+#include <stdio.h>
+
 #include "workers/buffer/buffer_run.h"
 
 #include "workers/clock.h"
@@ -59,13 +61,19 @@ int buffer_run_alloc(struct device *dev, struct work *work)
 		if (work->error.code != GPUQ_E_OUT_OF_MEMORY || work->wait_memory_ms == 0 ||
 		    !sched_in_job())
 			return -1;
+		if (dev->info.mem_total && work->length > dev->info.mem_total)
+			return -1; /* more than the whole device: no free can make room, so no wait */
 		if (atomic_load(&work->cancel))
 			return gpuq_fail(&work->error, GPUQ_E_CANCELLED,
 					 "alloc cancelled while it waited for memory");
-		if (monotonic_seconds() >= m.deadline)
+		if (monotonic_seconds() >= m.deadline) {
+			/* The message is formatted into the error that holds it: copy it first. */
+			char why[sizeof work->error.message];
+			snprintf(why, sizeof why, "%s", work->error.message);
 			return gpuq_fail(&work->error, GPUQ_E_OUT_OF_MEMORY,
 					 "%s; waited %llu ms (wait_memory_ms) without enough being freed",
-					 work->error.message, (unsigned long long)work->wait_memory_ms);
+					 why, (unsigned long long)work->wait_memory_ms);
+		}
 		sched_wait_host(memory_wait_over, &m, SCHED_WAIT_MEMORY);
 	}
 }
