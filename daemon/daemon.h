@@ -59,8 +59,6 @@ struct request {
 	int nfds; /* a handler that keeps fds[i] sets it to -1 */
 };
 
-typedef void (*request_handler)(struct request *req);
-
 /* request.c: handles one complete frame from c (the server's on_frame). */
 void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len);
 
@@ -117,7 +115,6 @@ void op_status(struct request *req, void *args);
 void op_wait(struct request *req, void *args);
 void op_cancel(struct request *req, void *args);
 
-/* Ops that still read their request by hand (request_handler). */
 /*
  * How a copy from device src to device dst travels: "self" when they are
  * one, the peer link's name ("nvlink", "pcie-p2p", "p2p", "same-gpu",

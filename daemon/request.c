@@ -28,70 +28,70 @@ enum op_caller {
 
 /*
  * One op: its name, its arguments (daemon/args.h; the spec holds the
- * field table and the argument struct's size), its handler, and who may
- * call it. `denied` words the refusal for a caller `who` turns away.
- * Ops not yet declared as data have no spec and a `handler` that reads
- * the request itself; their arguments are checked there.
+ * field table and the argument struct's size), the handler that receives
+ * them decoded, and who may call it. `denied` words the refusal for a
+ * caller `who` turns away (NULL: the standard words).
+ *
+ * Adding an op: its argument struct, field table and handler in an
+ * op_*.c, their declarations in daemon.h, a row here, and its section in
+ * docs/protocol.md (docs/ARCHITECTURE.md, "Recipes").
  */
 struct op_def {
 	const char *name;
 	const struct args_spec *args;
 	op_exec exec;
-	request_handler handler; /* instead of args and exec */
 	enum op_caller who;
 	void (*denied)(struct request *req, struct gpuq_error *err);
 };
 
 static const struct op_def op_table[] = {
-	/* name               args               exec         handler            who        denied */
-	{ "ping",             &op_ping_args,     op_ping,     NULL,              OP_ANYONE, NULL },
-	{ "devices",          &op_devices_args,  op_devices,  NULL,              OP_ANYONE, NULL },
-	{ "noop",             &op_noop_args,     op_noop,     NULL,              OP_ANYONE, NULL },
-	{ "alloc",            &op_alloc_args,    op_alloc,    NULL,              OP_ANYONE, NULL },
-	{ "free",             &op_free_args,     op_free,     NULL,              OP_ANYONE, NULL },
-	{ "buffers",          &op_buffers_args,  op_buffers,  NULL,              OP_ANYONE, NULL },
-	{ "put",              &op_put_args,      op_transfer, NULL,              OP_ANYONE, NULL },
-	{ "get",              &op_get_args,      op_transfer, NULL,              OP_ANYONE, NULL },
-	{ "fill",             &op_fill_args,     op_fill,     NULL,              OP_ANYONE, NULL },
-	{ "checksum",         &op_checksum_args, op_checksum, NULL,              OP_ANYONE, NULL },
-	{ "jobs",             &op_jobs_args,     op_jobs,     NULL,              OP_ANYONE, NULL },
-	{ "status",           &op_status_args,   op_status,   NULL,              OP_ANYONE, NULL },
-	{ "wait",             &op_wait_args,     op_wait,     NULL,              OP_ANYONE, NULL },
-	{ "cancel",           &op_cancel_args,   op_cancel,   NULL,              OP_ANYONE, NULL },
-	{ "bench_copy",       &op_bench_copy_args, op_bench_copy, NULL,          OP_BENCH,  NULL },
-	{ "copy",             &op_copy_args,     op_copy,     NULL,              OP_ANYONE, NULL },
-	{ "bench_d2d",        &op_bench_d2d_args, op_bench_d2d, NULL,            OP_BENCH,  NULL },
-	{ "run",              &op_run_args,      op_run,      NULL,              OP_ANYONE, NULL },
-	{ "stats",            &op_stats_args,    op_stats,    NULL,              OP_ANYONE, NULL },
-	{ "bench_chain",      &op_bench_chain_args, op_bench_chain, NULL,        OP_BENCH,  NULL },
-	{ "allreduce",        &op_allreduce_args, op_collective, NULL, OP_ANYONE, NULL },
-	{ "bench_allreduce",  &op_bench_allreduce_args, op_collective, NULL, OP_BENCH, NULL },
-	{ "reduce_scatter",   &op_reduce_scatter_args, op_collective, NULL, OP_ANYONE, NULL },
-	{ "all_gather",       &op_all_gather_args, op_collective, NULL, OP_ANYONE, NULL },
-	{ "broadcast",        &op_broadcast_args, op_collective, NULL, OP_ANYONE, NULL },
-	{ "reduce",           &op_reduce_args, op_collective, NULL, OP_ANYONE, NULL },
-	{ "sendrecv",         &op_sendrecv_args, op_collective, NULL, OP_ANYONE, NULL },
-	{ "all_to_all",       &op_all_to_all_args, op_collective, NULL, OP_ANYONE, NULL },
-	{ "group",            &op_group_args, op_collective, NULL, OP_ANYONE, NULL },
-	{ "bench_collective", &op_bench_collective_args, op_collective, NULL, OP_BENCH, NULL },
-	{ "reduce_expr",      &op_reduce_expr_args, op_reduce_expr, NULL,        OP_ANYONE, NULL },
-	{ "metrics",          &op_metrics_args,  op_metrics,  NULL,              OP_ANYONE, NULL },
-	{ "shutdown",         &op_shutdown_args, op_shutdown, NULL,              OP_ADMIN,
-	  shutdown_denied },
-	{ "bench_sched",      &op_bench_sched_args, op_bench_sched, NULL,        OP_BENCH,  NULL },
-	{ "reset_device",     &op_reset_device_args, op_reset_device, NULL,      OP_ADMIN,
-	  reset_device_denied },
-	{ "region_create",    &op_region_create_args, op_region_create, NULL,              OP_ANYONE, NULL },
-	{ "region_free",      &op_region_free_args, op_region_free, NULL,              OP_ANYONE, NULL },
-	{ "regions",          &op_regions_args,  op_regions,  NULL,              OP_ANYONE, NULL },
-	{ "region_open",      &op_region_open_args, op_region_open, NULL,              OP_ANYONE, NULL },
-	{ "attach",           &op_attach_args,   op_attach,   NULL,              OP_ANYONE, NULL },
-	{ "release",          &op_release_args,  op_release,  NULL,              OP_ANYONE, NULL },
-	{ "leases",           &op_leases_args,   op_leases,   NULL,              OP_ANYONE, NULL },
-	{ "lease_break",      &op_lease_break_args, op_lease_break, NULL,        OP_ADMIN,
-	  lease_break_denied },
+	/* name, args, exec, who may call, how a refusal is worded */
+	{ "ping", &op_ping_args, op_ping, OP_ANYONE, NULL },
+	{ "devices", &op_devices_args, op_devices, OP_ANYONE, NULL },
+	{ "noop", &op_noop_args, op_noop, OP_ANYONE, NULL },
+	{ "alloc", &op_alloc_args, op_alloc, OP_ANYONE, NULL },
+	{ "free", &op_free_args, op_free, OP_ANYONE, NULL },
+	{ "buffers", &op_buffers_args, op_buffers, OP_ANYONE, NULL },
+	{ "put", &op_put_args, op_transfer, OP_ANYONE, NULL },
+	{ "get", &op_get_args, op_transfer, OP_ANYONE, NULL },
+	{ "fill", &op_fill_args, op_fill, OP_ANYONE, NULL },
+	{ "checksum", &op_checksum_args, op_checksum, OP_ANYONE, NULL },
+	{ "jobs", &op_jobs_args, op_jobs, OP_ANYONE, NULL },
+	{ "status", &op_status_args, op_status, OP_ANYONE, NULL },
+	{ "wait", &op_wait_args, op_wait, OP_ANYONE, NULL },
+	{ "cancel", &op_cancel_args, op_cancel, OP_ANYONE, NULL },
+	{ "bench_copy", &op_bench_copy_args, op_bench_copy, OP_BENCH, NULL },
+	{ "copy", &op_copy_args, op_copy, OP_ANYONE, NULL },
+	{ "bench_d2d", &op_bench_d2d_args, op_bench_d2d, OP_BENCH, NULL },
+	{ "run", &op_run_args, op_run, OP_ANYONE, NULL },
+	{ "stats", &op_stats_args, op_stats, OP_ANYONE, NULL },
+	{ "bench_chain", &op_bench_chain_args, op_bench_chain, OP_BENCH, NULL },
+	{ "allreduce", &op_allreduce_args, op_collective, OP_ANYONE, NULL },
+	{ "bench_allreduce", &op_bench_allreduce_args, op_collective, OP_BENCH, NULL },
+	{ "reduce_scatter", &op_reduce_scatter_args, op_collective, OP_ANYONE, NULL },
+	{ "all_gather", &op_all_gather_args, op_collective, OP_ANYONE, NULL },
+	{ "broadcast", &op_broadcast_args, op_collective, OP_ANYONE, NULL },
+	{ "reduce", &op_reduce_args, op_collective, OP_ANYONE, NULL },
+	{ "sendrecv", &op_sendrecv_args, op_collective, OP_ANYONE, NULL },
+	{ "all_to_all", &op_all_to_all_args, op_collective, OP_ANYONE, NULL },
+	{ "group", &op_group_args, op_collective, OP_ANYONE, NULL },
+	{ "bench_collective", &op_bench_collective_args, op_collective, OP_BENCH, NULL },
+	{ "reduce_expr", &op_reduce_expr_args, op_reduce_expr, OP_ANYONE, NULL },
+	{ "metrics", &op_metrics_args, op_metrics, OP_ANYONE, NULL },
+	{ "shutdown", &op_shutdown_args, op_shutdown, OP_ADMIN, shutdown_denied },
+	{ "bench_sched", &op_bench_sched_args, op_bench_sched, OP_BENCH, NULL },
+	{ "reset_device", &op_reset_device_args, op_reset_device, OP_ADMIN, reset_device_denied },
+	{ "region_create", &op_region_create_args, op_region_create, OP_ANYONE, NULL },
+	{ "region_free", &op_region_free_args, op_region_free, OP_ANYONE, NULL },
+	{ "regions", &op_regions_args, op_regions, OP_ANYONE, NULL },
+	{ "region_open", &op_region_open_args, op_region_open, OP_ANYONE, NULL },
+	{ "attach", &op_attach_args, op_attach, OP_ANYONE, NULL },
+	{ "release", &op_release_args, op_release, OP_ANYONE, NULL },
+	{ "leases", &op_leases_args, op_leases, OP_ANYONE, NULL },
+	{ "lease_break", &op_lease_break_args, op_lease_break, OP_ADMIN, lease_break_denied },
 #ifdef GPUQ_FAULT_INJECTION
-	{ "inject_fault",     &op_inject_fault_args, op_inject_fault, NULL,      OP_ROOT, NULL }, /* tests/gpuqd-faults only */
+	/* tests/gpuqd-faults only */
+	{ "inject_fault", &op_inject_fault_args, op_inject_fault, OP_ROOT, NULL },
 #endif
 };
 
@@ -160,7 +160,7 @@ static void op_run_one(const struct op_def *op, struct request *req)
 		reply_error(req, &err);
 		return;
 	}
-	if (op->args && args_decode(req, op->args, args, &err) < 0) {
+	if (args_decode(req, op->args, args, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
@@ -168,21 +168,17 @@ static void op_run_one(const struct op_def *op, struct request *req)
 		reply_error(req, &err);
 		return;
 	}
-	if (op->exec)
-		op->exec(req, args);
-	else
-		op->handler(req);
+	op->exec(req, args);
 }
 
 int request_check_ops(struct gpuq_error *err)
 {
 	for (size_t i = 0; i < OP_COUNT; i++) {
 		const struct op_def *op = &op_table[i];
-		if (!op->exec == !op->handler || (op->exec && !op->args) || (op->handler && op->args))
-			return gpuq_fail(err, GPUQ_E_INTERNAL,
-					 "op %s: give either args and exec or a handler", op->name);
+		if (!op->exec || !op->args)
+			return gpuq_fail(err, GPUQ_E_INTERNAL, "op %s: give its args and exec", op->name);
 		struct gpuq_error spec_err;
-		if (op->args && args_spec_check(op->args, &spec_err) < 0)
+		if (args_spec_check(op->args, &spec_err) < 0)
 			return gpuq_fail(err, GPUQ_E_INTERNAL, "op %s: %s", op->name, spec_err.message);
 		for (size_t j = 0; j < i; j++)
 			if (strcmp(op_table[j].name, op->name) == 0)
