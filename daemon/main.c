@@ -24,28 +24,37 @@
 /* The host copy threads (workers/transfer/copy_pool.h); the workers hold the pointer too. */
 static struct copy_pool *copy_pool;
 
-/*
- * Every connection and every descriptor a client sends costs gpuqd one, and
- * a shell's soft limit (1024) is far below what a shared daemon needs: the
- * soft limit goes up to the hard one (systemd's LimitNOFILE sets both).
- */
-static void raise_descriptor_limit(void)
+/* Raises resource's soft limit to its hard one; says so at debug level, or why not. */
+static void raise_soft_limit(int resource, const char *name)
 {
 	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
-		log_warn("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+	if (getrlimit(resource, &rl) < 0) {
+		log_warn("getrlimit(%s): %s", name, strerror(errno));
 		return;
 	}
-	if (rl.rlim_cur >= rl.rlim_max)
+	if (rl.rlim_cur == RLIM_INFINITY || (rl.rlim_max != RLIM_INFINITY && rl.rlim_cur >= rl.rlim_max))
 		return;
 	rlim_t was = rl.rlim_cur;
 	rl.rlim_cur = rl.rlim_max;
-	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-		log_warn("cannot raise the descriptor limit from %llu to %llu: %s",
-			 (unsigned long long)was, (unsigned long long)rl.rlim_max, strerror(errno));
+	if (setrlimit(resource, &rl) < 0)
+		log_warn("cannot raise %s from %llu to %llu: %s", name, (unsigned long long)was,
+			 (unsigned long long)rl.rlim_max, strerror(errno));
 	else
-		log_debug("descriptor limit raised from %llu to %llu (RLIMIT_NOFILE)",
-			  (unsigned long long)was, (unsigned long long)rl.rlim_max);
+		log_debug("%s raised from %llu to %llu", name, (unsigned long long)was,
+			  (unsigned long long)rl.rlim_max);
+}
+
+/*
+ * Every connection and every descriptor a client sends costs gpuqd one, and
+ * a shell's soft limit (1024) is far below what a shared daemon needs; host
+ * regions count against RLIMIT_MEMLOCK, whose soft limit a shell keeps at a
+ * few MiB. Both soft limits go up to the hard ones (systemd's LimitNOFILE
+ * and LimitMEMLOCK set both).
+ */
+static void raise_limits(void)
+{
+	raise_soft_limit(RLIMIT_NOFILE, "the descriptor limit (RLIMIT_NOFILE)");
+	raise_soft_limit(RLIMIT_MEMLOCK, "the locked-memory limit (RLIMIT_MEMLOCK)");
 }
 
 static void on_signal(uv_signal_t *handle, int signum)
@@ -235,7 +244,7 @@ int main(int argc, char **argv)
 	if (rc != 0)
 		return rc > 0 ? 0 : d->opt.check_config ? 1 : EXIT_CONFIG;
 	signal(SIGPIPE, SIG_IGN);
-	raise_descriptor_limit();
+	raise_limits();
 	d->loop = uv_default_loop();
 	d->ops = backend_by_name(d->opt.backend);
 	d->started = monotonic_seconds();

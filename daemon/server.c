@@ -108,6 +108,65 @@ static void server_pause_accepting(struct server *s, int error)
 		uv_poll_stop(&s->listen_poll);
 }
 
+/*
+ * The one reply a client gets when gpuqd has no descriptor to serve it:
+ * `busy`, id 0, as docs/protocol.md says. Best effort: a fresh socket has
+ * room for it, and the client's first read finds it.
+ */
+static void server_send_busy(int fd, const char *why)
+{
+	struct mp_map body, e;
+	msgpack_sbuffer frame;
+	mp_map_init(&body);
+	mp_map_init(&e);
+	mp_put_str(&e, "code", gpuq_errc_name(GPUQ_E_BUSY));
+	mp_put_str(&e, "message", why);
+	mp_put_map(&body, "error", &e);
+	mp_put_u64(&body, "id", 0);
+	mp_put_bool(&body, "ok", false);
+	msgpack_sbuffer_init(&frame);
+	mp_map_frame(&body, &frame);
+	ssize_t n = send(fd, frame.data, frame.size, MSG_NOSIGNAL | MSG_DONTWAIT);
+	(void)n; /* a client that cannot take it is gone or full: it is closed all the same */
+	msgpack_sbuffer_destroy(&frame);
+}
+
+/*
+ * At the descriptor limit: gives up the reserve descriptor to accept each
+ * client waiting in the backlog and refuse it at once, then takes the
+ * reserve back. false when there was no reserve to give up (or it could
+ * not be taken back), and the caller must pause instead.
+ */
+static bool server_refuse_backlog(struct server *s, int error)
+{
+	if (s->reserve_fd < 0)
+		return false;
+	char why[256];
+	struct rlimit rl;
+	uid_t top_uid;
+	unsigned top;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		rl.rlim_cur = 0;
+	snprintf(why, sizeof why,
+		 "gpuqd is at its descriptor limit (%s; RLIMIT_NOFILE %llu) with %u client connections "
+		 "open: try again later",
+		 error == ENFILE ? "the system's file table is full" : "every one is in use",
+		 (unsigned long long)rl.rlim_cur, server_census(s, &top_uid, &top));
+	server_log_fd_limit(s, "accept (clients refused with busy)", error);
+	close(s->reserve_fd);
+	for (;;) {
+		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0 && errno == EINTR)
+			continue;
+		if (fd < 0)
+			break;
+		server_send_busy(fd, why);
+		close(fd);
+	}
+	s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	return s->reserve_fd >= 0;
+}
+
 static void server_on_listen(uv_poll_t *handle, int status, int events)
 {
 	(void)events;
@@ -127,6 +186,8 @@ static void server_on_listen(uv_poll_t *handle, int status, int events)
 		}
 		if (errno == EINTR || errno == ECONNABORTED)
 			continue;
+		if ((errno == EMFILE || errno == ENFILE) && server_refuse_backlog(s, errno))
+			return;
 		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
 			server_pause_accepting(s, errno);
 			return;
@@ -222,6 +283,7 @@ static void server_init(struct server *s, struct daemon *d, uv_loop_t *loop, siz
 	s->loop = loop;
 	s->max_frame = max_frame;
 	s->listen_fd = -1;
+	s->reserve_fd = -1;
 }
 
 /*
@@ -241,6 +303,7 @@ static int server_start_accepting(struct server *s, int fd, char *msg, size_t ms
 	s->listen_poll.data = s;
 	s->listen_fd = fd;
 	s->listening = true;
+	s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if ((rc = uv_timer_init(s->loop, &s->accept_timer)) < 0) {
 		snprintf(msg, msgsize, "uv_timer_init: %s", uv_strerror(rc));
 		server_stop_listening(s);
@@ -303,6 +366,9 @@ static void server_on_listen_closed(uv_handle_t *handle)
 	struct server *s = handle->data;
 	close(s->listen_fd);
 	s->listen_fd = -1;
+	if (s->reserve_fd >= 0)
+		close(s->reserve_fd);
+	s->reserve_fd = -1;
 }
 
 void server_stop_listening(struct server *s)

@@ -83,6 +83,12 @@ struct server {
 	bool timers;             /* the two timers are initialised */
 	struct log_every fd_log, accept_log;
 	int listen_fd;
+	/*
+	 * A descriptor kept in reserve (/dev/null): at the descriptor limit it
+	 * is given up for a moment to accept each waiting client and refuse it
+	 * with `busy`, instead of leaving it in the backlog. -1 when none.
+	 */
+	int reserve_fd;
 	bool listening;
 	bool adopted; /* the socket came from the service manager: never unlink it */
 	char path[108];

@@ -218,6 +218,25 @@ check metrics_for_dashboard 0 gpuq metrics
 cp "$dir/out" "$dir/metrics.txt"
 check grafana_dashboard_matches_metrics 0 /usr/bin/python3 tests/dashboard_check.py \
 	etc/grafana-gpuq.json "$dir/metrics.txt"
+# gpuqd raises its soft RLIMIT_MEMLOCK (regions count against it) to the hard limit
+hard_kib=$(ulimit -H -l)
+if [ "$hard_kib" != unlimited ] && [ "$hard_kib" -gt 64 ]; then
+	sh -c "ulimit -S -l 64; exec \"$BUILD/gpuqd\" --backend host --socket \"$dir/lim.sock\" --log-level warn" \
+		> "$dir/lim.log" 2>&1 &
+	lim=$!
+	i=0
+	until "$BUILD/gpuq" --socket "$dir/lim.sock" ping > /dev/null 2>&1 || [ $i -ge 200 ]; do
+		i=$((i + 1))
+		sleep 0.05
+	done
+	check memlock_raised_metrics 0 "$BUILD/gpuq" --socket "$dir/lim.sock" metrics
+	expect memlock_raised_to_the_hard_limit "^gpuq_memlock_limit_bytes $((hard_kib * 1024))\$" out
+	kill -TERM "$lim"
+	wait "$lim"
+else
+	skipped=$((skipped + 2))
+	echo "skipped 2 cli/memlock_*: the hard RLIMIT_MEMLOCK is $hard_kib KiB (nothing to raise to)"
+fi
 # reset-device: the device comes back, its buffers are lost; a bad index is refused
 check reset_alloc 0 gpuq alloc r --bytes 4K --device 1
 check reset_device 0 gpuq reset-device 1

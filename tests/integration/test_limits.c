@@ -6,6 +6,7 @@
  * daemon at its descriptor limit backs off instead of spinning, and tells
  * clients why it cannot take their descriptors.
  */
+#include <poll.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -348,7 +349,7 @@ TEST(a_daemon_at_its_descriptor_limit_backs_off_and_says_why)
 	struct gpuq_client *c = client_open(&d);
 	do_alloc(c, "w", 0, 4096);
 	int idle[80], nidle = 0;
-	for (; nidle < 80; nidle++) /* the rest wait in the backlog */
+	for (; nidle < 80; nidle++) /* past the limit they are refused, not left in the backlog */
 		idle[nidle] = raw_connect(&d);
 	usleep(200000);
 	double cpu = daemon_cpu_seconds(&d);
@@ -357,6 +358,21 @@ TEST(a_daemon_at_its_descriptor_limit_backs_off_and_says_why)
 	CHECKF(cpu < 0.3, "gpuqd used %.2f s of CPU in 1 s at its descriptor limit", cpu);
 	CHECKF(log_lines_with(&d, "descriptor limit") <= 2, "the log line is not rate-limited");
 	CHECKF(log_lines_with(&d, "uid 0's") >= 1, "the log does not name whose connections they are");
+	/* the connections past the limit were each answered busy (id 0) and closed at once */
+	int refused = 0;
+	for (int i = 0; i < nidle; i++) {
+		struct pollfd p = { .fd = idle[i], .events = POLLIN };
+		char code[32], message[256];
+		if (poll(&p, 1, 0) != 1 || raw_read_error(idle[i], code, sizeof code, message,
+							   sizeof message) < 0)
+			continue;
+		CHECK_STR(code, "busy");
+		CHECKF(strstr(message, "descriptor limit"), "busy says: %s", message);
+		refused++;
+	}
+	CHECKF(refused >= 20, "%d of %d connections past a limit of %u descriptors were refused",
+	       refused, nidle, base + 48);
+	CHECKF(raw_closed_by_peer(idle[nidle - 1], 2000), "the last connection was not closed");
 	/* a working client's put: its descriptor cannot be received, and it is told why */
 	int src = memfd_random(4096, 5);
 	struct mp_map req;
