@@ -3,8 +3,9 @@
 # ends with one line: "N passed, N failed, N skipped".
 #
 # Tiers: unit (C), integration against the host backend, the same suite
-# against the CUDA backend (each test says "skipped: no cuda device: ..."
-# on a machine without a GPU), the CLI tests, the service tests, and the
+# against the CUDA backend (on a machine without a GPU, one line says
+# "skipped N tests: no cuda device: ..."; each tier prints one such line per
+# distinct reason, and its RESULT line counts every test), the CLI tests, the service tests, and the
 # Python client's suite on each backend.
 # GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
 set -u
@@ -32,7 +33,7 @@ awk -v require_gpu="${GPUQ_REQUIRE_GPU:-0}" '
 	p += $3; f += $5; s += $7
 	if (tier ~ /-cuda$/) { gpu_passed += $3; gpu_skipped += $7 }
 }
-/skipped: no cuda device/ { no_gpu = 1 }
+/^skipped [0-9]+ tests?( \([^)]*\))?: no cuda device/ { no_gpu = 1 }
 END {
 	if (no_gpu)
 		print "GPU tests: " gpu_skipped " skipped (no usable CUDA device here; run make gpu-check on a GPU machine)"
