@@ -5,8 +5,10 @@
 # Tiers: unit (C), integration against the host backend, the same suite
 # against the CUDA backend (on a machine without a GPU, one line says
 # "skipped N tests: no cuda device: ..."; each tier prints one such line per
-# distinct reason, and its RESULT line counts every test), the CLI tests, the service tests, and the
-# Python client's suite on each backend.
+# distinct reason, and its RESULT line counts every test), the CLI tests,
+# the documentation checks (tests/docs.sh: gpuq --help, gpuq.1 and gpuqd.8
+# against the programs' own tables), the service tests, and the Python
+# client's suite on each backend.
 # GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
 set -u
 BUILD=${1:-build}
@@ -23,6 +25,7 @@ tier "$BUILD/tests/unit"
 GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
 GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
 tier sh tests/cli.sh "$BUILD"
+tier sh tests/docs.sh "$BUILD"    # --help and the man pages against the programs' own tables
 tier sh tests/service.sh "$BUILD" # socket activation, notify, config, install
 tier sh tests/python.sh "$BUILD"  # the Python client: pip install, then its suite
 GPUQ_TEST_BACKEND=cuda tier sh tests/python.sh "$BUILD"
