@@ -180,7 +180,7 @@ const struct cli_cmd cli_commands[] = {
 	  "device (only device N with --device), counted since gpuqd started:\n"
 	  "  GPU           the device\n"
 	  "  JOBS, FAILED  jobs run, and how many of them failed\n"
-	  "  CHAINS        kernel chains run (gpuq run, and bench chain's)\n"
+	  "  CHAINS        kernel chains run (gpuq run, reduce EXPR, bench chain)\n"
 	  "  KERNELS       kernels launched for them\n"
 	  "  HITS, MISSES  graph-cache hits and misses\n"
 	  "  UPDATES       cached graphs updated in place (only the buffers changed)\n"
