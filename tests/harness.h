@@ -3,7 +3,9 @@
  *
  * TEST(name) { ... } registers a test at load time. harness_main runs each
  * in a forked child under a timeout, so a crash or a hang fails one test and
- * not the run, and prints one line per test and a closing summary:
+ * not the run, and prints one line per test that passed or failed, one
+ * line per distinct reason for skipping with its count
+ * ("skipped 190 tests: no cuda device: ..."), and a closing summary:
  *   "RESULT <tier>: N passed, N failed, N skipped"
  * which tests/run.sh adds up. Arguments select tests by substring.
  */

@@ -10,8 +10,8 @@
 # GPUQ_TEST_BACKEND=cuda, or where /usr/bin/python3 cannot make that venv
 # (the install check then says skipped): the suite from the source tree,
 # with $GPUQ_PYTHON or the first of /usr/bin/python3 and python3 that has
-# msgpack, numpy and pytest. Without a GPU the cuda run's tests say
-# "skipped: no cuda device".
+# msgpack, numpy and pytest. Without a GPU the cuda run's tests are
+# skipped, in one line: "skipped N tests: no cuda device: ...".
 set -u
 BUILD=${1:-build}
 backend=${GPUQ_TEST_BACKEND:-host}

@@ -2,11 +2,13 @@
 # Runs every test tier against the binaries in BUILD (default build/) and
 # ends with one line: "N passed, N failed, N skipped".
 #
-# Tiers: the layering of the includes (tests/layers.sh), unit (C),
-# integration against the host backend, the same suite against the CUDA
-# backend (each test says "skipped: no cuda device: ..." on a machine
-# without a GPU), the CLI tests, the service tests, and the
-# Python client's suite on each backend.
+# Tiers: the layering of the includes (tests/layers.sh), unit (C), integration against the host backend, the same suite
+# against the CUDA backend (on a machine without a GPU, one line says
+# "skipped N tests: no cuda device: ..."; each tier prints one such line per
+# distinct reason, and its RESULT line counts every test), the CLI tests,
+# the documentation checks (tests/docs.sh: gpuq --help, gpuq.1 and gpuqd.8
+# against the programs' own tables), the service tests, and the Python
+# client's suite on each backend.
 # GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
 set -u
 BUILD=${1:-build}
@@ -25,6 +27,7 @@ GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
 GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
 tier sh tests/cli.sh "$BUILD"
 tier sh tests/top.sh "$BUILD"     # gpuq top: --once, and the live view in tmux
+tier sh tests/docs.sh "$BUILD"    # --help and the man pages against the programs' own tables
 tier sh tests/service.sh "$BUILD" # socket activation, notify, config, install
 tier sh tests/python.sh "$BUILD"  # the Python client: pip install, then its suite
 GPUQ_TEST_BACKEND=cuda tier sh tests/python.sh "$BUILD"
@@ -35,7 +38,7 @@ awk -v require_gpu="${GPUQ_REQUIRE_GPU:-0}" '
 	p += $3; f += $5; s += $7
 	if (tier ~ /-cuda$/) { gpu_passed += $3; gpu_skipped += $7 }
 }
-/skipped: no cuda device/ { no_gpu = 1 }
+/^skipped [0-9]+ tests?( \([^)]*\))?: no cuda device/ { no_gpu = 1 }
 END {
 	if (no_gpu)
 		print "GPU tests: " gpu_skipped " skipped (no usable CUDA device here; run make gpu-check on a GPU machine)"

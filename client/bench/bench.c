@@ -500,20 +500,94 @@ int bench_dispatch(struct cli *cli)
 	return rc;
 }
 
-struct bench_entry {
-	const char *name;
-	int (*run)(struct cli *cli);
+/*
+ * The bench kinds, one row each: gpuq bench KIND's synopsis, its line in
+ * gpuq --help, its gpuq bench KIND --help, and its run. gpuq --help, gpuq
+ * bench --help and tests/docs.sh read this table.
+ */
+const struct bench_kind_row bench_kind_rows[] = {
+	{ "dispatch", "[--clients LIST] [--requests N] [--device N]",
+	  "request latency against a bare socket echo",
+	  "For each client count C in LIST (default 1,8), C threads with a\n"
+	  "connection each make N round trips (default 2000, after 200 unmeasured)\n"
+	  "to an echo thread in this process, then of ping, then of noop (waited,\n"
+	  "on --device N). Prints p50/p99 latency, requests/s and the p50 ratio\n"
+	  "to the echo baseline.\n",
+	  bench_dispatch },
+	{ "copy", "[--device N] [--sizes LIST] [--requests R]",
+	  "gpuqd's copy paths against cudaMemcpy",
+	  "gpuqd measures its copy paths on device N as a job (default sizes\n"
+	  "256M,1G,4G; R timed repeats after a warm-up, default 5): cudaMemcpy\n"
+	  "pageable and pinned against gpuq from a memfd, from a file and\n"
+	  "registered, both ways, then device<->device where the daemon has\n"
+	  "bench_d2d. One table: GB/s and the ratio to the pinned ceiling of the\n"
+	  "same run, each row verified.\n",
+	  bench_copy },
+	{ "chain", "[--device N] [--bytes SIZE] [--repeat N]",
+	  "kernel chains: eager, graph and fused",
+	  "gpuqd measures kernel chains on device N as a job: launch-bound, 1024\n"
+	  "f32 elements and chains of 1, 5 and 20 ops applied N times (default\n"
+	  "1000), eager against graph in µs per kernel; bandwidth-bound, SIZE of\n"
+	  "f32 (default 1G) and sin | add 1 | sqrt | mul 2 | sub 3, each op alone\n"
+	  "and the chain eager, graph and fused in GB/s beside cudaMemcpy device\n"
+	  "to device; and the time to instantiate, update and find a cached graph.\n"
+	  "Medians of 10 timed replays; the H200 targets are marked met or missed.\n",
+	  bench_chain },
+	{ "allreduce", "[--bytes MIN:MAX] [--factor F] [--devices LIST|all] [--dtype T] [--op OP]",
+	  "allreduce jobs against a raw NCCL loop",
+	  "For each size from MIN to MAX (default 8:64M, times F, default 2) a raw\n"
+	  "ncclAllReduce loop on a communicator of the same devices (default all)\n"
+	  "timed by gpuqd with CUDA events, then the same all-reduce as allreduce\n"
+	  "jobs sent from here, 8 in flight; both results are checked element by\n"
+	  "element. An nccl-tests style table: time, algbw, busbw (algbw x\n"
+	  "2(n-1)/n), wrong elements, the ratio.\n",
+	  bench_allreduce },
+	{ "collective",
+	  "--op PRIMITIVE [--bytes MIN:MAX] [--factor F] [--devices LIST|all] [--dtype T] "
+	  "[--reduce OP] [--root N]",
+	  "the other collectives against raw NCCL loops",
+	  "As bench allreduce for all-gather, reduce-scatter, broadcast, reduce,\n"
+	  "all-to-all or sendrecv (a ring: rank r sends to rank r+1, one group),\n"
+	  "with nccl-tests' size and bus factor for each ((n-1)/n for all-gather,\n"
+	  "reduce-scatter and all-to-all, 1 for broadcast, reduce and sendrecv).\n"
+	  "--reduce OP: the reduction of reduce-scatter and reduce (default sum).\n",
+	  bench_collective },
+	{ "sched", "[--device N] [--bytes SIZE] [--repeat R] [--requests S]",
+	  "the scheduler: overlap, head of line, priority, fairness",
+	  "gpuqd's scheduler on device N beside what the device does alone, in one\n"
+	  "run. (1) overlap: a put from scratch:, a get to scratch: and the fused\n"
+	  "chain sin | add 1 | sqrt | mul 2 | sub 3, SIZE each (default 4G, less on\n"
+	  "a small device, 16M on the host backend), alone and all three at once,\n"
+	  "beside gpuqd's raw ceiling of the same (pinned copies and the kernel on\n"
+	  "three streams); medians of R rounds (default 3). (2) head of line: p50\n"
+	  "and p99 of a 1 MiB checksum and a 1 MiB put, S of each (default 200),\n"
+	  "idle and while a 32 GiB put runs. (3) priority: a high-priority checksum\n"
+	  "behind 1000 queued low-priority 256 MiB puts, against idle. (4) fairness:\n"
+	  "two owners, one sending 800 puts and then the other 80: each one's share\n"
+	  "of the bytes moved (and of the time in flight) while both have jobs\n"
+	  "queued; needs root (a child process becomes uid 65534, and gpuqd's\n"
+	  "--socket-group must let it in), skipped otherwise. Sizes shrink on the\n"
+	  "host backend. A closing table marks the H200 targets met or MISSED.\n",
+	  bench_sched },
+	{ "attach", "[--device N] [--bytes SIZE] [--requests R]",
+	  "attaching a shareable buffer in a new process",
+	  "A shareable buffer of SIZE (default 10G; 64M on the host backend)\n"
+	  "filled with random bytes; R times (default 5) a new process attaches it\n"
+	  "and reads its first bytes (checked against gpuqd's), cold (the CUDA\n"
+	  "driver starting in that process) and warm; beside gpuq get of it to\n"
+	  "scratch: and a copy of it into pinned memory (cudaMemcpy). Target:\n"
+	  "attach <= 50 ms for any size.\n",
+	  bench_attach },
+	{ NULL, NULL, NULL, NULL, NULL },
 };
 
-static const struct bench_entry bench_kinds[] = {
-	{ "dispatch", bench_dispatch },
-	{ "copy", bench_copy },
-	{ "chain", bench_chain },
-	{ "allreduce", bench_allreduce },
-	{ "collective", bench_collective },
-	{ "sched", bench_sched },
-	{ "attach", bench_attach },
-};
+const struct bench_kind_row *bench_kind_find(const char *name)
+{
+	for (const struct bench_kind_row *k = bench_kind_rows; k->name; k++)
+		if (strcmp(k->name, name) == 0)
+			return k;
+	return NULL;
+}
 
 /*
  * --save-json FILE: the table as usual, and the --json result in FILE (what
@@ -538,12 +612,11 @@ static int run_kind(struct cli *cli, int (*run)(struct cli *cli))
 int cmd_bench(struct cli *cli)
 {
 	char names[128] = "";
-	size_t n = sizeof bench_kinds / sizeof bench_kinds[0];
-	for (size_t i = 0; i < n; i++) {
-		if (strcmp(cli->args[0], bench_kinds[i].name) == 0)
-			return run_kind(cli, bench_kinds[i].run);
+	const struct bench_kind_row *kind = bench_kind_find(cli->args[0]);
+	if (kind)
+		return run_kind(cli, kind->run);
+	for (const struct bench_kind_row *k = bench_kind_rows; k->name; k++)
 		snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
-			 i ? ", " : "", bench_kinds[i].name);
-	}
+			 k == bench_kind_rows ? "" : ", ", k->name);
 	return cli_usage(cli, "unknown benchmark '%s'; there are: %s", cli->args[0], names);
 }

@@ -202,6 +202,13 @@ int cmd_checksum(struct cli *cli);
 
 /* bench.c */
 int cmd_bench(struct cli *cli);
+/* A bench kind: gpuq bench NAME SYNOPSIS, its gpuq --help line and its --help. */
+struct bench_kind_row {
+	const char *name, *synopsis, *summary, *help;
+	int (*run)(struct cli *cli);
+};
+extern const struct bench_kind_row bench_kind_rows[]; /* ends with a NULL name */
+const struct bench_kind_row *bench_kind_find(const char *name);
 /* bench KIND: one function per kind, each in its own client/bench/bench_KIND.c. */
 int bench_dispatch(struct cli *cli);
 /* bench_copy.c: gpuq bench copy (bench_copy, then the daemon's bench_d2d if it has one) */

@@ -134,71 +134,13 @@ const struct cli_cmd cli_commands[] = {
 	  "Cancels job JOB: a queued job at once, a running put or get at its next\n"
 	  "chunk (other jobs are too short to stop).\n",
 	  0, 1, 1, { "JOB" }, cmd_cancel },
-	{ "bench", "dispatch [--clients LIST] [--requests N] [--device N]",
-	  "measure request latency against a bare socket echo",
-	  "For each client count C in LIST (default 1,8), C threads with a\n"
-	  "connection each make N round trips (default 2000, after 200 unmeasured)\n"
-	  "to an echo thread in this process, then of ping, then of noop (waited,\n"
-	  "on --device N). Prints p50/p99 latency, requests/s and the p50 ratio\n"
-	  "to the echo baseline.\n"
-	  "\n"
-	  "bench copy [--device N] [--sizes LIST] [--requests R]: gpuqd measures\n"
-	  "its copy paths on device N as a job (default sizes 256M,1G,4G; R timed\n"
-	  "repeats after a warm-up, default 5): cudaMemcpy pageable and pinned\n"
-	  "against gpuq from a memfd, from a file and registered, both ways, then\n"
-	  "device<->device where the daemon has bench_d2d. One table: GB/s and the\n"
-	  "ratio to the pinned ceiling of the same run, each row verified.\n"
-	  "\n"
-	  "bench allreduce [--bytes MIN:MAX] [--factor F] [--devices LIST|all]\n"
-	  "[--dtype T] [--op OP]: for each size from MIN to MAX (default 8:64M,\n"
-	  "times F, default 2) a raw ncclAllReduce loop on a communicator of the\n"
-	  "same devices (default all) timed by gpuqd with CUDA events, then the\n"
-	  "same all-reduce as allreduce jobs sent from here, 8 in flight; both\n"
-	  "results are checked element by element. An nccl-tests style table:\n"
-	  "time, algbw, busbw (algbw x 2(n-1)/n), wrong elements, the ratio.\n"
-	  "\n"
-	  "bench collective --op PRIMITIVE [--bytes MIN:MAX] [--factor F] [--devices\n"
-	  "LIST|all] [--dtype T] [--reduce OP] [--root N]: the same for all-gather,\n"
-	  "reduce-scatter, broadcast, reduce, all-to-all or sendrecv (a ring: rank r\n"
-	  "sends to rank r+1, one group), with nccl-tests' size and bus factor for\n"
-	  "each ((n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for\n"
-	  "broadcast, reduce and sendrecv).\n"
-	  "\n"
-	  "bench chain [--device N] [--bytes SIZE] [--repeat N]: gpuqd measures\n"
-	  "kernel chains on device N as a job: launch-bound, 1024 f32 elements and\n"
-	  "chains of 1, 5 and 20 ops applied N times (default 1000), eager against\n"
-	  "graph in µs per kernel; bandwidth-bound, SIZE of f32 (default 1G) and\n"
-	  "sin | add 1 | sqrt | mul 2 | sub 3, each op alone and the chain eager,\n"
-	  "graph and fused in GB/s beside cudaMemcpy device to device; and the\n"
-	  "time to instantiate, update and find a cached graph. Medians of 10\n"
-	  "timed replays; the H200 targets are marked met or missed.\n"
-	  "\n"
-	  "bench sched [--device N] [--bytes SIZE] [--repeat R] [--requests S]:\n"
-	  "gpuqd's scheduler on device N beside what the device does alone, in one\n"
-	  "run. (1) overlap: a put from scratch:, a get to scratch: and the fused\n"
-	  "chain sin | add 1 | sqrt | mul 2 | sub 3, SIZE each (default 4G, less on\n"
-	  "a small device, 16M on the host backend), alone and all three at once,\n"
-	  "beside gpuqd's raw ceiling of the same (pinned copies and the kernel on\n"
-	  "three streams); medians of R rounds (default 3). (2) head of line: p50\n"
-	  "and p99 of a 1 MiB checksum and a 1 MiB put, S of each (default 200),\n"
-	  "idle and while a 32 GiB put runs. (3) priority: a high-priority checksum\n"
-	  "behind 1000 queued low-priority 256 MiB puts, against idle. (4) fairness:\n"
-	  "two owners, one sending 800 puts and then the other 80: each one's share\n"
-	  "of the bytes moved (and of the time in flight) while both have jobs\n"
-	  "queued; needs root (a child process becomes uid 65534, and gpuqd's\n"
-	  "--socket-group must let it in), skipped otherwise. Sizes shrink on the\n"
-	  "host backend. A closing table marks the H200 targets met or MISSED.\n"
-	  "\n"
-	  "bench attach [--device N] [--bytes SIZE] [--requests R]: a shareable\n"
-	  "buffer of SIZE (default 10G; 64M on the host backend) filled with random\n"
-	  "bytes; R times (default 5) a new process attaches it and reads its first\n"
-	  "bytes (checked against gpuqd's), cold (the CUDA driver starting in that\n"
-	  "process) and warm; beside gpuq get of it to scratch: and a copy of it\n"
-	  "into pinned memory (cudaMemcpy). Target: attach <= 50 ms for any size.\n"
-	  "\n"
-	  "Every bench prints its result as JSON with --json, or writes it to FILE\n"
-	  "with --save-json FILE while printing its table as usual; `python -m gpuq\n"
-	  "plot FILE -o PICTURE.png` draws it (client/python; needs matplotlib).\n",
+	{ "bench", "KIND [OPTIONS]",
+	  "measure gpuqd: dispatch copy chain allreduce collective sched attach",
+	  "Runs benchmark KIND against gpuqd and prints what it measured. With\n"
+	  "--json it prints its result as JSON instead, and with --save-json FILE\n"
+	  "it also writes that JSON to FILE; `python -m gpuq plot FILE -o\n"
+	  "PICTURE.png` draws it (client/python; needs matplotlib).\n"
+	  "gpuq bench KIND --help describes one kind; the kinds:\n",
 	  BENCH_OPTS, 1, 1, { "KIND" }, cmd_bench },
 	{ "copy", "SRC DST [--engine ce|sm] [--verify] [--path auto|peer|host-staged]",
 	  "copy bytes between buffers, on one GPU or between GPUs",
@@ -240,12 +182,22 @@ const struct cli_cmd cli_commands[] = {
 	  JOB_OPTS | OPT_MODE | OPT_REPEAT | OPT_OUT | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 2,
 	  { "EXPR|BUF", "CHAIN" }, cmd_run },
 	{ "stats", "[--device N]", "show each device's job and kernel-chain counters",
-	  "Per device: jobs run and failed, bytes moved, and the kernel-chain\n"
-	  "counters: chains run, kernels launched, graph-cache hits, misses,\n"
-	  "updates (only the buffers changed), instantiations and evictions, the\n"
-	  "plans cached out of the capacity (gpuqd --graph-cache), and compiled\n"
-	  "kernels: compiles (NVRTC), disk hits, memory hits and fallbacks to the\n"
-	  "interpreted kernel.\n",
+	  "Prints the backend and where compiled kernels are kept, then a row per\n"
+	  "device (only device N with --device), counted since gpuqd started:\n"
+	  "  GPU           the device\n"
+	  "  JOBS, FAILED  jobs run, and how many of them failed\n"
+	  "  CHAINS        kernel chains run (gpuq run, reduce EXPR, bench chain)\n"
+	  "  KERNELS       kernels launched for them\n"
+	  "  HITS, MISSES  graph-cache hits and misses\n"
+	  "  UPDATES       cached graphs updated in place (only the buffers changed)\n"
+	  "  INSTANTIATED  graphs instantiated\n"
+	  "  EVICTED       graphs evicted from the cache\n"
+	  "  CACHED        plans cached / the capacity (gpuqd --graph-cache)\n"
+	  "  COMPILED      kernels compiled (NVRTC)\n"
+	  "  DISK, MEMORY  compiled kernels found in the disk cache, in memory\n"
+	  "  INTERPRETED   fused runs that fell back to the interpreting kernel\n"
+	  "A '-' is a device without kernel-chain counters. Bytes moved are\n"
+	  "counted by gpuq devices --json (counters) and gpuq metrics.\n",
 	  OPT_DEVICE, 0, 0, { NULL }, cmd_stats },
 	{ "allreduce",
 	  "NAME [--devices LIST|all] [--op sum|prod|min|max|avg] [--out NAME2] [--count N] "
@@ -392,6 +344,18 @@ static const char global_help[] =
 	"  3  gpuqd cannot be reached or did not answer in time (--timeout),\n"
 	"     or the connection broke\n";
 
+/* One line of gpuq --help: "  NAME SYNOPSIS" and the summary in a column, or under a long synopsis. */
+static void print_help_line(FILE *f, const char *name, const char *synopsis, const char *summary)
+{
+	int w = fprintf(f, "  %s%s%s", name, *synopsis ? " " : "", synopsis);
+
+	if (w > 27)
+		fprintf(f, "\n%30s%s\n", "", summary);
+	else
+		fprintf(f, "%*s%s\n", 30 - w, "", summary);
+}
+
+/* Every command of cli_commands, and under bench every kind of bench_kind_rows. */
 static void print_help(FILE *f)
 {
 	const struct cli_cmd *cmd;
@@ -400,21 +364,40 @@ static void print_help(FILE *f)
 		   "Talks to gpuqd, the GPU job daemon, over its UNIX socket.\n\n"
 		   "Commands (job commands also take --detach and --priority):\n");
 	for (cmd = cli_commands; cmd->name; cmd++) {
-		int w = fprintf(f, "  %s%s%s", cmd->name, *cmd->synopsis ? " " : "",
-				cmd->synopsis);
-
-		/* The summary goes in a column, or under a synopsis too long for it. */
-		if (w > 27)
-			fprintf(f, "\n%30s%s\n", "", cmd->summary);
-		else
-			fprintf(f, "%*s%s\n", 30 - w, "", cmd->summary);
+		if (cmd->run != cmd_bench) {
+			print_help_line(f, cmd->name, cmd->synopsis, cmd->summary);
+			continue;
+		}
+		for (const struct bench_kind_row *k = bench_kind_rows; k->name; k++) {
+			char name[64];
+			snprintf(name, sizeof name, "bench %s", k->name);
+			print_help_line(f, name, k->synopsis, k->summary);
+		}
 	}
 	fprintf(f, "\n");
 	fprintf(f, global_help, gpuq_default_socket());
 }
 
+/* gpuq bench --help: the kinds; gpuq bench KIND --help: that kind. */
+static void print_bench_help(FILE *f, const struct cli_cmd *cmd, const struct bench_kind_row *kind)
+{
+	if (kind) {
+		fprintf(f, "usage: gpuq bench %s %s\n\n%s", kind->name, kind->synopsis, kind->help);
+	} else {
+		fprintf(f, "usage: gpuq bench %s\n\n%s\n", cmd->synopsis, cmd->help);
+		for (const struct bench_kind_row *k = bench_kind_rows; k->name; k++)
+			fprintf(f, "gpuq bench %s %s\n%s\n", k->name, k->synopsis, k->help);
+	}
+	fprintf(f, "\nThe global options (--socket, --json, --timeout) work here too;\n"
+		   "gpuq --help lists them and the exit status.\n");
+}
+
 void cli_print_command_help(FILE *f, const struct cli_cmd *cmd)
 {
+	if (cmd->run == cmd_bench) {
+		print_bench_help(f, cmd, NULL);
+		return;
+	}
 	fprintf(f, "usage: gpuq %s%s%s%s\n\n%s", cmd->name, *cmd->synopsis ? " " : "",
 		cmd->synopsis,
 		cmd->opts & OPT_DETACH ? " [--detach]" : "", cmd->help);
@@ -485,7 +468,13 @@ int main(int argc, char **argv)
 		return unknown_command(argv[at]);
 	rc = cli_parse_command(&cli, argc - at, argv + at);
 	if (rc == -'h') {
-		cli_print_command_help(stdout, cli.cmd);
+		const struct bench_kind_row *kind = NULL;
+		for (int i = at + 1; cli.cmd->run == cmd_bench && i < argc && !kind; i++)
+			kind = bench_kind_find(argv[i]);
+		if (kind)
+			print_bench_help(stdout, cli.cmd, kind);
+		else
+			cli_print_command_help(stdout, cli.cmd);
 		return finish_output(CLI_OK);
 	}
 	if (rc == 0)

@@ -18,6 +18,12 @@
 extern const enum gpuq_dtype coll_typed_dtypes[7]; /* every dtype but bytes */
 
 double coll_now(void);
+/*
+ * How late after its timeout a collective's failure may answer: the
+ * failures these bounds catch never answer at all, and a loaded machine
+ * may keep gpuqd or this client from a core for a second or more.
+ */
+#define COLL_LATE_S 5.0
 
 /* alloc NAME@device as count x t; fill it with fill random seed; free it. */
 void coll_alloc(struct gpuq_client *c, const char *name, int device, enum gpuq_dtype t,

@@ -62,10 +62,14 @@ static void expect_fresh_gather(struct gpuq_client *c, const int *devices, int n
 	coll_check(c, &l, GPUQ_DTYPE_F32, COLL_SUM, devices, &b, seeds, 0);
 }
 
-/* The reply to a waited request came within margin of timeout_s after submission. */
+/*
+ * The reply to a waited request came after timeout_s, and not long after:
+ * without the timeout it would never come (the rank hangs), so the upper
+ * bound (COLL_LATE_S) leaves a loaded machine's scheduling delays room.
+ */
 static void expect_on_time(double took, double timeout_s, const char *what)
 {
-	CHECKF(took >= timeout_s - 0.05 && took < timeout_s + 1.0,
+	CHECKF(took >= timeout_s - 0.05 && took < timeout_s + COLL_LATE_S,
 	       "%s: the reply came %.3f s after submission (timeout %.3f s)", what, took, timeout_s);
 }
 

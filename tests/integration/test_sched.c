@@ -2,8 +2,14 @@
  * The per-GPU scheduler, seen from clients: independent jobs overlap, jobs
  * on one buffer keep their order, urgent jobs pass queued ones, owners share
  * a device, allocations wait for memory, and 8 clients' random jobs end with
- * the same buffers as a serial replay. Timings only as ratios, with wide
- * margins; on the host backend the engines are slowed
+ * the same buffers as a serial replay. The checks are on the order of
+ * events (which job is still running when another is done, what the
+ * daemon's own counters and job records say), not on this machine's clock:
+ * CI and newcomers' machines are loaded. Where only a time can show it
+ * (DMA turns), the time is the daemon's own record of the job, compared
+ * with generous margins against a reference measured in the same test,
+ * and a miss is measured again before it fails; the ratios themselves are
+ * `gpuq bench sched`'s. On the host backend the engines are slowed
  * (GPUQ_HOST_ENGINE_DELAY_US) so that sleeps, not this machine's cores, set
  * the pace.
  */
@@ -88,11 +94,15 @@ static uint64_t start_simple(struct gpuq_client *c, const char *op, const char *
 	return submit(c, &req, NULL, 0);
 }
 
-/* The seconds a finished job ran, from its record. */
-static double ran_s(struct gpuq_client *c, uint64_t job)
+/*
+ * Seconds from a finished job's submission to its end by the daemon's own
+ * record (queued_s + run_s): the client's round trips, and its waits for a
+ * core on a loaded machine, are not in it.
+ */
+static double took_s(struct gpuq_client *c, uint64_t job)
 {
 	struct gpuq_reply *r = job_request(c, "status", job, 0);
-	double s = reply_f64(r, "job.run_s");
+	double s = reply_f64(r, "job.queued_s") + reply_f64(r, "job.run_s");
 	gpuq_reply_free(r);
 	return s;
 }
@@ -107,21 +117,26 @@ TEST(sched_a_small_job_on_another_buffer_passes_a_long_one)
 	do_alloc(c, "big", 0, big);
 	do_alloc(c, "small", 0, 4096);
 	do_fill_random(c, "small", 7);
-	int src = memfd_random(big, 1);
-	double t0 = now_s();
-	uint64_t put = start_put_fd(c, "big", src, NULL); /* 4 slots' DMAs at 40 ms each here */
-	close(src);
-	usleep(20000);
-	uint64_t sum = start_simple(c, "checksum", "small", NULL);
-	wait_ok(c, sum, "the checksum");
-	double small_done = now_s() - t0;
 	char state[16];
-	state_of(c, put, state, sizeof state);
+	/*
+	 * The order of events, not a ratio of times: a checksum that waited for
+	 * the put would find it done. On a machine so loaded that this client
+	 * sleeps through the put's 0.16 s before the checksum is sent, the put
+	 * is done anyway: then it is tried once more.
+	 */
+	for (int attempt = 0; attempt < 2; attempt++) {
+		int src = memfd_random(big, 1);
+		uint64_t put = start_put_fd(c, "big", src, NULL); /* 4 slots' DMAs at 40 ms each here */
+		close(src);
+		usleep(20000);
+		uint64_t sum = start_simple(c, "checksum", "small", NULL);
+		wait_ok(c, sum, "the checksum");
+		state_of(c, put, state, sizeof state);
+		wait_ok(c, put, "the put");
+		if (strcmp(state, "running") == 0)
+			break;
+	}
 	CHECKF(strcmp(state, "running") == 0, "the long put is %s when the checksum is done", state);
-	wait_ok(c, put, "the put");
-	double put_done = now_s() - t0;
-	CHECKF(small_done < 0.5 * put_done, "the checksum took %.3f s, the put %.3f s", small_done,
-	       put_done);
 	gpuq_close(c);
 	daemon_stop(&d);
 }
@@ -174,60 +189,124 @@ TEST(sched_jobs_on_one_buffer_keep_their_order)
 	daemon_stop(&d);
 }
 
-/* put, get and a kernel job on three buffers: together well under the sum of their times alone. */
+/*
+ * The engines a device's jobs keep busy now, from the daemon's own
+ * counters (devices: scheduler.inflight_by_engine): bit 0 h2d, 1 d2h, 2 kernel.
+ */
+static unsigned engines_busy(struct gpuq_client *c)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "devices");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "devices");
+	static const char *const engines[] = { "h2d", "d2h", "kernel" };
+	unsigned busy = 0;
+	for (unsigned i = 0; i < 3; i++) {
+		char path[64];
+		snprintf(path, sizeof path, "devices.0.scheduler.inflight_by_engine.%s", engines[i]);
+		if (reply_u64(r, path) > 0)
+			busy |= 1u << i;
+	}
+	gpuq_reply_free(r);
+	return busy;
+}
+
+/* Whether every job of ids has ended. */
+static bool all_done(struct gpuq_client *c, const uint64_t *ids, int n)
+{
+	for (int i = 0; i < n; i++) {
+		char state[16];
+		state_of(c, ids[i], state, sizeof state);
+		if (strcmp(state, "queued") == 0 || strcmp(state, "running") == 0)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * put, get and a kernel job on three buffers overlap: the daemon's own
+ * counters show the three engines busy at once. Jobs run one after another
+ * never show that, so the test fails then. Each job takes about 0.4 s
+ * here, so even a slow client looks while all three run; one that missed
+ * it (it saw no moment with all three in flight) tries once more. The
+ * time saved is gpuq bench sched's to measure (together_over_longest).
+ */
 TEST(sched_a_put_a_get_and_a_fill_overlap)
 {
 	if (test_backend_is_cuda())
 		SKIP("on the GPU, gpuq bench sched measures the overlap against the hardware's ceiling");
-	slow_engines("h2d:30000,d2h:30000,compute:120000");
+	slow_engines("h2d:100000,d2h:100000,compute:400000");
 	struct daemon_proc d;
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
-	size_t n = (size_t)8 << 20; /* 4 slots: 120 ms of copies each way */
+	size_t n = (size_t)8 << 20; /* 4 slots: 0.4 s of copies each way */
 	do_alloc(c, "a", 0, n);
 	do_alloc(c, "b", 0, n);
 	do_alloc(c, "k", 0, n);
-	double alone = 0, t0;
-	uint64_t ids[3];
 	int src = memfd_random(n, 3);
-	for (int round = 0; round < 2; round++) {
+	unsigned seen = 0, ever = 0; /* engines busy at one moment; at any */
+	for (int attempt = 0; attempt < 2 && seen != 7; attempt++) {
 		int out = memfd_random(0, 0);
-		t0 = now_s();
-		for (int j = 0; j < 3; j++) {
-			struct mp_map req;
-			if (j == 0) {
-				CHECK(lseek(src, 0, SEEK_SET) == 0);
-				ids[j] = start_put_fd(c, "a", src, NULL);
-			} else if (j == 1) {
-				gpuq_request_begin(c, &req, "get");
-				mp_put_str(&req, "buffer", "b");
-				mp_put_u64(&req, "fds", 1);
-				ids[j] = submit(c, &req, &out, 1);
-			} else {
-				gpuq_request_begin(c, &req, "fill");
-				mp_put_str(&req, "buffer", "k");
-				mp_put_str(&req, "pattern", "zero");
-				ids[j] = submit(c, &req, NULL, 0);
-			}
-			if (round == 0) { /* alone: one after another */
-				wait_ok(c, ids[j], "alone");
-				alone += ran_s(c, ids[j]);
-			}
+		uint64_t ids[3];
+		CHECK(lseek(src, 0, SEEK_SET) == 0);
+		ids[0] = start_put_fd(c, "a", src, NULL);
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "get");
+		mp_put_str(&req, "buffer", "b");
+		mp_put_u64(&req, "fds", 1);
+		ids[1] = submit(c, &req, &out, 1);
+		gpuq_request_begin(c, &req, "fill");
+		mp_put_str(&req, "buffer", "k");
+		mp_put_str(&req, "pattern", "zero");
+		ids[2] = submit(c, &req, NULL, 0);
+		/* Until all three are in flight at once, or none is left to run. */
+		for (;;) {
+			seen = engines_busy(c);
+			ever |= seen;
+			if (seen == 7 || all_done(c, ids, 3))
+				break;
+			usleep(1000);
 		}
-		for (int j = 0; round == 1 && j < 3; j++)
+		for (int j = 0; j < 3; j++)
 			wait_ok(c, ids[j], "together");
 		close(out);
 	}
-	double together = now_s() - t0;
 	close(src);
-	CHECKF(together < 0.75 * alone, "together %.3f s, one after another %.3f s", together, alone);
+	CHECKF(seen == 7, "the put, get and fill were never in flight at once (engines seen busy, "
+	       "bits h2d d2h kernel: %#x)", ever);
 	gpuq_close(c);
 	daemon_stop(&d);
 }
 
+/* For each job of ids, whether it has started (is no longer queued), all from one `jobs` reply. */
+static void job_snapshot(struct gpuq_client *c, const uint64_t *ids, int n, bool *started)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "jobs");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "jobs");
+	const msgpack_object *list = reply_path(r, "jobs");
+	CHECK(list && list->type == MSGPACK_OBJECT_ARRAY);
+	for (int i = 0; i < n; i++) {
+		bool found = false;
+		for (uint32_t k = 0; k < list->via.array.size && !found; k++) {
+			const msgpack_object *rec = &list->via.array.ptr[k];
+			const msgpack_object *id = msg_map_get(rec, "job");
+			const msgpack_object *state = msg_map_get(rec, "state");
+			if (!id || id->type != MSGPACK_OBJECT_POSITIVE_INTEGER || id->via.u64 != ids[i])
+				continue;
+			CHECK(state && state->type == MSGPACK_OBJECT_STR);
+			found = true;
+			started[i] = !(state->via.str.size == 6 && memcmp(state->via.str.ptr, "queued", 6) == 0);
+		}
+		CHECKF(found, "jobs does not list job %" PRIu64, ids[i]);
+	}
+	gpuq_reply_free(r);
+}
+
 TEST(sched_urgent_jobs_go_first)
 {
-	slow_engines("compute:30000");
+	slow_engines("compute:100000");
 	struct daemon_proc d;
 	daemon_start(&d, "--max-inflight=1", NULL);
 	struct gpuq_client *c = client_open(&d);
@@ -268,21 +347,33 @@ TEST(sched_urgent_jobs_go_first)
 	}
 	CHECK_STR(reason, "inflight");
 	close(p[1]);
+	/*
+	 * They start one at a time (--max-inflight=1), 0.1 s apart: normal, then
+	 * low 1, then low 2. Every snapshot of their states (one `jobs` reply)
+	 * must agree: a job has not started while one that goes before it is
+	 * still queued. Start order is order of events, which a loaded machine
+	 * does not change (a client that looks too rarely sees fewer snapshots).
+	 */
+	uint64_t order[3] = { normal, low1, low2 };
+	for (bool started[3] = { false };;) {
+		job_snapshot(c, order, 3, started);
+		for (int i = 1; i < 3; i++)
+			CHECKF(!started[i] || started[i - 1], "%s started while %s was queued",
+			       i == 1 ? "low 1" : "low 2", i == 1 ? "normal" : "low 1");
+		if (started[2])
+			break;
+		usleep(2000);
+	}
 	wait_ok(c, put, "the put");
 	wait_ok(c, low2, "low 2");
-	double q_normal, q_low1, q_low2;
+	/* submitted after low 1, started before it: its wait was shorter, whatever the load */
 	r = job_request(c, "status", normal, 0);
-	q_normal = reply_f64(r, "job.queued_s");
+	double q_normal = reply_f64(r, "job.queued_s");
 	gpuq_reply_free(r);
 	r = job_request(c, "status", low1, 0);
-	q_low1 = reply_f64(r, "job.queued_s");
+	double q_low1 = reply_f64(r, "job.queued_s");
 	gpuq_reply_free(r);
-	r = job_request(c, "status", low2, 0);
-	q_low2 = reply_f64(r, "job.queued_s");
-	gpuq_reply_free(r);
-	/* submitted after both lows, started before them: normal, then low 1, then low 2 */
-	CHECKF(q_normal < q_low1 && q_low1 < q_low2, "queued: normal %.3f, low1 %.3f, low2 %.3f",
-	       q_normal, q_low1, q_low2);
+	CHECKF(q_normal < q_low1, "queued: normal %.3f s, low 1 %.3f s", q_normal, q_low1);
 	close(p[0]);
 	gpuq_close(c);
 	daemon_stop(&d);
@@ -297,10 +388,19 @@ TEST(sched_urgent_jobs_go_first)
  * SCHED_DMA_QUEUE (6) DMAs for all of them, stops queueing theirs while
  * the small put's waits, and gives the small put its turn first, so it
  * waits behind about 6 chunks, not until the long puts end.
+ *
+ * Order of events first: the long puts are still running when the small
+ * one is done (without turns it waits for a long put's end). Then how many
+ * chunks it waited behind, which only a time shows: every time here is
+ * the daemon's own record of the job (took_s), the one-chunk put alone is
+ * the reference, the margins are wide, and a miss is measured again (a
+ * fresh daemon) before the test fails: a scheduler that breaks turns
+ * misses every time, a core lost to other work now and then does not.
  */
 #define TURN_MAX_BACKLOG 8
 #define TURN_CHUNK (64u << 10)
 #define TURN_CHUNK_DELAY_US "20000"
+#define TURN_ATTEMPTS 3
 /*
  * The small put's time beside them over its time alone: about 6 with turns
  * (12 on a loaded machine), 50 or more without (it waits for a long put's
@@ -308,12 +408,13 @@ TEST(sched_urgent_jobs_go_first)
  */
 #define TURN_MAX_RATIO 25
 
+/* The one-chunk put from fd, waited for: the seconds the daemon had it. */
 static double timed_put(struct gpuq_client *c, const char *buffer, int fd, const char *priority)
 {
 	CHECK(lseek(fd, 0, SEEK_SET) == 0); /* a put reads from the descriptor's offset on */
-	double t0 = now_s();
-	wait_ok(c, start_put_fd(c, buffer, fd, priority), "the one-chunk put");
-	return now_s() - t0;
+	uint64_t job = start_put_fd(c, buffer, fd, priority);
+	wait_ok(c, job, "the one-chunk put");
+	return took_s(c, job);
 }
 
 /* The small put's time beside the backlog (then again, right after) and alone, in seconds. */
@@ -359,42 +460,61 @@ static struct turn_times put_behind_backlog(int n, const char *backlog, const ch
 /*
  * A put alone on the device may keep SCHED_DMA_QUEUE_ALONE (16) DMAs
  * queued, so the first small put beside it waits behind about 16 chunks
- * (0.32 s here), not for the long put's 64 (1.3 s); the next one, the
- * device now shared, behind about SCHED_DMA_QUEUE (6).
+ * (0.32 s here), not for the long put's 64 (1.3 s, and the long put would
+ * be done); the next one, the device now shared, behind about
+ * SCHED_DMA_QUEUE (6). "Now" is SCHED_DMA_ALONE_S (0.1 s) after the first
+ * ends: a client that a loaded machine keeps from sending the next put in
+ * time finds the long put alone again, so a miss is measured again.
+ * Fails when the first waits behind more than TURN_ALONE_MAX_CHUNKS chunks
+ * or the next never waits behind fewer than the first.
  */
-#define TURN_ALONE_MAX_S 0.8
+#define TURN_ALONE_MAX_CHUNKS 40
 #define TURN_SHARED_OF_ALONE 0.75
 
 TEST(sched_a_small_put_passes_a_long_put_on_the_copy_engine)
 {
 	if (test_backend_is_cuda())
 		return; /* the GPU's figures are bench sched's (2) */
-	struct turn_times t = put_behind_backlog(1, NULL, NULL);
-	CHECKF(t.busy < TURN_ALONE_MAX_S,
-	       "a one-chunk put took %.3f s beside a long put that had run alone, %.3f s alone",
-	       t.busy, t.idle);
-	CHECKF(t.again < TURN_SHARED_OF_ALONE * t.busy,
-	       "the next one-chunk put took %.3f s, the first %.3f s: the device, shared now, "
-	       "should have queued fewer DMAs ahead of it", t.again, t.busy);
+	struct turn_times t = { 0, 0, 0 };
+	bool first_ok = false, next_ok = false;
+	for (int attempt = 0; attempt < TURN_ATTEMPTS && !(first_ok && next_ok); attempt++) {
+		t = put_behind_backlog(1, NULL, NULL);
+		first_ok = t.busy < TURN_ALONE_MAX_CHUNKS * t.idle;
+		next_ok = t.again < TURN_SHARED_OF_ALONE * t.busy;
+	}
+	CHECKF(first_ok, "a one-chunk put took %.3f s beside a long put that had run alone, "
+	       "%.3f s alone (%d tries)", t.busy, t.idle, TURN_ATTEMPTS);
+	CHECKF(next_ok, "the next one-chunk put took %.3f s, the first %.3f s: the device, shared "
+	       "now, should have queued fewer DMAs ahead of it (%d tries)", t.again, t.busy,
+	       TURN_ATTEMPTS);
+}
+
+/* The small put (priority `priority`) behind eight long ones waits behind the device's queue only. */
+static void expect_turn_behind_backlog(const char *backlog, const char *priority)
+{
+	struct turn_times t = { 0, 0, 0 };
+	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
+		t = put_behind_backlog(TURN_MAX_BACKLOG, backlog, priority);
+		if (t.busy < TURN_MAX_RATIO * t.idle)
+			return;
+	}
+	CHECKF(false, "a %sone-chunk put took %.3f s behind eight running %sputs, %.3f s alone "
+	       "(%d tries)", priority ? "high-priority " : "", t.busy, backlog ? "low " : "", t.idle,
+	       TURN_ATTEMPTS);
 }
 
 TEST(sched_a_small_put_waits_behind_the_device_dma_queue_only)
 {
 	if (test_backend_is_cuda())
 		SKIP("times puts with the host engines' delay (bench sched measures the GPU)");
-	struct turn_times t = put_behind_backlog(TURN_MAX_BACKLOG, NULL, NULL);
-	CHECKF(t.busy < TURN_MAX_RATIO * t.idle,
-	       "a one-chunk put took %.3f s behind eight running puts, %.3f s alone", t.busy, t.idle);
+	expect_turn_behind_backlog(NULL, NULL);
 }
 
 TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
 {
 	if (test_backend_is_cuda())
 		SKIP("times puts with the host engines' delay (bench sched measures the GPU)");
-	struct turn_times t = put_behind_backlog(TURN_MAX_BACKLOG, "low", "high");
-	CHECKF(t.busy < TURN_MAX_RATIO * t.idle,
-	       "a high-priority one-chunk put took %.3f s behind eight low ones, %.3f s alone",
-	       t.busy, t.idle);
+	expect_turn_behind_backlog("low", "high");
 }
 
 /*
@@ -402,7 +522,9 @@ TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
  * its chunks, still moves its chunks beside A's, so A ends near B's end
  * (round robin: A ends about 0.9 of B's time after B started), not after
  * A's chunks alone (jobs nearest their end first: about 0.45), which on
- * the H200 let one owner's backlog move 98 % of the bytes.
+ * the H200 let one owner's backlog move 98 % of the bytes. The ends are
+ * the daemon's records (took_s), placed on one clock by the client's own
+ * time between the two submissions; a miss is measured again.
  */
 TEST(sched_long_puts_take_turns_at_the_copy_engine)
 {
@@ -415,16 +537,21 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 	do_alloc(c, "a", 0, 48 * TURN_CHUNK);
 	do_alloc(c, "b", 0, 48 * TURN_CHUNK);
 	int fa = memfd_random(48 * TURN_CHUNK, 1), fb = memfd_random(48 * TURN_CHUNK, 2);
-	uint64_t a = start_put_fd(c, "a", fa, NULL);
-	usleep(8 * 20000);
-	double start = now_s();
-	uint64_t b = start_put_fd(c, "b", fb, NULL);
-	wait_ok(c, a, "put a");
-	double a_end = now_s() - start;
-	wait_ok(c, b, "put b");
-	double b_end = now_s() - start;
-	CHECKF(a_end > 0.7 * b_end, "put a ended %.3f s after b started, b %.3f s: b waited for a's turns",
-	       a_end, b_end);
+	double a_end = 0, b_end = 1;
+	for (int attempt = 0; attempt < TURN_ATTEMPTS && a_end <= 0.7 * b_end; attempt++) {
+		CHECK(lseek(fa, 0, SEEK_SET) == 0 && lseek(fb, 0, SEEK_SET) == 0);
+		double t0 = now_s();
+		uint64_t a = start_put_fd(c, "a", fa, NULL);
+		usleep(8 * 20000);
+		double offset = now_s() - t0; /* at least B's submission after A's */
+		uint64_t b = start_put_fd(c, "b", fb, NULL);
+		wait_ok(c, a, "put a");
+		wait_ok(c, b, "put b");
+		a_end = took_s(c, a) - offset;
+		b_end = took_s(c, b);
+	}
+	CHECKF(a_end > 0.7 * b_end, "put a ended %.3f s after b started, b %.3f s: b waited for "
+	       "a's turns (%d tries)", a_end, b_end, TURN_ATTEMPTS);
 	close(fa);
 	close(fb);
 	gpuq_close(c);

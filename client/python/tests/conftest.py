@@ -3,8 +3,9 @@ theirs, and a fake daemon for what a real one never sends.
 
 Environment: ``GPUQ_BUILD`` (default ``build`` at the repository root) holds
 ``gpuqd``; ``GPUQ_TEST_BACKEND`` is ``host`` (default) or ``cuda``. On a
-machine where the backend has no device every test is skipped, saying
-``no cuda device: ...`` as the C suite does. The session ends with one line,
+machine where the backend has no device every test is skipped, and the session
+says so in one line per reason, with its count (``skipped 40 tests: no cuda
+device: ...``), as the C suite does. The session ends with one line,
 ``RESULT python[-cuda]: N passed, N failed, N skipped``, that tests/run.sh sums.
 """
 
@@ -288,13 +289,29 @@ def pytest_collection_modifyitems(config, items) -> None:
         items[:] = keep
 
 
+def skip_reason(report) -> str:
+    """A skipped test's reason, without pytest's "Skipped: " prefix."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return text[len("Skipped: "):] if text.startswith("Skipped: ") else text
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     stats = terminalreporter.stats
     passed = len(stats.get("passed", []))
     failed = len(stats.get("failed", [])) + len(stats.get("error", []))
     skipped = len(stats.get("skipped", []))
-    why = probe_backend() if skipped else None
-    if why:
-        terminalreporter.write_line(f"    skipped: no {BACKEND} device: {why}")
+    # One line per distinct reason with its count, as the C harness prints:
+    # "skipped 40 tests: no cuda device: ...".
+    reasons: dict = {}
+    for report in stats.get("skipped", []):
+        reason = skip_reason(report)
+        count, first = reasons.get(reason, (0, report.nodeid))
+        reasons[reason] = (count + 1, first)
+    for reason, (count, first) in reasons.items():
+        if count == 1:
+            terminalreporter.write_line(f"skipped 1 test ({TIER}/{first}): {reason}")
+        else:
+            terminalreporter.write_line(f"skipped {count} tests: {reason}")
     terminalreporter.write_line(f"RESULT {TIER}: {passed} passed, {failed} failed, "
                                 f"{skipped} skipped")
