@@ -5,9 +5,13 @@
  *
  *   gpuq.c      main, global options, the command table, --help
  *   args.c      the per-command option parser and value syntax
- *   commands.c  connecting, calling, and the commands that are not jobs
+ *   commands.c  the commands that are not jobs (ping devices buffers jobs status wait cancel)
  *   jobs.c      the job commands (noop alloc free put get fill checksum)
+ *   job_call.c  beginning a job request and finishing its reply, for every job command
+ *   call.c      connecting, calling, rendering a reply or its refusal, holding the connection
+ *   progress.c  the progress bar of a waiting job
  *   render.c    human output of replies, and JSON
+ *   fields.c    reading a reply's fields; bytes and seconds for people
  *   table.c     aligned text tables
  *   bench.c     bench dispatch
  *   service.c   metrics, shutdown
@@ -149,7 +153,7 @@ int cli_parse_uint(const char *s, uint64_t *out);
 /* A job id argument; on error prints a usage message and returns CLI_USAGE. */
 int cli_parse_job(const struct cli *cli, const char *s, uint64_t *out);
 
-/* commands.c */
+/* call.c: connecting and calling, beneath every command file */
 /* Connects if needed and starts a request; 0, or CLI_UNREACHABLE (printed). */
 int cli_begin(struct cli *cli, struct mp_map *req, const char *op);
 /* Sends req; 0 with *out, or CLI_UNREACHABLE after printing why. */
@@ -177,6 +181,8 @@ void cli_print_error(const struct gpuq_error *err);
 int cli_hold_connection(struct cli *cli, const char *what);
 /* Ends cli_hold_connection's hold as a signal would (an event handler's way: lease_broken). */
 void cli_hold_stop(void);
+
+/* commands.c: the commands answered at once */
 int cmd_ping(struct cli *cli);
 int cmd_devices(struct cli *cli);
 int cmd_buffers(struct cli *cli);
@@ -185,13 +191,15 @@ int cmd_status(struct cli *cli);
 int cmd_wait(struct cli *cli);
 int cmd_cancel(struct cli *cli);
 
-/* jobs.c */
+/* job_call.c: what the job commands share, beneath them */
 /* Sends --timeout as the daemon-side timeout_ms (the client then waits longer). */
 void cli_put_timeout(struct cli *cli, struct mp_map *req);
 /* Starts a job request: op, plus wait and the timeout unless --detach. */
 int cli_job_begin(struct cli *cli, struct mp_map *req, const char *op);
 /* Renders a job reply (a job request's, or wait's) and returns the exit code. */
 int cli_finish_job(struct cli *cli, struct gpuq_reply *r);
+
+/* jobs.c: the job commands */
 int cmd_noop(struct cli *cli);
 int cmd_alloc(struct cli *cli);
 int cmd_free(struct cli *cli);
@@ -213,10 +221,8 @@ const struct bench_kind_row *bench_kind_find(const char *name);
 int bench_dispatch(struct cli *cli);
 /* bench_copy.c: gpuq bench copy (bench_copy, then the daemon's bench_d2d if it has one) */
 int bench_copy(struct cli *cli);
-/* copy.c: gpuq copy SRC DST, and the summary line of a done copy job (its result map) */
+/* copy.c: gpuq copy SRC DST (render.c renders its summary line) */
 int cmd_copy(struct cli *cli);
-void render_copy_summary(FILE *f, const msgpack_object *res);
-void render_peer_paths(FILE *f, const msgpack_object *devs);
 /*
  * progress.c: a progress bar on stderr, drawn from the daemon's progress
  * events while a job request waits. progress_begin asks for the events (adds
@@ -280,12 +286,8 @@ int cmd_top(struct cli *cli);
 	 OPT_REPEAT | OPT_DEVICES | OPT_REDOP | OPT_FACTOR | OPT_DTYPE | OPT_ROOT | OPT_REDUCE | \
 	 OPT_SAVE_JSON)
 
-/* render.c */
+/* render.c: human output of replies, and JSON */
 void render_json(FILE *f, const msgpack_object *obj);
-/* "1.0 GiB" with decimals digits after the point ("512 B" below 1 KiB). */
-const char *human_bytes(char *buf, size_t size, uint64_t n, int decimals);
-/* "41 µs", "1.2 ms", "0.52 s", "3m07s", "2h05m". */
-const char *human_seconds(char *buf, size_t size, double s);
 void render_ping(FILE *f, const msgpack_object *reply);
 void render_devices(FILE *f, const msgpack_object *reply);
 void render_buffers(FILE *f, const msgpack_object *reply);
@@ -303,7 +305,12 @@ void render_job_summary(FILE *f, const msgpack_object *record);
 /* Every field of a job record, one per line. */
 void render_job_record(FILE *f, const msgpack_object *record);
 void render_cancel(FILE *f, const msgpack_object *reply);
+/* The summary line of a done copy job (its result map). */
+void render_copy_summary(FILE *f, const msgpack_object *res);
+/* Under `gpuq devices`, with several devices: how copies between them travel. */
+void render_peer_paths(FILE *f, const msgpack_object *devs);
 
+/* fields.c: the bottom of the CLI's output */
 /* Field access for rendering: the value, or dflt when absent or mistyped. */
 uint64_t field_u64(const msgpack_object *map, const char *key, uint64_t dflt);
 double field_f64(const msgpack_object *map, const char *key, double dflt);
@@ -313,6 +320,10 @@ const msgpack_object *field_array(const msgpack_object *map, const char *key);
 /* Copies a string field into buf (dflt when absent) and returns buf. */
 const char *field_str(const msgpack_object *map, const char *key, char *buf,
 		      size_t size, const char *dflt);
+/* "1.0 GiB" with decimals digits after the point ("512 B" below 1 KiB). */
+const char *human_bytes(char *buf, size_t size, uint64_t n, int decimals);
+/* "41 µs", "1.2 ms", "0.52 s", "3m07s", "2h05m". */
+const char *human_seconds(char *buf, size_t size, double s);
 
 /* table.c: columns sized to their widest cell, headers in capitals. */
 struct table_col {

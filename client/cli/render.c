@@ -4,7 +4,6 @@
  * the reply's JSON (--json) is always there to show what came back.
  */
 #include <inttypes.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -15,89 +14,6 @@ void render_json(FILE *f, const msgpack_object *obj)
 {
 	msg_print_json(f, obj);
 	fputc('\n', f);
-}
-
-uint64_t field_u64(const msgpack_object *map, const char *key, uint64_t dflt)
-{
-	struct gpuq_error err;
-	uint64_t v;
-
-	return msg_get_u64(map, key, &v, &err) == 1 ? v : dflt;
-}
-
-double field_f64(const msgpack_object *map, const char *key, double dflt)
-{
-	struct gpuq_error err;
-	double v;
-
-	return msg_get_f64(map, key, &v, &err) == 1 ? v : dflt;
-}
-
-bool field_bool(const msgpack_object *map, const char *key, bool dflt)
-{
-	struct gpuq_error err;
-	bool v;
-
-	return msg_get_bool(map, key, &v, &err) == 1 ? v : dflt;
-}
-
-const char *field_str(const msgpack_object *map, const char *key, char *buf,
-		      size_t size, const char *dflt)
-{
-	const msgpack_object *o = msg_map_get(map, key);
-
-	if (o && o->type == MSGPACK_OBJECT_STR)
-		snprintf(buf, size, "%.*s", (int)o->via.str.size, o->via.str.ptr);
-	else
-		snprintf(buf, size, "%s", dflt);
-	return buf;
-}
-
-/* The array under key, or NULL. */
-const msgpack_object *field_array(const msgpack_object *map, const char *key)
-{
-	const msgpack_object *o = msg_map_get(map, key);
-
-	return o && o->type == MSGPACK_OBJECT_ARRAY ? o : NULL;
-}
-
-const char *human_bytes(char *buf, size_t size, uint64_t n, int decimals)
-{
-	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-	/* Move up a unit where printing would round up to "1024.0". */
-	double top = 1024 - 0.5 * pow(10, -decimals);
-	double v = (double)n / 1024;
-	int u = 0;
-
-	if (n < 1024) {
-		snprintf(buf, size, "%" PRIu64 " B", n);
-		return buf;
-	}
-	while (v >= top && u < 5) {
-		v /= 1024;
-		u++;
-	}
-	snprintf(buf, size, "%.*f %s", decimals, v, units[u]);
-	return buf;
-}
-
-const char *human_seconds(char *buf, size_t size, double s)
-{
-	if (s < 0)
-		snprintf(buf, size, "-");
-	else if (s < 1e-5)
-		snprintf(buf, size, "%.1f µs", s * 1e6);
-	else if (s < 1e-3)
-		snprintf(buf, size, "%.0f µs", s * 1e6);
-	else if (s < 1)
-		snprintf(buf, size, "%.1f ms", s * 1e3);
-	else if (s < 60)
-		snprintf(buf, size, "%.2f s", s);
-	else if (s < 3600)
-		snprintf(buf, size, "%dm%02ds", (int)(s / 60), (int)s % 60);
-	else
-		snprintf(buf, size, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
-	return buf;
 }
 
 void render_ping(FILE *f, const msgpack_object *reply)
@@ -153,6 +69,39 @@ void render_devices(FILE *f, const msgpack_object *reply)
 	table_print(&t, f);
 	table_free(&t);
 	render_peer_paths(f, devs);
+}
+
+/* Under `gpuq devices`, with several devices: how a copy from each to the others travels. */
+void render_peer_paths(FILE *f, const msgpack_object *devs)
+{
+	char path[32], note[200];
+
+	if (!devs || devs->type != MSGPACK_OBJECT_ARRAY || devs->via.array.size < 2)
+		return;
+	fprintf(f, "copies between devices (gpuq copy SRC@I DST@J):\n");
+	for (uint32_t i = 0; i < devs->via.array.size; i++) {
+		const msgpack_object *d = &devs->via.array.ptr[i];
+		const msgpack_object *paths = d->type == MSGPACK_OBJECT_MAP ?
+						      msg_map_get(d, "peer_path") : NULL;
+
+		if (!paths || paths->type != MSGPACK_OBJECT_ARRAY)
+			continue;
+		const char *sep = " ";
+
+		fprintf(f, "  from %u:", i);
+		for (uint32_t j = 0; j < paths->via.array.size; j++) {
+			const msgpack_object *p = &paths->via.array.ptr[j];
+
+			if (j == i || p->type != MSGPACK_OBJECT_STR)
+				continue;
+			snprintf(path, sizeof(path), "%.*s", (int)p->via.str.size, p->via.str.ptr);
+			fprintf(f, "%sto %u %s", sep, j, path);
+			sep = ", ";
+		}
+		fputc('\n', f);
+		if (*field_str(d, "peer_path_note", note, sizeof(note), ""))
+			fprintf(f, "  note (%u): %s\n", i, note);
+	}
 }
 
 /* Root sees every user's buffers: show owners only when someone else's are there. */
@@ -362,6 +311,26 @@ static void summary_alloc(FILE *f, const char *buf, const msgpack_object *rec,
 		human_bytes(size, sizeof(size), field_u64(res, "bytes", 0), 2));
 	if (strcmp(dtype, "bytes") != 0)
 		fprintf(f, " (%" PRIu64 " x %s)", field_u64(res, "count", 0), dtype);
+	fputc('\n', f);
+}
+
+/* "copy a@0[0:1048576] -> b@1[0:1048576]: 1.00 MiB in 41 µs (25.6 GB/s) by nvlink, verified" */
+void render_copy_summary(FILE *f, const msgpack_object *res)
+{
+	char src[128], dst[128], path[32], engine[8], size[32], secs[32];
+
+	field_str(res, "src", src, sizeof(src), "?");
+	field_str(res, "dst", dst, sizeof(dst), "?");
+	field_str(res, "path", path, sizeof(path), "?");
+	field_str(res, "engine", engine, sizeof(engine), "");
+	human_bytes(size, sizeof(size), field_u64(res, "bytes", 0), 2);
+	human_seconds(secs, sizeof(secs), field_f64(res, "seconds", -1));
+	fprintf(f, "copy %s -> %s: %s in %s (%.1f GB/s) by %s", src, dst, size, secs,
+		field_f64(res, "gbps", 0), path);
+	if (engine[0] && strcmp(engine, path) != 0)
+		fprintf(f, " (engine %s)", engine);
+	if (field_bool(res, "verified", false))
+		fprintf(f, ", verified (checksum 0x%016" PRIx64 ")", field_u64(res, "checksum", 0));
 	fputc('\n', f);
 }
 
