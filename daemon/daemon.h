@@ -114,6 +114,9 @@ void op_jobs(struct request *req, void *args);
 void op_status(struct request *req, void *args);
 void op_wait(struct request *req, void *args);
 void op_cancel(struct request *req, void *args);
+/* op_quota.c: the limits that govern a uid and what it holds now */
+extern const struct args_spec op_quota_args;
+void op_quota(struct request *req, void *args);
 
 /*
  * How a copy from device src to device dst travels: "self" when they are

@@ -686,3 +686,147 @@ int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_he
 	*held = *now;
 	return 0;
 }
+
+const struct quota_user *quota_usage_of(const struct quota_usage *u, uid_t uid)
+{
+	return usage_find(u, uid);
+}
+
+/* uid's ids: c's when given, else one of uid's open connections'; false when neither. */
+static bool uid_ids(struct daemon *d, const struct conn *c, uid_t uid, struct client_ids *ids,
+		    const struct conn **found)
+{
+	for (const struct conn *o = d->server.conns; !c && o; o = o->next)
+		if (o->uid == uid && !o->closed)
+			c = o;
+	*found = c;
+	if (c) {
+		client_ids(c, ids);
+		return true;
+	}
+	ids->uid = uid;
+	ids->ngroups = 0;
+	return false;
+}
+
+/* The strictest of the governing rules for one limit, into out's field. */
+static void effective_one(const struct quota_set *q, const struct client_ids *ids, int which,
+			  struct quota_rule *out)
+{
+	const struct quota_rule *rules[MAX_GOVERNING];
+	int n = governing(q, ids, which, rules);
+	for (int i = 0; i < n; i++) {
+		const struct quota_rule *r = rules[i];
+		bool first = i == 0;
+		switch (which) {
+		case LIMIT_MEMORY:
+			out->device_memory = first || r->device_memory < out->device_memory ? r->device_memory : out->device_memory;
+			out->has_memory = true;
+			break;
+		case LIMIT_PINNED:
+			out->host_pinned = first || r->host_pinned < out->host_pinned ? r->host_pinned : out->host_pinned;
+			out->has_pinned = true;
+			break;
+		case LIMIT_JOBS:
+			out->queued_jobs = first || r->queued_jobs < out->queued_jobs ? r->queued_jobs : out->queued_jobs;
+			out->has_jobs = true;
+			break;
+		case LIMIT_DEVICES:
+			out->devices = first ? r->devices : out->devices & r->devices;
+			out->has_devices = true;
+			break;
+		case LIMIT_PRIORITY: /* a larger value is less urgent: the strictest */
+			out->max_priority = first || r->max_priority > out->max_priority ? r->max_priority : out->max_priority;
+			out->has_priority = true;
+			break;
+		default: {
+			int k = which - LIMIT_HOLD;
+			if (r->hold[k] == QUOTA_UNLIMITED)
+				break;
+			out->hold[k] = !out->has_hold[k] || r->hold[k] < out->hold[k] ? r->hold[k] : out->hold[k];
+			out->has_hold[k] = true;
+		}
+		}
+	}
+}
+
+void quota_effective(struct daemon *d, const struct conn *c, uid_t uid, struct quota_rule *out,
+		     bool *groups_known)
+{
+	const struct quota_set *q = &d->svc.quotas;
+	struct client_ids ids;
+	const struct conn *found;
+	memset(out, 0, sizeof *out);
+	*groups_known = uid_ids(d, c, uid, &ids, &found);
+	out->weight = 1;
+	if (q->count > 0) {
+		const struct quota_rule *rules[MAX_GOVERNING];
+		int n = governing(q, &ids, LIMIT_WEIGHT, rules);
+		for (int i = 0; i < n; i++)
+			if (i == 0 || rules[i]->weight > out->weight)
+				out->weight = rules[i]->weight;
+	}
+	bool admin = uid == 0 || (found && quota_is_admin(d, found));
+	out->has_benchmarks = true;
+	out->benchmarks = admin || uid == geteuid();
+	if (uid == 0)
+		return;
+	if (!out->benchmarks) {
+		const struct quota_rule *rules[MAX_GOVERNING];
+		int n = governing(q, &ids, LIMIT_BENCHMARKS, rules);
+		out->benchmarks = n > 0;
+		for (int i = 0; i < n; i++)
+			out->benchmarks = out->benchmarks && rules[i]->benchmarks;
+	}
+	for (int k = 0; k < HOLD_KINDS; k++)
+		effective_one(q, &ids, LIMIT_HOLD + k, out);
+	if (q->count == 0) /* the checks of the other limits apply only with rules */
+		return;
+	static const int others[] = { LIMIT_MEMORY, LIMIT_PINNED, LIMIT_JOBS, LIMIT_DEVICES,
+				      LIMIT_PRIORITY };
+	for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+		effective_one(q, &ids, others[i], out);
+}
+
+static bool uid_listed(const uid_t *list, int n, uid_t uid)
+{
+	for (int i = 0; i < n; i++)
+		if (list[i] == uid)
+			return true;
+	return false;
+}
+
+static int uid_cmp(const void *a, const void *b)
+{
+	uid_t x = *(const uid_t *)a, y = *(const uid_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void uid_add(uid_t *out, int *n, int max, uid_t uid)
+{
+	if (*n < max && !uid_listed(out, *n, uid))
+		out[(*n)++] = uid;
+}
+
+int quota_uids(struct daemon *d, uid_t *out, int max)
+{
+	int n = 0;
+	const struct quota_set *q = &d->svc.quotas;
+	for (int i = 0; i < q->count; i++)
+		if (q->rules[i].scope == QUOTA_USER)
+			uid_add(out, &n, max, (uid_t)q->rules[i].id);
+	for (int i = 0; i < d->svc.usage.count; i++) {
+		const struct quota_user *e = &d->svc.usage.users[i];
+		bool holds = e->active > 0;
+		for (int k = 0; k < HOLD_KINDS; k++)
+			holds = holds || e->held[k] > 0;
+		if (holds)
+			uid_add(out, &n, max, e->uid);
+	}
+	for (const struct buffer *b = d->buffers.head; b; b = b->next)
+		uid_add(out, &n, max, b->owner);
+	for (const struct region *r = d->regions.head; r; r = r->next)
+		uid_add(out, &n, max, r->owner);
+	qsort(out, (size_t)n, sizeof *out, uid_cmp);
+	return n;
+}

@@ -173,6 +173,26 @@ const char *quota_hold_name(enum quota_hold kind);
 int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_held *held,
 		    const struct quota_conn_held *now, struct gpuq_error *err);
 
+/*
+ * The limits that govern uid as the checks above apply them (the quota op):
+ * out's has_* flags say which limits bind (root: none; a hold limit set to
+ * unlimited: none), each value the strictest of the governing rules
+ * (devices: their intersection; weight: the largest); benchmarks is the
+ * right quota_check_benchmarks grants. c is uid's own connection when the
+ * caller is uid; otherwise one of uid's open connections supplies its
+ * groups, and with none *groups_known is false and group rules are left
+ * out (no user database is read while serving).
+ */
+void quota_effective(struct daemon *d, const struct conn *c, uid_t uid, struct quota_rule *out,
+		     bool *groups_known);
+/* What uid holds by enum quota_hold, and its jobs queued or running (0 when unknown). */
+const struct quota_user *quota_usage_of(const struct quota_usage *u, uid_t uid);
+/*
+ * Every uid that a user rule names or that holds something (connections,
+ * jobs, buffers, regions), ascending, into out (at most max); the count.
+ */
+int quota_uids(struct daemon *d, uid_t *out, int max);
+
 /* A job of uid reached its worker / finished (keeps queued-jobs counts). */
 void quota_job_started(struct quota_usage *u, uid_t uid);
 void quota_job_ended(struct quota_usage *u, uid_t uid);

@@ -77,6 +77,7 @@ static const struct op_def op_table[] = {
 	{ "group", &op_group_args, op_collective, OP_ANYONE, NULL },
 	{ "bench_collective", &op_bench_collective_args, op_collective, OP_BENCH, NULL },
 	{ "reduce_expr", &op_reduce_expr_args, op_reduce_expr, OP_ANYONE, NULL },
+	{ "quota", &op_quota_args, op_quota, OP_ANYONE, NULL },
 	{ "metrics", &op_metrics_args, op_metrics, OP_ANYONE, NULL },
 	{ "shutdown", &op_shutdown_args, op_shutdown, OP_ADMIN, shutdown_denied },
 	{ "bench_sched", &op_bench_sched_args, op_bench_sched, OP_BENCH, NULL },

@@ -162,6 +162,25 @@ check attach_not_shareable_is_1 1 gpuq attach f@1
 expect attach_not_shareable_says_so "not shareable" err
 check leases_none 0 gpuq leases
 expect leases_none_says_so "no leases" out
+# quota: limits beside usage, sizes for people, unlimited spelled out; --json as the reply; --uid
+check quota 0 gpuq quota
+expect quota_has_memory_rows "^device-memory gpu0 " out
+expect quota_root_unlimited "^connections  *unlimited  *[0-9]" out
+check quota_json 0 gpuq --json quota
+expect quota_json_users '"users":\[{"uid":' out
+expect quota_json_nil_is_unlimited '"connections":null' out
+check quota_uid 0 gpuq quota --uid 65534
+expect quota_uid_names_it "^uid 65534" out
+expect quota_uid_builtin_default "^connections  *512 " out
+check quota_uid_bad_is_2 2 gpuq quota --uid nobody
+if command -v setpriv > /dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && [ -n "$other_group" ]; then
+	check quota_other_uid_refused_is_1 1 setpriv --reuid 65534 --regid 65534 --clear-groups \
+		"$BUILD/gpuq" --socket "$sock" quota --uid 0
+	expect quota_other_uid_refused_says_why "its own quota, not uid 0's" err
+else
+	skipped=$((skipped + 1))
+	echo "skip cli/quota_other_uid_refused: skipped: needs root and setpriv"
+fi
 check bench_dispatch 0 gpuq bench dispatch --clients 1 --requests 200
 expect bench_has_echo "echo" out
 # gpuq bench sched, small: every part measured (fairness needs root, else says why it is

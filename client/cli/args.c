@@ -49,6 +49,7 @@ enum {
 	LONG_SAVE_JSON,
 	LONG_INTERVAL,
 	LONG_ONCE,
+	LONG_UID,
 };
 
 /* Accepted before the command and after it. */
@@ -64,7 +65,7 @@ static const struct option global_options[] = {
 /* Every command option, with the enum cli_opt bit that allows it. */
 static const struct {
 	struct option opt;
-	unsigned bit;
+	uint64_t bit;
 } command_options[] = {
 	{ { "device", required_argument, NULL, LONG_DEVICE }, OPT_DEVICE },
 	{ { "offset", required_argument, NULL, LONG_OFFSET }, OPT_OFFSET },
@@ -102,6 +103,7 @@ static const struct {
 	{ { "save-json", required_argument, NULL, LONG_SAVE_JSON }, OPT_SAVE_JSON },
 	{ { "interval", required_argument, NULL, LONG_INTERVAL }, OPT_TOP },
 	{ { "once", no_argument, NULL, LONG_ONCE }, OPT_TOP },
+	{ { "uid", required_argument, NULL, LONG_UID }, OPT_UID },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -263,6 +265,9 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_WAIT_MEMORY:
 		return parse_uint_opt(cli, "wait-memory", arg, "a time in milliseconds",
 				      &cli->wait_memory_ms, &cli->has_wait_memory);
+	case LONG_UID:
+		return parse_uint_opt(cli, "uid", arg, "a user id (e.g. 1000)", &cli->uid,
+				      &cli->has_uid);
 	case LONG_ROOT:
 		return parse_uint_opt(cli, "root", arg, "a rank (an index into --devices)",
 				      &cli->root, &cli->has_root);

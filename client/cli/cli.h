@@ -15,6 +15,7 @@
  *   table.c     aligned text tables
  *   bench.c     bench dispatch
  *   service.c   metrics, shutdown
+ *   quota.c     quota: limits beside usage
  *   top*.c      gpuq top, the live view (top.h says which file does what)
  */
 #ifndef GPUQ_CLI_H
@@ -72,6 +73,8 @@ enum cli_opt {
 	OPT_JOBS_SELECT = 1u << 30,  /* --last N, --running, --queued, --failed: which jobs to list */
 	OPT_SAVE_JSON = 1u << 31,    /* --save-json FILE: a bench also writes its --json result to FILE */
 };
+/* Bits past 31, which an enum constant cannot hold in C11. */
+#define OPT_UID (1ull << 32) /* --uid N: quota's user (root and the admin group) */
 
 struct cli;
 
@@ -80,7 +83,7 @@ struct cli_cmd {
 	const char *synopsis;   /* what follows "gpuq NAME" in usage lines */
 	const char *summary;    /* one line for gpuq --help */
 	const char *help;       /* the rest of gpuq NAME --help */
-	unsigned opts;          /* enum cli_opt bits */
+	uint64_t opts;          /* enum cli_opt bits, and OPT_UID */
 	int min_args, max_args; /* positional arguments (at most 64) */
 	const char *arg_names[3];
 	int (*run)(struct cli *cli);
@@ -122,6 +125,8 @@ struct cli {
 	bool shareable, read_only;  /* --shareable, --read-only */
 	bool has_last;
 	uint64_t last;              /* --last */
+	bool has_uid;
+	uint64_t uid;               /* --uid */
 	unsigned job_states;        /* --running, --queued, --failed: enum cli_job_state bits */
 	const char *save_json;      /* bench --save-json FILE */
 	/* Where a bench writes its JSON result: stdout with --json, the
@@ -271,6 +276,7 @@ int cmd_region(struct cli *cli);
 int cmd_regions(struct cli *cli);
 int cmd_attach(struct cli *cli);
 int cmd_leases(struct cli *cli);
+int cmd_quota(struct cli *cli);
 int cmd_lease(struct cli *cli);
 /* bench_attach.c: a new process attaching a resident buffer, beside get and cudaMemcpy */
 int bench_attach(struct cli *cli);

@@ -75,6 +75,14 @@ const struct cli_cmd cli_commands[] = {
 	  "Lists the leases on your buffers and your own (every lease for root and\n"
 	  "the admin group): buffer, mode, holder uid and pid, how long held.\n",
 	  0, 0, 0, { NULL }, cmd_leases },
+	{ "quota", "[--uid N]", "show your quota limits beside what you use (every user's for root)",
+	  "Shows the limits gpuqd's quota rules set for you, beside what you hold\n"
+	  "now: device memory on each GPU, pinned host memory, jobs queued or\n"
+	  "running, connections, descriptors, request and reply bytes; and the\n"
+	  "devices, the most urgent priority, the fair-share weight and the\n"
+	  "benchmarks right. Root and the admin group see every user that has a\n"
+	  "rule or holds something, or user N alone with --uid N.\n",
+	  OPT_UID, 0, 0, { NULL }, cmd_quota },
 	{ "lease", "break LEASE", "break a lease (root and the admin group)",
 	  "Ends lease LEASE: the jobs waiting behind it go on, and its holder is told\n"
 	  "(an event lease_broken on its connection).\n",

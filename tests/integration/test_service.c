@@ -202,6 +202,93 @@ TEST(quotas_by_default_group_and_user)
 	daemon_stop(&d);
 }
 
+static struct gpuq_reply *quota_of(struct gpuq_client *c, int64_t uid)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "quota");
+	if (uid >= 0)
+		mp_put_u64(&req, "uid", (uint64_t)uid);
+	return call(c, &req, NULL, 0);
+}
+
+static bool reply_nil(const struct gpuq_reply *r, const char *path)
+{
+	const msgpack_object *o = reply_path(r, path);
+	return o && o->type == MSGPACK_OBJECT_NIL;
+}
+
+/* uid 65534 sees its rules' limits and its alloc, and no one else's quota. */
+static void quota_shows_own_limits_and_usage(void *arg)
+{
+	const struct quota_args *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = alloc(c, "q", 0, 256 << 10);
+	expect_ok(r, "alloc");
+	gpuq_reply_free(r);
+	r = quota_of(c, -1);
+	expect_ok(r, "quota");
+	CHECK_EQ(reply_path(r, "users")->via.array.size, 1u);
+	CHECK_EQ(reply_u64(r, "users.0.uid"), 65534u);
+	CHECK_EQ(reply_u64(r, "users.0.limits.device_memory"), 1u << 20); /* [default] */
+	CHECK_EQ(reply_u64(r, "users.0.limits.queued_jobs"), 3u);
+	CHECK_EQ(reply_u64(r, "users.0.limits.connections"), 7u); /* its user rule */
+	CHECK_EQ(reply_u64(r, "users.0.limits.parked_fds"), 256u); /* the built-in default */
+	CHECK(reply_nil(r, "users.0.limits.host_pinned"));       /* no rule: unlimited */
+	CHECK(reply_nil(r, "users.0.limits.reply_bytes"));       /* set to unlimited */
+	char prio[16];
+	reply_str(r, "users.0.limits.max_priority", prio, sizeof prio);
+	CHECK(strcmp(prio, "normal") == 0);
+	CHECK_EQ(reply_u64(r, "users.0.used.device_memory.0"), 256u << 10);
+	CHECK_EQ(reply_u64(r, "users.0.used.device_memory.1"), 0u);
+	CHECK_EQ(reply_u64(r, "users.0.used.connections"), 1u);
+	CHECK_EQ(reply_u64(r, "users.0.used.queued_jobs"), 0u);
+	gpuq_reply_free(r);
+	r = quota_of(c, 65534);
+	expect_ok(r, "quota of its own uid");
+	gpuq_reply_free(r);
+	r = quota_of(c, 0);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "may see its own quota, not uid 0's");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+TEST(quota_op_shows_limits_and_usage)
+{
+	struct daemon_proc d;
+	start_with_config(&d,
+			  "[default]\n"
+			  "device-memory = 1M\n"
+			  "queued-jobs = 3\n"
+			  "\n"
+			  "[user:65534]\n"
+			  "connections = 7\n"
+			  "reply-bytes = unlimited\n"
+			  "max-priority = normal\n",
+			  NULL);
+	struct gpuq_client *root = client_open(&d);
+	if (device_count(root) < 2)
+		SKIP("the test reads device 1's usage (the host backend has it; this machine has one GPU)");
+	struct quota_args a = { &d };
+	as_user(65534, NULL, 0, quota_shows_own_limits_and_usage, &a);
+	struct gpuq_reply *r = quota_of(root, -1); /* root: itself and 65534 (a rule, a buffer) */
+	expect_ok(r, "root's quota");
+	CHECK_EQ(reply_path(r, "users")->via.array.size, 2u);
+	CHECK_EQ(reply_u64(r, "users.0.uid"), 0u);
+	CHECK(reply_nil(r, "users.0.limits.device_memory")); /* root is never limited */
+	CHECK(reply_nil(r, "users.0.limits.connections"));
+	CHECK_EQ(reply_u64(r, "users.1.uid"), 65534u);
+	CHECK_EQ(reply_u64(r, "users.1.used.device_memory.0"), 256u << 10);
+	gpuq_reply_free(r);
+	r = quota_of(root, 65534);
+	expect_ok(r, "root asks for one uid");
+	CHECK_EQ(reply_path(r, "users")->via.array.size, 1u);
+	CHECK_EQ(reply_u64(r, "users.0.limits.connections"), 7u);
+	CHECK(!reply_path(r, "users.0.groups_known")->via.boolean); /* no connection open */
+	gpuq_reply_free(r);
+	gpuq_close(root);
+	daemon_stop(&d);
+}
+
 struct admin_args {
 	const struct daemon_proc *d;
 	uint64_t job;

@@ -202,6 +202,16 @@ class Api:
         kernel chains' ``chain`` counters."""
         return self._drive(self._key_plan("stats", "devices", dict(fields, device=device)))
 
+    def quota(self, uid: Optional[int] = None, **fields: Any) -> List[Dict[str, Any]]:
+        """Quota limits beside usage, one map per uid: ``uid``, ``groups_known``,
+        ``limits`` (``device_memory``, ``host_pinned``, ``queued_jobs``,
+        ``devices``, ``max_priority``, ``weight``, ``benchmarks``,
+        ``connections``, ``parked_fds``, ``pending_frame_bytes``,
+        ``reply_bytes``; ``None`` is unlimited) and ``used`` (the same counted
+        limits; ``device_memory`` a list of bytes per device). The caller's own;
+        root and the admin group get every uid with a rule or usage, or ``uid``'s."""
+        return self._drive(self._key_plan("quota", "users", dict(fields, uid=uid)))
+
     def metrics(self) -> str:
         """The Prometheus text that ``gpuq metrics`` prints."""
         return self._drive(self._key_plan("metrics", "text", {}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import time
@@ -239,6 +240,31 @@ def test_jobs_status_wait_and_cancel_take_ids_or_jobs(client):
     assert client.status(job).state == "done"
     assert job.id in [j.id for j in client.jobs()]
     assert client.cancel(job.id) is False  # already finished
+
+
+def test_quota_shows_limits_beside_usage(daemon, client, name):
+    client.alloc(name, nbytes=64 << 10, device=0)
+    try:
+        users = client.quota()
+        me = [u for u in users if u["uid"] == os.geteuid()]
+        assert len(me) == 1
+        assert me[0]["used"]["device_memory"][0] >= 64 << 10
+        assert me[0]["used"]["connections"] >= 1
+        assert me[0]["limits"]["weight"] == 1
+        if os.geteuid() == 0:  # root is never limited: every limit is None
+            assert me[0]["limits"]["device_memory"] is None
+            assert me[0]["limits"]["connections"] is None
+        else:  # the built-in default
+            assert me[0]["limits"]["connections"] == 512
+        assert [u["uid"] for u in client.quota(uid=os.geteuid())] == [os.geteuid()]
+
+        async def via_async():
+            async with gpuq.AsyncClient(daemon.socket) as c:
+                return await c.quota(uid=os.geteuid())
+
+        assert asyncio.run(via_async())[0]["uid"] == os.geteuid()
+    finally:
+        client.free(name)
 
 
 def test_metrics_is_prometheus_text(client):
