@@ -709,6 +709,12 @@ static bool uid_ids(struct daemon *d, const struct conn *c, uid_t uid, struct cl
 	return false;
 }
 
+/* The smaller of a limit so far (none yet when first) and v. */
+static uint64_t stricter(bool first, uint64_t have, uint64_t v)
+{
+	return first || v < have ? v : have;
+}
+
 /* The strictest of the governing rules for one limit, into out's field. */
 static void effective_one(const struct quota_set *q, const struct client_ids *ids, int which,
 			  struct quota_rule *out)
@@ -718,17 +724,18 @@ static void effective_one(const struct quota_set *q, const struct client_ids *id
 	for (int i = 0; i < n; i++) {
 		const struct quota_rule *r = rules[i];
 		bool first = i == 0;
+		int k = which - LIMIT_HOLD;
 		switch (which) {
 		case LIMIT_MEMORY:
-			out->device_memory = first || r->device_memory < out->device_memory ? r->device_memory : out->device_memory;
+			out->device_memory = stricter(first, out->device_memory, r->device_memory);
 			out->has_memory = true;
 			break;
 		case LIMIT_PINNED:
-			out->host_pinned = first || r->host_pinned < out->host_pinned ? r->host_pinned : out->host_pinned;
+			out->host_pinned = stricter(first, out->host_pinned, r->host_pinned);
 			out->has_pinned = true;
 			break;
 		case LIMIT_JOBS:
-			out->queued_jobs = first || r->queued_jobs < out->queued_jobs ? r->queued_jobs : out->queued_jobs;
+			out->queued_jobs = stricter(first, out->queued_jobs, r->queued_jobs);
 			out->has_jobs = true;
 			break;
 		case LIMIT_DEVICES:
@@ -736,16 +743,15 @@ static void effective_one(const struct quota_set *q, const struct client_ids *id
 			out->has_devices = true;
 			break;
 		case LIMIT_PRIORITY: /* a larger value is less urgent: the strictest */
-			out->max_priority = first || r->max_priority > out->max_priority ? r->max_priority : out->max_priority;
+			if (first || r->max_priority > out->max_priority)
+				out->max_priority = r->max_priority;
 			out->has_priority = true;
 			break;
-		default: {
-			int k = which - LIMIT_HOLD;
+		default: /* a hold; a rule's unlimited binds nothing */
 			if (r->hold[k] == QUOTA_UNLIMITED)
 				break;
-			out->hold[k] = !out->has_hold[k] || r->hold[k] < out->hold[k] ? r->hold[k] : out->hold[k];
+			out->hold[k] = stricter(!out->has_hold[k], out->hold[k], r->hold[k]);
 			out->has_hold[k] = true;
-		}
 		}
 	}
 }

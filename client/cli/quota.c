@@ -58,15 +58,20 @@ static const struct quota_row {
 
 static void render_user(FILE *f, const msgpack_object *u)
 {
-	static const struct table_col cols[] = { { "LIMIT", false }, { "ALLOWED", true }, { "USED", true } };
+	static const struct table_col cols[] = {
+		{ "LIMIT", false }, { "ALLOWED", true }, { "USED", true },
+	};
 	const msgpack_object *limits = msg_map_get(u, "limits"), *used = msg_map_get(u, "used");
 	const msgpack_object *mem = used ? field_array(used, "device_memory") : NULL;
 	char a[64], b[64], s[96];
 	struct table t;
-	if (!limits || limits->type != MSGPACK_OBJECT_MAP || !used || used->type != MSGPACK_OBJECT_MAP)
+	if (!limits || limits->type != MSGPACK_OBJECT_MAP || !used ||
+	    used->type != MSGPACK_OBJECT_MAP)
 		return;
 	fprintf(f, "uid %" PRIu64 "%s\n", field_u64(u, "uid", 0),
-		field_bool(u, "groups_known", true) ? "" : " (no connection open: its group rules are not known)");
+		field_bool(u, "groups_known", true)
+			? ""
+			: " (no connection open: its group rules are not known)");
 	table_init(&t, cols, 3);
 	for (uint32_t i = 0; mem && i < mem->via.array.size; i++) {
 		table_cell(&t, "device-memory gpu%u", (unsigned)i);
