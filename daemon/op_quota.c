@@ -36,7 +36,7 @@ static const struct args_field quota_fields[] = {
 };
 const struct args_spec op_quota_args = ARGS_SPEC(struct quota_args, quota_fields, NULL);
 
-/* The limits' keys: the rules' names with '_' for '-'. */
+/* value under the rule name's key ('_' for '-'), or nil (unlimited) unless limited. */
 static void put_limit(struct mp_map *m, const char *name, bool limited, uint64_t value)
 {
 	char key[32];
@@ -90,7 +90,7 @@ static void render_used(struct daemon *d, uid_t uid, struct mp_map *out)
 	mp_put_u64(out, "host_pinned", region_bytes_of(&d->regions, uid));
 	const struct quota_user *e = quota_usage_of(&d->svc.usage, uid);
 	mp_put_u64(out, "queued_jobs", e ? e->active : 0);
-	for (int k = 0; k < HOLD_KINDS; k++)
+	for (int k = 0; k < HOLD_KINDS; k++) /* usage is never nil */
 		put_limit(out, quota_hold_name((enum quota_hold)k), true, e ? e->held[k] : 0);
 }
 

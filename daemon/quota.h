@@ -185,7 +185,10 @@ int quota_conn_hold(struct daemon *d, const struct conn *c, struct quota_conn_he
  */
 void quota_effective(struct daemon *d, const struct conn *c, uid_t uid, struct quota_rule *out,
 		     bool *groups_known);
-/* What uid holds by enum quota_hold, and its jobs queued or running (0 when unknown). */
+/*
+ * What uid holds by enum quota_hold, and its jobs queued or running; NULL
+ * when nothing was ever counted for it.
+ */
 const struct quota_user *quota_usage_of(const struct quota_usage *u, uid_t uid);
 /*
  * Every uid that a user rule names or that holds something (connections,
