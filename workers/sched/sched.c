@@ -177,9 +177,15 @@ void sched_stats(struct sched *s, struct sched_stats *out)
 	memset(out, 0, sizeof *out);
 	if (!s)
 		return;
-	out->inflight = s->ninflight;
+	/*
+	 * Each job in flight keeps exactly one engine busy, so the engines'
+	 * counts, kept under the worker's lock that the caller holds, add up
+	 * to the jobs in flight; ninflight itself is the worker thread's alone.
+	 */
+	out->inflight = 0;
 	out->max_inflight = s->max_inflight;
 	for (int e = 0; e < SCHED_ENGINES; e++) {
+		out->inflight += s->by_engine[e];
 		out->inflight_by_engine[e] = s->by_engine[e];
 		out->busy_seconds[e] = s->busy_total[e] + (s->by_engine[e] ? now - s->busy_since[e] : 0);
 	}
