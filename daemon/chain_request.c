@@ -55,7 +55,11 @@ int chain_request_check(const struct chain_spec *spec, struct gpuq_error *err)
 	return 0;
 }
 
-/* How the fused kernel was had: compiled (from where, for what, in how long) or interpreted, and why. */
+/*
+ * How the fused kernel was had: compiled (from where, for what, in how long)
+ * or interpreted, and why; and on the host backend, that the CPU ran the
+ * program instead.
+ */
 static void render_kernel(const struct chain_spec *s, struct mp_map *out)
 {
 	const struct chain_kernel_info *k = &s->result.kernel;
@@ -70,6 +74,8 @@ static void render_kernel(const struct chain_spec *s, struct mp_map *out)
 	}
 	if (k->note[0])
 		mp_put_str(out, "kernel_note", k->note);
+	if (k->host_evaluated) /* absent on CUDA, where the kernel described is the one that ran */
+		mp_put_str(out, "evaluated", "host");
 }
 
 void chain_request_render(const struct chain_spec *s, uint64_t bytes, struct mp_map *out)

@@ -136,6 +136,10 @@ static int alloc_check_shape(struct request *req, void *args, struct gpuq_error 
 				 a->has_bytes ? "both" : "neither");
 	if (a->has_count && !a->has_dtype)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'count' needs 'dtype'");
+	/* Of dtype bytes, a count is a size: say so plainly, not "a multiple of bytes's 1 bytes". */
+	if (a->dtype == GPUQ_DTYPE_BYTES && (a->has_count ? a->count : a->bytes) == 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s': 0 bytes is not a positive size",
+				 a->has_count ? "count" : "bytes");
 	if (a->has_count) {
 		if (a->count == 0 || a->count > UINT64_MAX / size)
 			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'count': %llu is out of range",
@@ -174,9 +178,11 @@ void op_alloc(struct request *req, void *args)
 	struct gpuq_error err;
 	struct buffer *old = buffer_find(&req->d->buffers, req->conn->uid, a->name, a->device);
 	if (old) {
+		bool raw = old->dtype == GPUQ_DTYPE_BYTES; /* "16 bytes", not "16 bytes of bytes" */
 		gpuq_fail(&err, GPUQ_E_EXISTS,
-			  "buffer '%s' already exists on device %d (%llu bytes of %s); free it or pick another name",
-			  a->name, a->device, (unsigned long long)old->bytes, gpuq_dtype_name(old->dtype));
+			  "buffer '%s' already exists on device %d (%llu bytes%s%s); free it or pick another name",
+			  a->name, a->device, (unsigned long long)old->bytes, raw ? "" : " of ",
+			  raw ? "" : gpuq_dtype_name(old->dtype));
 		reply_error(req, &err);
 		return;
 	}

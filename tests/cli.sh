@@ -68,6 +68,27 @@ check alloc 0 gpuq alloc w --bytes 1M
 check alloc_exists_is_1 1 gpuq alloc w --bytes 1M
 expect alloc_exists_error "exists" err
 check alloc_dtype 0 gpuq alloc f --count 1000 --dtype f32 --device 1
+# Sizes of dtype bytes read as plain English: "N bytes", not "N bytes of bytes"
+check alloc_exists_bytes_is_1 1 gpuq alloc w --bytes 1M
+expect alloc_exists_says_plain_bytes "(1048576 bytes); free it" err
+check alloc_exists_dtype_is_1 1 gpuq alloc f --count 1000 --dtype f32 --device 1
+expect alloc_exists_says_dtype "(4000 bytes of f32); free it" err
+check alloc_zero_bytes_is_1 1 gpuq alloc z --bytes 0
+expect alloc_zero_bytes_plain "field 'bytes': 0 bytes is not a positive size" err
+check alloc_zero_count_of_bytes_is_1 1 gpuq alloc z --count 0 --dtype bytes
+expect alloc_zero_count_of_bytes_plain "field 'count': 0 bytes is not a positive size" err
+# On the host backend a run says that the host evaluated it, not that a GPU kernel ran
+check run_on_host 0 gpuq run f 'sin | add 1'
+expect run_on_host_says_host_evaluation "host evaluation (the host backend: no GPU kernel ran" out
+expect run_on_host_times_the_host "on the host," out
+cp "$dir/out" "$dir/run.out"
+check run_on_host_claims_no_gpu_kernel 1 grep -E ", (compiled|interpreted) kernel|on the device" "$dir/run.out"
+check run_on_host_interpreted 0 gpuq run f 'sin' --kernel interpreted
+expect run_on_host_interpreted_says_so "no GPU kernel ran; a GPU would run the interpreted kernel" out
+check run_on_host_json 0 gpuq --json run f 'sin'
+expect run_on_host_json_evaluated '"evaluated":"host"' out
+check reduce_on_host 0 gpuq reduce 'sum(f)'
+expect reduce_on_host_says_host_evaluation "host evaluation (the host backend: no GPU kernel ran" out
 # alloc NAME@GPU is alloc NAME --device GPU, as every other command reads a buffer
 check alloc_name_at_device 0 gpuq alloc at@1 --bytes 4K
 check alloc_name_at_device_lands_there 0 gpuq free at@1

@@ -99,35 +99,53 @@ static const char *graph_words(const char *outcome)
 	return "";
 }
 
-/* ", compiled kernel (disk, 0.41 ms, sm_90)" or ", interpreted kernel"; the note on a line of its own. */
-static void render_kernel(FILE *f, const msgpack_object *res, char *note, size_t size)
+/*
+ * ", compiled kernel (disk, 0.41 ms, sm_90)" or ", interpreted kernel"; on the
+ * host backend, which ran the program on its CPU, ", host evaluation (...)"
+ * with the kernel it compiled and cached but did not run. The note goes on a
+ * line of its own. Returns whether the host evaluated the program.
+ */
+static bool render_kernel(FILE *f, const msgpack_object *res, char *note, size_t size)
 {
-	char kernel[16], source[16], arch[24], math[8];
+	char kernel[16], source[16], arch[24], math[8], evaluated[16];
+	bool host, compiled;
 
 	note[0] = '\0';
 	if (!field_str(res, "kernel", kernel, sizeof(kernel), "")[0])
-		return;
+		return false;
+	host = strcmp(field_str(res, "evaluated", evaluated, sizeof(evaluated), ""), "host") == 0;
+	compiled = strcmp(kernel, "compiled") == 0;
 	field_str(res, "math", math, sizeof(math), "ieee");
-	fprintf(f, ", %s kernel%s", kernel, strcmp(math, "fast") == 0 ? " (math fast)" : "");
-	if (strcmp(kernel, "compiled") == 0)
-		fprintf(f, " (%s, %.2f ms, %s)",
-			field_str(res, "kernel_source", source, sizeof(source), "?"),
-			field_f64(res, "compile_ms", 0),
-			field_str(res, "arch", arch, sizeof(arch), "?"));
+	field_str(res, "kernel_source", source, sizeof(source), "?");
+	field_str(res, "arch", arch, sizeof(arch), "?");
+	if (host && compiled)
+		fprintf(f, ", host evaluation (the host backend: no GPU kernel ran; one compiled for "
+			   "%s was cached: %s, %.2f ms)", arch, source, field_f64(res, "compile_ms", 0));
+	else if (host) /* what --kernel chose, as a GPU would have run it */
+		fputs(", host evaluation (the host backend: no GPU kernel ran; a GPU would run the "
+		      "interpreted kernel)", f);
+	else
+		fprintf(f, ", %s kernel%s", kernel, strcmp(math, "fast") == 0 ? " (math fast)" : "");
+	if (compiled && !host)
+		fprintf(f, " (%s, %.2f ms, %s)", source, field_f64(res, "compile_ms", 0), arch);
 	field_str(res, "kernel_note", note, size, "");
+	return host;
 }
 
-/* ": 1 kernel, 41 µs on the device, 2.04 GB/s; job 7", and the kernel's note. */
+/*
+ * ": 1 kernel, 41 µs on the device, 2.04 GB/s; job 7", and the kernel's note;
+ * ": 1 pass, 2.1 ms on the host, ..." where the host evaluated the program.
+ */
 static void render_timing(FILE *f, const msgpack_object *rec, const msgpack_object *res,
-			  const char *note)
+			  const char *note, bool host)
 {
 	char secs[32];
 	uint64_t kernels = field_u64(res, "kernels", 0);
 
-	fprintf(f, ": %" PRIu64 " kernel%s, %s on the device, %.2f GB/s; job %" PRIu64 "\n",
-		kernels, kernels == 1 ? "" : "s",
+	fprintf(f, ": %" PRIu64 " %s%s, %s on the %s, %.2f GB/s; job %" PRIu64 "\n",
+		kernels, host ? "pass" : "kernel", kernels == 1 ? "" : (host ? "es" : "s"),
 		human_seconds(secs, sizeof(secs), field_f64(res, "device_s", -1)),
-		field_f64(res, "gbps", 0), field_u64(rec, "job", 0));
+		host ? "host" : "device", field_f64(res, "gbps", 0), field_u64(rec, "job", 0));
 	if (note[0])
 		fprintf(f, "  (%s)\n", note);
 }
@@ -138,6 +156,7 @@ static void render_run(FILE *f, const char *buf, const msgpack_object *rec,
 {
 	char mode[16], graph[16], dtype[16], out[96], expr[256], note[400];
 	uint64_t nops = field_u64(res, "ops", 0);
+	bool host;
 
 	field_str(res, "mode", mode, sizeof(mode), "?");
 	field_str(res, "graph", graph, sizeof(graph), "none");
@@ -151,8 +170,8 @@ static void render_run(FILE *f, const char *buf, const msgpack_object *rec,
 			buf, out[0] ? " -> " : "", out, nops, nops == 1 ? "" : "s",
 			field_u64(res, "repeat", 1), field_u64(res, "count", 0), dtype, mode);
 	fputs(graph_words(graph), f);
-	render_kernel(f, res, note, sizeof(note));
-	render_timing(f, rec, res, note);
+	host = render_kernel(f, res, note, sizeof(note));
+	render_timing(f, rec, res, note, host);
 }
 
 /* A done run gets its own line; everything else (JSON, detach, failures) the usual. */
@@ -241,6 +260,7 @@ static void render_reduce(FILE *f, const msgpack_object *rec, const msgpack_obje
 {
 	char expr[256], vtype[8], note[400];
 	const msgpack_object *v = msg_map_get(res, "value");
+	bool host;
 
 	fprintf(f, "%s = ", field_str(res, "expr", expr, sizeof(expr), "?"));
 	if (!v)
@@ -256,8 +276,8 @@ static void render_reduce(FILE *f, const msgpack_object *rec, const msgpack_obje
 	if (msg_map_get(res, "max"))
 		fprintf(f, "; the value there: %.17g", field_f64(res, "max", 0));
 	fputs(")", f);
-	render_kernel(f, res, note, sizeof(note));
-	render_timing(f, rec, res, note);
+	host = render_kernel(f, res, note, sizeof(note));
+	render_timing(f, rec, res, note, host);
 }
 
 int cmd_reduce(struct cli *cli)

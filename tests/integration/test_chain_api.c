@@ -266,6 +266,38 @@ static void expect_cli(const struct daemon_proc *d, const char *args, int code, 
 	free(out);
 }
 
+/* The host backend says it evaluated a fused run itself; CUDA, whose kernel ran, leaves that out. */
+static void expect_evaluated(struct gpuq_reply *r, const char *what)
+{
+	const msgpack_object *o = reply_path(r, "job.result.evaluated");
+	if (test_backend_is_cuda())
+		CHECKF(!o, "%s on CUDA: a result field 'evaluated', where the kernel itself ran", what);
+	else
+		CHECKF(o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == 4 &&
+			       memcmp(o->via.str.ptr, "host", 4) == 0,
+		       "%s on the host backend: no result field 'evaluated' of 'host'", what);
+	gpuq_reply_free(r);
+}
+
+TEST(chain_result_says_whether_the_host_evaluated_it)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	struct expr_opts o = EXPR_OPTS_DEFAULT;
+	talloc(c, "x", &tdtype_f32, 4096, 0);
+	talloc(c, "y", &tdtype_f32, 4096, 0);
+	expect_evaluated(expr_ok(c, "y = x * 2 + 1", &o), "run");
+	o.kernel = "interpreted";
+	expect_evaluated(expr_ok(c, "y = x * 2 + 1", &o), "run --kernel interpreted");
+	o.kernel = NULL;
+	struct gpuq_reply *r = expr_call(c, "reduce_expr", "sum(x)", &o);
+	expect_ok(r, "reduce_expr");
+	expect_evaluated(r, "reduce");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(chain_cli_run_stats_and_bench)
 {
 	struct daemon_proc d;

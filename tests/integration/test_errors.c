@@ -159,7 +159,17 @@ TEST(alloc_refusals)
 	gpuq_request_begin(c, &req, "alloc");
 	mp_put_str(&req, "name", "w");
 	mp_put_u64(&req, "bytes", 64);
-	expect(call(c, &req, NULL, 0), GPUQ_E_EXISTS, "already exists");
+	expect(call(c, &req, NULL, 0), GPUQ_E_EXISTS, "already exists on device 0 (64 bytes); free");
+	/* Sizes of dtype bytes in plain words: "0 bytes is not a positive size". */
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "z");
+	mp_put_u64(&req, "bytes", 0);
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "field 'bytes': 0 bytes is not a positive size");
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "z");
+	mp_put_u64(&req, "count", 0);
+	mp_put_str(&req, "dtype", "bytes");
+	expect(call(c, &req, NULL, 0), GPUQ_E_BAD_REQUEST, "field 'count': 0 bytes is not a positive size");
 	gpuq_request_begin(c, &req, "alloc");
 	mp_put_str(&req, "name", "z");
 	mp_put_u64(&req, "bytes", 64);

@@ -74,6 +74,7 @@ struct chain_kernel_info {
 	double compile_s;       /* compiling, or reading and loading, or finding it */
 	char arch[24];          /* what it was compiled for: "sm_90" */
 	char note[320];         /* why a compiled kernel was wanted and not had; "" */
+	bool host_evaluated;    /* the host backend ran the program on its CPU, not this kernel */
 };
 
 struct chain_result {

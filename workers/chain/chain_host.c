@@ -79,6 +79,7 @@ static int host_plan_build(struct device *dev, const struct chain_spec *spec, vo
 		free(p);
 		return -1;
 	}
+	p->info.host_evaluated = true; /* the kernel is cached, never loaded: the reply says so */
 	if (p->info.math == CHAIN_MATH_FAST) { /* compiled (and cached) as asked, but never run here */
 		p->info.math = CHAIN_MATH_IEEE;
 		snprintf(p->info.note, sizeof p->info.note,
