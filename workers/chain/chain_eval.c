@@ -5,42 +5,16 @@
 #include "workers/chain/chain_eval.h"
 
 #include <math.h>
-#include <string.h>
 
 #include "kernels/chain_reduce.h"
+#include "protocol/dtype.h"
 #include "protocol/hash.h"
-
-/* binary16 bits -> float (exact). */
-static float eval_f16_to_f32(uint16_t h)
-{
-	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-	uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
-	if (exp == 0x1Fu) {
-		bits = sign | 0x7F800000u | (man << 13);
-	} else if (exp == 0) {
-		float v = (float)man * (1.0f / 16777216.0f); /* man x 2^-24 */
-		return sign ? -v : v;
-	} else {
-		bits = sign | ((exp + 112u) << 23) | (man << 13);
-	}
-	float f;
-	memcpy(&f, &bits, sizeof f);
-	return f;
-}
-
-static float eval_bf16_to_f32(uint16_t b)
-{
-	uint32_t bits = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &bits, sizeof f);
-	return f;
-}
 
 double chain_eval_load(enum gpuq_dtype t, const void *p, uint64_t i)
 {
 	switch (t) {
-	case GPUQ_DTYPE_F16: return eval_f16_to_f32(((const uint16_t *)p)[i]);
-	case GPUQ_DTYPE_BF16: return eval_bf16_to_f32(((const uint16_t *)p)[i]);
+	case GPUQ_DTYPE_F16: return gpuq_f16_bits_to_f32(((const uint16_t *)p)[i]);
+	case GPUQ_DTYPE_BF16: return gpuq_bf16_bits_to_f32(((const uint16_t *)p)[i]);
 	case GPUQ_DTYPE_F32: return ((const float *)p)[i];
 	default: return ((const double *)p)[i];
 	}
@@ -60,8 +34,8 @@ void chain_eval_store(enum gpuq_dtype t, void *p, uint64_t i, double v)
 static double eval_round(unsigned t, float v)
 {
 	switch (t) {
-	case KERNELS_EXPR_F16: return eval_f16_to_f32(gpuq_f32_to_f16_bits(v));
-	case KERNELS_EXPR_BF16: return eval_bf16_to_f32(gpuq_f32_to_bf16_bits(v));
+	case KERNELS_EXPR_F16: return gpuq_f16_bits_to_f32(gpuq_f32_to_f16_bits(v));
+	case KERNELS_EXPR_BF16: return gpuq_bf16_bits_to_f32(gpuq_f32_to_bf16_bits(v));
 	default: return v;
 	}
 }

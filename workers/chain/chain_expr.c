@@ -557,12 +557,6 @@ int chain_expr_parse(const char *text, bool reduce, struct chain_expr *out,
 
 /* ---- Binding: devices, counts, dtypes, aliasing, then types ---- */
 
-static bool float_dtype(enum gpuq_dtype t)
-{
-	return t == GPUQ_DTYPE_F16 || t == GPUQ_DTYPE_BF16 || t == GPUQ_DTYPE_F32 ||
-	       t == GPUQ_DTYPE_F64;
-}
-
 /* "y", or "y@0" as it was written. */
 static const char *var_label(const struct chain_expr_var *v, char *buf, size_t n)
 {
@@ -578,7 +572,7 @@ static int bind_check_var(const struct chain_expr *x, const struct chain_expr_bi
 {
 	char l1[CHAIN_EXPR_NAME_MAX + 16], l2[CHAIN_EXPR_NAME_MAX + 16];
 	const struct chain_expr_var *var = &x->vars[v];
-	if (!float_dtype(b[v].dtype))
+	if (!gpuq_dtype_is_float(b[v].dtype))
 		return fail_at(e, var->col, "'%s' is %s; expressions run on f16, bf16, f32 and f64 buffers",
 			       var->name, gpuq_dtype_name(b[v].dtype));
 	for (unsigned w = 0; w < v; w++) {
