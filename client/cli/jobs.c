@@ -132,11 +132,11 @@ int cmd_checksum(struct cli *cli)
 
 /* FILE "scratch:": no file; gpuqd makes the bytes up (put) or drops them (get). */
 #define SCRATCH "scratch:"
-/* FILE "region:NAME[OFFSET:LENGTH]": a host region (gpuq region create), one DMA. */
+/* FILE "region:NAME[START:STOP]": a host region (gpuq region create), one DMA. */
 #define REGION "region:"
 
 /*
- * put and get: the buffer (BUF may carry a range, NAME[OFFSET:LENGTH]), the
+ * put and get: the buffer (BUF may carry a range, NAME[START:STOP]), the
  * window, the options, and the descriptor the bytes move through (-1: the
  * scratch source or sink). On a terminal a progress bar runs on stderr
  * while the job does; it is cleared before the summary is printed.
@@ -179,7 +179,7 @@ static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
 	return transfer_via(cli, op, buf, fd, NULL);
 }
 
-/* put or get through a region (FILE region:NAME[OFFSET:LENGTH]): no descriptor, one DMA. */
+/* put or get through a region (FILE region:NAME[START:STOP]): no descriptor, one DMA. */
 static int region_transfer(struct cli *cli, const char *op, const char *buffer, const char *region)
 {
 	return transfer_via(cli, op, buffer, -1, region);

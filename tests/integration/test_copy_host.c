@@ -472,9 +472,9 @@ TEST(copy_buffer_ranges)
 	unsigned char *want = calloc(n, 1);
 	int src = memfd_random(5000, 45);
 	CHECK_EQ(pread(src, want + 10001, 5000, 0), 5000);
-	xfer_ok(c, "put", "r@0[10001:5000]", src, NULL, 5000, "staged");
+	xfer_ok(c, "put", "r@0[10001:15001]", src, NULL, 5000, "staged");
 	CHECK_EQ(do_checksum(c, "r"), host_checksum(want, n));
-	/* [OFFSET:] runs to the end; [:LENGTH] starts at 0 */
+	/* [START:] runs to the end; [:STOP] starts at 0 */
 	int dst = memfd_create("dst", MFD_CLOEXEC);
 	xfer_ok(c, "get", "r[10001:]", dst, NULL, n - 10001, "staged");
 	check_fd_holds(dst, want + 10001, n - 10001, "the tail");
@@ -486,7 +486,7 @@ TEST(copy_buffer_ranges)
 	struct xfer_opts o = plain;
 	o.offset = 3;
 	expect_fail(xfer(c, "get", "r[1:2]", dst, &o), GPUQ_E_BAD_REQUEST, "give one");
-	expect_fail(xfer(c, "put", "r[19999:2]", src, NULL), GPUQ_E_BAD_REQUEST, "outside buffer");
+	expect_fail(xfer(c, "put", "r[19999:20001]", src, NULL), GPUQ_E_BAD_REQUEST, "outside buffer");
 	expect_fail(xfer(c, "get", "r[20001:]", dst, NULL), GPUQ_E_BAD_REQUEST, "past the end");
 	expect_fail(xfer(c, "get", "r[1:2", dst, NULL), GPUQ_E_BAD_REQUEST, "malformed range");
 	expect_fail(xfer(c, "get", "r@9[1:2]", dst, NULL), GPUQ_E_NOT_FOUND, "device 9 does not exist");
