@@ -133,6 +133,16 @@ expect copy_overlap_says_so "overlap" err
 check copy_missing_arg_is_2 2 gpuq copy w
 check copy_free_w2 0 gpuq free w2@1
 check put_missing_file_is_2 2 gpuq put "$dir/nonexistent" w
+# put FILE NEWBUF makes the buffer of FILE's size first, as Python's put_array does
+check put_new_buffer 0 gpuq put "$dir/data" fresh@1 --verify
+expect put_new_buffer_allocs "^alloc fresh@1: 1.00 MiB" out
+expect put_new_buffer_then_puts "^put fresh@1: 1.00 MiB.*verified" out
+check put_new_buffer_back 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get fresh - | cmp - \"$dir/data\""
+check put_new_buffer_again_no_alloc 0 gpuq put "$dir/data" fresh
+check put_new_buffer_again_says_put_only 1 grep -q "alloc" "$dir/out"
+check put_new_buffer_free 0 gpuq free fresh
+check put_pipe_into_missing_is_1 1 sh -c "head -c 10 \"$dir/data\" | \"$BUILD/gpuq\" --socket \"$sock\" put - nosuch"
+expect put_pipe_into_missing_says_not_found "buffer 'nosuch' not found" err
 check free_missing_is_1 1 gpuq free nothere
 expect free_missing_names_it "nothere" err
 check buffers 0 gpuq buffers

@@ -204,6 +204,9 @@ int cli_job_begin(struct cli *cli, struct mp_map *req, const char *op);
 /* Renders a job reply (a job request's, or wait's) and returns the exit code. */
 int cli_finish_job(struct cli *cli, struct gpuq_reply *r);
 
+/* put_new.c: put FILE NEWBUF makes the missing buffer, of FILE's size, first */
+int put_make_missing(struct cli *cli, const char *spec, int fd);
+
 /* jobs.c: the job commands */
 int cmd_noop(struct cli *cli);
 int cmd_alloc(struct cli *cli);

@@ -207,7 +207,9 @@ int cmd_put(struct cli *cli)
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return open_failed(cli, path, "reading");
-	rc = transfer(cli, "put", cli->args[1], fd);
+	rc = put_make_missing(cli, cli->args[1], fd);
+	if (rc == CLI_OK)
+		rc = transfer(cli, "put", cli->args[1], fd);
 	close(fd);
 	return rc;
 }
