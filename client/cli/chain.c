@@ -250,7 +250,7 @@ int cmd_run(struct cli *cli)
 	if (cli->has_repeat)
 		mp_put_u64(&req, "repeat", cli->repeat);
 	put_expr_options(cli, &req);
-	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+	if ((rc = progress_call(cli, &req, NULL, 0, &r)) != 0)
 		return rc;
 	return finish_run(cli, r);
 }
@@ -292,7 +292,7 @@ int cmd_reduce(struct cli *cli)
 	if (cli->has_count)
 		mp_put_u64(&req, "count", cli->count);
 	put_expr_options(cli, &req);
-	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+	if ((rc = progress_call(cli, &req, NULL, 0, &r)) != 0)
 		return rc;
 	const msgpack_object *rec = gpuq_reply_get(r, "job");
 	const msgpack_object *res = rec && rec->type == MSGPACK_OBJECT_MAP

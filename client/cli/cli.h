@@ -243,6 +243,12 @@ struct progress_bar {
 void progress_begin(struct cli *cli, struct mp_map *req, struct progress_bar *bar,
 		    const char *label);
 void progress_end(struct cli *cli, struct progress_bar *bar);
+/*
+ * cli_call of a job request (or wait) with a progress line on a terminal,
+ * labelled with the command and its first argument ("fill w0", "wait 12").
+ */
+int progress_call(struct cli *cli, struct mp_map *req, const int *fds, int nfds,
+		  struct gpuq_reply **out);
 /* chain.c: run a kernel chain or an expression; reduce; the devices' counters */
 int cmd_run(struct cli *cli);
 int cmd_reduce(struct cli *cli);

@@ -15,7 +15,7 @@
 static int job_send(struct cli *cli, struct mp_map *req, const int *fds, int nfds)
 {
 	struct gpuq_reply *r;
-	int rc = cli_call(cli, req, fds, nfds, &r);
+	int rc = progress_call(cli, req, fds, nfds, &r);
 
 	return rc ? rc : cli_finish_job(cli, r);
 }
