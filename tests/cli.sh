@@ -87,6 +87,16 @@ check run_on_host_interpreted 0 gpuq run f 'sin' --kernel interpreted
 expect run_on_host_interpreted_says_so "no GPU kernel ran; a GPU would run the interpreted kernel" out
 check run_on_host_json 0 gpuq --json run f 'sin'
 expect run_on_host_json_evaluated '"evaluated":"host"' out
+for mode in graph eager; do
+	check "run_${mode}_on_host" 0 gpuq run f 'sin | add 1' --mode $mode
+	expect "run_${mode}_on_host_says_host_evaluation" "host evaluation (the host backend: no GPU kernel or graph ran): 2 passes, .* on the host" out
+	cp "$dir/out" "$dir/run.out"
+	check "run_${mode}_on_host_claims_no_graph" 1 grep -E "graph instantiated|cached graph|on the device" "$dir/run.out"
+	check "run_${mode}_on_host_json" 0 gpuq --json run f 'sin' --mode $mode
+	expect "run_${mode}_on_host_json_evaluated" '"evaluated":"host"' out
+done
+check run_graph_on_host_again_cached_plan 0 gpuq run f 'sin | add 1' --mode graph
+expect run_graph_on_host_says_cached_plan "graph (cached plan), host evaluation" out
 check reduce_on_host 0 gpuq reduce 'sum(f)'
 expect reduce_on_host_says_host_evaluation "host evaluation (the host backend: no GPU kernel ran" out
 # alloc NAME@GPU is alloc NAME --device GPU, as every other command reads a buffer
