@@ -76,6 +76,23 @@ uint64_t gpuq_request_begin(struct gpuq_client *c, struct mp_map *req, const cha
 int gpuq_call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds,
 	      struct gpuq_reply **reply, struct gpuq_error *err);
 
+/*
+ * Reconnecting (off by default): when the connection ends (gpuqd restarted,
+ * crashed and came back under systemd), gpuq_call connects to the same
+ * socket again, trying for up to window_ms, and
+ *   - sends again a request that never left, whatever it is;
+ *   - sends again one that was in flight only when it reads and changes
+ *     nothing and carries no descriptor: ping, devices, buffers, jobs,
+ *     status, wait, stats, quota, metrics, regions, leases;
+ *   - fails any other in flight (a job may have run) with GPUQ_E_IO saying
+ *     so, the client connected again for the next call.
+ * gpuq_send, gpuq_recv and gpuq_send_raw never reconnect. What belonged to
+ * the old connection (an ephemeral buffer, a lease, an event subscription)
+ * is not carried over. gpuq_reconnects counts the new connections made.
+ */
+void gpuq_set_reconnect(struct gpuq_client *c, unsigned window_ms);
+unsigned gpuq_reconnects(const struct gpuq_client *c);
+
 /* Sends without waiting; returns 0 or -1. Match the reply with gpuq_recv. */
 int gpuq_send(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds,
 	      struct gpuq_error *err);

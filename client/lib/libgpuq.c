@@ -65,6 +65,13 @@ struct gpuq_client {
 	/* Once the stream is out of step every call fails with this error. */
 	bool broken;
 	struct gpuq_error broken_err;
+	/*
+	 * The connection ended (EOF, EPIPE, ECONNRESET) rather than going out of
+	 * step; with reconnect_ms, gpuq_call connects again within that window.
+	 */
+	bool lost;
+	unsigned reconnect_ms, reconnects;
+	char begun_op[24];
 	/* Descriptors received and not yet claimed by the reply frame they came with. */
 	int rfds[RECV_MAX_FDS];
 	int nrfds;
@@ -114,9 +121,26 @@ static const char *connect_hint(int e)
 	}
 }
 
-int gpuq_connect(const char *path, struct gpuq_client **out, struct gpuq_error *err)
+/* A connected socket to path (which fits sun_path), or -1 with errno. */
+static int open_socket(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+int gpuq_connect(const char *path, struct gpuq_client **out, struct gpuq_error *err)
+{
+	struct sockaddr_un sa;
 	struct gpuq_client *c;
 	int e;
 
@@ -128,15 +152,12 @@ int gpuq_connect(const char *path, struct gpuq_client **out, struct gpuq_error *
 				 "cannot connect to gpuqd at %s: the path is longer than "
 				 "the %zu bytes a UNIX socket address holds",
 				 path, sizeof(sa.sun_path) - 1);
-	memcpy(sa.sun_path, path, strlen(path) + 1);
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return gpuq_fail(err, GPUQ_E_IO, "cannot connect to gpuqd at %s: %s",
 				 path, strerror(ENOMEM));
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	c->fd = open_socket(path);
 	if (c->fd < 0)
-		goto fail_errno;
-	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		goto fail_errno;
 	snprintf(c->path, sizeof(c->path), "%s", path);
 	c->next_id = 1;
@@ -146,8 +167,6 @@ int gpuq_connect(const char *path, struct gpuq_client **out, struct gpuq_error *
 
 fail_errno:
 	e = errno;
-	if (c->fd >= 0)
-		close(c->fd);
 	free(c);
 	return gpuq_fail(err, GPUQ_E_IO, "cannot connect to gpuqd at %s: %s%s", path,
 			 strerror(e), connect_hint(e));
@@ -201,6 +220,7 @@ uint64_t gpuq_request_begin(struct gpuq_client *c, struct mp_map *req, const cha
 	mp_put_str(req, "op", op);
 	c->begun_req = req;
 	c->begun_id = id;
+	snprintf(c->begun_op, sizeof c->begun_op, "%s", op);
 	return id;
 }
 
@@ -301,9 +321,15 @@ static int send_all(struct gpuq_client *c, const uint8_t *data, size_t len,
 			continue;
 		if (n < 0) {
 			int error = errno;
-			if ((error != EPIPE && error != ECONNRESET) || refusal_waiting(c, err) < 0)
+			bool gone = error == EPIPE || error == ECONNRESET, refused = false;
+			if (!gone || !(refused = refusal_waiting(c, err) == 0))
 				gpuq_fail(err, GPUQ_E_IO, "lost the connection to gpuqd at %s: %s",
 					  c->path, strerror(error));
+			/*
+			 * Nothing of this frame left, and gpuqd gave no reason (a refusal
+			 * would only come again): it may go again on a new connection.
+			 */
+			c->lost = gone && off == 0 && !refused;
 			return client_break(c, err);
 		}
 		off += (size_t)n;
@@ -484,6 +510,7 @@ static int read_some(struct gpuq_client *c, int64_t deadline, struct gpuq_error 
 		frame_reader_commit(&c->rd, (size_t)n);
 		return 0;
 	}
+	int error = n < 0 ? errno : 0;
 	if (n == 0 && frame_reader_pending(&c->rd) > 0)
 		gpuq_fail(err, GPUQ_E_IO,
 			  "gpuqd at %s closed the connection in the middle of a reply "
@@ -493,7 +520,8 @@ static int read_some(struct gpuq_client *c, int64_t deadline, struct gpuq_error 
 		gpuq_fail(err, GPUQ_E_IO, "gpuqd at %s closed the connection", c->path);
 	else
 		gpuq_fail(err, GPUQ_E_IO, "lost the connection to gpuqd at %s: %s",
-			  c->path, strerror(errno));
+			  c->path, strerror(error));
+	c->lost = n == 0 || error == ECONNRESET;
 	return client_break(c, err);
 }
 
@@ -612,18 +640,117 @@ int gpuq_recv(struct gpuq_client *c, uint64_t id, struct gpuq_reply **reply,
 	return 0;
 }
 
+void gpuq_set_reconnect(struct gpuq_client *c, unsigned window_ms)
+{
+	c->reconnect_ms = window_ms;
+}
+
+unsigned gpuq_reconnects(const struct gpuq_client *c)
+{
+	return c->reconnects;
+}
+
+/*
+ * Requests that read and change nothing, sent again on a new connection
+ * when the old one ended with them in flight. Jobs never are: one may have
+ * run (or be running) in the gpuqd that went away.
+ */
+static bool retry_safe(const char *op)
+{
+	static const char *const safe[] = { "ping",  "devices", "buffers", "jobs",
+					    "status", "wait",   "stats",   "quota",
+					    "metrics", "regions", "leases" };
+	for (size_t i = 0; i < sizeof safe / sizeof safe[0]; i++)
+		if (strcmp(op, safe[i]) == 0)
+			return true;
+	return false;
+}
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+/*
+ * Connects again to the same socket, trying for up to reconnect_ms (a gpuqd
+ * restarting under systemd takes a moment to listen again). The replies
+ * parked for the old connection stay; what was half read of it goes. 0, or
+ * -1 leaving err as the lost connection's.
+ */
+static int reconnect(struct gpuq_client *c)
+{
+	int64_t deadline = now_ms() + c->reconnect_ms;
+	unsigned pause = 10;
+	int fd;
+	while ((fd = open_socket(c->path)) < 0) {
+		if (now_ms() >= deadline)
+			return -1;
+		sleep_ms(pause);
+		pause = pause < 200 ? pause * 2 : 200;
+	}
+	close(c->fd);
+	c->fd = fd;
+	for (int i = 0; i < c->nrfds; i++)
+		close(c->rfds[i]);
+	c->nrfds = 0;
+	frame_reader_free(&c->rd);
+	frame_reader_init(&c->rd, c->rd.max_frame);
+	c->broken = c->lost = false;
+	c->reconnects++;
+	return 0;
+}
+
+/* Sends the framed request and reads its reply; *sent says whether it left. */
+static int call_once(struct gpuq_client *c, const msgpack_sbuffer *sb, uint64_t id,
+		     const int *fds, int nfds, bool *sent, struct gpuq_reply **reply,
+		     struct gpuq_error *err)
+{
+	*sent = false;
+	if (client_check(c, err) < 0 ||
+	    send_all(c, (const uint8_t *)sb->data, sb->size, fds, nfds, err) < 0)
+		return -1;
+	*sent = true;
+	return gpuq_recv(c, id, reply, err);
+}
+
 int gpuq_call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds,
 	      struct gpuq_reply **reply, struct gpuq_error *err)
 {
 	struct gpuq_error local;
-	uint64_t id;
+	bool begun = req == c->begun_req, sent;
+	char op[sizeof c->begun_op];
+	msgpack_sbuffer sb;
+	int rc;
 
 	if (!err)
 		err = &local;
 	*reply = NULL;
-	if (send_request(c, req, fds, nfds, &id, err) < 0)
-		return -1;
-	return gpuq_recv(c, id, reply, err);
+	snprintf(op, sizeof op, "%s", begun ? c->begun_op : "");
+	c->begun_req = NULL;
+	msgpack_sbuffer_init(&sb);
+	mp_map_frame(req, &sb);
+	uint64_t id = begun ? c->begun_id : frame_request_id(&sb);
+	/* Once for a request that never left, once more for one safe to repeat. */
+	for (int tries = 0;; tries++) {
+		rc = call_once(c, &sb, id, fds, nfds, &sent, reply, err);
+		if (rc == 0 || !c->lost || !c->reconnect_ms || tries == 2)
+			break;
+		bool again = !sent || (retry_safe(op) && nfds == 0);
+		if (reconnect(c) < 0)
+			break;
+		if (!again) {
+			gpuq_fail(err, GPUQ_E_IO,
+				  "gpuqd at %s went away with request %llu (%s) in flight and a "
+				  "gpuqd answers there again; it is not sent again, as it may have "
+				  "run (gpuq jobs shows what did)",
+				  c->path, (unsigned long long)id, op[0] ? op : "?");
+			break;
+		}
+	}
+	msgpack_sbuffer_destroy(&sb);
+	return rc;
 }
 
 bool gpuq_reply_ok(const struct gpuq_reply *r)
