@@ -134,9 +134,10 @@ static void print_probe(struct daemon *d)
 	for (int i = 0; i < d->pool.count; i++) {
 		struct worker_snapshot s;
 		worker_snapshot(&d->pool, i, &s);
-		printf("%d\t%s\t%s\t%s\tcc %d.%d\t%llu MiB\t%s\n", i, d->ops->name, s.info.name,
-		       s.info.pci_bus_id, s.info.cc_major, s.info.cc_minor,
-		       (unsigned long long)(s.info.mem_total >> 20), s.healthy ? "healthy" : s.health);
+		printf("%d\t%s\t%s\t%s\tcc %d.%d\t%llu MiB\t%s\tbuffers: %s\n", i, d->ops->name,
+		       s.info.name, s.info.pci_bus_id, s.info.cc_major, s.info.cc_minor,
+		       (unsigned long long)(s.info.mem_total >> 20), s.healthy ? "healthy" : s.health,
+		       s.info.buffer_memory ? s.info.buffer_memory : "-");
 	}
 }
 

@@ -24,6 +24,13 @@ struct cuda_vmm_alloc {
 };
 
 /*
+ * Whether dev can hold its buffers in exportable slabs (--buffer-memory):
+ * the driver's entry points, virtual memory management and export as a
+ * POSIX descriptor; *granularity is the allocation granularity. 0, or -1
+ * with err (device_error) saying what is missing.
+ */
+int cuda_vmm_probe(struct device *dev, uint64_t *granularity, struct gpuq_error *err);
+/*
  * Allocates bytes on dev, maps it read-write for dev and for every device
  * that may read dev's pool (dev->pool_shared), and exports it: *fd is the
  * caller's to close. 0, or -1 with err (out_of_memory when the device is full).

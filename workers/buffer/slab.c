@@ -261,7 +261,7 @@ static struct slab *heap_find_kept_own(struct slab_heap *h, uint64_t size)
 static int heap_own(struct slab_heap *h, uint64_t bytes, unsigned flags, struct slab_place *out,
 		    struct gpuq_error *err)
 {
-	uint64_t size = round_up(bytes, h->be.granularity);
+	uint64_t size = round_up(bytes ? bytes : 1, h->be.granularity);
 	struct slab *s = heap_find_kept_own(h, size);
 	if (!s)
 		s = slab_make(h, size, true, err);
@@ -278,8 +278,8 @@ static int heap_own(struct slab_heap *h, uint64_t bytes, unsigned flags, struct 
 int slab_alloc(struct slab_heap *h, uint64_t bytes, unsigned flags, struct slab_place *out,
 	       struct gpuq_error *err)
 {
-	uint64_t asked = bytes ? bytes : 1;
-	uint64_t need = round_up(asked, SLAB_ALIGN);
+	uint64_t asked = bytes; /* 0 still takes SLAB_ALIGN, so that each range has its own start */
+	uint64_t need = round_up(bytes ? bytes : 1, SLAB_ALIGN);
 	gpuq_error_clear(err);
 	memset(out, 0, sizeof *out);
 	out->fd = -1;

@@ -101,7 +101,7 @@ struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve
 void slab_heap_destroy(struct slab_heap *h, bool lost);
 
 /*
- * A range of at least bytes (> 0) with flags SLAB_*: carved when small
+ * A range of at least bytes (0 takes SLAB_ALIGN) with flags SLAB_*: carved when small
  * (at most a quarter of a carved slab) and not SLAB_OWN, else a slab of its
  * own. 0 with *out filled, or -1 with err (the backend's, or out_of_memory
  * for the host's own bookkeeping).
