@@ -81,10 +81,11 @@ void op_transfer(struct request *req, void *args);
 /*
  * The benchmarks (request.c lets root, the admin group and those a quota
  * rule grants it call them): op_bench_copy.c, op_bench_d2d.c,
- * op_bench_sched.c, and bench_chain in op_chain.c.
+ * op_bench_sched.c, op_bench_alloc.c, and bench_chain in op_chain.c.
  */
 extern const struct args_spec op_bench_copy_args, op_bench_d2d_args, op_bench_sched_args,
-	op_bench_chain_args;
+	op_bench_chain_args, op_bench_alloc_args;
+void op_bench_alloc(struct request *req, void *args);
 void op_bench_copy(struct request *req, void *args);
 void op_bench_d2d(struct request *req, void *args);
 void op_bench_sched(struct request *req, void *args);

@@ -122,3 +122,45 @@ TEST(slabs_descriptors_go_with_their_buffers)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/* bench_alloc: one row per size and memory, pool first, with sane numbers. */
+TEST(slabs_bench_alloc_measures_the_pool_and_slabs_in_one_run)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	struct mp_map req;
+	struct mp_array sizes;
+	gpuq_request_begin(c, &req, "bench_alloc");
+	mp_put_bool(&req, "wait", true);
+	mp_put_u64(&req, "repeats", 5);
+	mp_array_init(&sizes);
+	mp_array_u64(&sizes, 4 * KIB);
+	mp_array_u64(&sizes, 3 * MIB);
+	mp_put_array(&req, "sizes", &sizes);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "bench_alloc");
+	const msgpack_object *rows = reply_path(r, "job.result.rows");
+	CHECK(rows && rows->type == MSGPACK_OBJECT_ARRAY);
+	CHECK_EQ(rows->via.array.size, 4);
+	static const char *const memory[] = { "pool", "vmm", "pool", "vmm" };
+	static const uint64_t bytes[] = { 4 * KIB, 4 * KIB, 3 * MIB, 3 * MIB };
+	for (uint32_t i = 0; i < 4; i++) {
+		const msgpack_object *row = &rows->via.array.ptr[i];
+		const msgpack_object *m = msg_map_get(row, "memory");
+		const msgpack_object *b = msg_map_get(row, "bytes");
+		const msgpack_object *p50 = msg_map_get(row, "alloc_p50_us");
+		const msgpack_object *p99 = msg_map_get(row, "alloc_p99_us");
+		CHECK(m && m->type == MSGPACK_OBJECT_STR && m->via.str.size == strlen(memory[i]) &&
+		      memcmp(m->via.str.ptr, memory[i], m->via.str.size) == 0);
+		CHECK(b && b->via.u64 == bytes[i]);
+		CHECK(p50 && p99 && p50->type == MSGPACK_OBJECT_FLOAT64 && p50->via.f64 > 0 &&
+		      p99->via.f64 >= p50->via.f64);
+	}
+	gpuq_reply_free(r);
+	/* The buffers the benchmark made are all gone: the whole arena is free again. */
+	if (!test_backend_is_cuda())
+		CHECK_EQ(device_mem_free(c, 0), 1ull << 30);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
