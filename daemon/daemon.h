@@ -15,6 +15,7 @@
 
 #include "daemon/args.h"
 #include "daemon/buffer.h"
+#include "daemon/durable.h"
 #include "daemon/job.h"
 #include "daemon/job_life.h"
 #include "daemon/lease.h"
@@ -47,6 +48,7 @@ struct daemon {
 	bool shutdown_timer_armed;
 	bool shutdown_cancel_sent;
 	struct service svc; /* configuration, systemd, quotas, metrics */
+	struct durable durable; /* the durable state record (daemon/durable.h) */
 };
 
 /* One request being handled: what handlers need to read it and answer. */

@@ -219,6 +219,7 @@ void job_submit(struct request *req, struct job *job)
 	}
 	d->last_dispatch = monotonic_seconds();
 	d->jobs.hooks.started(d, job);
+	durable_touch(d); /* the buffers it writes are flagged from now on */
 	log_debug("job %llu: %s on device %d for uid %d", (unsigned long long)job->id,
 		  job->kind->op, job->work.device, (int)job->owner);
 	if (opts.wait) {
@@ -239,6 +240,7 @@ int job_submit_own(struct daemon *d, struct job *job, struct gpuq_error *err)
 		return -1;
 	d->last_dispatch = monotonic_seconds();
 	d->jobs.hooks.started(d, job);
+	durable_touch(d);
 	return 0;
 }
 
@@ -276,6 +278,7 @@ static void job_complete(struct daemon *d, struct job *job)
 {
 	job_mark_finished(&d->jobs, job);
 	d->jobs.hooks.finished(d, job);
+	durable_touch(d); /* buffers made, freed or no longer written; regions; leases granted */
 	job_release(d, job);
 	job_log_outcome(job);
 	while (job->waiters) {

@@ -228,6 +228,7 @@ static void daemon_free(struct daemon *d)
 	while (d->regions.head) /* their mappings go with the process */
 		region_remove(&d->regions, d->regions.head);
 	job_table_destroy(&d->jobs);
+	durable_free(d);
 	int rc = uv_loop_close(d->loop);
 	if (rc < 0)
 		log_warn("uv_loop_close: %s", uv_strerror(rc));
@@ -266,6 +267,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	register_hooks(d);
+	durable_start(d);
 	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
 		 d->server.path, d->pool.count, d->ops->name, (int)getpid());
 	if (service_start(d) < 0) {
