@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -106,6 +107,15 @@ static void rec_put_field(struct mp_map *m, const struct rec_field *f, const cha
 	case REC_BOOL: mp_put_bool(m, f->key, *(const bool *)p); break;
 	case REC_DTYPE: mp_put_str(m, f->key, gpuq_dtype_name(*(const enum gpuq_dtype *)p)); break;
 	}
+}
+
+const char *state_buffer_suspect(const struct state_buffer *b, char *why, size_t n)
+{
+	if (b->writers == 0)
+		return NULL;
+	snprintf(why, n, "%u job%s %s writing it when gpuqd ended; its bytes may be partly written",
+		 b->writers, b->writers == 1 ? "" : "s", b->writers == 1 ? "was" : "were");
+	return why;
 }
 
 void state_snapshot_encode(const struct state_snapshot *s, msgpack_sbuffer *out)

@@ -111,6 +111,14 @@ struct state_snapshot {
 	size_t nquotas;
 };
 
+/*
+ * Why a buffer read back from a record is suspect, into why (size n): NULL
+ * when it is not. A buffer that jobs were writing when the record was
+ * written may hold half their bytes; the reader lists it, lets it be read,
+ * and says so in its state, never as fine.
+ */
+const char *state_buffer_suspect(const struct state_buffer *b, char *why, size_t n);
+
 /* Packs s into out (an initialised sbuffer). */
 void state_snapshot_encode(const struct state_snapshot *s, msgpack_sbuffer *out);
 /*

@@ -102,6 +102,10 @@ TEST(state_record_round_trip)
 		CHECK_EQ(b->ephemeral, a->ephemeral);
 		CHECK_EQ(b->writers, a->writers);
 	}
+	char why[128];
+	CHECK(state_buffer_suspect(&back.buffers[0], why, sizeof why) == NULL);
+	CHECK(state_buffer_suspect(&back.buffers[1], why, sizeof why) == why);
+	CHECK_STR(why, "2 jobs were writing it when gpuqd ended; its bytes may be partly written");
 	CHECK_EQ(back.nregions, 1);
 	CHECK_STR(back.regions[0].name, "in");
 	CHECK_EQ(back.regions[0].fd, 17);
