@@ -96,7 +96,7 @@ static int buffer_text(struct request *req, const char *key, bool with_range, ch
 	int rc = msg_get_str(req->map, key, text, size, err);
 	if (rc == 0 && with_range)
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			  "field '%s' (NAME, NAME@GPU, optionally [OFFSET:LENGTH]) is required", key);
+			  "field '%s' (NAME, NAME@GPU, optionally [START:STOP]) is required", key);
 	else if (rc == 0)
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field '%s' (NAME or NAME@GPU) is required", key);
 	return rc;

@@ -48,7 +48,7 @@ enum args_type {
 	ARGS_OWNER,   /* uid_t: whose namespace names resolve in (root may name another) */
 	ARGS_DEVICE,  /* int: one of this daemon's devices, else not_found */
 	ARGS_DEVICES, /* struct args_devices: 1 to count distinct devices */
-	ARGS_BUFFER,  /* struct args_buffer: NAME[@GPU][[OFFSET:LENGTH]], resolved and usable */
+	ARGS_BUFFER,  /* struct args_buffer: NAME[@GPU][[START:STOP]], resolved and usable */
 	ARGS_BUFFER_NAME, /* struct args_buffer: NAME or NAME@GPU (no range), resolved and usable */
 };
 

@@ -87,24 +87,38 @@ static int parse_bound(const char *s, size_t len, uint64_t *out)
 	return gpuq_parse_size(buf, out) == 0 ? 1 : -1;
 }
 
-/* "[OFFSET:LENGTH]" at the end of a reference (range points at '['). */
+/*
+ * "[START:STOP]" at the end of a reference (range points at '['): bytes START
+ * up to STOP, STOP excluded, as a Python slice reads; either may be left out.
+ */
 static int parse_range(const char *ref, const char *range, const char *field,
 		       struct buffer_ref *out, struct gpuq_error *err)
 {
 	const char *colon = strchr(range, ':');
 	size_t len = strlen(range);
-	int has_offset = -1, has_length = -1;
+	uint64_t stop = 0;
+	int has_start = -1, has_stop = -1;
 	if (colon && range[len - 1] == ']' && colon < range + len - 1) {
-		has_offset = parse_bound(range + 1, (size_t)(colon - range - 1), &out->offset);
-		has_length = parse_bound(colon + 1, (size_t)(range + len - 2 - colon), &out->length);
+		has_start = parse_bound(range + 1, (size_t)(colon - range - 1), &out->offset);
+		has_stop = parse_bound(colon + 1, (size_t)(range + len - 2 - colon), &stop);
 	}
-	if (has_offset < 0 || has_length < 0 || (!has_offset && !has_length))
+	if (has_start < 0 || has_stop < 0 || (!has_start && !has_stop))
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field '%s': '%s' has a malformed range; write NAME[OFFSET:LENGTH], "
-				 "NAME[OFFSET:] or NAME[:LENGTH] with sizes such as 4096, 64K, 1G",
+				 "field '%s': '%s' has a malformed range; write NAME[START:STOP] "
+				 "(bytes START up to STOP, as a Python slice), NAME[START:] or "
+				 "NAME[:STOP] with sizes such as 4096, 64K, 1G",
 				 field, ref);
+	if (has_stop && stop < out->offset)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field '%s': '%s' ends before it starts: [START:STOP] is bytes START "
+				 "up to STOP, as a Python slice (%llu bytes from byte %llu would be "
+				 "[%llu:%llu])",
+				 field, ref, (unsigned long long)stop, (unsigned long long)out->offset,
+				 (unsigned long long)out->offset,
+				 (unsigned long long)(out->offset + stop));
 	out->has_range = true;
-	out->has_length = has_length == 1;
+	out->has_length = has_stop == 1;
+	out->length = has_stop ? stop - out->offset : 0;
 	return 0;
 }
 

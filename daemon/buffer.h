@@ -82,9 +82,11 @@ int buffer_ref_parse(const char *ref, const char *field, char name[BUFFER_NAME_M
 
 /*
  * A reference with an optional byte range, as put, get and copy take it:
- * NAME, NAME@GPU, either followed by [OFFSET:LENGTH], [OFFSET:] (to the end)
- * or [:LENGTH] (from 0). OFFSET and LENGTH are sizes (4096, 64K, 1.5G).
- * "w0@1[4K:1M]" is 1 MiB of w0 on GPU 1 from byte 4096.
+ * NAME, NAME@GPU, either followed by [START:STOP], [START:] (to the end)
+ * or [:STOP] (from 0): bytes START up to STOP, STOP excluded, as a Python
+ * slice reads. START and STOP are sizes (4096, 64K, 1.5G). "w0@1[4K:1M]" is
+ * the 1 MiB - 4 KiB of w0 on GPU 1 from byte 4096 up to byte 1048576.
+ * The parsed form keeps offset and length (STOP - START).
  */
 struct buffer_ref {
 	char name[BUFFER_NAME_MAX + 1];

@@ -74,8 +74,6 @@ static void render_kernel(const struct chain_spec *s, struct mp_map *out)
 	}
 	if (k->note[0])
 		mp_put_str(out, "kernel_note", k->note);
-	if (k->host_evaluated) /* absent on CUDA, where the kernel described is the one that ran */
-		mp_put_str(out, "evaluated", "host");
 }
 
 void chain_request_render(const struct chain_spec *s, uint64_t bytes, struct mp_map *out)
@@ -85,6 +83,8 @@ void chain_request_render(const struct chain_spec *s, uint64_t bytes, struct mp_
 	mp_put_str(out, "graph", chain_cache_outcome_name(r->cache));
 	mp_put_bool(out, "instantiated", r->instantiated);
 	render_kernel(s, out);
+	if (r->kernel.host_evaluated) /* absent on CUDA, where kernels and graphs ran */
+		mp_put_str(out, "evaluated", "host");
 	if (s->has_ops) {
 		mp_put_u64(out, "ops", s->nops);
 		mp_put_str(out, "dtype", gpuq_dtype_name(s->dtype));

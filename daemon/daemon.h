@@ -142,7 +142,7 @@ void op_regions(struct request *req, void *args);
 void op_region_open(struct request *req, void *args);
 /*
  * The put/get side of a region: the `region` field's text
- * ("NAME[OFFSET:LENGTH]"; NULL when the request names none, given false
+ * ("NAME[START:STOP]"; NULL when the request names none, given false
  * when it is nil) resolved and checked against the transfer. put: the
  * region's range is the source and decides *length unless the buffer's
  * range gives one (both

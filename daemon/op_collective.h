@@ -18,7 +18,7 @@
 
 /* What a primitive's result names: its buffers as the request gave them. */
 struct coll_names {
-	char in[BUFFER_NAME_MAX + 64];  /* `buffer` NAME, or sendrecv's src NAME@GPU[OFFSET:LENGTH] */
+	char in[BUFFER_NAME_MAX + 64];  /* `buffer` NAME, or sendrecv's src NAME@GPU[START:STOP] */
 	char out[BUFFER_NAME_MAX + 64]; /* `out` NAME (`buffer`'s in place), or sendrecv's dst */
 	bool in_place;
 };

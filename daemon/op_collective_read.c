@@ -137,10 +137,10 @@ static const struct args_field named_fields[] = {
 
 static const struct args_field sendrecv_fields[] = {
 	{ "src", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct prim_args, src_text),
-	  .missing = "field 'src' (NAME@GPU, optionally [OFFSET:LENGTH]) is required",
+	  .missing = "field 'src' (NAME@GPU, optionally [START:STOP]) is required",
 	  .then = prim_check_src },
 	{ "dst", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct prim_args, dst_text),
-	  .missing = "field 'dst' (NAME@GPU, optionally [OFFSET:LENGTH]) is required",
+	  .missing = "field 'dst' (NAME@GPU, optionally [START:STOP]) is required",
 	  .then = prim_check_dst },
 	{ "count", ARGS_U64, 0, ARGS_AT(struct prim_args, count),
 	  ARGS_GIVEN(struct prim_args, has_count), .then = prim_check_count },
@@ -393,14 +393,15 @@ static struct buffer *resolve_end(struct task_read *tr, const char *field,
 	gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 		  "field '%s': the range [%" PRIu64 ":%" PRIu64 "] of '%s@%d' is not whole %s "
 		  "elements (%zu bytes each)",
-		  field, ref->offset, *length, b->name, b->device, gpuq_dtype_name(b->dtype), elt);
+		  field, ref->offset, ref->offset + *length, b->name, b->device, gpuq_dtype_name(b->dtype), elt);
 	return NULL;
 }
 
-/* The range a sendrecv end uses, for its result: NAME@GPU[OFFSET:LENGTH]. */
+/* The range a sendrecv end uses, for its result: NAME@GPU[START:STOP]. */
 static void name_end(char *out, size_t size, const struct buffer *b, uint64_t offset, uint64_t bytes)
 {
-	snprintf(out, size, "%s@%d[%" PRIu64 ":%" PRIu64 "]", b->name, b->device, offset, bytes);
+	snprintf(out, size, "%s@%d[%" PRIu64 ":%" PRIu64 "]", b->name, b->device, offset,
+		 offset + bytes);
 }
 
 /* Whether a sendrecv end holds count elements; if not, by how many it falls short. */

@@ -85,7 +85,7 @@ static const struct job_kind kind_copy = { "copy", NULL, render_copy };
  * as its field decodes, in the order the checks were always made.
  */
 struct copy_args {
-	struct args_buffer src, dst; /* NAME[@GPU][[OFFSET:LENGTH]] */
+	struct args_buffer src, dst; /* NAME[@GPU][[START:STOP]] */
 	uint64_t src_length, dst_length; /* each side's range, checked */
 	char engine_name[8], path_name[16];
 	uint64_t chunk, timeout_ms;
@@ -231,7 +231,7 @@ const struct args_spec op_copy_args = ARGS_SPEC(struct copy_args, copy_fields, &
 static void label_side(char *out, size_t size, const struct args_buffer *side, uint64_t n)
 {
 	snprintf(out, size, "%s@%d[%llu:%llu]", side->b->name, side->b->device,
-		 (unsigned long long)side->ref.offset, (unsigned long long)n);
+		 (unsigned long long)side->ref.offset, (unsigned long long)(side->ref.offset + n));
 }
 
 static int fill_copy(struct request *req, const void *args, void *spec, int *device,

@@ -310,7 +310,7 @@ void op_region_open(struct request *req, void *args)
 	reply_ok_fd(req, &body, r->fd);
 }
 
-/* "NAME[OFFSET:LENGTH]": a region's name and an optional range, no @GPU. */
+/* "NAME[START:STOP]": a region's name and an optional range, no @GPU. */
 static struct region *region_ref_resolve(struct request *req, const char *text,
 					 struct buffer_ref *ref, struct gpuq_error *err)
 {
@@ -319,7 +319,7 @@ static struct region *region_ref_resolve(struct request *req, const char *text,
 		return NULL;
 	if (ref->device >= 0) {
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			  "field 'region': '%s' names a device; a region serves every device (NAME[OFFSET:LENGTH])",
+			  "field 'region': '%s' names a device; a region serves every device (NAME[START:STOP])",
 			  text);
 		return NULL;
 	}
@@ -380,7 +380,7 @@ int region_transfer_read(struct request *req, const char *text, bool given, bool
 	if (n > *length) /* the buffer is the side too small: name it */
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "buffer '%s@%d' has room for %llu bytes from offset %llu, but region '%s' "
-				 "gives %llu; give a range of the region (NAME[OFFSET:LENGTH]) or a larger "
+				 "gives %llu; give a range of the region (NAME[START:STOP]) or a larger "
 				 "buffer",
 				 b->name, b->device, (unsigned long long)*length,
 				 (unsigned long long)buffer_offset, span->region->name,

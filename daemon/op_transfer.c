@@ -88,7 +88,7 @@ static const struct job_kind kind_get = { "get", NULL, render_transfer };
 
 struct transfer_args {
 	bool put;                 /* put: from the descriptor to the buffer; get: back */
-	struct args_buffer buffer; /* NAME[@GPU][[OFFSET:LENGTH]] */
+	struct args_buffer buffer; /* NAME[@GPU][[START:STOP]] */
 	bool region_named;        /* `region` is in the request: no descriptor, no scratch */
 	bool scratch;             /* a scratch source or sink: no descriptor */
 	uint64_t offset, length;  /* the range in the buffer, once checked */
@@ -109,7 +109,7 @@ static int transfer_check_endpoint(struct request *req, void *args, struct gpuq_
 }
 
 /*
- * offset and length within b: from the reference's [OFFSET:LENGTH] or from
+ * offset and length within b: from the reference's [START:STOP] or from
  * the `offset` and `length` fields, not both. has_length then says whether
  * a length was given.
  */
@@ -121,7 +121,7 @@ static int transfer_check_range(struct request *req, void *args, struct gpuq_err
 	(void)req;
 	if (ref->has_range && (a->has_offset || a->has_length))
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "buffer '%s@%d' is given a range both in 'buffer' ([OFFSET:LENGTH]) and "
+				 "buffer '%s@%d' is given a range both in 'buffer' ([START:STOP]) and "
 				 "in 'offset'/'length'; give one",
 				 b->name, b->device);
 	if (ref->has_range) {

@@ -1,13 +1,15 @@
 /*
  * Progress events: while a job that some waiter asked progress for
- * (`progress: true` on the job request or on `wait`) runs, a timer sends
- * that waiter an event frame every PROGRESS_MS once the job has run for
- * PROGRESS_AFTER seconds:
+ * (`progress: true` on the job request or on `wait`) waits in its queue or
+ * runs, a timer sends that waiter an event frame every PROGRESS_MS once the
+ * job has waited or run for PROGRESS_AFTER seconds:
  *
- *   {event: "progress", id: <the waiting request's id>, job, bytes, total,
- *    elapsed_s, gbps, eta_s}
+ *   {event: "progress", id: <the waiting request's id>, job, state, bytes,
+ *    total, elapsed_s, gbps, eta_s}
  *
- * The worker stores the job's bytes and total in its work
+ * state is "queued" (elapsed_s since the job was submitted) or "running"
+ * (since it started), so that a client can tell a job stuck behind others
+ * from a slow one. The worker stores the job's bytes and total in its work
  * (work.progress_bytes/total) at each chunk; this file only reads them.
  * Main thread only: the timer and its state below are the loop's, and
  * exist from the first progress waiter until shutdown closes them.
@@ -40,7 +42,8 @@ static double job_start(const struct job *job)
 	return atomic_load(&w->phase) == WORK_QUEUED ? 0 : w->started_at;
 }
 
-static void send_event(struct waiter *w, const struct job *job, double elapsed)
+static void send_event(struct waiter *w, const struct job *job, const char *state,
+		       double elapsed)
 {
 	uint64_t bytes, total;
 	struct mp_map m;
@@ -51,6 +54,7 @@ static void send_event(struct waiter *w, const struct job *job, double elapsed)
 	mp_put_str(&m, "event", "progress");
 	mp_put_u64(&m, "id", w->request_id);
 	mp_put_u64(&m, "job", job->id);
+	mp_put_str(&m, "state", state);
 	mp_put_u64(&m, "bytes", bytes);
 	mp_put_u64(&m, "total", total);
 	mp_put_f64(&m, "elapsed_s", elapsed);
@@ -73,12 +77,14 @@ static void on_tick(uv_timer_t *timer)
 		if (job_is_finished(job) || !job->waiters)
 			continue;
 		double started = job_start(job);
+		const char *state = started > 0 ? "running" : "queued";
+		double since = started > 0 ? started : job->submitted;
 		for (struct waiter *w = job->waiters; w; w = w->job_next) {
 			if (!w->progress)
 				continue;
 			watched++;
-			if (started > 0 && now - started >= PROGRESS_AFTER)
-				send_event(w, job, now - started);
+			if (since > 0 && now - since >= PROGRESS_AFTER)
+				send_event(w, job, state, now - since);
 		}
 	}
 	if (watched == 0) {

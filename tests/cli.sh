@@ -87,6 +87,16 @@ check run_on_host_interpreted 0 gpuq run f 'sin' --kernel interpreted
 expect run_on_host_interpreted_says_so "no GPU kernel ran; a GPU would run the interpreted kernel" out
 check run_on_host_json 0 gpuq --json run f 'sin'
 expect run_on_host_json_evaluated '"evaluated":"host"' out
+for mode in graph eager; do
+	check "run_${mode}_on_host" 0 gpuq run f 'sin | add 1' --mode $mode
+	expect "run_${mode}_on_host_says_host_evaluation" "host evaluation (the host backend: no GPU kernel or graph ran): 2 passes, .* on the host" out
+	cp "$dir/out" "$dir/run.out"
+	check "run_${mode}_on_host_claims_no_graph" 1 grep -E "graph instantiated|cached graph|on the device" "$dir/run.out"
+	check "run_${mode}_on_host_json" 0 gpuq --json run f 'sin' --mode $mode
+	expect "run_${mode}_on_host_json_evaluated" '"evaluated":"host"' out
+done
+check run_graph_on_host_again_cached_plan 0 gpuq run f 'sin | add 1' --mode graph
+expect run_graph_on_host_says_cached_plan "graph (cached plan), host evaluation" out
 check reduce_on_host 0 gpuq reduce 'sum(f)'
 expect reduce_on_host_says_host_evaluation "host evaluation (the host backend: no GPU kernel ran" out
 # alloc NAME@GPU is alloc NAME --device GPU, as every other command reads a buffer
@@ -107,9 +117,9 @@ check round_trip_file_equal 0 cmp "$dir/data" "$dir/back2"
 check put_verify 0 gpuq put "$dir/data" w --verify
 expect put_verify_summary "staged, verified" out
 check put_no_bar_off_a_terminal 0 test ! -s "$dir/err"
-check get_range 0 gpuq get 'w[4K:8K]' "$dir/part"
+check get_range 0 gpuq get 'w[4K:12K]' "$dir/part"
 check get_range_bytes 0 sh -c "tail -c +4097 \"$dir/data\" | head -c 8192 | cmp - \"$dir/part\""
-check get_range_outside_is_1 1 gpuq get 'w[1M:1]' "$dir/part"
+check get_range_outside_is_1 1 gpuq get 'w[1M:1048577]' "$dir/part"
 expect get_range_outside_says_so "outside buffer" err
 check alloc_scratch 0 gpuq alloc s --bytes 1M
 check put_scratch 0 gpuq put scratch: s --verify
@@ -122,9 +132,9 @@ expect bench_copy_has_rows "gpuq memfd (host)" out
 check copy_alloc 0 gpuq alloc w2 --bytes 1M --device 1
 check copy_between_devices 0 gpuq copy w w2@1 --verify
 expect copy_says_path_and_verified "by host-memcpy, verified" out
-check copy_host_staged 0 gpuq copy 'w[4K:8K]' 'w2@1[1:]' --path host-staged
-expect copy_host_staged_path "w@0\[4096:8192\] -> w2@1\[1:8192\].*host-staged" out
-check copy_back_get 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get 'w2@1[1:8K]' - > \"$dir/copied\""
+check copy_host_staged 0 gpuq copy 'w[4K:12K]' 'w2@1[1:]' --path host-staged
+expect copy_host_staged_path "w@0\[4096:12288\] -> w2@1\[1:8193\].*host-staged" out
+check copy_back_get 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get 'w2@1[1:8193]' - > \"$dir/copied\""
 check copy_back_bytes 0 sh -c "tail -c +4097 \"$dir/data\" | head -c 8192 | cmp - \"$dir/copied\""
 check copy_sm_within 0 gpuq copy 'w2@1[:4K]' 'w2@1[512K:]' --engine sm
 expect copy_sm_engine "(engine sm)" out
@@ -133,6 +143,16 @@ expect copy_overlap_says_so "overlap" err
 check copy_missing_arg_is_2 2 gpuq copy w
 check copy_free_w2 0 gpuq free w2@1
 check put_missing_file_is_2 2 gpuq put "$dir/nonexistent" w
+# put FILE NEWBUF makes the buffer of FILE's size first, as Python's put_array does
+check put_new_buffer 0 gpuq put "$dir/data" fresh@1 --verify
+expect put_new_buffer_allocs "^alloc fresh@1: 1.00 MiB" out
+expect put_new_buffer_then_puts "^put fresh@1: 1.00 MiB.*verified" out
+check put_new_buffer_back 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get fresh - | cmp - \"$dir/data\""
+check put_new_buffer_again_no_alloc 0 gpuq put "$dir/data" fresh
+check put_new_buffer_again_says_put_only 1 grep -q "alloc" "$dir/out"
+check put_new_buffer_free 0 gpuq free fresh
+check put_pipe_into_missing_is_1 1 sh -c "head -c 10 \"$dir/data\" | \"$BUILD/gpuq\" --socket \"$sock\" put - nosuch"
+expect put_pipe_into_missing_says_not_found "buffer 'nosuch' not found" err
 check free_missing_is_1 1 gpuq free nothere
 expect free_missing_names_it "nothere" err
 check buffers 0 gpuq buffers
@@ -164,11 +184,11 @@ check region_create 0 gpuq region create rg --bytes 1M
 expect region_create_says_pinned "region rg: 1.00 MiB pinned" out
 check region_alloc 0 gpuq alloc rb --bytes 1M
 check region_put 0 gpuq put "$dir/data" rb
-check region_get 0 gpuq get 'rb[1:4096]' 'region:rg[3:]'
+check region_get 0 gpuq get 'rb[1:4097]' 'region:rg[3:]'
 expect region_get_path "4.00 KiB in .*region" out
-check region_put_back 0 gpuq put 'region:rg[3:4096]' 'rb[512K:]' --verify
+check region_put_back 0 gpuq put 'region:rg[3:4099]' 'rb[512K:]' --verify
 expect region_put_verified "region, verified" out
-check region_put_back_bytes 0 sh -c "tail -c +2 \"$dir/data\" | head -c 4096 > \"$dir/part1\" && \"$BUILD/gpuq\" --socket \"$sock\" get 'rb[512K:4096]' - | cmp - \"$dir/part1\""
+check region_put_back_bytes 0 sh -c "tail -c +2 \"$dir/data\" | head -c 4096 > \"$dir/part1\" && \"$BUILD/gpuq\" --socket \"$sock\" get 'rb[512K:528384]' - | cmp - \"$dir/part1\""
 check regions 0 gpuq regions
 expect regions_lists_rg "^rg " out
 check region_missing_is_1 1 gpuq put region:nope rb

@@ -79,6 +79,7 @@ sleep 120 > "$dir/fifo" &
 holder=$!
 check put_running 0 gpuq put "$dir/fifo" w --length 1M --detach
 check fill_high 0 gpuq fill w zero --detach --priority high
+fill_high_job=$(cat "$dir/out")
 check fill_low 0 gpuq fill w zero --detach --priority low
 
 check once 0 gpuq top --once --interval 200
@@ -170,6 +171,13 @@ else
 	tm send-keys -t top "stty -g > $dir/stty.after; echo STTY" Enter
 	wait_pane tty_stty_read "^STTY"
 	check tty_terminal_restored 0 cmp "$dir/stty.before" "$dir/stty.after"
+
+	# A job the CLI waits for shows its progress line on a terminal: the fill
+	# queued behind the put says so, then the wait times out and the line goes.
+	tm send-keys -t top clear Enter "\"$BUILD/gpuq\" --socket \"$sock\" wait $fill_high_job --timeout 4000; echo EXITED \$?" Enter
+	wait_pane tty_wait_says_queued "^wait $fill_high_job  queued [0-9.]* s"
+	wait_pane tty_wait_times_out_1 "^EXITED 1"
+	check tty_wait_line_cleared 1 grep -q "queued [0-9.]* s.*timeout" "$dir/pane"
 
 	tm send-keys -t top clear Enter "\"$BUILD/gpuq\" --socket \"$sock\" top; echo EXITED \$?" Enter
 	wait_pane tty_again "^gpuq top: gpuqd"

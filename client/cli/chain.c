@@ -87,15 +87,16 @@ static int parse_chain(const struct cli *cli, const char *chain, struct mp_array
 	return rc;
 }
 
-/* How the run found its graph, in words. */
-static const char *graph_words(const char *outcome)
+/* How the run found its graph (on the host backend: its plan, as no graph exists there), in words. */
+static const char *graph_words(const char *outcome, bool host)
 {
 	if (strcmp(outcome, "hit") == 0)
-		return " (cached graph)";
+		return host ? " (cached plan)" : " (cached graph)";
 	if (strcmp(outcome, "update") == 0)
-		return " (cached graph, updated to these buffers)";
+		return host ? " (cached plan, updated to these buffers)"
+			    : " (cached graph, updated to these buffers)";
 	if (strcmp(outcome, "miss") == 0)
-		return " (graph instantiated)";
+		return host ? " (plan built)" : " (graph instantiated)";
 	return "";
 }
 
@@ -120,7 +121,8 @@ static bool render_kernel(FILE *f, const msgpack_object *res, char *note, size_t
 	field_str(res, "arch", arch, sizeof(arch), "?");
 	if (host && compiled)
 		fprintf(f, ", host evaluation (the host backend: no GPU kernel ran; one compiled for "
-			   "%s was cached: %s, %.2f ms)", arch, source, field_f64(res, "compile_ms", 0));
+			   "%s was cached: %s, %.2f ms)", arch,
+			strcmp(source, "graph") == 0 ? "plan" : source, field_f64(res, "compile_ms", 0));
 	else if (host) /* what --kernel chose, as a GPU would have run it */
 		fputs(", host evaluation (the host backend: no GPU kernel ran; a GPU would run the "
 		      "interpreted kernel)", f);
@@ -154,9 +156,9 @@ static void render_timing(FILE *f, const msgpack_object *rec, const msgpack_obje
 static void render_run(FILE *f, const char *buf, const msgpack_object *rec,
 		       const msgpack_object *res)
 {
-	char mode[16], graph[16], dtype[16], out[96], expr[256], note[400];
+	char mode[16], graph[16], dtype[16], out[96], expr[256], note[400], evaluated[16];
 	uint64_t nops = field_u64(res, "ops", 0);
-	bool host;
+	bool host = strcmp(field_str(res, "evaluated", evaluated, sizeof(evaluated), ""), "host") == 0;
 
 	field_str(res, "mode", mode, sizeof(mode), "?");
 	field_str(res, "graph", graph, sizeof(graph), "none");
@@ -169,8 +171,9 @@ static void render_run(FILE *f, const char *buf, const msgpack_object *rec,
 		fprintf(f, "run %s%s%s: %" PRIu64 " op%s x%" PRIu64 " on %" PRIu64 " x %s, %s",
 			buf, out[0] ? " -> " : "", out, nops, nops == 1 ? "" : "s",
 			field_u64(res, "repeat", 1), field_u64(res, "count", 0), dtype, mode);
-	fputs(graph_words(graph), f);
-	host = render_kernel(f, res, note, sizeof(note));
+	fputs(graph_words(graph, host), f);
+	if (!render_kernel(f, res, note, sizeof(note)) && host)
+		fputs(", host evaluation (the host backend: no GPU kernel or graph ran)", f);
 	render_timing(f, rec, res, note, host);
 }
 
@@ -250,7 +253,7 @@ int cmd_run(struct cli *cli)
 	if (cli->has_repeat)
 		mp_put_u64(&req, "repeat", cli->repeat);
 	put_expr_options(cli, &req);
-	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+	if ((rc = progress_call(cli, &req, NULL, 0, &r)) != 0)
 		return rc;
 	return finish_run(cli, r);
 }
@@ -292,7 +295,7 @@ int cmd_reduce(struct cli *cli)
 	if (cli->has_count)
 		mp_put_u64(&req, "count", cli->count);
 	put_expr_options(cli, &req);
-	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+	if ((rc = progress_call(cli, &req, NULL, 0, &r)) != 0)
 		return rc;
 	const msgpack_object *rec = gpuq_reply_get(r, "job");
 	const msgpack_object *res = rec && rec->type == MSGPACK_OBJECT_MAP

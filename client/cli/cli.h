@@ -204,6 +204,9 @@ int cli_job_begin(struct cli *cli, struct mp_map *req, const char *op);
 /* Renders a job reply (a job request's, or wait's) and returns the exit code. */
 int cli_finish_job(struct cli *cli, struct gpuq_reply *r);
 
+/* put_new.c: put FILE NEWBUF makes the missing buffer, of FILE's size, first */
+int put_make_missing(struct cli *cli, const char *spec, int fd);
+
 /* jobs.c: the job commands */
 int cmd_noop(struct cli *cli);
 int cmd_alloc(struct cli *cli);
@@ -242,6 +245,12 @@ struct progress_bar {
 void progress_begin(struct cli *cli, struct mp_map *req, struct progress_bar *bar,
 		    const char *label);
 void progress_end(struct cli *cli, struct progress_bar *bar);
+/*
+ * cli_call of a job request (or wait) with a progress line on a terminal,
+ * labelled with the command and its first argument ("fill w0", "wait 12").
+ */
+int progress_call(struct cli *cli, struct mp_map *req, const int *fds, int nfds,
+		  struct gpuq_reply **out);
 /* chain.c: run a kernel chain or an expression; reduce; the devices' counters */
 int cmd_run(struct cli *cli);
 int cmd_reduce(struct cli *cli);

@@ -212,7 +212,7 @@ static int finish_collective(struct cli *cli, struct mp_map *req)
 
 	if (cli->has_coll_timeout)
 		mp_put_u64(req, "collective_timeout_ms", cli->coll_timeout_ms);
-	if ((rc = cli_call(cli, req, NULL, 0, &r)) != 0)
+	if ((rc = progress_call(cli, req, NULL, 0, &r)) != 0)
 		return rc;
 	rec = gpuq_reply_get(r, "job");
 	if (!cli->json && !cli->detach && gpuq_reply_ok(r) && rec &&

@@ -89,7 +89,7 @@ int cmd_wait(struct cli *cli)
 		return rc;
 	mp_put_u64(&req, "job", job);
 	cli_put_timeout(cli, &req);
-	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+	if ((rc = progress_call(cli, &req, NULL, 0, &r)) != 0)
 		return rc;
 	return cli_finish_job(cli, r);
 }

@@ -53,7 +53,7 @@ const struct cli_cmd cli_commands[] = {
 	  "create: makes a memfd of SIZE (a multiple of 4 KiB) and hands it to gpuqd,\n"
 	  "which maps it, places its pages on device N's NUMA node (default 0) and\n"
 	  "pins it once. put/get then move bytes between a range of it and a buffer\n"
-	  "in one DMA: gpuq put region:NAME[OFFSET:LENGTH] BUF, gpuq get BUF\n"
+	  "in one DMA: gpuq put region:NAME[START:STOP] BUF, gpuq get BUF\n"
 	  "region:NAME. Programs map the same memory (gpuq_region_open). Regions\n"
 	  "count against the host-pinned quota and gpuqd's RLIMIT_MEMLOCK. With\n"
 	  "--ephemeral the region goes when this command's connection does: it holds\n"
@@ -94,8 +94,12 @@ const struct cli_cmd cli_commands[] = {
 	  "copy a file (or stdin) into a buffer",
 	  "Copies FILE ('-': standard input) into BUF at --offset (default 0):\n"
 	  "exactly --length bytes if given, else up to the end of FILE. BUF may\n"
-	  "name the range itself: w0[4K:1M], w0@1[1G:] or w0[:100]. gpuq opens\n"
-	  "FILE itself and hands gpuqd the descriptor; the daemon never opens paths.\n"
+	  "name the range itself as a Python slice of its bytes, START up to STOP:\n"
+	  "w0[4K:1M], w0@1[1G:] or w0[:100]. A BUF that does not exist is made\n"
+	  "first, as bytes of FILE's size (on GPU N for NAME@N), when FILE is a\n"
+	  "regular file put whole, as Python's put_array makes one for an array.\n"
+	  "gpuq opens FILE itself and hands gpuqd the descriptor; the daemon never\n"
+	  "opens paths.\n"
 	  "Files and memfds are read by gpuqd's copy threads in parallel, pipes in\n"
 	  "order. --verify compares the checksum of the bytes read with the\n"
 	  "device's checksum of the range. --path auto (default), staged, or\n"
@@ -153,7 +157,7 @@ const struct cli_cmd cli_commands[] = {
 	{ "copy", "SRC DST [--engine ce|sm] [--verify] [--path auto|peer|host-staged]",
 	  "copy bytes between buffers, on one GPU or between GPUs",
 	  "Copies SRC into DST. Each is BUF (NAME or NAME@GPU) or a range of one:\n"
-	  "BUF[OFFSET:LENGTH], BUF[OFFSET:] or BUF[:LENGTH] (sizes take K, M, G).\n"
+	  "BUF[START:STOP], BUF[START:] or BUF[:STOP] (sizes take K, M, G).\n"
 	  "SRC's length is copied and DST's range must hold it; ranges in one buffer\n"
 	  "must not overlap. Within one GPU --engine ce (the default) uses the copy\n"
 	  "engine and --engine sm a kernel. Between GPUs the copy goes over their\n"
@@ -264,7 +268,7 @@ const struct cli_cmd cli_commands[] = {
 	  cmd_reduce_either },
 	{ "sendrecv", "SRC DST [--count N] [--devices LIST]",
 	  "send a buffer range from one GPU to another (NCCL send/recv)",
-	  "One job runs both ends: SRC (NAME@GPU, optionally [OFFSET:LENGTH]) is sent\n"
+	  "One job runs both ends: SRC (NAME@GPU, optionally [START:STOP]) is sent\n"
 	  "to DST on another GPU with ncclSend and ncclRecv, --count elements\n"
 	  "(default: SRC's range). The communicator is that of the two GPUs\n"
 	  "(ascending), or of --devices, which must list both.\n",

@@ -15,7 +15,7 @@
 static int job_send(struct cli *cli, struct mp_map *req, const int *fds, int nfds)
 {
 	struct gpuq_reply *r;
-	int rc = cli_call(cli, req, fds, nfds, &r);
+	int rc = progress_call(cli, req, fds, nfds, &r);
 
 	return rc ? rc : cli_finish_job(cli, r);
 }
@@ -132,11 +132,11 @@ int cmd_checksum(struct cli *cli)
 
 /* FILE "scratch:": no file; gpuqd makes the bytes up (put) or drops them (get). */
 #define SCRATCH "scratch:"
-/* FILE "region:NAME[OFFSET:LENGTH]": a host region (gpuq region create), one DMA. */
+/* FILE "region:NAME[START:STOP]": a host region (gpuq region create), one DMA. */
 #define REGION "region:"
 
 /*
- * put and get: the buffer (BUF may carry a range, NAME[OFFSET:LENGTH]), the
+ * put and get: the buffer (BUF may carry a range, NAME[START:STOP]), the
  * window, the options, and the descriptor the bytes move through (-1: the
  * scratch source or sink). On a terminal a progress bar runs on stderr
  * while the job does; it is cleared before the summary is printed.
@@ -179,7 +179,7 @@ static int transfer(struct cli *cli, const char *op, const char *buf, int fd)
 	return transfer_via(cli, op, buf, fd, NULL);
 }
 
-/* put or get through a region (FILE region:NAME[OFFSET:LENGTH]): no descriptor, one DMA. */
+/* put or get through a region (FILE region:NAME[START:STOP]): no descriptor, one DMA. */
 static int region_transfer(struct cli *cli, const char *op, const char *buffer, const char *region)
 {
 	return transfer_via(cli, op, buffer, -1, region);
@@ -207,7 +207,9 @@ int cmd_put(struct cli *cli)
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return open_failed(cli, path, "reading");
-	rc = transfer(cli, "put", cli->args[1], fd);
+	rc = put_make_missing(cli, cli->args[1], fd);
+	if (rc == CLI_OK)
+		rc = transfer(cli, "put", cli->args[1], fd);
 	close(fd);
 	return rc;
 }

@@ -2,7 +2,7 @@
  * Zero-copy sharing on the command line: host regions (region create/free,
  * regions), attaching a shareable buffer (attach, which holds its lease
  * until interrupted), and the leases (leases, lease break). put and get
- * through a region are jobs.c's (FILE region:NAME[OFFSET:LENGTH]).
+ * through a region are jobs.c's (FILE region:NAME[START:STOP]).
  */
 #include <inttypes.h>
 #include <string.h>

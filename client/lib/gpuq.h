@@ -112,7 +112,7 @@ void gpuq_reply_free(struct gpuq_reply *r);
 /*
  * Host regions (docs/protocol.md, region_create): host memory that gpuqd
  * maps and pins once, which this process maps too and reads and writes
- * directly; `put`/`get` with `region` ("NAME[OFFSET:LENGTH]") move bytes
+ * directly; `put`/`get` with `region` ("NAME[START:STOP]") move bytes
  * between it and a buffer with one DMA.
  *
  *     struct gpuq_region r;
@@ -202,8 +202,8 @@ struct gpuq_collective {
 	const char *op;      /* allreduce reduce_scatter all_gather broadcast reduce sendrecv all_to_all */
 	const char *buffer;  /* NAME: the input on every rank (not sendrecv) */
 	const char *out;     /* NAME2: the output; NULL: in place */
-	const char *src;     /* sendrecv: NAME@GPU[OFFSET:LENGTH] it sends from */
-	const char *dst;     /* sendrecv: NAME@GPU[OFFSET:LENGTH] it receives into */
+	const char *src;     /* sendrecv: NAME@GPU[START:STOP] it sends from */
+	const char *dst;     /* sendrecv: NAME@GPU[START:STOP] it receives into */
 	const char *reduce;  /* reducing primitives: sum prod min max avg; NULL: sum */
 	int root;            /* broadcast, reduce: the root rank; -1: rank 0 */
 	uint64_t count;      /* NCCL's count; 0: the default from the buffers */

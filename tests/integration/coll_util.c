@@ -161,5 +161,6 @@ void coll_check(struct gpuq_client *c, const struct coll_layout *l, enum gpuq_dt
 void coll_range(char *out, size_t size, const char *name, int device, uint64_t at,
 		uint64_t count, size_t elt)
 {
-	snprintf(out, size, "%s@%d[%" PRIu64 ":%" PRIu64 "]", name, device, at * elt, count * elt);
+	snprintf(out, size, "%s@%d[%" PRIu64 ":%" PRIu64 "]", name, device, at * elt,
+		 (at + count) * elt);
 }

@@ -349,9 +349,9 @@ TEST(collective_refusals_name_the_buffer_and_what_it_lacks)
 	struct gpuq_reply *r = run_named(c, "all_gather", "raw", NULL, -1, 0, devices, 2);
 	expect_ok(r, "all_gather moves bytes");
 	gpuq_reply_free(r);
-	struct gpuq_collective sr = { .op = "sendrecv", .src = "a@0[2:8]", .dst = "b@1", .root = -1 };
+	struct gpuq_collective sr = { .op = "sendrecv", .src = "a@0[2:10]", .dst = "b@1", .root = -1 };
 	coll_expect_error(coll_run(c, &sr, NULL, 0, false), GPUQ_E_BAD_REQUEST,
-			  "field 'src': the range [2:8] of 'a@0' is not whole f32 elements");
+			  "field 'src': the range [2:10] of 'a@0' is not whole f32 elements");
 	sr.src = "a@0";
 	sr.dst = "h@1";
 	coll_expect_error(coll_run(c, &sr, NULL, 0, false), GPUQ_E_BAD_REQUEST,

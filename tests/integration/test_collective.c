@@ -452,7 +452,7 @@ TEST(cli_collectives_and_their_benchmarks)
 	expect_cli(&d, args, 0, SAYS("broadcast grads over", "root rank", "in place"));
 	expect_cli(&d, "reduce grads --root 0 --op min --devices all", 0, SAYS("min of 4096"));
 	expect_cli(&d, "all-to-all full --out full2 --devices all", 0, SAYS("all_to_all full over"));
-	snprintf(args, sizeof args, "sendrecv 'grads@0[0:64]' 'full@%d[64:64]'", devices[n - 1]);
+	snprintf(args, sizeof args, "sendrecv 'grads@0[0:64]' 'full@%d[64:128]'", devices[n - 1]);
 	expect_cli(&d, args, 0, SAYS("sendrecv over device", "grads@0[0:64] -> full@", "32 x bf16"));
 	expect_cli(&d, "group --devices all 'all-gather grads --out full' 'reduce full2 --root 0'",
 		   0, SAYS("group of 2 over devices", "  all_gather grads: 4096 x bf16", "  reduce full2"));

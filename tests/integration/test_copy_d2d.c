@@ -220,15 +220,15 @@ TEST(d2d_copy_ranges_touch_only_their_bytes)
 		poison(c, "b");
 		struct copy_opts o = { .engine = engines[e] };
 		/* odd offsets on both sides, a longer destination range: 1000 bytes move */
-		CHECK_EQ(do_copy(c, "a[3:1000]", "b@0[17:]", &o, NULL, 0), 1000);
+		CHECK_EQ(do_copy(c, "a[3:1003]", "b@0[17:]", &o, NULL, 0), 1000);
 		unsigned char *b = get_all(c, "b", n);
 		CHECKF(memcmp(b + 17, a + 3, 1000) == 0, "%s: range copy differs", engines[e]);
 		check_poisoned(b, 0, 17, engines[e]);
 		check_poisoned(b, 1017, n, engines[e]);
 		free(b);
 		/* an empty range copies nothing, successfully */
-		CHECK_EQ(do_copy(c, "a[5:0]", "b", &o, NULL, 0), 0);
-		/* [OFFSET:] and [:LENGTH] forms */
+		CHECK_EQ(do_copy(c, "a[5:5]", "b", &o, NULL, 0), 0);
+		/* [START:] and [:STOP] forms */
 		poison(c, "b");
 		CHECK_EQ(do_copy(c, "a[9990:]", "b[:10]", &o, NULL, 0), 10);
 		b = get_all(c, "b", n);
@@ -249,16 +249,16 @@ TEST(d2d_copy_within_one_buffer_needs_disjoint_ranges)
 	const size_t n = 4096;
 	do_alloc(c, "w", 0, n);
 	unsigned char *w = put_random(c, "w", n, 3);
-	CHECK_EQ(do_copy(c, "w[0:100]", "w[100:100]", NULL, NULL, 0), 100);
-	CHECK_EQ(do_copy(c, "w[1001:7]", "w[2000:]", &(struct copy_opts){ .engine = "sm" }, NULL,
+	CHECK_EQ(do_copy(c, "w[0:100]", "w[100:200]", NULL, NULL, 0), 100);
+	CHECK_EQ(do_copy(c, "w[1001:1008]", "w[2000:]", &(struct copy_opts){ .engine = "sm" }, NULL,
 			 0),
 		 7);
 	unsigned char *got = get_all(c, "w", n);
 	CHECK(memcmp(got + 100, w, 100) == 0);
 	CHECK(memcmp(got + 2000, w + 1001, 7) == 0);
 	CHECK(memcmp(got, w, 100) == 0);
-	expect_copy_refused(c, "w[0:100]", "w[50:100]", NULL, GPUQ_E_BAD_REQUEST, "overlap");
-	expect_copy_refused(c, "w[50:100]", "w[0:100]", NULL, GPUQ_E_BAD_REQUEST, "overlap");
+	expect_copy_refused(c, "w[0:100]", "w[50:150]", NULL, GPUQ_E_BAD_REQUEST, "overlap");
+	expect_copy_refused(c, "w[50:150]", "w[0:100]", NULL, GPUQ_E_BAD_REQUEST, "overlap");
 	expect_copy_refused(c, "w", "w", NULL, GPUQ_E_BAD_REQUEST, "overlap");
 	free(w);
 	free(got);
@@ -277,7 +277,7 @@ TEST(d2d_copy_refusals_are_precise_and_move_nothing)
 	expect_copy_refused(c, "big", "small", NULL, GPUQ_E_BAD_REQUEST, "holds 100 bytes");
 	expect_copy_refused(c, "big[0:200]", "small[50:]", NULL, GPUQ_E_BAD_REQUEST,
 			    "holds 50 bytes");
-	expect_copy_refused(c, "big[900:200]", "small", NULL, GPUQ_E_BAD_REQUEST, "outside");
+	expect_copy_refused(c, "big[900:1100]", "small", NULL, GPUQ_E_BAD_REQUEST, "outside");
 	expect_copy_refused(c, "big[2000:]", "small", NULL, GPUQ_E_BAD_REQUEST, "past the end");
 	expect_copy_refused(c, "nothere", "small", NULL, GPUQ_E_NOT_FOUND, "field 'src'");
 	expect_copy_refused(c, "big", "nothere", NULL, GPUQ_E_NOT_FOUND, "field 'dst'");
@@ -364,7 +364,7 @@ static void peer_round(struct gpuq_client *c, const char *path_opt, uint64_t chu
 	/* and back, by ranges, into the poisoned middle of the source's device */
 	if (n > 1011) {
 		poison(c, "p0@0");
-		CHECK_EQ(do_copy(c, "p1@1[5:1000]", "p0@0[11:]", &o, NULL, 0), 1000);
+		CHECK_EQ(do_copy(c, "p1@1[5:1005]", "p0@0[11:]", &o, NULL, 0), 1000);
 		free(got);
 		got = get_all(c, "p0@0", n);
 		CHECK(memcmp(got + 11, want + 5, 1000) == 0);
@@ -388,8 +388,8 @@ TEST(d2d_copy_between_devices_by_the_peer_path_is_bit_exact)
 	peer_round(c, NULL, 4096, 1000003, 3); /* many chunks, two in flight */
 	do_alloc(c, "e0", 0, 16);
 	do_alloc(c, "e1", 1, 16);
-	CHECK_EQ(do_copy(c, "e0@0[3:0]", "e1@1", NULL, NULL, 0), 0);
-	CHECK_EQ(do_copy(c, "e0@0[3:0]", "e1@1", &(struct copy_opts){ .path = "host-staged" },
+	CHECK_EQ(do_copy(c, "e0@0[3:3]", "e1@1", NULL, NULL, 0), 0);
+	CHECK_EQ(do_copy(c, "e0@0[3:3]", "e1@1", &(struct copy_opts){ .path = "host-staged" },
 			 NULL, 0),
 		 0);
 	gpuq_close(c);
@@ -677,7 +677,7 @@ TEST(d2d_copy_3GiB_plus_17_bit_exact_on_the_gpu)
 		struct copy_opts o = { .engine = engines[e], .verify = true };
 		/* aligned, then both misaligned differently (the SM kernel's shifted path) */
 		CHECK_EQ(do_copy(c, "src[0:3221225489]", "dst[0:3221225489]", &o, NULL, 0), n);
-		CHECK_EQ(do_copy(c, "src[1:3221225489]", "dst[6:3221225489]", &o, NULL, 0), n);
+		CHECK_EQ(do_copy(c, "src[1:3221225490]", "dst[6:3221225495]", &o, NULL, 0), n);
 	}
 	gpuq_close(c);
 	daemon_stop(&d);

@@ -472,9 +472,9 @@ TEST(copy_buffer_ranges)
 	unsigned char *want = calloc(n, 1);
 	int src = memfd_random(5000, 45);
 	CHECK_EQ(pread(src, want + 10001, 5000, 0), 5000);
-	xfer_ok(c, "put", "r@0[10001:5000]", src, NULL, 5000, "staged");
+	xfer_ok(c, "put", "r@0[10001:15001]", src, NULL, 5000, "staged");
 	CHECK_EQ(do_checksum(c, "r"), host_checksum(want, n));
-	/* [OFFSET:] runs to the end; [:LENGTH] starts at 0 */
+	/* [START:] runs to the end; [:STOP] starts at 0 */
 	int dst = memfd_create("dst", MFD_CLOEXEC);
 	xfer_ok(c, "get", "r[10001:]", dst, NULL, n - 10001, "staged");
 	check_fd_holds(dst, want + 10001, n - 10001, "the tail");
@@ -486,7 +486,7 @@ TEST(copy_buffer_ranges)
 	struct xfer_opts o = plain;
 	o.offset = 3;
 	expect_fail(xfer(c, "get", "r[1:2]", dst, &o), GPUQ_E_BAD_REQUEST, "give one");
-	expect_fail(xfer(c, "put", "r[19999:2]", src, NULL), GPUQ_E_BAD_REQUEST, "outside buffer");
+	expect_fail(xfer(c, "put", "r[19999:20001]", src, NULL), GPUQ_E_BAD_REQUEST, "outside buffer");
 	expect_fail(xfer(c, "get", "r[20001:]", dst, NULL), GPUQ_E_BAD_REQUEST, "past the end");
 	expect_fail(xfer(c, "get", "r[1:2", dst, NULL), GPUQ_E_BAD_REQUEST, "malformed range");
 	expect_fail(xfer(c, "get", "r@9[1:2]", dst, NULL), GPUQ_E_NOT_FOUND, "device 9 does not exist");
@@ -803,6 +803,73 @@ TEST(copy_progress_events_reach_a_client_that_asked)
 	close(in);
 	free(data);
 	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+struct states {
+	uint64_t request_id, queued, running;
+	bool bad;
+};
+
+static void on_state_event(const msgpack_object *ev, void *arg)
+{
+	struct states *e = arg;
+	struct gpuq_error err;
+	uint64_t id = 0, bytes = 1;
+	char state[16] = "";
+	msg_get_u64(ev, "id", &id, &err);
+	msg_get_u64(ev, "bytes", &bytes, &err);
+	msg_get_str(ev, "state", state, sizeof state, &err);
+	if (id != e->request_id)
+		e->bad = true;
+	else if (strcmp(state, "queued") == 0 && bytes == 0)
+		e->queued++;
+	else if (strcmp(state, "running") == 0)
+		e->running++;
+	else
+		e->bad = true;
+}
+
+/*
+ * A fill queued behind a put that dribbles for about 1.6 s on the same
+ * buffer: its waiter hears "queued" after the first second, not silence.
+ */
+TEST(progress_events_say_a_job_is_queued_behind_others)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--staging-slot", "4K", NULL);
+	struct gpuq_client *writer = client_open(&d), *c = client_open(&d);
+	const size_t n = 16 * 4096;
+	unsigned char *data = random_bytes(n, 57);
+	do_alloc(c, "q", 0, n);
+	pid_t child;
+	int in = pipe_source(data, n, 4096, 100000, &child);
+	struct mp_map req;
+	gpuq_request_begin(writer, &req, "put");
+	mp_put_str(&req, "buffer", "q");
+	mp_put_u64(&req, "length", n);
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(writer, &req, &in, 1);
+	expect_ok(r, "detached slow put");
+	gpuq_reply_free(r);
+	struct states e = { 0 };
+	gpuq_set_event_handler(c, on_state_event, &e);
+	e.request_id = gpuq_request_begin(c, &req, "fill");
+	mp_put_str(&req, "buffer", "q");
+	mp_put_str(&req, "pattern", "zero");
+	mp_put_bool(&req, "wait", true);
+	mp_put_bool(&req, "progress", true);
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "fill behind the put");
+	CHECKF(e.queued >= 1, "no queued event for a fill that waited %.1f s",
+	       reply_f64(r, "job.queued_s"));
+	CHECK(!e.bad);
+	gpuq_reply_free(r);
+	reap_ok(child, "dribbling writer");
+	close(in);
+	free(data);
+	gpuq_close(c);
+	gpuq_close(writer);
 	daemon_stop(&d);
 }
 

@@ -80,14 +80,14 @@ TEST(region_put_and_get_are_bit_exact_at_odd_ranges)
 	do_alloc(c, "b", 0, 3 * MIB);
 	do_fill_random(c, "b", 9);
 	/* put region[4097 : +1000003] -> b[12345 :], the region's range says how much */
-	expect_xfer(c, true, "in[4097:1000003]", "b[12345:]", 1000003);
+	expect_xfer(c, true, "in[4097:1004100]", "b[12345:]", 1000003);
 	size_t n;
 	unsigned char *back = buffer_bytes(c, "b", &n);
 	CHECK_EQ(n, 3 * MIB);
 	CHECK(memcmp(back + 12345, (char *)r.ptr + 4097, 1000003) == 0);
-	/* get b[7:1234567] -> region[1:], then a whole-buffer put back from there */
+	/* get b[7:1234574] -> region[1:], then a whole-buffer put back from there */
 	memset(r.ptr, 0xa5, r.bytes);
-	expect_xfer(c, false, "in[1:]", "b[7:1234567]", 1234567);
+	expect_xfer(c, false, "in[1:]", "b[7:1234574]", 1234567);
 	CHECK(memcmp((char *)r.ptr + 1, back + 7, 1234567) == 0);
 	CHECK(((unsigned char *)r.ptr)[0] == 0xa5 && ((unsigned char *)r.ptr)[1234568] == 0xa5);
 	free(back);
@@ -175,7 +175,7 @@ TEST(region_refusals_name_the_problem)
 	close(fd);
 	do_alloc(c, "b", 0, MIB);
 	expect_refused(region_xfer(c, true, "nope", "b", true), GPUQ_E_NOT_FOUND, "your regions: r");
-	expect_refused(region_xfer(c, true, "r[1M:1]", "b", true), GPUQ_E_BAD_REQUEST, "outside region");
+	expect_refused(region_xfer(c, true, "r[1M:1048577]", "b", true), GPUQ_E_BAD_REQUEST, "outside region");
 	expect_refused(region_xfer(c, true, "r[0:100]", "b[0:99]", true), GPUQ_E_BAD_REQUEST,
 		       "one length");
 	expect_refused(region_xfer(c, true, "r", "b[1:]", true), GPUQ_E_BAD_REQUEST,

@@ -827,7 +827,7 @@ static uint64_t stress_put(struct gpuq_client *c, struct stress_client *s, int b
 {
 	char name[48];
 	stress_name(s, b, name, 16);
-	snprintf(name + strlen(name), sizeof name - strlen(name), "[%zu:%zu]", off, len);
+	snprintf(name + strlen(name), sizeof name - strlen(name), "[%zu:%zu]", off, off + len);
 	uint64_t seed = rand_r(&s->seed);
 	int fd = memfd_random(len, seed);
 	host_fill_random(s->model[b] + off, len, GPUQ_DTYPE_BYTES, seed);

@@ -1,4 +1,4 @@
-/* Unit tests for daemon/buffer.c's references: NAME, NAME@GPU, [OFFSET:LENGTH]. */
+/* Unit tests for daemon/buffer.c's references: NAME, NAME@GPU, [START:STOP]. */
 #include "tests/harness.h"
 
 #include "daemon/buffer.h"
@@ -44,7 +44,7 @@ TEST(buffer_ref_ranges)
 	CHECK_EQ(r.device, 1);
 	CHECK(r.has_range && r.has_length);
 	CHECK_EQ(r.offset, 4096);
-	CHECK_EQ(r.length, 1u << 20);
+	CHECK_EQ(r.length, (1u << 20) - 4096); /* a slice: bytes 4K up to 1M */
 	r = parse_ok("w0[100:]");
 	CHECK_EQ(r.device, -1);
 	CHECK(r.has_range && !r.has_length);
@@ -58,7 +58,11 @@ TEST(buffer_ref_ranges)
 	CHECK_EQ(r.length, 0);
 	r = parse_ok("x[1.5G:3G]");
 	CHECK_EQ(r.offset, 3ull << 29);
-	CHECK_EQ(r.length, 3ull << 30);
+	CHECK_EQ(r.length, 3ull << 29);
+	r = parse_ok("w0[7:7]");
+	CHECK(r.has_range && r.has_length);
+	CHECK_EQ(r.offset, 7);
+	CHECK_EQ(r.length, 0);
 }
 
 TEST(buffer_ref_malformed)
@@ -77,6 +81,9 @@ TEST(buffer_ref_malformed)
 	parse_bad("w0@[1:2]", "NAME@GPU");
 	parse_bad("[1:2]", "1 to 64");
 	parse_bad("-w[1:2]", "must not start");
+	/* [OFFSET:LENGTH] as it was once read: STOP below START says what to write */
+	parse_bad("w0[4K:100]", "ends before it starts");
+	parse_bad("w0[4K:100]", "[4096:4196]");
 }
 
 TEST(buffer_range_check_bounds)

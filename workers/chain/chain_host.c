@@ -161,6 +161,7 @@ int chain_host_run(struct device *dev, struct chain_spec *spec, struct gpuq_erro
 		return gpuq_fail(err, GPUQ_E_CANCELLED,
 				 "run cancelled: the eager passes stopped at a pass boundary");
 	spec->result.kernels = chain_kernels(spec);
+	spec->result.kernel.host_evaluated = true; /* every mode: no graph, no kernel ran */
 	spec->result.device_s = chain_median(r.t, r.n);
 	spec->result.device_min_s = r.t[0];
 	return 0;

@@ -323,7 +323,7 @@ class Api:
             timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
             **fields: Any) -> Job:
         """Copies bytes from ``src`` into ``buffer`` (``NAME``, ``NAME@GPU``, with an
-        optional range ``NAME[OFFSET:LENGTH]``).
+        optional range ``NAME[START:STOP]``).
 
         ``src``: a path (opened here and passed), a descriptor (read from its
         current offset), a file object (its descriptor), a bytes-like object

@@ -1,7 +1,7 @@
 """Memory shared with gpuqd without copies: host regions and attached buffers.
 
 A :class:`Region` is host memory this process and gpuqd both map, pinned
-once by gpuqd: ``put``/``get`` with ``region="NAME[OFFSET:LENGTH]"`` move
+once by gpuqd: ``put``/``get`` with ``region="NAME[START:STOP]"`` move
 bytes between it and a buffer with one DMA, while this process reads and
 writes it as a numpy array (:meth:`Region.array`).
 
@@ -59,8 +59,8 @@ class Region:
             self._fd = -1
 
     def ref(self, offset: int = 0, length: Optional[int] = None) -> str:
-        """``NAME[OFFSET:LENGTH]`` for put/get's ``region``."""
-        return f"{self.name}[{offset}:{'' if length is None else length}]"
+        """``NAME[START:STOP]`` for put/get's ``region``: ``length`` bytes from ``offset``."""
+        return f"{self.name}[{offset}:{'' if length is None else offset + length}]"
 
 
 def _close_map(m: Optional[mmap.mmap]) -> None:

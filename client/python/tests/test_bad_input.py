@@ -101,7 +101,7 @@ def test_bad_input_through_the_client(client, name, witness):
     with pytest.raises(gpuq.BadRequest):
         client.alloc(name + "x", nbytes=8, device=-1)
     with pytest.raises(gpuq.BadRequest):
-        client.put(b"abc", f"{name}[1M:1]")  # a range outside the buffer
+        client.put(b"abc", f"{name}[1M:1048577]")  # a range outside the buffer
     r, w = os.pipe()
     try:
         with pytest.raises(gpuq.BadRequest):

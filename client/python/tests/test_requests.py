@@ -131,12 +131,12 @@ def test_put_and_get_ranges_offsets_and_scratch(client, name):
     client.alloc(name, nbytes=8192)
     try:
         client.fill(name, "zero")
-        client.put(b"abcd", f"{name}[100:4]")
+        client.put(b"abcd", f"{name}[100:104]")
         client.put(b"efgh", name, offset=200, length=4)
         back = bytearray(8)
         client.get(name, back, offset=100, length=4)
         assert bytes(back[:4]) == b"abcd"
-        client.get(f"{name}[200:4]", back)
+        client.get(f"{name}[200:204]", back)
         assert bytes(back[:4]) == b"efgh"
         scratch = client.put(None, name, scratch=True, seed=9)
         assert scratch.result["bytes"] == 8192
