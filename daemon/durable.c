@@ -38,10 +38,12 @@ static struct written *durable_collect_writes(struct daemon *d, size_t *n)
 {
 	struct written *w = NULL;
 	size_t cap = 0;
+	unsigned seen = 0; /* the unfinished jobs are the newest, mostly: stop once all are seen */
 	*n = 0;
-	for (struct job *job = d->jobs.oldest; job; job = job->newer) {
+	for (struct job *job = d->jobs.newest; job && seen < d->jobs.active; job = job->older) {
 		if (job->state != GPUQ_JOB_QUEUED && job->state != GPUQ_JOB_RUNNING)
 			continue;
+		seen++;
 		for (int i = 0; i < job_nworks(job); i++) {
 			const struct work *wk = job_work(job, i);
 			for (unsigned k = 0; k < wk->naccess; k++) {
@@ -222,6 +224,39 @@ static void durable_write(struct daemon *d)
 	if (log_every_pass(&every, 10, &held))
 		log_error("the durable state record was not updated: %s (%u more such failures)",
 			  err.message, held);
+}
+
+/* Whether a work of job writes a buffer range. */
+static bool durable_job_writes(struct job *job)
+{
+	for (int i = 0; i < job_nworks(job); i++) {
+		const struct work *w = job_work(job, i);
+		for (unsigned k = 0; k < w->naccess; k++)
+			if (w->access[k].write)
+				return true;
+	}
+	return false;
+}
+
+/* Whether job's start or end changes what the record says (a noop's does not). */
+static bool durable_job_matters(struct job *job)
+{
+	return job->buffer || job->buffer2 || job->region || job->lease || durable_job_writes(job);
+}
+
+void durable_job_submitting(struct daemon *d, struct job *job)
+{
+	if (!durable_job_matters(job))
+		return;
+	durable_touch(d);
+	if (durable_job_writes(job) && d->durable.record)
+		durable_write(d); /* now: its worker may start it before the loop turns */
+}
+
+void durable_job_ended(struct daemon *d, struct job *job)
+{
+	if (durable_job_matters(job))
+		durable_touch(d);
 }
 
 static void durable_on_prepare(uv_prepare_t *h)

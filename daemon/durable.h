@@ -5,11 +5,14 @@
  * whenever it changed, once per turn of the main loop. Only the record is
  * written today; nothing reads it back yet (the re-exec stage will).
  *
- * Main thread only. Callers say that something changed (durable_touch):
- * job_life.c at every submission and end, op_lease.c as a lease ends,
- * op_admin.c as a device's buffers are lost; the record is rewritten from
+ * Main thread only. Callers say that something changed: job_life.c as a
+ * job is handed to its workers and as it ends (durable_job_submitting,
+ * durable_job_ended), op_lease.c as a lease ends and op_admin.c as a
+ * device's buffers are lost (durable_touch); the record is rewritten from
  * the tables before the loop next waits, so a burst of changes costs one
- * write.
+ * write. A job that writes a buffer is the exception: the record that flags
+ * it is written before its worker can start it, so that no crash finds
+ * the buffer half written and unflagged.
  */
 #ifndef GPUQ_DURABLE_H
 #define GPUQ_DURABLE_H
@@ -20,6 +23,7 @@
 #include <uv.h>
 
 struct daemon;
+struct job;
 struct state_record;
 struct state_snapshot;
 
@@ -34,6 +38,14 @@ struct durable {
 void durable_start(struct daemon *d);
 /* The state changed: the record is rewritten before the loop next waits. */
 void durable_touch(struct daemon *d);
+/*
+ * job (in the table, queued) goes to its workers next: a job that writes
+ * a buffer has the record rewritten now; one that touches buffers, regions
+ * or leases otherwise, before the loop waits; a noop changes nothing.
+ */
+void durable_job_submitting(struct daemon *d, struct job *job);
+/* job ended, or never reached a worker (call before its buffers are let go). */
+void durable_job_ended(struct daemon *d, struct job *job);
 /* Writes what is pending and stops the loop's handle (shutdown); the record stays open. */
 void durable_close(struct daemon *d);
 /* Closes the record (after the loop has ended). */

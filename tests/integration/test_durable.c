@@ -3,8 +3,9 @@
  * read through /proc from the daemon's memfd, as a later process would be
  * handed it. Buffers appear with their slab and offset, a buffer that a
  * running job writes is flagged for as long as the job lasts, frees and
- * quota usage follow. The record is written before the loop next waits,
- * so each check polls for the state it expects (order, not time).
+ * quota usage follow. The record is written before the loop next waits
+ * (a job that writes: before it is handed to its worker), so the other
+ * checks poll for the state they expect (order, not time).
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -121,9 +122,14 @@ TEST(durable_record_follows_buffers_writers_and_quota)
 	CHECK_EQ(s.quotas[0].uid, getuid());
 	CHECK_EQ(s.quotas[0].buffer_bytes, 65 * MIB);
 	state_snapshot_free(&s);
-	/* A put from a pipe that stalls: w is written for as long as it runs. */
+	/*
+	 * A put from a pipe that stalls: w is written for as long as it runs,
+	 * and flagged before its worker could start it, so at once, not polled.
+	 */
 	start_stalled_put(c, "w", p);
-	uint64_t g2 = await_record(fd, &(struct expect){ "w", true, 1 });
+	uint64_t g2 = read_record(fd, &s);
+	CHECK(record_says(&s, &(struct expect){ "w", true, 1 }));
+	state_snapshot_free(&s);
 	CHECK(g2 > g1);
 	close(p[1]); /* the put ends (short of data or not: either way no longer writing) */
 	await_record(fd, &(struct expect){ "w", true, 0 });
