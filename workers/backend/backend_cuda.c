@@ -489,7 +489,7 @@ static void cuda_teardown(struct device *dev)
 		/* The context's registrations die with it (a reset); our mapping does not. */
 		munmap(st->staging, st->ring_mapped);
 	}
-	slab_heap_destroy(st->slabs, true); /* a faulted context's slabs: only their descriptors are ours */
+	slab_heap_destroy(st->slabs, true); /* a faulted context's slabs: released as far as the driver lets */
 	memset(dev->staging, 0, sizeof dev->staging);
 	free(st->live);
 	free(st);
@@ -518,7 +518,9 @@ static void cuda_slab_destroy(void *ctx, struct slab_mem *mem, bool lost)
 	struct device *dev = ctx;
 	struct gpuq_error err;
 	struct cuda_vmm_alloc a = { mem->handle, (unsigned long long)(uintptr_t)mem->base, mem->bytes };
-	if (!lost && cuda_vmm_destroy(dev, &a, &err) != 0)
+	if (lost)
+		cuda_vmm_destroy_lost(&a);
+	else if (cuda_vmm_destroy(dev, &a, &err) != 0)
 		fprintf(stderr, "gpuqd: %s (giving a slab back)\n", err.message);
 	if (mem->fd >= 0)
 		close(mem->fd);

@@ -197,6 +197,17 @@ fail:
 	return -1;
 }
 
+void cuda_vmm_destroy_lost(struct cuda_vmm_alloc *a)
+{
+	if (!a->handle || drv.error != cudaSuccess || !drv.cuMemUnmap)
+		return;
+	(void)drv.cuMemUnmap(a->va, a->size);
+	(void)drv.cuMemAddressFree(a->va, a->size);
+	(void)drv.cuMemRelease(a->handle);
+	(void)cudaGetLastError();
+	memset(a, 0, sizeof *a);
+}
+
 int cuda_vmm_destroy(struct device *dev, struct cuda_vmm_alloc *a, struct gpuq_error *err)
 {
 	int rc = 0;

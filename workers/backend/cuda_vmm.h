@@ -39,5 +39,12 @@ int cuda_vmm_create(struct device *dev, uint64_t bytes, struct cuda_vmm_alloc *a
 		    struct gpuq_error *err);
 /* Unmaps and releases a; the memory goes once every client has released its handle too. */
 int cuda_vmm_destroy(struct device *dev, struct cuda_vmm_alloc *a, struct gpuq_error *err);
+/*
+ * The same for a device that faulted (its context is lost): each call is
+ * tried and its failure ignored, since the fault was reported already and
+ * must stay the reason the device shows; what the driver still takes back
+ * is not leaked until the process ends.
+ */
+void cuda_vmm_destroy_lost(struct cuda_vmm_alloc *a);
 
 #endif
