@@ -99,7 +99,7 @@ $(BUILD)/tests/unit: $(call obj,$(UNIT_SRC) tests/harness.c) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/itest: $(call obj,$(ITEST_SRC) tests/harness.c workers/backend/host_patterns.c) $(BUILD)/libgpuq.a
+$(BUILD)/tests/itest: $(call obj,$(ITEST_SRC) tests/harness.c workers/backend/host_patterns.c daemon/state_record.c) $(BUILD)/libgpuq.a
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -o $@ $^ $(STATIC_LIBS) -lm -ldl -pthread
 

@@ -25,6 +25,9 @@ struct buffer {
 	uint64_t count;
 	uint64_t bytes;
 	void *dptr; /* valid once READY */
+	/* Where it lives once READY: its slab (workers/buffer/slab.h; 0: the pool) and offset there. */
+	uint32_t slab;
+	uint64_t slab_offset;
 	enum buffer_state state;
 	double created; /* CLOCK_MONOTONIC seconds */
 	unsigned users; /* jobs queued or running on it */

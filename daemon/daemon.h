@@ -15,6 +15,7 @@
 
 #include "daemon/args.h"
 #include "daemon/buffer.h"
+#include "daemon/durable.h"
 #include "daemon/job.h"
 #include "daemon/job_life.h"
 #include "daemon/lease.h"
@@ -47,6 +48,7 @@ struct daemon {
 	bool shutdown_timer_armed;
 	bool shutdown_cancel_sent;
 	struct service svc; /* configuration, systemd, quotas, metrics */
+	struct durable durable; /* the durable state record (daemon/durable.h) */
 };
 
 /* One request being handled: what handlers need to read it and answer. */
@@ -81,10 +83,11 @@ void op_transfer(struct request *req, void *args);
 /*
  * The benchmarks (request.c lets root, the admin group and those a quota
  * rule grants it call them): op_bench_copy.c, op_bench_d2d.c,
- * op_bench_sched.c, and bench_chain in op_chain.c.
+ * op_bench_sched.c, op_bench_alloc.c, and bench_chain in op_chain.c.
  */
 extern const struct args_spec op_bench_copy_args, op_bench_d2d_args, op_bench_sched_args,
-	op_bench_chain_args;
+	op_bench_chain_args, op_bench_alloc_args;
+void op_bench_alloc(struct request *req, void *args);
 void op_bench_copy(struct request *req, void *args);
 void op_bench_d2d(struct request *req, void *args);
 void op_bench_sched(struct request *req, void *args);

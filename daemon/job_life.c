@@ -131,6 +131,7 @@ static void job_release(struct daemon *d, struct job *job)
 static void job_abandon(struct daemon *d, struct job *job, const struct gpuq_error *err)
 {
 	job->work.error = *err;
+	durable_job_ended(d, job);
 	job_release(d, job);
 	job_discard(&d->jobs, job);
 }
@@ -203,6 +204,8 @@ void job_submit(struct request *req, struct job *job)
 		rc = gpuq_fail(&err, GPUQ_E_SHUTTING_DOWN, "gpuqd is shutting down; no new jobs");
 	if (rc == 0)
 		rc = quota_check_job(d, req->conn, job, &err);
+	if (rc == 0)
+		durable_job_submitting(d, job); /* the buffers it writes are flagged from now on */
 	if (rc == 0 && job->parts) {
 		struct work *parts[GPUQ_MAX_DEVICES];
 		for (int i = 0; i < job->nparts; i++)
@@ -235,8 +238,11 @@ void job_submit(struct request *req, struct job *job)
 int job_submit_own(struct daemon *d, struct job *job, struct gpuq_error *err)
 {
 	job_set_scheduling(job, GPUQ_PRIORITY_NORMAL, 1.0);
-	if (worker_submit(&d->pool, &job->work, err) < 0)
+	durable_job_submitting(d, job);
+	if (worker_submit(&d->pool, &job->work, err) < 0) {
+		durable_job_ended(d, job);
 		return -1;
+	}
 	d->last_dispatch = monotonic_seconds();
 	d->jobs.hooks.started(d, job);
 	return 0;
@@ -274,6 +280,7 @@ static void job_log_outcome(const struct job *job)
  */
 static void job_complete(struct daemon *d, struct job *job)
 {
+	durable_job_ended(d, job); /* buffers made, freed or no longer written; regions; leases */
 	job_mark_finished(&d->jobs, job);
 	d->jobs.hooks.finished(d, job);
 	job_release(d, job);

@@ -134,9 +134,10 @@ static void print_probe(struct daemon *d)
 	for (int i = 0; i < d->pool.count; i++) {
 		struct worker_snapshot s;
 		worker_snapshot(&d->pool, i, &s);
-		printf("%d\t%s\t%s\t%s\tcc %d.%d\t%llu MiB\t%s\n", i, d->ops->name, s.info.name,
-		       s.info.pci_bus_id, s.info.cc_major, s.info.cc_minor,
-		       (unsigned long long)(s.info.mem_total >> 20), s.healthy ? "healthy" : s.health);
+		printf("%d\t%s\t%s\t%s\tcc %d.%d\t%llu MiB\t%s\tbuffers: %s\n", i, d->ops->name,
+		       s.info.name, s.info.pci_bus_id, s.info.cc_major, s.info.cc_minor,
+		       (unsigned long long)(s.info.mem_total >> 20), s.healthy ? "healthy" : s.health,
+		       s.info.buffer_memory ? s.info.buffer_memory : "-");
 	}
 }
 
@@ -227,6 +228,7 @@ static void daemon_free(struct daemon *d)
 	while (d->regions.head) /* their mappings go with the process */
 		region_remove(&d->regions, d->regions.head);
 	job_table_destroy(&d->jobs);
+	durable_free(d);
 	int rc = uv_loop_close(d->loop);
 	if (rc < 0)
 		log_warn("uv_loop_close: %s", uv_strerror(rc));
@@ -265,6 +267,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	register_hooks(d);
+	durable_start(d);
 	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
 		 d->server.path, d->pool.count, d->ops->name, (int)getpid());
 	if (service_start(d) < 0) {

@@ -34,6 +34,7 @@ void device_on_reset(int index, void *arg)
 	struct worker_snapshot s;
 	worker_snapshot(&d->pool, index, &s);
 	unsigned lost = buffer_mark_lost(&d->buffers, index);
+	durable_touch(d);
 	/*
 	 * After the buffers are marked lost: an orphaned ephemeral buffer whose
 	 * last lease ends here is then dropped, not given a free job that would

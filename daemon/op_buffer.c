@@ -44,6 +44,8 @@ static void finish_alloc(struct daemon *d, struct job *job)
 	if (job->work.error.code == GPUQ_OK) {
 		b->dptr = job->work.dptr;
 		b->share_fd = job->work.result.share_fd;
+		b->slab = job->work.result.slab;
+		b->slab_offset = job->work.result.slab_offset;
 		b->state = BUFFER_READY;
 		return;
 	}

@@ -67,6 +67,8 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	mp_put_u64(&m, "mem_total", s.info.mem_total);
 	mp_put_u64(&m, "mem_free", s.info.mem_free);
 	mp_put_u64(&m, "mem_used", buffer_bytes_on(&d->buffers, index));
+	if (s.info.buffer_memory) /* NULL only for a device that never opened */
+		mp_put_str(&m, "buffer_memory", s.info.buffer_memory);
 	unsigned regions;
 	mp_put_u64(&m, "region_bytes", region_bytes_on(&d->regions, index, &regions));
 	mp_put_u64(&m, "regions", regions);

@@ -78,6 +78,7 @@ static void lease_end(struct daemon *d, struct lease *l)
 	if (l->state == LEASE_ENDED)
 		return;
 	worker_unhold(&d->pool, &l->hold);
+	durable_touch(d);
 	bool held = l->state == LEASE_HELD;
 	l->state = LEASE_ENDED;
 	if (l->buffer)

@@ -32,7 +32,12 @@ static const char usage_text[] =
 	"                          nt (non-temporal stores, default) or regular (memcpy)\n"
 	"  --register-min SIZE     put/get with path auto register the client's mapping\n"
 	"                          instead of staging from this size (default 0: never)\n"
-	"  --pool-release SIZE     CUDA pool release threshold (default 0)\n"
+	"  --pool-release SIZE     CUDA pool release threshold, and the empty slabs kept\n"
+	"                          for reuse (default 0)\n"
+	"  --buffer-memory auto|pool|vmm  where buffers' memory comes from: vmm, slabs\n"
+	"                          of exportable memory (CUDA VMM, host memfds); pool,\n"
+	"                          the memory pool; auto (default): vmm where the\n"
+	"                          driver supports it, else pool\n"
 	"  --graph-cache N         kernel-chain plans (CUDA graphs) kept per device,\n"
 	"                          least recently used out first (default 64)\n"
 	"  --kernel-cache DIR      where compiled chain kernels are kept across runs\n"
@@ -94,7 +99,7 @@ enum option_id {
 	OPT_CONFIG, OPT_CHECK_CONFIG, OPT_ADMIN_GROUP, OPT_JOB_DEADLINE, OPT_JOB_DEADLINE_GRACE,
 	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
 	OPT_MAX_INFLIGHT, OPT_RESET_LIMIT, OPT_RESET_WINDOW,
-	OPT_FRAME_TIMEOUT, OPT_TRANSFER_IDLE_TIMEOUT,
+	OPT_FRAME_TIMEOUT, OPT_TRANSFER_IDLE_TIMEOUT, OPT_BUFFER_MEMORY,
 };
 
 static const struct option long_options[] = {
@@ -107,6 +112,7 @@ static const struct option long_options[] = {
 	{ "staging-slot", required_argument, NULL, OPT_STAGING_SLOT },
 	{ "staging-slots", required_argument, NULL, OPT_STAGING_SLOTS },
 	{ "pool-release", required_argument, NULL, OPT_POOL_RELEASE },
+	{ "buffer-memory", required_argument, NULL, OPT_BUFFER_MEMORY },
 	{ "queue-depth", required_argument, NULL, OPT_QUEUE_DEPTH },
 	{ "job-history", required_argument, NULL, OPT_JOB_HISTORY },
 	{ "spin", required_argument, NULL, OPT_SPIN },
@@ -411,6 +417,16 @@ static int set_option(int id, const char *arg, struct options *o)
 		if (strlen(arg) >= sizeof o->admin_group)
 			return usage_error("--admin-group needs a group name of at most 63 bytes, not '%s'", arg);
 		snprintf(o->admin_group, sizeof o->admin_group, "%s", arg);
+		return 0;
+	case OPT_BUFFER_MEMORY:
+		if (strcmp(arg, "auto") == 0)
+			o->device.buffer_memory = BUFFER_MEMORY_AUTO;
+		else if (strcmp(arg, "pool") == 0)
+			o->device.buffer_memory = BUFFER_MEMORY_POOL;
+		else if (strcmp(arg, "vmm") == 0)
+			o->device.buffer_memory = BUFFER_MEMORY_VMM;
+		else
+			return usage_error("--buffer-memory is auto, pool or vmm, not '%s'", arg);
 		return 0;
 	case OPT_COPY_STORES: /* what the copy pool picks when it starts, after the options */
 		if (copy_store_parse(arg, &o->copy_stores) < 0)

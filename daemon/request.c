@@ -81,6 +81,7 @@ static const struct op_def op_table[] = {
 	{ "metrics", &op_metrics_args, op_metrics, OP_ANYONE, NULL },
 	{ "shutdown", &op_shutdown_args, op_shutdown, OP_ADMIN, shutdown_denied },
 	{ "bench_sched", &op_bench_sched_args, op_bench_sched, OP_BENCH, NULL },
+	{ "bench_alloc", &op_bench_alloc_args, op_bench_alloc, OP_BENCH, NULL },
 	{ "reset_device", &op_reset_device_args, op_reset_device, OP_ADMIN, reset_device_denied },
 	{ "region_create", &op_region_create_args, op_region_create, OP_ANYONE, NULL },
 	{ "region_free", &op_region_free_args, op_region_free, OP_ANYONE, NULL },

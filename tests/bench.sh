@@ -70,6 +70,12 @@ start_daemon
 echo "-- attach ($backend backend)" | tee -a "$table"
 "$BUILD/gpuq" --socket "$sock" bench attach --save-json "$OUT/bench-attach.json" | tee -a "$table"
 stop_daemon
+# Alloc and free latency, the memory pool against exportable slabs in the
+# same run (4K, 1M, 64M, 1G), and the device memory a buffer of each takes.
+start_daemon
+echo "-- alloc ($backend backend)" | tee -a "$table"
+"$BUILD/gpuq" --socket "$sock" bench alloc --save-json "$OUT/bench-alloc.json" | tee -a "$table"
+stop_daemon
 # Kernel chains: launch-bound eager vs graph, bandwidth-bound eager/graph/fused
 # beside cudaMemcpy D2D, and graph instantiate/update/hit (1 GiB on a GPU;
 # the host backend's 1G arena holds two 64M buffers).

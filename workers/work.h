@@ -48,6 +48,13 @@ struct work_result {
 	const char *path;   /* how bytes moved: "staged", ... (static string) */
 	int numa_node;      /* WORK_REGION_MAP: the node the region's pages were asked for (-1: none) */
 	int share_fd;       /* WORK_ALLOC with shareable: the exported handle, the daemon's to close */
+	/*
+	 * WORK_ALLOC: where the buffer lives (workers/buffer/slab.h): its
+	 * slab's id (0: the pool, no slab) and its offset there, for the
+	 * daemon's durable record.
+	 */
+	uint32_t slab;
+	uint64_t slab_offset;
 };
 
 struct work {

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "workers/bench/bench_alloc.h"
 #include "workers/bench/bench_copy.h"
 #include "workers/bench/bench_d2d.h"
 #include "workers/bench/chain_bench.h"

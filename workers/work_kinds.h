@@ -71,6 +71,8 @@ enum work_kind_flag {
 	X(COLLECTIVE_BENCH, "bench_collective", collective_run,       COLLECTIVE, WORK_KIND_EXCLUSIVE)    \
 	/* bench_sched: the raw ceiling of overlapping engines (spec: struct sched_bench) */              \
 	X(BENCH_SCHED,      "bench_sched",      sched_bench_run,      OTHER,      WORK_KIND_EXCLUSIVE)    \
+	/* bench_alloc: alloc/free latency, pool against slabs (spec: struct bench_alloc_spec) */         \
+	X(BENCH_ALLOC,      "bench_alloc",      bench_alloc_run,      OTHER,      WORK_KIND_EXCLUSIVE)    \
 	/* inject_fault: tests/gpuqd-faults only (the production gpuqd has no runner) */                  \
 	X(FAULT,            "inject_fault",     fault_inject_run,     OTHER,      0)                      \
 	/* region_create: map the client's memfd, place and pin it */                                     \

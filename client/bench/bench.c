@@ -578,6 +578,16 @@ const struct bench_kind_row bench_kind_rows[] = {
 	  "scratch: and a copy of it into pinned memory (cudaMemcpy). Target:\n"
 	  "attach <= 50 ms for any size.\n",
 	  bench_attach },
+	{ "alloc", "[--device N] [--sizes LIST] [--requests R]",
+	  "alloc and free latency: the pool against slabs",
+	  "gpuqd measures, as a job on device N, R timed alloc/free pairs (default\n"
+	  "50, after one unmeasured) of each size in LIST (default 4K,1M,64M,1G)\n"
+	  "from the memory pool and from exportable slabs (--buffer-memory) in the\n"
+	  "same run: p50 and p99 of each call, the slabs' p50 over the pool's, and\n"
+	  "the device memory one buffer took from each (its free memory's drop\n"
+	  "with up to 64 buffers held at once). Aims: slabs' alloc p50 within 2x\n"
+	  "of the pool's from 64M, and no worse for small buffers.\n",
+	  bench_alloc },
 	{ NULL, NULL, NULL, NULL, NULL },
 };
 

@@ -229,6 +229,8 @@ const struct bench_kind_row *bench_kind_find(const char *name);
 int bench_dispatch(struct cli *cli);
 /* bench_copy.c: gpuq bench copy (bench_copy, then the daemon's bench_d2d if it has one) */
 int bench_copy(struct cli *cli);
+/* bench_alloc.c: gpuq bench alloc (bench_alloc: alloc/free latency, pool against slabs) */
+int bench_alloc(struct cli *cli);
 /* copy.c: gpuq copy SRC DST (render.c renders its summary line) */
 int cmd_copy(struct cli *cli);
 /*

@@ -74,7 +74,7 @@ TEST(unknown_op_names_every_op)
 		"all_gather", "broadcast", "reduce", "sendrecv", "all_to_all", "group",
 		"bench_collective", "reduce_expr", "metrics", "shutdown", "bench_sched",
 		"reset_device", "region_create", "region_free", "regions", "region_open", "attach",
-		"release", "leases", "lease_break",
+		"release", "leases", "lease_break", "bench_alloc",
 	};
 	struct daemon_proc d;
 	daemon_start(&d, NULL);

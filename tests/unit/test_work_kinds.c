@@ -33,6 +33,7 @@ static const struct expected_kind expected[] = {
 	{ WORK_COLLECTIVE, "collective", SCHED_ENGINE_COLLECTIVE, false, false },
 	{ WORK_COLLECTIVE_BENCH, "bench_collective", SCHED_ENGINE_COLLECTIVE, true, false },
 	{ WORK_BENCH_SCHED, "bench_sched", SCHED_ENGINE_OTHER, true, false },
+	{ WORK_BENCH_ALLOC, "bench_alloc", SCHED_ENGINE_OTHER, true, false },
 	{ WORK_FAULT, "inject_fault", SCHED_ENGINE_OTHER, false, false },
 	{ WORK_REGION_MAP, "region_create", SCHED_ENGINE_OTHER, false, false },
 	{ WORK_REGION_UNMAP, "region_free", SCHED_ENGINE_OTHER, false, false },

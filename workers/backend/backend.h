@@ -27,6 +27,14 @@
 #define GPUQ_MAX_DEVICES 64
 #define GPUQ_MAX_STAGING_SLOTS 256
 
+/*
+ * Where buffers' memory comes from (--buffer-memory): the backend's pool
+ * (CUDA: a cudaMemPool; host: malloc'd blocks), or exportable slabs
+ * (workers/buffer/slab.h: CUDA VMM allocations, host memfds). AUTO is
+ * slabs where the device supports them, else the pool.
+ */
+enum buffer_memory { BUFFER_MEMORY_AUTO, BUFFER_MEMORY_POOL, BUFFER_MEMORY_VMM };
+
 struct device_info {
 	char name[128];
 	char uuid[64];
@@ -36,6 +44,7 @@ struct device_info {
 	int copy_engines;
 	uint64_t mem_total;
 	uint64_t mem_free;
+	const char *buffer_memory; /* what open chose: "vmm" or "pool" (a static string) */
 };
 
 enum fill_pattern { FILL_ZERO, FILL_VALUE, FILL_IOTA, FILL_RANDOM };
@@ -50,7 +59,8 @@ struct fill_spec {
 struct device_config {
 	size_t staging_slot_bytes;    /* size of one pinned staging slot */
 	unsigned staging_slots;       /* slots in the ring (2..GPUQ_MAX_STAGING_SLOTS) */
-	uint64_t pool_release_bytes;  /* CUDA pool release threshold */
+	uint64_t pool_release_bytes;  /* CUDA pool release threshold; also the empty slabs kept */
+	enum buffer_memory buffer_memory; /* --buffer-memory */
 	uint64_t host_arena_bytes;    /* host backend: bytes a device may hold */
 	int host_devices;             /* host backend: how many devices to make */
 	struct copy_pool *copy_pool;  /* host copy threads shared by the workers (daemon-owned) */
@@ -64,6 +74,7 @@ struct device_config {
 
 struct backend_ops;
 struct copy_pool;
+struct slab_place; /* workers/buffer/slab.h */
 /* host_register's flags. */
 #define BACKEND_REGISTER_READ_ONLY 1u
 #define BACKEND_REGISTER_PORTABLE 2u
@@ -202,12 +213,28 @@ struct backend_device_ops {
  * them, and the pinned or registered host memory copies go through.
  */
 struct backend_mem_ops {
-	/* Device memory: GPUQ_E_OUT_OF_MEMORY when it cannot be had. */
+	/*
+	 * Device memory, from the pool or carved from slabs as open chose
+	 * (dev->info.buffer_memory): GPUQ_E_OUT_OF_MEMORY when it cannot be
+	 * had. release frees either kind, once the work queued before it on
+	 * the lane has run.
+	 */
 	int (*alloc)(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err);
 	int (*release)(struct device *dev, void *ptr, struct gpuq_error *err);
 	/*
+	 * The same, from the memory named (pool or slabs) whatever open chose:
+	 * the allocation benchmark compares both in one run.
+	 */
+	int (*alloc_from)(struct device *dev, enum buffer_memory from, uint64_t bytes, void **ptr,
+			  struct gpuq_error *err);
+	/*
+	 * Where an allocation lives: 0 with *out (its slab, offset, the slab's
+	 * descriptor, which stays the backend's), or -1 for pool memory.
+	 */
+	int (*place)(struct device *dev, const void *ptr, struct slab_place *out);
+	/*
 	 * Device memory that client processes may map (a shareable buffer):
-	 * allocated on its own, never from the pool, and *fd a descriptor that
+	 * a slab of its own, never from the pool, and *fd a descriptor that
 	 * opens this allocation and nothing else, the caller's to close. CUDA:
 	 * cuMemCreate with a POSIX file-descriptor handle (workers/backend/cuda_vmm.h);
 	 * host: a memfd whose mapping is the arena piece. release frees it.

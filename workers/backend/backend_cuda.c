@@ -13,8 +13,11 @@
  *   - three non-blocking streams: compute (alloc, release, fill, checksum)
  *     and h2d and d2h (staged copies), so that copies in both directions
  *     overlap each other and compute;
- *   - a memory pool on the device for buffers, which keeps up to
- *     config.pool_release_bytes of freed memory cached between jobs;
+ *   - a memory pool on the device, which keeps up to
+ *     config.pool_release_bytes of freed memory cached between jobs, and a
+ *     heap of exportable slabs (workers/buffer/slab.h over cuda_vmm.h):
+ *     buffers come from one or the other (--buffer-memory), shareable
+ *     buffers always from a slab of their own;
  *   - the staging ring: one pinned block cut into config.staging_slots slots
  *     (dev->staging) and one event per slot that marks its last copy;
  *   - a device word and a pinned host word for checksums;
@@ -25,11 +28,14 @@
  * (transfer.c waits for every slot before a job ends), so no buffer is still
  * in use on a copy stream when release frees it on the compute stream.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -44,6 +50,7 @@
 #include "workers/backend/cuda_vmm.h"
 #include "workers/backend/numa.h"
 #include "workers/backend/peer_link.h"
+#include "workers/buffer/slab.h"
 
 /* Dtypes are passed to the kernels by value: both enums must agree. */
 _Static_assert((int)KERNELS_BYTES == (int)GPUQ_DTYPE_BYTES && (int)KERNELS_U8 == (int)GPUQ_DTYPE_U8 &&
@@ -54,6 +61,13 @@ _Static_assert((int)KERNELS_BYTES == (int)GPUQ_DTYPE_BYTES && (int)KERNELS_U8 ==
 		       (int)KERNELS_F32 == (int)GPUQ_DTYPE_F32 &&
 		       (int)KERNELS_F64 == (int)GPUQ_DTYPE_F64,
 	       "enum kernels_dtype must number dtypes as enum gpuq_dtype does");
+
+/*
+ * The slabs small buffers are carved from: 16 granules of 2 MiB, so that a
+ * 4 KiB buffer costs 4 KiB of a slab that a few hundred such share, and a
+ * slab's creation (a few driver calls) is paid once per many buffers.
+ */
+#define CUDA_SLAB_CARVE ((uint64_t)32 << 20)
 
 /* Slots start on page boundaries, which copy engines and memcpy both favour. */
 #define CUDA_SLOT_ALIGN ((size_t)4096)
@@ -423,16 +437,11 @@ static void cuda_teardown_peers(struct device *dev, struct cuda_state *st)
 	}
 }
 
-/* Frees the buffers clients left, then the pool itself. */
+/* Frees the buffers clients left (slabs, pool allocations), then the pool itself. */
 static void cuda_teardown_pool(struct device *dev, struct cuda_state *st)
 {
-	struct gpuq_error err;
-	for (size_t i = 0; i < st->nshared; i++)
-		if (cuda_vmm_destroy(dev, &st->shared[i], &err) != 0)
-			fprintf(stderr, "gpuqd: %s (during teardown)\n", err.message);
-	free(st->shared);
-	st->shared = NULL;
-	st->nshared = st->shared_cap = 0;
+	slab_heap_destroy(st->slabs, false);
+	st->slabs = NULL;
 	for (size_t i = 0; i < st->nlive; i++)
 		CUDA_LOG(dev, cudaFreeAsync(st->live[i], st->compute));
 	if (st->nlive)
@@ -480,11 +489,70 @@ static void cuda_teardown(struct device *dev)
 		/* The context's registrations die with it (a reset); our mapping does not. */
 		munmap(st->staging, st->ring_mapped);
 	}
+	slab_heap_destroy(st->slabs, true); /* a faulted context's slabs: released as far as the driver lets */
 	memset(dev->staging, 0, sizeof dev->staging);
 	free(st->live);
-	free(st->shared); /* a faulted context's allocations went with it */
 	free(st);
 	dev->impl = NULL;
+}
+
+/* A slab: one exportable allocation (cuda_vmm.h), its exported descriptor kept with it. */
+static int cuda_slab_create(void *ctx, uint64_t bytes, struct slab_mem *mem, struct gpuq_error *err)
+{
+	struct device *dev = ctx;
+	struct cuda_state *st = dev->impl;
+	struct cuda_vmm_alloc a;
+	int fd = -1;
+	if (cuda_vmm_create(dev, bytes, &a, &fd, err) != 0) {
+		st->slab_oom = err->code == GPUQ_E_OUT_OF_MEMORY;
+		return -1;
+	}
+	*mem = (struct slab_mem){ .base = (void *)(uintptr_t)a.va, .bytes = a.size, .fd = fd,
+				  .handle = a.handle };
+	return 0;
+}
+
+/* Called only once the work queued on the slab has finished (release syncs first). */
+static void cuda_slab_destroy(void *ctx, struct slab_mem *mem, bool lost)
+{
+	struct device *dev = ctx;
+	struct gpuq_error err;
+	struct cuda_vmm_alloc a = { mem->handle, (unsigned long long)(uintptr_t)mem->base, mem->bytes };
+	if (lost)
+		cuda_vmm_destroy_lost(&a);
+	else if (cuda_vmm_destroy(dev, &a, &err) != 0)
+		fprintf(stderr, "gpuqd: %s (giving a slab back)\n", err.message);
+	if (mem->fd >= 0)
+		close(mem->fd);
+}
+
+/*
+ * The slab heap, and whether buffers come from it (--buffer-memory: auto
+ * takes slabs where the driver supports them and says on stderr why not
+ * otherwise; vmm insists). Shareable buffers use the heap either way.
+ */
+static int cuda_open_slabs(struct device *dev, struct cuda_state *st, struct gpuq_error *err)
+{
+	struct gpuq_error why;
+	uint64_t granularity = (uint64_t)2 << 20; /* the usual one, where the probe cannot say */
+	bool ok = cuda_vmm_probe(dev, &granularity, &why) == 0;
+	enum buffer_memory want = dev->config.buffer_memory;
+	if (!ok && want == BUFFER_MEMORY_VMM)
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR, "--buffer-memory vmm: %s; use --buffer-memory pool",
+				 why.message);
+	if (!ok && want == BUFFER_MEMORY_AUTO)
+		fprintf(stderr, "gpuqd: [gpu %d] buffers come from the memory pool: %s\n", dev->index,
+			why.message);
+	st->use_slabs = ok && want != BUFFER_MEMORY_POOL;
+	struct slab_backend be = { .granularity = granularity,
+				   .create = cuda_slab_create,
+				   .destroy = cuda_slab_destroy,
+				   .ctx = dev };
+	st->slabs = slab_heap_create(&be, CUDA_SLAB_CARVE, dev->config.pool_release_bytes);
+	if (!st->slabs)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] open: no host memory for the slab heap",
+				 dev->index);
+	return 0;
 }
 
 static int cuda_open(struct device *dev, struct gpuq_error *err)
@@ -511,8 +579,11 @@ static int cuda_open(struct device *dev, struct gpuq_error *err)
 	if (cuda_share_pool(dev, st, err) != 0)
 		goto fail;
 	cuda_probe_links(dev);
+	if (cuda_open_slabs(dev, st, err) != 0)
+		goto fail;
 	if (cuda_read_info(dev, err) != 0)
 		goto fail;
+	dev->info.buffer_memory = st->use_slabs ? "vmm" : "pool";
 	return 0;
 fail:
 	cuda_teardown(dev); /* undoes exactly the steps that completed */
@@ -552,8 +623,12 @@ static int cuda_reset(struct device *dev, struct gpuq_error *err)
 	return 0;
 }
 
-/* An allocation the pool cannot satisfy: say how much was asked and how much is free. */
-static int cuda_fail_oom(struct device *dev, uint64_t bytes, cudaError_t e, struct gpuq_error *err)
+/*
+ * An allocation the device cannot satisfy: say how much was asked and how
+ * much is free, and which call refused (call, what it said).
+ */
+static int cuda_fail_oom(struct device *dev, uint64_t bytes, const char *call, const char *said,
+			 struct gpuq_error *err)
 {
 	const double gib = 1024.0 * 1024.0 * 1024.0;
 	size_t free_bytes = 0, total_bytes = 0;
@@ -563,27 +638,22 @@ static int cuda_fail_oom(struct device *dev, uint64_t bytes, cudaError_t e, stru
 	return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 			 "[gpu %d] out of device memory: cannot allocate %" PRIu64
 			 " bytes (%.2f GiB) with %zu bytes (%.2f GiB) of %.2f GiB free "
-			 "(cudaMallocFromPoolAsync: %s); free a buffer on gpu %d or ask for less",
+			 "(%s: %s); free a buffer on gpu %d or ask for less",
 			 dev->index, bytes, (double)bytes / gib, free_bytes,
-			 (double)free_bytes / gib, (double)total_bytes / gib, cudaGetErrorName(e),
-			 dev->index);
+			 (double)free_bytes / gib, (double)total_bytes / gib, call, said, dev->index);
 }
 
 /*
- * Allocates from the device's pool on the compute stream and waits, so that
+ * Allocates from the device's pool on the current stream and waits, so that
  * the memory is usable on any stream and a failure belongs to this job.
- * Zero bytes give NULL, which release accepts.
  */
-static int cuda_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
+static int cuda_alloc_pool(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
 {
 	struct cuda_state *st = dev->impl;
-	*ptr = NULL;
-	if (bytes == 0)
-		return 0;
 	cudaError_t e = cudaMallocFromPoolAsync(ptr, bytes, st->pool, cuda_current_stream(dev));
 	if (e == cudaErrorMemoryAllocation) {
 		*ptr = NULL;
-		return cuda_fail_oom(dev, bytes, e, err);
+		return cuda_fail_oom(dev, bytes, "cudaMallocFromPoolAsync", cudaGetErrorName(e), err);
 	}
 	if (e != cudaSuccess) {
 		*ptr = NULL;
@@ -604,48 +674,82 @@ static int cuda_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpu
 }
 
 /*
- * A buffer clients may attach: an allocation of its own, exported once
- * (cuda_vmm.h). The stream does not order it, so it is complete on return.
+ * A range of a slab (flags SLAB_*); *fd, when not NULL, a descriptor of
+ * its own slab, the caller's. The stream does not order a slab's creation,
+ * so the memory is complete on return. A slab the driver could not make
+ * for want of memory is worded as the pool's refusal is (cuda_fail_oom).
  */
-static int cuda_alloc_shareable(struct device *dev, uint64_t bytes, void **ptr, int *fd,
-				struct gpuq_error *err)
+static int cuda_alloc_slab(struct device *dev, uint64_t bytes, unsigned flags, void **ptr, int *fd,
+			   struct gpuq_error *err)
 {
 	struct cuda_state *st = dev->impl;
-	*ptr = NULL;
-	if (st->nshared == st->shared_cap) {
-		size_t cap = st->shared_cap ? st->shared_cap * 2 : 16;
-		struct cuda_vmm_alloc *shared = realloc(st->shared, cap * sizeof *shared);
-		if (!shared)
-			return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
-					 "[gpu %d] no host memory to record an allocation", dev->index);
-		st->shared = shared;
-		st->shared_cap = cap;
-	}
-	struct cuda_vmm_alloc *a = &st->shared[st->nshared];
-	if (cuda_vmm_create(dev, bytes, a, fd, err) != 0)
+	struct slab_place p;
+	st->slab_oom = false;
+	if (slab_alloc(st->slabs, bytes, flags, &p, err) != 0) {
+		if (st->slab_oom && !(flags & SLAB_EXPORTED))
+			return cuda_fail_oom(dev, bytes, "cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY", err);
 		return -1;
-	st->nshared++;
-	*ptr = (void *)(uintptr_t)a->va;
+	}
+	if (fd && (*fd = fcntl(p.fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		int e = errno;
+		slab_free(st->slabs, p.ptr, NULL);
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "[gpu %d] cannot duplicate a slab's descriptor: %s", dev->index,
+				 strerror(e));
+	}
+	*ptr = p.ptr;
 	return 0;
 }
 
-/*
- * Frees a shareable buffer once the lane is idle: unmapping is not stream
- * ordered. 1 when ptr was one (0: a pool allocation), -1 with err.
- */
-static int cuda_release_shared(struct device *dev, struct cuda_state *st, void *ptr,
-			       struct gpuq_error *err)
+/* Zero bytes give NULL, which release accepts. */
+static int cuda_alloc_from(struct device *dev, enum buffer_memory from, uint64_t bytes, void **ptr,
+			   struct gpuq_error *err)
 {
-	for (size_t i = 0; i < st->nshared; i++) {
-		if (st->shared[i].va != (unsigned long long)(uintptr_t)ptr)
-			continue;
-		if (cuda_sync(dev, err) != 0)
-			return -1;
-		struct cuda_vmm_alloc a = st->shared[i];
-		st->shared[i] = st->shared[--st->nshared];
-		return cuda_vmm_destroy(dev, &a, err) == 0 ? 1 : -1;
-	}
-	return 0;
+	*ptr = NULL;
+	if (bytes == 0)
+		return 0;
+	if (from == BUFFER_MEMORY_POOL)
+		return cuda_alloc_pool(dev, bytes, ptr, err);
+	return cuda_alloc_slab(dev, bytes, 0, ptr, NULL, err);
+}
+
+static int cuda_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	return cuda_alloc_from(dev, st->use_slabs ? BUFFER_MEMORY_VMM : BUFFER_MEMORY_POOL, bytes,
+			       ptr, err);
+}
+
+/* A buffer clients may attach: a slab of its own, exported (cuda_vmm.h); its messages as before slabs. */
+static int cuda_alloc_shareable(struct device *dev, uint64_t bytes, void **ptr, int *fd,
+				struct gpuq_error *err)
+{
+	*ptr = NULL;
+	*fd = -1;
+	return cuda_alloc_slab(dev, bytes, SLAB_EXPORTED, ptr, fd, err);
+}
+
+static int cuda_place(struct device *dev, const void *ptr, struct slab_place *out)
+{
+	struct cuda_state *st = dev->impl;
+	return slab_place_of(st->slabs, ptr, out);
+}
+
+/*
+ * Frees a slab's range once the lane is idle: neither unmapping nor a
+ * range's next use is stream ordered. 1 when ptr was one (0: a pool
+ * allocation), -1 with err.
+ */
+static int cuda_release_slab(struct device *dev, struct cuda_state *st, void *ptr,
+			     struct gpuq_error *err)
+{
+	struct slab_place p;
+	if (slab_place_of(st->slabs, ptr, &p) != 0)
+		return 0;
+	if (cuda_sync(dev, err) != 0)
+		return -1;
+	slab_free(st->slabs, ptr, NULL);
+	return 1;
 }
 
 static int cuda_release(struct device *dev, void *ptr, struct gpuq_error *err)
@@ -653,9 +757,9 @@ static int cuda_release(struct device *dev, void *ptr, struct gpuq_error *err)
 	struct cuda_state *st = dev->impl;
 	if (!ptr)
 		return 0;
-	int shared = cuda_release_shared(dev, st, ptr, err);
-	if (shared != 0)
-		return shared < 0 ? -1 : 0;
+	int slab = cuda_release_slab(dev, st, ptr, err);
+	if (slab != 0)
+		return slab < 0 ? -1 : 0;
 	cuda_untrack(st, ptr);
 	CUDA_TRY(dev, err, cudaFreeAsync(ptr, cuda_current_stream(dev)));
 	return cuda_sync(dev, err);
@@ -1056,6 +1160,8 @@ const struct backend_ops backend_cuda = {
 	.device.close = cuda_close,
 	.device.refresh_info = cuda_refresh_info,
 	.mem.alloc = cuda_alloc,
+	.mem.alloc_from = cuda_alloc_from,
+	.mem.place = cuda_place,
 	.mem.release = cuda_release,
 	.mem.fill = cuda_fill,
 	.mem.checksum = cuda_checksum,

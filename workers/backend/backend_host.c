@@ -15,6 +15,7 @@
  * engine (which releases blocks) under the device's lock.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,33 +30,36 @@
 #include "workers/collective/collective_host.h"
 #include "workers/backend/host_engine.h"
 #include "workers/backend/host_patterns.h"
+#include "workers/buffer/slab.h"
 
 /*
- * Each allocation is preceded by a header: its size, so release can return
- * it to the arena, and links, so close can free what clients left behind.
- * The list and the count of bytes in use are under `lock`: allocations
- * happen on the worker thread, releases on the compute engine (in stream
- * order, after whatever the job's lane waited for).
+ * Buffers come from slabs (workers/buffer/slab.h) whose memory is a memfd
+ * mapped shared, as a GPU's are exportable VMM allocations, so that CI
+ * runs every path of exportable memory; or, with --buffer-memory pool,
+ * from malloc'd blocks, each preceded by a header: its size, so release
+ * can return it to the arena, and links, so close can free what clients
+ * left behind. Either way the arena counts the bytes buffers asked for
+ * (`used`), as before slabs: a slab's memfd takes pages only as they are
+ * written. The block list and `used` are under `lock`: allocations happen
+ * on the worker thread, releases on the compute engine (in stream order,
+ * after whatever the job's lane waited for); the slab heap has its own.
  */
 #define HOST_ALIGN 256
+/* A host slab's granularity and the size small buffers share: a GPU's (2 MiB, cuda_vmm.c) and the CUDA backend's. */
+#define HOST_SLAB_GRANULARITY ((uint64_t)2 << 20)
+#define HOST_SLAB_CARVE ((uint64_t)32 << 20)
 
 struct host_block {
 	uint64_t bytes;
 	struct host_block *prev, *next;
 };
 
-/* A shareable buffer: a memfd mapped shared, which clients that attach map too. */
-struct host_shared {
-	void *ptr;
-	uint64_t bytes;
-	struct host_shared *next;
-};
-
 struct host_device {
 	pthread_mutex_t lock;
 	uint64_t used;
 	struct host_block *blocks;
-	struct host_shared *shared;
+	struct slab_heap *slabs;
+	bool use_slabs; /* buffers from slabs (--buffer-memory vmm or auto), else blocks */
 	void *staging_block;
 	struct host_engines *engines;
 	struct host_stream *stream;                    /* outside jobs (dev->lane NULL) */
@@ -150,10 +154,56 @@ static void host_fill_info(struct device *dev)
 	info->mem_total = dev->config.host_arena_bytes;
 	info->mem_free = dev->config.host_arena_bytes - h->used;
 	pthread_mutex_unlock(&h->lock);
+	info->buffer_memory = h->use_slabs ? "vmm" : "pool";
+}
+
+/* A slab: a memfd of bytes, mapped shared; its descriptor opens it alone. */
+static int host_slab_create(void *ctx, uint64_t bytes, struct slab_mem *mem,
+			    struct gpuq_error *err)
+{
+	struct device *dev = ctx;
+	int m = memfd_create("gpuq-slab", MFD_CLOEXEC);
+	void *p = MAP_FAILED;
+	if (m >= 0 && ftruncate(m, (off_t)bytes) == 0)
+		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m, 0);
+	if (p == MAP_FAILED) {
+		int e = errno;
+		if (m >= 0)
+			close(m);
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "host device %d: cannot make a memfd slab of %llu bytes: %s",
+				 dev->index, (unsigned long long)bytes, strerror(e));
+	}
+	*mem = (struct slab_mem){ .base = p, .bytes = bytes, .fd = m };
+	return 0;
+}
+
+/* Host memory outlives any "context": lost or not, the mapping and the memfd go. */
+static void host_slab_destroy(void *ctx, struct slab_mem *mem, bool lost)
+{
+	(void)ctx;
+	(void)lost;
+	munmap(mem->base, mem->bytes);
+	close(mem->fd);
+}
+
+static int host_open_slabs(struct device *dev, struct host_device *h, struct gpuq_error *err)
+{
+	struct slab_backend be = { .granularity = HOST_SLAB_GRANULARITY,
+				   .create = host_slab_create,
+				   .destroy = host_slab_destroy,
+				   .ctx = dev };
+	h->use_slabs = dev->config.buffer_memory != BUFFER_MEMORY_POOL;
+	h->slabs = slab_heap_create(&be, HOST_SLAB_CARVE, dev->config.pool_release_bytes);
+	if (!h->slabs)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for its slab heap",
+				 dev->index);
+	return 0;
 }
 
 static void host_free_state(struct host_device *h)
 {
+	slab_heap_destroy(h->slabs, false);
 	pthread_mutex_destroy(&h->lock);
 	free(h->staging_block);
 	free(h);
@@ -168,6 +218,10 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 				 dev->index);
 	pthread_mutex_init(&h->lock, NULL);
 	h->staging_block = malloc(slot * dev->config.staging_slots);
+	if (host_open_slabs(dev, h, err) != 0) {
+		host_free_state(h);
+		return -1;
+	}
 	if (!h->staging_block) {
 		host_free_state(h);
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
@@ -209,12 +263,6 @@ static void host_close(struct device *dev)
 		h->blocks = b->next;
 		free(b);
 	}
-	while (h->shared) {
-		struct host_shared *sh = h->shared;
-		h->shared = sh->next;
-		munmap(sh->ptr, sh->bytes);
-		free(sh);
-	}
 	free(dev->peer_ring);
 	dev->peer_ring = NULL;
 	host_free_state(h);
@@ -255,18 +303,15 @@ static void host_unreserve(struct host_device *h, uint64_t bytes)
 	pthread_mutex_unlock(&h->lock);
 }
 
-static int host_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
+/* A malloc'd block of the arena (--buffer-memory pool), the header before it. */
+static int host_alloc_block(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
 {
 	struct host_device *h = dev->impl;
-	if (host_reserve(dev, bytes, err) != 0)
-		return -1;
 	void *block;
-	if (posix_memalign(&block, HOST_ALIGN, HOST_ALIGN + bytes) != 0) {
-		host_unreserve(h, bytes);
+	if (posix_memalign(&block, HOST_ALIGN, HOST_ALIGN + bytes) != 0)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
 				 "host device %d: malloc of %llu bytes failed", dev->index,
 				 (unsigned long long)bytes);
-	}
 	struct host_block *b = block;
 	b->bytes = bytes;
 	b->prev = NULL;
@@ -280,8 +325,49 @@ static int host_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpu
 	return 0;
 }
 
+/* A range of a slab; *fd (may be NULL: not exported) a descriptor of its own slab, the caller's. */
+static int host_alloc_slab(struct device *dev, uint64_t bytes, unsigned flags, void **ptr,
+			   int *fd, struct gpuq_error *err)
+{
+	struct host_device *h = dev->impl;
+	struct slab_place p;
+	if (slab_alloc(h->slabs, bytes, flags, &p, err) != 0)
+		return -1;
+	if (fd && (*fd = fcntl(p.fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		int e = errno;
+		slab_free(h->slabs, p.ptr, NULL);
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
+				 "host device %d: cannot duplicate a slab's descriptor: %s", dev->index,
+				 strerror(e));
+	}
+	*ptr = p.ptr;
+	return 0;
+}
+
+/* Takes bytes of the arena, then memory from `from`; the arena's count is the same for both. */
+static int host_alloc_from(struct device *dev, enum buffer_memory from, uint64_t bytes,
+			   void **ptr, struct gpuq_error *err)
+{
+	struct host_device *h = dev->impl;
+	*ptr = NULL;
+	if (host_reserve(dev, bytes, err) != 0)
+		return -1;
+	int rc = from == BUFFER_MEMORY_POOL ? host_alloc_block(dev, bytes, ptr, err)
+					    : host_alloc_slab(dev, bytes, 0, ptr, NULL, err);
+	if (rc != 0)
+		host_unreserve(h, bytes);
+	return rc;
+}
+
+static int host_alloc(struct device *dev, uint64_t bytes, void **ptr, struct gpuq_error *err)
+{
+	struct host_device *h = dev->impl;
+	return host_alloc_from(dev, h->use_slabs ? BUFFER_MEMORY_VMM : BUFFER_MEMORY_POOL, bytes,
+			       ptr, err);
+}
+
 /*
- * The stand-in for cuMemCreate and its export: the arena piece is a memfd
+ * The stand-in for cuMemCreate and its export: a slab of its own, a memfd
  * mapped shared, and the descriptor handed out opens that memfd alone, so a
  * client that attaches maps the very bytes the daemon's jobs touch.
  */
@@ -289,64 +375,30 @@ static int host_alloc_shareable(struct device *dev, uint64_t bytes, void **ptr, 
 				struct gpuq_error *err)
 {
 	struct host_device *h = dev->impl;
-	struct host_shared *sh = calloc(1, sizeof *sh);
 	*ptr = NULL;
 	*fd = -1;
-	if (!sh)
-		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for a record",
-				 dev->index);
-	if (host_reserve(dev, bytes, err) != 0) {
-		free(sh);
+	if (host_reserve(dev, bytes, err) != 0)
+		return -1;
+	if (host_alloc_slab(dev, bytes, SLAB_EXPORTED, ptr, fd, err) != 0) {
+		host_unreserve(h, bytes);
 		return -1;
 	}
-	int m = memfd_create("gpuq-shareable", MFD_CLOEXEC);
-	void *p = MAP_FAILED;
-	if (m >= 0 && ftruncate(m, (off_t)bytes) == 0)
-		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m, 0);
-	if (p == MAP_FAILED) {
-		int e = errno;
-		if (m >= 0)
-			close(m);
-		host_unreserve(h, bytes);
-		free(sh);
-		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY,
-				 "host device %d: cannot make a shareable memfd of %llu bytes: %s",
-				 dev->index, (unsigned long long)bytes, strerror(e));
-	}
-	sh->ptr = p;
-	sh->bytes = bytes;
-	pthread_mutex_lock(&h->lock);
-	sh->next = h->shared;
-	h->shared = sh;
-	pthread_mutex_unlock(&h->lock);
-	*ptr = p;
-	*fd = m;
 	return 0;
 }
 
-/* Takes the shareable record of ptr off the list, or NULL when ptr is an arena block. */
-static struct host_shared *host_shared_take(struct host_device *h, void *ptr)
+static int host_place(struct device *dev, const void *ptr, struct slab_place *out)
 {
-	struct host_shared *found = NULL;
-	pthread_mutex_lock(&h->lock);
-	for (struct host_shared **link = &h->shared; *link; link = &(*link)->next) {
-		if ((*link)->ptr == ptr) {
-			found = *link;
-			*link = found->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&h->lock);
-	return found;
+	struct host_device *h = dev->impl;
+	return slab_place_of(h->slabs, ptr, out);
 }
 
-/* Compute engine: a shareable buffer is unmapped once what came before it on the lane has run. */
-static void op_release_shared(struct host_op *op)
+/* Compute engine: a slab's range goes back once what came before it on the lane has run. */
+static void op_release_slab(struct host_op *op)
 {
-	struct host_shared *sh = op->arg;
-	munmap(sh->ptr, sh->bytes);
-	host_unreserve(op->dst, sh->bytes);
-	free(sh);
+	struct host_device *h = op->arg;
+	uint64_t bytes = 0;
+	if (slab_free(h->slabs, op->dst, &bytes) == 0)
+		host_unreserve(h, bytes);
 }
 
 /* Compute engine: the block goes back to the arena once what came before it on the lane has run. */
@@ -368,13 +420,13 @@ static void op_release(struct host_op *op)
 
 static int host_release(struct device *dev, void *ptr, struct gpuq_error *err)
 {
-	struct host_shared *sh = ptr ? host_shared_take(dev->impl, ptr) : NULL;
-	if (sh) {
-		struct host_op shared = { .dst = dev->impl, .arg = sh };
-		return host_run_sync(dev, HOST_ENGINE_COMPUTE, op_release_shared, &shared, err);
-	}
-	struct host_op op = { .dst = ptr, .arg = dev->impl };
-	return host_run_sync(dev, HOST_ENGINE_COMPUTE, op_release, &op, err);
+	struct host_device *h = dev->impl;
+	struct slab_place p;
+	if (!ptr)
+		return 0;
+	struct host_op op = { .dst = ptr, .arg = h };
+	bool slab = slab_place_of(h->slabs, ptr, &p) == 0;
+	return host_run_sync(dev, HOST_ENGINE_COMPUTE, slab ? op_release_slab : op_release, &op, err);
 }
 
 static void op_fill(struct host_op *op)
@@ -680,6 +732,8 @@ const struct backend_ops backend_host = {
 	.device.close = host_close,
 	.device.refresh_info = host_refresh_info,
 	.mem.alloc = host_alloc,
+	.mem.alloc_from = host_alloc_from,
+	.mem.place = host_place,
 	.mem.release = host_release,
 	.mem.fill = host_fill,
 	.mem.checksum = host_checksum_op,

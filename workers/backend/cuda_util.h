@@ -22,7 +22,7 @@
 #include "workers/backend/backend.h"
 #include "workers/backend/cuda_check.h"
 
-struct cuda_vmm_alloc;
+struct slab_heap;
 
 /*
  * A lane (backend.h): one job's stream, the event its waits are on, and its
@@ -48,9 +48,15 @@ struct cuda_state {
 	/* Live allocations from the pool, so that close can free what clients left. */
 	void **live;
 	size_t nlive, live_cap;
-	/* Shareable buffers, each an allocation of its own (cuda_vmm.h); close frees what is left. */
-	struct cuda_vmm_alloc *shared;
-	size_t nshared, shared_cap;
+	/*
+	 * Slabs (workers/buffer/slab.h, each a cuda_vmm.h allocation): every
+	 * shareable buffer's, and every buffer's when use_slabs (--buffer-memory);
+	 * close gives back what is left. slab_oom: the last slab creation ran
+	 * out of device memory (the driver said so), so that alloc can word it.
+	 */
+	struct slab_heap *slabs;
+	bool use_slabs;
+	bool slab_oom;
 };
 
 

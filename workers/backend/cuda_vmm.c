@@ -25,6 +25,8 @@
 	X(cuMemUnmap)                                                          \
 	X(cuMemAddressFree)                                                    \
 	X(cuMemRelease)                                                        \
+	X(cuDeviceGet)                                                         \
+	X(cuDeviceGetAttribute)                                                \
 	X(cuGetErrorName)
 
 static struct {
@@ -105,6 +107,56 @@ static unsigned vmm_access(const struct device *dev, CUmemAccessDesc *desc)
 	return n;
 }
 
+/* The driver's entry points, or why they cannot be had (device_error). */
+static int vmm_ready(struct device *dev, struct gpuq_error *err)
+{
+	pthread_once(&drv_once, vmm_lookup);
+	if (drv.error != cudaSuccess)
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+				 "[gpu %d] shareable buffers need the driver entry point %s, which cannot be had: %s",
+				 dev->index, drv.missing, cudaGetErrorString(drv.error));
+	return 0;
+}
+
+/* A device attribute's value through the driver, or -1 with err. */
+static int vmm_attribute(struct device *dev, CUdevice_attribute attr, int *value,
+			 struct gpuq_error *err)
+{
+	CUdevice cu = 0;
+	VMM_TRY(dev, err, drv.cuDeviceGet(&cu, dev->ordinal), fail);
+	VMM_TRY(dev, err, drv.cuDeviceGetAttribute(value, attr, cu), fail);
+	return 0;
+fail:
+	return -1;
+}
+
+int cuda_vmm_probe(struct device *dev, uint64_t *granularity, struct gpuq_error *err)
+{
+	CUmemAllocationProp prop;
+	size_t g = 0;
+	int vmm = 0, posix_fd = 0;
+	if (vmm_ready(dev, err) != 0)
+		return -1;
+	if (vmm_attribute(dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, &vmm, err) != 0 ||
+	    vmm_attribute(dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+			  &posix_fd, err) != 0)
+		return -1;
+	if (!vmm || !posix_fd)
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+				 "[gpu %d] the driver does not support %s on CUDA device %d",
+				 dev->index,
+				 !vmm ? "virtual memory management (cuMemCreate)"
+				      : "exporting allocations as POSIX file descriptors",
+				 dev->ordinal);
+	vmm_prop(dev, &prop);
+	VMM_TRY(dev, err, drv.cuMemGetAllocationGranularity(&g, &prop,
+							   CU_MEM_ALLOC_GRANULARITY_MINIMUM), fail);
+	*granularity = g;
+	return 0;
+fail:
+	return -1;
+}
+
 int cuda_vmm_create(struct device *dev, uint64_t bytes, struct cuda_vmm_alloc *a, int *fd,
 		    struct gpuq_error *err)
 {
@@ -118,11 +170,8 @@ int cuda_vmm_create(struct device *dev, uint64_t bytes, struct cuda_vmm_alloc *a
 	int exported = -1;
 	memset(a, 0, sizeof *a);
 	*fd = -1;
-	pthread_once(&drv_once, vmm_lookup);
-	if (drv.error != cudaSuccess)
-		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
-				 "[gpu %d] shareable buffers need the driver entry point %s, which cannot be had: %s",
-				 dev->index, drv.missing, cudaGetErrorString(drv.error));
+	if (vmm_ready(dev, err) != 0)
+		return -1;
 	vmm_prop(dev, &prop);
 	VMM_TRY(dev, err, drv.cuMemGetAllocationGranularity(&granularity, &prop,
 							   CU_MEM_ALLOC_GRANULARITY_MINIMUM), fail);
@@ -146,6 +195,17 @@ fail:
 	if (handle)
 		drv.cuMemRelease(handle);
 	return -1;
+}
+
+void cuda_vmm_destroy_lost(struct cuda_vmm_alloc *a)
+{
+	if (!a->handle || drv.error != cudaSuccess || !drv.cuMemUnmap)
+		return;
+	(void)drv.cuMemUnmap(a->va, a->size);
+	(void)drv.cuMemAddressFree(a->va, a->size);
+	(void)drv.cuMemRelease(a->handle);
+	(void)cudaGetLastError();
+	memset(a, 0, sizeof *a);
 }
 
 int cuda_vmm_destroy(struct device *dev, struct cuda_vmm_alloc *a, struct gpuq_error *err)

@@ -24,6 +24,13 @@ struct cuda_vmm_alloc {
 };
 
 /*
+ * Whether dev can hold its buffers in exportable slabs (--buffer-memory):
+ * the driver's entry points, virtual memory management and export as a
+ * POSIX descriptor; *granularity is the allocation granularity. 0, or -1
+ * with err (device_error) saying what is missing.
+ */
+int cuda_vmm_probe(struct device *dev, uint64_t *granularity, struct gpuq_error *err);
+/*
  * Allocates bytes on dev, maps it read-write for dev and for every device
  * that may read dev's pool (dev->pool_shared), and exports it: *fd is the
  * caller's to close. 0, or -1 with err (out_of_memory when the device is full).
@@ -32,5 +39,12 @@ int cuda_vmm_create(struct device *dev, uint64_t bytes, struct cuda_vmm_alloc *a
 		    struct gpuq_error *err);
 /* Unmaps and releases a; the memory goes once every client has released its handle too. */
 int cuda_vmm_destroy(struct device *dev, struct cuda_vmm_alloc *a, struct gpuq_error *err);
+/*
+ * The same for a device that faulted (its context is lost): each call is
+ * tried and its failure ignored, since the fault was reported already and
+ * must stay the reason the device shows; what the driver still takes back
+ * is not leaked until the process ends.
+ */
+void cuda_vmm_destroy_lost(struct cuda_vmm_alloc *a);
 
 #endif

@@ -9,6 +9,8 @@
 
 #include "workers/buffer/buffer_run.h"
 
+#include "workers/buffer/slab.h"
+
 #include "workers/clock.h"
 #include "workers/sched/sched.h"
 
@@ -34,13 +36,22 @@ static bool memory_wait_over(void *arg)
 	       atomic_load(&m->work->cancel);
 }
 
-/* One try: from the pool, or on its own with a handle to export (a shareable buffer). */
+/*
+ * One try: from the device's buffer memory, or a slab of its own with a
+ * handle to export (a shareable buffer); then where it lives.
+ */
 static int alloc_once(struct device *dev, struct work *work)
 {
-	if (!work->shareable)
-		return dev->ops->mem.alloc(dev, work->length, &work->dptr, &work->error);
-	return dev->ops->mem.alloc_shareable(dev, work->length, &work->dptr, &work->result.share_fd,
-					 &work->error);
+	struct slab_place p;
+	int rc = !work->shareable
+			 ? dev->ops->mem.alloc(dev, work->length, &work->dptr, &work->error)
+			 : dev->ops->mem.alloc_shareable(dev, work->length, &work->dptr,
+							 &work->result.share_fd, &work->error);
+	if (rc == 0 && work->dptr && dev->ops->mem.place(dev, work->dptr, &p) == 0) {
+		work->result.slab = p.slab;
+		work->result.slab_offset = p.offset;
+	}
+	return rc;
 }
 
 /*

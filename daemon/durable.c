@@ -1,0 +1,310 @@
+/*
+ * The durable state record kept up to date (durable.h): a snapshot of the
+ * tables, encoded and written as the record's next generation by a
+ * uv_prepare handle whenever something changed since the last write.
+ * Main thread only; it reads the buffer, region, lease and job tables and
+ * calls nothing above them.
+ */
+#include "daemon/durable.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "daemon/lease.h"
+#include "daemon/log.h"
+#include "daemon/state_record.h"
+
+/* A buffer range some unfinished job writes: where (device, base) is the buffer's identity. */
+struct written {
+	int device;
+	const void *base;
+};
+
+static int written_cmp(const void *a, const void *b)
+{
+	const struct written *x = a, *y = b;
+	if (x->device != y->device)
+		return x->device < y->device ? -1 : 1;
+	return x->base < y->base ? -1 : x->base > y->base;
+}
+
+/*
+ * Every write access of every job queued or running (from submission to
+ * end: a superset of the time it runs, so a buffer is never written
+ * unflagged), sorted. NULL with *n 0 when there are none.
+ */
+static struct written *durable_collect_writes(struct daemon *d, size_t *n)
+{
+	struct written *w = NULL;
+	size_t cap = 0;
+	unsigned seen = 0; /* the unfinished jobs are the newest, mostly: stop once all are seen */
+	*n = 0;
+	for (struct job *job = d->jobs.newest; job && seen < d->jobs.active; job = job->older) {
+		if (job->state != GPUQ_JOB_QUEUED && job->state != GPUQ_JOB_RUNNING)
+			continue;
+		seen++;
+		for (int i = 0; i < job_nworks(job); i++) {
+			const struct work *wk = job_work(job, i);
+			for (unsigned k = 0; k < wk->naccess; k++) {
+				if (!wk->access[k].write)
+					continue;
+				if (*n == cap) {
+					cap = cap ? cap * 2 : 64;
+					struct written *grown = realloc(w, cap * sizeof *w);
+					if (!grown)
+						return w; /* fewer flags rather than none; the next write retries */
+					w = grown;
+				}
+				w[(*n)++] = (struct written){ wk->device, wk->access[k].base };
+			}
+		}
+	}
+	if (*n)
+		qsort(w, *n, sizeof *w, written_cmp);
+	return w;
+}
+
+/* How many of the sorted writes are to buffer b. */
+static unsigned durable_writers_of(const struct buffer *b, const struct written *w, size_t n)
+{
+	struct written key = { b->device, b->dptr };
+	unsigned count = 0;
+	if (!b->dptr)
+		return 0;
+	const struct written *hit = bsearch(&key, w, n, sizeof *w, written_cmp);
+	if (!hit)
+		return 0;
+	while (hit > w && written_cmp(hit - 1, &key) == 0)
+		hit--;
+	for (; hit < w + n && written_cmp(hit, &key) == 0; hit++)
+		count++;
+	return count;
+}
+
+static void durable_copy_buffer(const struct buffer *b, const struct written *w, size_t n,
+				struct state_buffer *out)
+{
+	memset(out, 0, sizeof *out);
+	snprintf(out->name, sizeof out->name, "%s", b->name);
+	snprintf(out->state, sizeof out->state, "%s", buffer_state_name(b->state));
+	out->owner = (uint32_t)b->owner;
+	out->device = b->device;
+	out->dtype = b->dtype;
+	out->count = b->count;
+	out->bytes = b->bytes;
+	out->slab = b->slab;
+	out->slab_offset = b->slab_offset;
+	out->shareable = b->shareable;
+	out->ephemeral = b->conn_serial != 0;
+	out->writers = durable_writers_of(b, w, n);
+}
+
+static int durable_copy_buffers(struct daemon *d, struct state_snapshot *s)
+{
+	size_t n = 0;
+	struct written *w = durable_collect_writes(d, &n);
+	s->buffers = calloc(d->buffers.count ? d->buffers.count : 1, sizeof *s->buffers);
+	if (!s->buffers) {
+		free(w);
+		return -1;
+	}
+	for (struct buffer *b = d->buffers.head; b && s->nbuffers < d->buffers.count; b = b->next)
+		durable_copy_buffer(b, w, n, &s->buffers[s->nbuffers++]);
+	free(w);
+	return 0;
+}
+
+static int durable_copy_regions(struct daemon *d, struct state_snapshot *s)
+{
+	s->regions = calloc(d->regions.count ? d->regions.count : 1, sizeof *s->regions);
+	if (!s->regions)
+		return -1;
+	for (struct region *r = d->regions.head; r && s->nregions < d->regions.count; r = r->next) {
+		struct state_region *out = &s->regions[s->nregions++];
+		snprintf(out->name, sizeof out->name, "%s", r->name);
+		out->owner = (uint32_t)r->owner;
+		out->device = r->device;
+		out->bytes = r->bytes;
+		out->fd = r->fd;
+		out->ephemeral = r->conn_serial != 0;
+	}
+	return 0;
+}
+
+/* Granted leases: what clients map now (a waiting one is an attach job still queued). */
+static int durable_copy_leases(struct daemon *d, struct state_snapshot *s)
+{
+	s->leases = calloc(d->leases.count ? d->leases.count : 1, sizeof *s->leases);
+	if (!s->leases)
+		return -1;
+	for (struct lease *l = d->leases.head; l && s->nleases < d->leases.count; l = l->next) {
+		if (l->state != LEASE_HELD || !l->buffer)
+			continue;
+		struct state_lease *out = &s->leases[s->nleases++];
+		out->id = l->id;
+		snprintf(out->buffer, sizeof out->buffer, "%s", l->buffer->name);
+		out->buffer_owner = (uint32_t)l->buffer->owner;
+		out->device = l->buffer->device;
+		out->uid = (uint32_t)l->uid;
+		out->pid = (int32_t)l->pid;
+		out->write = l->write;
+	}
+	return 0;
+}
+
+/* The quota entry of uid in s, added if new; NULL when full (cannot happen: sized to every owner). */
+static struct state_quota *durable_quota_of(struct state_snapshot *s, size_t cap, uint32_t uid)
+{
+	for (size_t i = 0; i < s->nquotas; i++)
+		if (s->quotas[i].uid == uid)
+			return &s->quotas[i];
+	if (s->nquotas == cap)
+		return NULL;
+	s->quotas[s->nquotas] = (struct state_quota){ .uid = uid };
+	return &s->quotas[s->nquotas++];
+}
+
+/* Each owner's bytes in buffers and regions: the quota usage that outlives connections. */
+static int durable_copy_quota(struct state_snapshot *s)
+{
+	size_t cap = s->nbuffers + s->nregions;
+	s->quotas = calloc(cap ? cap : 1, sizeof *s->quotas);
+	if (!s->quotas)
+		return -1;
+	for (size_t i = 0; i < s->nbuffers; i++) {
+		struct state_quota *q = durable_quota_of(s, cap, s->buffers[i].owner);
+		if (q)
+			q->buffer_bytes += s->buffers[i].bytes;
+	}
+	for (size_t i = 0; i < s->nregions; i++) {
+		struct state_quota *q = durable_quota_of(s, cap, s->regions[i].owner);
+		if (q)
+			q->region_bytes += s->regions[i].bytes;
+	}
+	return 0;
+}
+
+int durable_snapshot(struct daemon *d, struct state_snapshot *s)
+{
+	memset(s, 0, sizeof *s);
+	snprintf(s->backend, sizeof s->backend, "%s", d->ops ? d->ops->name : "");
+	s->devices = d->pool.count;
+	if (durable_copy_buffers(d, s) != 0 || durable_copy_regions(d, s) != 0 ||
+	    durable_copy_leases(d, s) != 0 || durable_copy_quota(s) != 0) {
+		state_snapshot_free(s);
+		return -1;
+	}
+	return 0;
+}
+
+/* Writes the tables as the next generation; a failure is logged and retried at the next change. */
+static void durable_write(struct daemon *d)
+{
+	static struct log_every every;
+	struct durable *du = &d->durable;
+	struct state_snapshot s;
+	struct gpuq_error err;
+	msgpack_sbuffer sb;
+	unsigned held;
+	du->dirty = false;
+	if (durable_snapshot(d, &s) != 0) {
+		gpuq_fail(&err, GPUQ_E_OUT_OF_MEMORY, "no memory to copy the tables");
+	} else {
+		msgpack_sbuffer_init(&sb);
+		state_snapshot_encode(&s, &sb);
+		state_snapshot_free(&s);
+		int rc = state_record_write(du->record, sb.data, sb.size, &err);
+		msgpack_sbuffer_destroy(&sb);
+		if (rc == 0)
+			return;
+	}
+	du->failures++;
+	du->dirty = true;
+	if (log_every_pass(&every, 10, &held))
+		log_error("the durable state record was not updated: %s (%u more such failures)",
+			  err.message, held);
+}
+
+/* Whether a work of job writes a buffer range. */
+static bool durable_job_writes(struct job *job)
+{
+	for (int i = 0; i < job_nworks(job); i++) {
+		const struct work *w = job_work(job, i);
+		for (unsigned k = 0; k < w->naccess; k++)
+			if (w->access[k].write)
+				return true;
+	}
+	return false;
+}
+
+/* Whether job's start or end changes what the record says (a noop's does not). */
+static bool durable_job_matters(struct job *job)
+{
+	return job->buffer || job->buffer2 || job->region || job->lease || durable_job_writes(job);
+}
+
+void durable_job_submitting(struct daemon *d, struct job *job)
+{
+	if (!durable_job_matters(job))
+		return;
+	durable_touch(d);
+	if (durable_job_writes(job) && d->durable.record)
+		durable_write(d); /* now: its worker may start it before the loop turns */
+}
+
+void durable_job_ended(struct daemon *d, struct job *job)
+{
+	if (durable_job_matters(job))
+		durable_touch(d);
+}
+
+static void durable_on_prepare(uv_prepare_t *h)
+{
+	struct daemon *d = h->data;
+	if (d->durable.dirty && d->durable.record)
+		durable_write(d);
+}
+
+void durable_start(struct daemon *d)
+{
+	struct durable *du = &d->durable;
+	struct gpuq_error err;
+	du->record = state_record_create(&err);
+	if (!du->record) {
+		log_error("no durable state record: %s; gpuqd serves without one", err.message);
+		return;
+	}
+	if (uv_prepare_init(d->loop, &du->flush) != 0) {
+		log_error("no durable state record: its loop handle cannot be made");
+		state_record_close(du->record);
+		du->record = NULL;
+		return;
+	}
+	du->flush.data = d;
+	uv_prepare_start(&du->flush, durable_on_prepare);
+	du->started = true;
+	durable_write(d); /* generation 1: the state at start (no buffers yet) */
+}
+
+void durable_touch(struct daemon *d)
+{
+	d->durable.dirty = true;
+}
+
+void durable_close(struct daemon *d)
+{
+	struct durable *du = &d->durable;
+	if (!du->started)
+		return;
+	if (du->dirty && du->record)
+		durable_write(d);
+	uv_close((uv_handle_t *)&du->flush, NULL);
+	du->started = false;
+}
+
+void durable_free(struct daemon *d)
+{
+	state_record_close(d->durable.record);
+	d->durable.record = NULL;
+}

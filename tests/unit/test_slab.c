@@ -1,0 +1,247 @@
+/*
+ * workers/buffer/slab.c over a fake backend (calloc'd slabs with a limit on
+ * the bytes it will make): carving, alignment, coalescing on free, slabs of
+ * their own, exhausting a slab, keeping and giving back empty slabs, and
+ * running out of memory.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/harness.h"
+#include "workers/buffer/slab.h"
+
+#define KIB 1024ull
+#define MIB (1024ull * 1024)
+
+struct fake {
+	uint64_t limit, made; /* bytes it may make, bytes made and not destroyed */
+	unsigned creates, destroys, lost;
+	int next_fd;
+};
+
+static int fake_create(void *ctx, uint64_t bytes, struct slab_mem *mem, struct gpuq_error *err)
+{
+	struct fake *f = ctx;
+	if (f->made + bytes > f->limit)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "fake device full: %" PRIu64 " bytes asked",
+				 bytes);
+	if (posix_memalign(&mem->base, 4096, bytes) != 0) /* a device's slab is page-aligned at least */
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "posix_memalign");
+	mem->bytes = bytes;
+	mem->fd = f->next_fd++;
+	f->made += bytes;
+	f->creates++;
+	return 0;
+}
+
+static void fake_destroy(void *ctx, struct slab_mem *mem, bool lost)
+{
+	struct fake *f = ctx;
+	f->made -= mem->bytes;
+	f->destroys++;
+	f->lost += lost;
+	free(mem->base);
+}
+
+static struct slab_heap *fake_heap(struct fake *f, uint64_t limit, uint64_t keep)
+{
+	memset(f, 0, sizeof *f);
+	f->limit = limit;
+	f->next_fd = 100;
+	struct slab_backend be = { .granularity = 2 * MIB, .create = fake_create,
+				   .destroy = fake_destroy, .ctx = f };
+	struct slab_heap *h = slab_heap_create(&be, 8 * MIB, keep);
+	CHECK(h != NULL);
+	return h;
+}
+
+static struct slab_place must_alloc(struct slab_heap *h, uint64_t bytes, unsigned flags)
+{
+	struct slab_place p;
+	struct gpuq_error err;
+	CHECKF(slab_alloc(h, bytes, flags, &p, &err) == 0, "alloc %" PRIu64 ": %s", bytes,
+	       err.message);
+	return p;
+}
+
+TEST(slab_small_buffers_share_a_slab_aligned)
+{
+	struct fake f;
+	struct slab_heap *h = fake_heap(&f, 64 * MIB, 0);
+	struct slab_place a = must_alloc(h, 4 * KIB, 0);
+	struct slab_place b = must_alloc(h, 1, 0);
+	struct slab_place c = must_alloc(h, 300, 0);
+	CHECK_EQ(f.creates, 1);
+	CHECK_EQ(a.slab, b.slab);
+	CHECK_EQ(a.slab_bytes, 8 * MIB);
+	CHECK(!a.own);
+	CHECK_EQ(a.offset, 0);
+	CHECK_EQ(b.offset, 4 * KIB);
+	CHECK_EQ(b.length, SLAB_ALIGN);
+	CHECK_EQ(b.bytes, 1);
+	CHECK_EQ(c.offset, 4 * KIB + SLAB_ALIGN);
+	CHECK_EQ(c.length, 2 * SLAB_ALIGN);
+	CHECK_EQ((uintptr_t)c.ptr % SLAB_ALIGN, 0);
+	CHECK_EQ(a.fd, 100);
+	struct slab_place q;
+	CHECK(slab_place_of(h, c.ptr, &q) == 0);
+	CHECK_EQ(q.offset, c.offset);
+	CHECK(slab_place_of(h, (char *)c.ptr + 1, &q) != 0); /* not where a range starts */
+	slab_heap_destroy(h, false);
+	CHECK_EQ(f.destroys, 1);
+}
+
+TEST(slab_free_coalesces_neighbours)
+{
+	struct fake f;
+	struct slab_heap *h = fake_heap(&f, 64 * MIB, 0);
+	struct slab_place a = must_alloc(h, 1 * MIB, 0);
+	struct slab_place b = must_alloc(h, 1 * MIB, 0);
+	struct slab_place c = must_alloc(h, 1 * MIB, 0);
+	uint64_t asked = 0;
+	CHECK_EQ(b.bytes, 1 * MIB);
+	CHECK(slab_free(h, a.ptr, &asked) == 0);
+	CHECK_EQ(asked, 1 * MIB);
+	CHECK(slab_free(h, c.ptr, NULL) == 0);
+	CHECK(slab_free(h, c.ptr, NULL) != 0); /* twice: refused, nothing changes */
+	/* a and c are free but apart: 2 MiB fits only after c (merged with the rest), until b goes. */
+	struct slab_place d = must_alloc(h, 2 * MIB, 0);
+	CHECK_EQ(d.offset, 2 * MIB);
+	CHECK(slab_free(h, d.ptr, NULL) == 0);
+	CHECK(slab_free(h, b.ptr, NULL) == 0);
+	struct slab_place e = must_alloc(h, 2 * MIB, 0);
+	CHECK_EQ(e.offset, 0);
+	CHECK_EQ(f.creates, 1);
+	slab_heap_destroy(h, false);
+}
+
+TEST(slab_exhausted_makes_another)
+{
+	struct fake f;
+	struct slab_heap *h = fake_heap(&f, 64 * MIB, 0);
+	struct slab_place p[5];
+	for (int i = 0; i < 4; i++)
+		p[i] = must_alloc(h, 2 * MIB, 0); /* a quarter of a slab: still carved */
+	CHECK_EQ(f.creates, 1);
+	p[4] = must_alloc(h, 4 * KIB, 0);
+	CHECK_EQ(f.creates, 2);
+	CHECK(p[4].slab != p[0].slab);
+	struct slab_stats st;
+	slab_heap_stats(h, &st);
+	CHECK_EQ(st.slabs, 2);
+	CHECK_EQ(st.used_bytes, 8 * MIB + 4 * KIB);
+	/* The first slab, emptied, is kept (one carved slab always is); the second, emptied too, goes back. */
+	for (int i = 0; i < 4; i++)
+		CHECK(slab_free(h, p[i].ptr, NULL) == 0);
+	slab_heap_stats(h, &st);
+	CHECK_EQ(st.slabs, 2); /* the one carved slab always kept */
+	CHECK_EQ(st.kept, 1);
+	CHECK(slab_free(h, p[4].ptr, NULL) == 0);
+	slab_heap_stats(h, &st);
+	CHECK_EQ(st.slabs, 1);
+	CHECK_EQ(st.kept, 1);
+	CHECK_EQ(f.destroys, 1);
+	slab_heap_destroy(h, true);
+	CHECK_EQ(f.lost, 1);
+}
+
+TEST(slab_large_buffers_get_their_own)
+{
+	struct fake f;
+	struct slab_heap *h = fake_heap(&f, 64 * MIB, 0);
+	struct slab_place big = must_alloc(h, 2 * MIB + 1, 0);
+	CHECK(big.own);
+	CHECK_EQ(big.slab_bytes, 4 * MIB); /* rounded up to the granularity */
+	CHECK_EQ(big.offset, 0);
+	struct slab_place shared = must_alloc(h, 4 * KIB, SLAB_EXPORTED);
+	CHECK(shared.own);
+	CHECK_EQ(shared.slab_bytes, 2 * MIB);
+	CHECK(shared.slab != big.slab);
+	CHECK_EQ(f.creates, 2);
+	CHECK(slab_free(h, big.ptr, NULL) == 0);
+	CHECK(slab_free(h, shared.ptr, NULL) == 0);
+	CHECK_EQ(f.destroys, 2); /* --pool-release 0 keeps nothing of its own */
+	slab_heap_destroy(h, false);
+}
+
+TEST(slab_keeps_freed_slabs_within_the_threshold)
+{
+	struct fake f;
+	struct slab_heap *h = fake_heap(&f, 64 * MIB, 16 * MIB);
+	struct slab_place a = must_alloc(h, 12 * MIB, 0);
+	CHECK(slab_free(h, a.ptr, NULL) == 0);
+	CHECK_EQ(f.destroys, 0);
+	struct slab_place b = must_alloc(h, 11 * MIB, 0); /* 12 MiB is within an eighth */
+	CHECK_EQ(b.slab, a.slab);
+	CHECK_EQ(f.creates, 1);
+	CHECK(slab_free(h, b.ptr, NULL) == 0);
+	/* An exported slab is never kept: a client may still map it. */
+	struct slab_place e = must_alloc(h, 12 * MIB, SLAB_EXPORTED);
+	CHECK_EQ(e.slab, a.slab); /* a kept slab may be exported: nobody else holds it */
+	CHECK(slab_free(h, e.ptr, NULL) == 0);
+	CHECK_EQ(f.destroys, 1);
+	slab_heap_destroy(h, false);
+}
+
+TEST(slab_out_of_memory_gives_kept_slabs_back_then_fails)
+{
+	struct fake f;
+	struct slab_heap *h = fake_heap(&f, 20 * MIB, 64 * MIB);
+	struct slab_place a = must_alloc(h, 10 * MIB, 0);
+	CHECK(slab_free(h, a.ptr, NULL) == 0); /* kept: 10 MiB of the 20 */
+	struct slab_place b = must_alloc(h, 16 * MIB, 0); /* fits once the kept slab is gone */
+	CHECK_EQ(f.destroys, 1);
+	struct slab_place p;
+	struct gpuq_error err;
+	CHECK(slab_alloc(h, 8 * MIB, 0, &p, &err) != 0);
+	CHECK_EQ(err.code, GPUQ_E_OUT_OF_MEMORY);
+	CHECK(strstr(err.message, "fake device full") != NULL);
+	/* A small buffer falls back to a slab of one granule when a whole carved slab does not fit. */
+	struct slab_place s = must_alloc(h, 4 * KIB, 0);
+	CHECK_EQ(s.slab_bytes, 2 * MIB);
+	CHECK(!s.own);
+	CHECK(slab_free(h, b.ptr, NULL) == 0);
+	CHECK(slab_free(h, s.ptr, NULL) == 0);
+	slab_heap_destroy(h, false);
+	CHECK_EQ(f.made, 0);
+}
+
+/* Random allocations and frees: every range inside its slab, none overlapping, all freed coalesce. */
+TEST(slab_random_ranges_never_overlap)
+{
+	struct fake f;
+	struct slab_heap *h = fake_heap(&f, 1024 * MIB, 0);
+	struct slab_place live[64];
+	bool have[64] = { false };
+	uint64_t seed = 12345;
+	for (int step = 0; step < 4000; step++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		unsigned i = (unsigned)(seed >> 58);
+		if (have[i]) {
+			CHECK(slab_free(h, live[i].ptr, NULL) == 0);
+			have[i] = false;
+			continue;
+		}
+		uint64_t bytes = 1 + (seed >> 20) % (3 * MIB);
+		live[i] = must_alloc(h, bytes, 0);
+		have[i] = true;
+		CHECK(live[i].length >= bytes);
+		CHECK(live[i].offset + live[i].length <= live[i].slab_bytes);
+		for (unsigned j = 0; j < 64; j++) {
+			if (j == i || !have[j] || live[j].slab != live[i].slab)
+				continue;
+			CHECK(live[j].offset + live[j].length <= live[i].offset ||
+			      live[i].offset + live[i].length <= live[j].offset);
+		}
+	}
+	for (unsigned j = 0; j < 64; j++)
+		if (have[j])
+			CHECK(slab_free(h, live[j].ptr, NULL) == 0);
+	struct slab_stats st;
+	slab_heap_stats(h, &st);
+	CHECK_EQ(st.used_bytes, 0);
+	CHECK_EQ(st.slabs, 1); /* everything else went back */
+	slab_heap_destroy(h, false);
+	CHECK_EQ(f.made, 0);
+}

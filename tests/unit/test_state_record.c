@@ -1,0 +1,289 @@
+/*
+ * daemon/state_record.c: a snapshot's round trip through the payload and
+ * the memfd's slots, generations taking turns, a torn write (half a slot
+ * written: payload or header) recovering the previous generation, a record
+ * of a newer format refused with a clear message, a corrupted one refused,
+ * and an empty one told apart.
+ */
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/state_record.h"
+#include "protocol/msg.h"
+#include "tests/harness.h"
+#include "workers/backend/host_patterns.h"
+
+static struct state_buffer test_buffers[2] = {
+	{ .name = "weights", .owner = 1000, .device = 0, .dtype = GPUQ_DTYPE_BF16, .count = 1u << 20,
+	  .bytes = 2u << 20, .slab = 3, .slab_offset = 4096, .shareable = false, .ephemeral = false,
+	  .state = "ready", .writers = 0 },
+	{ .name = "kv", .owner = 1001, .device = 1, .dtype = GPUQ_DTYPE_BYTES, .count = 77,
+	  .bytes = 77, .slab = 0, .slab_offset = 0, .shareable = true, .ephemeral = true,
+	  .state = "ready", .writers = 2 },
+};
+static struct state_region test_regions[1] = {
+	{ .name = "in", .owner = 1000, .device = 1, .bytes = 1u << 21, .fd = 17, .ephemeral = true },
+};
+static struct state_lease test_leases[1] = {
+	{ .id = 42, .buffer = "kv", .buffer_owner = 1001, .device = 1, .uid = 1001, .pid = 4242,
+	  .write = true },
+};
+static struct state_quota test_quotas[2] = {
+	{ .uid = 1000, .buffer_bytes = 2u << 20, .region_bytes = 1u << 21 },
+	{ .uid = 1001, .buffer_bytes = 77, .region_bytes = 0 },
+};
+
+static struct state_snapshot test_snapshot(void)
+{
+	struct state_snapshot s = { .backend = "host", .devices = 2,
+				    .buffers = test_buffers, .nbuffers = 2,
+				    .regions = test_regions, .nregions = 1,
+				    .leases = test_leases, .nleases = 1,
+				    .quotas = test_quotas, .nquotas = 2 };
+	return s;
+}
+
+/* Encodes s and writes it as the record's next generation. */
+static void write_snapshot(struct state_record *r, const struct state_snapshot *s)
+{
+	msgpack_sbuffer sb;
+	struct gpuq_error err;
+	msgpack_sbuffer_init(&sb);
+	state_snapshot_encode(s, &sb);
+	CHECKF(state_record_write(r, sb.data, sb.size, &err) == 0, "write: %s", err.message);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+/* Reads the record and decodes it; the generation read. */
+static uint64_t read_snapshot(int fd, struct state_snapshot *out)
+{
+	void *p = NULL;
+	size_t len = 0;
+	uint64_t gen = 0;
+	struct gpuq_error err;
+	CHECKF(state_record_read(fd, &p, &len, &gen, &err) == 0, "read: %s", err.message);
+	CHECKF(state_snapshot_decode(p, len, out, &err) == 0, "decode: %s", err.message);
+	free(p);
+	return gen;
+}
+
+static void read_header(int fd, unsigned slot, struct state_record_header *h)
+{
+	CHECK(pread(fd, h, sizeof *h, (off_t)(slot * sizeof *h)) == (ssize_t)sizeof *h);
+}
+
+TEST(state_record_round_trip)
+{
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	CHECKF(r != NULL, "%s", err.message);
+	struct state_snapshot s = test_snapshot(), back;
+	write_snapshot(r, &s);
+	CHECK_EQ(read_snapshot(state_record_fd(r), &back), 1);
+	CHECK_STR(back.backend, "host");
+	CHECK_EQ(back.devices, 2);
+	CHECK_EQ(back.nbuffers, 2);
+	for (size_t i = 0; i < 2; i++) {
+		const struct state_buffer *a = &test_buffers[i], *b = &back.buffers[i];
+		CHECK_STR(b->name, a->name);
+		CHECK_STR(b->state, a->state);
+		CHECK_EQ(b->owner, a->owner);
+		CHECK_EQ(b->device, a->device);
+		CHECK_EQ(b->dtype, a->dtype);
+		CHECK_EQ(b->count, a->count);
+		CHECK_EQ(b->bytes, a->bytes);
+		CHECK_EQ(b->slab, a->slab);
+		CHECK_EQ(b->slab_offset, a->slab_offset);
+		CHECK_EQ(b->shareable, a->shareable);
+		CHECK_EQ(b->ephemeral, a->ephemeral);
+		CHECK_EQ(b->writers, a->writers);
+	}
+	char why[128];
+	CHECK(state_buffer_suspect(&back.buffers[0], why, sizeof why) == NULL);
+	CHECK(state_buffer_suspect(&back.buffers[1], why, sizeof why) == why);
+	CHECK_STR(why, "2 jobs were writing it when gpuqd ended; its bytes may be partly written");
+	CHECK_EQ(back.nregions, 1);
+	CHECK_STR(back.regions[0].name, "in");
+	CHECK_EQ(back.regions[0].fd, 17);
+	CHECK(back.regions[0].ephemeral);
+	CHECK_EQ(back.nleases, 1);
+	CHECK_EQ(back.leases[0].id, 42);
+	CHECK_STR(back.leases[0].buffer, "kv");
+	CHECK_EQ(back.leases[0].pid, 4242);
+	CHECK(back.leases[0].write);
+	CHECK_EQ(back.nquotas, 2);
+	CHECK_EQ(back.quotas[0].region_bytes, 1u << 21);
+	CHECK_EQ(back.quotas[1].buffer_bytes, 77);
+	state_snapshot_free(&back);
+	/* The next generations take turns in the two slots; the newest is read. */
+	s.nbuffers = 1;
+	write_snapshot(r, &s);
+	s.nbuffers = 0;
+	write_snapshot(r, &s);
+	CHECK_EQ(state_record_generation(r), 3);
+	CHECK_EQ(read_snapshot(state_record_fd(r), &back), 3);
+	CHECK_EQ(back.nbuffers, 0);
+	state_snapshot_free(&back);
+	struct state_record_header h0, h1;
+	read_header(state_record_fd(r), 0, &h0);
+	read_header(state_record_fd(r), 1, &h1);
+	CHECK_EQ(h1.generation, 3);
+	CHECK_EQ(h0.generation, 2);
+	state_record_close(r);
+}
+
+TEST(state_record_empty_is_told_apart)
+{
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	void *p = NULL;
+	size_t len = 0;
+	uint64_t gen = 0;
+	CHECK(r != NULL);
+	CHECK_EQ(state_record_read(state_record_fd(r), &p, &len, &gen, &err), 1);
+	state_record_close(r);
+}
+
+/*
+ * A crash while generation 3 was being written: its slot (generation 1's)
+ * holds the new header and the first half of the new payload, the rest
+ * still generation 1's bytes. Generation 2 is read. Then the same with
+ * the header itself half written.
+ */
+TEST(state_record_torn_write_recovers_the_previous_generation)
+{
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	int fd = state_record_fd(r);
+	struct state_snapshot s = test_snapshot(), back;
+	struct state_record_header h;
+	write_snapshot(r, &s); /* 1, slot 1 */
+	s.nleases = 0;
+	write_snapshot(r, &s); /* 2, slot 0 */
+	read_header(fd, 1, &h);
+	size_t area = (size_t)h.capacity;
+	char *old = malloc(area);
+	CHECK(pread(fd, old, area, (off_t)h.offset) == (ssize_t)area);
+	s = test_snapshot();
+	s.nregions = 0;
+	write_snapshot(r, &s); /* 3, slot 1, the same area (it fits) */
+	struct state_record_header h3;
+	read_header(fd, 1, &h3);
+	CHECK_EQ(h3.generation, 3);
+	CHECK_EQ(h3.offset, h.offset);
+	size_t half = (size_t)h3.length / 2;
+	CHECK(pwrite(fd, old + half, area - half, (off_t)(h3.offset + half)) ==
+	      (ssize_t)(area - half));
+	CHECK_EQ(read_snapshot(fd, &back), 2);
+	CHECK_EQ(back.nleases, 0);
+	CHECK_EQ(back.nregions, 1);
+	state_snapshot_free(&back);
+	/* Now the header half written: generation 3's first half, generation 1's second. */
+	CHECK(pwrite(fd, (char *)&h + 32, 32, 64 + 32) == 32);
+	CHECK_EQ(read_snapshot(fd, &back), 2);
+	state_snapshot_free(&back);
+	free(old);
+	state_record_close(r);
+}
+
+TEST(state_record_of_a_newer_format_is_refused)
+{
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	int fd = state_record_fd(r);
+	struct state_snapshot s = test_snapshot();
+	struct state_record_header h;
+	void *p = NULL;
+	size_t len = 0;
+	uint64_t gen = 0;
+	write_snapshot(r, &s);
+	write_snapshot(r, &s);
+	/* Generation 2 (slot 0) as a newer gpuqd would write it: an intact header of version 2. */
+	read_header(fd, 0, &h);
+	h.version = STATE_RECORD_VERSION + 1;
+	h.header_check = host_checksum(&h, offsetof(struct state_record_header, header_check));
+	CHECK(pwrite(fd, &h, sizeof h, 0) == (ssize_t)sizeof h);
+	CHECK_EQ(state_record_read(fd, &p, &len, &gen, &err), -1);
+	CHECK_EQ(err.code, GPUQ_E_UNSUPPORTED_VERSION);
+	CHECKF(strstr(err.message, "format version 2") && strstr(err.message, "reads version 1"),
+	       "%s", err.message);
+	/* A payload that says a newer version inside is refused by the decoder too. */
+	msgpack_sbuffer sb;
+	struct mp_map m;
+	struct state_snapshot back;
+	msgpack_sbuffer_init(&sb);
+	mp_map_init(&m);
+	mp_put_u64(&m, "version", STATE_RECORD_VERSION + 1);
+	mp_map_finish(&m, &sb);
+	CHECK_EQ(state_snapshot_decode(sb.data, sb.size, &back, &err), -1);
+	CHECK_EQ(err.code, GPUQ_E_UNSUPPORTED_VERSION);
+	CHECKF(strstr(err.message, "format version 2"), "%s", err.message);
+	msgpack_sbuffer_destroy(&sb);
+	state_record_close(r);
+}
+
+TEST(state_record_corrupted_is_refused)
+{
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	int fd = state_record_fd(r);
+	struct state_snapshot s = test_snapshot(), back;
+	struct state_record_header h;
+	void *p = NULL;
+	size_t len = 0;
+	uint64_t gen = 0;
+	write_snapshot(r, &s);
+	write_snapshot(r, &s);
+	for (unsigned t = 0; t < 2; t++) { /* one byte of each payload flipped */
+		char c;
+		read_header(fd, t, &h);
+		CHECK(pread(fd, &c, 1, (off_t)(h.offset + h.length / 3)) == 1);
+		c ^= 0x40;
+		CHECK(pwrite(fd, &c, 1, (off_t)(h.offset + h.length / 3)) == 1);
+	}
+	CHECK_EQ(state_record_read(fd, &p, &len, &gen, &err), -1);
+	CHECK_EQ(err.code, GPUQ_E_IO);
+	CHECKF(strstr(err.message, "no slot checks out") && strstr(err.message, "checksum"), "%s",
+	       err.message);
+	/* Not a record at all: no magic. */
+	char junk[128];
+	memset(junk, 'x', sizeof junk);
+	CHECK(pwrite(fd, junk, sizeof junk, 0) == (ssize_t)sizeof junk);
+	CHECK_EQ(state_record_read(fd, &p, &len, &gen, &err), -1);
+	CHECKF(strstr(err.message, "magic"), "%s", err.message);
+	/* A payload that is not msgpack's map is refused by the decoder. */
+	CHECK_EQ(state_snapshot_decode(junk, sizeof junk, &back, &err), -1);
+	CHECK_EQ(err.code, GPUQ_E_IO);
+	state_record_close(r);
+}
+
+/* A payload that grows past its area gets a new one; both slots stay readable. */
+TEST(state_record_grows)
+{
+	enum { N = 2000 };
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	struct state_buffer *many = calloc(N, sizeof *many);
+	struct state_snapshot s = test_snapshot(), back;
+	for (size_t i = 0; i < N; i++) {
+		many[i] = test_buffers[0];
+		snprintf(many[i].name, sizeof many[i].name, "b%zu", i);
+		many[i].slab_offset = i * 256;
+	}
+	write_snapshot(r, &s);
+	s.buffers = many;
+	s.nbuffers = N;
+	write_snapshot(r, &s);
+	write_snapshot(r, &s);
+	CHECK_EQ(read_snapshot(state_record_fd(r), &back), 3);
+	CHECK_EQ(back.nbuffers, N);
+	CHECK_STR(back.buffers[N - 1].name, "b1999");
+	CHECK_EQ(back.buffers[N - 1].slab_offset, (N - 1) * 256);
+	state_snapshot_free(&back);
+	free(many);
+	state_record_close(r);
+}
