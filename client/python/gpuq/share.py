@@ -1,7 +1,7 @@
 """Memory shared with gpuqd without copies: host regions and attached buffers.
 
 A :class:`Region` is host memory this process and gpuqd both map, pinned
-once by gpuqd: ``put``/``get`` with ``region="NAME[OFFSET:LENGTH]"`` move
+once by gpuqd: ``put``/``get`` with ``region="NAME[START:STOP]"`` move
 bytes between it and a buffer with one DMA, while this process reads and
 writes it as a numpy array (:meth:`Region.array`).
 
@@ -36,9 +36,37 @@ class Region:
         self.name = name
         self.bytes = size
         self._fd = fd
-        self._map: Optional[mmap.mmap] = mmap.mmap(fd, size, mmap.MAP_SHARED,
+        # Populated at once: gpuqd pinned these pages already, and a client
+        # that faults them in one by one pays that on its first copies.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self._map: Optional[mmap.mmap] = mmap.mmap(fd, size, flags,
                                                    mmap.PROT_READ | mmap.PROT_WRITE)
         self.view = memoryview(self._map)
+        # Set by the client that made it (region_create), which frees it in
+        # gpuqd when a ``with`` block ends; None for region_open's mappings.
+        self._client: Any = None
+
+    def __repr__(self) -> str:
+        state = "mapped" if self._map is not None else "unmapped"
+        return f"<gpuq.Region {self.name!r} {self.bytes} bytes {state}>"
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Unmaps it here and, for a region this client made, frees it in gpuqd
+        (after the jobs that use it). Not for an AsyncClient's: use ``async with``."""
+        self.unmap()
+        if self._client is not None:
+            self._client.region_free(self.name)
+
+    async def __aenter__(self) -> "Region":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.unmap()
+        if self._client is not None:
+            await self._client.region_free(self.name)
 
     def array(self, dtype: Any = "u1", count: Optional[int] = None, offset: int = 0) -> Any:
         """A numpy array over the region's bytes from ``offset`` (no copy)."""
@@ -51,6 +79,8 @@ class Region:
 
         Arrays made with :meth:`array` keep the mapping alive until they go.
         """
+        if self._map is None:
+            return
         self.view.release()
         _close_map(self._map)
         self._map = None
@@ -59,8 +89,9 @@ class Region:
             self._fd = -1
 
     def ref(self, offset: int = 0, length: Optional[int] = None) -> str:
-        """``NAME[OFFSET:LENGTH]`` for put/get's ``region``."""
-        return f"{self.name}[{offset}:{'' if length is None else length}]"
+        """``NAME[START:STOP]`` for put/get's ``region``: ``length`` bytes from
+        ``offset`` (to the end when None), written as a Python slice."""
+        return f"{self.name}[{offset}:{'' if length is None else offset + length}]"
 
 
 def _close_map(m: Optional[mmap.mmap]) -> None:
@@ -183,6 +214,68 @@ class Attachment:
             self.ptr, self.mapped, self._handle, self.device = _cuda_import(
                 fd, result["uuid"], self.bytes, self.writable)
         self.import_s = time.monotonic() - start
+        # Set by the client that attached it: the attach job's record, and
+        # the client whose release a ``with`` block calls.
+        self.record: Dict[str, Any] = {}
+        self._client: Any = None
+
+    def __repr__(self) -> str:
+        where = "host" if self.host else f"cuda:{self.device}"
+        state = "released" if not self.ptr else self.mode
+        return (f"<gpuq.Attachment {self.buffer} {self.dtype} x {self.count} on {where}, "
+                f"lease {self.lease} {state}>")
+
+    @property
+    def mode(self) -> str:
+        return "read-write" if self.writable else "read"
+
+    def __enter__(self) -> "Attachment":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Releases it (unmaps here, ends the lease). Not for an AsyncClient's: use
+        ``async with``."""
+        if self.ptr and self._client is not None:
+            self._client.release(self)
+        elif self.ptr:
+            self.unmap()
+
+    async def __aenter__(self) -> "Attachment":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self.ptr and self._client is not None:
+            await self._client.release(self)
+        elif self.ptr:
+            self.unmap()
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """DLPack's device: (kDLCPU, 0) on the host backend, (kDLCUDA, ordinal) on a GPU."""
+        return (1, 0) if self.host else (2, self.device)
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        """A DLPack capsule over the buffer's memory, no copy:
+        ``torch.from_dlpack(att)``, ``cupy.from_dlpack(att)``, ``np.from_dlpack(att)``.
+
+        On the host backend it is numpy's; on a GPU it is made by CuPy or
+        torch, whichever is installed (from ``__cuda_array_interface__``),
+        since the capsule must come from a library that owns a CUDA stream
+        model. The memory is valid until :meth:`release`.
+        """
+        if self.host:
+            return self.array().__dlpack__(stream=stream)
+        try:
+            import cupy
+            return cupy.asarray(self).__dlpack__(stream=stream)
+        except ImportError:
+            pass
+        try:
+            import torch
+            tensor = torch.as_tensor(self, device=f"cuda:{self.device}")
+            return tensor.__dlpack__(stream) if stream is not None else tensor.__dlpack__()
+        except ImportError:
+            raise TypeError("__dlpack__ of a GPU attachment needs CuPy or torch; without "
+                            "them use __cuda_array_interface__ or ptr") from None
 
     def _address(self) -> int:
         """The host mapping's address (a read-only mmap exports no writable buffer to ctypes)."""
