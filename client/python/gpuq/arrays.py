@@ -248,10 +248,10 @@ def _put_bytes_plan(api: "Api", label: str, arr: Any, device: int, extra: Dict[s
 def _summary(last: Any, nbytes: int, seconds: float, staging: Any) -> Any:
     """The last chunk's Job, its result saying what the whole transfer did: ``bytes``,
     ``seconds`` and ``gbps`` over every chunk as the client timed them, ``path``
-    ``staged`` and how many ``chunks`` of ``slot_bytes``."""
+    ``ring`` and how many ``chunks`` of ``slot_bytes``."""
     last.record = dict(last.record, result=dict(
         last.result or {}, bytes=nbytes, seconds=seconds,
-        gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0, path="staged",
+        gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0, path="ring",
         chunks=-(-nbytes // staging.slot_bytes), slot_bytes=staging.slot_bytes))
     return last
 

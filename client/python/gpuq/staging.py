@@ -53,7 +53,7 @@ DEFAULT_SLOT_BYTES = 32 << 20
 #: cost more than the one copy they save.
 MIN_STAGED_BYTES = 4 << 20
 #: The smallest slot worth making when memory is short.
-_MIN_SLOT_BYTES = 4 << 20
+_MIN_SLOT_BYTES = 1 << 20
 _PAGE = 4096
 _names = itertools.count(1)
 
