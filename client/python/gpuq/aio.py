@@ -15,6 +15,7 @@ import socket
 import time
 from typing import Any, Dict, Optional, Sequence
 
+from .aio_methods import AsyncMethods
 from .api import Plan
 from .client import ClientBase
 from .connection import ConnectionBase, _copy_error
@@ -194,9 +195,9 @@ class AsyncConnection(ConnectionBase):
         self._sock.close()
 
 
-class AsyncClient(ClientBase):
-    """The asyncio twin of :class:`gpuq.Client`: the same methods, each returning an
-    awaitable of what the sync client's returns.
+class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
+    """The asyncio twin of :class:`gpuq.Client`: the same methods, as coroutine
+    functions (``async def``, aio_methods.py) returning what the sync client's return.
 
     Many requests may be in flight on one connection (start them as tasks,
     or ``asyncio.gather`` them); replies are matched by id. The connection
