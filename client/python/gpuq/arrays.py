@@ -209,7 +209,7 @@ def put_array_plan(api: "Api", spec: str, arr: Any, dtype: Any,
         arr = _device_to_host(arr)
     arr, gd = _prepare(arr, dtype)
     shape = [int(n) for n in arr.shape] if gd != "bytes" or arr.itemsize == 1 else None
-    size = {"bytes": arr.nbytes} if gd == "bytes" else {"count": arr.size, "dtype": gd}
+    size: Dict[str, Any] = {"bytes": arr.nbytes} if gd == "bytes" else {"count": arr.size, "dtype": gd}
     buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job)
     _check_fit(buf, arr.nbytes, arr.size, gd)
     label = f"{name}@{buf['device']}"
@@ -381,7 +381,7 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
     shape = [int(n) for n in arr.shape]
     count = _product(shape)
     nbytes = count * SIZES[_device_dtype(arr)]
-    size = {"bytes": nbytes} if gd == "bytes" else {"count": count, "dtype": gd}
+    size: Dict[str, Any] = {"bytes": nbytes} if gd == "bytes" else {"count": count, "dtype": gd}
     buf = yield from _find_or_alloc_plan(api, name, device, size,
                                          shape if gd != "bytes" else None, True, job)
     _check_fit(buf, nbytes, count, gd)

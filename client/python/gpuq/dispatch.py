@@ -121,7 +121,7 @@ class Dispatcher:
                 count = frame["fds"]
                 frame["_fds"], self.fds = self.fds[:count], self.fds[count:]
             if "event" in frame:
-                slot = self.pending.get(rid)
+                slot = self.pending.get(rid) if rid is not None else None
                 if slot is not None:
                     slot.event(frame)
             elif rid is not None and rid == self.ping_id:

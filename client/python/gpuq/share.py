@@ -71,6 +71,8 @@ class Region:
     def array(self, dtype: Any = "u1", count: Optional[int] = None, offset: int = 0) -> Any:
         """A numpy array over the region's bytes from ``offset`` (no copy)."""
         import numpy as np
+        if self._map is None:
+            raise ValueError(f"region '{self.name}' is unmapped here")
         return np.frombuffer(self._map, dtype=dtype, count=-1 if count is None else count,
                              offset=offset)
 
@@ -280,6 +282,7 @@ class Attachment:
     def _address(self) -> int:
         """The host mapping's address (a read-only mmap exports no writable buffer to ctypes)."""
         import numpy as np
+        assert self._map is not None  # called while mapping, in __init__
         return int(np.frombuffer(self._map, dtype="u1", count=1).ctypes.data)
 
     def array(self) -> Any:
