@@ -143,17 +143,30 @@ class Dispatcher:
         its chunk), and the error that ends the connection if one came: the
         daemon closed it or sent what cannot be read.
         """
+        data, fds, error = self.read(sock)
+        if data is None:
+            return False, error
+        return self.take(data, fds)
+
+    def read(self, sock: socket.socket) -> Tuple[Optional[bytes], List[int], Optional[BaseException]]:
+        """One read from ``sock``, no bookkeeping (it may block, outside any lock):
+        the bytes and descriptors that came, or None and the error that ends
+        the connection (None too when nothing came in time)."""
         try:
             data, fds, _, _ = socket.recv_fds(sock, READ_CHUNK, MAX_FDS,
                                               socket.MSG_CMSG_CLOEXEC)
-            self.fds.extend(fds)
         except (BlockingIOError, InterruptedError, socket.timeout):
-            return False, None
+            return None, [], None
         except ConnectionResetError:
-            return False, self.eof_error(" (reset)")
+            return None, [], self.eof_error(" (reset)")
         except OSError as exc:
-            return False, ConnectionError(f"reading from gpuqd at {self.path} failed: "
-                                          f"{exc.strerror or exc}")
+            return None, [], ConnectionError(f"reading from gpuqd at {self.path} failed: "
+                                             f"{exc.strerror or exc}")
+        return data, fds, None
+
+    def take(self, data: bytes, fds: List[int]) -> Tuple[bool, Optional[BaseException]]:
+        """Routes what :meth:`read` returned; as :meth:`receive`."""
+        self.fds.extend(fds)
         if not data:
             return False, self.eof_error()
         try:
