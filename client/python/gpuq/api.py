@@ -188,12 +188,24 @@ class Api(ComputeOps):
         return self._drive(self._job_plan(op, fields, fds, priority, detach, timeout,
                                           on_progress))
 
+    # The methods' own ways to send, without the public methods' layer (on the
+    # async client every public method is a coroutine of its own).
+
+    def _request_kw(self, op: str, **fields: Any) -> Any:
+        return self._drive(self._body_plan(op, fields, ()))
+
+    def _job_kw(self, op: str, *, priority: Optional[str] = None, detach: bool = False,
+                timeout: Optional[float] = None,
+                on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Any:
+        return self._drive(self._job_plan(op, fields, (), priority, detach, timeout,
+                                          on_progress))
+
     # Answered by the main thread ---------------------------------------------
 
     def ping(self) -> Dict[str, Any]:
         """The daemon's ``server``, protocol ``version``, ``backend``, ``devices``,
         ``uptime_s`` and ``pid``."""
-        return self.request("ping")
+        return self._request_kw("ping")
 
     def devices(self, **fields: Any) -> List[Dict[str, Any]]:
         """One map per device: name, memory, health, queue, peer access and paths, counters."""
@@ -226,14 +238,14 @@ class Api(ComputeOps):
     def shutdown(self) -> Dict[str, Any]:
         """Stops the daemon as SIGTERM does (root and the admin group only):
         ``stopping``, ``jobs_active``, ``shutdown_timeout_ms``."""
-        return self.request("shutdown")
+        return self._request_kw("shutdown")
 
     def reset_device(self, device: int) -> Dict[str, Any]:
         """Resets one device and serves it again, as gpuqd does by itself after a
         fault (root and the admin group only): its running jobs are cancelled and
         its buffers lost. Returns at once: ``device``, ``reset_requested``,
         ``resets`` (the count before this one); :meth:`devices` shows the reset."""
-        return self.request("reset_device", device=device)
+        return self._request_kw("reset_device", device=device)
 
     def _key_plan(self, op: str, key: str, fields: Mapping[str, Any]) -> Plan:
         reply = yield from self._request_plan(op, fields)
@@ -283,7 +295,7 @@ class Api(ComputeOps):
         Waiting, a job that fails raises the :class:`~gpuq.GpuqError` of its
         code, with ``error.job``; a finished job is returned.
         """
-        return self.job("noop", device=device, devices=devices, priority=priority,
+        return self._job_kw("noop", device=device, devices=devices, priority=priority,
                         detach=detach, timeout=timeout, on_progress=on_progress, **fields)
 
     def alloc(self, name: str, shape: Any = None, dtype: Any = None, *,
@@ -419,7 +431,7 @@ class Api(ComputeOps):
         ``host-staged`` between GPUs. Result: ``src``, ``dst``, ``bytes``,
         ``seconds``, ``gbps``, ``path``, ``engine``, ``verified``.
         """
-        return self.job("copy", src=src, dst=dst, engine=engine, path=path, verify=verify,
+        return self._job_kw("copy", src=src, dst=dst, engine=engine, path=path, verify=verify,
                         chunk_bytes=chunk_bytes, peer_timeout_ms=peer_timeout_ms,
                         priority=priority, detach=detach, timeout=timeout,
                         on_progress=on_progress, **fields)
@@ -430,7 +442,7 @@ class Api(ComputeOps):
              **fields: Any) -> Job:
         """Fills a buffer on its device: ``"zero"``, ``"value"`` (with ``value``),
         ``"iota"`` or ``"random"`` (with ``seed``). Result: ``bytes``."""
-        return self.job("fill", buffer=buffer, pattern=pattern, value=value, seed=seed,
+        return self._job_kw("fill", buffer=buffer, pattern=pattern, value=value, seed=seed,
                         priority=priority, detach=detach, timeout=timeout,
                         on_progress=on_progress, **fields)
 
@@ -438,7 +450,7 @@ class Api(ComputeOps):
                  timeout: Optional[float] = None,
                  on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """The buffer's 64-bit hash, computed on its device: result ``checksum``, ``bytes``."""
-        return self.job("checksum", buffer=buffer, priority=priority, detach=detach,
+        return self._job_kw("checksum", buffer=buffer, priority=priority, detach=detach,
                         timeout=timeout, on_progress=on_progress, **fields)
 
     def run(self, buffer: str, ops: Ops, *, mode: Optional[str] = None,
@@ -452,7 +464,7 @@ class Api(ComputeOps):
         ``mode``: ``fused`` (default), ``graph`` or ``eager``; ``repeat`` the
         whole chain; ``out``: another buffer of the same shape (default in place).
         """
-        return self.job("run", buffer=buffer, ops=parse_ops(ops), mode=mode, repeat=repeat,
+        return self._job_kw("run", buffer=buffer, ops=parse_ops(ops), mode=mode, repeat=repeat,
                         out=out, priority=priority, detach=detach, timeout=timeout,
                         on_progress=on_progress, **fields)
 
@@ -548,11 +560,11 @@ class Api(ComputeOps):
 
     def region_free(self, name: str, *, timeout: Optional[float] = None, **fields: Any) -> Job:
         """Lets gpuqd unpin a region, after the jobs that use it."""
-        return self.job("region_free", name=name, timeout=timeout, **fields)
+        return self._job_kw("region_free", name=name, timeout=timeout, **fields)
 
     def regions(self) -> Dict[str, Any]:
         """The caller's regions (every user's for root), ``pinned_bytes`` and ``memlock_limit``."""
-        return self.request("regions")
+        return self._request_kw("regions")
 
     def attach(self, buffer: str, *, mode: str = "read-write",
                timeout: Optional[float] = None, **fields: Any) -> "share.Attachment":
@@ -586,12 +598,12 @@ class Api(ComputeOps):
     def release(self, attachment: "share.Attachment") -> Dict[str, Any]:
         """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on)."""
         attachment.unmap()
-        return self.request("release", lease=attachment.lease)
+        return self._request_kw("release", lease=attachment.lease)
 
     def leases(self) -> List[Dict[str, Any]]:
         """Leases on the caller's buffers and its own (every lease for root and the admin group)."""
-        return self.request("leases")["leases"]
+        return self._drive(self._key_plan("leases", "leases", {}))
 
     def lease_break(self, lease: int) -> Dict[str, Any]:
         """Ends a lease (root and the admin group); its holder gets a ``lease_broken`` event."""
-        return self.request("lease_break", lease=lease)
+        return self._request_kw("lease_break", lease=lease)
