@@ -189,3 +189,55 @@ def test_torch_tensors(client, name):
     client.put_array(name, b)
     assert client.buffer(name).gpuq_dtype == "bf16"
     client.free(name)
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch", reason="torch is not installed here (the GPU "
+                                "machine's tests run it)")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device here")
+    return torch
+
+
+def test_cuda_tensors_go_device_to_device(client, name):
+    torch = _torch_cuda()
+    t = torch.arange(1 << 16, dtype=torch.float32, device="cuda").reshape(256, 256)
+    job = client.put_array(name, t)
+    try:
+        assert job.result["path"] == "device" and job.result["bytes"] == t.numel() * 4
+        buf = client.buffer(name)
+        assert buf.shareable and buf.shape == (256, 256) and buf.gpuq_dtype == "f32"
+        out = torch.empty_like(t)
+        assert client.get_array(name, out=out) is out and torch.equal(out, t)
+        assert np.array_equal(client.get_array(name), t.cpu().numpy())
+        with buf.attach() as a:
+            seen = torch.from_dlpack(a)  # the buffer's own memory, no copy
+            assert torch.equal(seen.reshape(256, 256).cpu(), t.cpu())
+        with pytest.raises(gpuq.BadRequest):
+            client.put_array(name, t[:10])  # the wrong size is refused, nothing sent
+    finally:
+        client.free(name)
+    plain = f"{name}p"
+    client.alloc(plain, (256, 256), torch.float32)  # not shareable: through the host
+    try:
+        client.put_array(plain, t)
+        out = torch.zeros_like(t)
+        client.get_array(plain, out=out)
+        assert torch.equal(out, t)
+    finally:
+        client.free(plain)
+
+
+def test_cupy_arrays_go_device_to_device(client, name):
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed here (the GPU "
+                               "machine's tests run it)")
+    a = cupy.arange(4096, dtype=cupy.float64).reshape(64, 64)
+    client.put_array(name, a)
+    try:
+        out = cupy.empty_like(a)
+        client.get_array(name, out=out)
+        assert bool((out == a).all())
+        with client.buffer(name).attach(mode="read") as att:
+            assert float(cupy.asarray(att).sum()) == float(a.sum())
+    finally:
+        client.free(name)
