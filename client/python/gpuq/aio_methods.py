@@ -358,12 +358,14 @@ class AsyncMethods:
         ``resets`` (the count before this one); :meth:`devices` shows the reset."""
         return await _call(Api.reset_device, self, device)
 
-    async def run(self, buffer: str, ops: Ops, *, mode: Optional[str] = None, repeat: Optional[int] = None, out: Optional[str] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
+    async def run(self, buffer: str, ops: Optional[Ops] = None, *, mode: Optional[str] = None, repeat: Optional[int] = None, out: Optional[str] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Applies a chain of elementwise ops to every element of a float buffer.
 
         ``ops``: ``"sin | add 1 | sqrt"`` or a list (see :func:`parse_ops`);
         ``mode``: ``fused`` (default), ``graph`` or ``eager``; ``repeat`` the
         whole chain; ``out``: another buffer of the same shape (default in place).
+        Without ``ops``, ``buffer`` may be an expression (``run("y = a*x + 1")``),
+        as :meth:`expr` takes it.
         """
         return await _call(Api.run, self, buffer, ops, mode=mode, repeat=repeat, out=out, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
 

@@ -453,7 +453,7 @@ class Api(ComputeOps):
         return self._job_kw("checksum", buffer=buffer, priority=priority, detach=detach,
                         timeout=timeout, on_progress=on_progress, **fields)
 
-    def run(self, buffer: str, ops: Ops, *, mode: Optional[str] = None,
+    def run(self, buffer: str, ops: Optional[Ops] = None, *, mode: Optional[str] = None,
             repeat: Optional[int] = None, out: Optional[str] = None,
             priority: Optional[str] = None, detach: bool = False,
             timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
@@ -463,10 +463,19 @@ class Api(ComputeOps):
         ``ops``: ``"sin | add 1 | sqrt"`` or a list (see :func:`parse_ops`);
         ``mode``: ``fused`` (default), ``graph`` or ``eager``; ``repeat`` the
         whole chain; ``out``: another buffer of the same shape (default in place).
+        Without ``ops``, ``buffer`` may be an expression (``run("y = a*x + 1")``),
+        as :meth:`expr` takes it.
         """
+        if ops is None:
+            if "=" not in buffer:
+                raise ValueError(f"run('{buffer}') needs ops ('sin | add 1'), or give an "
+                                 "expression such as 'y = 2*x + 1' (see expr)")
+            return self._job_kw("run", expr=buffer, mode=mode, repeat=repeat,
+                                priority=priority, detach=detach, timeout=timeout,
+                                on_progress=on_progress, **fields)
         return self._job_kw("run", buffer=buffer, ops=parse_ops(ops), mode=mode, repeat=repeat,
-                        out=out, priority=priority, detach=detach, timeout=timeout,
-                        on_progress=on_progress, **fields)
+                            out=out, priority=priority, detach=detach, timeout=timeout,
+                            on_progress=on_progress, **fields)
 
     # numpy ---------------------------------------------------------------------
 

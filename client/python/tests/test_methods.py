@@ -56,6 +56,10 @@ def test_expressions_and_reductions(client, name):
         at = client.reduce(f"argmax({name}x)")
         assert isinstance(at, int) and at == 999
         assert client.reduce(f"count_nonzero({name}x)", count=10) == 9
+        client.run(f"{name}y = {name}x + 1")  # run takes an expression too
+        assert client.reduce(f"max({name}y)") == 1000.0
+        with pytest.raises(ValueError, match="expression"):
+            client.run(f"{name}y")
     finally:
         client.free(f"{name}x")
         client.free(f"{name}y")
