@@ -28,7 +28,7 @@ import itertools
 import os
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional
 
 from .dispatch import Call
@@ -78,9 +78,9 @@ class Staging:
 
     def __init__(self, slots: int = DEFAULT_SLOTS, slot_bytes: int = DEFAULT_SLOT_BYTES,
                  threads: Optional[int] = None) -> None:
-        if slots < 0 or slot_bytes < _PAGE or slot_bytes % _PAGE:
-            raise ValueError("staging needs slots >= 0 and slot_bytes a positive multiple "
-                             f"of {_PAGE}")
+        if slots < 0 or slots == 1 or slot_bytes < _PAGE or slot_bytes % _PAGE:
+            raise ValueError("staging needs slots 0 (none) or 2 or more (one filled while "
+                             f"others move) and slot_bytes a positive multiple of {_PAGE}")
         self.slots = slots
         self.slot_bytes = slot_bytes
         self.threads = threads or copy_threads()
@@ -159,21 +159,20 @@ class Staging:
 
     # Copies ----------------------------------------------------------------
 
-    def _copy(self, dst: Any, src: Any) -> None:
-        """dst[:] = src (uint8 arrays of one length), by several threads when large."""
+    def _start_copy(self, dst: Any, src: Any) -> List["Future[Any]"]:
+        """Starts dst[:] = src (uint8 arrays of one length) on the copy threads and
+        returns at once; :func:`_finish` waits. A small copy is done here, now."""
         import numpy as np
         n = len(dst)
         parts = self.threads if n >= (1 << 20) * self.threads else 1
         if parts == 1:
             np.copyto(dst, src)
-            return
+            return []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpuq-copy")
         step = (n // parts + _PAGE - 1) // _PAGE * _PAGE
-        cuts = [(a, min(n, a + step)) for a in range(0, n, step)]
-        futures = [self._pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in cuts]
-        for f in futures:
-            f.result()
+        return [self._pool.submit(np.copyto, dst[a:a + step], src[a:a + step])
+                for a in range(0, n, step)]
 
     def _slot(self, k: int, n: int) -> Any:
         """The first n bytes of slot k, as a uint8 array over the region (no copy)."""
@@ -192,27 +191,44 @@ class Staging:
                  job: Dict[str, Any]) -> Plan:
         """Puts ``data`` (a flat uint8 array) into buffer ``label`` from byte 0, chunk by
         chunk through the ring; ``fields`` go with the first chunk (``shape``).
-        Returns the last chunk's :class:`Job`. The ring must be ready and held."""
+        Returns the last chunk's :class:`Job`. The ring must be ready and held.
+
+        The copy threads fill slot i+1 while this thread submits chunk i and
+        waits for the job that last used slot i+1, so that round trips to
+        gpuqd overlap the copies rather than come between them.
+        """
         size, nslots = self.slot_bytes, len(self.regions)
+        chunks = [(off, min(size, len(data) - off)) for off in range(0, len(data), size)]
         pending: List[Optional["Job"]] = [None] * nslots
+        copying: List["Future[Any]"] = []
         last = None
+
+        def slot_free(i: int) -> Plan:
+            """Waits for the job that used chunk i's slot before it, if any."""
+            k = i % nslots
+            done, pending[k] = pending[k], None
+            if done is not None:
+                yield from done._wait_plan(job.get("timeout"), None)
+
         try:
-            for i, off in enumerate(range(0, len(data), size)):
-                k = i % nslots
-                if pending[k] is not None:
-                    done, pending[k] = pending[k], None
-                    yield from done._wait_plan(job.get("timeout"), None)  # type: ignore[union-attr]
-                n = min(size, len(data) - off)
-                self._copy(self._slot(k, n), data[off:off + n])
+            copying = self._start_copy(self._slot(0, chunks[0][1]), data[:chunks[0][1]])
+            for i, (off, n) in enumerate(chunks):
+                if i + 1 < len(chunks):
+                    yield from slot_free(i + 1)  # while chunk i is being copied
+                _finish(copying)
+                copying = []
+                if i + 1 < len(chunks):
+                    noff, nn = chunks[i + 1]
+                    copying = self._start_copy(self._slot((i + 1) % nslots, nn),
+                                               data[noff:noff + nn])
                 req = dict(fields if i == 0 else {}, buffer=label, offset=off, length=n,
-                           region=f"{self.regions[k].name}[0:{n}]")
-                last = pending[k] = yield from api._job_plan(
+                           region=f"{self.regions[i % nslots].name}[0:{n}]")
+                last = pending[i % nslots] = yield from api._job_plan(
                     "put", req, priority=job.get("priority"), detach=True)
-            for k, p in enumerate(pending):
-                pending[k] = None
-                if p is not None:
-                    yield from p._wait_plan(job.get("timeout"), None)
+            for k in range(nslots):
+                yield from slot_free(k)
         except Exception:
+            _finish(copying, quiet=True)
             yield from _drain(pending)
             raise
         return last
@@ -220,10 +236,15 @@ class Staging:
     def get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
         """Fills ``out`` (a flat uint8 array) from buffer ``label``'s bytes from 0: the
         daemon fills slots ahead while finished ones are copied out. The ring
-        must be ready and held. Returns the last chunk's :class:`Job`."""
+        must be ready and held. Returns the last chunk's :class:`Job`.
+
+        While the copy threads empty chunk i's slot, this thread asks for the
+        chunk that slot takes next and waits for chunk i+1, as put does.
+        """
         size, nslots = self.slot_bytes, len(self.regions)
         chunks = [(off, min(size, len(out) - off)) for off in range(0, len(out), size)]
         pending: List["Job"] = []
+        copying: List["Future[Any]"] = []
 
         def submit(i: int) -> Plan:
             off, n = chunks[i]
@@ -239,13 +260,26 @@ class Staging:
                 pending.append((yield from submit(i)))
             for i, (off, n) in enumerate(chunks):
                 last = yield from pending[i]._wait_plan(job.get("timeout"), None)
-                self._copy(out[off:off + n], self._slot(i % nslots, n))
-                if i + nslots < len(chunks):
-                    pending.append((yield from submit(i + nslots)))
+                _finish(copying)  # chunk i-1 is out of its slot
+                copying = self._start_copy(out[off:off + n], self._slot(i % nslots, n))
+                if i - 1 + nslots < len(chunks) and i >= 1:
+                    pending.append((yield from submit(i - 1 + nslots)))
+            _finish(copying)
         except Exception:
+            _finish(copying, quiet=True)
             yield from _drain([p for p in pending if not p.finished])
             raise
         return last
+
+
+def _finish(futures: List["Future[Any]"], quiet: bool = False) -> None:
+    """Waits for the copies ``futures`` stand for; their error is raised unless ``quiet``."""
+    for f in futures:
+        try:
+            f.result()
+        except Exception:
+            if not quiet:
+                raise
 
 
 def _drain(jobs: List[Any]) -> Plan:
