@@ -81,10 +81,7 @@ class Dispatcher:
             raise ValueError(f"a request carries at most {MAX_FDS} descriptors, "
                              f"not {len(call.fds)}")
         rid = next(self._ids)
-        fields = dict(call.fields)
-        if call.fds:
-            fields["fds"] = len(call.fds)
-        frame = encode_request(call.op, rid, fields)
+        frame = encode_request(call.op, rid, call.fields, len(call.fds))
         self.pending[rid] = slot
         self.ops[rid] = call.op
         if call.waits:
