@@ -235,8 +235,11 @@ class Attachment:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        """Releases it (unmaps here, ends the lease). Not for an AsyncClient's: use
+        """Waits for this process's work on the device (:meth:`synchronize`), then
+        releases it (unmaps here, ends the lease). Not for an AsyncClient's: use
         ``async with``."""
+        if self.ptr:
+            self.synchronize()
         if self.ptr and self._client is not None:
             self._client.release(self)
         elif self.ptr:
@@ -246,10 +249,30 @@ class Attachment:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        if self.ptr:
+            self.synchronize()
         if self.ptr and self._client is not None:
             await self._client.release(self)
         elif self.ptr:
             self.unmap()
+
+    def synchronize(self) -> None:
+        """Waits until every stream of this process on the buffer's GPU is done
+        (``cuCtxSynchronize`` on its primary context, which torch and CuPy use):
+        gpuqd cannot see into this process's streams, so a lease must not end
+        while a kernel still writes the buffer. Nothing on the host backend."""
+        if self.host:
+            return
+        drv = _Driver
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        drv.call("cuDeviceGet", ctypes.byref(dev), self.device)
+        drv.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+        drv.call("cuCtxPushCurrent_v2", ctx)
+        try:
+            drv.call("cuCtxSynchronize")
+        finally:
+            drv.call("cuCtxPopCurrent_v2", ctypes.byref(ctypes.c_void_p()))
+            drv.call("cuDevicePrimaryCtxRelease_v2", dev)
 
     def __dlpack_device__(self) -> Tuple[int, int]:
         """DLPack's device: (kDLCPU, 0) on the host backend, (kDLCUDA, ordinal) on a GPU."""
