@@ -132,13 +132,13 @@ def median_gbps(nbytes: int, repeats: int, call: Callable[[], Any],
     return nbytes / statistics.median(times) / 1e9
 
 
-def new_array_ceiling(nbytes: int, repeats: int) -> float:
+def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0) -> float:
     """Making a new float32 array of ``nbytes`` and writing every byte of it with the
     client's copy threads from a resident source of one staging slot: what
     ``get_array()`` into a new array does besides waiting for the DMA."""
     from concurrent.futures import ThreadPoolExecutor
     from gpuq.staging import DEFAULT_SLOT_BYTES, copy_threads
-    threads = copy_threads()
+    threads = threads or copy_threads()
     slot = np.ones(min(nbytes, DEFAULT_SLOT_BYTES), np.uint8)
     step = (len(slot) // threads + 4095) // 4096 * 4096
     with ThreadPoolExecutor(threads) as pool:
@@ -186,7 +186,7 @@ def copy_rows(args: argparse.Namespace, client: gpuq.Client, nbytes: int,
     rows.append(("D2H", "get_array (out=numpy array)",
                  median_gbps(nbytes, r, lambda: client.get_array(name, out=out)),
                  "pinned", pinned_d2h))
-    ceiling = new_array_ceiling(nbytes, r)
+    ceiling = new_array_ceiling(nbytes, r, client.staging.threads)
     rows.append(("D2H", "new array, written by threads", ceiling, "pinned", pinned_d2h))
     rows.append(("D2H", "get_array (new array)",
                  median_gbps(nbytes, r, lambda: client.get_array(name)),
@@ -276,10 +276,17 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=20000, help="round trips per kind")
     p.add_argument("--repeats", type=int, default=3, help="measured copies per method")
     p.add_argument("--device", type=int, default=0)
+    p.add_argument("--copy-threads", type=int, default=None,
+                   help="the client's staging copy threads (default: CPUs, at most 8)")
+    p.add_argument("--slot-bytes", type=_size, default=None,
+                   help="the staging ring's slot size (default 32M)")
     p.add_argument("--skip", choices=["dispatch", "copy"], action="append", default=[])
     args = p.parse_args()
     args.socket = args.socket or gpuq.default_socket()
-    with gpuq.Client(args.socket, timeout=600) as client:
+    ring: Dict[str, Any] = {"copy_threads": args.copy_threads}
+    if args.slot_bytes:
+        ring["staging_slot_bytes"] = args.slot_bytes
+    with gpuq.Client(args.socket, timeout=600, **ring) as client:
         backend = client.ping()["backend"]
         print(f"-- python client ({backend} backend, gpuq {gpuq.__version__}, "
               f"Python {sys.version.split()[0]})")
