@@ -296,7 +296,7 @@ class Api(ComputeOps):
         code, with ``error.job``; a finished job is returned.
         """
         return self._job_kw("noop", device=device, devices=devices, priority=priority,
-                        detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+                            detach=detach, timeout=timeout, on_progress=on_progress, **fields)
 
     def alloc(self, name: str, shape: Any = None, dtype: Any = None, *,
               bytes: Optional[int] = None, count: Optional[int] = None,
@@ -432,9 +432,9 @@ class Api(ComputeOps):
         ``seconds``, ``gbps``, ``path``, ``engine``, ``verified``.
         """
         return self._job_kw("copy", src=src, dst=dst, engine=engine, path=path, verify=verify,
-                        chunk_bytes=chunk_bytes, peer_timeout_ms=peer_timeout_ms,
-                        priority=priority, detach=detach, timeout=timeout,
-                        on_progress=on_progress, **fields)
+                            chunk_bytes=chunk_bytes, peer_timeout_ms=peer_timeout_ms,
+                            priority=priority, detach=detach, timeout=timeout,
+                            on_progress=on_progress, **fields)
 
     def fill(self, buffer: str, pattern: str, *, value: Optional[float] = None,
              seed: Optional[int] = None, priority: Optional[str] = None, detach: bool = False,
@@ -443,15 +443,15 @@ class Api(ComputeOps):
         """Fills a buffer on its device: ``"zero"``, ``"value"`` (with ``value``),
         ``"iota"`` or ``"random"`` (with ``seed``). Result: ``bytes``."""
         return self._job_kw("fill", buffer=buffer, pattern=pattern, value=value, seed=seed,
-                        priority=priority, detach=detach, timeout=timeout,
-                        on_progress=on_progress, **fields)
+                            priority=priority, detach=detach, timeout=timeout,
+                            on_progress=on_progress, **fields)
 
     def checksum(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False,
                  timeout: Optional[float] = None,
                  on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """The buffer's 64-bit hash, computed on its device: result ``checksum``, ``bytes``."""
         return self._job_kw("checksum", buffer=buffer, priority=priority, detach=detach,
-                        timeout=timeout, on_progress=on_progress, **fields)
+                            timeout=timeout, on_progress=on_progress, **fields)
 
     def run(self, buffer: str, ops: Optional[Ops] = None, *, mode: Optional[str] = None,
             repeat: Optional[int] = None, out: Optional[str] = None,

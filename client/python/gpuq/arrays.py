@@ -209,7 +209,8 @@ def put_array_plan(api: "Api", spec: str, arr: Any, dtype: Any,
         arr = _device_to_host(arr)
     arr, gd = _prepare(arr, dtype)
     shape = [int(n) for n in arr.shape] if gd != "bytes" or arr.itemsize == 1 else None
-    size: Dict[str, Any] = {"bytes": arr.nbytes} if gd == "bytes" else {"count": arr.size, "dtype": gd}
+    size: Dict[str, Any] = ({"bytes": arr.nbytes} if gd == "bytes"
+                            else {"count": arr.size, "dtype": gd})
     buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job)
     _check_fit(buf, arr.nbytes, arr.size, gd)
     label = f"{name}@{buf['device']}"

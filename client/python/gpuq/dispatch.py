@@ -145,7 +145,8 @@ class Dispatcher:
             return False, error
         return self.take(data, fds)
 
-    def read(self, sock: socket.socket) -> Tuple[Optional[bytes], List[int], Optional[BaseException]]:
+    def read(self, sock: socket.socket
+             ) -> Tuple[Optional[bytes], List[int], Optional[BaseException]]:
         """One read from ``sock``, no bookkeeping (it may block, outside any lock):
         the bytes and descriptors that came, or None and the error that ends
         the connection (None too when nothing came in time)."""
