@@ -115,8 +115,14 @@ class Staging:
             self.slot_bytes = size
             return True
         except (_NoRoom, GpuqError, OSError) as exc:
+            made = [r.name for r in self.regions]
             self._give_up(api, f"no pinned staging ring ({exc}); ordinary arrays go "
                                "through a memfd copy at a fraction of pinned speed")
+            for name in made:  # a part of a ring is no use: let gpuqd unpin it now
+                try:
+                    yield from api._job_plan("region_free", {"name": name}, detach=True)
+                except GpuqError:
+                    pass
             return False
 
     def _size_plan(self, api: "Api") -> Plan:
