@@ -13,6 +13,18 @@
 #include "protocol/protocol.h"
 
 #define BUFFER_NAME_MAX 64
+#define BUFFER_SHAPE_MAX 8
+
+/*
+ * The shape a client gave the buffer's elements (alloc or put `shape`):
+ * gpuqd only keeps it and shows it in `buffers`, so that another process
+ * reads back the array it was given. Its dimensions multiply to count.
+ */
+struct buffer_shape {
+	bool given; /* false: no shape was given; `buffers` then shows none */
+	unsigned ndim;
+	uint64_t dim[BUFFER_SHAPE_MAX];
+};
 
 /* LOST: its device was reset after a fault; it names no memory, and only free takes it. */
 enum buffer_state { BUFFER_ALLOCATING, BUFFER_READY, BUFFER_FREEING, BUFFER_LOST };
@@ -50,6 +62,7 @@ struct buffer {
 	 */
 	uint64_t conn_serial;
 	bool orphaned;
+	struct buffer_shape shape;
 	struct buffer *next;
 };
 

@@ -114,6 +114,8 @@ struct alloc_args {
 	enum gpuq_dtype dtype;     /* from dtype_name; bytes when absent */
 	uint64_t wait_memory_ms;   /* how long to wait for memory others free (0: not at all) */
 	bool shareable, ephemeral;
+	const msgpack_object *shape_obj; /* `shape`, NULL when absent */
+	struct buffer_shape shape;
 };
 
 static int alloc_check_name(struct request *req, void *args, struct gpuq_error *err)
@@ -157,6 +159,14 @@ static int alloc_check_shape(struct request *req, void *args, struct gpuq_error 
 	return 0;
 }
 
+/* `shape`, once count is known: its dimensions must multiply to count. */
+static int alloc_check_dims(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct alloc_args *a = args;
+	(void)req;
+	return shape_parse(a->shape_obj, a->count, &a->shape, err);
+}
+
 static const struct args_field alloc_fields[] = {
 	{ "name", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct alloc_args, name),
 	  .then = alloc_check_name },
@@ -171,6 +181,8 @@ static const struct args_field alloc_fields[] = {
 	  .lo = 0, .hi = 3600000 },
 	{ "shareable", ARGS_BOOL, 0, ARGS_AT(struct alloc_args, shareable) },
 	{ "ephemeral", ARGS_BOOL, 0, ARGS_AT(struct alloc_args, ephemeral) },
+	{ "shape", ARGS_ARRAY, 0, ARGS_AT(struct alloc_args, shape_obj),
+	  .then = alloc_check_dims },
 };
 const struct args_spec op_alloc_args = ARGS_SPEC(struct alloc_args, alloc_fields, NULL);
 
@@ -200,6 +212,7 @@ void op_alloc(struct request *req, void *args)
 		return;
 	}
 	b->conn_serial = a->ephemeral ? req->conn->serial : 0;
+	b->shape = a->shape;
 	struct job *job = new_job(req, &kind_alloc, WORK_ALLOC, a->device);
 	if (!job) {
 		buffer_remove(&req->d->buffers, b);

@@ -13,6 +13,52 @@ void render_bytes(const struct job *job, struct mp_map *out)
 	mp_put_u64(out, "bytes", job->work.result.bytes);
 }
 
+int shape_parse(const msgpack_object *o, uint64_t count, struct buffer_shape *out,
+		struct gpuq_error *err)
+{
+	if (!o)
+		return 0;
+	uint32_t n = o->via.array.size;
+	if (n > BUFFER_SHAPE_MAX)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'shape': %u dimensions; at most %d are kept", (unsigned)n,
+				 BUFFER_SHAPE_MAX);
+	struct buffer_shape s = { .given = true, .ndim = n };
+	uint64_t product = 1;
+	bool overflow = false;
+	for (uint32_t i = 0; i < n; i++) {
+		const msgpack_object *d = &o->via.array.ptr[i];
+		if (d->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "field 'shape': dimension %u is not a non-negative integer",
+					 (unsigned)i);
+		s.dim[i] = d->via.u64;
+		if (s.dim[i] && product > UINT64_MAX / s.dim[i])
+			overflow = true;
+		product *= s.dim[i];
+	}
+	if (overflow || product != count)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'shape': its dimensions multiply to %s%llu elements, but the "
+				 "buffer holds %llu",
+				 overflow ? "more than " : "",
+				 (unsigned long long)(overflow ? UINT64_MAX : product),
+				 (unsigned long long)count);
+	*out = s;
+	return 0;
+}
+
+void render_shape(struct mp_map *m, const struct buffer_shape *shape)
+{
+	if (!shape->given)
+		return;
+	struct mp_array dims;
+	mp_array_init(&dims);
+	for (unsigned i = 0; i < shape->ndim; i++)
+		mp_array_u64(&dims, shape->dim[i]);
+	mp_put_array(m, "shape", &dims);
+}
+
 void render_transfer(const struct job *job, struct mp_map *out)
 {
 	const struct work_result *r = &job->work.result;

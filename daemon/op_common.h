@@ -40,6 +40,17 @@ void work_add_range(struct work *w, const void *base, uint64_t offset, uint64_t 
 /* Narrows what job_attach_buffer said: the range and whether it writes. */
 void work_narrow_access(struct work *w, uint64_t offset, uint64_t length, bool write);
 
+/*
+ * A `shape` field (an array of at most BUFFER_SHAPE_MAX non-negative
+ * integers) checked against a buffer of count elements: 0 with *out set,
+ * or -1 with a bad_request saying what is wrong. o NULL: no shape, *out
+ * untouched.
+ */
+int shape_parse(const msgpack_object *o, uint64_t count, struct buffer_shape *out,
+		struct gpuq_error *err);
+/* Puts `shape` into m when one was given; nothing otherwise. */
+void render_shape(struct mp_map *m, const struct buffer_shape *shape);
+
 /* Results several kinds render alike: bytes moved, and a transfer's (bytes, time, path, check). */
 void render_bytes(const struct job *job, struct mp_map *out);
 void render_transfer(const struct job *job, struct mp_map *out);

@@ -100,6 +100,8 @@ struct transfer_args {
 	char path_name[16];
 	uint64_t seed;
 	enum transfer_path path;
+	const msgpack_object *shape_obj; /* put's `shape`, NULL when absent */
+	struct buffer_shape shape;
 };
 
 static int transfer_check_endpoint(struct request *req, void *args, struct gpuq_error *err)
@@ -174,6 +176,19 @@ static int transfer_check_path(struct request *req, void *args, struct gpuq_erro
 	return 0;
 }
 
+static bool transfer_is_put(const void *args)
+{
+	return ((const struct transfer_args *)args)->put;
+}
+
+/* put's `shape`: the whole buffer's, whatever range this put fills. */
+static int transfer_check_shape(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct transfer_args *a = args;
+	(void)req;
+	return shape_parse(a->shape_obj, a->buffer.b->count, &a->shape, err);
+}
+
 #define T struct transfer_args
 static const struct args_field transfer_fields[] = {
 	{ "buffer", ARGS_BUFFER, ARGS_REQUIRED, ARGS_AT(T, buffer) },
@@ -187,6 +202,8 @@ static const struct args_field transfer_fields[] = {
 	{ "verify", ARGS_BOOL, 0, ARGS_AT(T, verify) },
 	{ "path", ARGS_STR, 0, ARGS_AT(T, path_name) },
 	{ "seed", ARGS_U64, 0, ARGS_AT(T, seed), .then = transfer_check_path },
+	{ "shape", ARGS_ARRAY, 0, ARGS_AT(T, shape_obj), .when = transfer_is_put,
+	  .then = transfer_check_shape },
 };
 #undef T
 static const struct transfer_args put_defaults = { .put = true, .path_name = "auto" };
@@ -205,6 +222,8 @@ void op_transfer(struct request *req, void *args)
 	if (!job)
 		return;
 	job_attach_buffer(job, b);
+	if (a->shape.given) /* kept from the accepted request on, as the buffer's */
+		b->shape = a->shape;
 	job->work.transfer.offset = a->offset;
 	job->work.length = a->length;
 	work_narrow_access(&job->work, a->offset, a->length, put);

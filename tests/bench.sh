@@ -112,7 +112,8 @@ echo "-- allreduce ($backend backend, all devices)" | tee -a "$table"
 	--devices all --save-json "$OUT/bench-allreduce.json" | tee -a "$table"
 stop_daemon
 # The Python client (client/python/bench.py): ping/noop round trips beside
-# the C client's, put_array/get_array beside bench_copy's memfd rows, in the
+# the C client's, put_array/get_array of numpy arrays and torch tensors beside
+# torch's own copies and bench_copy's pinned cudaMemcpy, in the
 # same run; with $GPUQ_PYTHON, else the first of /usr/bin/python3 and python3
 # that has msgpack and numpy.
 py=""
@@ -120,7 +121,7 @@ for candidate in "${GPUQ_PYTHON:-}" /usr/bin/python3 python3; do
 	[ -n "$candidate" ] && "$candidate" -c 'import msgpack, numpy' > /dev/null 2>&1 &&
 		{ py=$candidate; break; }
 done
-py_bytes=1G
+py_bytes=256M,1G
 [ "$backend" = cuda ] || py_bytes=256M
 start_daemon
 echo "-- python client ($backend backend)" | tee -a "$table"

@@ -16,10 +16,11 @@ command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
 command -v tmux >/dev/null 2>&1 || missing="$missing tmux"
 # The Python client's tier runs on Debian's /usr/bin/python3 (the python3
 # first on PATH may be another interpreter): msgpack, numpy and pytest for
-# its suite, matplotlib for its plots, venv, setuptools and wheel for its
+# its suite, matplotlib for its plots, mypy to check its type hints, venv,
+# setuptools and wheel for its
 # pip-install check.
 py=/usr/bin/python3
-for mod in msgpack:python3-msgpack numpy:python3-numpy pytest:python3-pytest matplotlib:python3-matplotlib \
+for mod in msgpack:python3-msgpack numpy:python3-numpy pytest:python3-pytest matplotlib:python3-matplotlib mypy:python3-mypy \
 	ensurepip:python3-venv setuptools:python3-setuptools wheel:python3-wheel; do
 	"$py" -c "import ${mod%%:*}" > /dev/null 2>&1 || missing="$missing ${mod#*:}"
 done

@@ -3,7 +3,8 @@
 # a private gpuqd (client/python/tests). Ends with a RESULT line that
 # tests/run.sh sums, whatever happens before it.
 #
-# GPUQ_TEST_BACKEND=host (default): `pip install ./client/python` into a
+# GPUQ_TEST_BACKEND=host (default): the README's `pip install
+# --no-build-isolation ./client/python` (offline) into a
 # fresh venv of Debian's /usr/bin/python3 (with the system's msgpack, numpy
 # and pytest, as the README's set-up installs them), then the suite with
 # that venv's interpreter, so that the installed package is what is tested.
@@ -45,7 +46,7 @@ if [ "$backend" = host ] && pick /usr/bin/python3 > /dev/null &&
 	# uid 65534 runs one test's child process from this venv.
 	chmod 755 "$dir"
 	if /usr/bin/python3 -m venv --system-site-packages "$dir/V" > "$dir/install.log" 2>&1 &&
-		"$dir/V/bin/pip" install --no-build-isolation --no-deps ./client/python \
+		"$dir/V/bin/pip" install --no-build-isolation ./client/python \
 			>> "$dir/install.log" 2>&1 &&
 		(cd "$dir" && PYTHONPATH= "$dir/V/bin/python" -c \
 			'import gpuq, sys; sys.exit(not gpuq.__file__.startswith(sys.prefix))'); then

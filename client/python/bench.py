@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""The Python client beside the C client, both measured in this run against one gpuqd.
+"""The Python client beside the C client and torch, all measured in this run against one gpuqd.
 
 1. Dispatch: ping and noop round trips (p50, p99) from ``gpuq.Client`` and
    ``gpuq.AsyncClient``, one request at a time, beside the same from C
    (``gpuq bench dispatch --clients 1``). Aim: Python's p50 within 2x of C's.
-2. Copies: ``put_array`` and ``get_array`` of one size (default 1 GiB), each
-   timed around the whole call, beside the ``gpuq memfd`` rows of the daemon's
-   ``bench_copy`` job (what ``gpuq bench copy`` prints) at that size. Aim:
-   >= 0.9 of those rows. A plain numpy array is first copied into a memfd
-   by the client; a ``gpuq.memfd_array`` (or ``get_array``'s result) is
-   passed as it is, so both are shown.
+2. Copies, at each size (default 256 MiB and 1 GiB of float32), each timed
+   around the whole call, median of ``--repeats`` after one unmeasured:
+   ``put_array``/``get_array`` of a plain numpy array, of a torch CPU tensor
+   and of a torch CUDA tensor, beside torch's own ``.cuda()``/``.cpu()``
+   from pageable and from pinned memory, the pinned and pageable
+   ``cudaMemcpy`` rows of the daemon's ``bench_copy`` job, its D2D
+   ``cudaMemcpy`` row (``bench_d2d``), and the host's own speed at making a
+   new array and writing it with the client's copy threads (the ceiling of
+   ``get_array()`` into a new array: fresh pages cost). Aims: put of a
+   numpy array and get into an existing one >= 0.7 of pinned; get into a
+   new array >= 0.9 of the new-array ceiling; CUDA tensors >= 0.9 of D2D.
 
-    python3 client/python/bench.py --socket S --gpuq build/gpuq [--bytes 1G]
+    python3 client/python/bench.py --socket S --gpuq build/gpuq [--bytes 256M,1G]
 
-Needs numpy and msgpack; run by tests/bench.sh (make gpu-check).
+Needs numpy and msgpack; torch (with CUDA) for its rows. Run by
+tests/bench.sh (make gpu-check).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +62,7 @@ def timed(call: Callable[[], Any], n: int) -> Dict[str, float]:
 
 async def timed_async(socket: str, op: str, n: int) -> Dict[str, float]:
     async with gpuq.AsyncClient(socket) as c:
-        call = c.ping if op == "ping" else c.noop
+        call: Any = c.ping if op == "ping" else c.noop
         for _ in range(WARMUP):
             await call()
         samples = []
@@ -91,74 +97,196 @@ def bench_dispatch(args: argparse.Namespace, client: gpuq.Client) -> None:
               f"{py['p50'] / c['p50']:9.2f}")
 
 
-def memfd_rows(client: gpuq.Client, nbytes: int, repeats: int, device: int) -> Dict[str, float]:
-    """The ``gpuq memfd`` rows (GB/s by group) of a bench_copy job at ``nbytes``."""
-    job = client.job("bench_copy", device=device, sizes=[nbytes], repeats=repeats,
-                     timeout=600)
-    rows = {r["group"]: r["gbps"] for r in job.result["rows"]
-            if r["method"].startswith("gpuq memfd") and "registered" not in r["method"]}
-    if set(rows) != {"H2D", "D2H"}:
-        raise SystemExit(f"bench_copy gave no memfd rows at {nbytes} bytes: "
-                         f"{job.result.get('notes')}")
+def daemon_rows(client: gpuq.Client, nbytes: int, repeats: int,
+                device: int) -> Dict[str, float]:
+    """bench_copy's and bench_d2d's rows at ``nbytes``: ``pinned H2D``/``D2H`` (the
+    ceilings), ``pageable H2D``/``D2H`` (the baselines, CUDA only), ``D2D``."""
+    table = client.bench_copy(device=device, sizes=[nbytes], repeats=repeats, timeout=1800)
+    rows: Dict[str, float] = {}
+    for r in table["rows"]:
+        if r["role"] == "ceiling":
+            rows[f"pinned {r['group']}"] = r["gbps"]
+        elif r["role"] == "baseline":
+            rows[f"pageable {r['group']}"] = r["gbps"]
+    if "pinned H2D" not in rows or "pinned D2H" not in rows:
+        raise SystemExit(f"bench_copy gave no ceiling rows at {nbytes} bytes: "
+                         f"{table.get('notes')}")
+    d2d = client.bench_d2d(device=device, sizes=[nbytes], repeats=repeats, peers=False,
+                           timeout=1800)
+    for r in d2d["rows"]:
+        if r["group"] == "D2D" and r["role"] == "ceiling":
+            rows["D2D"] = r["gbps"]
     return rows
 
 
-def median_gbps(nbytes: int, repeats: int, call: Callable[[], Any]) -> float:
+def median_gbps(nbytes: int, repeats: int, call: Callable[[], Any],
+                sync: Callable[[], Any] = lambda: None) -> float:
     call()  # unmeasured, as bench_copy's first run
+    sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         call()
+        sync()
         times.append(time.perf_counter() - t0)
     return nbytes / statistics.median(times) / 1e9
 
 
-def bench_copy(args: argparse.Namespace, client: gpuq.Client) -> None:
-    n, name = args.bytes, f"pybench@{args.device}"
+def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0) -> float:
+    """Making a new float32 array of ``nbytes`` and writing every byte of it with the
+    client's copy threads from a resident source of one staging slot: what
+    ``get_array()`` into a new array does besides waiting for the DMA."""
+    from concurrent.futures import ThreadPoolExecutor
+    from gpuq.staging import DEFAULT_SLOT_BYTES, copy_threads
+    threads = threads or copy_threads()
+    slot = np.ones(min(nbytes, DEFAULT_SLOT_BYTES), np.uint8)
+    step = (len(slot) // threads + 4095) // 4096 * 4096
+    with ThreadPoolExecutor(threads) as pool:
+        def make() -> Any:
+            out = np.empty(nbytes // 4, np.float32).view(np.uint8)
+            jobs = []
+            for base in range(0, nbytes, len(slot)):
+                n = min(len(slot), nbytes - base)
+                for a in range(0, n, step):
+                    b = min(n, a + step)
+                    jobs.append(pool.submit(np.copyto, out[base + a:base + b], slot[a:b]))
+            for j in jobs:
+                j.result()
+            return out
+        return median_gbps(nbytes, repeats, make)
+
+
+def torch_cuda() -> Any:
+    """torch, when it is installed with a GPU; else None."""
     try:
-        client.free(name)
-    except gpuq.NotFound:
-        pass
-    base = memfd_rows(client, n, args.repeats, args.device)
-    src = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
-    shared = gpuq.memfd_array(n, np.uint8)
-    shared[:] = src
-    out = gpuq.memfd_array(n, np.uint8)
-    rows = [
-        ("H2D", "put_array (numpy array)", median_gbps(n, args.repeats,
-                                                       lambda: client.put_array(src, name))),
-        ("H2D", "put_array (memfd_array)", median_gbps(n, args.repeats,
-                                                       lambda: client.put_array(shared, name))),
-        ("D2H", "get_array (new array)", median_gbps(n, args.repeats,
-                                                     lambda: client.get_array(name))),
-        ("D2H", "get_array (out=memfd_array)", median_gbps(
-            n, args.repeats, lambda: client.get_array(name, out=out))),
-    ]
-    verified = bool(np.array_equal(out, src))
-    client.free(name)
-    print(f"python copies: {n} bytes, median of {args.repeats} after one unmeasured, "
-          "beside bench_copy's gpuq memfd rows in this run (aim: >= 0.9)")
-    print(f"{'GROUP':5} {'METHOD':28} {'GB/S':>7} {'MEMFD ROW':>10} {'RATIO':>6}")
-    for group, method, gbps in rows:
-        print(f"{group:5} {method:28} {gbps:7.2f} {base[group]:10.2f} "
-              f"{gbps / base[group]:6.2f}")
-    print(f"round trip verified: {'yes' if verified else 'NO'}")
-    if not verified:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+Row = Tuple[str, str, float, str, float]  # group, method, GB/s, reference name, its GB/s
+
+
+def copy_rows(args: argparse.Namespace, client: gpuq.Client, nbytes: int,
+              ref: Dict[str, float]) -> List[Row]:
+    name, r = f"pybench@{args.device}", args.repeats
+    for stale in (name, f"pybench_cuda@{args.device}"):
+        try:
+            client.free(stale)
+        except gpuq.NotFound:
+            pass
+    src = np.random.default_rng(1).random(nbytes // 4, dtype=np.float32)
+    rows: List[Row] = []
+    pinned_h2d, pinned_d2h = ref["pinned H2D"], ref["pinned D2H"]
+    rows.append(("H2D", "put_array (numpy array)",
+                 median_gbps(nbytes, r, lambda: client.put_array(name, src)),
+                 "pinned", pinned_h2d))
+    out = np.empty_like(src)
+    rows.append(("D2H", "get_array (out=numpy array)",
+                 median_gbps(nbytes, r, lambda: client.get_array(name, out=out)),
+                 "pinned", pinned_d2h))
+    ceiling = new_array_ceiling(nbytes, r, client.staging.threads)
+    rows.append(("D2H", "new array, written by threads", ceiling, "pinned", pinned_d2h))
+    rows.append(("D2H", "get_array (new array)",
+                 median_gbps(nbytes, r, lambda: client.get_array(name)),
+                 "new array", ceiling))
+    if not np.array_equal(out, src):
         raise SystemExit("get_array did not give back the bytes put_array stored")
+    torch = torch_cuda()
+    if torch is None:
+        print("torch with CUDA is not installed here: its rows are skipped")
+        client.free(name)
+        return rows
+    dev = f"cuda:{args.device}"
+    sync = torch.cuda.synchronize
+    t_cpu = torch.from_numpy(src.copy())
+    t_pin = t_cpu.pin_memory()
+    rows.append(("H2D", "put_array (torch CPU tensor)",
+                 median_gbps(nbytes, r, lambda: client.put_array(name, t_cpu)),
+                 "pinned", pinned_h2d))
+    rows.append(("H2D", "torch .cuda() pageable",
+                 median_gbps(nbytes, r, lambda: t_cpu.cuda(dev), sync), "pinned", pinned_h2d))
+    rows.append(("H2D", "torch .cuda() pinned",
+                 median_gbps(nbytes, r, lambda: t_pin.cuda(dev), sync), "pinned", pinned_h2d))
+    t_out = torch.empty_like(t_cpu)
+    rows.append(("D2H", "get_array (out=torch CPU tensor)",
+                 median_gbps(nbytes, r, lambda: client.get_array(name, out=t_out)),
+                 "pinned", pinned_d2h))
+    t_gpu = t_cpu.cuda(dev)
+    rows.append(("D2H", "torch .cpu() pageable (new)",
+                 median_gbps(nbytes, r, lambda: t_gpu.cpu(), sync), "new array", ceiling))
+    pin_out = torch.empty_like(t_cpu).pin_memory()
+    rows.append(("D2H", "torch .copy_() into pinned",
+                 median_gbps(nbytes, r, lambda: pin_out.copy_(t_gpu), sync),
+                 "pinned", pinned_d2h))
+    client.free(name)
+    cname = f"pybench_cuda@{args.device}"
+    d2d = ref.get("D2D", 0.0)
+    rows.append(("D2D", "put_array (torch CUDA tensor)",
+                 median_gbps(nbytes, r, lambda: client.put_array(cname, t_gpu)), "D2D", d2d))
+    g_out = torch.empty_like(t_gpu)
+    rows.append(("D2D", "get_array (out=torch CUDA tensor)",
+                 median_gbps(nbytes, r, lambda: client.get_array(cname, out=g_out)),
+                 "D2D", d2d))
+    g2 = torch.empty_like(t_gpu)
+    rows.append(("D2D", "torch .copy_() device to device",
+                 median_gbps(nbytes, r, lambda: g2.copy_(t_gpu), sync), "D2D", d2d))
+    # Holding the attachment (a lease) instead: copies into the buffer's own memory,
+    # without the attach, import and release that each put_array pays.
+    start = time.perf_counter()
+    with client.buffer(cname).attach() as att:
+        attach_s = time.perf_counter() - start
+        print(f"attach of {nbytes >> 20} MiB: {attach_s * 1e3:.3f} ms, of which importing "
+              f"and mapping it here {att.import_s * 1e3:.3f} ms (what each CUDA put_array/"
+              "get_array pays besides the copy)")
+        held = torch.from_dlpack(att).view(torch.float32).reshape(t_gpu.shape)
+        rows.append(("D2D", ".copy_() into a held attachment",
+                     median_gbps(nbytes, r, lambda: held.copy_(t_gpu), sync), "D2D", d2d))
+        sync()
+    if not torch.equal(g_out, t_gpu):
+        raise SystemExit("get_array(out=cuda tensor) did not give back what put_array stored")
+    client.free(cname)
+    return rows
+
+
+def bench_copy(args: argparse.Namespace, client: gpuq.Client) -> None:
+    print(f"python copies: float32, median of {args.repeats} after one unmeasured, beside "
+          "the same run's ceilings (aims: put/get numpy >= 0.7 of pinned, new array "
+          ">= 0.9 of the new-array row, CUDA tensors >= 0.9 of D2D)")
+    for nbytes in args.bytes:
+        ref = daemon_rows(client, nbytes, args.repeats, args.device)
+        rows = copy_rows(args, client, nbytes, ref)
+        print(f"-- {nbytes >> 20} MiB: pinned cudaMemcpy H2D {ref['pinned H2D']:.2f}, "
+              f"D2H {ref['pinned D2H']:.2f} GB/s; pageable H2D "
+              f"{ref.get('pageable H2D', 0):.2f}, D2H {ref.get('pageable D2H', 0):.2f}; "
+              f"D2D {ref.get('D2D', 0):.2f}  ({client.staging})")
+        print(f"{'GROUP':5} {'METHOD':36} {'GB/S':>8} {'OF':>10} {'RATIO':>6}")
+        for group, method, gbps, ref_name, ref_gbps in rows:
+            ratio = gbps / ref_gbps if ref_gbps else 0.0
+            print(f"{group:5} {method:36} {gbps:8.2f} {ref_name:>10} {ratio:6.2f}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--socket", default=None, help="gpuqd's socket (default as gpuq)")
     p.add_argument("--gpuq", default="build/gpuq", help="the C client, for its bench dispatch")
-    p.add_argument("--bytes", type=_size, default=1 << 30, help="copy size (default 1G)")
+    p.add_argument("--bytes", type=lambda t: [_size(x) for x in t.split(",")],
+                   default=[256 << 20, 1 << 30], help="copy sizes (default 256M,1G)")
     p.add_argument("--requests", type=int, default=20000, help="round trips per kind")
-    p.add_argument("--repeats", type=int, default=5, help="measured copies per method")
+    p.add_argument("--repeats", type=int, default=3, help="measured copies per method")
     p.add_argument("--device", type=int, default=0)
+    p.add_argument("--copy-threads", type=int, default=None,
+                   help="the client's staging copy threads (default: CPUs, at most 8)")
+    p.add_argument("--slot-bytes", type=_size, default=None,
+                   help="the staging ring's slot size (default 32M)")
     p.add_argument("--skip", choices=["dispatch", "copy"], action="append", default=[])
     args = p.parse_args()
     args.socket = args.socket or gpuq.default_socket()
-    with gpuq.Client(args.socket, timeout=120) as client:
+    ring: Dict[str, Any] = {"copy_threads": args.copy_threads}
+    if args.slot_bytes:
+        ring["staging_slot_bytes"] = args.slot_bytes
+    with gpuq.Client(args.socket, timeout=600, **ring) as client:
         backend = client.ping()["backend"]
         print(f"-- python client ({backend} backend, gpuq {gpuq.__version__}, "
               f"Python {sys.version.split()[0]})")

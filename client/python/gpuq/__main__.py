@@ -13,6 +13,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from . import Client, GpuqError, Job, __version__
+from .buffer import human_bytes
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -35,10 +36,46 @@ def _show_job(job: Job) -> str:
     return f"job {job.id} {job.op} {job.state}" + (f": {detail}" if detail else "")
 
 
+def _duration(seconds: float) -> str:
+    """``0.25s``, ``42s``, ``1m49s``, ``3h05m``: an age as people read it."""
+    if seconds < 10:
+        return f"{seconds:.2g}s"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _cell(key: str, value: Any) -> str:
+    """A table cell: sizes in KiB/MiB/GiB, ages and times as durations, shapes as AxB,
+    other floats to a few digits (never a 17-digit repr)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key in ("bytes", "mem_total", "mem_free", "mem_used", "region_bytes") and \
+            isinstance(value, int):
+        return human_bytes(value)
+    if key.endswith("_s") and isinstance(value, (int, float)):
+        return _duration(float(value))
+    if key == "shape" and isinstance(value, list):
+        return "x".join(str(n) for n in value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _heading(key: str) -> str:
+    """``age_s`` is AGE: its cells say their unit."""
+    return (key[:-2] if key.endswith("_s") else key).upper()
+
+
 def _table(rows: List[Dict[str, Any]], keys: List[str]) -> str:
-    cells = [[str(row.get(k, "")) for k in keys] for row in rows]
+    cells = [[_cell(k, row.get(k)) for k in keys] for row in rows]
     widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.upper().ljust(w) for k, w in zip(keys, widths)).rstrip()]
+    lines = ["  ".join(_heading(k).ljust(w) for k, w in zip(keys, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join(lines)
 
@@ -146,6 +183,8 @@ def _render(out: Any, as_json: bool) -> str:
         return "\n".join(_show_job(j) for j in out)
     if isinstance(out, list) and out and isinstance(out[0], dict):
         keys = [k for k in out[0] if not isinstance(out[0][k], (dict, list))]
+        if any("shape" in row for row in out):  # buffers: the shape beside the dtype
+            keys.insert(keys.index("dtype") + 1 if "dtype" in keys else len(keys), "shape")
         return _table(out, keys)
     if isinstance(out, dict):
         return "\n".join(f"{k}: {v}" for k, v in out.items())

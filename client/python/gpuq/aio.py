@@ -15,6 +15,7 @@ import socket
 import time
 from typing import Any, Dict, Optional, Sequence
 
+from .aio_methods import AsyncMethods
 from .api import Plan
 from .client import ClientBase
 from .connection import ConnectionBase, _copy_error
@@ -86,8 +87,9 @@ class AsyncConnection(ConnectionBase):
             try:
                 await self._send(frame, call.fds)
             except ConnectionError:
-                if future.done() and future.exception() is not None:
-                    raise future.exception() from None  # the daemon said why it closed
+                why = future.exception() if future.done() else None
+                if why is not None:
+                    raise why from None  # the daemon said why it closed
                 raise
             return await future
         finally:
@@ -127,7 +129,7 @@ class AsyncConnection(ConnectionBase):
         assert self._loop is not None
         ready = self._loop.create_future()
         fd = self._sock.fileno()
-        self._loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+        self._loop.add_writer(fd, lambda: None if ready.done() else ready.set_result(None))
         try:
             await asyncio.wait_for(ready, self.timeout)
         except asyncio.TimeoutError:
@@ -194,9 +196,9 @@ class AsyncConnection(ConnectionBase):
         self._sock.close()
 
 
-class AsyncClient(ClientBase):
-    """The asyncio twin of :class:`gpuq.Client`: the same methods, each returning an
-    awaitable of what the sync client's returns.
+class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
+    """The asyncio twin of :class:`gpuq.Client`: the same methods, as coroutine
+    functions (``async def``, aio_methods.py) returning what the sync client's return.
 
     Many requests may be in flight on one connection (start them as tasks,
     or ``asyncio.gather`` them); replies are matched by id. The connection
@@ -221,7 +223,7 @@ class AsyncClient(ClientBase):
     async def __aexit__(self, *exc: Any) -> None:
         self.close()
 
-    async def _drive(self, plan: Plan) -> Any:  # type: ignore[override]
+    async def _drive(self, plan: Plan) -> Any:
         """Runs a plan, awaiting each of its requests in turn."""
         try:
             call = next(plan)

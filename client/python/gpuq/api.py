@@ -25,6 +25,10 @@ from typing import (Any, Callable, Dict, Generator, List, Mapping, Optional, Seq
                     Tuple, Union)
 
 from . import arrays, endpoints, memfd, share
+from .buffer import Buffer
+from .dtypes import gpuq_dtype
+from .ops import ComputeOps
+from .staging import Staging
 from .dispatch import Call
 from .errors import GpuqError, error_from_map
 from .job import Job, timeout_ms
@@ -83,12 +87,15 @@ def _split_device(name: str, device: Optional[int]) -> Tuple[str, Optional[int]]
         raise ValueError(f"'{name}' says device {digits} but device={device}; give one")
     return base, int(digits)
 
-class Api:
+class Api(ComputeOps):
     """The methods shared by :class:`gpuq.Client` and :class:`gpuq.AsyncClient`."""
 
-    def __init__(self) -> None:
-        # Shapes of the arrays put_array stored, by NAME@GPU (see arrays.py).
+    def __init__(self, staging: Optional[Staging] = None) -> None:
+        # Shapes of the arrays put_array stored, by NAME@GPU, for daemons
+        # that keep none (see arrays.py).
         self._shapes: Dict[str, Tuple[int, ...]] = {}
+        # The pinned ring ordinary arrays travel through (staging.py).
+        self._staging = staging if staging is not None else Staging()
 
     # Subclasses run plans (blocking or awaiting) ------------------------------
 
@@ -181,12 +188,24 @@ class Api:
         return self._drive(self._job_plan(op, fields, fds, priority, detach, timeout,
                                           on_progress))
 
+    # The methods' own ways to send, without the public methods' layer (on the
+    # async client every public method is a coroutine of its own).
+
+    def _request_kw(self, op: str, **fields: Any) -> Any:
+        return self._drive(self._body_plan(op, fields, ()))
+
+    def _job_kw(self, op: str, *, priority: Optional[str] = None, detach: bool = False,
+                timeout: Optional[float] = None,
+                on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Any:
+        return self._drive(self._job_plan(op, fields, (), priority, detach, timeout,
+                                          on_progress))
+
     # Answered by the main thread ---------------------------------------------
 
     def ping(self) -> Dict[str, Any]:
         """The daemon's ``server``, protocol ``version``, ``backend``, ``devices``,
         ``uptime_s`` and ``pid``."""
-        return self.request("ping")
+        return self._request_kw("ping")
 
     def devices(self, **fields: Any) -> List[Dict[str, Any]]:
         """One map per device: name, memory, health, queue, peer access and paths, counters."""
@@ -219,14 +238,14 @@ class Api:
     def shutdown(self) -> Dict[str, Any]:
         """Stops the daemon as SIGTERM does (root and the admin group only):
         ``stopping``, ``jobs_active``, ``shutdown_timeout_ms``."""
-        return self.request("shutdown")
+        return self._request_kw("shutdown")
 
     def reset_device(self, device: int) -> Dict[str, Any]:
         """Resets one device and serves it again, as gpuqd does by itself after a
         fault (root and the admin group only): its running jobs are cancelled and
         its buffers lost. Returns at once: ``device``, ``reset_requested``,
         ``resets`` (the count before this one); :meth:`devices` shows the reset."""
-        return self.request("reset_device", device=device)
+        return self._request_kw("reset_device", device=device)
 
     def _key_plan(self, op: str, key: str, fields: Mapping[str, Any]) -> Plan:
         reply = yield from self._request_plan(op, fields)
@@ -276,33 +295,79 @@ class Api:
         Waiting, a job that fails raises the :class:`~gpuq.GpuqError` of its
         code, with ``error.job``; a finished job is returned.
         """
-        return self.job("noop", device=device, devices=devices, priority=priority,
-                        detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        return self._job_kw("noop", device=device, devices=devices, priority=priority,
+                            detach=detach, timeout=timeout, on_progress=on_progress, **fields)
 
-    def alloc(self, name: str, *, nbytes: Optional[int] = None, count: Optional[int] = None,
-              dtype: Optional[str] = None, device: Optional[int] = None,
-              wait_memory_ms: Optional[int] = None, ephemeral: Optional[bool] = None,
-              shareable: Optional[bool] = None, priority: Optional[str] = None,
-              detach: bool = False, timeout: Optional[float] = None,
-              on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
-        """Allocates a buffer ``name`` on ``device`` (default 0): ``nbytes`` bytes, or
-        ``count`` elements of ``dtype`` (``u8 i32 i64 f16 bf16 f32 f64``).
-        ``"NAME@GPU"`` names the device too, as ``gpuq alloc NAME@GPU`` does.
+    def alloc(self, name: str, shape: Any = None, dtype: Any = None, *,
+              bytes: Optional[int] = None, count: Optional[int] = None,
+              device: Optional[int] = None, wait_memory_ms: Optional[int] = None,
+              ephemeral: Optional[bool] = None, shareable: Optional[bool] = None,
+              priority: Optional[str] = None, detach: bool = False,
+              timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
+              nbytes: Optional[int] = None, **fields: Any) -> Any:
+        """Allocates a buffer ``name`` on ``device`` (default 0) and returns it as a
+        :class:`~gpuq.Buffer` (with ``detach=True``: the alloc's :class:`Job`).
+
+        Its size: ``shape`` and ``dtype`` as numpy's (``alloc("w", (1024,
+        1024), np.float32)``; gpuqd keeps the shape), or ``count`` elements
+        of ``dtype``, or ``bytes`` bytes. ``dtype`` is any spelling:
+        ``np.float32``, ``"float32"``, ``"f4"``, ``torch.float32`` or gpuq's
+        ``f32`` (gpuq has ``u8 i32 i64 f16 bf16 f32 f64``). ``"NAME@GPU"``
+        names the device too, as ``gpuq alloc NAME@GPU`` does.
 
         ``wait_memory_ms``: how long to wait for memory other jobs free
         instead of :class:`~gpuq.OutOfMemory` at once. ``ephemeral``: the
         buffer goes with this client's connection (gpuqd frees it when the
         connection closes, however the process ends, once no job and no lease
         holds it); otherwise it stays until freed. ``shareable``: allocated on
-        its own so that processes may :meth:`attach` it. Result: ``name``,
-        ``device``, ``dtype``, ``count``, ``bytes``, ``shareable``,
-        ``ephemeral``.
+        its own so that processes may :meth:`attach` it. ``nbytes`` is the
+        older name of ``bytes``.
         """
         name, device = _split_device(name, device)
-        return self.job("alloc", name=name, bytes=nbytes, count=count, dtype=dtype,
-                        device=device, wait_memory_ms=wait_memory_ms, ephemeral=ephemeral,
-                        shareable=shareable, priority=priority, detach=detach, timeout=timeout,
-                        on_progress=on_progress, **fields)
+        if nbytes is not None:
+            if bytes is not None and bytes != nbytes:
+                raise ValueError("give bytes or nbytes (its older name), not both")
+            bytes = nbytes
+        dims: Optional[List[int]] = None
+        if shape is not None:
+            dims = [int(shape)] if isinstance(shape, int) else [int(n) for n in shape]
+            total = 1
+            for n in dims:
+                total *= n
+            if count is not None and count != total:
+                raise ValueError(f"shape {tuple(dims)} holds {total} elements, not "
+                                 f"count={count}")
+            count = total
+        gd = gpuq_dtype(dtype) if dtype is not None else None
+        if dims is not None and gd is None:
+            raise ValueError("a shape needs a dtype: alloc(name, shape, np.float32)")
+        return self._drive(self._alloc_plan(dict(
+            fields, name=name, bytes=bytes, count=count, dtype=gd, shape=dims, device=device,
+            wait_memory_ms=wait_memory_ms, ephemeral=ephemeral, shareable=shareable),
+            dict(priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
+
+    def _alloc_plan(self, fields: Dict[str, Any], job: Dict[str, Any]) -> Plan:
+        done = yield from self._job_plan("alloc", fields, **job)
+        if job.get("detach"):
+            return done
+        row = dict(name=fields["name"], device=fields.get("device") or 0,
+                   dtype=fields.get("dtype") or "bytes", bytes=fields.get("bytes"),
+                   count=fields.get("count"))
+        row.update(done.result or {})
+        return Buffer(self, dict(row, shape=fields.get("shape")), job=done)
+
+    def buffer(self, name: str) -> Buffer:
+        """Your buffer ``NAME`` or ``NAME@GPU`` as a :class:`~gpuq.Buffer` (its
+        dtype, the shape gpuqd keeps, its size); :class:`~gpuq.NotFound` lists
+        your buffers when there is none."""
+        return self._drive(self._buffer_plan(name))
+
+    def _buffer_plan(self, spec: str) -> Plan:
+        name, device = arrays.split_name(spec)
+        row = yield from arrays.lookup_plan(self, name, device)
+        if row is None:
+            raise (yield from arrays._not_found(self, spec))
+        return Buffer(self, row)
 
     def free(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False,
              timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
@@ -323,7 +388,7 @@ class Api:
             timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
             **fields: Any) -> Job:
         """Copies bytes from ``src`` into ``buffer`` (``NAME``, ``NAME@GPU``, with an
-        optional range ``NAME[START:STOP]``).
+        optional range ``NAME[START:STOP]``, bytes START up to STOP as a Python slice).
 
         ``src``: a path (opened here and passed), a descriptor (read from its
         current offset), a file object (its descriptor), a bytes-like object
@@ -366,10 +431,10 @@ class Api:
         ``host-staged`` between GPUs. Result: ``src``, ``dst``, ``bytes``,
         ``seconds``, ``gbps``, ``path``, ``engine``, ``verified``.
         """
-        return self.job("copy", src=src, dst=dst, engine=engine, path=path, verify=verify,
-                        chunk_bytes=chunk_bytes, peer_timeout_ms=peer_timeout_ms,
-                        priority=priority, detach=detach, timeout=timeout,
-                        on_progress=on_progress, **fields)
+        return self._job_kw("copy", src=src, dst=dst, engine=engine, path=path, verify=verify,
+                            chunk_bytes=chunk_bytes, peer_timeout_ms=peer_timeout_ms,
+                            priority=priority, detach=detach, timeout=timeout,
+                            on_progress=on_progress, **fields)
 
     def fill(self, buffer: str, pattern: str, *, value: Optional[float] = None,
              seed: Optional[int] = None, priority: Optional[str] = None, detach: bool = False,
@@ -377,18 +442,18 @@ class Api:
              **fields: Any) -> Job:
         """Fills a buffer on its device: ``"zero"``, ``"value"`` (with ``value``),
         ``"iota"`` or ``"random"`` (with ``seed``). Result: ``bytes``."""
-        return self.job("fill", buffer=buffer, pattern=pattern, value=value, seed=seed,
-                        priority=priority, detach=detach, timeout=timeout,
-                        on_progress=on_progress, **fields)
+        return self._job_kw("fill", buffer=buffer, pattern=pattern, value=value, seed=seed,
+                            priority=priority, detach=detach, timeout=timeout,
+                            on_progress=on_progress, **fields)
 
     def checksum(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False,
                  timeout: Optional[float] = None,
                  on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """The buffer's 64-bit hash, computed on its device: result ``checksum``, ``bytes``."""
-        return self.job("checksum", buffer=buffer, priority=priority, detach=detach,
-                        timeout=timeout, on_progress=on_progress, **fields)
+        return self._job_kw("checksum", buffer=buffer, priority=priority, detach=detach,
+                            timeout=timeout, on_progress=on_progress, **fields)
 
-    def run(self, buffer: str, ops: Ops, *, mode: Optional[str] = None,
+    def run(self, buffer: str, ops: Optional[Ops] = None, *, mode: Optional[str] = None,
             repeat: Optional[int] = None, out: Optional[str] = None,
             priority: Optional[str] = None, detach: bool = False,
             timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None,
@@ -398,43 +463,46 @@ class Api:
         ``ops``: ``"sin | add 1 | sqrt"`` or a list (see :func:`parse_ops`);
         ``mode``: ``fused`` (default), ``graph`` or ``eager``; ``repeat`` the
         whole chain; ``out``: another buffer of the same shape (default in place).
+        Without ``ops``, ``buffer`` may be an expression (``run("y = a*x + 1")``),
+        as :meth:`expr` takes it.
         """
-        return self.job("run", buffer=buffer, ops=parse_ops(ops), mode=mode, repeat=repeat,
-                        out=out, priority=priority, detach=detach, timeout=timeout,
-                        on_progress=on_progress, **fields)
-
-    def allreduce(self, buffer: str, *, devices: Optional[Sequence[int]] = None,
-                  reduce: Optional[str] = None, out: Optional[str] = None,
-                  count: Optional[int] = None, collective_timeout_ms: Optional[int] = None,
-                  priority: Optional[str] = None, detach: bool = False,
-                  timeout: Optional[float] = None,
-                  on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
-        """Reduces the buffers called ``buffer`` on ``devices`` (default: every device
-        holding it) and leaves the result in each (or in ``out``).
-
-        ``reduce``: ``sum`` (default), ``prod``, ``min``, ``max`` or ``avg``.
-        """
-        return self.job("allreduce", buffer=buffer, devices=devices, reduce=reduce, out=out,
-                        count=count, collective_timeout_ms=collective_timeout_ms,
-                        priority=priority, detach=detach, timeout=timeout,
-                        on_progress=on_progress, **fields)
+        if ops is None:
+            if "=" not in buffer:
+                raise ValueError(f"run('{buffer}') needs ops ('sin | add 1'), or give an "
+                                 "expression such as 'y = 2*x + 1' (see expr)")
+            return self._job_kw("run", expr=buffer, mode=mode, repeat=repeat,
+                                priority=priority, detach=detach, timeout=timeout,
+                                on_progress=on_progress, **fields)
+        return self._job_kw("run", buffer=buffer, ops=parse_ops(ops), mode=mode, repeat=repeat,
+                            out=out, priority=priority, detach=detach, timeout=timeout,
+                            on_progress=on_progress, **fields)
 
     # numpy ---------------------------------------------------------------------
 
-    def put_array(self, array: Any, buffer: str, *, dtype: Optional[str] = None,
+    def put_array(self, buffer: Any, array: Any, *, dtype: Any = None,
                   priority: Optional[str] = None, timeout: Optional[float] = None,
                   on_progress: Optional[ProgressHandler] = None) -> Job:
-        """Stores a numpy array in ``buffer`` (``NAME`` or ``NAME@GPU``) and waits.
+        """Stores an array in ``buffer`` (``NAME`` or ``NAME@GPU``) and waits.
 
-        A buffer that does not exist is allocated with the array's dtype and
-        element count (on the ``@GPU`` named, default 0); one that exists
-        must hold exactly that dtype and count, or :class:`~gpuq.BadRequest`
-        says what it holds and nothing is sent. ``dtype``: store as this gpuq
-        dtype instead (``"bf16"`` for a ``uint16`` array of bfloat16 bits,
-        ``"bytes"`` for any array's raw bytes). The array's shape is kept by
-        this client for :meth:`get_array`. Returns the put's :class:`Job`.
+        ``array``: a numpy array (any layout), a torch tensor on the CPU, or
+        (on a GPU) a torch CUDA tensor or CuPy array, copied device to device
+        through an attachment. A buffer that does not exist is allocated
+        with the array's dtype and shape (on the ``@GPU`` named, default 0;
+        shareable for a device array); one that exists must hold exactly
+        that dtype and count, or :class:`~gpuq.BadRequest` says what it holds
+        and nothing is sent. ``dtype``: store as this dtype instead
+        (``"bf16"`` for a ``uint16`` array of bfloat16 bits, ``"bytes"`` for
+        any array's raw bytes). gpuqd keeps the array's shape for
+        :meth:`get_array` in any process.
+
+        Large ordinary arrays go through this client's pinned staging ring
+        (gpuq/staging.py), at close to pinned speed; the returned :class:`Job`
+        is then the last chunk's, its ``result`` the whole transfer's.
+        The older order ``put_array(array, name)`` still works, with a
+        DeprecationWarning.
         """
-        return self._drive(arrays.put_array_plan(self, array, buffer, dtype, dict(
+        buffer, array = arrays.name_first(buffer, array, "put_array")
+        return self._drive(arrays.put_array_plan(self, buffer, array, dtype, dict(
             priority=priority, timeout=timeout, on_progress=on_progress)))
 
     def get_array(self, buffer: str, out: Any = None, *, dtype: Any = None,
@@ -445,11 +513,13 @@ class Api:
 
         The dtype is the buffer's (``bytes`` reads as ``uint8``, ``bf16`` as
         ml_dtypes' ``bfloat16`` when installed, else ``uint16``), or
-        ``dtype`` to read its bytes as another. The shape is ``out``'s, else
-        ``shape``, else the one :meth:`put_array` stored here, else 1-D. A new
-        array lives in a memfd (:func:`gpuq.memfd_array`), so putting it back
-        copies nothing on the client side; ``out`` must be a writable
-        C-contiguous array of that dtype and size.
+        ``dtype`` (any spelling, or a numpy dtype gpuq lacks) to read its
+        bytes as another. The shape is ``shape``, else the one gpuqd keeps
+        for the buffer, else 1-D. ``out``: fill this array instead and
+        return it: a writable C-contiguous numpy array (or torch CPU tensor)
+        of that dtype and size, or on a GPU a torch CUDA tensor or CuPy array
+        of its size (a device-to-device copy from a shareable buffer).
+        Large reads go through the pinned staging ring (see :meth:`put_array`).
         """
         return self._drive(arrays.get_array_plan(self, buffer, out, dtype, shape, dict(
             priority=priority, timeout=timeout, on_progress=on_progress)))
@@ -477,6 +547,7 @@ class Api:
                                                             device=device, ephemeral=ephemeral),
                                       fds=(fd,), timeout=timeout)
             region = share.Region(name, fd, nbytes)
+            region._client = self
         except BaseException:
             os.close(fd)
             raise
@@ -498,11 +569,11 @@ class Api:
 
     def region_free(self, name: str, *, timeout: Optional[float] = None, **fields: Any) -> Job:
         """Lets gpuqd unpin a region, after the jobs that use it."""
-        return self.job("region_free", name=name, timeout=timeout, **fields)
+        return self._job_kw("region_free", name=name, timeout=timeout, **fields)
 
     def regions(self) -> Dict[str, Any]:
         """The caller's regions (every user's for root), ``pinned_bytes`` and ``memlock_limit``."""
-        return self.request("regions")
+        return self._request_kw("regions")
 
     def attach(self, buffer: str, *, mode: str = "read-write",
                timeout: Optional[float] = None, **fields: Any) -> "share.Attachment":
@@ -522,7 +593,10 @@ class Api:
         reply = yield Call("attach", req, (), waits=True, wait_s=timeout)
         fds = reply.get("_fds") or []
         try:
-            return share.Attachment(reply["job"]["result"], fds[0])
+            att = share.Attachment(reply["job"]["result"], fds[0])
+            att.record = dict(reply["job"])
+            att._client = self
+            return att
         except BaseException:
             yield Call("release", {"lease": reply["job"]["result"]["lease"]})
             raise
@@ -533,12 +607,12 @@ class Api:
     def release(self, attachment: "share.Attachment") -> Dict[str, Any]:
         """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on)."""
         attachment.unmap()
-        return self.request("release", lease=attachment.lease)
+        return self._request_kw("release", lease=attachment.lease)
 
     def leases(self) -> List[Dict[str, Any]]:
         """Leases on the caller's buffers and its own (every lease for root and the admin group)."""
-        return self.request("leases")["leases"]
+        return self._drive(self._key_plan("leases", "leases", {}))
 
     def lease_break(self, lease: int) -> Dict[str, Any]:
         """Ends a lease (root and the admin group); its holder gets a ``lease_broken`` event."""
-        return self.request("lease_break", lease=lease)
+        return self._request_kw("lease_break", lease=lease)

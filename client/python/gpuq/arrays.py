@@ -1,37 +1,50 @@
-"""numpy arrays in and out of buffers: ``put_array`` and ``get_array``.
+"""Arrays in and out of buffers: ``put_array`` and ``get_array``.
 
-A buffer allocated with ``count`` and ``dtype`` records both in gpuqd; the
-shape of the array it came from is kept by the client (per client object,
-per ``NAME@GPU``), since the daemon has no notion of one. numpy is imported
-only here, so the rest of the client works without it.
+What goes in: a numpy array (any, C-contiguous or not), a torch CPU tensor
+(through numpy, without a copy), and on a GPU machine a torch CUDA tensor
+or a CuPy array (a device-to-device copy through an attachment). What
+comes out: a numpy array of the buffer's dtype and shape, or the array
+given as ``out=`` filled in place (numpy, torch CPU or CUDA, CuPy).
 
-The bytes travel through a memfd (memfd.py). An array that already lives in
-one (``get_array``'s results, :func:`gpuq.memfd_array`) is passed as it is;
-any other array is copied into a fresh memfd first.
+The shape of the array a buffer was given is stored by gpuqd (``shape`` on
+alloc and put, docs/protocol.md), so any process reads back the array it
+was given; the client also remembers it per ``NAME@GPU`` for daemons that
+do not keep one.
+
+How bytes travel, fastest first: an array that lives in a memfd
+(:func:`gpuq.memfd_array`) is passed as it is; a large ordinary array goes
+through the client's pinned staging ring, copied chunk by chunk by several
+threads while the daemon moves the previous chunk (staging.py); anything
+else is copied into a fresh memfd. numpy, torch and CuPy are imported only
+when an array of theirs is met.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 from . import memfd
 from .dispatch import Call
+from .dtypes import SIZES, gpuq_dtype, numpy_dtype
 from .errors import BadRequest, Exists, NotFound
+from .job import Job
+from .staging import MIN_STAGED_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import Api
 
-__all__ = ["DTYPES", "gpuq_dtype", "numpy_dtype", "split_name"]
+__all__ = ["DTYPES", "gpuq_dtype", "numpy_dtype", "split_name", "put_array_plan",
+           "get_array_plan", "name_first"]
 
-#: gpuq dtype -> numpy dtype name. ``bf16`` has no numpy type of its own:
-#: ml_dtypes' ``bfloat16`` when installed, else its bits as ``uint16``.
+Plan = Generator[Call, Any, Any]
+
+#: gpuq dtype -> numpy dtype name (kept for callers of the older module).
 DTYPES: Dict[str, str] = {"bytes": "uint8", "u8": "uint8", "i32": "int32", "i64": "int64",
                           "f16": "float16", "bf16": "bfloat16", "f32": "float32",
                           "f64": "float64"}
-_SIZES = {"bytes": 1, "u8": 1, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}
-_FROM_NUMPY = {"uint8": "u8", "int32": "i32", "int64": "i64", "float16": "f16",
-               "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
 
 
 def _np() -> Any:
@@ -43,29 +56,17 @@ def _np() -> Any:
     return numpy
 
 
-def gpuq_dtype(dtype: Any) -> str:
-    """The gpuq dtype of a numpy dtype, or BadRequest naming the choices."""
-    name = _np().dtype(dtype).name
-    if name in _FROM_NUMPY:
-        return _FROM_NUMPY[name]
-    raise BadRequest(f"numpy dtype {name} has no gpuq dtype (gpuq has "
-                     f"{', '.join(_FROM_NUMPY)}); convert it with astype(), or pass "
-                     "dtype='bytes' to store its raw bytes")
+def name_first(name: Any, array: Any, method: str) -> Tuple[Any, Any]:
+    """``(name, array)`` from a call written either way round.
 
-
-def numpy_dtype(dtype: str) -> Any:
-    """The numpy dtype that holds a gpuq dtype's elements (see DTYPES for bf16)."""
-    np = _np()
-    if dtype == "bf16":
-        try:
-            import ml_dtypes
-            return np.dtype(ml_dtypes.bfloat16)
-        except ImportError:
-            return np.dtype(np.uint16)
-    if dtype not in DTYPES:
-        raise BadRequest(f"gpuq dtype {dtype!r} is unknown to this client "
-                         f"(it knows {', '.join(DTYPES)}); pass dtype= to read it as one")
-    return np.dtype(DTYPES[dtype])
+    The name comes first, as in redis-py's ``set(name, value)`` and the CLI;
+    the older order (array first) still works, with a DeprecationWarning.
+    """
+    if not isinstance(name, str) and isinstance(array, str):
+        warnings.warn(f"{method}(array, name) is deprecated: write {method}(name, array)",
+                      DeprecationWarning, stacklevel=4)
+        return array, name
+    return name, array
 
 
 def split_name(spec: str) -> Tuple[str, Optional[int]]:
@@ -83,8 +84,7 @@ def split_name(spec: str) -> Tuple[str, Optional[int]]:
     return name, int(gpu)
 
 
-def lookup_plan(api: "Api", name: str, device: Optional[int]
-                ) -> Generator[Call, Any, Optional[Dict[str, Any]]]:
+def lookup_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
     """The caller's buffer called ``name`` (on ``device`` if given), or None."""
     reply = yield Call("buffers", {"device": device})
     uid = api._uid()
@@ -97,113 +97,255 @@ def lookup_plan(api: "Api", name: str, device: Optional[int]
     return mine[0] if mine else None
 
 
-def _prepare(arr: Any, dtype: Optional[str]) -> Tuple[Any, str]:
-    """The array as native-order elements, and the gpuq dtype it goes to."""
+def _not_found(api: "Api", spec: str) -> Plan:
+    """NotFound for ``spec``, listing the caller's buffers as the CLI does."""
+    reply = yield Call("buffers", {})
+    uid = api._uid()
+    names = sorted(f"{b.get('name')}@{b.get('device')}" for b in reply.get("buffers", [])
+                   if b.get("owner", uid) == uid)
+    return NotFound(f"buffer '{spec}' not found; your buffers: "
+                    f"{', '.join(names) if names else '(none)'}")
+
+
+# Kinds of arrays ------------------------------------------------------------------
+
+def _module(obj: Any) -> str:
+    return type(obj).__module__.split(".")[0]
+
+
+def is_device_array(obj: Any) -> bool:
+    """A torch CUDA tensor or a CuPy array (device memory this process holds)."""
+    mod = _module(obj)
+    if mod == "torch":
+        return bool(getattr(obj, "is_cuda", False))
+    if mod == "cupy":
+        return True
+    return hasattr(obj, "__cuda_array_interface__") and not hasattr(obj, "__array_interface__")
+
+
+def _torch_to_numpy(t: Any) -> Tuple[Any, Optional[str]]:
+    """A CPU tensor's numpy view (no copy where it can be had) and its gpuq dtype
+    when numpy has no type for it (bfloat16)."""
+    import torch
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(_np().uint16), "bf16"
+    return t.numpy(), None
+
+
+def _prepare(arr: Any, dtype: Any) -> Tuple[Any, str]:
+    """The array as native-order numpy elements, and the gpuq dtype it goes to."""
     np = _np()
+    forced: Optional[str] = None
+    if _module(arr) == "torch":
+        arr, forced = _torch_to_numpy(arr)
     arr = np.asarray(arr)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if dtype is None:
-        return arr, gpuq_dtype(arr.dtype)
-    if dtype not in _SIZES:
-        raise BadRequest(f"dtype {dtype!r} is not a gpuq dtype ({', '.join(_SIZES)})")
-    if dtype != "bytes" and arr.dtype.itemsize != _SIZES[dtype]:
-        raise BadRequest(f"a {arr.dtype.name} array cannot be stored as {dtype}: its "
-                         f"elements are {arr.dtype.itemsize} bytes, {dtype}'s "
-                         f"{_SIZES[dtype]}")
-    return arr, dtype
+        if forced:
+            return arr, forced
+        try:
+            return arr, gpuq_dtype(arr.dtype)
+        except BadRequest:
+            raise BadRequest(f"numpy dtype {arr.dtype.name} has no gpuq dtype (gpuq has "
+                             "u8 i32 i64 f16 bf16 f32 f64); convert it with astype(), or "
+                             "pass dtype='bytes' to store its raw bytes") from None
+    gd = gpuq_dtype(dtype)
+    if gd != "bytes" and arr.dtype.itemsize != SIZES[gd]:
+        raise BadRequest(f"a {arr.dtype.name} array cannot be stored as {gd}: its "
+                         f"elements are {arr.dtype.itemsize} bytes, {gd}'s {SIZES[gd]}")
+    return arr, gd
 
 
-def _check_fit(buf: Dict[str, Any], arr: Any, dtype: str) -> None:
+def _check_fit(buf: Dict[str, Any], nbytes: int, size: int, dtype: str) -> None:
     have = (f"buffer '{buf.get('name')}@{buf.get('device')}' holds {buf.get('count')} "
             f"{buf.get('dtype')} ({buf.get('bytes')} bytes)")
-    want = f"the array is {arr.size} {dtype} ({arr.nbytes} bytes)"
+    want = f"the array is {size} {dtype} ({nbytes} bytes)"
     if dtype == "bytes":
-        ok = buf.get("bytes") == arr.nbytes
+        ok = buf.get("bytes") == nbytes
     else:
-        ok = buf.get("dtype") == dtype and buf.get("count") == arr.size
+        ok = buf.get("dtype") == dtype and buf.get("count") == size
     if not ok:
         raise BadRequest(f"{have} but {want}; free it, put into another name, or convert "
                          f"the array (arr.astype(...)) to match")
 
 
-def put_array_plan(api: "Api", arr: Any, spec: str, dtype: Optional[str],
-                   job: Dict[str, Any]) -> Generator[Call, Any, Any]:
-    """Finds or allocates the buffer, checks that the array fits it, and puts it."""
-    arr, gd = _prepare(arr, dtype)
-    name, device = split_name(spec)
+def _product(shape: Sequence[int]) -> int:
+    total = 1
+    for n in shape:
+        total *= int(n)
+    return total
+
+
+# put_array ------------------------------------------------------------------------
+
+def _find_or_alloc_plan(api: "Api", name: str, device: Optional[int], size: Dict[str, Any],
+                        shape: Optional[List[int]], shareable: bool,
+                        job: Dict[str, Any]) -> Plan:
     buf = yield from lookup_plan(api, name, device)
-    if buf is None:
-        size = {"bytes": arr.nbytes} if gd == "bytes" else {"count": arr.size, "dtype": gd}
-        try:
-            done = yield from api._job_plan("alloc", dict(name=name, device=device, **size),
-                                            priority=job.get("priority"))
-            buf = done.result
-        except Exists:  # made meanwhile by another thread or process: look again
-            buf = yield from lookup_plan(api, name, device)
-            if buf is None:
-                raise
-    _check_fit(buf, arr, gd)
-    label = f"{name}@{buf['device']}"
-    found = memfd.find(arr)
-    fd = (memfd.open_range(found[0], found[1], writable=False) if found
-          else memfd.from_bytes(arr if arr.flags.c_contiguous else arr.copy()))
+    if buf is not None:
+        return buf
     try:
-        result = yield from api._job_plan("put", {"buffer": label, "length": arr.nbytes},
-                                          fds=(fd,), **job)
-    finally:
-        os.close(fd)
+        done = yield from api._job_plan("alloc", dict(name=name, device=device, shape=shape,
+                                                      shareable=shareable or None, **size),
+                                        priority=job.get("priority"))
+        return dict(done.result or {}, shape=shape)
+    except Exists:  # made meanwhile by another thread or process: look again
+        buf = yield from lookup_plan(api, name, device)
+        if buf is None:
+            raise
+        return buf
+
+
+def put_array_plan(api: "Api", spec: str, arr: Any, dtype: Any,
+                   job: Dict[str, Any]) -> Plan:
+    """Finds or allocates the buffer, checks that the array fits it, and puts it."""
+    name, device = split_name(spec)
+    if is_device_array(arr):
+        done = yield from _device_put_plan(api, spec, name, device, arr, dtype, job)
+        if done is not None:
+            return done
+        arr = _device_to_host(arr)
+    arr, gd = _prepare(arr, dtype)
+    shape = [int(n) for n in arr.shape] if gd != "bytes" or arr.itemsize == 1 else None
+    size: Dict[str, Any] = ({"bytes": arr.nbytes} if gd == "bytes"
+                            else {"count": arr.size, "dtype": gd})
+    buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job)
+    _check_fit(buf, arr.nbytes, arr.size, gd)
+    label = f"{name}@{buf['device']}"
+    extra = {"shape": shape} if shape is not None and buf.get("shape") != shape else {}
+    result = yield from _put_bytes_plan(api, label, arr, int(buf["device"]), extra, job)
     api._shapes[label] = arr.shape
     return result
 
 
+def _put_bytes_plan(api: "Api", label: str, arr: Any, device: int, extra: Dict[str, Any],
+                    job: Dict[str, Any]) -> Plan:
+    """Moves an array's bytes into a whole buffer by the fastest way open to it."""
+    np = _np()
+    found = memfd.find(arr)
+    staging = api._staging
+    if found is None and arr.nbytes >= MIN_STAGED_BYTES and staging.try_acquire():
+        try:
+            ready = yield from staging._ready_plan(api, device)
+            if ready:
+                flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                start = time.monotonic()
+                done = yield from staging.put_plan(api, label, flat, extra, job)
+                return _summary(done, arr.nbytes, time.monotonic() - start, staging)
+        finally:
+            staging.release()
+    fd = (memfd.open_range(found[0], found[1], writable=False) if found
+          else memfd.from_bytes(arr if arr.flags.c_contiguous else arr.copy()))
+    try:
+        done = yield from api._job_plan("put", dict(extra, buffer=label, length=arr.nbytes),
+                                        fds=(fd,), **job)
+    finally:
+        os.close(fd)
+    return done
+
+
+def _summary(last: Any, nbytes: int, seconds: float, staging: Any) -> Any:
+    """The last chunk's Job, its result saying what the whole transfer did: ``bytes``,
+    ``seconds`` and ``gbps`` over every chunk as the client timed them, ``path``
+    ``ring`` and how many ``chunks`` of ``slot_bytes``."""
+    last.record = dict(last.record, result=dict(
+        last.result or {}, bytes=nbytes, seconds=seconds,
+        gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0, path="ring",
+        chunks=-(-nbytes // staging.slot_bytes), slot_bytes=staging.slot_bytes))
+    return last
+
+
+# get_array ------------------------------------------------------------------------
+
 def get_array_plan(api: "Api", spec: str, out: Any, dtype: Any, shape: Any,
-                   job: Dict[str, Any]) -> Generator[Call, Any, Any]:
-    """Reads a whole buffer into a new memfd-backed array, or into ``out``."""
+                   job: Dict[str, Any]) -> Plan:
+    """Reads a whole buffer into a new array, or into ``out``."""
     np = _np()
     name, device = split_name(spec)
     buf = yield from lookup_plan(api, name, device)
     if buf is None:
-        raise NotFound(f"buffer '{spec}' not found")
+        raise (yield from _not_found(api, spec))
     label = f"{name}@{buf['device']}"
     nbytes = int(buf["bytes"])
-    dt = np.dtype(dtype) if dtype is not None else numpy_dtype(buf["dtype"])
+    if out is not None and is_device_array(out):
+        return (yield from _device_get_plan(api, label, buf, out, job))
+    dt = numpy_dtype(buf["dtype"]) if dtype is None else _read_as(dtype)
     if nbytes % dt.itemsize:
         raise BadRequest(f"buffer '{label}' holds {nbytes} bytes, not a whole number of "
                          f"{dt.name} ({dt.itemsize} bytes each)")
     count = nbytes // dt.itemsize
     if out is not None:
-        target = _check_out(out, dt, count, label)
-    else:
-        target = memfd.memfd_array(_shape(api, label, count, shape), dt)
+        given = out
+        view = _check_out(_torch_to_numpy(out)[0] if _module(out) == "torch" else out,
+                          dt, count, label)
+        yield from _get_bytes_plan(api, label, view, int(buf["device"]), job)
+        return given
+    want = _shape(api, label, buf, count, shape)
+    if nbytes >= MIN_STAGED_BYTES and api._staging.try_acquire():
+        try:
+            ready = yield from api._staging._ready_plan(api, int(buf["device"]))
+            if ready:
+                target = np.empty(want, dt)
+                flat = target.reshape(-1).view(np.uint8)
+                yield from api._staging.get_plan(api, label, flat, job)
+                return target
+        finally:
+            api._staging.release()
+    target = memfd.memfd_array(want, dt)
+    yield from _get_bytes_plan(api, label, target, int(buf["device"]), job)
+    return target
+
+
+def _read_as(dtype: Any) -> Any:
+    """The numpy dtype to read a buffer's bytes as: any spelling of gpuq's, or any
+    numpy dtype gpuq has no name for (``np.int8``)."""
+    try:
+        return numpy_dtype(gpuq_dtype(dtype))
+    except BadRequest:
+        return _np().dtype(dtype)
+
+
+def _get_bytes_plan(api: "Api", label: str, target: Any, device: int,
+                    job: Dict[str, Any]) -> Plan:
+    """Fills a C-contiguous numpy array with a whole buffer's bytes, fastest way first."""
+    np = _np()
+    nbytes = target.nbytes
     found = memfd.find(target)
+    if found is None and nbytes >= MIN_STAGED_BYTES and api._staging.try_acquire():
+        try:
+            ready = yield from api._staging._ready_plan(api, device)
+            if ready:
+                flat = target.reshape(-1).view(np.uint8)
+                start = time.monotonic()
+                done = yield from api._staging.get_plan(api, label, flat, job)
+                return _summary(done, nbytes, time.monotonic() - start, api._staging)
+        finally:
+            api._staging.release()
     fd = memfd.open_range(found[0], found[1], writable=True) if found else memfd.create(nbytes)
     try:
-        yield from api._job_plan("get", {"buffer": label, "length": nbytes}, fds=(fd,), **job)
+        done = yield from api._job_plan("get", {"buffer": label, "length": nbytes},
+                                        fds=(fd,), **job)
         if not found:
             memfd.read_into(fd, memoryview(target).cast("B"))
     finally:
         os.close(fd)
-    return target
+    return done
 
 
-def _shape(api: "Api", label: str, count: int, shape: Any) -> Tuple[int, ...]:
+def _shape(api: "Api", label: str, buf: Dict[str, Any], count: int,
+           shape: Any) -> Tuple[int, ...]:
+    """The shape of a new array: asked for, else the daemon's, else this client's, else 1-D."""
     if shape is not None:
-        shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
-        total = 1
-        for n in shape_t:
-            total *= n
-        if total != count:
-            raise BadRequest(f"shape {shape_t} holds {total} elements; buffer '{label}' "
-                             f"holds {count}")
+        shape_t = (shape,) if isinstance(shape, int) else tuple(int(n) for n in shape)
+        if _product(shape_t) != count:
+            raise BadRequest(f"shape {shape_t} holds {_product(shape_t)} elements; buffer "
+                             f"'{label}' holds {count}")
         return shape_t
-    kept = api._shapes.get(label)
-    if kept is not None:
-        total = 1
-        for n in kept:
-            total *= n
-        if total == count:
-            return tuple(kept)
+    for kept in (buf.get("shape"), api._shapes.get(label)):
+        if kept is not None and _product(kept) == count:
+            return tuple(int(n) for n in kept)
     return (count,)
 
 
@@ -216,3 +358,117 @@ def _check_out(out: Any, dt: Any, count: int, label: str) -> Any:
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise BadRequest("out= must be a writable C-contiguous array")
     return out
+
+
+# Device arrays (torch CUDA tensors, CuPy): device-to-device through an attachment ----
+
+def _device_to_host(arr: Any) -> Any:
+    """A device array's copy in host memory (for buffers that cannot be attached)."""
+    if _module(arr) == "torch":
+        return arr.detach().cpu()
+    import cupy
+    return cupy.asnumpy(arr)
+
+
+def _device_dtype(arr: Any) -> str:
+    return gpuq_dtype(arr.dtype)
+
+
+def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], arr: Any,
+                     dtype: Any, job: Dict[str, Any]) -> Plan:
+    """A device array into a shareable buffer with one device-to-device copy; None
+    when the buffer exists and is not shareable (the caller goes through the host)."""
+    gd = gpuq_dtype(dtype) if dtype is not None else _device_dtype(arr)
+    shape = [int(n) for n in arr.shape]
+    count = _product(shape)
+    nbytes = count * SIZES[_device_dtype(arr)]
+    size: Dict[str, Any] = {"bytes": nbytes} if gd == "bytes" else {"count": count, "dtype": gd}
+    buf = yield from _find_or_alloc_plan(api, name, device, size,
+                                         shape if gd != "bytes" else None, True, job)
+    _check_fit(buf, nbytes, count, gd)
+    if not buf.get("shareable"):
+        return None
+    label = f"{name}@{buf['device']}"
+    start = time.monotonic()
+    att = yield from api._attach_plan(label, "read-write", job.get("timeout"), {})
+    try:
+        _device_copy(att, arr, into_attachment=True)
+    finally:
+        att.unmap()
+        yield Call("release", {"lease": att.lease})
+    api._shapes[label] = tuple(shape)  # gpuqd keeps the shape given at alloc
+    seconds = time.monotonic() - start
+    return Job(api, dict(att.record, result=dict(
+        att.record.get("result") or {}, bytes=nbytes, seconds=seconds, path="device",
+        gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0)))
+
+
+def _device_get_plan(api: "Api", label: str, buf: Dict[str, Any], out: Any,
+                     job: Dict[str, Any]) -> Plan:
+    """A shareable buffer into a device array with one copy; through the host otherwise."""
+    nbytes = _product(out.shape) * SIZES[_device_dtype(out)]
+    if nbytes != int(buf["bytes"]):
+        raise BadRequest(f"out= holds {nbytes} bytes; buffer '{label}' holds {buf['bytes']}")
+    if not buf.get("shareable"):
+        host = yield from get_array_plan(api, label, None, None, None, job)
+        _host_into_device(host, out)
+        return out
+    att = yield from api._attach_plan(label, "read", job.get("timeout"), {})
+    try:
+        _device_copy(att, out, into_attachment=False)
+    finally:
+        att.unmap()
+        yield Call("release", {"lease": att.lease})
+    return out
+
+
+def _host_into_device(host: Any, out: Any) -> None:
+    if _module(out) == "torch":
+        import torch
+        out.copy_(torch.from_numpy(host.reshape(-1).view("u1")).view(out.dtype)
+                  .reshape(out.shape))
+    else:
+        import cupy
+        out.view(cupy.uint8).reshape(-1).set(host.reshape(-1).view("u1"))
+
+
+class _ByteView:
+    """An attachment's memory as a flat array of bytes (``__cuda_array_interface__``)."""
+
+    def __init__(self, ptr: int, nbytes: int, readonly: bool) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (ptr, readonly), "version": 3}
+
+
+def _device_copy(att: Any, arr: Any, into_attachment: bool) -> None:
+    """Copies between a device array and an attachment, on the GPU, and waits for it."""
+    if att.host:  # the host backend: the attachment is host memory
+        host = att.array().view("u1")
+        src = _device_to_host(arr)
+        if into_attachment:
+            host[:] = _np().asarray(src).reshape(-1).view("u1")
+        else:
+            _host_into_device(host, arr)
+        return
+    view = _ByteView(att.ptr, att.bytes, not into_attachment)
+    if _module(arr) == "torch":
+        import torch
+        mem = torch.as_tensor(view, device=f"cuda:{att.device}")
+        flat = arr.detach().contiguous().reshape(-1).view(torch.uint8)
+        if into_attachment:
+            mem.copy_(flat)
+        else:
+            if not arr.is_contiguous():
+                raise BadRequest("out= must be a contiguous tensor")
+            arr.reshape(-1).view(torch.uint8).copy_(mem)
+        torch.cuda.synchronize(mem.device)
+        torch.cuda.synchronize(arr.device)
+    else:
+        import cupy
+        with cupy.cuda.Device(att.device):
+            mem = cupy.asarray(view)
+            if into_attachment:
+                cupy.copyto(mem, cupy.ascontiguousarray(arr).reshape(-1).view(cupy.uint8))
+            else:
+                cupy.copyto(arr.reshape(-1).view(cupy.uint8), mem)
+            cupy.cuda.runtime.deviceSynchronize()

@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 from .api import Api, Plan
 from .connection import Connection
 from .dispatch import Call
+from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, Staging
 from .wire import default_socket
 
 __all__ = ["Client", "ClientBase", "DEFAULT_TIMEOUT"]
@@ -21,10 +22,18 @@ class ClientBase(Api):
     _connection_class: Any = Connection
 
     def __init__(self, socket: Optional[str] = None, *,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
-        super().__init__()
+                 timeout: float = DEFAULT_TIMEOUT, staging_slots: int = DEFAULT_SLOTS,
+                 staging_slot_bytes: int = DEFAULT_SLOT_BYTES,
+                 copy_threads: Optional[int] = None) -> None:
+        super().__init__(Staging(staging_slots, staging_slot_bytes, copy_threads))
         self.socket = socket or default_socket()
         self._conn = self._connection_class(self.socket, timeout)
+
+    @property
+    def staging(self) -> Staging:
+        """The pinned ring large ordinary arrays travel through (made on first use;
+        ``unavailable`` says why there is none)."""
+        return self._staging
 
     @property
     def timeout(self) -> float:
@@ -38,7 +47,9 @@ class ClientBase(Api):
 
     def close(self) -> None:
         """Closes the connection; requests in flight fail with ConnectionError.
-        Jobs already submitted run on in the daemon."""
+        Jobs already submitted run on in the daemon; gpuqd frees the staging
+        ring's regions with the connection."""
+        self._staging.close()
         self._conn.close()
 
     def __repr__(self) -> str:
@@ -62,6 +73,10 @@ class Client(ClientBase):
     ``ping`` that the daemon is still there (a wait for a job itself is
     bounded only by its own ``timeout``). An unreachable daemon raises
     :class:`ConnectionError` naming the socket.
+
+    ``staging_slots`` x ``staging_slot_bytes``: the pinned ring that large
+    ordinary arrays travel through (gpuq/staging.py; made at the first such
+    transfer, ``staging_slots=0`` for none); ``copy_threads`` fill it.
 
     One client may be used from several threads at once: their requests
     share the connection and each thread gets its own replies. Use it as a

@@ -15,8 +15,8 @@ looked at even when nothing arrives.
 
 from __future__ import annotations
 
-import select
 import socket
+import struct
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -99,12 +99,19 @@ class ConnectionBase:
 
 
 class Connection(ConnectionBase):
-    """One connection to gpuqd; :meth:`call` may be used from many threads at once."""
+    """One connection to gpuqd; :meth:`call` may be used from many threads at once.
+
+    The socket is a blocking one whose limits are the kernel's own
+    (``SO_SNDTIMEO``, ``SO_RCVTIMEO``) rather than Python's, which would
+    poll before every send and every read: a round trip is then one
+    ``sendmsg`` and one ``recvmsg``.
+    """
 
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__(path, timeout)
-        self._poll = select.poll()
-        self._poll.register(self._sock.fileno(), select.POLLIN)
+        self._sock.settimeout(None)
+        _set_timeo(self._sock, socket.SO_SNDTIMEO, timeout)
+        self._rcvtimeo = -1.0  # the SO_RCVTIMEO set now (-1: not yet)
         self._cond = threading.Condition(threading.Lock())
         self._send_lock = threading.Lock()
         self._reading = False
@@ -207,14 +214,24 @@ class Connection(ConnectionBase):
         return step if deadline is None else max(0.0, min(step, deadline - now))
 
     def _read_once(self, deadline: Optional[float]) -> None:
-        """Reads what arrives within one slice and routes it (the reader only)."""
-        now = time.monotonic()
-        if not self._poll.poll(self._slice(deadline, now) * 1000):
+        """Reads what arrives within one slice and routes it (the reader only).
+
+        The read blocks outside the lock (other threads send meanwhile) for
+        at most the slice, the socket's SO_RCVTIMEO, which is set again only
+        when the slice changes (near a deadline).
+        """
+        limit = max(0.001, round(self._slice(deadline, time.monotonic()), 3))
+        if limit != self._rcvtimeo:
+            _set_timeo(self._sock, socket.SO_RCVTIMEO, limit)
+            self._rcvtimeo = limit
+        data, fds, fatal = self._d.read(self._sock)
+        if data is None and fatal is None:
             self._check_liveness()
             return
-        with self._cond:
-            _, fatal = self._d.receive(self._sock)
-            self._cond.notify_all()
+        if data is not None:
+            with self._cond:
+                _, fatal = self._d.take(data, fds)
+                self._cond.notify_all()
         if fatal is not None:
             self._break(fatal)
 
@@ -242,6 +259,13 @@ class Connection(ConnectionBase):
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+def _set_timeo(sock: socket.socket, option: int, seconds: float) -> None:
+    """Sets SO_SNDTIMEO or SO_RCVTIMEO (a struct timeval) to ``seconds``."""
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, option,
+                    struct.pack("ll", whole, int((seconds - whole) * 1e6)))
 
 
 def _copy_error(error: BaseException) -> BaseException:

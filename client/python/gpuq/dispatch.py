@@ -81,10 +81,7 @@ class Dispatcher:
             raise ValueError(f"a request carries at most {MAX_FDS} descriptors, "
                              f"not {len(call.fds)}")
         rid = next(self._ids)
-        fields = dict(call.fields)
-        if call.fds:
-            fields["fds"] = len(call.fds)
-        frame = encode_request(call.op, rid, fields)
+        frame = encode_request(call.op, rid, call.fields, len(call.fds))
         self.pending[rid] = slot
         self.ops[rid] = call.op
         if call.waits:
@@ -121,7 +118,7 @@ class Dispatcher:
                 count = frame["fds"]
                 frame["_fds"], self.fds = self.fds[:count], self.fds[count:]
             if "event" in frame:
-                slot = self.pending.get(rid)
+                slot = self.pending.get(rid) if rid is not None else None
                 if slot is not None:
                     slot.event(frame)
             elif rid is not None and rid == self.ping_id:
@@ -143,17 +140,31 @@ class Dispatcher:
         its chunk), and the error that ends the connection if one came: the
         daemon closed it or sent what cannot be read.
         """
+        data, fds, error = self.read(sock)
+        if data is None:
+            return False, error
+        return self.take(data, fds)
+
+    def read(self, sock: socket.socket
+             ) -> Tuple[Optional[bytes], List[int], Optional[BaseException]]:
+        """One read from ``sock``, no bookkeeping (it may block, outside any lock):
+        the bytes and descriptors that came, or None and the error that ends
+        the connection (None too when nothing came in time)."""
         try:
             data, fds, _, _ = socket.recv_fds(sock, READ_CHUNK, MAX_FDS,
                                               socket.MSG_CMSG_CLOEXEC)
-            self.fds.extend(fds)
         except (BlockingIOError, InterruptedError, socket.timeout):
-            return False, None
+            return None, [], None
         except ConnectionResetError:
-            return False, self.eof_error(" (reset)")
+            return None, [], self.eof_error(" (reset)")
         except OSError as exc:
-            return False, ConnectionError(f"reading from gpuqd at {self.path} failed: "
-                                          f"{exc.strerror or exc}")
+            return None, [], ConnectionError(f"reading from gpuqd at {self.path} failed: "
+                                             f"{exc.strerror or exc}")
+        return data, fds, None
+
+    def take(self, data: bytes, fds: List[int]) -> Tuple[bool, Optional[BaseException]]:
+        """Routes what :meth:`read` returned; as :meth:`receive`."""
+        self.fds.extend(fds)
         if not data:
             return False, self.eof_error()
         try:

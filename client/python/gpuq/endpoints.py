@@ -90,9 +90,9 @@ def _endpoint(obj: Any, writing: bool, share: bool) -> Endpoint:
     found = memfd.find(obj) if share else None
     if found is not None:
         return Endpoint(memfd.open_range(found[0], found[1], writable=writing), True,
-                        limit=obj.nbytes)
+                        limit=obj.nbytes)  # type: ignore[union-attr]
     try:
-        view: Optional[memoryview] = memoryview(obj)
+        view: Optional[memoryview] = memoryview(obj)  # type: ignore[arg-type]
     except TypeError:
         view = None
     if view is not None and not view.c_contiguous:

@@ -61,7 +61,7 @@ class GpuqError(Exception):
         return f"{type(self).__name__}({self.message!r}, code={self.code!r}{job})"
 
 
-class BadRequest(GpuqError):
+class BadRequest(GpuqError, ValueError):
     """A field is missing, mistyped, out of range or inconsistent (``bad_request``).
 
     The client raises it too, before sending anything, when ``put_array`` or

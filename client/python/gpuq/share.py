@@ -36,13 +36,43 @@ class Region:
         self.name = name
         self.bytes = size
         self._fd = fd
-        self._map: Optional[mmap.mmap] = mmap.mmap(fd, size, mmap.MAP_SHARED,
+        # Populated at once: gpuqd pinned these pages already, and a client
+        # that faults them in one by one pays that on its first copies.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self._map: Optional[mmap.mmap] = mmap.mmap(fd, size, flags,
                                                    mmap.PROT_READ | mmap.PROT_WRITE)
         self.view = memoryview(self._map)
+        # Set by the client that made it (region_create), which frees it in
+        # gpuqd when a ``with`` block ends; None for region_open's mappings.
+        self._client: Any = None
+
+    def __repr__(self) -> str:
+        state = "mapped" if self._map is not None else "unmapped"
+        return f"<gpuq.Region {self.name!r} {self.bytes} bytes {state}>"
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Unmaps it here and, for a region this client made, frees it in gpuqd
+        (after the jobs that use it). Not for an AsyncClient's: use ``async with``."""
+        self.unmap()
+        if self._client is not None:
+            self._client.region_free(self.name)
+
+    async def __aenter__(self) -> "Region":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.unmap()
+        if self._client is not None:
+            await self._client.region_free(self.name)
 
     def array(self, dtype: Any = "u1", count: Optional[int] = None, offset: int = 0) -> Any:
         """A numpy array over the region's bytes from ``offset`` (no copy)."""
         import numpy as np
+        if self._map is None:
+            raise ValueError(f"region '{self.name}' is unmapped here")
         return np.frombuffer(self._map, dtype=dtype, count=-1 if count is None else count,
                              offset=offset)
 
@@ -51,6 +81,8 @@ class Region:
 
         Arrays made with :meth:`array` keep the mapping alive until they go.
         """
+        if self._map is None:
+            return
         self.view.release()
         _close_map(self._map)
         self._map = None
@@ -59,7 +91,8 @@ class Region:
             self._fd = -1
 
     def ref(self, offset: int = 0, length: Optional[int] = None) -> str:
-        """``NAME[START:STOP]`` for put/get's ``region``: ``length`` bytes from ``offset``."""
+        """``NAME[START:STOP]`` for put/get's ``region``: ``length`` bytes from
+        ``offset`` (to the end when None), written as a Python slice."""
         return f"{self.name}[{offset}:{'' if length is None else offset + length}]"
 
 
@@ -183,10 +216,96 @@ class Attachment:
             self.ptr, self.mapped, self._handle, self.device = _cuda_import(
                 fd, result["uuid"], self.bytes, self.writable)
         self.import_s = time.monotonic() - start
+        # Set by the client that attached it: the attach job's record, and
+        # the client whose release a ``with`` block calls.
+        self.record: Dict[str, Any] = {}
+        self._client: Any = None
+
+    def __repr__(self) -> str:
+        where = "host" if self.host else f"cuda:{self.device}"
+        state = "released" if not self.ptr else self.mode
+        return (f"<gpuq.Attachment {self.buffer} {self.dtype} x {self.count} on {where}, "
+                f"lease {self.lease} {state}>")
+
+    @property
+    def mode(self) -> str:
+        return "read-write" if self.writable else "read"
+
+    def __enter__(self) -> "Attachment":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Waits for this process's work on the device (:meth:`synchronize`), then
+        releases it (unmaps here, ends the lease). Not for an AsyncClient's: use
+        ``async with``."""
+        if self.ptr:
+            self.synchronize()
+        if self.ptr and self._client is not None:
+            self._client.release(self)
+        elif self.ptr:
+            self.unmap()
+
+    async def __aenter__(self) -> "Attachment":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self.ptr:
+            self.synchronize()
+        if self.ptr and self._client is not None:
+            await self._client.release(self)
+        elif self.ptr:
+            self.unmap()
+
+    def synchronize(self) -> None:
+        """Waits until every stream of this process on the buffer's GPU is done
+        (``cuCtxSynchronize`` on its primary context, which torch and CuPy use):
+        gpuqd cannot see into this process's streams, so a lease must not end
+        while a kernel still writes the buffer. Nothing on the host backend."""
+        if self.host:
+            return
+        drv = _Driver
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        drv.call("cuDeviceGet", ctypes.byref(dev), self.device)
+        drv.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+        drv.call("cuCtxPushCurrent_v2", ctx)
+        try:
+            drv.call("cuCtxSynchronize")
+        finally:
+            drv.call("cuCtxPopCurrent_v2", ctypes.byref(ctypes.c_void_p()))
+            drv.call("cuDevicePrimaryCtxRelease_v2", dev)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """DLPack's device: (kDLCPU, 0) on the host backend, (kDLCUDA, ordinal) on a GPU."""
+        return (1, 0) if self.host else (2, self.device)
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        """A DLPack capsule over the buffer's memory, no copy:
+        ``torch.from_dlpack(att)``, ``cupy.from_dlpack(att)``, ``np.from_dlpack(att)``.
+
+        On the host backend it is numpy's; on a GPU it is made by CuPy or
+        torch, whichever is installed (from ``__cuda_array_interface__``),
+        since the capsule must come from a library that owns a CUDA stream
+        model. The memory is valid until :meth:`release`.
+        """
+        if self.host:
+            return self.array().__dlpack__(stream=stream)
+        try:
+            import cupy
+            return cupy.asarray(self).__dlpack__(stream=stream)
+        except ImportError:
+            pass
+        try:
+            import torch
+            tensor = torch.as_tensor(self, device=f"cuda:{self.device}")
+            return tensor.__dlpack__(stream) if stream is not None else tensor.__dlpack__()
+        except ImportError:
+            raise TypeError("__dlpack__ of a GPU attachment needs CuPy or torch; without "
+                            "them use __cuda_array_interface__ or ptr") from None
 
     def _address(self) -> int:
         """The host mapping's address (a read-only mmap exports no writable buffer to ctypes)."""
         import numpy as np
+        assert self._map is not None  # called while mapping, in __init__
         return int(np.frombuffer(self._map, dtype="u1", count=1).ctypes.data)
 
     def array(self) -> Any:

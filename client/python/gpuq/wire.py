@@ -69,12 +69,16 @@ def encode_frame(message: Mapping[str, Any]) -> bytes:
     return len(payload).to_bytes(HEADER, "big") + payload
 
 
-def encode_request(op: str, request_id: int, fields: Mapping[str, Any]) -> bytes:
-    """The frame of a request: ``v``, ``id``, ``op``, then every field not None."""
+def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
+                   fds: int = 0) -> bytes:
+    """The frame of a request: ``v``, ``id``, ``op``, then every field not None
+    (and ``fds`` when descriptors ride with it)."""
     message: Dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
     for key, value in fields.items():
         if value is not None and key not in message:
             message[key] = value
+    if fds:
+        message["fds"] = fds
     return encode_frame(message)
 
 
@@ -93,6 +97,11 @@ class FrameReader:
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> List[Dict[str, Any]]:
+        if not self._buf and len(data) >= HEADER:
+            # The common case, one whole frame per read: decoded in place.
+            size = int.from_bytes(data[:HEADER], "big")
+            if len(data) == HEADER + size and size <= self.max_frame:
+                return [self._decode(data[HEADER:])]
         self._buf += data
         maps: List[Dict[str, Any]] = []
         while len(self._buf) >= HEADER:

@@ -19,7 +19,7 @@ def test_threads_share_one_client(client, name):
             buf = f"{name}{t}"
             a = np.full(1000 + t, t, dtype=np.int32)
             for i in range(15):
-                client.put_array(a + i, buf)
+                client.put_array(buf, a + i)
                 assert client.get_array(buf).tolist() == (a + i).tolist()
                 assert client.noop().state == "done"
                 assert client.ping()["version"] == 1
@@ -63,7 +63,7 @@ def test_asyncio_tasks_on_one_connection(daemon, name):
             async def one(t):
                 buf = f"{name}{t}"
                 a = np.arange(t * 100, t * 100 + 77, dtype=np.int64)
-                await c.put_array(a, buf)
+                await c.put_array(buf, a)
                 back = await c.get_array(buf)
                 sums = await c.checksum(buf)
                 await c.free(buf)

@@ -31,7 +31,9 @@ def test_devices_and_stats_list_each_device(client):
 
 
 def test_alloc_by_bytes_and_by_count(client, name):
-    job = client.alloc(name, nbytes=4096)
+    buf = client.alloc(name, nbytes=4096)
+    assert isinstance(buf, gpuq.Buffer) and buf.nbytes == 4096 and buf.ref == f"{name}@0"
+    job = buf.job
     assert job.state == "done" and job.op == "alloc"
     assert job.result == {"name": name, "device": 0, "dtype": "bytes", "count": 4096,
                           "bytes": 4096, "shareable": False, "ephemeral": False}
@@ -163,7 +165,7 @@ def test_put_paths_staged_and_registered(client, name):
 
 def test_copy_within_and_between_devices(client, name):
     data = os.urandom(5000)
-    client.put_array(bytearray(data), name, dtype="bytes")
+    client.put_array(name, bytearray(data), dtype="bytes")
     try:
         client.alloc(name + "b", nbytes=5000)
         ce = client.copy(name, name + "b", verify=True)
@@ -186,7 +188,7 @@ def test_copy_within_and_between_devices(client, name):
 def test_run_a_chain_from_a_string_and_from_a_list(client, name):
     import numpy as np
     x = np.linspace(0.5, 2.0, 101, dtype=np.float32)
-    client.put_array(x, name)
+    client.put_array(name, x)
     try:
         job = client.run(name, "mul 2 | add 1")
         assert job.result["ops"] == 2 and job.result["kernels"] == 1
@@ -214,7 +216,7 @@ def test_allreduce_sums_over_the_devices(client, name):
     if n < 2:
         pytest.skip("needs two devices")
     for dev in range(n):
-        client.put_array(np.full(33, dev + 1, np.float32), f"{name}@{dev}")
+        client.put_array(f"{name}@{dev}", np.full(33, dev + 1, np.float32))
     try:
         job = client.allreduce(name, devices=list(range(n)), reduce="sum")
         assert job.result["devices"] == list(range(n)) and job.result["count"] == 33

@@ -26,7 +26,9 @@ def test_region_round_trip_is_bit_exact(client, name):
         data = region.array("u1")
         data[:] = np.random.default_rng(3).integers(0, 256, data.size, dtype=np.uint8)
         client.alloc(name, nbytes=1 << 20)
-        job = client.put(None, name, region=region.ref(4097, 100003))
+        # ref() writes a Python slice: bytes 4097 up to 104100.
+        assert region.ref(4097, 100003) == f"{name}[4097:104100]"
+        job = client.put(None, name, region=region.ref(4097), length=100003)
         assert job.result["path"] == "region" and job.result["bytes"] == 100003
         back = client.get_array(name, dtype="u1")
         assert np.array_equal(back[:100003], data[4097:4097 + 100003])
@@ -89,7 +91,7 @@ def test_attach_holds_jobs_until_released(client, daemon, name):
     finally:
         client.release(att)
     expected = np.full(count, 2.5, dtype=np.float32)
-    client.put_array(expected, name + "x")
+    client.put_array(name + "x", expected)
     assert other.wait(waiting).result["checksum"] == client.checksum(name + "x").result["checksum"]
     assert np.array_equal(client.get_array(name), expected)
     other.close()

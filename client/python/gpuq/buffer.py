@@ -1,0 +1,112 @@
+"""Buffer: a named buffer of gpuqd as an object, with numpy's attributes.
+
+``client.buffer("x")`` and ``client.alloc(...)`` return one. It is a
+snapshot of the buffer's row in ``buffers`` (name, device, dtype, shape,
+size) plus methods that call the client for it: ``get``, ``put``,
+``free``, ``attach``. The shape is the one gpuqd keeps for the buffer
+(``shape`` on alloc and put), so a buffer made by another process reads
+back as the array it was given.
+
+Zero-copy access goes through an attachment (a lease: gpuqd's jobs on the
+buffer wait while it is held), so it is scoped::
+
+    with buf.attach() as t:
+        x = torch.from_dlpack(t)       # on a GPU: the buffer's own memory
+
+On the async client ``get``, ``put``, ``free`` and ``attach`` return
+awaitables, as the client's methods do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+
+from .dtypes import SIZES, numpy_dtype
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .api import Api
+    from .job import Job
+
+__all__ = ["Buffer", "human_bytes"]
+
+
+def human_bytes(n: int) -> str:
+    """``1.5 GiB``, ``4 KiB``, ``100 B``: sizes as people read them."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if size == int(size) else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+class Buffer:
+    """One of your buffers: ``name``, ``device``, ``dtype`` (numpy), ``gpuq_dtype``,
+    ``shape``, ``size`` (elements), ``nbytes``, ``shareable``, and ``ref``
+    (``NAME@GPU``, what requests name it by)."""
+
+    def __init__(self, client: "Api", row: Mapping[str, Any],
+                 job: Optional["Job"] = None) -> None:
+        self._client = client
+        self.row: Dict[str, Any] = dict(row)
+        self.job = job
+        self.name: str = str(row["name"])
+        self.device: int = int(row["device"])
+        self.gpuq_dtype: str = str(row.get("dtype") or "bytes")
+        count = row.get("count")
+        nbytes = row.get("bytes")
+        self.nbytes: int = int(nbytes if nbytes is not None
+                               else int(count or 0) * SIZES.get(self.gpuq_dtype, 1))
+        self.size: int = int(count if count is not None
+                             else self.nbytes // SIZES.get(self.gpuq_dtype, 1))
+        shape = row.get("shape")
+        self.shape: Tuple[int, ...] = (tuple(int(n) for n in shape) if shape is not None
+                                       else (self.size,))
+        self.shareable: bool = bool(row.get("shareable", False))
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.device}"
+
+    @property
+    def dtype(self) -> Any:
+        """The numpy dtype of its elements (``bytes`` reads as uint8)."""
+        return numpy_dtype(self.gpuq_dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def result(self) -> Optional[Dict[str, Any]]:
+        """The alloc's result, when this buffer came from :meth:`gpuq.Client.alloc`."""
+        return self.job.result if self.job is not None else None
+
+    def __repr__(self) -> str:
+        try:
+            dtype = self.dtype.name
+        except ImportError:  # pragma: no cover - without numpy
+            dtype = self.gpuq_dtype
+        return (f"<gpuq.Buffer {self.ref} {dtype} shape={self.shape} "
+                f"{human_bytes(self.nbytes)}>")
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    def get(self, out: Any = None, **kwargs: Any) -> Any:
+        """The buffer as an array (:meth:`gpuq.Client.get_array`)."""
+        return self._client.get_array(self.ref, out, **kwargs)
+
+    def put(self, array: Any, **kwargs: Any) -> "Job":
+        """Stores an array of its dtype and size (:meth:`gpuq.Client.put_array`)."""
+        return self._client.put_array(self.ref, array, **kwargs)
+
+    def free(self, **kwargs: Any) -> "Job":
+        """Frees it (:meth:`gpuq.Client.free`)."""
+        return self._client.free(self.ref, **kwargs)
+
+    def attach(self, mode: str = "read-write", **kwargs: Any) -> Any:
+        """Maps it here under a lease (:meth:`gpuq.Client.attach`); use ``with``.
+        The :class:`~gpuq.share.Attachment` has ``__dlpack__`` and
+        ``__cuda_array_interface__`` on a GPU, ``array()`` on the host backend."""
+        return self._client.attach(self.ref, mode=mode, **kwargs)
