@@ -79,6 +79,11 @@ class AsyncMethods:
         """
         return await _call(Api.attach, self, buffer, mode=mode, timeout=timeout, **fields)
 
+    async def bench_alloc(self, *, device: Optional[int] = None, sizes: Optional[Sequence[int]] = None, repeats: Optional[int] = None, timeout: Optional[float] = None, **fields: Any) -> Dict[str, Any]:
+        """Alloc and free latency, from the pool and from exportable slabs in one run:
+        the result map, whose ``rows`` give each size and memory's percentiles."""
+        return await _call(Api.bench_alloc, self, device=device, sizes=sizes, repeats=repeats, timeout=timeout, **fields)
+
     async def bench_allreduce(self, buffer: str, *, devices: Optional[Sequence[int]] = None, out: Optional[str] = None, warmup: Optional[int] = None, iters: Optional[int] = None, repeats: Optional[int] = None, timeout: Optional[float] = None, **fields: Any) -> Dict[str, Any]:
         """The raw all-reduce loop: the result map (``us``, ``rank_us``, ``busbw_gbps``...)."""
         return await _call(Api.bench_allreduce, self, buffer, devices=devices, out=out, warmup=warmup, iters=iters, repeats=repeats, timeout=timeout, **fields)

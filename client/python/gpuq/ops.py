@@ -248,6 +248,15 @@ class ComputeOps:
                                                repeats=repeats, peers=peers),
                              dict(timeout=timeout), result_only=True)
 
+    def bench_alloc(self, *, device: Optional[int] = None,
+                    sizes: Optional[Sequence[int]] = None, repeats: Optional[int] = None,
+                    timeout: Optional[float] = None, **fields: Any) -> Dict[str, Any]:
+        """Alloc and free latency, from the pool and from exportable slabs in one run:
+        the result map, whose ``rows`` give each size and memory's percentiles."""
+        return self._compute("bench_alloc", dict(fields, device=device, sizes=sizes,
+                                                 repeats=repeats),
+                             dict(timeout=timeout), result_only=True)
+
     def bench_chain(self, *, device: Optional[int] = None, bytes: Optional[int] = None,
                     repeat: Optional[int] = None, reps: Optional[int] = None,
                     timeout: Optional[float] = None, **fields: Any) -> Dict[str, Any]:
