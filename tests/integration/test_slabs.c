@@ -96,8 +96,9 @@ TEST(slabs_small_buffers_keep_their_own_bytes)
 
 /*
  * Each slab holds a descriptor; a large buffer's own slab gives its
- * descriptor back with the buffer, small ones share one (the carved slab
- * kept for reuse), and a shareable buffer's slab is never kept.
+ * descriptor back once another own slab is freed after it (the last one
+ * freed is kept for reuse), small ones share one (the carved slab kept
+ * for reuse), and a shareable buffer's slab is never kept.
  */
 TEST(slabs_descriptors_go_with_their_buffers)
 {
@@ -114,11 +115,18 @@ TEST(slabs_descriptors_go_with_their_buffers)
 	do_alloc(c, "big", 0, 64 * MIB);
 	CHECK_EQ(daemon_fd_count(&d), base + 1);
 	do_free(c, "big");
-	CHECK_EQ(daemon_fd_count(&d), base);
+	CHECK_EQ(daemon_fd_count(&d), base + 1); /* kept, the last of its own freed */
+	do_alloc(c, "big2", 0, 64 * MIB);
+	CHECK_EQ(daemon_fd_count(&d), base + 1); /* ... and reused */
+	do_alloc(c, "big3", 0, 32 * MIB);
+	CHECK_EQ(daemon_fd_count(&d), base + 2);
+	do_free(c, "big3");
+	do_free(c, "big2");
+	CHECK_EQ(daemon_fd_count(&d), base + 1); /* the last freed kept, the other gone */
 	do_free(c, "a");
 	do_free(c, "b");
 	do_free(c, "warm");
-	CHECK_EQ(daemon_fd_count(&d), base); /* the empty carved slab is kept */
+	CHECK_EQ(daemon_fd_count(&d), base + 1); /* the empty carved slab and the last own one are kept */
 	gpuq_close(c);
 	daemon_stop(&d);
 }

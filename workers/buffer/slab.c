@@ -342,13 +342,34 @@ static bool heap_has_other_kept_carved(const struct slab_heap *h, const struct s
 	return false;
 }
 
-/* s (the si-th) has just become empty: keep it, or give it back. */
+/* Gives back kept slabs of their own other than s while more than keep bytes are kept. */
+static void heap_trim_own_except(struct slab_heap *h, const struct slab *s, uint64_t keep)
+{
+	for (size_t i = h->n; i-- > 0 && heap_kept_bytes(h) > keep;) {
+		struct slab *o = h->slabs[i];
+		if (o == s || !o->own || !slab_is_kept(o))
+			continue;
+		slab_unlist(h, i);
+		slab_give_back(h, o, false);
+	}
+}
+
+/*
+ * s (the si-th) has just become empty: keep it, or give it back. The last
+ * slab of its own emptied (up to SLAB_KEEP_LAST_MAX) is kept for the next
+ * buffer of its size, as the CUDA pool reuses the block a free left:
+ * freeing and allocating again, the common churn, then costs no mapping.
+ */
 static void heap_settle_empty(struct slab_heap *h, size_t si)
 {
 	struct slab *s = h->slabs[si];
 	if (!s->exported) {
 		if (!s->own && !heap_has_other_kept_carved(h, s))
 			return; /* the one carved slab always kept */
+		if (s->own && s->mem.bytes <= SLAB_KEEP_LAST_MAX) {
+			heap_trim_own_except(h, s, h->keep_bytes + s->mem.bytes);
+			return;
+		}
 		if (heap_kept_bytes(h) <= h->keep_bytes)
 			return; /* kept slabs (s among them) within --pool-release */
 	}

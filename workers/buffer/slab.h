@@ -80,6 +80,9 @@ struct slab_place {
 	bool own;            /* the range is the slab's only one */
 };
 
+/* The largest empty slab of its own kept beyond --pool-release: the last one freed. */
+#define SLAB_KEEP_LAST_MAX ((uint64_t)1 << 30)
+
 struct slab_stats {
 	unsigned slabs;        /* slabs held, kept ones included */
 	unsigned kept;         /* empty slabs kept for reuse */

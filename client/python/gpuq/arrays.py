@@ -450,7 +450,9 @@ def _device_copy(att: Any, arr: Any, into_attachment: bool) -> None:
         else:
             _host_into_device(host, arr)
         return
-    view = _ByteView(att.ptr, att.bytes, not into_attachment)
+    # Never marked read-only: torch refuses such an interface outright, and a
+    # read lease's memory is only read below (the copy's source).
+    view = _ByteView(att.ptr, att.bytes, False)
     if _module(arr) == "torch":
         import torch
         mem = torch.as_tensor(view, device=f"cuda:{att.device}")
