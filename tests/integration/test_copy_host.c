@@ -827,7 +827,9 @@ TEST(bench_copy_rows_are_measured_and_verified)
 	expect_ok(r, "bench_copy");
 	const msgpack_object *rows = reply_path(r, "job.result.rows");
 	CHECK(rows && rows->type == MSGPACK_OBJECT_ARRAY);
-	unsigned per_size = test_backend_is_cuda() ? 14 : 12; /* with gpuq region both ways */
+	/* with gpuq region both ways; D2H: six host rows, fresh and write-only files, sinks */
+	unsigned per_size = test_backend_is_cuda() ? 26 : 24;
+	unsigned host_rated = 0;
 	CHECKF(rows->via.array.size == 2 * per_size, "%u rows", rows->via.array.size);
 	for (uint32_t i = 0; i < rows->via.array.size; i++) {
 		const msgpack_object *row = &rows->via.array.ptr[i];
@@ -844,7 +846,16 @@ TEST(bench_copy_rows_are_measured_and_verified)
 		CHECK(msg_get_f64(row, "ratio", &ratio, &err) == 1 && ratio > 0);
 		CHECK(msg_get_f64(row, "ceiling", &ceiling, &err) == 1 && ceiling > 0);
 		CHECK(test_backend_is_cuda() || strstr(method, "(host)"));
+		/* every get into a memfd or file is read against the host alone */
+		double host_ratio = 0;
+		bool into_file = strstr(method, "gpuq memfd") || strstr(method, "gpuq file");
+		if (strcmp(group, "D2H") == 0 && into_file && !strstr(method, "registered")) {
+			CHECKF(msg_get_f64(row, "host_ratio", &host_ratio, &err) == 1 && host_ratio > 0,
+			       "row %u (%s) has no host_ratio", i, method);
+			host_rated++;
+		}
 	}
+	CHECK_EQ(host_rated, 2 * 6);
 	const msgpack_object *notes = reply_path(r, "job.result.notes");
 	CHECK(notes && notes->via.array.size >= 1);
 	const msgpack_object *pins = reply_path(r, "job.result.region_pin");

@@ -431,6 +431,13 @@ static void get_map_destination(struct xfer *x)
 	void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, x->fd, start);
 	if (map == MAP_FAILED)
 		return;
+	/*
+	 * Pages the get creates (a fresh memfd or tmpfs file) come as 2 MiB
+	 * pages where shmem's policy allows them on request ("advise"): one
+	 * allocation, fault and unmap for 512 small ones. Pages that exist
+	 * stay as they are; a refusal changes nothing.
+	 */
+	(void)madvise(map, len, MADV_HUGEPAGE);
 	x->map = map;
 	x->map_len = len;
 	x->map_data = x->map + (x->pos - start);
