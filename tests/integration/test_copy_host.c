@@ -567,6 +567,63 @@ TEST(copy_registered_path)
 	daemon_stop(&d);
 }
 
+/* The registered path keeps a memfd's pinning between transfers: every change of the memfd still shows. */
+TEST(copy_registered_kept_pinning_sees_every_change)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t n = (2u << 20) + 4096;
+	int src = sealed_memfd(n, 50);
+	size_t k;
+	unsigned char *want = fd_slurp(src, &k);
+	unsigned char *mine = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, src, 0);
+	CHECK(mine != MAP_FAILED);
+	struct xfer_opts o = plain;
+	o.path = "registered";
+	do_alloc(c, "kp", 0, n);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	xfer_ok(c, "put", "kp", src, &o, n, "registered");
+	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
+	/* rewritten through the client's own mapping: the same pages */
+	memset(mine + 4096, 0x5a, 8192);
+	memset(want + 4096, 0x5a, 8192);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	xfer_ok(c, "put", "kp", src, &o, n, "registered");
+	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
+	/* written with pwrite */
+	memset(want, 0x33, 100);
+	CHECK(pwrite(src, want, 100, 0) == 100);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	xfer_ok(c, "put", "kp", src, &o, n, "registered");
+	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
+	/* a hole punched and written again: new pages under the old pinning */
+	CHECK(fallocate(src, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20) == 0);
+	memset(want + (1 << 20), 0x77, 1 << 20);
+	memset(mine + (1 << 20), 0x77, 1 << 20);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	xfer_ok(c, "put", "kp", src, &o, n, "registered");
+	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
+	/* gets into one memfd, the device's bytes changed in between */
+	int dst = sealed_memfd(0, 0);
+	xfer_ok(c, "get", "kp", dst, &o, n, "registered");
+	check_fd_holds(dst, want, n, "the first registered get");
+	int other_fd = sealed_memfd(n, 51);
+	unsigned char *other = fd_slurp(other_fd, &k);
+	xfer_ok(c, "put", "kp", other_fd, NULL, n, "staged");
+	CHECK(lseek(dst, 0, SEEK_SET) == 0);
+	xfer_ok(c, "get", "kp", dst, &o, n, "registered");
+	check_fd_holds(dst, other, n, "the second registered get");
+	munmap(mine, n);
+	free(want);
+	free(other);
+	close(src);
+	close(dst);
+	close(other_fd);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(copy_register_min_picks_the_registered_path)
 {
 	struct daemon_proc d;

@@ -52,7 +52,9 @@ static bool transfer_once(struct device *dev, int fd, size_t n)
 	bool hit = false;
 	CHECK(reg_cache_acquire(dev, fd, 0, n, true, &e, &map, &hit, &err) == 0);
 	CHECK(map != NULL);
-	CHECK(reg_cache_release(dev, e, true, &err) == 0);
+	usleep(5000);
+	memset(map, 7, 4096); /* a get's write: its first fault sets the file's times */
+	CHECK(reg_cache_release(dev, e, fd, true, &err) == 0);
 	return hit;
 }
 
@@ -123,7 +125,7 @@ TEST(kept_pinnings_are_bounded_and_in_use_ones_never_freed)
 	CHECK_EQ(reg_cache_count(&dev), REG_CACHE_ENTRIES);
 	CHECK_EQ(unregistered, 0);
 	for (unsigned i = 0; i < REG_CACHE_ENTRIES + 2; i++)
-		CHECK(reg_cache_release(&dev, held[i], true, &err) == 0);
+		CHECK(reg_cache_release(&dev, held[i], fds[i], true, &err) == 0);
 	CHECK_EQ(unregistered, 2);
 	CHECK_EQ(reg_cache_count(&dev), REG_CACHE_ENTRIES);
 	/* a new file takes the least recently used entry's place */

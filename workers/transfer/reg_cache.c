@@ -201,10 +201,22 @@ int reg_cache_acquire(struct device *dev, int fd, off_t start, size_t len, bool 
 	return 0;
 }
 
-int reg_cache_release(struct device *dev, struct reg_entry *e, bool keep, struct gpuq_error *err)
+int reg_cache_release(struct device *dev, struct reg_entry *e, int fd, bool keep,
+		      struct gpuq_error *err)
 {
+	struct gpuq_error ignored;
+	struct reg_key now;
 	e->refs--;
 	e->last_used = monotonic_seconds();
+	/*
+	 * The transfer's own first writes through the mapping (a get, or the
+	 * pinning itself) set the file's times: what it is now is what the
+	 * next transfer must find.
+	 */
+	if (keep && key_of(fd, e->key.start, e->key.len, e->key.rw, &now, &ignored) == 0)
+		e->key = now;
+	else
+		keep = false;
 	if (e->refs == 0 && (!keep || !e->kept || dev->faulted))
 		return entry_free(dev, e, err);
 	evict(dev, NULL);

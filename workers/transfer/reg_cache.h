@@ -6,13 +6,15 @@
  * cudaMemcpy). Worker thread only: each device's worker owns its device's
  * entries; nothing here is shared between devices.
  *
- * An entry is found again only while the memfd is what it was when it was
- * pinned: the same file (st_dev, st_ino), seals, size and change time
- * (st_ctim), the same range and access. The change time moves with
- * anything that could replace the pages under the pinning (a hole punched,
- * then written again) and with write(2); a client writing through its own
- * mapping changes no time and keeps its entry. An entry that no longer
- * matches is released when its file is seen again.
+ * An entry is found again only while the memfd is what it was when the
+ * last transfer through it ended: the same file (st_dev, st_ino), seals,
+ * size and change time (st_ctim), the same range and access. The change
+ * time moves with anything that could replace the pages under the
+ * pinning (a hole punched, then written again), with write(2), and with
+ * the first write fault on each page of a new mapping; a client that
+ * rewrites its data through a mapping it keeps changes no time, and its
+ * next transfer finds the pinning kept. An entry that no longer matches
+ * is released when its file is seen again.
  *
  * What is kept is bounded: REG_CACHE_ENTRIES per device, a quarter of
  * physical memory per device, none while the host's available memory is
@@ -46,9 +48,11 @@ int reg_cache_acquire(struct device *dev, int fd, off_t start, size_t len, bool 
 /*
  * Done with an entry: kept for the next transfer when `keep` and the
  * bounds allow, else unregistered and unmapped (a failure to unregister
- * is returned with err, the mapping is gone either way).
+ * is returned with err, the mapping is gone either way). fd is the
+ * transfer's descriptor: the entry is keyed by what the file is now,
+ * after the transfer's own writes.
  */
-int reg_cache_release(struct device *dev, struct reg_entry *entry, bool keep,
+int reg_cache_release(struct device *dev, struct reg_entry *entry, int fd, bool keep,
 		      struct gpuq_error *err);
 
 /* Releases every entry of the device not in use (a device closing, a test). */

@@ -74,7 +74,7 @@ static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
 static void reg_map_close(struct xfer *x, struct reg_map *m, int *rc)
 {
 	struct gpuq_error unreg_err;
-	if (m->entry && reg_cache_release(x->dev, m->entry, true, &unreg_err) < 0 && *rc == 0) {
+	if (m->entry && reg_cache_release(x->dev, m->entry, x->fd, true, &unreg_err) < 0 && *rc == 0) {
 		*x->err = unreg_err;
 		*rc = -1;
 	}
