@@ -567,6 +567,53 @@ TEST(copy_registered_path)
 	daemon_stop(&d);
 }
 
+/*
+ * A get into a disk file (this directory's filesystem; /tmp may be tmpfs)
+ * allocates the blocks past the file's old end before it writes them: the
+ * bytes land whole, mapped or pwritten, from offset 0 and from inside the
+ * old contents.
+ */
+TEST(copy_get_into_a_fresh_disk_file)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t n = (5u << 20) + 12345;
+	int src = memfd_random(n, 52);
+	size_t k;
+	unsigned char *want = fd_slurp(src, &k);
+	do_alloc(c, "fr", 0, n);
+	xfer_ok(c, "put", "fr", src, NULL, n, "staged");
+	const int modes[] = { O_RDWR, O_WRONLY }; /* mapped; pwritten */
+	for (int i = 0; i < 2; i++) {
+		char path[] = "gpuq-fresh-XXXXXX";
+		int fd = mkostemp(path, O_CLOEXEC);
+		CHECK(fd >= 0);
+		unlink(path);
+		char proc[64];
+		snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+		int out = open(proc, modes[i] | O_CLOEXEC);
+		CHECK(out >= 0);
+		xfer_ok(c, "get", "fr", out, NULL, n, "staged");
+		check_fd_holds(fd, want, n, "a get into an empty file");
+		/* from inside the old contents: 1 MiB of them kept, the rest new */
+		CHECK(ftruncate(fd, 3u << 20) == 0);
+		CHECK(lseek(out, 1 << 20, SEEK_SET) == 1 << 20);
+		xfer_ok(c, "get", "fr", out, NULL, n, "staged");
+		unsigned char *got = fd_slurp(fd, &k);
+		CHECK_EQ(k, (1u << 20) + n);
+		CHECK(memcmp(got, want, 1 << 20) == 0);
+		CHECK(memcmp(got + (1 << 20), want, n) == 0);
+		free(got);
+		close(out);
+		close(fd);
+	}
+	free(want);
+	close(src);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 /* The registered path keeps a memfd's pinning between transfers: every change of the memfd still shows. */
 TEST(copy_registered_kept_pinning_sees_every_change)
 {

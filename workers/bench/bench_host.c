@@ -3,17 +3,20 @@
  * copy thread takes the next 2 MiB chunk (a staging slot's size) until none
  * is left, as the copy threads of a staged get take finished slots; the
  * mapping, like a get's, is asked for huge pages and unmapped in one part
- * per thread.
+ * per thread; a disk file's new blocks are allocated first, as a get
+ * allocates them.
  *
  * Worker thread; part_write and part_unmap run on the copy threads.
  */
 #include "workers/bench/bench_host.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "workers/clock.h"
@@ -85,6 +88,15 @@ static void part_unmap(struct copy_task *task)
 		munmap(j->map + at, j->n - at < j->unmap_part ? j->n - at : j->unmap_part);
 }
 
+/* A disk file's new blocks allocated at once, as a get does (transfer_staged.c, get_reserve). */
+static void reserve_blocks(int fd, off_t from, off_t end)
+{
+	struct statfs fs;
+	if (fstatfs(fd, &fs) < 0 || ((unsigned long)fs.f_type & 0xffffffffUL) == 0x01021994UL)
+		return; /* shmem: the pages themselves, one by one */
+	(void)fallocate(fd, 0, from, end - from);
+}
+
 /* Runs fn once per copy thread (once inline without threads) and waits for all. */
 static void run_parts(struct copy_pool *pool, struct host_job *j, copy_task_fn fn, unsigned n)
 {
@@ -114,6 +126,8 @@ int bench_host_write(struct copy_pool *pool, int fd, const void *src, size_t n,
 	double start = monotonic_seconds();
 	if (fstat(fd, &st) < 0 || (st.st_size < (off_t)n && ftruncate(fd, (off_t)n) < 0))
 		return gpuq_fail(err, GPUQ_E_IO, "bench: growing the destination: %s", strerror(errno));
+	if (st.st_size < (off_t)n)
+		reserve_blocks(fd, st.st_size, (off_t)n);
 	if (means == BENCH_HOST_MAP) {
 		void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 		if (m == MAP_FAILED)

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "workers/transfer/copy_guard.h"
@@ -37,12 +38,22 @@
 #include "workers/sched/sched_wait.h"
 #include "workers/transfer/transfer_impl.h"
 
+/* A get's reservation of its destination's new blocks, on a copy thread (get_reserve). */
+struct reserve_task {
+	struct copy_task task; /* first */
+	int fd;
+	off_t at, len;
+};
+
 struct staged {
 	struct xfer *x;
 	struct xfer_chunk *ch; /* chunk k's record is ch[k % window] */
 	unsigned window;
 	struct copy_group group;
 	uint64_t nchunks;
+	struct copy_group reserve_group;
+	struct reserve_task reserve;
+	bool reserving;
 };
 
 /* Copy thread: the chunk's bytes from the source into its slot, until n or end of file. */
@@ -443,6 +454,43 @@ static void get_map_destination(struct xfer *x)
 	x->map_data = x->map + (x->pos - start);
 }
 
+static void part_reserve(struct copy_task *task)
+{
+	struct reserve_task *r = (struct reserve_task *)task;
+	while (fallocate(r->fd, 0, r->at, r->len) < 0 && errno == EINTR)
+		;
+}
+
+/*
+ * The part of a get's range past the destination's old end is new to a
+ * disk file: its blocks are allocated in one fallocate, on a copy thread
+ * while the first DMAs run, rather than a delayed allocation at each
+ * page's first write (ext4 on the development machine, a fresh 512 MiB
+ * file written mapped by 2 threads: 0.5-3.1 GB/s alone, 3.0-4.6 GB/s
+ * with the blocks allocated first; by pwrite 2.5-4.1, and 5.3-5.5).
+ * Copy threads that reach a page first race it harmlessly: either
+ * allocation stands. Not for shmem (memfds, tmpfs), whose fallocate makes
+ * the pages themselves one at a time under the inode's lock, nor when
+ * it fails (the writes allocate as before).
+ */
+static void get_reserve(struct staged *s)
+{
+	struct xfer *x = s->x;
+	struct statfs fs;
+	off_t from = x->pos > x->size ? x->pos : x->size, end = x->pos + (off_t)x->total;
+	if (x->scratch || from >= end || fstatfs(x->fd, &fs) < 0)
+		return;
+	unsigned long type = (unsigned long)fs.f_type & 0xffffffffUL;
+	if (type == 0x01021994UL /* tmpfs, memfds */ || type == 0x958458f6UL /* hugetlbfs */)
+		return;
+	copy_group_init(&s->reserve_group);
+	s->reserve = (struct reserve_task){ .fd = x->fd, .at = from, .len = end - from };
+	s->reserve.task.fn = part_reserve;
+	s->reserve.task.group = &s->reserve_group;
+	s->reserving = true;
+	copy_pool_submit(x->pool, &s->reserve.task);
+}
+
 struct unmap_part {
 	struct copy_task task; /* first */
 	void *addr;
@@ -495,6 +543,10 @@ static void get_close(struct staged *s, const struct get_state *g)
 	}
 	for (uint64_t k = g->w; k < g->issued; k++)
 		chunk_release(s, chunk_of(s, k), true);
+	if (s->reserving) {
+		copy_task_wait(&s->reserve.task);
+		copy_group_destroy(&s->reserve_group);
+	}
 	copy_group_destroy(&s->group);
 	free(s->ch);
 	sched_dma_leave(s->x->job);
@@ -545,6 +597,8 @@ int xfer_get_staged(struct xfer *x)
 	struct get_wait wait = { &s, &g };
 	get_map_destination(x);
 	int rc = staged_open(&s, x);
+	if (rc == 0)
+		get_reserve(&s);
 	while (rc == 0 && g.w < s.nchunks) {
 		if ((rc = xfer_cancelled(x)) != 0 || (rc = get_fill(&s, &g)) != 0)
 			break;
