@@ -622,6 +622,7 @@ TEST(copy_registered_kept_pinning_sees_every_change)
 	struct gpuq_client *c = client_open(&d);
 	const size_t n = (2u << 20) + 4096;
 	int src = sealed_memfd(n, 50);
+	CHECK(fcntl(src, F_ADD_SEALS, F_SEAL_SEAL) == 0); /* its pinning may be kept */
 	size_t k;
 	unsigned char *want = fd_slurp(src, &k);
 	unsigned char *mine = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, src, 0);
@@ -653,6 +654,7 @@ TEST(copy_registered_kept_pinning_sees_every_change)
 	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
 	/* gets into one memfd, the device's bytes changed in between */
 	int dst = sealed_memfd(0, 0);
+	CHECK(fcntl(dst, F_ADD_SEALS, F_SEAL_SEAL) == 0);
 	xfer_ok(c, "get", "kp", dst, &o, n, "registered");
 	check_fd_holds(dst, want, n, "the first registered get");
 	int other_fd = sealed_memfd(n, 51);
@@ -661,6 +663,12 @@ TEST(copy_registered_kept_pinning_sees_every_change)
 	CHECK(lseek(dst, 0, SEEK_SET) == 0);
 	xfer_ok(c, "get", "kp", dst, &o, n, "registered");
 	check_fd_holds(dst, other, n, "the second registered get");
+	/* a memfd that may still be sealed is not kept mapped writable: F_SEAL_WRITE works after */
+	int open_fd = sealed_memfd(0, 0);
+	xfer_ok(c, "get", "kp", open_fd, &o, n, "registered");
+	xfer_ok(c, "get", "kp", open_fd, NULL, n, "staged");
+	CHECK(fcntl(open_fd, F_ADD_SEALS, F_SEAL_WRITE) == 0);
+	close(open_fd);
 	munmap(mine, n);
 	free(want);
 	free(other);
@@ -931,8 +939,8 @@ TEST(bench_copy_rows_are_measured_and_verified)
 	expect_ok(r, "bench_copy");
 	const msgpack_object *rows = reply_path(r, "job.result.rows");
 	CHECK(rows && rows->type == MSGPACK_OBJECT_ARRAY);
-	/* with gpuq region both ways; D2H: six host rows, fresh and write-only files, sinks */
-	unsigned per_size = test_backend_is_cuda() ? 26 : 24;
+	/* with gpuq region both ways; D2H: eight host rows, fresh and write-only files, sinks */
+	unsigned per_size = test_backend_is_cuda() ? 28 : 26;
 	unsigned host_rated = 0;
 	CHECKF(rows->via.array.size == 2 * per_size, "%u rows", rows->via.array.size);
 	for (uint32_t i = 0; i < rows->via.array.size; i++) {

@@ -21,7 +21,9 @@
  *                                      source into the destination with no
  *                                      device work (bench_host.c): the
  *                                      ceiling of a get into that kind of
- *                                      destination, mapped or by pwrite
+ *                                      destination, mapped per run, through
+ *                                      a mapping kept across runs (as gpuqd
+ *                                      keeps one, map_cache.h), or by pwrite
  *     ... fresh                        a destination with no pages: a new
  *                                      memfd, or the file truncated to 0
  *                                      before each run (what `gpuq get BUF
@@ -70,7 +72,7 @@
 
 enum method_kind {
 	M_PAGEABLE, M_PINNED, M_MEMFD, M_FILE, M_FILE_WRONLY, M_REGISTERED, M_REGION, M_SCRATCH,
-	M_DEVNULL, M_PIPE, M_HOST_MAP, M_HOST_PWRITE,
+	M_DEVNULL, M_PIPE, M_HOST_MAP, M_HOST_PWRITE, M_HOST_KEPT,
 };
 
 /* A get's kind of destination, which picks its host ceiling. */
@@ -195,7 +197,8 @@ static int open_memfd(struct bench *b)
 	b->memfd = memfd_create("gpuq-bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (make_file(b, b->memfd, &b->memfd_map, "memfd") < 0)
 		return -1;
-	if (fcntl(b->memfd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) /* path registered needs it */
+	/* path registered needs F_SEAL_SHRINK; F_SEAL_SEAL lets gpuqd keep it mapped (map_cache.h) */
+	if (fcntl(b->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
 		return gpuq_fail(b->err, GPUQ_E_IO, "bench: cannot seal the memfd: %s",
 				 strerror(errno));
 	return 0;
@@ -429,6 +432,14 @@ static int dest_fd(const struct bench *b, struct method m)
 	return m.dest == D_FILE || m.dest == D_FILE_FRESH || m.kind == M_FILE ? b->file : b->memfd;
 }
 
+static enum bench_host_means host_means(enum method_kind kind)
+{
+	return kind == M_HOST_PWRITE ? BENCH_HOST_PWRITE
+	       : kind == M_HOST_KEPT ? BENCH_HOST_KEPT : BENCH_HOST_MAP;
+}
+
+static unsigned char *host_side(struct bench *b, struct method m);
+
 static int run_once(struct bench *b, bool h2d, struct method m, double *seconds,
 		    const char **taken, struct gpuq_error *err)
 {
@@ -457,11 +468,11 @@ static int run_once(struct bench *b, bool h2d, struct method m, double *seconds,
 	case M_PIPE:
 		return run_stream_sink(b, m.kind == M_PIPE, false, seconds, taken, err);
 	case M_HOST_MAP:
-	case M_HOST_PWRITE: /* from the pinned source, as a get writes from its slots */
+	case M_HOST_PWRITE:
+	case M_HOST_KEPT: /* from the pinned source, as a get writes from its slots */
 		return bench_host_write(b->pool, dest_fd(b, m), b->cuda ? b->pinned : b->src,
-					b->size, m.kind == M_HOST_MAP ? BENCH_HOST_MAP
-								      : BENCH_HOST_PWRITE,
-					seconds, err);
+					b->size, host_means(m.kind),
+					m.kind == M_HOST_KEPT ? host_side(b, m) : NULL, seconds, err);
 	}
 	return gpuq_fail(err, GPUQ_E_INTERNAL, "bench: method %d unknown", (int)m.kind);
 }
@@ -622,9 +633,11 @@ static const struct method_row {
 	{ { M_PINNED, D_NONE }, "cudaMemcpy pinned", NULL, "ceiling", false },
 	{ { M_PAGEABLE, D_NONE }, NULL, "memcpy", "ceiling", false },
 	{ { M_HOST_MAP, D_MEMFD }, "host memfd mapped", "host memfd mapped", "host", true },
+	{ { M_HOST_KEPT, D_MEMFD }, "host memfd kept mapping", "host memfd kept mapping", "host", true },
 	{ { M_HOST_MAP, D_MEMFD_FRESH }, "host memfd fresh mapped", "host memfd fresh mapped", "host", true },
 	{ { M_HOST_MAP, D_FILE }, "host file mapped", "host file mapped", "host", true },
 	{ { M_HOST_PWRITE, D_FILE }, "host file pwrite", "host file pwrite", "host", true },
+	{ { M_HOST_KEPT, D_FILE }, "host file kept mapping", "host file kept mapping", "host", true },
 	{ { M_HOST_MAP, D_FILE_FRESH }, "host file fresh mapped", "host file fresh mapped", "host", true },
 	{ { M_HOST_PWRITE, D_FILE_FRESH }, "host file fresh pwrite", "host file fresh pwrite", "host", true },
 	{ { M_MEMFD, D_MEMFD }, "gpuq memfd", "gpuq memfd", "gpuq", false },

@@ -115,7 +115,8 @@ static void run_parts(struct copy_pool *pool, struct host_job *j, copy_task_fn f
 }
 
 int bench_host_write(struct copy_pool *pool, int fd, const void *src, size_t n,
-		     enum bench_host_means means, double *seconds, struct gpuq_error *err)
+		     enum bench_host_means means, void *kept, double *seconds,
+		     struct gpuq_error *err)
 {
 	struct host_job j = { .fd = fd, .means = means, .src = src, .n = n,
 			      .store = copy_pool_store(pool) };
@@ -137,8 +138,10 @@ int bench_host_write(struct copy_pool *pool, int fd, const void *src, size_t n,
 		(void)madvise(j.map, n, MADV_HUGEPAGE); /* as a get asks (transfer_staged.c) */
 		j.unmap_part = (n / threads + (size_t)page - 1) / (size_t)page * (size_t)page;
 	}
+	if (means == BENCH_HOST_KEPT)
+		j.map = kept;
 	run_parts(pool, &j, part_write, threads);
-	if (j.map)
+	if (j.map && means == BENCH_HOST_MAP)
 		run_parts(pool, &j, part_unmap, threads);
 	*seconds = monotonic_seconds() - start;
 	if (atomic_load(&j.error))

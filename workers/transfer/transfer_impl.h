@@ -15,6 +15,7 @@
 
 #include "workers/backend/backend.h"
 #include "workers/transfer/copy_pool.h"
+#include "workers/transfer/map_cache.h"
 #include "workers/work.h"
 
 /* How the bytes move; the job's result names it (`path`). */
@@ -59,6 +60,7 @@ struct xfer {
 	 */
 	unsigned char *map;
 	size_t map_len;
+	struct map_entry *map_entry; /* map's record in the device's kept mappings (map_cache.h) */
 	unsigned char *map_data; /* the transfer's first byte in map */
 };
 

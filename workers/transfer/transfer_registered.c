@@ -11,7 +11,7 @@
  * Registering pins every page first, which costs far more per byte than
  * staging does for a transfer seen once (on the H200, a registered put of
  * 1 GiB pinned anew ran at 0.09-0.15 of pinned memory's rate); so the
- * pinning is kept for the next transfer of the same memfd (reg_cache.h),
+ * pinning is kept for the next transfer of the same memfd (map_cache.h),
  * which then runs at the copy engine's rate. `gpuq bench copy` measures
  * it (its warm-up pins, the timed runs find the pinning kept), and
  * --register-min (off by default) says from what size path auto takes it.
@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "workers/transfer/copy_hash.h"
-#include "workers/transfer/reg_cache.h"
+#include "workers/transfer/map_cache.h"
 #include "workers/transfer/transfer.h"
 #include "workers/transfer/transfer_impl.h"
 
@@ -48,7 +48,7 @@ int transfer_check_registrable(int fd, bool put, struct gpuq_error *err)
 }
 
 struct reg_map {
-	struct reg_entry *entry; /* the pinning (reg_cache.h); NULL: none held */
+	struct map_entry *entry; /* the pinning (map_cache.h); NULL: none held */
 	char *data;              /* the transfer's first byte in its mapping */
 	bool hit;                /* kept from an earlier transfer */
 };
@@ -60,11 +60,12 @@ static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
 	off_t start = x->pos - x->pos % page;
 	size_t lead = (size_t)(x->pos - start);
 	size_t len = (lead + x->total + (size_t)page - 1) / (size_t)page * (size_t)page;
-	bool rw = (x->fd_flags & O_ACCMODE) == O_RDWR;
+	struct map_want want = { .fd = x->fd, .start = start, .len = len,
+				 .rw = (x->fd_flags & O_ACCMODE) == O_RDWR, .pin = true };
 	void *map;
 	memset(m, 0, sizeof *m);
 	(void)put;
-	if (reg_cache_acquire(x->dev, x->fd, start, len, rw, &m->entry, &map, &m->hit, x->err) < 0)
+	if (map_cache_acquire(x->dev, x->pool, &want, &m->entry, &map, &m->hit, x->err) < 0)
 		return -1;
 	m->data = (char *)map + lead;
 	return 0;
@@ -74,7 +75,7 @@ static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
 static void reg_map_close(struct xfer *x, struct reg_map *m, int *rc)
 {
 	struct gpuq_error unreg_err;
-	if (m->entry && reg_cache_release(x->dev, m->entry, x->fd, true, &unreg_err) < 0 && *rc == 0) {
+	if (m->entry && map_cache_release(x->dev, x->pool, m->entry, x->fd, true, &unreg_err) < 0 && *rc == 0) {
 		*x->err = unreg_err;
 		*rc = -1;
 	}

@@ -35,6 +35,7 @@
 
 #include "workers/transfer/copy_guard.h"
 #include "workers/transfer/copy_hash.h"
+#include "workers/transfer/map_cache.h"
 #include "workers/sched/sched_wait.h"
 #include "workers/transfer/transfer_impl.h"
 
@@ -430,17 +431,23 @@ static int get_fill(struct staged *s, struct get_state *g)
  * Maps the destination range when the descriptor allows it (open for
  * reading and writing), growing the file to hold the range first; else the
  * copy threads pwrite. A file that cannot be mapped is simply pwritten.
+ * The mapping is kept for the next get into the same file (map_cache.h):
+ * that get then neither maps nor unmaps, and finds the page table entries
+ * it writes through already made.
  */
 static void get_map_destination(struct xfer *x)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	off_t end = x->pos + (off_t)x->total, start = x->pos - x->pos % page;
+	struct gpuq_error ignored;
+	bool hit;
+	void *map;
 	if (x->scratch || (x->fd_flags & O_ACCMODE) != O_RDWR || x->total == 0 ||
 	    (x->size < end && ftruncate(x->fd, end) < 0))
 		return;
 	size_t len = (size_t)(end - start + page - 1) / (size_t)page * (size_t)page;
-	void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, x->fd, start);
-	if (map == MAP_FAILED)
+	struct map_want want = { .fd = x->fd, .start = start, .len = len, .rw = true };
+	if (map_cache_acquire(x->dev, x->pool, &want, &x->map_entry, &map, &hit, &ignored) < 0)
 		return;
 	/*
 	 * Pages the get creates (a fresh memfd or tmpfs file) come as 2 MiB
@@ -448,7 +455,8 @@ static void get_map_destination(struct xfer *x)
 	 * allocation, fault and unmap for 512 small ones. Pages that exist
 	 * stay as they are; a refusal changes nothing.
 	 */
-	(void)madvise(map, len, MADV_HUGEPAGE);
+	if (!hit)
+		(void)madvise(map, len, MADV_HUGEPAGE);
 	x->map = map;
 	x->map_len = len;
 	x->map_data = x->map + (x->pos - start);
@@ -491,46 +499,12 @@ static void get_reserve(struct staged *s)
 	copy_pool_submit(x->pool, &s->reserve.task);
 }
 
-struct unmap_part {
-	struct copy_task task; /* first */
-	void *addr;
-	size_t len;
-};
-
-static void part_unmap(struct copy_task *task)
+/* The mapping goes back to the cache: kept after a get that went well. */
+static void unmap_destination(struct xfer *x, int rc)
 {
-	struct unmap_part *p = (struct unmap_part *)task;
-	munmap(p->addr, p->len);
-}
-
-/*
- * Unmapping a populated mapping walks every page table entry (about 70 ns a
- * page: 18 ms a GiB where a GiB of DMA takes 19 ms). Split across the copy
- * threads, the walks run side by side: munmap holds the address-space lock
- * exclusively only to detach its range, and zaps the pages under the shared
- * lock.
- */
-static void unmap_destination(struct xfer *x)
-{
-	enum { MAX_PARTS = 64 };
-	struct unmap_part parts[MAX_PARTS];
-	struct copy_group group;
-	long page = sysconf(_SC_PAGESIZE);
-	unsigned n = copy_pool_threads(x->pool);
-	n = n < 1 ? 1 : n > MAX_PARTS ? MAX_PARTS : n;
-	size_t part = (x->map_len / n + (size_t)page - 1) / (size_t)page * (size_t)page;
-	unsigned count = 0;
-	copy_group_init(&group);
-	for (size_t at = 0; at < x->map_len; at += part, count++) {
-		parts[count].addr = x->map + at;
-		parts[count].len = x->map_len - at < part ? x->map_len - at : part;
-		parts[count].task.fn = part_unmap;
-		parts[count].task.group = &group;
-		copy_pool_submit(x->pool, &parts[count].task);
-	}
-	for (unsigned i = 0; i < count; i++)
-		copy_task_wait(&parts[i].task);
-	copy_group_destroy(&group);
+	struct gpuq_error ignored;
+	(void)map_cache_release(x->dev, x->pool, x->map_entry, x->fd, rc == 0, &ignored);
+	x->map_entry = NULL;
 	x->map = x->map_data = NULL;
 }
 
@@ -622,7 +596,7 @@ int xfer_get_staged(struct xfer *x)
 	if (s.ch)
 		get_close(&s, &g);
 	if (x->map)
-		unmap_destination(x);
+		unmap_destination(x, rc);
 	if (rc != 0)
 		get_restore_length(x);
 	return rc;
