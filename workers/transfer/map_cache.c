@@ -136,9 +136,11 @@ static int entry_free(struct device *dev, struct copy_pool *pool, struct map_ent
 		      struct gpuq_error *err)
 {
 	struct gpuq_error ignored;
-	int rc = e->key.pin ? dev->ops->mem.host_unregister(dev, e->map, err ? err : &ignored) : 0;
-	unmap_parallel(pool, e->map, e->key.len);
+	struct map_entry gone = *e;
+	/* out of the table first: the unmapping yields, and another job may look meanwhile */
 	memset(e, 0, sizeof *e);
+	int rc = gone.key.pin ? dev->ops->mem.host_unregister(dev, gone.map, err ? err : &ignored) : 0;
+	unmap_parallel(pool, gone.map, gone.key.len);
 	return rc;
 }
 
@@ -181,34 +183,44 @@ static void evict(struct device *dev, struct copy_pool *pool, const struct map_k
 	}
 }
 
-/* Whether a new pinning of len bytes may be kept: a free entry and room under the bounds. */
+/* The idle entry to give up first: another plain one (one is kept), else the least recently used. */
+static struct map_entry *victim(struct device *dev, bool pin)
+{
+	struct map_entry *t = table_of(dev), *oldest = NULL;
+	for (unsigned i = 0; i < MAP_CACHE_ENTRIES; i++) {
+		if (!t[i].map || t[i].refs)
+			continue;
+		if (!pin && !t[i].key.pin)
+			return &t[i];
+		if (!oldest || t[i].last_used < oldest->last_used)
+			oldest = &t[i];
+	}
+	return oldest;
+}
+
+/*
+ * An empty entry for a new mapping of len bytes to be kept in, once the
+ * bounds allow it (idle entries are given up for it); NULL when they do
+ * not. Looks again after each release, which may yield.
+ */
 static struct map_entry *free_entry(struct device *dev, struct copy_pool *pool, size_t len,
 				    bool pin)
 {
-	struct map_entry *t = table_of(dev), *slot = NULL, *oldest = NULL;
+	struct map_entry *t = table_of(dev);
 	uint64_t phys = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-	for (unsigned i = 0; i < MAP_CACHE_ENTRIES; i++) {
-		if (!pin && t[i].map && !t[i].key.pin && t[i].refs == 0)
-			entry_free(dev, pool, &t[i], NULL); /* one plain mapping is kept: the newest */
-		if (!t[i].map && !slot)
-			slot = &t[i];
-		if (t[i].map && t[i].refs == 0 && (!oldest || t[i].last_used < oldest->last_used))
-			oldest = &t[i];
-	}
-	if (!slot && oldest) {
-		entry_free(dev, pool, oldest, NULL);
-		slot = oldest;
-	}
-	while (slot && pin && pinned_bytes(dev) + len > phys / 4) {
-		oldest = NULL;
-		for (unsigned i = 0; i < MAP_CACHE_ENTRIES; i++)
-			if (t[i].map && t[i].refs == 0 && (!oldest || t[i].last_used < oldest->last_used))
-				oldest = &t[i];
-		if (!oldest)
+	for (;;) {
+		struct map_entry *slot = NULL, *v = victim(dev, pin);
+		for (unsigned i = 0; i < MAP_CACHE_ENTRIES && !slot; i++)
+			if (!t[i].map)
+				slot = &t[i];
+		bool room = !pin || pinned_bytes(dev) + len <= phys / 4;
+		bool plain_kept = !pin && v && !v->key.pin;
+		if (slot && room && !plain_kept)
+			return slot;
+		if (!v)
 			return NULL;
-		entry_free(dev, pool, oldest, NULL);
+		entry_free(dev, pool, v, NULL);
 	}
-	return slot;
 }
 
 static int entry_pin(struct device *dev, int fd, const struct map_key *k, struct map_entry *e,
