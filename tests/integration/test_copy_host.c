@@ -958,6 +958,15 @@ TEST(bench_copy_rows_are_measured_and_verified)
 		CHECK(msg_get_f64(row, "ratio", &ratio, &err) == 1 && ratio > 0);
 		CHECK(msg_get_f64(row, "ceiling", &ceiling, &err) == 1 && ceiling > 0);
 		CHECK(test_backend_is_cuda() || strstr(method, "(host)"));
+		/* a staged row says when its first DMA went and how long after its last it ended */
+		char path[16] = "";
+		double first_dma = 0, after_last = -1;
+		(void)msg_get_str(row, "path", path, sizeof path, &err);
+		if (strcmp(path, "staged") == 0)
+			CHECKF(msg_get_f64(row, "first_dma_ms", &first_dma, &err) == 1 && first_dma > 0 &&
+				       msg_get_f64(row, "after_last_dma_ms", &after_last, &err) == 1 &&
+				       after_last >= 0,
+			       "row %u (%s %s) has no DMA times", i, group, method);
 		/* every get into a memfd or file is read against the host alone */
 		double host_ratio = 0;
 		bool into_file = strstr(method, "gpuq memfd") || strstr(method, "gpuq file");

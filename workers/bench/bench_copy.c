@@ -101,6 +101,7 @@ struct bench {
 	const char *skip_file; /* why the file rows are skipped, or NULL */
 	void *region_map;      /* the memfd pinned as a region (NULL: the region rows are skipped) */
 	struct bench_copy_pin *pin;
+	struct transfer_timeline timeline; /* the last transfer's */
 };
 
 static void note(struct bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -339,6 +340,7 @@ static int run_transfer(struct bench *b, bool h2d, int fd, enum transfer_path pa
 	w.transfer.host = fd < 0 && path == TRANSFER_PATH_REGISTERED ? b->region_map : NULL;
 	w.transfer.scratch = fd < 0 && !w.transfer.host;
 	w.transfer.seed = b->seed; /* scratch: the source's own bytes */
+	w.transfer.timeline = &b->timeline;
 	if (fd >= 0 && lseek(fd, 0, SEEK_SET) < 0 && errno != ESPIPE)
 		return gpuq_fail(err, GPUQ_E_IO, "bench: lseek: %s", strerror(errno));
 	double start = monotonic_seconds();
@@ -483,6 +485,13 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* The median of the n values from t[1] (t[0]: the warm-up's); sorts them. */
+static double median_of(double *t, unsigned n)
+{
+	qsort(t + 1, n, sizeof t[0], cmp_double);
+	return n % 2 ? t[1 + n / 2] : (t[n / 2] + t[n / 2 + 1]) / 2;
+}
+
 /*
  * The file at its full size again, so that its mapping can be touched
  * (a fresh run empties it, a failed get may leave it short).
@@ -574,7 +583,7 @@ static int check(struct bench *b, bool h2d, struct method m, bool *ok)
  */
 static int measure(struct bench *b, bool h2d, struct method m, struct bench_row *row)
 {
-	double t[MAX_REPEATS + 1];
+	double t[MAX_REPEATS + 1], first[MAX_REPEATS + 1], after[MAX_REPEATS + 1];
 	unsigned n = b->spec->repeats;
 	struct gpuq_error err;
 	char size[32];
@@ -583,6 +592,7 @@ static int measure(struct bench *b, bool h2d, struct method m, struct bench_row 
 	for (unsigned i = 0; i <= n; i++) {
 		if (cancelled(b) < 0)
 			return -1;
+		b->timeline = (struct transfer_timeline){ 0, 0 };
 		if (run_once(b, h2d, m, &t[i], &row->path, &err) < 0) {
 			if (m.kind == M_PAGEABLE || m.kind == M_PINNED || err.code == GPUQ_E_CANCELLED ||
 			    b->dev->faulted) {
@@ -593,10 +603,13 @@ static int measure(struct bench *b, bool h2d, struct method m, struct bench_row 
 			     row->method, err.message);
 			return 0;
 		}
+		first[i] = b->timeline.first_dma_s;
+		after[i] = b->timeline.first_dma_s > 0 ? t[i] - b->timeline.last_dma_s : 0;
 	}
-	qsort(t + 1, n, sizeof t[0], cmp_double); /* t[0] was the warm-up */
-	double median = n % 2 ? t[1 + n / 2] : (t[n / 2] + t[n / 2 + 1]) / 2;
+	double median = median_of(t, n); /* t[0] was the warm-up */
 	row->gbps = median > 0 ? (double)b->size / median / 1e9 : 0;
+	row->first_dma_ms = median_of(first, n) * 1e3;
+	row->after_last_dma_ms = median_of(after, n) * 1e3;
 	return check(b, h2d, m, &row->verified);
 }
 

@@ -358,6 +358,7 @@ int xfer_put_staged(struct xfer *x)
 		if (rc != 0)
 			break;
 		sched_dma_queued(x->job, c->slot, SCHED_DMA_H2D);
+		xfer_dma_issued(x);
 		p.j++;
 		x->sum += c->sum;
 		x->done += c->n;
@@ -417,6 +418,7 @@ static int get_fill(struct staged *s, struct get_state *g)
 		if (x->dev->ops->copy.d2h_async(x->dev, c->slot, x->base + c->at, c->n, x->err) < 0)
 			return -1;
 		sched_dma_queued(x->job, c->slot, SCHED_DMA_D2H);
+		xfer_dma_issued(x);
 		if (g->issued == s->nchunks)
 			xfer_issued_all(x);
 	}
