@@ -102,6 +102,7 @@ struct bench {
 	void *region_map;      /* the memfd pinned as a region (NULL: the region rows are skipped) */
 	struct bench_copy_pin *pin;
 	struct transfer_timeline timeline; /* the last transfer's */
+	uint64_t slow_noted; /* bit i (+32 for H2D): methods[i]'s `why` was noted */
 };
 
 static void note(struct bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -633,38 +634,51 @@ static struct bench_row *add_row(struct bench *b, const char *group, const char 
 /*
  * Every method of a direction, in the order measured. The host rows come
  * before the gets they are the ceilings of; D2H-only methods have no H2D
- * name. The registered rows stay, below pageable cudaMemcpy, as what
- * --register-min and path registered cost: each get pins the client's
- * pages anew (transfer_registered.c).
+ * name. A method that may fall below pageable cudaMemcpy says why it is
+ * measured all the same (`why`): a note, once, when it does.
  */
 static const struct method_row {
 	struct method m;
 	const char *cuda_name, *host_name, *role;
 	bool d2h_only;
+	const char *why;
 } methods[] = {
-	{ { M_PAGEABLE, D_NONE }, "cudaMemcpy pageable", NULL, "baseline", false },
-	{ { M_PINNED, D_NONE }, "cudaMemcpy pinned", NULL, "ceiling", false },
-	{ { M_PAGEABLE, D_NONE }, NULL, "memcpy", "ceiling", false },
-	{ { M_HOST_MAP, D_MEMFD }, "host memfd mapped", "host memfd mapped", "host", true },
-	{ { M_HOST_KEPT, D_MEMFD }, "host memfd kept mapping", "host memfd kept mapping", "host", true },
-	{ { M_HOST_MAP, D_MEMFD_FRESH }, "host memfd fresh mapped", "host memfd fresh mapped", "host", true },
-	{ { M_HOST_MAP, D_FILE }, "host file mapped", "host file mapped", "host", true },
-	{ { M_HOST_PWRITE, D_FILE }, "host file pwrite", "host file pwrite", "host", true },
-	{ { M_HOST_KEPT, D_FILE }, "host file kept mapping", "host file kept mapping", "host", true },
-	{ { M_HOST_MAP, D_FILE_FRESH }, "host file fresh mapped", "host file fresh mapped", "host", true },
-	{ { M_HOST_PWRITE, D_FILE_FRESH }, "host file fresh pwrite", "host file fresh pwrite", "host", true },
-	{ { M_MEMFD, D_MEMFD }, "gpuq memfd", "gpuq memfd", "gpuq", false },
-	{ { M_MEMFD, D_MEMFD_FRESH }, "gpuq memfd fresh", "gpuq memfd fresh", "gpuq", true },
-	{ { M_FILE, D_FILE }, "gpuq file", "gpuq file", "gpuq", false },
-	{ { M_FILE, D_FILE_FRESH }, "gpuq file fresh", "gpuq file fresh", "gpuq", true },
-	{ { M_FILE_WRONLY, D_FILE }, "gpuq file write-only", "gpuq file write-only", "gpuq", true },
-	{ { M_FILE_WRONLY, D_FILE_FRESH }, "gpuq file fresh write-only", "gpuq file fresh write-only", "gpuq", true },
-	{ { M_REGISTERED, D_NONE }, "gpuq memfd registered", "gpuq memfd registered", "gpuq", false },
-	{ { M_REGION, D_NONE }, "gpuq region", "gpuq region", "gpuq", false },
-	{ { M_SCRATCH, D_NONE }, "gpuq scratch", "gpuq scratch", "gpuq", false },
-	{ { M_DEVNULL, D_NONE }, "gpuq /dev/null", "gpuq /dev/null", "gpuq", true },
-	{ { M_PIPE, D_NONE }, "gpuq pipe", "gpuq pipe", "gpuq", true },
+	{ { M_PAGEABLE, D_NONE }, "cudaMemcpy pageable", NULL, "baseline", false, NULL },
+	{ { M_PINNED, D_NONE }, "cudaMemcpy pinned", NULL, "ceiling", false, NULL },
+	{ { M_PAGEABLE, D_NONE }, NULL, "memcpy", "ceiling", false, NULL },
+	{ { M_HOST_MAP, D_MEMFD }, "host memfd mapped", "host memfd mapped", "host", true, NULL },
+	{ { M_HOST_KEPT, D_MEMFD }, "host memfd kept mapping", "host memfd kept mapping", "host", true, NULL },
+	{ { M_HOST_MAP, D_MEMFD_FRESH }, "host memfd fresh mapped", "host memfd fresh mapped", "host", true,
+	  "each fresh 4 KiB page is allocated, zeroed and mapped first: the ceiling of a get into a new memfd" },
+	{ { M_HOST_MAP, D_FILE }, "host file mapped", "host file mapped", "host", true, NULL },
+	{ { M_HOST_PWRITE, D_FILE }, "host file pwrite", "host file pwrite", "host", true,
+	  "one pwrite at a time per file (its inode lock): the ceiling of a write-only destination" },
+	{ { M_HOST_KEPT, D_FILE }, "host file kept mapping", "host file kept mapping", "host", true, NULL },
+	{ { M_HOST_MAP, D_FILE_FRESH }, "host file fresh mapped", "host file fresh mapped", "host", true,
+	  "fresh pages and blocks are made first: the ceiling of 'gpuq get BUF FILE'" },
+	{ { M_HOST_PWRITE, D_FILE_FRESH }, "host file fresh pwrite", "host file fresh pwrite", "host", true,
+	  "one pwrite at a time per file, into fresh pages: the ceiling of a write-only destination" },
+	{ { M_MEMFD, D_MEMFD }, "gpuq memfd", "gpuq memfd", "gpuq", false, NULL },
+	{ { M_MEMFD, D_MEMFD_FRESH }, "gpuq memfd fresh", "gpuq memfd fresh", "gpuq", true,
+	  "a new memfd's pages are made as it is written: read it against 'host memfd fresh mapped'" },
+	{ { M_FILE, D_FILE }, "gpuq file", "gpuq file", "gpuq", false,
+	  "the page cache's write path; read it against 'host file mapped' (docs/ARCHITECTURE.md)" },
+	{ { M_FILE, D_FILE_FRESH }, "gpuq file fresh", "gpuq file fresh", "gpuq", true,
+	  "an emptied file's pages and blocks are made as it is written: read it against its host rows" },
+	{ { M_FILE_WRONLY, D_FILE }, "gpuq file write-only", "gpuq file write-only", "gpuq", true,
+	  "a descriptor open for writing only can only be pwritten, one writer at a time" },
+	{ { M_FILE_WRONLY, D_FILE_FRESH }, "gpuq file fresh write-only", "gpuq file fresh write-only", "gpuq", true,
+	  "pwritten one writer at a time into fresh pages: read it against 'host file fresh pwrite'" },
+	{ { M_REGISTERED, D_NONE }, "gpuq memfd registered", "gpuq memfd registered", "gpuq", false,
+	  "path registered pins every page unless the memfd's pinning was kept (map_cache.h)" },
+	{ { M_REGION, D_NONE }, "gpuq region", "gpuq region", "gpuq", false, NULL },
+	{ { M_SCRATCH, D_NONE }, "gpuq scratch", "gpuq scratch", "gpuq", false, NULL },
+	{ { M_DEVNULL, D_NONE }, "gpuq /dev/null", "gpuq /dev/null", "gpuq", true, NULL },
+	{ { M_PIPE, D_NONE }, "gpuq pipe", "gpuq pipe", "gpuq", true,
+	  "a pipe is written in order by one thread, 1 MiB of pipe buffer at a time" },
 };
+
+_Static_assert(sizeof methods / sizeof methods[0] <= 32, "slow_noted has 32 bits per direction");
 
 static bool method_skipped(const struct bench *b, const struct method_row *mr, bool h2d)
 {
@@ -675,12 +689,25 @@ static bool method_skipped(const struct bench *b, const struct method_row *mr, b
 	       (mr->m.kind == M_REGION && !b->region_map);
 }
 
+/* A row below the pageable baseline says why its method is measured, once per method and direction. */
+static void note_slow(struct bench *b, bool h2d, size_t method, const struct bench_row *row,
+		      double baseline)
+{
+	uint64_t bit = 1ull << (method + (h2d ? 32 : 0));
+	char size[32];
+	if (!methods[method].why || row->gbps >= baseline || (b->slow_noted & bit))
+		return;
+	b->slow_noted |= bit;
+	note(b, "%s %s %s is below pageable cudaMemcpy: %s", row->group,
+	     size_name(row->bytes, size, sizeof size), row->method, methods[method].why);
+}
+
 /* Every method of one direction; the ratios once the ceilings are known. */
 static int bench_direction(struct bench *b, bool h2d)
 {
 	const char *group = h2d ? "H2D" : "D2H";
 	unsigned first = b->spec->nrows;
-	double ceiling = 0, staged = 0, region = 0, host[D_COUNT] = { 0 };
+	double ceiling = 0, staged = 0, region = 0, baseline = 0, host[D_COUNT] = { 0 };
 	enum dest of_row[BENCH_COPY_MAX_ROWS];
 	for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
 		const struct method_row *mr = &methods[i];
@@ -693,6 +720,9 @@ static int bench_direction(struct bench *b, bool h2d)
 		of_row[row - b->spec->rows] = mr->m.dest;
 		if (strcmp(mr->role, "ceiling") == 0)
 			ceiling = row->gbps;
+		if (strcmp(mr->role, "baseline") == 0)
+			baseline = row->gbps;
+		note_slow(b, h2d, i, row, baseline);
 		if (strcmp(mr->role, "host") == 0 && row->verified && row->gbps > host[mr->m.dest])
 			host[mr->m.dest] = row->gbps;
 		staged = mr->m.kind == M_MEMFD && mr->m.dest == D_MEMFD ? row->gbps : staged;
