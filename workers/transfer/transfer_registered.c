@@ -50,11 +50,10 @@ int transfer_check_registrable(int fd, bool put, struct gpuq_error *err)
 struct reg_map {
 	struct map_entry *entry; /* the pinning (map_cache.h); NULL: none held */
 	char *data;              /* the transfer's first byte in its mapping */
-	bool hit;                /* kept from an earlier transfer */
 };
 
 /* The pinned mapping of [pos, pos + total) of the descriptor: kept from before, or made now. */
-static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
+static int reg_map_open(struct xfer *x, struct reg_map *m)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	off_t start = x->pos - x->pos % page;
@@ -63,9 +62,9 @@ static int reg_map_open(struct xfer *x, struct reg_map *m, bool put)
 	struct map_want want = { .fd = x->fd, .start = start, .len = len,
 				 .rw = (x->fd_flags & O_ACCMODE) == O_RDWR, .pin = true };
 	void *map;
+	bool kept;
 	memset(m, 0, sizeof *m);
-	(void)put;
-	if (map_cache_acquire(x->dev, x->pool, &want, &m->entry, &map, &m->hit, x->err) < 0)
+	if (map_cache_acquire(x->dev, x->pool, &want, &m->entry, &map, &kept, x->err) < 0)
 		return -1;
 	m->data = (char *)map + lead;
 	return 0;
@@ -107,7 +106,7 @@ int xfer_put_registered(struct xfer *x)
 	struct reg_map m;
 	if (x->total == 0)
 		return 0;
-	int rc = reg_map_open(x, &m, true);
+	int rc = reg_map_open(x, &m);
 	if (rc == 0)
 		rc = reg_copy(x, &m, true);
 	reg_map_close(x, &m, &rc);
@@ -125,7 +124,7 @@ int xfer_get_registered(struct xfer *x)
 		return gpuq_fail(x->err, GPUQ_E_IO,
 				 "path registered: cannot extend the destination to %lld bytes: %s",
 				 (long long)end, strerror(errno));
-	int rc = reg_map_open(x, &m, false);
+	int rc = reg_map_open(x, &m);
 	if (rc == 0)
 		rc = reg_copy(x, &m, false);
 	reg_map_close(x, &m, &rc);
