@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -243,7 +244,6 @@ static int entry_pin(struct device *dev, int fd, const struct map_key *k, struct
 int map_cache_acquire(struct device *dev, struct copy_pool *pool, const struct map_want *want,
 		      struct map_entry **entry, void **map, bool *hit, struct gpuq_error *err)
 {
-	static struct map_entry one_job[GPUQ_MAX_DEVICES][MAP_CACHE_ENTRIES];
 	struct map_entry *t = table_of(dev), *e = NULL;
 	struct map_key k;
 	int fd = want->fd;
@@ -261,16 +261,15 @@ int map_cache_acquire(struct device *dev, struct copy_pool *pool, const struct m
 			return -1;
 		e->kept = true;
 	} else {
-		/* every entry is in use: a pinning for this job alone, in a spare record */
-		for (unsigned i = 0; i < MAP_CACHE_ENTRIES && !e; i++)
-			if (!one_job[dev->index][i].map)
-				e = &one_job[dev->index][i];
+		/* every entry is in use, or the bounds say no: a mapping for this job alone */
+		e = calloc(1, sizeof *e);
 		if (!e)
-			return gpuq_fail(err, GPUQ_E_BUSY,
-					 "[gpu %d] %d transfers have their files mapped already; "
-					 "retry, or use path staged", dev->index, 2 * MAP_CACHE_ENTRIES);
-		if (entry_pin(dev, fd, &k, e, err) < 0)
+			return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] no host memory to map a file",
+					 dev->index);
+		if (entry_pin(dev, fd, &k, e, err) < 0) {
+			free(e);
 			return -1;
+		}
 		e->kept = false;
 	}
 	e->refs++;
@@ -297,7 +296,12 @@ int map_cache_release(struct device *dev, struct copy_pool *pool, struct map_ent
 		e->key = now;
 	else
 		keep = false;
-	if (e->refs == 0 && (!keep || !e->kept || dev->faulted))
+	if (!e->kept) { /* a mapping for one job, on the heap */
+		int rc = entry_free(dev, pool, e, err);
+		free(e);
+		return rc;
+	}
+	if (e->refs == 0 && (!keep || dev->faulted))
 		return entry_free(dev, pool, e, err);
 	evict(dev, pool, NULL);
 	return 0;
