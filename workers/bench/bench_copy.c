@@ -361,10 +361,16 @@ struct pipe_drain {
 
 static void *drain_main(void *arg)
 {
+	enum { SINK = 1 << 20 };
 	struct pipe_drain *p = arg;
-	static __thread char sink[1 << 20];
-	while (read(p->fds[0], sink, sizeof sink) > 0 || errno == EINTR)
+	char small[4096], *sink = malloc(SINK);
+	size_t n = sink ? SINK : sizeof small;
+	if (!sink)
+		sink = small;
+	while (read(p->fds[0], sink, n) > 0 || errno == EINTR)
 		errno = 0;
+	if (sink != small)
+		free(sink);
 	return NULL;
 }
 
