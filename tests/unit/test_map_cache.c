@@ -5,6 +5,7 @@
 #include "tests/harness.h"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -179,6 +180,19 @@ TEST(a_plain_mapping_is_kept_whatever_the_file_went_through)
 	map_cache_drop(&dev, NULL);
 	CHECK_EQ(unregistered, 1);
 	CHECK_EQ(map_cache_count(&dev), 0);
+	close(fd);
+}
+
+TEST(a_file_a_path_names_is_never_kept_mapped)
+{
+	struct device dev = { .index = 8, .ops = &counting_ops };
+	char path[] = "map-cache-file-XXXXXX";
+	int fd = mkostemp(path, O_CLOEXEC);
+	CHECK(fd >= 0 && ftruncate(fd, 1 << 20) == 0);
+	CHECK(!transfer_as(&dev, fd, 1 << 20, false));
+	CHECK(!transfer_as(&dev, fd, 1 << 20, false));
+	CHECK_EQ(map_cache_count(&dev), 0);
+	unlink(path);
 	close(fd);
 }
 

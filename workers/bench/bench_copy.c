@@ -22,8 +22,9 @@
  *                                      device work (bench_host.c): the
  *                                      ceiling of a get into that kind of
  *                                      destination, mapped per run, through
- *                                      a mapping kept across runs (as gpuqd
- *                                      keeps one, map_cache.h), or by pwrite
+ *                                      a mapping kept across runs (a memfd,
+ *                                      as gpuqd keeps one, map_cache.h), or
+ *                                      by pwrite
  *     ... fresh                        a destination with no pages: a new
  *                                      memfd, or the file truncated to 0
  *                                      before each run (what `gpuq get BUF
@@ -659,7 +660,6 @@ static const struct method_row {
 	{ { M_HOST_MAP, D_FILE }, "host file mapped", "host file mapped", "host", true, NULL },
 	{ { M_HOST_PWRITE, D_FILE }, "host file pwrite", "host file pwrite", "host", true,
 	  "one pwrite at a time per file (its inode lock): the ceiling of a write-only destination" },
-	{ { M_HOST_KEPT, D_FILE }, "host file kept mapping", "host file kept mapping", "host", true, NULL },
 	{ { M_HOST_MAP, D_FILE_FRESH }, "host file fresh mapped", "host file fresh mapped", "host", true,
 	  "fresh pages and blocks are made first: the ceiling of 'gpuq get BUF FILE'" },
 	{ { M_HOST_PWRITE, D_FILE_FRESH }, "host file fresh pwrite", "host file fresh pwrite", "host", true,

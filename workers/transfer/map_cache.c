@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "workers/clock.h"
@@ -28,6 +29,7 @@ struct map_key {
 	off_t start;
 	size_t len;
 	bool rw, pin;
+	bool unseen;     /* in shmem and in no directory: a memfd (or a deleted tmpfs file) */
 };
 
 struct map_entry {
@@ -63,6 +65,9 @@ static int key_of(int fd, off_t start, size_t len, bool rw, bool pin, struct map
 	if (fstat(fd, &st) < 0)
 		return gpuq_fail(err, GPUQ_E_IO, "the client's descriptor: %s", strerror(errno));
 	k->seals = fcntl(fd, F_GET_SEALS); /* -1: a file that takes no seals */
+	struct statfs fs;
+	k->unseen = st.st_nlink == 0 && fstatfs(fd, &fs) == 0 &&
+		    ((unsigned long)fs.f_type & 0xffffffffUL) == 0x01021994UL; /* TMPFS_MAGIC */
 	k->fs = st.st_dev;
 	k->ino = st.st_ino;
 	k->size = st.st_size;
@@ -121,15 +126,17 @@ static void unmap_parallel(struct copy_pool *pool, void *map, size_t len)
 }
 
 /*
- * Whether keeping the mapping can stand in no client's way: adding
- * F_SEAL_WRITE to a memfd fails (EBUSY) while a writable shared mapping of
- * it exists, so a writable one is kept only of a file that can take no
- * more seals (sealed with F_SEAL_SEAL, a memfd made without
- * MFD_ALLOW_SEALING, a regular file).
+ * Whether keeping the mapping can stand in no client's way. Only of a file
+ * in no directory on shmem (a memfd): one that a path names could not be
+ * unmounted, nor its blocks freed when deleted, while gpuqd holds it. And
+ * adding F_SEAL_WRITE to a memfd fails (EBUSY) while a writable shared
+ * mapping of it exists, so a writable one is kept only of a memfd that
+ * can take no more seals (sealed with F_SEAL_SEAL, or made without
+ * MFD_ALLOW_SEALING).
  */
 static bool keepable(const struct map_key *k)
 {
-	return !k->rw || k->seals < 0 || (k->seals & F_SEAL_SEAL);
+	return k->unseen && (!k->rw || k->seals < 0 || (k->seals & F_SEAL_SEAL));
 }
 
 /* Unregisters (a pinning) and unmaps; the first error into err (NULL: ignored). */

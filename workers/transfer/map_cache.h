@@ -18,18 +18,20 @@
  *   rewrites its data through a mapping it keeps changes no time, and its
  *   next transfer finds the pinning kept.
  *
- * - Plain (a staged get's destination): a shared mapping always shows the
+ * - Plain (a staged get into a memfd): a shared mapping always shows the
  *   file as it is, so it is found again by file, range and access alone.
  *   Kept, the next get into the same file neither maps nor unmaps, and its
  *   pages' table entries are still there to be written (a GiB's munmap
  *   walks 262144 of them).
  *
- * A writable mapping is kept only of a file that can take no more seals
- * (F_SEAL_SEAL set, a memfd made without MFD_ALLOW_SEALING, a regular
- * file): while it exists, a client's F_ADD_SEALS of F_SEAL_WRITE would
- * fail with EBUSY. A read-only one (a put from a descriptor open for
- * reading only) is always kept. An entry that no longer matches its file
- * is released when the file is seen again.
+ * Only memfds are kept mapped (files in shmem and in no directory): a file
+ * a path names could not be unmounted, nor a deleted one's blocks freed,
+ * while gpuqd held it. A writable mapping is kept only of a memfd that
+ * can take no more seals (F_SEAL_SEAL set, or made without
+ * MFD_ALLOW_SEALING): while it exists, a client's F_ADD_SEALS of
+ * F_SEAL_WRITE would fail with EBUSY. A read-only one (a put from a
+ * descriptor open for reading only) is always kept. An entry that no
+ * longer matches its file is released when the file is seen again.
  *
  * What is kept is bounded: MAP_CACHE_ENTRIES per device, of which one
  * plain mapping (the newest: a client that gets into a new memfd each
@@ -37,8 +39,7 @@
  * per device, nothing idle while the host's available memory is below
  * twice what is pinned, and nothing unused for MAP_CACHE_IDLE_S (looked
  * at whenever the device's worker acquires or releases an entry). A kept
- * entry holds its file (a memfd's pages, a deleted file's blocks) after
- * its client closed it, until then.
+ * entry holds its memfd's pages after its client closed it, until then.
  */
 #ifndef GPUQ_MAP_CACHE_H
 #define GPUQ_MAP_CACHE_H
