@@ -501,11 +501,18 @@ static void get_reserve(struct staged *s)
 	copy_pool_submit(x->pool, &s->reserve.task);
 }
 
-/* The mapping goes back to the cache: kept after a get that went well. */
+/*
+ * The mapping goes back to the cache: kept after a get that went well into
+ * pages that existed before it. A get that made the destination's pages
+ * (a fresh memfd) unmaps now, as it always did: kept, the mapping would be
+ * the last holder of a memfd its client closes, and the next get would
+ * pay for freeing its pages.
+ */
 static void unmap_destination(struct xfer *x, int rc)
 {
 	struct gpuq_error ignored;
-	(void)map_cache_release(x->dev, x->pool, x->map_entry, x->fd, rc == 0, &ignored);
+	bool existed = x->size >= x->pos + (off_t)x->total;
+	(void)map_cache_release(x->dev, x->pool, x->map_entry, x->fd, rc == 0 && existed, &ignored);
 	x->map_entry = NULL;
 	x->map = x->map_data = NULL;
 }
