@@ -30,6 +30,14 @@ void bench_rows_render(const struct bench_row *rows, unsigned n, struct mp_map *
 		mp_put_f64(&row, "gbps", r->gbps);
 		mp_put_f64(&row, "ceiling", r->ceiling);
 		mp_put_f64(&row, "ratio", r->ceiling > 0 ? r->gbps / r->ceiling : 0);
+		if (r->host_ceiling > 0) {
+			mp_put_f64(&row, "host_ceiling", r->host_ceiling);
+			mp_put_f64(&row, "host_ratio", r->gbps / r->host_ceiling);
+		}
+		if (r->first_dma_ms > 0) {
+			mp_put_f64(&row, "first_dma_ms", r->first_dma_ms);
+			mp_put_f64(&row, "after_last_dma_ms", r->after_last_dma_ms);
+		}
 		mp_put_bool(&row, "verified", r->verified);
 		mp_array_map(&list, &row);
 	}

@@ -11,6 +11,7 @@
 #include "workers/worker.h"
 #include "workers/clock.h"
 #include "workers/backend/device_reset.h"
+#include "workers/transfer/map_cache.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -180,6 +181,7 @@ static void *worker_main(void *arg)
 	}
 	sched_run(s);
 	sched_release(s); /* the struct stays for worker_pool_stop: see sched.h */
+	map_cache_drop(&w->dev, w->dev.config.copy_pool); /* mappings kept between transfers */
 	w->dev.ops->device.close(&w->dev);
 	return NULL;
 }

@@ -87,6 +87,8 @@ static void add_rows(struct table *t, const msgpack_object *res)
 	for (uint32_t i = 0; rows && i < rows->via.array.size; i++) {
 		const msgpack_object *row = &rows->via.array.ptr[i];
 		double ratio = field_f64(row, "ratio", -1);
+		double host = field_f64(row, "host_ratio", -1);
+		double first = field_f64(row, "first_dma_ms", -1);
 
 		if (row->type != MSGPACK_OBJECT_MAP)
 			continue;
@@ -97,6 +99,14 @@ static void add_rows(struct table *t, const msgpack_object *res)
 		table_cell(t, "%.2f", field_f64(row, "gbps", 0));
 		if (ratio >= 0)
 			table_cell(t, "%.2f", ratio);
+		else
+			table_cell(t, "-");
+		if (host >= 0)
+			table_cell(t, "%.2f", host);
+		else
+			table_cell(t, "-");
+		if (first >= 0)
+			table_cell(t, "%.2f/%.2f", first, field_f64(row, "after_last_dma_ms", 0));
 		else
 			table_cell(t, "-");
 		table_cell(t, "%s", field_bool(row, "verified", false) ? "yes" : "NO");
@@ -139,14 +149,17 @@ static void print_table(const msgpack_object *copy, const msgpack_object *d2d)
 {
 	static const struct table_col cols[] = {
 		{ "GROUP", false }, { "SIZE", true },   { "METHOD", false },  { "PATH", false },
-		{ "GB/s", true },   { "RATIO", true },  { "VERIFIED", false },
+		{ "GB/s", true },   { "RATIO", true },  { "HOST", true },
+		{ "ENDS ms", true }, { "VERIFIED", false },
 	};
 	struct table t;
 	char slot[32];
 
 	printf("bench copy: device %" PRIu64 ", medians of %" PRIu64 " timed repeats after a "
 	       "warm-up; %" PRIu64 " copy threads, %" PRIu64 " staging slots of %s; RATIO is to "
-	       "the group's ceiling, measured in the same run\n",
+	       "the group's ceiling, HOST a get's to the host alone writing that kind of destination "
+	       "(the best 'host' row), both measured in the same run; ENDS: ms to the first DMA "
+	       "issued / after the last one\n",
 	       field_u64(copy, "device", 0), field_u64(copy, "repeats", 0),
 	       field_u64(copy, "copy_threads", 0), field_u64(copy, "slots", 0),
 	       human_bytes(slot, sizeof(slot), field_u64(copy, "slot_bytes", 0), 0));

@@ -567,6 +567,118 @@ TEST(copy_registered_path)
 	daemon_stop(&d);
 }
 
+/*
+ * A get into a disk file (this directory's filesystem; /tmp may be tmpfs)
+ * allocates the blocks past the file's old end before it writes them: the
+ * bytes land whole, mapped or pwritten, from offset 0 and from inside the
+ * old contents.
+ */
+TEST(copy_get_into_a_fresh_disk_file)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t n = (5u << 20) + 12345;
+	int src = memfd_random(n, 52);
+	size_t k;
+	unsigned char *want = fd_slurp(src, &k);
+	do_alloc(c, "fr", 0, n);
+	xfer_ok(c, "put", "fr", src, NULL, n, "staged");
+	const int modes[] = { O_RDWR, O_WRONLY }; /* mapped; pwritten */
+	for (int i = 0; i < 2; i++) {
+		char path[] = "gpuq-fresh-XXXXXX";
+		int fd = mkostemp(path, O_CLOEXEC);
+		CHECK(fd >= 0);
+		unlink(path);
+		char proc[64];
+		snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+		int out = open(proc, modes[i] | O_CLOEXEC);
+		CHECK(out >= 0);
+		xfer_ok(c, "get", "fr", out, NULL, n, "staged");
+		check_fd_holds(fd, want, n, "a get into an empty file");
+		/* from inside the old contents: 1 MiB of them kept, the rest new */
+		CHECK(ftruncate(fd, 3u << 20) == 0);
+		CHECK(lseek(out, 1 << 20, SEEK_SET) == 1 << 20);
+		xfer_ok(c, "get", "fr", out, NULL, n, "staged");
+		unsigned char *got = fd_slurp(fd, &k);
+		CHECK_EQ(k, (1u << 20) + n);
+		CHECK(memcmp(got, want, 1 << 20) == 0);
+		CHECK(memcmp(got + (1 << 20), want, n) == 0);
+		free(got);
+		close(out);
+		close(fd);
+	}
+	free(want);
+	close(src);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/* The registered path keeps a memfd's pinning between transfers: every change of the memfd still shows. */
+TEST(copy_registered_kept_pinning_sees_every_change)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t n = (2u << 20) + 4096;
+	int src = sealed_memfd(n, 50);
+	CHECK(fcntl(src, F_ADD_SEALS, F_SEAL_SEAL) == 0); /* its pinning may be kept */
+	size_t k;
+	unsigned char *want = fd_slurp(src, &k);
+	unsigned char *mine = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, src, 0);
+	CHECK(mine != MAP_FAILED);
+	struct xfer_opts o = plain;
+	o.path = "registered";
+	do_alloc(c, "kp", 0, n);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	xfer_ok(c, "put", "kp", src, &o, n, "registered");
+	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
+	/* rewritten through the client's own mapping: the same pages */
+	memset(mine + 4096, 0x5a, 8192);
+	memset(want + 4096, 0x5a, 8192);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	xfer_ok(c, "put", "kp", src, &o, n, "registered");
+	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
+	/* written with pwrite */
+	memset(want, 0x33, 100);
+	CHECK(pwrite(src, want, 100, 0) == 100);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	xfer_ok(c, "put", "kp", src, &o, n, "registered");
+	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
+	/* a hole punched and written again: new pages under the old pinning */
+	CHECK(fallocate(src, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20) == 0);
+	memset(want + (1 << 20), 0x77, 1 << 20);
+	memset(mine + (1 << 20), 0x77, 1 << 20);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	xfer_ok(c, "put", "kp", src, &o, n, "registered");
+	CHECK_EQ(do_checksum(c, "kp"), host_checksum(want, n));
+	/* gets into one memfd, the device's bytes changed in between */
+	int dst = sealed_memfd(0, 0);
+	CHECK(fcntl(dst, F_ADD_SEALS, F_SEAL_SEAL) == 0);
+	xfer_ok(c, "get", "kp", dst, &o, n, "registered");
+	check_fd_holds(dst, want, n, "the first registered get");
+	int other_fd = sealed_memfd(n, 51);
+	unsigned char *other = fd_slurp(other_fd, &k);
+	xfer_ok(c, "put", "kp", other_fd, NULL, n, "staged");
+	CHECK(lseek(dst, 0, SEEK_SET) == 0);
+	xfer_ok(c, "get", "kp", dst, &o, n, "registered");
+	check_fd_holds(dst, other, n, "the second registered get");
+	/* a memfd that may still be sealed is not kept mapped writable: F_SEAL_WRITE works after */
+	int open_fd = sealed_memfd(0, 0);
+	xfer_ok(c, "get", "kp", open_fd, &o, n, "registered");
+	xfer_ok(c, "get", "kp", open_fd, NULL, n, "staged");
+	CHECK(fcntl(open_fd, F_ADD_SEALS, F_SEAL_WRITE) == 0);
+	close(open_fd);
+	munmap(mine, n);
+	free(want);
+	free(other);
+	close(src);
+	close(dst);
+	close(other_fd);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(copy_register_min_picks_the_registered_path)
 {
 	struct daemon_proc d;
@@ -894,7 +1006,9 @@ TEST(bench_copy_rows_are_measured_and_verified)
 	expect_ok(r, "bench_copy");
 	const msgpack_object *rows = reply_path(r, "job.result.rows");
 	CHECK(rows && rows->type == MSGPACK_OBJECT_ARRAY);
-	unsigned per_size = test_backend_is_cuda() ? 14 : 12; /* with gpuq region both ways */
+	/* with gpuq region both ways; D2H: seven host rows, fresh and write-only files, sinks */
+	unsigned per_size = test_backend_is_cuda() ? 27 : 25;
+	unsigned host_rated = 0;
 	CHECKF(rows->via.array.size == 2 * per_size, "%u rows", rows->via.array.size);
 	for (uint32_t i = 0; i < rows->via.array.size; i++) {
 		const msgpack_object *row = &rows->via.array.ptr[i];
@@ -911,7 +1025,25 @@ TEST(bench_copy_rows_are_measured_and_verified)
 		CHECK(msg_get_f64(row, "ratio", &ratio, &err) == 1 && ratio > 0);
 		CHECK(msg_get_f64(row, "ceiling", &ceiling, &err) == 1 && ceiling > 0);
 		CHECK(test_backend_is_cuda() || strstr(method, "(host)"));
+		/* a staged row says when its first DMA went and how long after its last it ended */
+		char path[16] = "";
+		double first_dma = 0, after_last = -1;
+		(void)msg_get_str(row, "path", path, sizeof path, &err);
+		if (strcmp(path, "staged") == 0)
+			CHECKF(msg_get_f64(row, "first_dma_ms", &first_dma, &err) == 1 && first_dma > 0 &&
+				       msg_get_f64(row, "after_last_dma_ms", &after_last, &err) == 1 &&
+				       after_last >= 0,
+			       "row %u (%s %s) has no DMA times", i, group, method);
+		/* every get into a memfd or file is read against the host alone */
+		double host_ratio = 0;
+		bool into_file = strstr(method, "gpuq memfd") || strstr(method, "gpuq file");
+		if (strcmp(group, "D2H") == 0 && into_file && !strstr(method, "registered")) {
+			CHECKF(msg_get_f64(row, "host_ratio", &host_ratio, &err) == 1 && host_ratio > 0,
+			       "row %u (%s) has no host_ratio", i, method);
+			host_rated++;
+		}
 	}
+	CHECK_EQ(host_rated, 2 * 6);
 	const msgpack_object *notes = reply_path(r, "job.result.notes");
 	CHECK(notes && notes->via.array.size >= 1);
 	const msgpack_object *pins = reply_path(r, "job.result.region_pin");

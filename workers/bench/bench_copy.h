@@ -16,7 +16,7 @@
 
 #define BENCH_COPY_MAX_SIZES 8
 #define BENCH_COPY_MAX_ROWS 128
-#define BENCH_COPY_MAX_NOTES 16
+#define BENCH_COPY_MAX_NOTES 32
 
 struct bench_copy_spec {
 	/* Inputs, from the request. */
@@ -26,7 +26,7 @@ struct bench_copy_spec {
 	/* Outputs. */
 	struct bench_row rows[BENCH_COPY_MAX_ROWS];
 	unsigned nrows;
-	char notes[BENCH_COPY_MAX_NOTES][160]; /* what was skipped, and why */
+	char notes[BENCH_COPY_MAX_NOTES][200]; /* what was skipped, and why */
 	unsigned nnotes;
 	/*
 	 * Per size, what a region costs: pinning it once (mmap, place,

@@ -17,6 +17,9 @@ struct bench_row {
 	const char *path; /* gpuq rows: the path the bytes took (static), else NULL */
 	double gbps;      /* median of the timed repeats */
 	double ceiling;   /* GB/s of the group's ceiling in this run */
+	double host_ceiling; /* gets: GB/s of the host alone into that kind of destination; 0: none */
+	/* Staged rows: medians of the time to the first DMA issued, and from the last one to the end; 0: none. */
+	double first_dma_ms, after_last_dma_ms;
 	bool verified;    /* the destination's checksum matched the source's */
 };
 

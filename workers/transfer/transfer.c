@@ -52,6 +52,16 @@ void xfer_progress(struct xfer *x)
 	atomic_store_explicit(&x->work->progress_bytes, x->done, memory_order_relaxed);
 }
 
+void xfer_dma_issued(struct xfer *x)
+{
+	struct transfer_timeline *t = x->work->transfer.timeline;
+	if (!t)
+		return;
+	t->last_dma_s = monotonic_seconds() - x->started;
+	if (t->first_dma_s == 0)
+		t->first_dma_s = t->last_dma_s;
+}
+
 void xfer_issued_all(struct xfer *x)
 {
 	if (x->publish_tail)
@@ -367,7 +377,9 @@ static int xfer_open(struct xfer *x, struct device *dev, struct work *work)
 	x->publish_tail = true;
 	x->scratch = work->transfer.scratch;
 	x->seed = work->transfer.seed;
-	x->moved_at = monotonic_seconds();
+	x->moved_at = x->started = monotonic_seconds();
+	if (work->transfer.timeline)
+		*work->transfer.timeline = (struct transfer_timeline){ 0, 0 };
 	if (x->scratch || work->transfer.host)
 		return 0; /* no descriptor: staged, at offset 0; or a region */
 	x->fd_flags = fcntl(work->fd, F_GETFL);

@@ -15,6 +15,7 @@
 
 #include "workers/backend/backend.h"
 #include "workers/transfer/copy_pool.h"
+#include "workers/transfer/map_cache.h"
 #include "workers/work.h"
 
 /* How the bytes move; the job's result names it (`path`). */
@@ -50,6 +51,7 @@ struct xfer {
 	uint64_t done;   /* bytes moved so far */
 	bool publish_tail; /* tell the scheduler once the last DMA is issued (no device work follows) */
 	double moved_at; /* streamed: when a byte last moved (or the transfer began) */
+	double started;  /* when the transfer began (monotonic seconds) */
 	uint64_t sum;    /* checksum terms of the bytes that passed through the host */
 	bool eof;        /* streamed put: the source ended */
 	/*
@@ -59,6 +61,7 @@ struct xfer {
 	 */
 	unsigned char *map;
 	size_t map_len;
+	struct map_entry *map_entry; /* map's record in the device's kept mappings (map_cache.h) */
 	unsigned char *map_data; /* the transfer's first byte in map */
 };
 
@@ -82,6 +85,8 @@ int xfer_cancelled(struct xfer *x);
 void xfer_progress(struct xfer *x);
 /* The last DMA is issued: later jobs on the buffer may start (sched_publish_tail). */
 void xfer_issued_all(struct xfer *x);
+/* A staged DMA was issued: notes the first and the last in the work's timeline, if it has one. */
+void xfer_dma_issued(struct xfer *x);
 
 /* transfer_staged.c */
 int xfer_put_staged(struct xfer *x);

@@ -13,6 +13,15 @@
 
 enum transfer_path { TRANSFER_PATH_AUTO, TRANSFER_PATH_STAGED, TRANSFER_PATH_REGISTERED };
 
+/*
+ * When a staged transfer's DMAs were issued, in seconds from its start
+ * (transfer_put/get's entry): where the time at either end of a transfer
+ * goes, for bench_copy. 0: none issued.
+ */
+struct transfer_timeline {
+	double first_dma_s, last_dma_s;
+};
+
 struct transfer_spec {
 	uint64_t offset;   /* where in the buffer */
 	bool length_exact; /* put: exactly the work's `length` bytes must arrive */
@@ -30,6 +39,8 @@ struct transfer_spec {
 	/* Through a region (fd -1): the range of the region's registered mapping
 	 * the bytes come from or go to, the work's `length` long. */
 	void *host;
+	/* Filled in when set (benchmarks); NULL otherwise. */
+	struct transfer_timeline *timeline;
 };
 
 #endif

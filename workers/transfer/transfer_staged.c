@@ -30,12 +30,21 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "workers/transfer/copy_guard.h"
 #include "workers/transfer/copy_hash.h"
+#include "workers/transfer/map_cache.h"
 #include "workers/sched/sched_wait.h"
 #include "workers/transfer/transfer_impl.h"
+
+/* A get's reservation of its destination's new blocks, on a copy thread (get_reserve). */
+struct reserve_task {
+	struct copy_task task; /* first */
+	int fd;
+	off_t at, len;
+};
 
 struct staged {
 	struct xfer *x;
@@ -43,6 +52,9 @@ struct staged {
 	unsigned window;
 	struct copy_group group;
 	uint64_t nchunks;
+	struct copy_group reserve_group;
+	struct reserve_task reserve;
+	bool reserving;
 };
 
 /* Copy thread: the chunk's bytes from the source into its slot, until n or end of file. */
@@ -346,6 +358,7 @@ int xfer_put_staged(struct xfer *x)
 		if (rc != 0)
 			break;
 		sched_dma_queued(x->job, c->slot, SCHED_DMA_H2D);
+		xfer_dma_issued(x);
 		p.j++;
 		x->sum += c->sum;
 		x->done += c->n;
@@ -405,6 +418,7 @@ static int get_fill(struct staged *s, struct get_state *g)
 		if (x->dev->ops->copy.d2h_async(x->dev, c->slot, x->base + c->at, c->n, x->err) < 0)
 			return -1;
 		sched_dma_queued(x->job, c->slot, SCHED_DMA_D2H);
+		xfer_dma_issued(x);
 		if (g->issued == s->nchunks)
 			xfer_issued_all(x);
 	}
@@ -419,63 +433,87 @@ static int get_fill(struct staged *s, struct get_state *g)
  * Maps the destination range when the descriptor allows it (open for
  * reading and writing), growing the file to hold the range first; else the
  * copy threads pwrite. A file that cannot be mapped is simply pwritten.
+ * The mapping is kept for the next get into the same file (map_cache.h):
+ * that get then neither maps nor unmaps, and finds the page table entries
+ * it writes through already made.
  */
 static void get_map_destination(struct xfer *x)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	off_t end = x->pos + (off_t)x->total, start = x->pos - x->pos % page;
+	struct gpuq_error ignored;
+	bool hit;
+	void *map;
 	if (x->scratch || (x->fd_flags & O_ACCMODE) != O_RDWR || x->total == 0 ||
 	    (x->size < end && ftruncate(x->fd, end) < 0))
 		return;
 	size_t len = (size_t)(end - start + page - 1) / (size_t)page * (size_t)page;
-	void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, x->fd, start);
-	if (map == MAP_FAILED)
+	struct map_want want = { .fd = x->fd, .start = start, .len = len, .rw = true };
+	if (map_cache_acquire(x->dev, x->pool, &want, &x->map_entry, &map, &hit, &ignored) < 0)
 		return;
+	/*
+	 * Pages the get creates (a fresh memfd or tmpfs file) come as 2 MiB
+	 * pages where shmem's policy allows them on request ("advise"): one
+	 * allocation, fault and unmap for 512 small ones. Pages that exist
+	 * stay as they are; a refusal changes nothing.
+	 */
+	if (!hit)
+		(void)madvise(map, len, MADV_HUGEPAGE);
 	x->map = map;
 	x->map_len = len;
 	x->map_data = x->map + (x->pos - start);
 }
 
-struct unmap_part {
-	struct copy_task task; /* first */
-	void *addr;
-	size_t len;
-};
-
-static void part_unmap(struct copy_task *task)
+static void part_reserve(struct copy_task *task)
 {
-	struct unmap_part *p = (struct unmap_part *)task;
-	munmap(p->addr, p->len);
+	struct reserve_task *r = (struct reserve_task *)task;
+	while (fallocate(r->fd, 0, r->at, r->len) < 0 && errno == EINTR)
+		;
 }
 
 /*
- * Unmapping a populated mapping walks every page table entry (about 70 ns a
- * page: 18 ms a GiB where a GiB of DMA takes 19 ms). Split across the copy
- * threads, the walks run side by side: munmap holds the address-space lock
- * exclusively only to detach its range, and zaps the pages under the shared
- * lock.
+ * The part of a get's range past the destination's old end is new to a
+ * disk file: its blocks are allocated in one fallocate, on a copy thread
+ * while the first DMAs run, rather than a delayed allocation at each
+ * page's first write (ext4 on the development machine, a fresh 512 MiB
+ * file written mapped by 2 threads: 0.5-3.1 GB/s alone, 3.0-4.6 GB/s
+ * with the blocks allocated first; by pwrite 2.5-4.1, and 5.3-5.5).
+ * Copy threads that reach a page first race it harmlessly: either
+ * allocation stands. Not for shmem (memfds, tmpfs), whose fallocate makes
+ * the pages themselves one at a time under the inode's lock, nor when
+ * it fails (the writes allocate as before).
  */
-static void unmap_destination(struct xfer *x)
+static void get_reserve(struct staged *s)
 {
-	enum { MAX_PARTS = 64 };
-	struct unmap_part parts[MAX_PARTS];
-	struct copy_group group;
-	long page = sysconf(_SC_PAGESIZE);
-	unsigned n = copy_pool_threads(x->pool);
-	n = n < 1 ? 1 : n > MAX_PARTS ? MAX_PARTS : n;
-	size_t part = (x->map_len / n + (size_t)page - 1) / (size_t)page * (size_t)page;
-	unsigned count = 0;
-	copy_group_init(&group);
-	for (size_t at = 0; at < x->map_len; at += part, count++) {
-		parts[count].addr = x->map + at;
-		parts[count].len = x->map_len - at < part ? x->map_len - at : part;
-		parts[count].task.fn = part_unmap;
-		parts[count].task.group = &group;
-		copy_pool_submit(x->pool, &parts[count].task);
-	}
-	for (unsigned i = 0; i < count; i++)
-		copy_task_wait(&parts[i].task);
-	copy_group_destroy(&group);
+	struct xfer *x = s->x;
+	struct statfs fs;
+	off_t from = x->pos > x->size ? x->pos : x->size, end = x->pos + (off_t)x->total;
+	if (x->scratch || from >= end || fstatfs(x->fd, &fs) < 0)
+		return;
+	unsigned long type = (unsigned long)fs.f_type & 0xffffffffUL;
+	if (type == 0x01021994UL /* tmpfs, memfds */ || type == 0x958458f6UL /* hugetlbfs */)
+		return;
+	copy_group_init(&s->reserve_group);
+	s->reserve = (struct reserve_task){ .fd = x->fd, .at = from, .len = end - from };
+	s->reserve.task.fn = part_reserve;
+	s->reserve.task.group = &s->reserve_group;
+	s->reserving = true;
+	copy_pool_submit(x->pool, &s->reserve.task);
+}
+
+/*
+ * The mapping goes back to the cache: kept after a get that went well into
+ * pages that existed before it. A get that made the destination's pages
+ * (a fresh memfd) unmaps now, as it always did: kept, the mapping would be
+ * the last holder of a memfd its client closes, and the next get would
+ * pay for freeing its pages.
+ */
+static void unmap_destination(struct xfer *x, int rc)
+{
+	struct gpuq_error ignored;
+	bool existed = x->size >= x->pos + (off_t)x->total;
+	(void)map_cache_release(x->dev, x->pool, x->map_entry, x->fd, rc == 0 && existed, &ignored);
+	x->map_entry = NULL;
 	x->map = x->map_data = NULL;
 }
 
@@ -488,6 +526,10 @@ static void get_close(struct staged *s, const struct get_state *g)
 	}
 	for (uint64_t k = g->w; k < g->issued; k++)
 		chunk_release(s, chunk_of(s, k), true);
+	if (s->reserving) {
+		copy_task_wait(&s->reserve.task);
+		copy_group_destroy(&s->reserve_group);
+	}
 	copy_group_destroy(&s->group);
 	free(s->ch);
 	sched_dma_leave(s->x->job);
@@ -538,6 +580,8 @@ int xfer_get_staged(struct xfer *x)
 	struct get_wait wait = { &s, &g };
 	get_map_destination(x);
 	int rc = staged_open(&s, x);
+	if (rc == 0)
+		get_reserve(&s);
 	while (rc == 0 && g.w < s.nchunks) {
 		if ((rc = xfer_cancelled(x)) != 0 || (rc = get_fill(&s, &g)) != 0)
 			break;
@@ -561,7 +605,7 @@ int xfer_get_staged(struct xfer *x)
 	if (s.ch)
 		get_close(&s, &g);
 	if (x->map)
-		unmap_destination(x);
+		unmap_destination(x, rc);
 	if (rc != 0)
 		get_restore_length(x);
 	return rc;
