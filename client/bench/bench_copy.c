@@ -9,56 +9,8 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "client/bench/bench_sized.h"
 #include "client/cli/cli.h"
-
-#define MAX_SIZES 8
-
-/* --sizes "256M,1G": up to MAX_SIZES sizes. Returns how many, or -CLI_USAGE. */
-static int parse_sizes(const struct cli *cli, uint64_t *sizes)
-{
-	char copy[256], *tok, *save;
-	int n = 0;
-
-	snprintf(copy, sizeof(copy), "%s", cli->sizes);
-	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		if (n == MAX_SIZES)
-			return -cli_usage(cli, "--sizes '%s' has more than %d sizes", cli->sizes,
-					  MAX_SIZES);
-		if (gpuq_parse_size(tok, &sizes[n]) < 0 || sizes[n] == 0)
-			return -cli_usage(cli, "--sizes '%s': '%s' is not a size; give a list "
-					       "such as 256M,1G,4G", cli->sizes, tok);
-		n++;
-	}
-	if (n == 0)
-		return -cli_usage(cli, "--sizes '%s' has no sizes; give a list such as 256M,1G",
-				  cli->sizes);
-	return n;
-}
-
-/* One bench op as a waited job with the common fields; *out is its reply. */
-static int call_bench(struct cli *cli, const char *op, const uint64_t *sizes, int nsizes,
-		      struct gpuq_reply **out)
-{
-	struct mp_array list;
-	struct mp_map req;
-	int rc = cli_begin(cli, &req, op);
-
-	if (rc)
-		return rc;
-	mp_put_bool(&req, "wait", true);
-	if (cli->has_device)
-		mp_put_u64(&req, "device", cli->device);
-	if (cli->has_requests)
-		mp_put_u64(&req, "repeats", cli->requests);
-	if (nsizes > 0) {
-		mp_array_init(&list);
-		for (int i = 0; i < nsizes; i++)
-			mp_array_u64(&list, sizes[i]);
-		mp_put_array(&req, "sizes", &list);
-	}
-	cli_put_timeout(cli, &req);
-	return cli_call(cli, &req, NULL, 0, out);
-}
 
 /* The result map of a waited job's reply (or the reply itself, if it carries rows). */
 static const msgpack_object *result_of(const struct gpuq_reply *r)
@@ -179,7 +131,7 @@ static void print_table(const msgpack_object *copy, const msgpack_object *d2d)
 static int call_d2d(struct cli *cli, const uint64_t *sizes, int nsizes, struct gpuq_reply **out)
 {
 	struct gpuq_error err;
-	int rc = call_bench(cli, "bench_d2d", sizes, nsizes, out);
+	int rc = bench_call_sized(cli, "bench_d2d", sizes, nsizes, out);
 
 	if (rc || gpuq_reply_ok(*out))
 		return rc;
@@ -198,16 +150,16 @@ static int call_d2d(struct cli *cli, const uint64_t *sizes, int nsizes, struct g
 
 int bench_copy(struct cli *cli)
 {
-	uint64_t sizes[MAX_SIZES];
+	uint64_t sizes[BENCH_MAX_SIZES];
 	struct gpuq_reply *copy = NULL, *d2d = NULL;
 	int nsizes = 0, rc;
 
-	if (cli->sizes && (nsizes = parse_sizes(cli, sizes)) < 0)
+	if (cli->sizes && (nsizes = bench_parse_sizes(cli, sizes, "256M,1G,4G")) < 0)
 		return -nsizes;
 	if (cli->has_requests && (cli->requests == 0 || cli->requests > 100))
 		return cli_usage(cli, "--requests %" PRIu64 " (timed repeats per measurement) "
 				      "is out of range; give 1 to 100", cli->requests);
-	if ((rc = call_bench(cli, "bench_copy", sizes, nsizes, &copy)) != 0)
+	if ((rc = bench_call_sized(cli, "bench_copy", sizes, nsizes, &copy)) != 0)
 		return rc;
 	if (!gpuq_reply_ok(copy)) {
 		rc = cli_report_refusal(copy);
