@@ -194,6 +194,40 @@ TEST(copy_memfd_odd_sizes_around_slots)
 	daemon_stop(&d);
 }
 
+/*
+ * Slots of 128K or more cut a transfer's first and last slot into pieces
+ * of 1/8, 1/8, 1/4 and 1/2 slot (transfer_staged.c): sizes around four
+ * slots and odd sizes whose last piece takes the odd bytes, through
+ * memfds and a file, bit-exact.
+ */
+TEST(copy_pieces_at_both_ends_of_large_slots)
+{
+	struct daemon_proc d;
+	const size_t slot = 128 << 10;
+	daemon_start(&d, "--staging-slot", "128K", "--staging-slots", "6", "--copy-threads", "3",
+		     NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t sizes[] = { 4 * slot - 1, 4 * slot, 4 * slot + 1, 4 * slot + 7, 9 * slot + 13,
+				 23 * slot + 4101 };
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+		round_trip_memfd(c, sizes[i], 500 + i, i % 2 == 1);
+	const size_t n = 9 * slot + 5;
+	unsigned char *data = random_bytes(n, 77);
+	int src = temp_file(data, n, 0), dst = temp_file(NULL, 0, 0);
+	struct xfer_opts o = plain;
+	o.verify = true;
+	do_alloc(c, "f", 0, n);
+	xfer_ok(c, "put", "f", src, &o, n, "staged");
+	CHECK_EQ(do_checksum(c, "f"), host_checksum(data, n));
+	xfer_ok(c, "get", "f", dst, &o, n, "staged");
+	check_fd_holds(dst, data, n, "the file got back");
+	free(data);
+	close(src);
+	close(dst);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(copy_without_copy_threads_still_works)
 {
 	struct daemon_proc d;
