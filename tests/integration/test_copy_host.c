@@ -228,6 +228,59 @@ TEST(copy_pieces_at_both_ends_of_large_slots)
 	daemon_stop(&d);
 }
 
+/* How many of the daemon's mappings name the file (/proc/PID/maps). */
+static unsigned daemon_maps_of(pid_t pid, const char *path)
+{
+	char name[64], line[512];
+	unsigned n = 0;
+	snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
+	FILE *f = fopen(name, "re");
+	CHECK(f != NULL);
+	while (f && fgets(line, sizeof line, f))
+		n += strstr(line, path) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/*
+ * A get into a file a path names keeps its mapping for the next get into
+ * it (map_cache.h), and the idle worker lets it go by itself a second
+ * later: nothing else is asked of the daemon meanwhile.
+ */
+TEST(copy_get_into_a_named_file_keeps_its_mapping_a_second)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--staging-slot", "8K", "--staging-slots", "4", NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t n = 100000 + 3;
+	unsigned char *data = random_bytes(n, 43);
+	char path[] = "/tmp/gpuq-kept-map-XXXXXX";
+	int dst = mkostemp(path, O_CLOEXEC);
+	CHECK(dst >= 0 && ftruncate(dst, (off_t)n) == 0);
+	int src = temp_file(data, n, 0);
+	struct xfer_opts o = plain;
+	o.verify = true;
+	do_alloc(c, "k", 0, n);
+	xfer_ok(c, "put", "k", src, &o, n, "staged");
+	xfer_ok(c, "get", "k", dst, &o, n, "staged");
+	CHECK_EQ(daemon_maps_of(d.pid, path), 1);
+	CHECK(lseek(dst, 0, SEEK_SET) == 0);
+	xfer_ok(c, "get", "k", dst, &o, n, "staged"); /* through the kept mapping */
+	check_fd_holds(dst, data, n, "the file got twice");
+	CHECK_EQ(daemon_maps_of(d.pid, path), 1);
+	unsigned waited = 0;
+	while (daemon_maps_of(d.pid, path) > 0 && waited++ < 100)
+		usleep(50000);
+	CHECK_EQ(daemon_maps_of(d.pid, path), 0);
+	unlink(path);
+	free(data);
+	close(src);
+	close(dst);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(copy_without_copy_threads_still_works)
 {
 	struct daemon_proc d;

@@ -488,6 +488,21 @@ static bool idle_spin_for_work(struct sched *s)
 	return true;
 }
 
+/* When the worker's housekeeping falls due (sched_hooks.h): seconds, negative for never. */
+static double housekeeping_due(struct sched *s)
+{
+	return s->hooks.idle_due ? s->hooks.idle_due(s->w) : -1;
+}
+
+/* Runs the worker's housekeeping if it is due and no job is in flight; whether it ran. */
+static bool housekeeping(struct sched *s)
+{
+	if (s->ninflight || housekeeping_due(s) != 0)
+		return false;
+	s->hooks.idle_run(s->w);
+	return true;
+}
+
 /*
  * Nothing moved in the last round and nothing waits for the device: sleep
  * until a submission, a cancel or a notification, looking again at least
@@ -501,13 +516,16 @@ static bool idle_sleep(struct sched *s)
 	struct worker *w = s->w;
 	if (s->ninflight == 0 && w->pool->spin_us && idle_spin_for_work(s))
 		return false; /* not the end: something was queued or announced */
-	struct timespec until = s->ninflight ? deadline_after(CLOCK_MONOTONIC, idle_timeout(s)) : (struct timespec){ 0 };
+	double chore = s->ninflight == 0 ? housekeeping_due(s) : -1;
+	struct timespec until = s->ninflight ? deadline_after(CLOCK_MONOTONIC, idle_timeout(s))
+			      : chore >= 0 ? deadline_after(CLOCK_MONOTONIC, chore)
+					   : (struct timespec){ 0 };
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&s->sleeping, true);
 	bool done;
 	while (!(done = sched_done(s)) && !atomic_load(&s->notified) &&
 	       !atomic_load(&w->queues.dirty) && !(w->stopping && s->ninflight == 0)) {
-		if (s->ninflight == 0) {
+		if (s->ninflight == 0 && chore < 0) {
 			pthread_cond_wait(&w->wake, &w->lock);
 		} else if (pthread_cond_timedwait(&w->wake, &w->lock, &until) == ETIMEDOUT) {
 			break;
@@ -542,6 +560,8 @@ void sched_run(struct sched *s)
 			continue;
 		}
 		idle_since = 0;
+		if (housekeeping(s))
+			continue;
 		if (idle_sleep(s))
 			break;
 	}
