@@ -22,9 +22,10 @@
  *                                      device work (bench_host.c): the
  *                                      ceiling of a get into that kind of
  *                                      destination, mapped per run, through
- *                                      a mapping kept across runs (a memfd,
- *                                      as gpuqd keeps one, map_cache.h), or
- *                                      by pwrite
+ *                                      a mapping kept across runs (as
+ *                                      gpuqd keeps a memfd's, and a file's
+ *                                      for a second, map_cache.h), or by
+ *                                      pwrite
  *     ... fresh                        a destination with no pages: a new
  *                                      memfd, or the file truncated to 0
  *                                      before each run (what `gpuq get BUF
@@ -657,7 +658,9 @@ static const struct method_row {
 	{ { M_HOST_KEPT, D_MEMFD }, "host memfd kept mapping", "host memfd kept mapping", "host", true, NULL },
 	{ { M_HOST_MAP, D_MEMFD_FRESH }, "host memfd fresh mapped", "host memfd fresh mapped", "host", true,
 	  "each fresh 4 KiB page is allocated, zeroed and mapped first: the ceiling of a get into a new memfd" },
-	{ { M_HOST_MAP, D_FILE }, "host file mapped", "host file mapped", "host", true, NULL },
+	{ { M_HOST_MAP, D_FILE }, "host file mapped", "host file mapped", "host", true,
+	  "a new mapping of a disk file: a page_mkwrite per page, and at munmap a dirty-page call per page under the file's lock" },
+	{ { M_HOST_KEPT, D_FILE }, "host file kept mapping", "host file kept mapping", "host", true, NULL },
 	{ { M_HOST_PWRITE, D_FILE }, "host file pwrite", "host file pwrite", "host", true,
 	  "one pwrite at a time per file (its inode lock): the ceiling of a write-only destination" },
 	{ { M_HOST_MAP, D_FILE_FRESH }, "host file fresh mapped", "host file fresh mapped", "host", true,
