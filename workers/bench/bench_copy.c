@@ -689,13 +689,32 @@ static const struct method_row {
 
 _Static_assert(sizeof methods / sizeof methods[0] <= 32, "slow_noted has 32 bits per direction");
 
+/* Whether a method reads or writes the regular file. */
+static bool method_on_file(const struct method_row *mr)
+{
+	return mr->m.kind == M_FILE || mr->m.kind == M_FILE_WRONLY || mr->m.dest == D_FILE ||
+	       mr->m.dest == D_FILE_FRESH;
+}
+
 static bool method_skipped(const struct bench *b, const struct method_row *mr, bool h2d)
 {
 	const char *name = b->cuda ? mr->cuda_name : mr->host_name;
-	bool file = mr->m.kind == M_FILE || mr->m.kind == M_FILE_WRONLY || mr->m.dest == D_FILE ||
-		    mr->m.dest == D_FILE_FRESH;
-	return !name || (h2d && mr->d2h_only) || (file && b->skip_file) ||
+	return !name || (h2d && mr->d2h_only) || (method_on_file(mr) && b->skip_file) ||
 	       (mr->m.kind == M_REGION && !b->region_map);
+}
+
+/*
+ * After a row that wrote the file, its dirty pages are written back, not
+ * timed: left dirty, they are written back by the kernel's flusher at a
+ * time of its choosing (past vm.dirty_background_ratio, or after
+ * dirty_expire_centisecs), during whichever rows follow, memfd rows
+ * included, and a page under writeback faults again when next written.
+ * Each row then starts from the file's clean pages, as the first did.
+ */
+static void settle_file(struct bench *b, const struct method_row *mr, bool h2d)
+{
+	if (!h2d && method_on_file(mr) && b->file >= 0)
+		(void)fdatasync(b->file);
 }
 
 /* A row below the pageable baseline says why its method is measured, once per method and direction. */
@@ -726,6 +745,7 @@ static int bench_direction(struct bench *b, bool h2d)
 						mr->role);
 		if (!row || measure(b, h2d, mr->m, row) < 0)
 			return -1;
+		settle_file(b, mr, h2d);
 		of_row[row - b->spec->rows] = mr->m.dest;
 		if (strcmp(mr->role, "ceiling") == 0)
 			ceiling = row->gbps;
