@@ -938,6 +938,50 @@ TEST(copy_cancel_stops_a_large_memfd_put_at_a_chunk)
 	daemon_stop(&d);
 }
 
+/*
+ * A get into a pipe that nobody reads waits in poll while it is its
+ * device's only business (transfer.c, stream_wait): another job on the
+ * device still runs meanwhile, and a cancel still ends the get.
+ */
+TEST(copy_a_stalled_pipe_holds_off_no_other_job_and_no_cancel)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--staging-slot", "64K", NULL);
+	struct gpuq_client *c = client_open(&d);
+	int fds[2];
+	CHECK(pipe2(fds, O_CLOEXEC) == 0);
+	do_alloc(c, "p", 0, 8u << 20); /* far more than the pipe holds */
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "get");
+	mp_put_str(&req, "buffer", "p");
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(c, &req, &fds[1], 1);
+	expect_ok(r, "get");
+	uint64_t job = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	char state[16] = "queued";
+	for (int i = 0; i < 2000 && strcmp(state, "queued") == 0; i++) {
+		r = job_op(c, "status", job);
+		reply_str(r, "job.state", state, sizeof state);
+		gpuq_reply_free(r);
+		usleep(1000);
+	}
+	CHECKF(strcmp(state, "running") == 0, "the get is %s, not running", state);
+	/* jobs on another buffer of the same device run beside the stalled get (which holds the slots) */
+	do_alloc(c, "q", 0, 4096);
+	(void)do_checksum(c, "q");
+	r = job_op(c, "cancel", job);
+	expect_ok(r, "cancel");
+	gpuq_reply_free(r);
+	r = job_op(c, "wait", job);
+	expect_error(r, GPUQ_E_CANCELLED, "cancelled after");
+	gpuq_reply_free(r);
+	close(fds[0]);
+	close(fds[1]);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 struct events {
 	uint64_t request_id, job, count, last_bytes, total;
 	bool bad;
