@@ -743,7 +743,10 @@ static int bench_direction(struct bench *b, bool h2d)
 			continue;
 		struct bench_row *row = add_row(b, group, b->cuda ? mr->cuda_name : mr->host_name,
 						mr->role);
-		if (!row || measure(b, h2d, mr->m, row) < 0)
+		if (!row)
+			return gpuq_fail(b->err, GPUQ_E_INTERNAL, "bench: more than %d rows",
+					 BENCH_COPY_MAX_ROWS);
+		if (measure(b, h2d, mr->m, row) < 0)
 			return -1;
 		settle_file(b, mr, h2d);
 		of_row[row - b->spec->rows] = mr->m.dest;
