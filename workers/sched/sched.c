@@ -8,14 +8,17 @@
  * A round in which nothing moved ends in an idle wait: polling while some
  * job waits for the device (its events complete without telling anyone),
  * sleeping on the worker's condition variable otherwise, until a submission,
- * a cancel or sched_notify (a copy thread, another device's part) wakes it.
+ * a cancel or sched_notify (a copy thread, another device's part) wakes it,
+ * or, with no job in flight, until the worker's housekeeping falls due
+ * (releasing kept mappings: the hooks' idle_due and idle_run).
  *
  * What a job may call while it runs (waits, slots, DMA turns) is in
  * sched_wait.c, below this file: the loop calls into it (to bind the
  * thread's scheduler, to reclaim a finished job's slots), never the other
  * way. The state both share is sched_state.h's. The worker above calls
  * this file; this file calls the worker back (retiring a work, resetting
- * the device) only through the hooks it was made with (sched_hooks.h).
+ * the device, housekeeping) only through the hooks it was made with
+ * (sched_hooks.h).
  *
  * Threads: everything here runs on the device's worker thread, except
  * sched_stats (any thread, under the worker's lock). The queues are the
