@@ -150,8 +150,24 @@ static void worker_refuse_all(struct worker *w, const struct gpuq_error *why)
 	pthread_mutex_unlock(&w->lock);
 }
 
-/* How the scheduler calls back the worker (sched_hooks.h): retiring works, resetting the device. */
+/* Between jobs: the kept mappings whose idle limit has passed are released (map_cache.h). */
+static double worker_idle_due(struct worker *w)
+{
+	return map_cache_idle_due(&w->dev, monotonic_seconds());
+}
+
+static void worker_idle_run(struct worker *w)
+{
+	map_cache_expire(&w->dev, w->dev.config.copy_pool, monotonic_seconds());
+}
+
+/*
+ * How the scheduler calls back the worker (sched_hooks.h): retiring works,
+ * resetting the device, releasing idle mappings.
+ */
 static const struct sched_hooks worker_sched_hooks = {
+	.idle_due = worker_idle_due,
+	.idle_run = worker_idle_run,
 	.refresh_after = worker_refresh_after,
 	.account_locked = worker_account_locked,
 	.hand_back = worker_hand_back,

@@ -194,6 +194,93 @@ TEST(copy_memfd_odd_sizes_around_slots)
 	daemon_stop(&d);
 }
 
+/*
+ * Slots of 128K or more cut a transfer's first and last slot into pieces
+ * of 1/8, 1/8, 1/4 and 1/2 slot (transfer_staged.c): sizes around four
+ * slots and odd sizes whose last piece takes the odd bytes, through
+ * memfds and a file, bit-exact.
+ */
+TEST(copy_pieces_at_both_ends_of_large_slots)
+{
+	struct daemon_proc d;
+	const size_t slot = 128 << 10;
+	daemon_start(&d, "--staging-slot", "128K", "--staging-slots", "6", "--copy-threads", "3",
+		     NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t sizes[] = { 4 * slot - 1, 4 * slot, 4 * slot + 1, 4 * slot + 7, 9 * slot + 13,
+				 23 * slot + 4101 };
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+		round_trip_memfd(c, sizes[i], 500 + i, i % 2 == 1);
+	const size_t n = 9 * slot + 5;
+	unsigned char *data = random_bytes(n, 77);
+	int src = temp_file(data, n, 0), dst = temp_file(NULL, 0, 0);
+	struct xfer_opts o = plain;
+	o.verify = true;
+	do_alloc(c, "f", 0, n);
+	xfer_ok(c, "put", "f", src, &o, n, "staged");
+	CHECK_EQ(do_checksum(c, "f"), host_checksum(data, n));
+	xfer_ok(c, "get", "f", dst, &o, n, "staged");
+	check_fd_holds(dst, data, n, "the file got back");
+	free(data);
+	close(src);
+	close(dst);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/* How many of the daemon's mappings name the file (/proc/PID/maps). */
+static unsigned daemon_maps_of(pid_t pid, const char *path)
+{
+	char name[64], line[512];
+	unsigned n = 0;
+	snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
+	FILE *f = fopen(name, "re");
+	CHECK(f != NULL);
+	while (f && fgets(line, sizeof line, f))
+		n += strstr(line, path) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/*
+ * A get into a file a path names keeps its mapping for the next get into
+ * it (map_cache.h), and the idle worker lets it go by itself a second
+ * later: nothing else is asked of the daemon meanwhile.
+ */
+TEST(copy_get_into_a_named_file_keeps_its_mapping_a_second)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--staging-slot", "8K", "--staging-slots", "4", NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t n = 100000 + 3;
+	unsigned char *data = random_bytes(n, 43);
+	char path[] = "/tmp/gpuq-kept-map-XXXXXX";
+	int dst = mkostemp(path, O_CLOEXEC);
+	CHECK(dst >= 0 && ftruncate(dst, (off_t)n) == 0);
+	int src = temp_file(data, n, 0);
+	struct xfer_opts o = plain;
+	o.verify = true;
+	do_alloc(c, "k", 0, n);
+	xfer_ok(c, "put", "k", src, &o, n, "staged");
+	xfer_ok(c, "get", "k", dst, &o, n, "staged");
+	CHECK_EQ(daemon_maps_of(d.pid, path), 1);
+	CHECK(lseek(dst, 0, SEEK_SET) == 0);
+	xfer_ok(c, "get", "k", dst, &o, n, "staged"); /* through the kept mapping */
+	check_fd_holds(dst, data, n, "the file got twice");
+	CHECK_EQ(daemon_maps_of(d.pid, path), 1);
+	unsigned waited = 0;
+	while (daemon_maps_of(d.pid, path) > 0 && waited++ < 100)
+		usleep(50000);
+	CHECK_EQ(daemon_maps_of(d.pid, path), 0);
+	unlink(path);
+	free(data);
+	close(src);
+	close(dst);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(copy_without_copy_threads_still_works)
 {
 	struct daemon_proc d;
@@ -851,6 +938,50 @@ TEST(copy_cancel_stops_a_large_memfd_put_at_a_chunk)
 	daemon_stop(&d);
 }
 
+/*
+ * A get into a pipe that nobody reads waits in poll while it is its
+ * device's only business (transfer.c, stream_wait): another job on the
+ * device still runs meanwhile, and a cancel still ends the get.
+ */
+TEST(copy_a_stalled_pipe_holds_off_no_other_job_and_no_cancel)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--staging-slot", "64K", NULL);
+	struct gpuq_client *c = client_open(&d);
+	int fds[2];
+	CHECK(pipe2(fds, O_CLOEXEC) == 0);
+	do_alloc(c, "p", 0, 8u << 20); /* far more than the pipe holds */
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "get");
+	mp_put_str(&req, "buffer", "p");
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(c, &req, &fds[1], 1);
+	expect_ok(r, "get");
+	uint64_t job = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	char state[16] = "queued";
+	for (int i = 0; i < 2000 && strcmp(state, "queued") == 0; i++) {
+		r = job_op(c, "status", job);
+		reply_str(r, "job.state", state, sizeof state);
+		gpuq_reply_free(r);
+		usleep(1000);
+	}
+	CHECKF(strcmp(state, "running") == 0, "the get is %s, not running", state);
+	/* jobs on another buffer of the same device run beside the stalled get (which holds the slots) */
+	do_alloc(c, "q", 0, 4096);
+	(void)do_checksum(c, "q");
+	r = job_op(c, "cancel", job);
+	expect_ok(r, "cancel");
+	gpuq_reply_free(r);
+	r = job_op(c, "wait", job);
+	expect_error(r, GPUQ_E_CANCELLED, "cancelled after");
+	gpuq_reply_free(r);
+	close(fds[0]);
+	close(fds[1]);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 struct events {
 	uint64_t request_id, job, count, last_bytes, total;
 	bool bad;
@@ -1006,8 +1137,8 @@ TEST(bench_copy_rows_are_measured_and_verified)
 	expect_ok(r, "bench_copy");
 	const msgpack_object *rows = reply_path(r, "job.result.rows");
 	CHECK(rows && rows->type == MSGPACK_OBJECT_ARRAY);
-	/* with gpuq region both ways; D2H: seven host rows, fresh and write-only files, sinks */
-	unsigned per_size = test_backend_is_cuda() ? 27 : 25;
+	/* with gpuq region both ways; D2H: eight host rows, fresh and write-only files, sinks */
+	unsigned per_size = test_backend_is_cuda() ? 28 : 26;
 	unsigned host_rated = 0;
 	CHECKF(rows->via.array.size == 2 * per_size, "%u rows", rows->via.array.size);
 	for (uint32_t i = 0; i < rows->via.array.size; i++) {

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "workers/clock.h"
 #include "workers/transfer/map_cache.h"
 
 static int registered, unregistered;
@@ -183,16 +184,48 @@ TEST(a_plain_mapping_is_kept_whatever_the_file_went_through)
 	close(fd);
 }
 
-TEST(a_file_a_path_names_is_never_kept_mapped)
+TEST(a_file_a_path_names_is_kept_mapped_for_a_get_a_second_at_most)
 {
 	struct device dev = { .index = 8, .ops = &counting_ops };
 	char path[] = "map-cache-file-XXXXXX";
 	int fd = mkostemp(path, O_CLOEXEC);
 	CHECK(fd >= 0 && ftruncate(fd, 1 << 20) == 0);
-	CHECK(!transfer_as(&dev, fd, 1 << 20, false));
-	CHECK(!transfer_as(&dev, fd, 1 << 20, false));
+	registered = unregistered = 0;
+	/* never pinned for longer than a transfer */
+	CHECK(!transfer_as(&dev, fd, 1 << 20, true));
+	CHECK(!transfer_as(&dev, fd, 1 << 20, true));
+	CHECK_EQ(registered, 2);
+	CHECK_EQ(unregistered, 2);
 	CHECK_EQ(map_cache_count(&dev), 0);
+	/* a get's writable mapping: kept, and found again */
+	CHECK(!transfer_as(&dev, fd, 1 << 20, false));
+	CHECK(transfer_as(&dev, fd, 1 << 20, false));
+	CHECK_EQ(map_cache_count(&dev), 1);
+	/* the idle worker is told when to release it, and releases it then */
+	double now = monotonic_seconds();
+	double due = map_cache_idle_due(&dev, now);
+	CHECK(due >= 0 && due <= MAP_CACHE_FILE_IDLE_S);
+	map_cache_expire(&dev, NULL, now);
+	CHECK_EQ(map_cache_count(&dev), 1);
+	map_cache_expire(&dev, NULL, now + MAP_CACHE_FILE_IDLE_S + 0.5);
+	CHECK_EQ(map_cache_count(&dev), 0);
+	CHECK(map_cache_idle_due(&dev, now) < 0);
 	unlink(path);
+	close(fd);
+}
+
+TEST(a_memfd_stays_mapped_until_its_longer_idle_limit)
+{
+	struct device dev = { .index = 9, .ops = &counting_ops };
+	size_t n = 1 << 20;
+	int fd = sealed_memfd(n);
+	CHECK(!transfer_as(&dev, fd, n, false));
+	double now = monotonic_seconds();
+	CHECK(map_cache_idle_due(&dev, now) > MAP_CACHE_FILE_IDLE_S);
+	map_cache_expire(&dev, NULL, now + MAP_CACHE_FILE_IDLE_S + 0.5);
+	CHECK_EQ(map_cache_count(&dev), 1);
+	map_cache_expire(&dev, NULL, now + MAP_CACHE_IDLE_S + 0.5);
+	CHECK_EQ(map_cache_count(&dev), 0);
 	close(fd);
 }
 

@@ -10,6 +10,7 @@
 #include "workers/clock.h"
 #include "workers/sched/fiber.h"
 #include "workers/sched/sched_queue.h"
+#include "workers/sched/sched_wait.h"
 
 static char buffer_a[64], buffer_b[64]; /* stand-ins for device memory */
 static double add_weight = 1; /* the weight add() gives its works */
@@ -474,4 +475,10 @@ TEST(sched_a_held_lease_keeps_no_benchmark_or_chain_out)
 	struct work *bench = add(&b, WORK_BENCH_SCHED, 2, GPUQ_PRIORITY_NORMAL, NULL, 0, 0, false);
 	CHECK(next(&b) == bench); /* not device work: nothing for a benchmark to wait for */
 	sched_unhold(&b.q, &hold);
+}
+
+TEST(sched_alone_is_false_outside_a_job)
+{
+	/* a thread that runs no job may not block on the strength of being alone */
+	CHECK(!sched_alone());
 }

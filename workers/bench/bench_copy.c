@@ -22,9 +22,10 @@
  *                                      device work (bench_host.c): the
  *                                      ceiling of a get into that kind of
  *                                      destination, mapped per run, through
- *                                      a mapping kept across runs (a memfd,
- *                                      as gpuqd keeps one, map_cache.h), or
- *                                      by pwrite
+ *                                      a mapping kept across runs (as
+ *                                      gpuqd keeps a memfd's, and a file's
+ *                                      for a second, map_cache.h), or by
+ *                                      pwrite
  *     ... fresh                        a destination with no pages: a new
  *                                      memfd, or the file truncated to 0
  *                                      before each run (what `gpuq get BUF
@@ -657,7 +658,9 @@ static const struct method_row {
 	{ { M_HOST_KEPT, D_MEMFD }, "host memfd kept mapping", "host memfd kept mapping", "host", true, NULL },
 	{ { M_HOST_MAP, D_MEMFD_FRESH }, "host memfd fresh mapped", "host memfd fresh mapped", "host", true,
 	  "each fresh 4 KiB page is allocated, zeroed and mapped first: the ceiling of a get into a new memfd" },
-	{ { M_HOST_MAP, D_FILE }, "host file mapped", "host file mapped", "host", true, NULL },
+	{ { M_HOST_MAP, D_FILE }, "host file mapped", "host file mapped", "host", true,
+	  "a new mapping of a disk file: a page_mkwrite per page, and at munmap a dirty-page call per page under the file's lock" },
+	{ { M_HOST_KEPT, D_FILE }, "host file kept mapping", "host file kept mapping", "host", true, NULL },
 	{ { M_HOST_PWRITE, D_FILE }, "host file pwrite", "host file pwrite", "host", true,
 	  "one pwrite at a time per file (its inode lock): the ceiling of a write-only destination" },
 	{ { M_HOST_MAP, D_FILE_FRESH }, "host file fresh mapped", "host file fresh mapped", "host", true,
@@ -686,13 +689,32 @@ static const struct method_row {
 
 _Static_assert(sizeof methods / sizeof methods[0] <= 32, "slow_noted has 32 bits per direction");
 
+/* Whether a method reads or writes the regular file. */
+static bool method_on_file(const struct method_row *mr)
+{
+	return mr->m.kind == M_FILE || mr->m.kind == M_FILE_WRONLY || mr->m.dest == D_FILE ||
+	       mr->m.dest == D_FILE_FRESH;
+}
+
 static bool method_skipped(const struct bench *b, const struct method_row *mr, bool h2d)
 {
 	const char *name = b->cuda ? mr->cuda_name : mr->host_name;
-	bool file = mr->m.kind == M_FILE || mr->m.kind == M_FILE_WRONLY || mr->m.dest == D_FILE ||
-		    mr->m.dest == D_FILE_FRESH;
-	return !name || (h2d && mr->d2h_only) || (file && b->skip_file) ||
+	return !name || (h2d && mr->d2h_only) || (method_on_file(mr) && b->skip_file) ||
 	       (mr->m.kind == M_REGION && !b->region_map);
+}
+
+/*
+ * After a row that wrote the file, its dirty pages are written back, not
+ * timed: left dirty, they are written back by the kernel's flusher at a
+ * time of its choosing (past vm.dirty_background_ratio, or after
+ * dirty_expire_centisecs), during whichever rows follow, memfd rows
+ * included, and a page under writeback faults again when next written.
+ * Each row then starts from the file's clean pages, as the first did.
+ */
+static void settle_file(struct bench *b, const struct method_row *mr, bool h2d)
+{
+	if (!h2d && method_on_file(mr) && b->file >= 0)
+		(void)fdatasync(b->file);
 }
 
 /* A row below the pageable baseline says why its method is measured, once per method and direction. */
@@ -721,8 +743,12 @@ static int bench_direction(struct bench *b, bool h2d)
 			continue;
 		struct bench_row *row = add_row(b, group, b->cuda ? mr->cuda_name : mr->host_name,
 						mr->role);
-		if (!row || measure(b, h2d, mr->m, row) < 0)
+		if (!row)
+			return gpuq_fail(b->err, GPUQ_E_INTERNAL, "bench: more than %d rows",
+					 BENCH_COPY_MAX_ROWS);
+		if (measure(b, h2d, mr->m, row) < 0)
 			return -1;
+		settle_file(b, mr, h2d);
 		of_row[row - b->spec->rows] = mr->m.dest;
 		if (strcmp(mr->role, "ceiling") == 0)
 			ceiling = row->gbps;

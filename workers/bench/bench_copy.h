@@ -15,7 +15,8 @@
 #include "workers/work.h"
 
 #define BENCH_COPY_MAX_SIZES 8
-#define BENCH_COPY_MAX_ROWS 128
+/* every method of both directions at every size (bench_copy.c: at most 32 methods a direction) */
+#define BENCH_COPY_MAX_ROWS (BENCH_COPY_MAX_SIZES * 64)
 #define BENCH_COPY_MAX_NOTES 32
 
 struct bench_copy_spec {

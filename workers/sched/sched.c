@@ -8,14 +8,17 @@
  * A round in which nothing moved ends in an idle wait: polling while some
  * job waits for the device (its events complete without telling anyone),
  * sleeping on the worker's condition variable otherwise, until a submission,
- * a cancel or sched_notify (a copy thread, another device's part) wakes it.
+ * a cancel or sched_notify (a copy thread, another device's part) wakes it,
+ * or, with no job in flight, until the worker's housekeeping falls due
+ * (releasing kept mappings: the hooks' idle_due and idle_run).
  *
  * What a job may call while it runs (waits, slots, DMA turns) is in
  * sched_wait.c, below this file: the loop calls into it (to bind the
  * thread's scheduler, to reclaim a finished job's slots), never the other
  * way. The state both share is sched_state.h's. The worker above calls
  * this file; this file calls the worker back (retiring a work, resetting
- * the device) only through the hooks it was made with (sched_hooks.h).
+ * the device, housekeeping) only through the hooks it was made with
+ * (sched_hooks.h).
  *
  * Threads: everything here runs on the device's worker thread, except
  * sched_stats (any thread, under the worker's lock). The queues are the
@@ -488,6 +491,21 @@ static bool idle_spin_for_work(struct sched *s)
 	return true;
 }
 
+/* When the worker's housekeeping falls due (sched_hooks.h): seconds, negative for never. */
+static double housekeeping_due(struct sched *s)
+{
+	return s->hooks.idle_due ? s->hooks.idle_due(s->w) : -1;
+}
+
+/* Runs the worker's housekeeping if it is due and no job is in flight; whether it ran. */
+static bool housekeeping(struct sched *s)
+{
+	if (s->ninflight || housekeeping_due(s) != 0)
+		return false;
+	s->hooks.idle_run(s->w);
+	return true;
+}
+
 /*
  * Nothing moved in the last round and nothing waits for the device: sleep
  * until a submission, a cancel or a notification, looking again at least
@@ -501,13 +519,16 @@ static bool idle_sleep(struct sched *s)
 	struct worker *w = s->w;
 	if (s->ninflight == 0 && w->pool->spin_us && idle_spin_for_work(s))
 		return false; /* not the end: something was queued or announced */
-	struct timespec until = s->ninflight ? deadline_after(CLOCK_MONOTONIC, idle_timeout(s)) : (struct timespec){ 0 };
+	double chore = s->ninflight == 0 ? housekeeping_due(s) : -1;
+	struct timespec until = s->ninflight ? deadline_after(CLOCK_MONOTONIC, idle_timeout(s))
+			      : chore >= 0 ? deadline_after(CLOCK_MONOTONIC, chore)
+					   : (struct timespec){ 0 };
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&s->sleeping, true);
 	bool done;
 	while (!(done = sched_done(s)) && !atomic_load(&s->notified) &&
 	       !atomic_load(&w->queues.dirty) && !(w->stopping && s->ninflight == 0)) {
-		if (s->ninflight == 0) {
+		if (s->ninflight == 0 && chore < 0) {
 			pthread_cond_wait(&w->wake, &w->lock);
 		} else if (pthread_cond_timedwait(&w->wake, &w->lock, &until) == ETIMEDOUT) {
 			break;
@@ -542,6 +563,8 @@ void sched_run(struct sched *s)
 			continue;
 		}
 		idle_since = 0;
+		if (housekeeping(s))
+			continue;
 		if (idle_sleep(s))
 			break;
 	}

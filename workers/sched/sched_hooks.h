@@ -26,6 +26,13 @@ struct sched_hooks {
 	/* Whether w's device must be reset now; resetting it with nothing in flight. */
 	bool (*reset_due)(struct worker *w);
 	int (*reset_run)(struct worker *w, struct sched *s);
+	/*
+	 * Housekeeping while no job is in flight (NULL: none): seconds until
+	 * it is due (0: now; negative: nothing due), and running it. The loop
+	 * sleeps no longer than that.
+	 */
+	double (*idle_due)(struct worker *w);
+	void (*idle_run)(struct worker *w);
 };
 
 #endif

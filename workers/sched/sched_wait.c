@@ -184,6 +184,11 @@ void sched_pause(void)
 	fiber_yield();
 }
 
+bool sched_alone(void)
+{
+	return sched_in_job() && job_alone(self);
+}
+
 struct sched_job *sched_running_job(struct device *dev)
 {
 	struct sched *s = dev->sched;

@@ -64,6 +64,13 @@ void sched_pause(void);
  * never say so are waited for until they finish.
  */
 void sched_publish_tail(struct device *dev);
+/*
+ * Whether the running job is its device's only business now: nothing else
+ * in flight, nothing queued that might start, no notification pending.
+ * It may then block in a system call for a millisecond or so (a
+ * submission waits that long at most). False outside jobs.
+ */
+bool sched_alone(void);
 /* The job running on dev's worker now, or NULL (outside jobs, or another thread). */
 struct sched_job;
 struct sched_job *sched_running_job(struct device *dev);

@@ -30,6 +30,7 @@ struct map_key {
 	size_t len;
 	bool rw, pin;
 	bool unseen;     /* in shmem and in no directory: a memfd (or a deleted tmpfs file) */
+	bool file;       /* any other regular file */
 };
 
 struct map_entry {
@@ -68,6 +69,7 @@ static int key_of(int fd, off_t start, size_t len, bool rw, bool pin, struct map
 	struct statfs fs;
 	k->unseen = st.st_nlink == 0 && fstatfs(fd, &fs) == 0 &&
 		    ((unsigned long)fs.f_type & 0xffffffffUL) == 0x01021994UL; /* TMPFS_MAGIC */
+	k->file = S_ISREG(st.st_mode) && !k->unseen;
 	k->fs = st.st_dev;
 	k->ino = st.st_ino;
 	k->size = st.st_size;
@@ -126,17 +128,25 @@ static void unmap_parallel(struct copy_pool *pool, void *map, size_t len)
 }
 
 /*
- * Whether keeping the mapping can stand in no client's way. Only of a file
- * in no directory on shmem (a memfd): one that a path names could not be
- * unmounted, nor its blocks freed when deleted, while gpuqd holds it. And
- * adding F_SEAL_WRITE to a memfd fails (EBUSY) while a writable shared
- * mapping of it exists, so a writable one is kept only of a memfd that
- * can take no more seals (sealed with F_SEAL_SEAL, or made without
- * MFD_ALLOW_SEALING).
+ * Whether keeping the mapping can stand in no client's way. A memfd's (a
+ * file in no directory on shmem), for MAP_CACHE_IDLE_S: adding
+ * F_SEAL_WRITE to a memfd fails (EBUSY) while a writable shared mapping of
+ * it exists, so a writable one is kept only of a memfd that can take no
+ * more seals (sealed with F_SEAL_SEAL, or made without MFD_ALLOW_SEALING).
+ * Any other regular file's only as a get's plain writable mapping, and
+ * only for MAP_CACHE_FILE_IDLE_S (map_cache.h says why and what it costs).
  */
 static bool keepable(const struct map_key *k)
 {
+	if (k->file)
+		return k->rw && !k->pin;
 	return k->unseen && (!k->rw || k->seals < 0 || (k->seals & F_SEAL_SEAL));
+}
+
+/* How long an entry may stay unused. */
+static double idle_limit(const struct map_key *k)
+{
+	return k->file ? MAP_CACHE_FILE_IDLE_S : MAP_CACHE_IDLE_S;
 }
 
 /* Unregisters (a pinning) and unmaps; the first error into err (NULL: ignored). */
@@ -175,10 +185,9 @@ static uint64_t pinned_bytes(const struct device *dev)
 }
 
 /* Releases idle entries: stale ones of this file, ones unused too long, all under memory pressure. */
-static void evict(struct device *dev, struct copy_pool *pool, const struct map_key *k)
+static void evict(struct device *dev, struct copy_pool *pool, const struct map_key *k, double now)
 {
 	struct map_entry *t = table_of(dev);
-	double now = monotonic_seconds();
 	uint64_t avail = mem_available();
 	bool pressed = avail && avail < 2 * pinned_bytes(dev);
 	for (unsigned i = 0; i < MAP_CACHE_ENTRIES; i++) {
@@ -186,7 +195,7 @@ static void evict(struct device *dev, struct copy_pool *pool, const struct map_k
 		bool stale = k && e->key.fs == k->fs && e->key.ino == k->ino && e->key.pin == k->pin &&
 			     !key_equal(&e->key, k);
 		if (e->map && e->refs == 0 &&
-		    (stale || pressed || now - e->last_used > MAP_CACHE_IDLE_S))
+		    (stale || pressed || now >= e->last_used + idle_limit(&e->key)))
 			entry_free(dev, pool, e, NULL);
 	}
 }
@@ -256,7 +265,7 @@ int map_cache_acquire(struct device *dev, struct copy_pool *pool, const struct m
 	int fd = want->fd;
 	if (key_of(fd, want->start, want->len, want->rw, want->pin, &k, err) < 0)
 		return -1;
-	evict(dev, pool, &k);
+	evict(dev, pool, &k, monotonic_seconds());
 	*hit = false;
 	for (unsigned i = 0; i < MAP_CACHE_ENTRIES && !e; i++)
 		if (t[i].map && key_equal(&t[i].key, &k))
@@ -310,8 +319,30 @@ int map_cache_release(struct device *dev, struct copy_pool *pool, struct map_ent
 	}
 	if (e->refs == 0 && (!keep || dev->faulted))
 		return entry_free(dev, pool, e, err);
-	evict(dev, pool, NULL);
+	evict(dev, pool, NULL, monotonic_seconds());
 	return 0;
+}
+
+double map_cache_idle_due(const struct device *dev, double now)
+{
+	const struct map_entry *t = table_of(dev);
+	double due = -1;
+	for (unsigned i = 0; i < MAP_CACHE_ENTRIES; i++) {
+		if (!t[i].map || t[i].refs)
+			continue;
+		double in = t[i].last_used + idle_limit(&t[i].key) - now;
+		in = in > 0 ? in : 0;
+		due = due < 0 || in < due ? in : due;
+	}
+	return due;
+}
+
+void map_cache_expire(struct device *dev, struct copy_pool *pool, double now)
+{
+	struct map_entry *t = table_of(dev);
+	for (unsigned i = 0; i < MAP_CACHE_ENTRIES; i++)
+		if (t[i].map && t[i].refs == 0 && now >= t[i].last_used + idle_limit(&t[i].key))
+			entry_free(dev, pool, &t[i], NULL);
 }
 
 void map_cache_drop(struct device *dev, struct copy_pool *pool)

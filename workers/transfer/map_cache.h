@@ -24,22 +24,35 @@
  *   pages' table entries are still there to be written (a GiB's munmap
  *   walks 262144 of them).
  *
- * Only memfds are kept mapped (files in shmem and in no directory): a file
- * a path names could not be unmounted, nor a deleted one's blocks freed,
- * while gpuqd held it. A writable mapping is kept only of a memfd that
- * can take no more seals (F_SEAL_SEAL set, or made without
+ * Memfds are kept mapped (files in shmem and in no directory) for
+ * MAP_CACHE_IDLE_S after their last use. A writable mapping is kept only
+ * of a memfd that can take no more seals (F_SEAL_SEAL set, or made without
  * MFD_ALLOW_SEALING): while it exists, a client's F_ADD_SEALS of
  * F_SEAL_WRITE would fail with EBUSY. A read-only one (a put from a
- * descriptor open for reading only) is always kept. An entry that no
- * longer matches its file is released when the file is seen again.
+ * descriptor open for reading only) is always kept.
+ *
+ * A get's plain writable mapping of any other regular file (a disk file,
+ * a file a path names) is kept too, but for MAP_CACHE_FILE_IDLE_S only,
+ * and never pinned: each new mapping of a disk file costs a page_mkwrite
+ * per page written and, at munmap, a dirty-page call per page under the
+ * file's lock (docs/PERFORMANCE.md: 7 ms after a 256 MiB get's last DMA,
+ * 134 ms after a 4 GiB one's on the H200 machine). Kept, the next get
+ * into the same range writes through page table entries already dirty.
+ * While it is kept, the file's filesystem cannot be unmounted (EBUSY) and
+ * a deleted file's blocks are not freed: hence the short bound, which the
+ * worker keeps while idle too (map_cache_idle_due, map_cache_expire).
+ *
+ * An entry that no longer matches its file is released when the file is
+ * seen again.
  *
  * What is kept is bounded: MAP_CACHE_ENTRIES per device, of which one
- * plain mapping (the newest: a client that gets into a new memfd each
+ * plain mapping (the newest: a client that gets into a new file each
  * time holds at most its last one), a quarter of physical memory pinned
  * per device, nothing idle while the host's available memory is below
- * twice what is pinned, and nothing unused for MAP_CACHE_IDLE_S (looked
- * at whenever the device's worker acquires or releases an entry). A kept
- * entry holds its memfd's pages after its client closed it, until then.
+ * twice what is pinned, and nothing unused for longer than its idle limit
+ * (looked at whenever the device's worker acquires or releases an entry,
+ * and when the limit falls due while the worker is idle). A kept entry
+ * holds its memfd's pages after its client closed it, until then.
  */
 #ifndef GPUQ_MAP_CACHE_H
 #define GPUQ_MAP_CACHE_H
@@ -53,6 +66,7 @@
 
 #define MAP_CACHE_ENTRIES 4
 #define MAP_CACHE_IDLE_S 30.0
+#define MAP_CACHE_FILE_IDLE_S 1.0
 
 struct map_entry;
 
@@ -81,6 +95,15 @@ int map_cache_acquire(struct device *dev, struct copy_pool *pool, const struct m
  */
 int map_cache_release(struct device *dev, struct copy_pool *pool, struct map_entry *entry, int fd,
 		      bool keep, struct gpuq_error *err);
+
+/*
+ * Seconds from `now` (monotonic) until an idle entry of the device has
+ * been unused for its idle limit (0: already); negative when none is kept
+ * idle. map_cache_expire releases the entries whose limit has passed at
+ * `now`. Worker thread, between jobs or in one.
+ */
+double map_cache_idle_due(const struct device *dev, double now);
+void map_cache_expire(struct device *dev, struct copy_pool *pool, double now);
 
 /* Releases every entry of the device not in use (a device closing, a test). */
 void map_cache_drop(struct device *dev, struct copy_pool *pool);

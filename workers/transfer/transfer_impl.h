@@ -89,6 +89,13 @@ void xfer_issued_all(struct xfer *x);
 void xfer_dma_issued(struct xfer *x);
 
 /* transfer_staged.c */
+/*
+ * A staged transfer of total bytes through slots of chunk bytes: how many
+ * pieces, and piece k's offset and size (smaller pieces at both ends, see
+ * transfer_staged.c). Pieces are in order, contiguous, at most a slot.
+ */
+uint64_t xfer_piece_count(uint64_t total, size_t chunk);
+void xfer_piece(uint64_t total, size_t chunk, uint64_t k, uint64_t *at, size_t *n);
 int xfer_put_staged(struct xfer *x);
 int xfer_get_staged(struct xfer *x);
 
