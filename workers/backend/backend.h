@@ -75,6 +75,7 @@ struct device_config {
 struct backend_ops;
 struct copy_pool;
 struct slab_place; /* workers/buffer/slab.h */
+struct slab_range;
 /* host_register's flags. */
 #define BACKEND_REGISTER_READ_ONLY 1u
 #define BACKEND_REGISTER_PORTABLE 2u
@@ -232,6 +233,16 @@ struct backend_mem_ops {
 	 * descriptor, which stays the backend's), or -1 for pool memory.
 	 */
 	int (*place)(struct device *dev, const void *ptr, struct slab_place *out);
+	/*
+	 * A re-exec (docs/ARCHITECTURE.md, Durable state): takes over slab
+	 * `slab` that the previous gpuqd image made, from its descriptor fd
+	 * (bytes long), with ranges[0..n) (its buffers) allocated as they
+	 * were, counted against the device as allocations are (slab_adopt:
+	 * the heap takes fd whatever happens). 0 with *base, where the slab
+	 * now lies, or -1 with err. Worker thread, after open.
+	 */
+	int (*adopt)(struct device *dev, uint32_t slab, int fd, uint64_t bytes, bool exported,
+		     const struct slab_range *ranges, size_t n, void **base, struct gpuq_error *err);
 	/*
 	 * Device memory that client processes may map (a shareable buffer):
 	 * a slab of its own, never from the pool, and *fd a descriptor that
