@@ -40,6 +40,14 @@ struct buffer {
 	/* Where it lives once READY: its slab (workers/buffer/slab.h; 0: the pool) and offset there. */
 	uint32_t slab;
 	uint64_t slab_offset;
+	/*
+	 * The slab's size and descriptor (the backend's: never closed here),
+	 * which a re-exec keeps open for the next image; -1 for the pool.
+	 */
+	uint64_t slab_bytes;
+	int slab_fd;
+	/* Set when it was read back from the record suspect: why (state `suspect`); a fill or a whole put clears it. */
+	char *suspect;
 	enum buffer_state state;
 	double created; /* CLOCK_MONOTONIC seconds */
 	unsigned users; /* jobs queued or running on it */

@@ -87,7 +87,7 @@ static void durable_copy_buffer(const struct buffer *b, const struct written *w,
 {
 	memset(out, 0, sizeof *out);
 	snprintf(out->name, sizeof out->name, "%s", b->name);
-	snprintf(out->state, sizeof out->state, "%s", buffer_state_name(b->state));
+	snprintf(out->state, sizeof out->state, "%s", b->suspect ? "suspect" : buffer_state_name(b->state));
 	out->owner = (uint32_t)b->owner;
 	out->device = b->device;
 	out->dtype = b->dtype;
@@ -95,8 +95,11 @@ static void durable_copy_buffer(const struct buffer *b, const struct written *w,
 	out->bytes = b->bytes;
 	out->slab = b->slab;
 	out->slab_offset = b->slab_offset;
+	out->slab_bytes = b->slab_bytes;
+	out->slab_fd = b->slab ? b->slab_fd : -1;
 	out->shareable = b->shareable;
 	out->ephemeral = b->conn_serial != 0;
+	out->conn_serial = b->conn_serial;
 	out->writers = durable_writers_of(b, w, n);
 }
 
@@ -199,7 +202,7 @@ int durable_snapshot(struct daemon *d, struct state_snapshot *s)
 }
 
 /* Writes the tables as the next generation; a failure is logged and retried at the next change. */
-static void durable_write(struct daemon *d)
+static int durable_write(struct daemon *d)
 {
 	static struct log_every every;
 	struct durable *du = &d->durable;
@@ -217,13 +220,14 @@ static void durable_write(struct daemon *d)
 		int rc = state_record_write(du->record, sb.data, sb.size, &err);
 		msgpack_sbuffer_destroy(&sb);
 		if (rc == 0)
-			return;
+			return 0;
 	}
 	du->failures++;
 	du->dirty = true;
 	if (log_every_pass(&every, 10, &held))
 		log_error("the durable state record was not updated: %s (%u more such failures)",
 			  err.message, held);
+	return -1;
 }
 
 /* Whether a work of job writes a buffer range. */
@@ -285,6 +289,18 @@ void durable_start(struct daemon *d)
 	uv_prepare_start(&du->flush, durable_on_prepare);
 	du->started = true;
 	durable_write(d); /* generation 1: the state at start (no buffers yet) */
+}
+
+int durable_flush(struct daemon *d)
+{
+	if (!d->durable.record)
+		return -1;
+	return durable_write(d);
+}
+
+int durable_record_fd(const struct daemon *d)
+{
+	return d->durable.record ? state_record_fd(d->durable.record) : -1;
 }
 
 void durable_touch(struct daemon *d)

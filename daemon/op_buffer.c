@@ -46,6 +46,8 @@ static void finish_alloc(struct daemon *d, struct job *job)
 		b->share_fd = job->work.result.share_fd;
 		b->slab = job->work.result.slab;
 		b->slab_offset = job->work.result.slab_offset;
+		b->slab_bytes = job->work.result.slab_bytes;
+		b->slab_fd = job->work.result.slab ? job->work.result.slab_fd : -1;
 		b->state = BUFFER_READY;
 		return;
 	}

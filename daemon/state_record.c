@@ -39,8 +39,11 @@ static const struct rec_field buffer_fields[] = {
 	REC_FIELD(struct state_buffer, "bytes", REC_U64, bytes),
 	REC_FIELD(struct state_buffer, "slab", REC_U32, slab),
 	REC_FIELD(struct state_buffer, "slab_offset", REC_U64, slab_offset),
+	REC_FIELD(struct state_buffer, "slab_bytes", REC_U64, slab_bytes),
+	REC_FIELD(struct state_buffer, "slab_fd", REC_INT, slab_fd),
 	REC_FIELD(struct state_buffer, "shareable", REC_BOOL, shareable),
 	REC_FIELD(struct state_buffer, "ephemeral", REC_BOOL, ephemeral),
+	REC_FIELD(struct state_buffer, "conn", REC_U64, conn_serial),
 	REC_FIELD(struct state_buffer, "state", REC_STR, state),
 	REC_FIELD(struct state_buffer, "writers", REC_U32, writers),
 };

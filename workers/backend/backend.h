@@ -70,10 +70,36 @@ struct device_config {
 	unsigned reset_window_s;
 	char kernel_cache_dir[256];   /* compiled chain kernels on disk: --kernel-cache ("": none) */
 	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
+	struct device_adopt_list *adopt; /* a re-exec: the slabs each worker takes over after open (NULL: none) */
+};
+
+/*
+ * A slab the previous gpuqd image made, for its device's worker to take
+ * over (mem.adopt) once the device has opened, before it serves: the main
+ * thread fills everything but base and why, and reads those once the
+ * workers have opened (worker_pool_start returns).
+ */
+struct device_adopt {
+	int device; /* gpuq's index */
+	uint32_t slab;
+	int fd;
+	uint64_t bytes;
+	bool exported;
+	struct slab_range *ranges;
+	size_t nranges;
+	bool taken;    /* handed to mem.adopt, which took fd whatever happened */
+	void *base;    /* where it lies now; NULL when it could not be taken over (why) */
+	char why[sizeof ((struct gpuq_error *)0)->message];
+};
+
+struct device_adopt_list {
+	struct device_adopt *slabs;
+	size_t n;
 };
 
 struct backend_ops;
 struct copy_pool;
+struct device_adopt_list;
 struct slab_place; /* workers/buffer/slab.h */
 struct slab_range;
 /* host_register's flags. */
