@@ -230,6 +230,21 @@ struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *n
 	return b;
 }
 
+void buffer_mark_suspect(struct buffer *b, const char *why)
+{
+	char *copy = strdup(why);
+	if (!copy)
+		return; /* no memory for the reason: the state stays as it was, logged by the caller's job */
+	free(b->suspect);
+	b->suspect = copy;
+}
+
+void buffer_clear_suspect(struct buffer *b)
+{
+	free(b->suspect);
+	b->suspect = NULL;
+}
+
 static void buffer_destroy(struct buffer *b)
 {
 	free(b->suspect);

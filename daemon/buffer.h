@@ -149,6 +149,10 @@ struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, 
  * the device before the free but not yet on the host, such as a get still
  * writing out): the struct is then freed by the last buffer_unhold.
  */
+/* b may hold a half-written job's bytes: listed `suspect`, with why, until written whole. */
+void buffer_mark_suspect(struct buffer *b, const char *why);
+/* b was written whole (a fill, a put of every byte): no longer suspect. */
+void buffer_clear_suspect(struct buffer *b);
 void buffer_remove(struct buffer_table *t, struct buffer *b);
 /* A job lets go of b (users--), freeing a removed buffer's struct with its last user. */
 void buffer_unhold(struct buffer *b);

@@ -100,6 +100,8 @@ static void durable_copy_buffer(const struct buffer *b, const struct written *w,
 	out->shareable = b->shareable;
 	out->ephemeral = b->conn_serial != 0;
 	out->conn_serial = b->conn_serial;
+	if (b->suspect)
+		snprintf(out->suspect, sizeof out->suspect, "%s", b->suspect);
 	out->writers = durable_writers_of(b, w, n);
 }
 

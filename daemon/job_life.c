@@ -307,16 +307,39 @@ void job_finish_now(struct request *req, struct job *job)
 	job_evict_history(&d->jobs);
 }
 
-/* A job the restart's drain cancelled ends `restarted`, not `cancelled`: it may be submitted again. */
+/* Whether a work of job writes b. */
+static bool job_writes_buffer(struct job *job, const struct buffer *b)
+{
+	for (int i = 0; b && b->dptr && i < job_nworks(job); i++) {
+		const struct work *w = job_work(job, i);
+		for (unsigned k = 0; k < w->naccess; k++)
+			if (w->access[k].write && w->access[k].base == b->dptr)
+				return true;
+	}
+	return false;
+}
+
+/*
+ * A job the restart's drain cancelled ends `restarted`, not `cancelled`:
+ * it may be submitted again. The buffers it was writing may hold part of
+ * its bytes: they are suspect from now on, in this image and the next.
+ */
 static void job_mark_restarted(struct job *job)
 {
+	bool cut = false;
 	for (int i = 0; i < job_nworks(job); i++) {
 		struct work *w = job_work(job, i);
-		if (w->error.code == GPUQ_E_CANCELLED)
-			gpuq_fail(&w->error, GPUQ_E_RESTARTED,
-				  "gpuqd restarted while the job ran (--restart-drain ran out); "
-				  "submit it again");
+		if (w->error.code != GPUQ_E_CANCELLED)
+			continue;
+		gpuq_fail(&w->error, GPUQ_E_RESTARTED,
+			  "gpuqd restarted while the job ran (--restart-drain ran out); submit it again");
+		cut = true;
 	}
+	struct buffer *written[2] = { job->buffer, job->buffer2 };
+	for (int i = 0; cut && i < 2; i++)
+		if (job_writes_buffer(job, written[i]))
+			buffer_mark_suspect(written[i], "a job writing it was cut short by a restart "
+							"(--restart-drain); its bytes may be partly written");
 }
 
 void job_on_done(struct work *work, void *arg)

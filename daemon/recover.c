@@ -42,6 +42,8 @@ static int recover_parse_item(struct recover *r, const char *item)
 		r->listen_adopted = n == 3 && b == 1;
 	} else if (strcmp(kind, "restarts") == 0)
 		r->restarts = (unsigned)a;
+	else if (strcmp(kind, "jobs") == 0)
+		r->next_job = (uint64_t)a;
 	else if (strcmp(kind, "conn") == 0 && n == 3)
 		return recover_add_conn(r, (int)a, (uint64_t)b);
 	else
@@ -157,6 +159,8 @@ void recover_begin(struct daemon *d)
 		log_error("%s is malformed ('%s'); taking over what it names as far as it can be read",
 			  RECOVER_ENV, env);
 	unsetenv(RECOVER_ENV);
+	if (r->next_job > d->jobs.next_id)
+		d->jobs.next_id = r->next_job; /* job ids are never reused while gpuqd lives, across re-execs too */
 	if (r->record_fd < 0)
 		return;
 	r->snap = recover_read(r->record_fd, &generation, &err);
@@ -209,7 +213,8 @@ static void recover_place(struct recover *r, struct buffer *b, const struct stat
 			  rb->name, rb->device, strerror(errno));
 	const char *suspect = state_buffer_suspect(rb, why, sizeof why);
 	if (!suspect && strcmp(rb->state, "suspect") == 0)
-		suspect = "it was suspect before the re-exec, and nothing has written it whole since";
+		suspect = rb->suspect[0] ? rb->suspect
+					 : "it was suspect before the re-exec, and nothing has written it whole since";
 	if (suspect)
 		b->suspect = strdup(suspect);
 }

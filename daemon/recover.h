@@ -9,8 +9,8 @@
  * socket and the same connections.
  *
  * GPUQ_INHERIT is a comma-separated list of `record:FD`, `listen:FD:ADOPTED`
- * (ADOPTED 1: the socket was the service manager's), `restarts:N` and
- * `conn:FD:SERIAL`. It is gpuqd's own and is unset once read.
+ * (ADOPTED 1: the socket was the service manager's), `restarts:N`,
+ * `jobs:NEXT_ID` and `conn:FD:SERIAL`. It is gpuqd's own and is unset once read.
  *
  * Main thread only, at start-up.
  */
@@ -40,6 +40,7 @@ struct recover {
 	int record_fd, listen_fd;
 	bool listen_adopted;
 	unsigned restarts; /* re-execs so far, this one included */
+	uint64_t next_job; /* the job id the previous image would have given next */
 	struct recover_conn *conns;
 	size_t nconns;
 	struct state_snapshot *snap; /* NULL: no record could be read */

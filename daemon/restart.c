@@ -177,6 +177,7 @@ static void restart_handover(struct daemon *d, char *buf, size_t size)
 		restart_env_add(buf, size, &n, "%slisten:%lld:%lld", d->server.listen_fd,
 				d->server.adopted);
 	restart_env_add(buf, size, &n, "%srestarts:%lld", (long long)d->restart.count + 1, 0);
+	restart_env_add(buf, size, &n, "%sjobs:%lld", (long long)d->jobs.next_id, 0);
 	for (struct buffer *b = d->buffers.head; b; b = b->next)
 		if (b->slab_fd >= 0 && b->state == BUFFER_READY)
 			restart_keep(b->slab_fd);

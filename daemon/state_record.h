@@ -68,6 +68,7 @@ struct state_buffer {
 	bool shareable, ephemeral;
 	uint64_t conn_serial; /* an ephemeral buffer's connection (its serial survives a re-exec) */
 	char state[16];       /* buffer_state_name's word, or "suspect" */
+	char suspect[200];    /* state "suspect": why */
 	/*
 	 * Jobs that were writing it when the record was written (from their
 	 * submission to their end): a reader that finds it non-zero marks the
