@@ -47,6 +47,8 @@ void device_on_reset(int index, void *arg)
 			 index, s.last_reset, s.last_reset_s, s.resets, lost);
 	else
 		log_error("gpu %d is unhealthy: %s; %u buffers there are lost", index, s.health, lost);
+	if (!s.healthy && s.needs_restart)
+		restart_after_fault(d, index);
 }
 
 /*

@@ -44,6 +44,8 @@ static int recover_parse_item(struct recover *r, const char *item)
 		r->restarts = (unsigned)a;
 	else if (strcmp(kind, "jobs") == 0)
 		r->next_job = (uint64_t)a;
+	else if (strcmp(kind, "fault") == 0 && r->nfault < sizeof r->fault_ms / sizeof r->fault_ms[0])
+		r->fault_ms[r->nfault++] = (uint64_t)a;
 	else if (strcmp(kind, "conn") == 0 && n == 3)
 		return recover_add_conn(r, (int)a, (uint64_t)b);
 	else

@@ -10,7 +10,8 @@
  *
  * GPUQ_INHERIT is a comma-separated list of `record:FD`, `listen:FD:ADOPTED`
  * (ADOPTED 1: the socket was the service manager's), `restarts:N`,
- * `jobs:NEXT_ID` and `conn:FD:SERIAL`. It is gpuqd's own and is unset once read.
+ * `jobs:NEXT_ID`, `fault:MS` (each recent restart after a fault) and
+ * `conn:FD:SERIAL`. It is gpuqd's own and is unset once read.
  *
  * Main thread only, at start-up.
  */
@@ -41,6 +42,8 @@ struct recover {
 	bool listen_adopted;
 	unsigned restarts; /* re-execs so far, this one included */
 	uint64_t next_job; /* the job id the previous image would have given next */
+	uint64_t fault_ms[8]; /* when the latest restarts after a fault were asked (restart.h) */
+	unsigned nfault;
 	struct recover_conn *conns;
 	size_t nconns;
 	struct state_snapshot *snap; /* NULL: no record could be read */

@@ -43,6 +43,8 @@ int restart_init(struct daemon *d, char **argv)
 	struct restart *r = &d->restart;
 	r->argv = argv;
 	r->count = d->recover.restarts;
+	r->nfault = d->recover.nfault;
+	memcpy(r->fault_ms, d->recover.fault_ms, sizeof r->fault_ms);
 	int rc = uv_signal_init(d->loop, &r->sigusr2);
 	if (rc == 0)
 		rc = uv_timer_init(d->loop, &r->timer);
@@ -178,6 +180,8 @@ static void restart_handover(struct daemon *d, char *buf, size_t size)
 				d->server.adopted);
 	restart_env_add(buf, size, &n, "%srestarts:%lld", (long long)d->restart.count + 1, 0);
 	restart_env_add(buf, size, &n, "%sjobs:%lld", (long long)d->jobs.next_id, 0);
+	for (unsigned i = 0; i < d->restart.nfault; i++)
+		restart_env_add(buf, size, &n, "%sfault:%lld", (long long)d->restart.fault_ms[i], 0);
 	for (struct buffer *b = d->buffers.head; b; b = b->next)
 		if (b->slab_fd >= 0 && b->state == BUFFER_READY)
 			restart_keep(b->slab_fd);
@@ -267,6 +271,42 @@ void restart_step(struct daemon *d)
 	}
 	uv_timer_stop(&r->timer);
 	restart_flush(&r->timer);
+}
+
+/* Fault restarts asked within the last window_s seconds. */
+static unsigned restart_faults_within(const struct restart *r, uint64_t now_ms, unsigned window_s)
+{
+	unsigned n = 0;
+	for (unsigned i = 0; i < r->nfault; i++)
+		n += now_ms - r->fault_ms[i] < (uint64_t)window_s * 1000;
+	return n;
+}
+
+void restart_after_fault(struct daemon *d, int index)
+{
+	struct restart *r = &d->restart;
+	struct gpuq_error err;
+	char reason[96];
+	uint64_t now_ms = (uint64_t)(monotonic_seconds() * 1e3);
+	unsigned limit = d->opt.device.reset_limit, window = d->opt.device.reset_window_s;
+	unsigned recent = restart_faults_within(r, now_ms, window);
+	if (r->active)
+		return; /* one under way brings this device back too */
+	if (recent >= limit) {
+		log_error("gpu %d needs a new gpuqd process after a fault, but %u restarts after faults "
+			  "within %u s is the limit (--reset-limit, --reset-window): it stays unhealthy "
+			  "for an operator (gpuq admin restart)", index, recent, window);
+		return;
+	}
+	snprintf(reason, sizeof reason, "gpu %d needs a new process after a fault", index);
+	if (restart_request(d, NULL, reason, &err) != 0) {
+		log_error("gpu %d needs a new process after a fault, and the restart failed: %s", index,
+			  err.message);
+		return;
+	}
+	if (r->nfault == sizeof r->fault_ms / sizeof r->fault_ms[0]) /* the oldest goes */
+		memmove(r->fault_ms, r->fault_ms + 1, --r->nfault * sizeof r->fault_ms[0]);
+	r->fault_ms[r->nfault++] = now_ms;
 }
 
 void restart_close(struct daemon *d)

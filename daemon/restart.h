@@ -19,6 +19,7 @@
 
 #include <limits.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include <uv.h>
 
@@ -38,6 +39,9 @@ struct restart {
 	uv_timer_t timer;
 	char **argv;      /* main's, handed to the new image as they were */
 	unsigned count;   /* re-execs since gpuqd first started (carried across them) */
+	/* When the latest restarts after a fault were asked (CLOCK_MONOTONIC ms: the same clock across an execve). */
+	uint64_t fault_ms[8];
+	unsigned nfault;
 };
 
 /* Takes SIGUSR2 (a restart of the binary itself) and keeps argv for the execve. 0, or -1 logged. */
@@ -50,6 +54,13 @@ int restart_init(struct daemon *d, char **argv);
  */
 int restart_request(struct daemon *d, const char *binary, const char *reason,
 		    struct gpuq_error *err);
+/*
+ * Device index faulted and only a new process gets a context on it: a
+ * restart of gpuqd's own binary, unless --reset-limit such restarts
+ * happened within --reset-window (counted across re-execs): then the
+ * device stays unhealthy for an operator (logged).
+ */
+void restart_after_fault(struct daemon *d, int index);
 /* A job ended during a restart's drain: the execve follows the last one. */
 void restart_step(struct daemon *d);
 /* Shutdown: closes the handles. */

@@ -460,6 +460,7 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
 	out->resets = w->resets;
 	snprintf(out->last_reset, sizeof out->last_reset, "%s", w->last_reset);
 	out->last_reset_s = w->last_reset_s;
+	out->needs_restart = w->needs_restart;
 	pthread_mutex_unlock(&w->lock);
 }
 

@@ -280,3 +280,60 @@ TEST(restart_into_another_binary_that_reads_the_record)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/* Whether the daemon's log holds text. */
+static bool log_has(const struct daemon_proc *d, const char *text)
+{
+	FILE *f = fopen(d->log, "r");
+	char line[2048];
+	bool found = false;
+	while (f && !found && fgets(line, sizeof line, f))
+		found = strstr(line, text) != NULL;
+	if (f)
+		fclose(f);
+	return found;
+}
+
+static void fault_device_1(struct gpuq_client *c, const char *name)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "checksum");
+	mp_put_str(&req, "buffer", name);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_DEVICE_ERROR, "simulated");
+	gpuq_reply_free(r);
+}
+
+/*
+ * A device whose driver gives the process no new context after a fault
+ * (simulated on the host backend) has gpuqd re-execute itself, keeping the
+ * other devices' buffers; past --reset-limit such restarts within the
+ * window it stays unhealthy for an operator.
+ */
+TEST(restart_after_a_fault_that_needs_a_new_process_up_to_the_limit)
+{
+	struct daemon_proc d;
+	setenv("GPUQ_HOST_FAULT_DEVICE", "1", 1);
+	setenv("GPUQ_HOST_FAULT_NEEDS_RESTART", "1", 1);
+	daemon_start(&d, "--host-devices", "2", "--reset-limit", "1", NULL);
+	unsetenv("GPUQ_HOST_FAULT_DEVICE");
+	unsetenv("GPUQ_HOST_FAULT_NEEDS_RESTART");
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "kept", 0, 2 * MIB);
+	do_fill_random(c, "kept", 11);
+	uint64_t sum = do_checksum(c, "kept");
+	do_alloc(c, "f", 1, 1 * MIB);
+	fault_device_1(c, "f@1");
+	await_restarts(c, 1);
+	CHECK_EQ(do_checksum(c, "kept"), sum);
+	do_alloc(c, "g", 1, 1 * MIB); /* gpu 1 serves again, in the new image */
+	fault_device_1(c, "g@1"); /* the new image's first checksum there faults again */
+	for (int i = 0; i < 10000 && !log_has(&d, "stays unhealthy for an operator"); i++)
+		usleep(1000);
+	CHECK(log_has(&d, "stays unhealthy for an operator"));
+	CHECK_EQ(ping_restarts(c, NULL), 1);
+	CHECK_EQ(do_checksum(c, "kept"), sum);
+	gpuq_close(c);
+	daemon_stop(&d);
+}

@@ -275,6 +275,8 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 static void host_close(struct device *dev)
 {
 	struct host_device *h = dev->impl;
+	if (!h)
+		return; /* closed already: a reset that could not open the device again */
 	chain_host_close(dev); /* its cached plans */
 	collective_device_close(dev); /* its communicators */
 	host_engines_stop(h->engines); /* drains every stream first */
@@ -740,11 +742,20 @@ static int host_event_elapsed(struct device *dev, void *start, void *end, double
 }
 
 /* Between close and open: the arena's blocks went with close, as a GPU's memory goes with its context. */
+/*
+ * Tests only: with GPUQ_HOST_FAULT_NEEDS_RESTART set, a device that
+ * GPUQ_HOST_FAULT_DEVICE faulted cannot be reset, as a CUDA driver that
+ * gives the process no new context (needs_restart): gpuqd re-executes
+ * itself for it (daemon/restart.c).
+ */
 static int host_reset(struct device *dev, struct gpuq_error *err)
 {
-	(void)dev;
-	(void)err;
-	return 0;
+	if (!getenv("GPUQ_HOST_FAULT_NEEDS_RESTART") || !strstr(dev->fault_reason, "simulated"))
+		return 0;
+	dev->needs_restart = true;
+	return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+			 "host device %d: the driver gives this process no new context "
+			 "(simulated: GPUQ_HOST_FAULT_NEEDS_RESTART); restart gpuqd", dev->index);
 }
 
 static int host_lane_create(struct device *dev, int priority, void **lane, struct gpuq_error *err)
