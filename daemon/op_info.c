@@ -121,6 +121,8 @@ void op_devices(struct request *req, void *args)
 		render_device(d, i, &devices);
 	mp_put_str(&body, "backend", d->ops->name);
 	mp_put_array(&body, "devices", &devices);
+	if (d->restart.count) /* only once it has re-executed: the reply is otherwise as before */
+		mp_put_u64(&body, "restarts", d->restart.count);
 	reply_ok(req, &body);
 }
 
