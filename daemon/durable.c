@@ -70,7 +70,7 @@ static unsigned durable_writers_of(const struct buffer *b, const struct written 
 {
 	struct written key = { b->device, b->dptr };
 	unsigned count = 0;
-	if (!b->dptr)
+	if (!b->dptr || n == 0) /* bsearch is not given the NULL of no writes */
 		return 0;
 	const struct written *hit = bsearch(&key, w, n, sizeof *w, written_cmp);
 	if (!hit)
