@@ -319,6 +319,9 @@ check admin_restart_refuses_false_is_1 1 gpuq admin restart --binary /bin/false
 expect admin_restart_refusal_says_why "cannot take over this gpuqd's state record" err
 check admin_restart_missing_is_1 1 gpuq admin restart --binary "$dir/no-such-gpuqd"
 check admin_unknown_action_is_2 2 gpuq admin frobnicate
+check bench_restart 0 gpuq bench restart --bytes 8M --requests 8
+expect bench_restart_serves "to the first job served" out
+expect bench_restart_verifies "(0 of 8 differ)" out
 
 kill -TERM "$daemon"
 wait "$daemon"

@@ -293,6 +293,8 @@ int cmd_quota(struct cli *cli);
 int cmd_lease(struct cli *cli);
 /* bench_attach.c: a new process attaching a resident buffer, beside get and cudaMemcpy */
 int bench_attach(struct cli *cli);
+/* bench_restart.c: gpuqd re-executing itself with many buffers resident */
+int bench_restart(struct cli *cli);
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);
 int cmd_admin(struct cli *cli);
