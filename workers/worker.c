@@ -180,6 +180,8 @@ static void worker_adopt(struct worker *w)
 			snprintf(a->why, sizeof a->why, "%s", err.message);
 		}
 	}
+	if (w->dev.ops->device.refresh_info(&w->dev, &err) != 0) /* the free memory the adopted slabs took */
+		fprintf(stderr, "gpuqd: [gpu %d] %s (after adopting its slabs)\n", w->dev.index, err.message);
 }
 
 static void *worker_main(void *arg)
