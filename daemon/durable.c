@@ -82,6 +82,16 @@ static unsigned durable_writers_of(const struct buffer *b, const struct written 
 	return count;
 }
 
+/* A buffer's shape as "2,3,4" (empty when none was given). */
+static void durable_copy_shape(const struct buffer_shape *s, char *out, size_t n)
+{
+	size_t used = 0;
+	out[0] = '\0';
+	for (unsigned i = 0; s->given && i < s->ndim && used < n; i++)
+		used += (size_t)snprintf(out + used, n - used, "%s%llu", i ? "," : "",
+					 (unsigned long long)s->dim[i]);
+}
+
 static void durable_copy_buffer(const struct buffer *b, const struct written *w, size_t n,
 				struct state_buffer *out)
 {
@@ -102,6 +112,7 @@ static void durable_copy_buffer(const struct buffer *b, const struct written *w,
 	out->conn_serial = b->conn_serial;
 	if (b->suspect)
 		snprintf(out->suspect, sizeof out->suspect, "%s", b->suspect);
+	durable_copy_shape(&b->shape, out->shape, sizeof out->shape);
 	out->writers = durable_writers_of(b, w, n);
 }
 

@@ -221,6 +221,19 @@ static void recover_place(struct recover *r, struct buffer *b, const struct stat
 		b->suspect = strdup(suspect);
 }
 
+/* The shape the record spells "2,3,4"; none when empty or malformed. */
+static void recover_shape(struct buffer_shape *s, const char *text)
+{
+	char *end;
+	memset(s, 0, sizeof *s);
+	for (const char *p = text; *p && s->ndim < BUFFER_SHAPE_MAX; p = *end ? end + 1 : end) {
+		s->dim[s->ndim++] = strtoull(p, &end, 10);
+		if (end == p || (*end && *end != ','))
+			return (void)memset(s, 0, sizeof *s);
+	}
+	s->given = s->ndim > 0;
+}
+
 static void recover_buffer(struct daemon *d, const struct state_buffer *rb)
 {
 	struct buffer *b = buffer_add(&d->buffers, rb->name, rb->device, (uid_t)rb->owner,
@@ -231,6 +244,7 @@ static void recover_buffer(struct daemon *d, const struct state_buffer *rb)
 		return;
 	}
 	b->shareable = rb->shareable;
+	recover_shape(&b->shape, rb->shape);
 	recover_place(&d->recover, b, rb);
 	if (rb->ephemeral) {
 		b->conn_serial = rb->conn_serial ? rb->conn_serial : UINT64_MAX;

@@ -337,3 +337,40 @@ TEST(restart_after_a_fault_that_needs_a_new_process_up_to_the_limit)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/* What a buffer is survives too: its dtype, count and shape. */
+TEST(restart_keeps_dtype_count_and_shape)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	struct mp_map req;
+	struct mp_array shape;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "t");
+	mp_put_u64(&req, "count", 24);
+	mp_put_str(&req, "dtype", "f32");
+	mp_array_init(&shape);
+	mp_array_u64(&shape, 2);
+	mp_array_u64(&shape, 3);
+	mp_array_u64(&shape, 4);
+	mp_put_array(&req, "shape", &shape);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "alloc with a shape");
+	gpuq_reply_free(r);
+	CHECK(kill(d.pid, SIGUSR2) == 0);
+	await_restarts(c, 1);
+	gpuq_request_begin(c, &req, "buffers");
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "buffers");
+	char dtype[16];
+	reply_str(r, "buffers.0.dtype", dtype, sizeof dtype);
+	CHECK_STR(dtype, "f32");
+	CHECK_EQ(reply_u64(r, "buffers.0.count"), 24);
+	CHECK_EQ(reply_path(r, "buffers.0.shape")->via.array.size, 3);
+	CHECK_EQ(reply_u64(r, "buffers.0.shape.2"), 4);
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
