@@ -233,6 +233,10 @@ static void restart_flush(uv_timer_t *t)
 {
 	struct daemon *d = t->data;
 	struct restart *r = &d->restart;
+	if (d->stopping) { /* a shutdown came during the drain: it wins */
+		r->active = false;
+		return;
+	}
 	if (r->flush_since == 0)
 		r->flush_since = monotonic_seconds();
 	if (!restart_flushed(d) && (monotonic_seconds() - r->flush_since) * 1e3 < RESTART_FLUSH_MS) {
