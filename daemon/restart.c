@@ -28,6 +28,8 @@ extern char **environ;
 #define RESTART_POLL_MS 10
 /* Cancelled jobs that do not stop within this are left to the execve. */
 #define RESTART_CANCEL_GRACE_MS 2000
+/* A binary asked to read the record that has not answered in this long is not a gpuqd that can. */
+#define RESTART_CHECK_S 10
 
 static void restart_on_signal(uv_signal_t *h, int signum)
 {
@@ -82,10 +84,26 @@ static int restart_binary(const char *binary, char *out, size_t size, struct gpu
 	return 0;
 }
 
+/* Waits for pid up to RESTART_CHECK_S, polling; kills it past that. 0 with *status, or -1. */
+static int restart_reap(pid_t pid, int *status)
+{
+	for (int waited_ms = 0; waited_ms < RESTART_CHECK_S * 1000; waited_ms++) {
+		pid_t got = waitpid(pid, status, WNOHANG);
+		if (got == pid || (got < 0 && errno != EINTR))
+			return got == pid ? 0 : -1;
+		usleep(1000);
+	}
+	kill(pid, SIGKILL);
+	while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+		;
+	return -1;
+}
+
 /*
  * Runs `binary --check-record 3` on the record as it stands now: 0 when
  * the binary says it can take it over, else -1 with err. Waits for it
- * (a binary reading a record exits at once; the loop pauses meanwhile).
+ * (a binary reading a record exits at once; the loop pauses meanwhile),
+ * up to RESTART_CHECK_S.
  */
 static int restart_check(struct daemon *d, const char *binary, struct gpuq_error *err)
 {
@@ -103,8 +121,10 @@ static int restart_check(struct daemon *d, const char *binary, struct gpuq_error
 	if (rc != 0)
 		return gpuq_fail(err, GPUQ_E_IO, "cannot run '%s': %s", binary, strerror(rc));
 	int status = 0;
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
+	if (restart_reap(pid, &status) != 0)
+		return gpuq_fail(err, GPUQ_E_TIMEOUT,
+				 "'%s --check-record' did not answer within %d s (killed); is it gpuqd? "
+				 "gpuqd keeps serving", binary, RESTART_CHECK_S);
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
 		return 0;
 	return gpuq_fail(err, GPUQ_E_BAD_REQUEST,

@@ -377,3 +377,19 @@ TEST(restart_keeps_dtype_count_and_shape)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/* A binary that never answers --check-record is given up on; gpuqd serves on. */
+TEST(restart_gives_up_on_a_binary_that_does_not_answer)
+{
+	struct daemon_proc d;
+	char stuck[256];
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	script(&d, "gpuqd-stuck", "exec sleep 3600", stuck, sizeof stuck);
+	struct gpuq_reply *r = restart_call(c, stuck);
+	expect_error(r, GPUQ_E_TIMEOUT, "did not answer");
+	gpuq_reply_free(r);
+	CHECK_EQ(ping_restarts(c, NULL), 0);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
