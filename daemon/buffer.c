@@ -230,6 +230,27 @@ struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *n
 	return b;
 }
 
+void buffer_mark_suspect(struct buffer *b, const char *why)
+{
+	char *copy = strdup(why);
+	if (!copy)
+		return; /* no memory for the reason: the state stays as it was, logged by the caller's job */
+	free(b->suspect);
+	b->suspect = copy;
+}
+
+void buffer_clear_suspect(struct buffer *b)
+{
+	free(b->suspect);
+	b->suspect = NULL;
+}
+
+static void buffer_destroy(struct buffer *b)
+{
+	free(b->suspect);
+	free(b);
+}
+
 struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, uid_t owner,
 			  enum gpuq_dtype dtype, uint64_t count, uint64_t bytes)
 {
@@ -244,6 +265,7 @@ struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, 
 	b->bytes = bytes;
 	b->state = BUFFER_ALLOCATING;
 	b->share_fd = -1;
+	b->slab_fd = -1;
 	b->created = monotonic_seconds();
 	b->next = t->head;
 	t->head = b;
@@ -262,7 +284,7 @@ void buffer_remove(struct buffer_table *t, struct buffer *b)
 				close(b->share_fd); /* clients that attached keep their own handles */
 			b->share_fd = -1;
 			if (b->users == 0)
-				free(b);
+				buffer_destroy(b);
 			return;
 		}
 	}
@@ -273,7 +295,7 @@ void buffer_unhold(struct buffer *b)
 	if (b->users > 0)
 		b->users--;
 	if (b->removed && b->users == 0)
-		free(b);
+		buffer_destroy(b);
 }
 
 unsigned buffer_mark_lost(struct buffer_table *t, int device)

@@ -40,6 +40,14 @@ struct buffer {
 	/* Where it lives once READY: its slab (workers/buffer/slab.h; 0: the pool) and offset there. */
 	uint32_t slab;
 	uint64_t slab_offset;
+	/*
+	 * The slab's size and descriptor (the backend's: never closed here),
+	 * which a re-exec keeps open for the next image; -1 for the pool.
+	 */
+	uint64_t slab_bytes;
+	int slab_fd;
+	/* Set when it was read back from the record suspect: why (state `suspect`); a fill or a whole put clears it. */
+	char *suspect;
 	enum buffer_state state;
 	double created; /* CLOCK_MONOTONIC seconds */
 	unsigned users; /* jobs queued or running on it */
@@ -141,6 +149,10 @@ struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, 
  * the device before the free but not yet on the host, such as a get still
  * writing out): the struct is then freed by the last buffer_unhold.
  */
+/* b may hold a half-written job's bytes: listed `suspect`, with why, until written whole. */
+void buffer_mark_suspect(struct buffer *b, const char *why);
+/* b was written whole (a fill, a put of every byte): no longer suspect. */
+void buffer_clear_suspect(struct buffer *b);
 void buffer_remove(struct buffer_table *t, struct buffer *b);
 /* A job lets go of b (users--), freeing a removed buffer's struct with its last user. */
 void buffer_unhold(struct buffer *b);

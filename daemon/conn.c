@@ -528,18 +528,19 @@ static int conn_init(struct conn *c, struct server *s, int fd)
 	return 0;
 }
 
-void conn_open(struct server *s, int fd)
+/* A connection on fd, listed and polled: NULL (fd closed) having logged why not. */
+static struct conn *conn_start(struct server *s, int fd)
 {
 	struct conn *c = calloc(1, sizeof *c);
 	if (!c) {
 		log_error("cannot take a new connection: out of memory");
 		close(fd);
-		return;
+		return NULL;
 	}
 	if (conn_init(c, s, fd) < 0) {
 		close(fd);
 		free(c);
-		return;
+		return NULL;
 	}
 	c->next = s->conns;
 	if (s->conns)
@@ -548,5 +549,26 @@ void conn_open(struct server *s, int fd)
 	log_debug("connection %llu from pid %d (uid %d)", (unsigned long long)c->serial,
 		  (int)c->pid, (int)c->uid);
 	conn_update_poll(c);
-	conn_account(c); /* over the uid's connections limit: refused with a reply */
+	return c;
+}
+
+void conn_open(struct server *s, int fd)
+{
+	struct conn *c = conn_start(s, fd);
+	if (c)
+		conn_account(c); /* over the uid's connections limit: refused with a reply */
+}
+
+void conn_adopt(struct server *s, int fd, uint64_t serial)
+{
+	int flags = fcntl(fd, F_GETFD);
+	if (flags >= 0)
+		fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+	struct conn *c = conn_start(s, fd);
+	if (!c)
+		return;
+	c->serial = serial; /* its ephemeral buffers name it so in the record */
+	if (s->next_serial < serial)
+		s->next_serial = serial;
+	conn_account(c);
 }

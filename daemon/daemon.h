@@ -23,6 +23,8 @@
 #include "daemon/region.h"
 #include "daemon/options.h"
 #include "daemon/progress.h"
+#include "daemon/recover.h"
+#include "daemon/restart.h"
 #include "daemon/reply.h"
 #include "daemon/server.h"
 #include "daemon/service.h"
@@ -49,6 +51,8 @@ struct daemon {
 	bool shutdown_cancel_sent;
 	struct service svc; /* configuration, systemd, quotas, metrics */
 	struct durable durable; /* the durable state record (daemon/durable.h) */
+	struct recover recover; /* what a re-exec handed this image (daemon/recover.h) */
+	struct restart restart; /* a re-exec under way (daemon/restart.h) */
 };
 
 /* One request being handled: what handlers need to read it and answer. */
@@ -193,6 +197,9 @@ void op_metrics(struct request *req, void *args);
 void op_reset_device(struct request *req, void *args);
 void reset_device_denied(struct request *req, struct gpuq_error *err);
 void op_shutdown(struct request *req, void *args);
+extern const struct args_spec op_restart_args;
+void op_restart(struct request *req, void *args);
+void restart_denied(struct request *req, struct gpuq_error *err);
 void shutdown_denied(struct request *req, struct gpuq_error *err);
 void device_on_reset(int index, void *arg);
 /* daemon/faults/op_fault.c: tests/gpuqd-faults only */

@@ -70,7 +70,7 @@ static unsigned durable_writers_of(const struct buffer *b, const struct written 
 {
 	struct written key = { b->device, b->dptr };
 	unsigned count = 0;
-	if (!b->dptr)
+	if (!b->dptr || n == 0) /* bsearch is not given the NULL of no writes */
 		return 0;
 	const struct written *hit = bsearch(&key, w, n, sizeof *w, written_cmp);
 	if (!hit)
@@ -82,12 +82,22 @@ static unsigned durable_writers_of(const struct buffer *b, const struct written 
 	return count;
 }
 
+/* A buffer's shape as "2,3,4" (empty when none was given). */
+static void durable_copy_shape(const struct buffer_shape *s, char *out, size_t n)
+{
+	size_t used = 0;
+	out[0] = '\0';
+	for (unsigned i = 0; s->given && i < s->ndim && used < n; i++)
+		used += (size_t)snprintf(out + used, n - used, "%s%llu", i ? "," : "",
+					 (unsigned long long)s->dim[i]);
+}
+
 static void durable_copy_buffer(const struct buffer *b, const struct written *w, size_t n,
 				struct state_buffer *out)
 {
 	memset(out, 0, sizeof *out);
 	snprintf(out->name, sizeof out->name, "%s", b->name);
-	snprintf(out->state, sizeof out->state, "%s", buffer_state_name(b->state));
+	snprintf(out->state, sizeof out->state, "%s", b->suspect ? "suspect" : buffer_state_name(b->state));
 	out->owner = (uint32_t)b->owner;
 	out->device = b->device;
 	out->dtype = b->dtype;
@@ -95,8 +105,14 @@ static void durable_copy_buffer(const struct buffer *b, const struct written *w,
 	out->bytes = b->bytes;
 	out->slab = b->slab;
 	out->slab_offset = b->slab_offset;
+	out->slab_bytes = b->slab_bytes;
+	out->slab_fd = b->slab ? b->slab_fd : -1;
 	out->shareable = b->shareable;
 	out->ephemeral = b->conn_serial != 0;
+	out->conn_serial = b->conn_serial;
+	if (b->suspect)
+		snprintf(out->suspect, sizeof out->suspect, "%s", b->suspect);
+	durable_copy_shape(&b->shape, out->shape, sizeof out->shape);
 	out->writers = durable_writers_of(b, w, n);
 }
 
@@ -199,7 +215,7 @@ int durable_snapshot(struct daemon *d, struct state_snapshot *s)
 }
 
 /* Writes the tables as the next generation; a failure is logged and retried at the next change. */
-static void durable_write(struct daemon *d)
+static int durable_write(struct daemon *d)
 {
 	static struct log_every every;
 	struct durable *du = &d->durable;
@@ -217,13 +233,14 @@ static void durable_write(struct daemon *d)
 		int rc = state_record_write(du->record, sb.data, sb.size, &err);
 		msgpack_sbuffer_destroy(&sb);
 		if (rc == 0)
-			return;
+			return 0;
 	}
 	du->failures++;
 	du->dirty = true;
 	if (log_every_pass(&every, 10, &held))
 		log_error("the durable state record was not updated: %s (%u more such failures)",
 			  err.message, held);
+	return -1;
 }
 
 /* Whether a work of job writes a buffer range. */
@@ -285,6 +302,18 @@ void durable_start(struct daemon *d)
 	uv_prepare_start(&du->flush, durable_on_prepare);
 	du->started = true;
 	durable_write(d); /* generation 1: the state at start (no buffers yet) */
+}
+
+int durable_flush(struct daemon *d)
+{
+	if (!d->durable.record)
+		return -1;
+	return durable_write(d);
+}
+
+int durable_record_fd(const struct daemon *d)
+{
+	return d->durable.record ? state_record_fd(d->durable.record) : -1;
 }
 
 void durable_touch(struct daemon *d)

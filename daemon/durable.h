@@ -46,6 +46,10 @@ void durable_touch(struct daemon *d);
 void durable_job_submitting(struct daemon *d, struct job *job);
 /* job ended, or never reached a worker (call before its buffers are let go). */
 void durable_job_ended(struct daemon *d, struct job *job);
+/* Writes the tables now (a re-exec's last generation): 0, or -1 (logged; no record). */
+int durable_flush(struct daemon *d);
+/* The record's memfd, which a re-exec hands the next image; -1 when there is none. */
+int durable_record_fd(const struct daemon *d);
 /* Writes what is pending and stops the loop's handle (shutdown); the record stays open. */
 void durable_close(struct daemon *d);
 /* Closes the record (after the loop has ended). */

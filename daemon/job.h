@@ -130,6 +130,7 @@ struct job_hooks {
 	void (*started)(struct daemon *d, const struct job *job);
 	void (*finished)(struct daemon *d, const struct job *job);
 	void (*shutdown_step)(struct daemon *d);
+	void (*restart_step)(struct daemon *d); /* a job ended during a restart's drain (restart.h) */
 };
 
 #define JOB_BUCKETS 4096

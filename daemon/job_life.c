@@ -202,6 +202,10 @@ void job_submit(struct request *req, struct job *job)
 		job_render(job, false, &record);
 	if (rc == 0 && d->stopping)
 		rc = gpuq_fail(&err, GPUQ_E_SHUTTING_DOWN, "gpuqd is shutting down; no new jobs");
+	if (rc == 0 && d->restart.active)
+		rc = gpuq_fail(&err, GPUQ_E_RESTARTED,
+			       "gpuqd is restarting (%s); submit the job again in a moment: the "
+			       "connection stays open", d->restart.reason);
 	if (rc == 0)
 		rc = quota_check_job(d, req->conn, job, &err);
 	if (rc == 0)
@@ -303,39 +307,89 @@ void job_finish_now(struct request *req, struct job *job)
 	job_evict_history(&d->jobs);
 }
 
+/* Whether a work of job writes b. */
+static bool job_writes_buffer(struct job *job, const struct buffer *b)
+{
+	for (int i = 0; b && b->dptr && i < job_nworks(job); i++) {
+		const struct work *w = job_work(job, i);
+		for (unsigned k = 0; k < w->naccess; k++)
+			if (w->access[k].write && w->access[k].base == b->dptr)
+				return true;
+	}
+	return false;
+}
+
+/*
+ * A job the restart's drain cancelled ends `restarted`, not `cancelled`:
+ * it may be submitted again. The buffers it was writing may hold part of
+ * its bytes: they are suspect from now on, in this image and the next.
+ */
+static void job_mark_restarted(struct job *job)
+{
+	bool cut = false;
+	for (int i = 0; i < job_nworks(job); i++) {
+		struct work *w = job_work(job, i);
+		if (w->error.code != GPUQ_E_CANCELLED)
+			continue;
+		gpuq_fail(&w->error, GPUQ_E_RESTARTED,
+			  "gpuqd restarted while the job ran (--restart-drain ran out); submit it again");
+		cut = true;
+	}
+	struct buffer *written[2] = { job->buffer, job->buffer2 };
+	for (int i = 0; cut && i < 2; i++)
+		if (job_writes_buffer(job, written[i]))
+			buffer_mark_suspect(written[i], "a job writing it was cut short by a restart "
+							"(--restart-drain); its bytes may be partly written");
+}
+
 void job_on_done(struct work *work, void *arg)
 {
 	struct daemon *d = arg;
 	struct job *job = work->owner;
 	if (!job_work_returned(job))
 		return; /* other parts of its gang are still out */
+	if (d->restart.active)
+		job_mark_restarted(job);
 	job_complete(d, job);
 	job_evict_history(&d->jobs);
 	if (d->stopping)
 		d->jobs.hooks.shutdown_step(d); /* finishes once the last job is in */
+	else if (d->restart.active)
+		d->jobs.hooks.restart_step(d); /* execs once the last job is in */
 }
 
-void cancel_unqueued(struct daemon *d, struct job *job, const char *why)
+/* Ends a job none of whose works has started with code. */
+static void fail_unqueued(struct daemon *d, struct job *job, enum gpuq_errc code, const char *why)
 {
 	for (int i = 0; i < job_nworks(job); i++) {
 		struct work *w = job_work(job, i);
-		gpuq_fail(&w->error, GPUQ_E_CANCELLED, "%s", why);
+		gpuq_fail(&w->error, code, "%s", why);
 		w->result.seconds = 0;
 		job_work_returned(job);
 	}
 	job_complete(d, job);
 }
 
-void jobs_cancel_queued(struct daemon *d)
+void cancel_unqueued(struct daemon *d, struct job *job, const char *why)
+{
+	fail_unqueued(d, job, GPUQ_E_CANCELLED, why);
+}
+
+void jobs_fail_queued(struct daemon *d, enum gpuq_errc code, const char *why)
 {
 	struct work *list = worker_pool_unqueue_all(&d->pool);
 	while (list) {
 		struct work *next = list->next;
 		list->next = NULL;
-		cancel_unqueued(d, list->owner, "cancelled while queued: gpuqd is shutting down");
+		fail_unqueued(d, list->owner, code, why);
 		list = next;
 	}
 	job_evict_history(&d->jobs);
+}
+
+void jobs_cancel_queued(struct daemon *d)
+{
+	jobs_fail_queued(d, GPUQ_E_CANCELLED, "cancelled while queued: gpuqd is shutting down");
 }
 
 void job_cancel_running(struct daemon *d, struct job *job)

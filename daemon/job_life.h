@@ -58,6 +58,8 @@ bool job_unqueue(struct daemon *d, struct job *job);
 void cancel_unqueued(struct daemon *d, struct job *job, const char *why);
 /* Cancels every queued job (shutdown), answering their waiters. */
 void jobs_cancel_queued(struct daemon *d);
+/* Ends every queued job with code and why (a restart: `restarted`), answering their waiters. */
+void jobs_fail_queued(struct daemon *d, enum gpuq_errc code, const char *why);
 /* Asks every running job to stop at its next chunk. */
 void jobs_cancel_running(struct daemon *d);
 /* Asks one running job to stop at its next chunk, and wakes its workers to see it. */

@@ -215,7 +215,8 @@ static void register_hooks(struct daemon *d)
 	d->regions.free_orphan = op_region_free_own;
 	d->jobs.hooks = (struct job_hooks){ .started = service_job_started,
 					    .finished = service_job_finished,
-					    .shutdown_step = daemon_shutdown };
+					    .shutdown_step = daemon_shutdown,
+					    .restart_step = restart_step };
 }
 
 static void daemon_free(struct daemon *d)
@@ -242,6 +243,8 @@ int main(int argc, char **argv)
 	int rc = options_parse(&d->opt, argc, argv);
 	if (rc != 0)
 		return rc > 0 ? 0 : 2;
+	if (d->opt.check_record_fd >= 0) /* a restart asks first whether this binary can take over */
+		return recover_check_record(d->opt.check_record_fd);
 	rc = service_configure(d, argc, argv); /* the file, then the command line again */
 	if (rc != 0)
 		return rc > 0 ? 0 : d->opt.check_config ? 1 : EXIT_CONFIG;
@@ -251,10 +254,12 @@ int main(int argc, char **argv)
 	d->ops = backend_by_name(d->opt.backend);
 	d->started = monotonic_seconds();
 	job_table_init(&d->jobs, d->opt.job_history);
+	recover_begin(d); /* a re-exec: the workers adopt the slabs as they open */
 
 	int healthy = start_workers(d);
 	if (healthy < 0)
 		return EXIT_NO_DEVICE;
+	recover_buffers(d);
 	if (d->opt.probe)
 		return run_probe(d, healthy);
 	if (healthy == 0)
@@ -267,6 +272,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	register_hooks(d);
+	restart_init(d, argv);
 	durable_start(d);
 	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
 		 d->server.path, d->pool.count, d->ops->name, (int)getpid());
@@ -275,6 +281,7 @@ int main(int argc, char **argv)
 		uv_run(d->loop, UV_RUN_DEFAULT);
 		return 1;
 	}
+	recover_conns(d); /* the previous image's clients, answered again on their connections */
 	run_loop(d);
 	daemon_free(d);
 	log_info("stopped");

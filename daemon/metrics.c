@@ -227,6 +227,9 @@ static void render_queues(struct daemon *d, struct metrics_text *t, const unsign
 static void render_engines(struct daemon *d, struct metrics_text *t,
 			   const struct worker_snapshot *snap)
 {
+	header(t, "gpuq_restarts_total", "counter",
+	       "Times gpuqd re-executed itself in place (restart, SIGUSR2), its buffers kept.");
+	emit(t, "gpuq_restarts_total %u\n", d->restart.count);
 	header(t, "gpuq_device_resets_total", "counter",
 	       "Times each device was reset (after a fault, or asked) and opened again.");
 	for (int i = 0; i < d->pool.count; i++)

@@ -1,7 +1,8 @@
 /*
- * Requests about the service itself: metrics (anyone who may connect) and
- * shutdown (root and the admin group). Main thread only.
+ * Requests about the service itself: metrics (anyone who may connect),
+ * shutdown and restart (root and the admin group). Main thread only.
  */
+#include <limits.h>
 #include <unistd.h>
 
 #include "daemon/daemon.h"
@@ -46,6 +47,8 @@ void device_on_reset(int index, void *arg)
 			 index, s.last_reset, s.last_reset_s, s.resets, lost);
 	else
 		log_error("gpu %d is unhealthy: %s; %u buffers there are lost", index, s.health, lost);
+	if (!s.healthy && s.needs_restart)
+		restart_after_fault(d, index);
 }
 
 /*
@@ -124,4 +127,49 @@ void op_shutdown(struct request *req, void *args)
 	mp_put_u64(&body, "shutdown_timeout_ms", d->opt.shutdown_timeout_ms);
 	reply_ok(req, &body);
 	service_request_shutdown(d);
+}
+
+/* restart: re-executes gpuqd (daemon/restart.h), its own binary or `binary`. */
+struct restart_args {
+	char binary[PATH_MAX];
+};
+
+static const struct args_field restart_fields[] = {
+	{ "binary", ARGS_STR, 0, ARGS_AT(struct restart_args, binary) },
+};
+const struct args_spec op_restart_args = ARGS_SPEC(struct restart_args, restart_fields, NULL);
+
+void restart_denied(struct request *req, struct gpuq_error *err)
+{
+	struct daemon *d = req->d;
+	if (d->svc.quotas.has_admin)
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  "rule admin-group: only root and members of group '%s' may restart gpuqd; uid %d is neither",
+			  d->svc.quotas.admin_group, (int)req->conn->uid);
+	else
+		gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+			  "rule admin-group: only root may restart gpuqd (no admin-group is configured); you are uid %d",
+			  (int)req->conn->uid);
+}
+
+/* Only root and the admin group get here (request.c's op table). The reply goes out before the execve. */
+void op_restart(struct request *req, void *args)
+{
+	struct daemon *d = req->d;
+	const struct restart_args *a = args;
+	struct gpuq_error err;
+	char reason[64];
+	snprintf(reason, sizeof reason, "asked by uid %d", (int)req->conn->uid);
+	if (restart_request(d, a->binary[0] ? a->binary : NULL, reason, &err) != 0) {
+		reply_error(req, &err);
+		return;
+	}
+	struct mp_map body;
+	mp_map_init(&body);
+	mp_put_bool(&body, "restarting", true);
+	mp_put_str(&body, "binary", d->restart.binary);
+	mp_put_u64(&body, "jobs_active", d->jobs.active);
+	mp_put_u64(&body, "restart_drain_ms", d->opt.restart_drain_ms);
+	mp_put_u64(&body, "restarts", d->restart.count);
+	reply_ok(req, &body);
 }

@@ -46,6 +46,8 @@ static void finish_alloc(struct daemon *d, struct job *job)
 		b->share_fd = job->work.result.share_fd;
 		b->slab = job->work.result.slab;
 		b->slab_offset = job->work.result.slab_offset;
+		b->slab_bytes = job->work.result.slab_bytes;
+		b->slab_fd = job->work.result.slab ? job->work.result.slab_fd : -1;
 		b->state = BUFFER_READY;
 		return;
 	}
@@ -65,7 +67,15 @@ static void finish_free(struct daemon *d, struct job *job)
 static const struct job_kind kind_noop = { "noop", NULL, render_noop };
 static const struct job_kind kind_alloc = { "alloc", finish_alloc, render_alloc };
 static const struct job_kind kind_free = { "free", finish_free, render_bytes };
-static const struct job_kind kind_fill = { "fill", NULL, render_bytes };
+/* A fill writes the whole buffer: a suspect one (read back after a re-exec) is sound again. */
+static void finish_fill(struct daemon *d, struct job *job)
+{
+	(void)d;
+	if (job->work.error.code == GPUQ_OK && job->buffer)
+		buffer_clear_suspect(job->buffer);
+}
+
+static const struct job_kind kind_fill = { "fill", finish_fill, render_bytes };
 static const struct job_kind kind_checksum = { "checksum", NULL, render_checksum };
 
 /* noop on `device`, or as a gang on every device in `devices` (measures gang dispatch). */

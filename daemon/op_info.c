@@ -18,6 +18,8 @@ void op_ping(struct request *req, void *args)
 	mp_put_u64(&body, "devices", (uint64_t)d->pool.count);
 	mp_put_f64(&body, "uptime_s", monotonic_seconds() - d->started);
 	mp_put_u64(&body, "pid", (uint64_t)getpid());
+	if (d->restart.count) /* only once it has re-executed: the reply is otherwise as before */
+		mp_put_u64(&body, "restarts", d->restart.count);
 	reply_ok(req, &body);
 }
 
@@ -119,6 +121,8 @@ void op_devices(struct request *req, void *args)
 		render_device(d, i, &devices);
 	mp_put_str(&body, "backend", d->ops->name);
 	mp_put_array(&body, "devices", &devices);
+	if (d->restart.count) /* only once it has re-executed: the reply is otherwise as before */
+		mp_put_u64(&body, "restarts", d->restart.count);
 	reply_ok(req, &body);
 }
 
@@ -136,7 +140,10 @@ static void render_buffer(const struct buffer *b, double now, struct mp_array *o
 	mp_put_bool(&m, "ephemeral", b->conn_serial != 0);
 	mp_put_u64(&m, "owner", (uint64_t)b->owner);
 	mp_put_f64(&m, "age_s", now - b->created);
-	mp_put_str(&m, "state", buffer_state_name(b->state));
+	mp_put_str(&m, "state", b->suspect && b->state == BUFFER_READY ? "suspect"
+								     : buffer_state_name(b->state));
+	if (b->suspect)
+		mp_put_str(&m, "suspect", b->suspect);
 	render_shape(&m, &b->shape);
 	mp_array_map(out, &m);
 }

@@ -83,7 +83,16 @@ static int check_endpoint(struct request *req, bool put, bool region, bool scrat
 	return 0;
 }
 
-static const struct job_kind kind_put = { "put", NULL, render_transfer };
+/* A put that wrote the whole buffer makes a suspect one (read back after a re-exec) sound again. */
+static void finish_put(struct daemon *d, struct job *job)
+{
+	(void)d;
+	if (job->work.error.code == GPUQ_OK && job->buffer && job->work.transfer.offset == 0 &&
+	    job->work.result.bytes == job->buffer->bytes)
+		buffer_clear_suspect(job->buffer);
+}
+
+static const struct job_kind kind_put = { "put", finish_put, render_transfer };
 static const struct job_kind kind_get = { "get", NULL, render_transfer };
 
 struct transfer_args {

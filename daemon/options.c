@@ -63,6 +63,13 @@ static const char usage_text[] =
 	"                          (microseconds; default 50; 0: never)\n"
 	"  --job-history N         finished jobs kept for status/wait (default 10000)\n"
 	"  --shutdown-timeout MS   how long running jobs may finish at SIGTERM (default 10000)\n"
+	"  --restart-drain MS      how long running jobs may finish before gpuqd re-executes\n"
+	"                          itself (`gpuq admin restart`, SIGUSR2); the rest fail\n"
+	"                          with `restarted` (default 5000)\n"
+	"  --check-record FD       read the durable state record that descriptor FD holds,\n"
+	"                          say what it holds, and exit (0: this gpuqd can take it\n"
+	"                          over, 65: it cannot); a restart runs the new binary\n"
+	"                          so before it stops serving\n"
 	"  --max-frame SIZE        largest request frame accepted (default 1M)\n"
 	"  --frame-timeout MS      a request frame must arrive whole within MS of its\n"
 	"                          first byte, or the connection is closed (default\n"
@@ -100,6 +107,7 @@ enum option_id {
 	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
 	OPT_MAX_INFLIGHT, OPT_RESET_LIMIT, OPT_RESET_WINDOW,
 	OPT_FRAME_TIMEOUT, OPT_TRANSFER_IDLE_TIMEOUT, OPT_BUFFER_MEMORY,
+	OPT_RESTART_DRAIN, OPT_CHECK_RECORD,
 };
 
 static const struct option long_options[] = {
@@ -117,6 +125,8 @@ static const struct option long_options[] = {
 	{ "job-history", required_argument, NULL, OPT_JOB_HISTORY },
 	{ "spin", required_argument, NULL, OPT_SPIN },
 	{ "shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT },
+	{ "restart-drain", required_argument, NULL, OPT_RESTART_DRAIN },
+	{ "check-record", required_argument, NULL, OPT_CHECK_RECORD },
 	{ "max-frame", required_argument, NULL, OPT_MAX_FRAME },
 	{ "log-level", required_argument, NULL, OPT_LOG_LEVEL },
 	{ "probe", no_argument, NULL, OPT_PROBE },
@@ -181,6 +191,8 @@ void options_defaults(struct options *o)
 	o->job_history = 10000;
 	o->spin_us = 50;
 	o->shutdown_timeout_ms = 10000;
+	o->restart_drain_ms = 5000;
+	o->check_record_fd = -1;
 	o->device.staging_slot_bytes = 2u << 20;
 	o->device.staging_slots = 64; /* two transfers at once each get the 32 one needs alone */
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -323,6 +335,11 @@ static int set_number(int id, const char *arg, struct options *o)
 			return usage_error("--shutdown-timeout takes milliseconds (0 to 3600000), not '%s'", arg);
 		o->shutdown_timeout_ms = (unsigned)n;
 		return 0;
+	case OPT_RESTART_DRAIN:
+		if (parse_uint(arg, 0, 3600000, &n) < 0)
+			return usage_error("--restart-drain takes milliseconds (0 to 3600000), not '%s'", arg);
+		o->restart_drain_ms = (unsigned)n;
+		return 0;
 	case OPT_COPY_THREADS:
 		if (parse_uint(arg, 0, 256, &n) < 0)
 			return usage_error("--copy-threads takes 0 to 256 (0: the workers read and write "
@@ -413,6 +430,13 @@ static int set_option(int id, const char *arg, struct options *o)
 	case OPT_CHECK_CONFIG:
 		o->check_config = true;
 		return 0;
+	case OPT_CHECK_RECORD: {
+		unsigned long fd;
+		if (parse_uint(arg, 0, 1u << 20, &fd) < 0)
+			return usage_error("--check-record takes a descriptor number, not '%s'", arg);
+		o->check_record_fd = (int)fd;
+		return 0;
+	}
 	case OPT_ADMIN_GROUP:
 		if (strlen(arg) >= sizeof o->admin_group)
 			return usage_error("--admin-group needs a group name of at most 63 bytes, not '%s'", arg);
@@ -488,7 +512,7 @@ int options_parse(struct options *o, int argc, char **argv)
 static bool command_line_only(int id)
 {
 	return id == OPT_PROBE || id == OPT_HELP || id == OPT_VERSION || id == OPT_CONFIG ||
-	       id == OPT_CHECK_CONFIG;
+	       id == OPT_CHECK_CONFIG || id == OPT_CHECK_RECORD;
 }
 
 int options_set(struct options *o, const char *name, const char *value, char *msg,

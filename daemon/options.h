@@ -25,6 +25,8 @@ struct options {
 	unsigned spin_us;      /* idle threads poll this long before sleeping */
 	unsigned job_history;         /* finished jobs kept for status/wait */
 	unsigned shutdown_timeout_ms; /* for running jobs at SIGTERM */
+	unsigned restart_drain_ms;    /* for running jobs before a re-exec (daemon/restart.h) */
+	int check_record_fd;          /* --check-record: -1, or the record to check, then exit */
 	struct device_config device;
 	bool probe; /* open the devices, print them, exit */
 	unsigned copy_threads; /* host copy threads shared by the workers (workers/transfer/copy_pool.c) */

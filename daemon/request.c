@@ -80,6 +80,7 @@ static const struct op_def op_table[] = {
 	{ "quota", &op_quota_args, op_quota, OP_ANYONE, NULL },
 	{ "metrics", &op_metrics_args, op_metrics, OP_ANYONE, NULL },
 	{ "shutdown", &op_shutdown_args, op_shutdown, OP_ADMIN, shutdown_denied },
+	{ "restart", &op_restart_args, op_restart, OP_ADMIN, restart_denied },
 	{ "bench_sched", &op_bench_sched_args, op_bench_sched, OP_BENCH, NULL },
 	{ "bench_alloc", &op_bench_alloc_args, op_bench_alloc, OP_BENCH, NULL },
 	{ "reset_device", &op_reset_device_args, op_reset_device, OP_ADMIN, reset_device_denied },

@@ -129,6 +129,11 @@ bool server_out_of_descriptors(struct server *s, const char *doing);
 /* conn.c: a new connection on fd, just accepted; refused with a reply when over its uid's limit. */
 void conn_open(struct server *s, int fd);
 /*
+ * A connection the previous gpuqd image served (a re-exec: daemon/recover.h),
+ * served again under its old serial; new connections number after it.
+ */
+void conn_adopt(struct server *s, int fd, uint64_t serial);
+/*
  * Closes c, deferred and idempotent: from here on nothing is read from or
  * sent to it (conn_send drops what it is given); its CONN_CLOSING hooks run
  * at once (its ephemeral buffers are orphaned); its CONN_CLOSED hooks (its

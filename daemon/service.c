@@ -6,6 +6,7 @@
  */
 #include "daemon/service.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,8 +104,23 @@ int service_configure(struct daemon *d, int argc, char **argv)
 	return 0;
 }
 
+/* The socket the previous image listened on (a re-exec: daemon/recover.h). */
+static int service_listen_inherited(struct daemon *d, char *msg, size_t msgsize)
+{
+	int fd = d->recover.listen_fd;
+	d->recover.listen_fd = -1;
+	fcntl(fd, F_SETFD, FD_CLOEXEC);
+	if (server_adopt(&d->server, d, d->loop, fd, d->opt.max_frame, msg, msgsize) < 0)
+		return -1;
+	d->server.adopted = d->recover.listen_adopted; /* a socket gpuqd bound is still its own to remove */
+	log_info("serving %s again after a re-exec", d->server.path);
+	return 0;
+}
+
 int service_listen(struct daemon *d, char *msg, size_t msgsize)
 {
+	if (d->recover.listen_fd >= 0)
+		return service_listen_inherited(d, msg, msgsize);
 	int fd = listen_fds_take(msg, msgsize);
 	if (fd == -2)
 		return -1;

@@ -47,6 +47,7 @@ static void daemon_finish(struct daemon *d)
 	progress_close(d);
 	close_handle((uv_handle_t *)&d->sigterm);
 	close_handle((uv_handle_t *)&d->sigint);
+	restart_close(d);
 	durable_close(d); /* the last generation: what the workers left */
 	service_close(d);
 }

@@ -25,10 +25,13 @@ struct rec_field {
 	const char *key;
 	enum rec_type type;
 	size_t at, size; /* the member's place and size in its struct */
+	bool optional;   /* added after the first format: a record without it reads as zero */
 };
 
 #define REC_FIELD(type_, key_, kind, member)                                                    \
-	{ key_, kind, offsetof(type_, member), sizeof(((type_ *)0)->member) }
+	{ key_, kind, offsetof(type_, member), sizeof(((type_ *)0)->member), false }
+#define REC_FIELD_ADDED(type_, key_, kind, member)                                              \
+	{ key_, kind, offsetof(type_, member), sizeof(((type_ *)0)->member), true }
 
 static const struct rec_field buffer_fields[] = {
 	REC_FIELD(struct state_buffer, "name", REC_STR, name),
@@ -39,9 +42,14 @@ static const struct rec_field buffer_fields[] = {
 	REC_FIELD(struct state_buffer, "bytes", REC_U64, bytes),
 	REC_FIELD(struct state_buffer, "slab", REC_U32, slab),
 	REC_FIELD(struct state_buffer, "slab_offset", REC_U64, slab_offset),
+	REC_FIELD_ADDED(struct state_buffer, "slab_bytes", REC_U64, slab_bytes),
+	REC_FIELD_ADDED(struct state_buffer, "slab_fd", REC_INT, slab_fd),
 	REC_FIELD(struct state_buffer, "shareable", REC_BOOL, shareable),
 	REC_FIELD(struct state_buffer, "ephemeral", REC_BOOL, ephemeral),
+	REC_FIELD_ADDED(struct state_buffer, "conn", REC_U64, conn_serial),
 	REC_FIELD(struct state_buffer, "state", REC_STR, state),
+	REC_FIELD_ADDED(struct state_buffer, "suspect", REC_STR, suspect),
+	REC_FIELD_ADDED(struct state_buffer, "shape", REC_STR, shape),
 	REC_FIELD(struct state_buffer, "writers", REC_U32, writers),
 };
 
@@ -216,7 +224,8 @@ static int rec_get_list(const msgpack_object *root, const struct rec_list *list,
 		if (e->type != MSGPACK_OBJECT_MAP)
 			return gpuq_fail(err, GPUQ_E_IO, "'%s' entry %zu is not a map", list->key, i);
 		for (size_t k = 0; k < list->nfields; k++)
-			if (rec_get_field(e, &list->fields[k], entries + i * list->entry_size, err) != 0)
+			if ((!list->fields[k].optional || msg_map_get(e, list->fields[k].key)) &&
+			    rec_get_field(e, &list->fields[k], entries + i * list->entry_size, err) != 0)
 				return gpuq_fail(err, GPUQ_E_IO, "'%s' entry %zu: %s", list->key, i,
 						 err->message);
 	}

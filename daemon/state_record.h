@@ -63,8 +63,13 @@ struct state_buffer {
 	uint64_t count, bytes;
 	uint32_t slab;        /* its slab (workers/buffer/slab.h), 0: the pool, no slab */
 	uint64_t slab_offset; /* where it starts in the slab */
+	uint64_t slab_bytes;  /* the slab's size (0: unknown, a record before re-exec could read it) */
+	int slab_fd;          /* the slab's descriptor, as numbered in this process (-1: none) */
 	bool shareable, ephemeral;
-	char state[16];       /* buffer_state_name's word */
+	uint64_t conn_serial; /* an ephemeral buffer's connection (its serial survives a re-exec) */
+	char state[16];       /* buffer_state_name's word, or "suspect" */
+	char suspect[200];    /* state "suspect": why */
+	char shape[200];      /* the shape a client gave it, "2,3,4" ("": none) */
 	/*
 	 * Jobs that were writing it when the record was written (from their
 	 * submission to their end): a reader that finds it non-zero marks the

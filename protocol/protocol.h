@@ -44,7 +44,8 @@
 	X(GPUQ_E_IO, "io_error")                                               \
 	X(GPUQ_E_DEVICE_ERROR, "device_error")                                 \
 	X(GPUQ_E_SHUTTING_DOWN, "shutting_down")                               \
-	X(GPUQ_E_INTERNAL, "internal")
+	X(GPUQ_E_INTERNAL, "internal")                                         \
+	X(GPUQ_E_RESTARTED, "restarted")
 
 enum gpuq_errc {
 #define GPUQ_ERRC_ENUM(name, str) name,

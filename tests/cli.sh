@@ -306,6 +306,22 @@ expect reset_lost_buffer_says_why "was lost when gpu 1 was reset" err
 check reset_lost_buffer_freed 0 gpuq free r@1
 check reset_device_unknown_is_1 1 gpuq reset-device 9
 check reset_device_usage_is_2 2 gpuq reset-device one
+# admin restart: the same daemon serves again with its buffers; a binary that cannot take over is refused
+check restart_alloc 0 gpuq alloc keep --bytes 64K --device 0
+check restart_fill 0 gpuq fill keep random 7
+gpuq checksum keep > "$dir/sum_before" 2>&1
+check admin_restart 0 gpuq admin restart
+expect admin_restart_says_serving "gpuqd restarted (restart 1, pid $daemon): serving again" out
+check restart_checksum 0 gpuq checksum keep
+cp "$dir/out" "$dir/sum_after"
+check restart_checksum_kept 0 cmp "$dir/sum_before" "$dir/sum_after"
+check admin_restart_refuses_false_is_1 1 gpuq admin restart --binary /bin/false
+expect admin_restart_refusal_says_why "cannot take over this gpuqd's state record" err
+check admin_restart_missing_is_1 1 gpuq admin restart --binary "$dir/no-such-gpuqd"
+check admin_unknown_action_is_2 2 gpuq admin frobnicate
+check bench_restart 0 gpuq bench restart --bytes 8M --requests 8
+expect bench_restart_serves "to the first job served" out
+expect bench_restart_verifies "(0 of 8 differ)" out
 
 kill -TERM "$daemon"
 wait "$daemon"

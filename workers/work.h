@@ -55,6 +55,8 @@ struct work_result {
 	 */
 	uint32_t slab;
 	uint64_t slab_offset;
+	uint64_t slab_bytes; /* the slab's size */
+	int slab_fd;         /* the slab's descriptor: the backend's, open while the buffer lives */
 };
 
 struct work {

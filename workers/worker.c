@@ -175,6 +175,32 @@ static const struct sched_hooks worker_sched_hooks = {
 	.reset_run = device_reset_run,
 };
 
+/*
+ * A re-exec: takes over the slabs of this device that the previous image
+ * made, before the worker serves (backend.h's struct device_adopt). A slab
+ * that cannot be taken over is reported in its entry; the device serves on.
+ */
+static void worker_adopt(struct worker *w)
+{
+	struct device_adopt_list *list = w->dev.config.adopt;
+	struct gpuq_error err;
+	if (!list || !w->dev.ops->mem.adopt)
+		return;
+	for (size_t i = 0; i < list->n; i++) {
+		struct device_adopt *a = &list->slabs[i];
+		if (a->device != w->dev.index)
+			continue;
+		a->taken = true;
+		if (w->dev.ops->mem.adopt(&w->dev, a->slab, a->fd, a->bytes, a->exported, a->ranges,
+					  a->nranges, &a->base, &err) != 0) {
+			a->base = NULL;
+			snprintf(a->why, sizeof a->why, "%s", err.message);
+		}
+	}
+	if (w->dev.ops->device.refresh_info(&w->dev, &err) != 0) /* the free memory the adopted slabs took */
+		fprintf(stderr, "gpuqd: [gpu %d] %s (after adopting its slabs)\n", w->dev.index, err.message);
+}
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -187,6 +213,8 @@ static void *worker_main(void *arg)
 			       w->dev.index);
 		w->dev.ops->device.close(&w->dev);
 	}
+	if (rc == 0)
+		worker_adopt(w);
 	pthread_mutex_lock(&w->lock);
 	w->sched = s;
 	pthread_mutex_unlock(&w->lock);
@@ -452,6 +480,7 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
 	out->resets = w->resets;
 	snprintf(out->last_reset, sizeof out->last_reset, "%s", w->last_reset);
 	out->last_reset_s = w->last_reset_s;
+	out->needs_restart = w->needs_restart;
 	pthread_mutex_unlock(&w->lock);
 }
 

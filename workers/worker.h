@@ -52,6 +52,7 @@ struct worker_snapshot {
 	unsigned resets;
 	char last_reset[320];
 	double last_reset_s;
+	bool needs_restart; /* the last reset failed and only a new process recovers the device */
 };
 
 struct worker_pool;
@@ -77,6 +78,7 @@ struct worker {
 	double reset_times[8];     /* the latest resets, a ring: the limit's window */
 	char last_reset[320];      /* why the last one happened */
 	double last_reset_s;       /* how long it took */
+	bool needs_restart;        /* the last reset failed: the driver gives only a new process a context */
 	atomic_bool reset_asked;   /* an administrator asked for one (reset_why says who) */
 	bool reset_gave_up;        /* faulted past the limit: left unhealthy for an operator */
 	char reset_why[160];

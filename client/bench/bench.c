@@ -588,6 +588,16 @@ const struct bench_kind_row bench_kind_rows[] = {
 	  "with up to 64 buffers held at once). Aims: slabs' alloc p50 within 2x\n"
 	  "of the pool's from 64M, and no worse for small buffers.\n",
 	  bench_alloc },
+	{ "restart", "[--device N] [--bytes SIZE] [--requests N]",
+	  "gpuqd re-executing itself with many buffers resident",
+	  "N buffers (default 1000; 64 on the host backend) of mixed sizes, SIZE in\n"
+	  "all (default 100G; 256M on the host backend), on device N, filled and\n"
+	  "checksummed; then gpuq admin restart, and the time from the request to\n"
+	  "the first job served again and to every buffer's checksum verified\n"
+	  "(each must match), with the device's memory in use before and after\n"
+	  "(the same: no buffer is copied). Aim: serving again in under 1.5 s.\n"
+	  "Root and the admin group only, as restart is. The buffers are freed.\n",
+	  bench_restart },
 	{ NULL, NULL, NULL, NULL, NULL },
 };
 

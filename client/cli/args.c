@@ -50,6 +50,7 @@ enum {
 	LONG_INTERVAL,
 	LONG_ONCE,
 	LONG_UID,
+	LONG_BINARY,
 };
 
 /* Accepted before the command and after it. */
@@ -104,6 +105,7 @@ static const struct {
 	{ { "interval", required_argument, NULL, LONG_INTERVAL }, OPT_TOP },
 	{ { "once", no_argument, NULL, LONG_ONCE }, OPT_TOP },
 	{ { "uid", required_argument, NULL, LONG_UID }, OPT_UID },
+	{ { "binary", required_argument, NULL, LONG_BINARY }, OPT_BINARY },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -273,6 +275,9 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 				      &cli->root, &cli->has_root);
 	case LONG_REDUCE:
 		cli->reduce = arg;
+		return 0;
+	case LONG_BINARY:
+		cli->binary = arg;
 		return 0;
 	case LONG_KERNEL:
 		cli->kernel = arg;

@@ -75,6 +75,7 @@ enum cli_opt {
 };
 /* Bits past 31, which an enum constant cannot hold in C11. */
 #define OPT_UID (1ull << 32) /* --uid N: quota's user (root and the admin group) */
+#define OPT_BINARY (1ull << 33) /* --binary PATH: admin restart's gpuqd binary */
 
 struct cli;
 
@@ -125,6 +126,7 @@ struct cli {
 	bool shareable, read_only;  /* --shareable, --read-only */
 	bool has_last;
 	uint64_t last;              /* --last */
+	const char *binary;         /* --binary: NULL, gpuqd's own */
 	bool has_uid;
 	uint64_t uid;               /* --uid */
 	unsigned job_states;        /* --running, --queued, --failed: enum cli_job_state bits */
@@ -291,8 +293,11 @@ int cmd_quota(struct cli *cli);
 int cmd_lease(struct cli *cli);
 /* bench_attach.c: a new process attaching a resident buffer, beside get and cudaMemcpy */
 int bench_attach(struct cli *cli);
+/* bench_restart.c: gpuqd re-executing itself with many buffers resident */
+int bench_restart(struct cli *cli);
 int cmd_metrics(struct cli *cli);
 int cmd_shutdown(struct cli *cli);
+int cmd_admin(struct cli *cli);
 int cmd_reset_device(struct cli *cli);
 /* top.c (top_snapshot.c, top_view.c, top.h): gpuq top, the live view */
 int cmd_top(struct cli *cli);

@@ -320,6 +320,16 @@ const struct cli_cmd cli_commands[] = {
 	  "Only root and members of gpuqd's admin group may. Under systemd, prefer\n"
 	  "systemctl stop gpuqd (the socket starts it again at the next client).\n",
 	  0, 0, 0, { NULL }, cmd_shutdown },
+	{ "admin", "restart", "re-execute gpuqd in place, keeping its buffers (root and the admin group)",
+	  "admin restart [--binary PATH]: gpuqd stops taking jobs, lets running ones\n"
+	  "finish within its --restart-drain (default 5 s), fails the rest and the\n"
+	  "queued ones with `restarted`, and executes itself again (or PATH, an\n"
+	  "upgrade, which must first show it can read gpuqd's state record) as the\n"
+	  "same process: every buffer stays where it is (none is copied), clients\n"
+	  "keep their connections and see a pause. A binary that cannot take over\n"
+	  "is refused and the running gpuqd serves on. Waits until gpuqd serves\n"
+	  "again (--timeout MS, default 60 s) and prints how long it took.\n",
+	  OPT_BINARY, 1, 1, { "ACTION" }, cmd_admin },
 	{ "reset-device", "GPU", "reset one GPU and serve it again (root and the admin group)",
 	  "Cancels the GPU's running jobs, resets the device (cudaDeviceReset) once\n"
 	  "they have ended and opens it again, as gpuqd does by itself after a fault;\n"

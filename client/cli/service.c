@@ -1,7 +1,8 @@
 /*
- * The commands about gpuqd as a service: metrics, shutdown and
- * reset-device. The daemon decides who may.
+ * The commands about gpuqd as a service: metrics, shutdown, admin restart
+ * and reset-device. The daemon decides who may.
  */
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -107,4 +108,60 @@ int cmd_reset_device(struct cli *cli)
 	fprintf(cli->out, "gpu %llu reset in %.3f s: %s\n", (unsigned long long)index,
 		seconds_now() - start, health);
 	return healthy ? CLI_OK : CLI_REFUSED;
+}
+
+/* The restarts ping counts and gpuqd's pid: -1 when no reply can be had. */
+static int ping_restarts(struct cli *cli, uint64_t *restarts, uint64_t *pid)
+{
+	struct gpuq_reply *r;
+	struct mp_map req;
+	int rc = cli_begin(cli, &req, "ping");
+	if (rc || (rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+		return -1;
+	rc = gpuq_reply_ok(r) ? 0 : -1;
+	*restarts = field_u64(r->root, "restarts", 0);
+	*pid = field_u64(r->root, "pid", 0);
+	gpuq_reply_free(r);
+	return rc;
+}
+
+/* admin restart [--binary PATH]: asks, then pings on the same connection until gpuqd counts it. */
+static int admin_restart(struct cli *cli)
+{
+	struct gpuq_reply *r;
+	struct mp_map req;
+	uint64_t before, restarts = 0, pid = 0;
+	int rc = cli_begin(cli, &req, "restart");
+	if (rc)
+		return rc;
+	if (cli->binary)
+		mp_put_str(&req, "binary", cli->binary);
+	double start = seconds_now(), limit = cli->has_timeout ? cli->timeout_ms / 1e3 : 60;
+	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+		return rc;
+	if (!gpuq_reply_ok(r)) {
+		rc = cli_report_refusal(r);
+		gpuq_reply_free(r);
+		return rc;
+	}
+	before = field_u64(r->root, "restarts", 0);
+	gpuq_reply_free(r);
+	while (ping_restarts(cli, &restarts, &pid) == 0 && restarts == before &&
+	       seconds_now() - start < limit)
+		usleep(20000);
+	if (restarts == before) {
+		fprintf(stderr, "gpuq admin restart: gpuqd did not serve again within %.0f s; its log "
+				"says why\n", limit);
+		return 1;
+	}
+	printf("gpuqd restarted (restart %llu, pid %llu): serving again after %.3f s\n",
+	       (unsigned long long)restarts, (unsigned long long)pid, seconds_now() - start);
+	return 0;
+}
+
+int cmd_admin(struct cli *cli)
+{
+	if (strcmp(cli->args[0], "restart") == 0)
+		return admin_restart(cli);
+	return cli_usage(cli, "gpuq admin takes one action, restart, not '%s'", cli->args[0]);
 }

@@ -10,14 +10,14 @@ TEST(errc_names_round_trip)
 		"unknown_op", "not_found", "exists", "no_device",
 		"out_of_memory", "busy", "permission_denied", "cancelled",
 		"timeout", "io_error", "device_error", "shutting_down",
-		"internal",
+		"internal", "restarted",
 	};
 	for (int i = 0; i < GPUQ_ERRC_COUNT; i++) {
 		const char *name = gpuq_errc_name((enum gpuq_errc)i);
 		CHECK_STR(name, expected[i]);
 		CHECK_EQ(gpuq_errc_from_name(name, strlen(name)), i);
 	}
-	CHECK_EQ(GPUQ_ERRC_COUNT, 17);
+	CHECK_EQ(GPUQ_ERRC_COUNT, 18);
 }
 
 TEST(errc_unknown)

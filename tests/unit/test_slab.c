@@ -44,13 +44,21 @@ static void fake_destroy(void *ctx, struct slab_mem *mem, bool lost)
 	free(mem->base);
 }
 
+/* Adoption: fresh memory standing in for the mapping of an inherited descriptor. */
+static int fake_import(void *ctx, int fd, uint64_t bytes, struct slab_mem *mem,
+		       struct gpuq_error *err)
+{
+	(void)fd;
+	return fake_create(ctx, bytes, mem, err);
+}
+
 static struct slab_heap *fake_heap(struct fake *f, uint64_t limit, uint64_t keep)
 {
 	memset(f, 0, sizeof *f);
 	f->limit = limit;
 	f->next_fd = 100;
 	struct slab_backend be = { .granularity = 2 * MIB, .create = fake_create,
-				   .destroy = fake_destroy, .ctx = f };
+				   .destroy = fake_destroy, .import = fake_import, .ctx = f };
 	struct slab_heap *h = slab_heap_create(&be, 8 * MIB, keep);
 	CHECK(h != NULL);
 	return h;
@@ -261,6 +269,52 @@ TEST(slab_random_ranges_never_overlap)
 	slab_heap_stats(h, &st);
 	CHECK_EQ(st.used_bytes, 0);
 	CHECK(st.slabs <= 2); /* everything else went back: the carved slab and the last own one stay */
+	slab_heap_destroy(h, false);
+	CHECK_EQ(f.made, 0);
+}
+
+TEST(slab_adopt_lays_ranges_and_carves_around_them)
+{
+	struct fake f;
+	struct gpuq_error err;
+	void *base = NULL;
+	struct slab_heap *h = fake_heap(&f, 64 * MIB, 0);
+	struct slab_range r[] = { { 8 * KIB, 300 }, { 0, 4 * KIB } }; /* out of order on purpose */
+	CHECKF(slab_adopt(h, 7, -1, 8 * MIB, false, r, 2, &base, &err) == 0, "%s", err.message);
+	struct slab_place p;
+	CHECK_EQ(slab_place_of(h, (char *)base + 8 * KIB, &p), 0);
+	CHECK_EQ(p.slab, 7);
+	CHECK_EQ(p.bytes, 300);
+	CHECK(!p.own);
+	struct slab_place a = must_alloc(h, 4 * KIB, 0); /* the gap between the adopted ranges */
+	CHECK_EQ(a.slab, 7);
+	CHECK_EQ(a.offset, 4 * KIB);
+	struct slab_place big = must_alloc(h, 4 * MIB, 0); /* a new slab numbers after the adopted one */
+	CHECK_EQ(big.slab, 8);
+	CHECK(slab_adopt(h, 7, -1, 8 * MIB, false, r, 1, &base, &err) != 0);
+	uint64_t bytes = 0;
+	CHECK_EQ(slab_free(h, (char *)base + 8 * KIB, &bytes), 0);
+	CHECK_EQ(bytes, 300);
+	slab_heap_destroy(h, false);
+	CHECK_EQ(f.made, 0);
+}
+
+TEST(slab_adopt_refuses_overlapping_ranges_and_own_slabs_stay_own)
+{
+	struct fake f;
+	struct gpuq_error err;
+	void *base = NULL;
+	struct slab_heap *h = fake_heap(&f, 64 * MIB, 0);
+	struct slab_range bad[] = { { 0, 4 * KIB }, { 2 * KIB, 4 * KIB } };
+	CHECK(slab_adopt(h, 1, -1, 8 * MIB, false, bad, 2, &base, &err) != 0);
+	CHECK(strstr(err.message, "overlaps") != NULL);
+	CHECK_EQ(f.made, 0); /* the import was given back */
+	struct slab_range own[] = { { 0, 5 * MIB } };
+	CHECKF(slab_adopt(h, 2, -1, 6 * MIB, false, own, 1, &base, &err) == 0, "%s", err.message);
+	struct slab_place p;
+	CHECK_EQ(slab_place_of(h, base, &p), 0);
+	CHECK(p.own);
+	CHECK_EQ(p.length, 6 * MIB);
 	slab_heap_destroy(h, false);
 	CHECK_EQ(f.made, 0);
 }

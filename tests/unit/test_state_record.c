@@ -20,10 +20,11 @@
 static struct state_buffer test_buffers[2] = {
 	{ .name = "weights", .owner = 1000, .device = 0, .dtype = GPUQ_DTYPE_BF16, .count = 1u << 20,
 	  .bytes = 2u << 20, .slab = 3, .slab_offset = 4096, .shareable = false, .ephemeral = false,
-	  .state = "ready", .writers = 0 },
+	  .state = "ready", .writers = 0, .slab_bytes = 32u << 20, .slab_fd = 23, .shape = "1024,1024" },
 	{ .name = "kv", .owner = 1001, .device = 1, .dtype = GPUQ_DTYPE_BYTES, .count = 77,
 	  .bytes = 77, .slab = 0, .slab_offset = 0, .shareable = true, .ephemeral = true,
-	  .state = "ready", .writers = 2 },
+	  .state = "suspect", .writers = 2, .slab_fd = -1, .conn_serial = 9,
+	  .suspect = "a job writing it was cut short by a restart" },
 };
 static struct state_region test_regions[1] = {
 	{ .name = "in", .owner = 1000, .device = 1, .bytes = 1u << 21, .fd = 17, .ephemeral = true },
@@ -101,6 +102,11 @@ TEST(state_record_round_trip)
 		CHECK_EQ(b->shareable, a->shareable);
 		CHECK_EQ(b->ephemeral, a->ephemeral);
 		CHECK_EQ(b->writers, a->writers);
+		CHECK_EQ(b->slab_bytes, a->slab_bytes);
+		CHECK_EQ(b->slab_fd, a->slab_fd);
+		CHECK_EQ(b->conn_serial, a->conn_serial);
+		CHECK_STR(b->suspect, a->suspect);
+		CHECK_STR(b->shape, a->shape);
 	}
 	char why[128];
 	CHECK(state_buffer_suspect(&back.buffers[0], why, sizeof why) == NULL);
@@ -286,4 +292,48 @@ TEST(state_record_grows)
 	state_snapshot_free(&back);
 	free(many);
 	state_record_close(r);
+}
+
+/* Fields added after the first format (the re-exec's) read as zero from a record without them. */
+TEST(state_record_without_the_added_fields_reads_them_as_zero)
+{
+	struct gpuq_error err;
+	struct state_snapshot back;
+	struct mp_map root, b;
+	struct mp_array buffers, empty;
+	msgpack_sbuffer sb;
+	mp_map_init(&root);
+	mp_put_u64(&root, "version", 1);
+	mp_put_str(&root, "backend", "host");
+	mp_put_i64(&root, "devices", 1);
+	mp_map_init(&b);
+	mp_put_str(&b, "name", "old");
+	mp_put_u64(&b, "owner", 0);
+	mp_put_i64(&b, "device", 0);
+	mp_put_str(&b, "dtype", "bytes");
+	mp_put_u64(&b, "count", 8);
+	mp_put_u64(&b, "bytes", 8);
+	mp_put_u64(&b, "slab", 1);
+	mp_put_u64(&b, "slab_offset", 0);
+	mp_put_bool(&b, "shareable", false);
+	mp_put_bool(&b, "ephemeral", false);
+	mp_put_str(&b, "state", "ready");
+	mp_put_u64(&b, "writers", 0);
+	mp_array_init(&buffers);
+	mp_array_map(&buffers, &b);
+	mp_put_array(&root, "buffers", &buffers);
+	const char *lists[] = { "regions", "leases", "quota" };
+	for (int i = 0; i < 3; i++) {
+		mp_array_init(&empty);
+		mp_put_array(&root, lists[i], &empty);
+	}
+	msgpack_sbuffer_init(&sb);
+	mp_map_finish(&root, &sb);
+	CHECKF(state_snapshot_decode(sb.data, sb.size, &back, &err) == 0, "decode: %s", err.message);
+	msgpack_sbuffer_destroy(&sb);
+	CHECK_EQ(back.nbuffers, 1);
+	CHECK_EQ(back.buffers[0].slab_bytes, 0); /* so a re-exec does not take it over */
+	CHECK_EQ(back.buffers[0].conn_serial, 0);
+	CHECK_STR(back.buffers[0].suspect, "");
+	state_snapshot_free(&back);
 }

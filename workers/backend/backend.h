@@ -70,11 +70,38 @@ struct device_config {
 	unsigned reset_window_s;
 	char kernel_cache_dir[256];   /* compiled chain kernels on disk: --kernel-cache ("": none) */
 	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
+	struct device_adopt_list *adopt; /* a re-exec: the slabs each worker takes over after open (NULL: none) */
+};
+
+/*
+ * A slab the previous gpuqd image made, for its device's worker to take
+ * over (mem.adopt) once the device has opened, before it serves: the main
+ * thread fills everything but base and why, and reads those once the
+ * workers have opened (worker_pool_start returns).
+ */
+struct device_adopt {
+	int device; /* gpuq's index */
+	uint32_t slab;
+	int fd;
+	uint64_t bytes;
+	bool exported;
+	struct slab_range *ranges;
+	size_t nranges;
+	bool taken;    /* handed to mem.adopt, which took fd whatever happened */
+	void *base;    /* where it lies now; NULL when it could not be taken over (why) */
+	char why[sizeof ((struct gpuq_error *)0)->message];
+};
+
+struct device_adopt_list {
+	struct device_adopt *slabs;
+	size_t n;
 };
 
 struct backend_ops;
 struct copy_pool;
+struct device_adopt_list;
 struct slab_place; /* workers/buffer/slab.h */
+struct slab_range;
 /* host_register's flags. */
 #define BACKEND_REGISTER_READ_ONLY 1u
 #define BACKEND_REGISTER_PORTABLE 2u
@@ -232,6 +259,16 @@ struct backend_mem_ops {
 	 * descriptor, which stays the backend's), or -1 for pool memory.
 	 */
 	int (*place)(struct device *dev, const void *ptr, struct slab_place *out);
+	/*
+	 * A re-exec (docs/ARCHITECTURE.md, Durable state): takes over slab
+	 * `slab` that the previous gpuqd image made, from its descriptor fd
+	 * (bytes long), with ranges[0..n) (its buffers) allocated as they
+	 * were, counted against the device as allocations are (slab_adopt:
+	 * the heap takes fd whatever happens). 0 with *base, where the slab
+	 * now lies, or -1 with err. Worker thread, after open.
+	 */
+	int (*adopt)(struct device *dev, uint32_t slab, int fd, uint64_t bytes, bool exported,
+		     const struct slab_range *ranges, size_t n, void **base, struct gpuq_error *err);
 	/*
 	 * Device memory that client processes may map (a shareable buffer):
 	 * a slab of its own, never from the pool, and *fd a descriptor that

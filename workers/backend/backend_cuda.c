@@ -512,6 +512,19 @@ static int cuda_slab_create(void *ctx, uint64_t bytes, struct slab_mem *mem, str
 	return 0;
 }
 
+/* A slab the previous image made, imported from its descriptor (a re-exec). */
+static int cuda_slab_import(void *ctx, int fd, uint64_t bytes, struct slab_mem *mem,
+			    struct gpuq_error *err)
+{
+	struct device *dev = ctx;
+	struct cuda_vmm_alloc a;
+	if (cuda_vmm_import(dev, fd, bytes, &a, err) != 0)
+		return -1;
+	*mem = (struct slab_mem){ .base = (void *)(uintptr_t)a.va, .bytes = a.size, .fd = fd,
+				  .handle = a.handle };
+	return 0;
+}
+
 /* Called only once the work queued on the slab has finished (release syncs first). */
 static void cuda_slab_destroy(void *ctx, struct slab_mem *mem, bool lost)
 {
@@ -547,6 +560,7 @@ static int cuda_open_slabs(struct device *dev, struct cuda_state *st, struct gpu
 	struct slab_backend be = { .granularity = granularity,
 				   .create = cuda_slab_create,
 				   .destroy = cuda_slab_destroy,
+				   .import = cuda_slab_import,
 				   .ctx = dev };
 	st->slabs = slab_heap_create(&be, CUDA_SLAB_CARVE, dev->config.pool_release_bytes);
 	if (!st->slabs)
@@ -733,6 +747,13 @@ static int cuda_place(struct device *dev, const void *ptr, struct slab_place *ou
 {
 	struct cuda_state *st = dev->impl;
 	return slab_place_of(st->slabs, ptr, out);
+}
+
+static int cuda_adopt(struct device *dev, uint32_t slab, int fd, uint64_t bytes, bool exported,
+		      const struct slab_range *ranges, size_t n, void **base, struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	return slab_adopt(st->slabs, slab, fd, bytes, exported, ranges, n, base, err);
 }
 
 /*
@@ -1162,6 +1183,7 @@ const struct backend_ops backend_cuda = {
 	.mem.alloc = cuda_alloc,
 	.mem.alloc_from = cuda_alloc_from,
 	.mem.place = cuda_place,
+	.mem.adopt = cuda_adopt,
 	.mem.release = cuda_release,
 	.mem.fill = cuda_fill,
 	.mem.checksum = cuda_checksum,

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "workers/backend/backend.h"
@@ -178,6 +179,24 @@ static int host_slab_create(void *ctx, uint64_t bytes, struct slab_mem *mem,
 	return 0;
 }
 
+/* A slab the previous image made: its memfd, mapped again. */
+static int host_slab_import(void *ctx, int fd, uint64_t bytes, struct slab_mem *mem,
+			    struct gpuq_error *err)
+{
+	struct device *dev = ctx;
+	struct stat st;
+	if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < bytes)
+		return gpuq_fail(err, GPUQ_E_IO,
+				 "host device %d: descriptor %d does not hold a slab of %llu bytes", dev->index,
+				 fd, (unsigned long long)bytes);
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return gpuq_fail(err, GPUQ_E_IO, "host device %d: mmap of slab descriptor %d: %s",
+				 dev->index, fd, strerror(errno));
+	*mem = (struct slab_mem){ .base = p, .bytes = bytes, .fd = fd };
+	return 0;
+}
+
 /* Host memory outlives any "context": lost or not, the mapping and the memfd go. */
 static void host_slab_destroy(void *ctx, struct slab_mem *mem, bool lost)
 {
@@ -192,6 +211,7 @@ static int host_open_slabs(struct device *dev, struct host_device *h, struct gpu
 	struct slab_backend be = { .granularity = HOST_SLAB_GRANULARITY,
 				   .create = host_slab_create,
 				   .destroy = host_slab_destroy,
+				   .import = host_slab_import,
 				   .ctx = dev };
 	h->use_slabs = dev->config.buffer_memory != BUFFER_MEMORY_POOL;
 	h->slabs = slab_heap_create(&be, HOST_SLAB_CARVE, dev->config.pool_release_bytes);
@@ -255,6 +275,8 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 static void host_close(struct device *dev)
 {
 	struct host_device *h = dev->impl;
+	if (!h)
+		return; /* closed already: a reset that could not open the device again */
 	chain_host_close(dev); /* its cached plans */
 	collective_device_close(dev); /* its communicators */
 	host_engines_stop(h->engines); /* drains every stream first */
@@ -390,6 +412,25 @@ static int host_place(struct device *dev, const void *ptr, struct slab_place *ou
 {
 	struct host_device *h = dev->impl;
 	return slab_place_of(h->slabs, ptr, out);
+}
+
+/* A slab the previous image made; its ranges count against the arena as allocations do. */
+static int host_adopt(struct device *dev, uint32_t slab, int fd, uint64_t bytes, bool exported,
+		      const struct slab_range *ranges, size_t n, void **base, struct gpuq_error *err)
+{
+	struct host_device *h = dev->impl;
+	uint64_t asked = 0;
+	for (size_t i = 0; i < n; i++)
+		asked += ranges[i].bytes;
+	if (host_reserve(dev, asked, err) != 0) {
+		close(fd);
+		return -1;
+	}
+	if (slab_adopt(h->slabs, slab, fd, bytes, exported, ranges, n, base, err) != 0) {
+		host_unreserve(h, asked);
+		return -1;
+	}
+	return 0;
 }
 
 /* Compute engine: a slab's range goes back once what came before it on the lane has run. */
@@ -701,11 +742,20 @@ static int host_event_elapsed(struct device *dev, void *start, void *end, double
 }
 
 /* Between close and open: the arena's blocks went with close, as a GPU's memory goes with its context. */
+/*
+ * Tests only: with GPUQ_HOST_FAULT_NEEDS_RESTART set, a device that
+ * GPUQ_HOST_FAULT_DEVICE faulted cannot be reset, as a CUDA driver that
+ * gives the process no new context (needs_restart): gpuqd re-executes
+ * itself for it (daemon/restart.c).
+ */
 static int host_reset(struct device *dev, struct gpuq_error *err)
 {
-	(void)dev;
-	(void)err;
-	return 0;
+	if (!getenv("GPUQ_HOST_FAULT_NEEDS_RESTART") || !strstr(dev->fault_reason, "simulated"))
+		return 0;
+	dev->needs_restart = true;
+	return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+			 "host device %d: the driver gives this process no new context "
+			 "(simulated: GPUQ_HOST_FAULT_NEEDS_RESTART); restart gpuqd", dev->index);
 }
 
 static int host_lane_create(struct device *dev, int priority, void **lane, struct gpuq_error *err)
@@ -734,6 +784,7 @@ const struct backend_ops backend_host = {
 	.mem.alloc = host_alloc,
 	.mem.alloc_from = host_alloc_from,
 	.mem.place = host_place,
+	.mem.adopt = host_adopt,
 	.mem.release = host_release,
 	.mem.fill = host_fill,
 	.mem.checksum = host_checksum_op,

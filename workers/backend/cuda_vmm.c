@@ -22,6 +22,7 @@
 	X(cuMemMap)                                                            \
 	X(cuMemSetAccess)                                                      \
 	X(cuMemExportToShareableHandle)                                        \
+	X(cuMemImportFromShareableHandle)                                      \
 	X(cuMemUnmap)                                                          \
 	X(cuMemAddressFree)                                                    \
 	X(cuMemRelease)                                                        \
@@ -222,4 +223,44 @@ int cuda_vmm_destroy(struct device *dev, struct cuda_vmm_alloc *a, struct gpuq_e
 		rc = vmm_fail(dev, err, r, "cuMemRelease(handle)", __FILE__, __LINE__);
 	memset(a, 0, sizeof *a);
 	return rc;
+}
+
+int cuda_vmm_import(struct device *dev, int fd, uint64_t bytes, struct cuda_vmm_alloc *a,
+		    struct gpuq_error *err)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc desc[GPUQ_MAX_DEVICES + 1];
+	CUmemGenericAllocationHandle handle = 0;
+	CUdeviceptr va = 0;
+	size_t granularity = 0;
+	bool mapped = false;
+	memset(a, 0, sizeof *a);
+	if (vmm_ready(dev, err) != 0)
+		return -1;
+	vmm_prop(dev, &prop);
+	VMM_TRY(dev, err, drv.cuMemGetAllocationGranularity(&granularity, &prop,
+							   CU_MEM_ALLOC_GRANULARITY_MINIMUM), fail);
+	if (granularity == 0 || bytes % granularity != 0)
+		return gpuq_fail(err, GPUQ_E_IO,
+				 "[gpu %d] a slab of %llu bytes to adopt is not a multiple of the "
+				 "granularity (%zu bytes): the record does not match this device",
+				 dev->index, (unsigned long long)bytes, granularity);
+	/* The POSIX handle type takes the descriptor's number itself, cast to a pointer. */
+	VMM_TRY(dev, err, drv.cuMemImportFromShareableHandle(&handle, (void *)(intptr_t)fd,
+							    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+		fail);
+	VMM_TRY(dev, err, drv.cuMemAddressReserve(&va, bytes, granularity, 0, 0), fail);
+	VMM_TRY(dev, err, drv.cuMemMap(va, bytes, 0, handle, 0), fail);
+	mapped = true;
+	VMM_TRY(dev, err, drv.cuMemSetAccess(va, bytes, desc, vmm_access(dev, desc)), fail);
+	*a = (struct cuda_vmm_alloc){ handle, va, bytes };
+	return 0;
+fail:
+	if (mapped)
+		drv.cuMemUnmap(va, bytes);
+	if (va)
+		drv.cuMemAddressFree(va, bytes);
+	if (handle)
+		drv.cuMemRelease(handle);
+	return -1;
 }

@@ -38,6 +38,15 @@ int cuda_vmm_probe(struct device *dev, uint64_t *granularity, struct gpuq_error 
 int cuda_vmm_create(struct device *dev, uint64_t bytes, struct cuda_vmm_alloc *a, int *fd,
 		    struct gpuq_error *err);
 /* Unmaps and releases a; the memory goes once every client has released its handle too. */
+/*
+ * Takes over an allocation an earlier process exported (a re-exec): fd is
+ * its POSIX descriptor, bytes its size (a multiple of the granularity).
+ * cuMemImportFromShareableHandle, then reserved, mapped and made
+ * accessible as cuda_vmm_create does. fd stays the caller's. 0 with *a,
+ * or -1 with err naming the driver call that refused.
+ */
+int cuda_vmm_import(struct device *dev, int fd, uint64_t bytes, struct cuda_vmm_alloc *a,
+		    struct gpuq_error *err);
 int cuda_vmm_destroy(struct device *dev, struct cuda_vmm_alloc *a, struct gpuq_error *err);
 /*
  * The same for a device that faulted (its context is lost): each call is

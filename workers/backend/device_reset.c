@@ -108,6 +108,7 @@ static int reset_publish(struct worker *w, int rc, const struct gpuq_error *err,
 	snprintf(w->last_reset, sizeof w->last_reset, "%s", cause);
 	w->info = w->dev.info;
 	w->healthy = rc == 0;
+	w->needs_restart = rc != 0 && w->dev.needs_restart;
 	if (rc != 0)
 		snprintf(w->health, sizeof w->health, "reset after %.250s failed: %.250s", cause,
 			 err->message);

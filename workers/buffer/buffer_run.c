@@ -50,6 +50,8 @@ static int alloc_once(struct device *dev, struct work *work)
 	if (rc == 0 && work->dptr && dev->ops->mem.place(dev, work->dptr, &p) == 0) {
 		work->result.slab = p.slab;
 		work->result.slab_offset = p.offset;
+		work->result.slab_bytes = p.slab_bytes;
+		work->result.slab_fd = p.fd;
 	}
 	return rc;
 }
@@ -65,6 +67,7 @@ int buffer_run_alloc(struct device *dev, struct work *work)
 				 .deadline = monotonic_seconds() + work->wait_memory_ms / 1e3 };
 	work->result.bytes = work->length;
 	work->result.share_fd = -1;
+	work->result.slab_fd = -1;
 	for (;;) {
 		m.epoch = sched_memory_epoch(dev);
 		if (alloc_once(dev, work) == 0)

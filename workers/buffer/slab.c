@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* A piece of a slab, used or free; a slab's extents cover it in address order. */
 struct slab_extent {
@@ -422,4 +423,126 @@ void slab_heap_stats(struct slab_heap *h, struct slab_stats *out)
 	out->created = h->created;
 	out->destroyed = h->destroyed;
 	pthread_mutex_unlock(&h->lock);
+}
+
+static int range_cmp(const void *a, const void *b)
+{
+	const struct slab_range *x = a, *y = b;
+	return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Appends an extent to s, counting it used or not: false when the host is out of memory. */
+static bool slab_push_extent(struct slab *s, struct slab_extent e)
+{
+	if (!slab_ext_reserve(s))
+		return false;
+	s->ext[s->next++] = e;
+	if (e.used)
+		s->used += e.len;
+	return true;
+}
+
+/*
+ * Lays sorted ranges over s as used extents, the gaps free. -1 when they
+ * overlap or overrun the slab (err says which), -2 when the host is out of memory.
+ */
+static int slab_lay_ranges(struct slab *s, const struct slab_range *r, size_t n,
+			   struct gpuq_error *err)
+{
+	uint64_t at = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t len = s->own ? s->mem.bytes : round_up(r[i].bytes ? r[i].bytes : 1, SLAB_ALIGN);
+		if (r[i].offset < at || r[i].offset + len > s->mem.bytes)
+			return gpuq_fail(err, GPUQ_E_IO,
+					 "slab %u: a range at %llu of %llu bytes overlaps another or "
+					 "runs past the slab's %llu bytes", s->id,
+					 (unsigned long long)r[i].offset, (unsigned long long)len,
+					 (unsigned long long)s->mem.bytes);
+		if (r[i].offset > at &&
+		    !slab_push_extent(s, (struct slab_extent){ at, r[i].offset - at, 0, false }))
+			return -2;
+		if (!slab_push_extent(s, (struct slab_extent){ r[i].offset, len, r[i].bytes, true }))
+			return -2;
+		at = r[i].offset + len;
+	}
+	if (at < s->mem.bytes &&
+	    !slab_push_extent(s, (struct slab_extent){ at, s->mem.bytes - at, 0, false }))
+		return -2;
+	return 0;
+}
+
+static bool heap_has_id(const struct slab_heap *h, uint32_t id)
+{
+	for (size_t i = 0; i < h->n; i++)
+		if (h->slabs[i]->id == id)
+			return true;
+	return false;
+}
+
+/* The adopted slab s, its ranges laid, goes into the heap's list (room reserved). */
+static void heap_list_adopted(struct slab_heap *h, struct slab *s)
+{
+	h->slabs[h->n++] = s;
+	if (s->id > h->last_id)
+		h->last_id = s->id; /* ids stay unique: new slabs number after every adopted one */
+	h->created++;
+}
+
+static int slab_adopt_locked(struct slab_heap *h, struct slab *s, int fd, uint64_t bytes,
+			     struct slab_range *r, size_t n, struct gpuq_error *err)
+{
+	if (!h->be.import)
+		return gpuq_fail(err, GPUQ_E_IO, "this backend cannot adopt slabs");
+	if (heap_has_id(h, s->id))
+		return gpuq_fail(err, GPUQ_E_IO, "slab %u is adopted twice", s->id);
+	if (!heap_list_reserve(h))
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "no host memory to record a slab");
+	qsort(r, n, sizeof *r, range_cmp);
+	s->own = s->exported ||
+		 (n == 1 && r[0].offset == 0 && round_up(r[0].bytes ? r[0].bytes : 1, SLAB_ALIGN) >
+							  h->carve_bytes / 4);
+	if (h->be.import(h->be.ctx, fd, bytes, &s->mem, err) != 0)
+		return -1;
+	s->mem.fd = fd;
+	int rc = slab_lay_ranges(s, r, n, err);
+	if (rc != 0) {
+		h->be.destroy(h->be.ctx, &s->mem, false); /* closes fd */
+		s->mem.fd = -1;
+		return rc == -2 ? gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "no host memory to record a range of a slab")
+				: -1;
+	}
+	heap_list_adopted(h, s);
+	return 0;
+}
+
+int slab_adopt(struct slab_heap *h, uint32_t id, int fd, uint64_t bytes, bool exported,
+	       const struct slab_range *ranges, size_t n, void **base, struct gpuq_error *err)
+{
+	gpuq_error_clear(err);
+	struct slab *s = calloc(1, sizeof *s);
+	struct slab_range *r = malloc((n ? n : 1) * sizeof *r);
+	if (!s || !r) {
+		free(s);
+		free(r);
+		close(fd);
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "no host memory to adopt slab %u", id);
+	}
+	if (n)
+		memcpy(r, ranges, n * sizeof *r);
+	s->id = id;
+	s->exported = exported;
+	s->mem.fd = fd; /* until a failure after the import has closed it */
+	pthread_mutex_lock(&h->lock);
+	int rc = slab_adopt_locked(h, s, fd, bytes, r, n, err);
+	pthread_mutex_unlock(&h->lock);
+	free(r);
+	if (rc != 0) {
+		if (s->mem.fd != -1)
+			close(fd);
+		free(s->ext);
+		free(s);
+		return -1;
+	}
+	*base = s->mem.base;
+	return 0;
 }

@@ -61,6 +61,13 @@ struct slab_backend {
 	uint64_t granularity;
 	int (*create)(void *ctx, uint64_t bytes, struct slab_mem *mem, struct gpuq_error *err);
 	void (*destroy)(void *ctx, struct slab_mem *mem, bool lost);
+	/*
+	 * Maps a slab an earlier gpuqd made, from its descriptor fd (bytes
+	 * long), for the device: 0 with *mem (mem->fd is fd), or -1 with err
+	 * naming the call that refused. NULL: the backend cannot (slab_adopt
+	 * says so).
+	 */
+	int (*import)(void *ctx, int fd, uint64_t bytes, struct slab_mem *mem, struct gpuq_error *err);
 	void *ctx;
 };
 
@@ -120,5 +127,25 @@ int slab_free(struct slab_heap *h, void *ptr, uint64_t *bytes);
 /* Where the range that starts at ptr lives: 0, or -1 when no range starts there. */
 int slab_place_of(struct slab_heap *h, const void *ptr, struct slab_place *out);
 void slab_heap_stats(struct slab_heap *h, struct slab_stats *out);
+
+/* A range that an adopted slab held in the process that made it. */
+struct slab_range {
+	uint64_t offset; /* where it starts in the slab (a multiple of SLAB_ALIGN) */
+	uint64_t bytes;  /* what its allocation asked for */
+};
+
+/*
+ * Takes over a slab an earlier gpuqd made (a re-exec: docs/ARCHITECTURE.md,
+ * Durable state): imports it from fd (bytes long) under its old id, with
+ * ranges[0..n) used as they were; the rest of the slab is free. A slab with
+ * one range from offset 0 that is larger than a quarter of a carved slab,
+ * or `exported`, is a slab of its own, as slab_alloc would have made it.
+ * The heap takes fd whatever happens: 0 with *base (where the slab now
+ * lies; a range's pointer is base + offset), fd closed with the slab; -1
+ * with err, fd closed: the id is taken, a range lies outside the slab or
+ * overlaps another, or the backend refused.
+ */
+int slab_adopt(struct slab_heap *h, uint32_t id, int fd, uint64_t bytes, bool exported,
+	       const struct slab_range *ranges, size_t n, void **base, struct gpuq_error *err);
 
 #endif

@@ -15,7 +15,7 @@ from .buffer import Buffer
 from .client import DEFAULT_TIMEOUT, Client
 from .errors import (ERRORS, BadFrame, BadRequest, Busy, Cancelled, DeviceError, Exists,
                      GpuqError, Internal, IoError, NoDevice, NotFound, OutOfMemory,
-                     PermissionDenied, ProtocolError, ReplyTimeout, ShuttingDown, Timeout,
+                     PermissionDenied, ProtocolError, ReplyTimeout, Restarted, ShuttingDown, Timeout,
                      UnknownOp, UnsupportedVersion, error_class)
 from .job import Job
 from .dtypes import gpuq_dtype
@@ -32,6 +32,6 @@ __all__ = [
     "default_socket", "memfd_array", "parse_ops", "ERRORS", "error_class",
     "GpuqError", "BadRequest", "BadFrame", "UnsupportedVersion", "UnknownOp", "NotFound",
     "Exists", "NoDevice", "OutOfMemory", "Busy", "PermissionDenied", "Cancelled",
-    "Timeout", "IoError", "DeviceError", "ShuttingDown", "Internal", "ProtocolError",
+    "Timeout", "IoError", "DeviceError", "ShuttingDown", "Internal", "Restarted", "ProtocolError",
     "ReplyTimeout", "__version__",
 ]

@@ -363,6 +363,16 @@ class AsyncMethods:
         ``resets`` (the count before this one); :meth:`devices` shows the reset."""
         return await _call(Api.reset_device, self, device)
 
+    async def restart(self, binary: Optional[str] = None) -> Dict[str, Any]:
+        """Re-executes the daemon in place (root and the admin group only), its
+        own binary or ``binary`` (an upgrade), keeping every buffer and this
+        connection: requests sent meanwhile are answered after a pause.
+        Running jobs get ``--restart-drain`` to finish; queued ones, and those
+        cut short, fail with :class:`Restarted`. Returns at once:
+        ``restarting``, ``binary``, ``jobs_active``, ``restart_drain_ms``,
+        ``restarts`` (the count before this one); :meth:`ping` counts it."""
+        return await _call(Api.restart, self, binary)
+
     async def run(self, buffer: str, ops: Optional[Ops] = None, *, mode: Optional[str] = None, repeat: Optional[int] = None, out: Optional[str] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Applies a chain of elementwise ops to every element of a float buffer.
 

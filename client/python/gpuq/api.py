@@ -240,6 +240,16 @@ class Api(ComputeOps):
         ``stopping``, ``jobs_active``, ``shutdown_timeout_ms``."""
         return self._request_kw("shutdown")
 
+    def restart(self, binary: Optional[str] = None) -> Dict[str, Any]:
+        """Re-executes the daemon in place (root and the admin group only), its
+        own binary or ``binary`` (an upgrade), keeping every buffer and this
+        connection: requests sent meanwhile are answered after a pause.
+        Running jobs get ``--restart-drain`` to finish; queued ones, and those
+        cut short, fail with :class:`Restarted`. Returns at once:
+        ``restarting``, ``binary``, ``jobs_active``, ``restart_drain_ms``,
+        ``restarts`` (the count before this one); :meth:`ping` counts it."""
+        return self._request_kw("restart", binary=binary)
+
     def reset_device(self, device: int) -> Dict[str, Any]:
         """Resets one device and serves it again, as gpuqd does by itself after a
         fault (root and the admin group only): its running jobs are cancelled and

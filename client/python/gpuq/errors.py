@@ -148,6 +148,15 @@ class Internal(GpuqError):
     code = "internal"
 
 
+class Restarted(GpuqError):
+    """gpuqd re-executed itself while the job was queued or running (``restarted``).
+
+    Its buffers survive the restart; the job did not run, or ran only in
+    part (a buffer it wrote is then listed ``suspect``). Submit it again.
+    """
+    code = "restarted"
+
+
 class ProtocolError(ConnectionError):
     """The daemon sent something this client cannot read; the connection is closed."""
 
@@ -166,7 +175,7 @@ ERRORS: Dict[str, Type[GpuqError]] = {
     cls.code: cls for cls in (
         BadRequest, BadFrame, UnsupportedVersion, UnknownOp, NotFound, Exists,
         NoDevice, OutOfMemory, Busy, PermissionDenied, Cancelled, Timeout,
-        IoError, DeviceError, ShuttingDown, Internal)
+        IoError, DeviceError, ShuttingDown, Internal, Restarted)
 }
 
 

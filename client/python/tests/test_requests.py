@@ -321,6 +321,27 @@ def test_reset_device_loses_the_buffers_and_serves_again(private_daemon, name):
         c.free(name)
 
 
+def test_restart_keeps_buffers_and_the_connection(private_daemon, name):
+    if os.geteuid() != 0:
+        pytest.skip("only root and the admin group may restart the daemon")
+    d = private_daemon()
+    with d.client() as c:
+        c.alloc(name, nbytes=1 << 20)
+        c.fill(name, "random", seed=3)
+        before = c.checksum(name).result["checksum"]
+        pid = c.ping()["pid"]
+        reply = c.restart()
+        assert reply["restarting"] is True and reply["restarts"] == 0
+        deadline = time.monotonic() + 20
+        while c.ping().get("restarts", 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.ping()["restarts"] == 1 and c.ping()["pid"] == pid
+        assert c.checksum(name).result["checksum"] == before
+        with pytest.raises(gpuq.BadRequest, match="cannot take over"):
+            c.restart(binary="/bin/false")
+        c.free(name)
+
+
 def test_shutdown_stops_the_daemon(private_daemon):
     if os.geteuid() != 0:
         pytest.skip("only root and the admin group may stop the daemon "

@@ -1,0 +1,304 @@
+/*
+ * Taking over what the previous gpuqd image left (recover.h). Main thread
+ * only, at start-up: recover_begin before the workers start, recover_buffers
+ * once they have opened, recover_conns once gpuqd serves.
+ */
+#include "daemon/recover.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "daemon/state_record.h"
+#include "workers/buffer/slab.h"
+
+static int recover_add_conn(struct recover *r, int fd, uint64_t serial)
+{
+	struct recover_conn *grown = realloc(r->conns, (r->nconns + 1) * sizeof *grown);
+	if (!grown)
+		return -1;
+	r->conns = grown;
+	r->conns[r->nconns++] = (struct recover_conn){ fd, serial };
+	return 0;
+}
+
+/* One `kind:a[:b]` item of GPUQ_INHERIT; -1 when malformed. */
+static int recover_parse_item(struct recover *r, const char *item)
+{
+	long long a = -1, b = 0;
+	char kind[16];
+	int n = sscanf(item, "%15[a-z]:%lld:%lld", kind, &a, &b);
+	if (n < 2 || a < 0)
+		return -1;
+	if (strcmp(kind, "record") == 0)
+		r->record_fd = (int)a;
+	else if (strcmp(kind, "listen") == 0) {
+		r->listen_fd = (int)a;
+		r->listen_adopted = n == 3 && b == 1;
+	} else if (strcmp(kind, "restarts") == 0)
+		r->restarts = (unsigned)a;
+	else if (strcmp(kind, "jobs") == 0)
+		r->next_job = (uint64_t)a;
+	else if (strcmp(kind, "fault") == 0 && r->nfault < sizeof r->fault_ms / sizeof r->fault_ms[0])
+		r->fault_ms[r->nfault++] = (uint64_t)a;
+	else if (strcmp(kind, "conn") == 0 && n == 3)
+		return recover_add_conn(r, (int)a, (uint64_t)b);
+	else
+		return -1;
+	return 0;
+}
+
+static int recover_parse(struct recover *r, const char *env)
+{
+	char *copy = strdup(env), *save = NULL;
+	int rc = copy ? 0 : -1;
+	for (char *item = copy ? strtok_r(copy, ",", &save) : NULL; item && rc == 0;
+	     item = strtok_r(NULL, ",", &save))
+		rc = recover_parse_item(r, item);
+	free(copy);
+	return rc;
+}
+
+/* The record in fd, decoded into a new snapshot: NULL with err. */
+static struct state_snapshot *recover_read(int fd, uint64_t *generation, struct gpuq_error *err)
+{
+	void *payload = NULL;
+	size_t len = 0;
+	int rc = state_record_read(fd, &payload, &len, generation, err);
+	if (rc == 1)
+		gpuq_fail(err, GPUQ_E_IO, "the record was never written");
+	if (rc != 0)
+		return NULL;
+	struct state_snapshot *s = calloc(1, sizeof *s);
+	if (!s || state_snapshot_decode(payload, len, s, err) != 0) {
+		if (!s)
+			gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "no memory to read the record");
+		free(s);
+		s = NULL;
+	}
+	free(payload);
+	return s;
+}
+
+int recover_check_record(int fd)
+{
+	struct gpuq_error err;
+	uint64_t generation = 0;
+	struct state_snapshot *s = recover_read(fd, &generation, &err);
+	if (!s) {
+		fprintf(stderr, "gpuqd: cannot take over the record in descriptor %d: %s\n", fd,
+			err.message);
+		return RECOVER_EXIT_REFUSED;
+	}
+	printf("record version %u readable: generation %llu, backend %s, %d devices, %zu buffers, "
+	       "%zu regions, %zu leases\n",
+	       STATE_RECORD_VERSION, (unsigned long long)generation, s->backend, s->devices,
+	       s->nbuffers, s->nregions, s->nleases);
+	state_snapshot_free(s);
+	free(s);
+	return 0;
+}
+
+/* The adoption entry of (device, slab), added if new: NULL when out of memory. */
+static struct device_adopt *recover_slab(struct device_adopt_list *l, const struct state_buffer *b)
+{
+	for (size_t i = 0; i < l->n; i++)
+		if (l->slabs[i].device == b->device && l->slabs[i].slab == b->slab)
+			return &l->slabs[i];
+	struct device_adopt *grown = realloc(l->slabs, (l->n + 1) * sizeof *grown);
+	if (!grown)
+		return NULL;
+	l->slabs = grown;
+	struct device_adopt *a = &l->slabs[l->n++];
+	*a = (struct device_adopt){ .device = b->device, .slab = b->slab, .fd = b->slab_fd,
+				    .bytes = b->slab_bytes };
+	return a;
+}
+
+/* Whether the record's buffer b names memory this image can take over. */
+static bool recover_has_slab(const struct state_buffer *b, int devices)
+{
+	return b->slab != 0 && b->slab_bytes != 0 && b->slab_fd >= 0 && b->device >= 0 &&
+	       b->device < devices && strcmp(b->state, "lost") != 0;
+}
+
+static int recover_plan(struct recover *r, int devices)
+{
+	const struct state_snapshot *s = r->snap;
+	for (size_t i = 0; i < s->nbuffers; i++) {
+		const struct state_buffer *b = &s->buffers[i];
+		if (!recover_has_slab(b, devices))
+			continue;
+		struct device_adopt *a = recover_slab(&r->adopt, b);
+		if (!a)
+			return -1;
+		struct slab_range *grown = realloc(a->ranges, (a->nranges + 1) * sizeof *grown);
+		if (!grown)
+			return -1;
+		a->ranges = grown;
+		a->ranges[a->nranges++] = (struct slab_range){ b->slab_offset, b->bytes };
+		a->exported = a->exported || b->shareable;
+	}
+	return 0;
+}
+
+void recover_begin(struct daemon *d)
+{
+	struct recover *r = &d->recover;
+	struct gpuq_error err;
+	uint64_t generation = 0;
+	const char *env = getenv(RECOVER_ENV);
+	r->record_fd = r->listen_fd = -1;
+	if (!env)
+		return;
+	r->active = true;
+	if (recover_parse(r, env) != 0)
+		log_error("%s is malformed ('%s'); taking over what it names as far as it can be read",
+			  RECOVER_ENV, env);
+	unsetenv(RECOVER_ENV);
+	if (r->next_job > d->jobs.next_id)
+		d->jobs.next_id = r->next_job; /* job ids are never reused while gpuqd lives, across re-execs too */
+	if (r->record_fd < 0)
+		return;
+	r->snap = recover_read(r->record_fd, &generation, &err);
+	close(r->record_fd);
+	r->record_fd = -1;
+	if (!r->snap) {
+		log_error("re-executed, but the state record cannot be read: %s; serving without the "
+			  "buffers it named", err.message);
+		return;
+	}
+	if (strcmp(r->snap->backend, d->ops->name) != 0) {
+		log_error("re-executed with the %s backend, but the record is the %s backend's; its "
+			  "buffers are not taken over", d->ops->name, r->snap->backend);
+		return;
+	}
+	if (recover_plan(r, r->snap->devices) != 0)
+		log_error("no memory to plan taking the slabs over; those left out are lost");
+	d->opt.device.adopt = &r->adopt;
+	log_info("re-exec %u: record generation %llu names %zu buffers in %zu slabs", r->restarts,
+		 (unsigned long long)generation, r->snap->nbuffers, r->adopt.n);
+}
+
+static const struct device_adopt *recover_find(const struct recover *r, int device, uint32_t slab)
+{
+	for (size_t i = 0; i < r->adopt.n; i++)
+		if (r->adopt.slabs[i].device == device && r->adopt.slabs[i].slab == slab)
+			return &r->adopt.slabs[i];
+	return NULL;
+}
+
+/* Where b's memory now lies, the buffer its record names being rb: READY (perhaps suspect) or LOST. */
+static void recover_place(struct recover *r, struct buffer *b, const struct state_buffer *rb)
+{
+	const struct device_adopt *a = recover_find(r, rb->device, rb->slab);
+	char why[200];
+	b->state = BUFFER_LOST;
+	if (!a || !a->base) {
+		log_error("buffer '%s@%d' is lost in the re-exec: %s", rb->name, rb->device,
+			  !a ? "its memory was not in a slab" : a->why[0] ? a->why : "its device did not open");
+		return;
+	}
+	b->state = BUFFER_READY;
+	b->dptr = (char *)a->base + rb->slab_offset;
+	b->slab = rb->slab;
+	b->slab_offset = rb->slab_offset;
+	b->slab_bytes = rb->slab_bytes;
+	b->slab_fd = a->fd; /* the heap's now */
+	if (rb->shareable && (b->share_fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		log_error("buffer '%s@%d': its descriptor for clients cannot be made again: %s",
+			  rb->name, rb->device, strerror(errno));
+	const char *suspect = state_buffer_suspect(rb, why, sizeof why);
+	if (!suspect && strcmp(rb->state, "suspect") == 0)
+		suspect = rb->suspect[0] ? rb->suspect
+					 : "it was suspect before the re-exec, and nothing has written it whole since";
+	if (suspect)
+		b->suspect = strdup(suspect);
+}
+
+/* The shape the record spells "2,3,4"; none when empty or malformed. */
+static void recover_shape(struct buffer_shape *s, const char *text)
+{
+	char *end;
+	memset(s, 0, sizeof *s);
+	for (const char *p = text; *p && s->ndim < BUFFER_SHAPE_MAX; p = *end ? end + 1 : end) {
+		s->dim[s->ndim++] = strtoull(p, &end, 10);
+		if (end == p || (*end && *end != ','))
+			return (void)memset(s, 0, sizeof *s);
+	}
+	s->given = s->ndim > 0;
+}
+
+static void recover_buffer(struct daemon *d, const struct state_buffer *rb)
+{
+	struct buffer *b = buffer_add(&d->buffers, rb->name, rb->device, (uid_t)rb->owner,
+				      rb->dtype, rb->count, rb->bytes);
+	if (!b) {
+		log_error("buffer '%s@%d' is lost in the re-exec: no memory to list it", rb->name,
+			  rb->device);
+		return;
+	}
+	b->shareable = rb->shareable;
+	recover_shape(&b->shape, rb->shape);
+	recover_place(&d->recover, b, rb);
+	if (rb->ephemeral) {
+		b->conn_serial = rb->conn_serial ? rb->conn_serial : UINT64_MAX;
+		b->orphaned = true; /* until its connection is taken over (recover_conns) */
+	}
+}
+
+/* The descriptors no worker took (their device did not open), and the plan, go. */
+static void recover_free_plan(struct recover *r)
+{
+	for (size_t i = 0; i < r->adopt.n; i++) {
+		if (!r->adopt.slabs[i].taken && r->adopt.slabs[i].fd >= 0)
+			close(r->adopt.slabs[i].fd);
+		free(r->adopt.slabs[i].ranges);
+	}
+	free(r->adopt.slabs);
+	r->adopt = (struct device_adopt_list){ 0 };
+}
+
+void recover_buffers(struct daemon *d)
+{
+	struct recover *r = &d->recover;
+	unsigned ready = 0, suspect = 0, lost = 0;
+	d->opt.device.adopt = NULL;
+	if (!r->snap)
+		return;
+	for (size_t i = r->snap->nbuffers; i-- > 0;) /* the table lists the newest first, as before */
+		recover_buffer(d, &r->snap->buffers[i]);
+	for (struct buffer *b = d->buffers.head; b; b = b->next) {
+		ready += b->state == BUFFER_READY;
+		suspect += b->suspect != NULL;
+		lost += b->state == BUFFER_LOST;
+	}
+	log_info("re-exec %u: %u buffers taken over (%u of them suspect), %u lost; %zu regions and "
+		 "%zu leases of the previous image ended with it",
+		 r->restarts, ready, suspect, lost, r->snap->nregions, r->snap->nleases);
+	recover_free_plan(r);
+	state_snapshot_free(r->snap);
+	free(r->snap);
+	r->snap = NULL;
+	durable_touch(d);
+}
+
+void recover_conns(struct daemon *d)
+{
+	struct recover *r = &d->recover;
+	for (size_t i = 0; i < r->nconns; i++) {
+		conn_adopt(&d->server, r->conns[i].fd, r->conns[i].serial);
+		for (struct buffer *b = d->buffers.head; b; b = b->next)
+			if (b->conn_serial == r->conns[i].serial)
+				b->orphaned = false;
+	}
+	free(r->conns);
+	r->conns = NULL;
+	r->nconns = 0;
+	buffers_free_orphans(d); /* the ephemeral buffers of connections that did not survive */
+}
