@@ -68,6 +68,7 @@
 #include "workers/transfer/copy_hash.h"
 #include "workers/transfer/region_pin.h"
 #include "workers/transfer/transfer.h"
+#include "workers/host_memory.h"
 
 #define MAX_REPEATS 100
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -131,19 +132,6 @@ static const char *size_name(uint64_t bytes, char *buf, size_t n)
 }
 
 /* ---- host memory and files ---- */
-
-static uint64_t mem_available(void)
-{
-	FILE *f = fopen("/proc/meminfo", "re");
-	char line[128];
-	unsigned long long kb = 0;
-	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return (uint64_t)kb * 1024;
-}
 
 struct copy_part {
 	struct copy_task task; /* first */
@@ -788,7 +776,7 @@ static bool size_fits(struct bench *b)
 {
 	char size[32], avail[32];
 	uint64_t need = b->size * (b->cuda ? 5 : 4) + (1ull << 30); /* with a fresh memfd */
-	uint64_t have = mem_available();
+	uint64_t have = host_memory_available();
 	if (have && have < need) {
 		note(b, "%s skipped: it needs about %.1f GiB of host memory and %s is available",
 		     size_name(b->size, size, sizeof size), (double)need / GIB,

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "workers/clock.h"
+#include "workers/host_memory.h"
 
 struct map_key {
 	dev_t fs;
@@ -162,19 +163,6 @@ static int entry_free(struct device *dev, struct copy_pool *pool, struct map_ent
 	return rc;
 }
 
-static uint64_t mem_available(void)
-{
-	FILE *f = fopen("/proc/meminfo", "re");
-	char line[128];
-	unsigned long long kb = 0;
-	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return (uint64_t)kb * 1024;
-}
-
 static uint64_t pinned_bytes(const struct device *dev)
 {
 	const struct map_entry *t = table_of(dev);
@@ -188,7 +176,7 @@ static uint64_t pinned_bytes(const struct device *dev)
 static void evict(struct device *dev, struct copy_pool *pool, const struct map_key *k, double now)
 {
 	struct map_entry *t = table_of(dev);
-	uint64_t avail = mem_available();
+	uint64_t avail = host_memory_available();
 	bool pressed = avail && avail < 2 * pinned_bytes(dev);
 	for (unsigned i = 0; i < MAP_CACHE_ENTRIES; i++) {
 		struct map_entry *e = &t[i];
