@@ -94,6 +94,9 @@ class Api(ComputeOps):
         # Shapes of the arrays put_array stored, by NAME@GPU, for daemons
         # that keep none (see arrays.py).
         self._shapes: Dict[str, Tuple[int, ...]] = {}
+        # What ``buffers`` said of the buffers put_array and get_array used, by
+        # (NAME, GPU or None): one lookup per buffer, not one per call (arrays.py).
+        self._rows: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
         # The pinned ring ordinary arrays travel through (staging.py).
         self._staging = staging if staging is not None else Staging()
 
@@ -347,6 +350,7 @@ class Api(ComputeOps):
             dict(priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
 
     def _alloc_plan(self, fields: Dict[str, Any], job: Dict[str, Any]) -> Plan:
+        arrays.forget(self, str(fields["name"]))
         done = yield from self._job_plan("alloc", fields, **job)
         if job.get("detach"):
             return done
@@ -377,6 +381,7 @@ class Api(ComputeOps):
             priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
 
     def _free_plan(self, buffer: str, fields: Dict[str, Any], job: Dict[str, Any]) -> Plan:
+        arrays.forget(self, arrays.base_name(buffer))
         done = yield from self._job_plan("free", dict(fields, buffer=buffer), **job)
         self._shapes.pop(done.record.get("buffer", buffer), None)
         return done

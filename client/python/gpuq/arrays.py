@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Sequence
 from . import memfd
 from .dispatch import Call
 from .dtypes import SIZES, gpuq_dtype, numpy_dtype
-from .errors import BadRequest, Exists, NotFound
+from .errors import BadRequest, Exists, GpuqError, NotFound
 from .job import Job
 from .staging import MIN_STAGED_BYTES
 
@@ -84,8 +84,59 @@ def split_name(spec: str) -> Tuple[str, Optional[int]]:
     return name, int(gpu)
 
 
+def base_name(spec: Any) -> str:
+    """A buffer's name without ``@GPU`` or a range (``"w@1[0:8]"`` -> ``"w"``)."""
+    return str(spec).split("[", 1)[0].partition("@")[0]
+
+
 def lookup_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
     """The caller's buffer called ``name`` (on ``device`` if given), or None."""
+    row = yield from _lookup_fresh_plan(api, name, device)
+    if row is not None:
+        remember(api, name, device, row)
+    return row
+
+
+def cached_lookup_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
+    """As :func:`lookup_plan`, but what ``buffers`` said last time when this client
+    has asked already: ``(row, cached)``. A transfer that fails with a cached
+    row forgets it and tries once more with a fresh one (see :func:`_retrying`)."""
+    row = api._rows.get((name, device))
+    if row is not None:
+        return row, True
+    return (yield from lookup_plan(api, name, device)), False
+
+
+def remember(api: "Api", name: str, device: Optional[int], row: Dict[str, Any]) -> None:
+    """Keeps ``row`` for later transfers of buffer ``name``, found as given and as NAME@GPU."""
+    api._rows[(name, device)] = row
+    if row.get("device") is not None:
+        api._rows[(name, int(row["device"]))] = row
+
+
+def forget(api: "Api", name: str) -> None:
+    """Drops what this client keeps of every buffer called ``name``: freed, made anew,
+    or a transfer with it failed."""
+    for key in [k for k in api._rows if k[0] == name]:
+        del api._rows[key]
+
+
+def _retrying(api: "Api", name: str, make: Any) -> Plan:
+    """Runs the plan ``make(used)`` gives, ``used`` a list its lookups append whether
+    they answered from the cache to; when it fails after a cached answer, forgets
+    the buffer and runs it once more, looking afresh (the buffer may have been
+    freed and made anew, by this process or another, since it was cached)."""
+    used: List[bool] = []
+    try:
+        return (yield from make(used))
+    except GpuqError:
+        forget(api, name)
+        if not any(used):
+            raise
+    return (yield from make([]))
+
+
+def _lookup_fresh_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
     reply = yield Call("buffers", {"device": device})
     uid = api._uid()
     mine: List[Dict[str, Any]] = [b for b in reply.get("buffers", [])
@@ -182,15 +233,19 @@ def _product(shape: Sequence[int]) -> int:
 
 def _find_or_alloc_plan(api: "Api", name: str, device: Optional[int], size: Dict[str, Any],
                         shape: Optional[List[int]], shareable: bool,
-                        job: Dict[str, Any]) -> Plan:
-    buf = yield from lookup_plan(api, name, device)
+                        job: Dict[str, Any], used: List[bool]) -> Plan:
+    buf, cached = yield from cached_lookup_plan(api, name, device)
+    used.append(cached)
     if buf is not None:
         return buf
+    forget(api, name)
     try:
         done = yield from api._job_plan("alloc", dict(name=name, device=device, shape=shape,
                                                       shareable=shareable or None, **size),
                                         priority=job.get("priority"))
-        return dict(done.result or {}, shape=shape)
+        made = dict(done.result or {}, shape=shape)
+        remember(api, name, device, made)
+        return made
     except Exists:  # made meanwhile by another thread or process: look again
         buf = yield from lookup_plan(api, name, device)
         if buf is None:
@@ -202,8 +257,14 @@ def put_array_plan(api: "Api", spec: str, arr: Any, dtype: Any,
                    job: Dict[str, Any]) -> Plan:
     """Finds or allocates the buffer, checks that the array fits it, and puts it."""
     name, device = split_name(spec)
+    return (yield from _retrying(api, name, lambda used: _put_array_plan(
+        api, spec, name, device, arr, dtype, job, used)))
+
+
+def _put_array_plan(api: "Api", spec: str, name: str, device: Optional[int], arr: Any,
+                    dtype: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
     if is_device_array(arr):
-        done = yield from _device_put_plan(api, spec, name, device, arr, dtype, job)
+        done = yield from _device_put_plan(api, spec, name, device, arr, dtype, job, used)
         if done is not None:
             return done
         arr = _device_to_host(arr)
@@ -211,12 +272,14 @@ def put_array_plan(api: "Api", spec: str, arr: Any, dtype: Any,
     shape = [int(n) for n in arr.shape] if gd != "bytes" or arr.itemsize == 1 else None
     size: Dict[str, Any] = ({"bytes": arr.nbytes} if gd == "bytes"
                             else {"count": arr.size, "dtype": gd})
-    buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job)
+    buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job, used)
     _check_fit(buf, arr.nbytes, arr.size, gd)
     label = f"{name}@{buf['device']}"
     extra = {"shape": shape} if shape is not None and buf.get("shape") != shape else {}
     result = yield from _put_bytes_plan(api, label, arr, int(buf["device"]), extra, job)
     api._shapes[label] = arr.shape
+    if extra:  # gpuqd keeps the shape now
+        remember(api, name, device, dict(buf, shape=shape))
     return result
 
 
@@ -249,11 +312,13 @@ def _put_bytes_plan(api: "Api", label: str, arr: Any, device: int, extra: Dict[s
 def _summary(last: Any, nbytes: int, seconds: float, staging: Any) -> Any:
     """The last chunk's Job, its result saying what the whole transfer did: ``bytes``,
     ``seconds`` and ``gbps`` over every chunk as the client timed them, ``path``
-    ``ring`` and how many ``chunks`` of ``slot_bytes``."""
+    ``ring``, how many ``chunks`` of ``slot_bytes``, and ``timing``, where the
+    calling thread's time went (:attr:`gpuq.Staging.timing`)."""
     last.record = dict(last.record, result=dict(
         last.result or {}, bytes=nbytes, seconds=seconds,
         gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0, path="ring",
-        chunks=-(-nbytes // staging.slot_bytes), slot_bytes=staging.slot_bytes))
+        chunks=-(-nbytes // staging.slot_bytes), slot_bytes=staging.slot_bytes,
+        timing=dict(staging.timing)))
     return last
 
 
@@ -262,9 +327,16 @@ def _summary(last: Any, nbytes: int, seconds: float, staging: Any) -> Any:
 def get_array_plan(api: "Api", spec: str, out: Any, dtype: Any, shape: Any,
                    job: Dict[str, Any]) -> Plan:
     """Reads a whole buffer into a new array, or into ``out``."""
-    np = _np()
     name, device = split_name(spec)
-    buf = yield from lookup_plan(api, name, device)
+    return (yield from _retrying(api, name, lambda used: _get_array_plan(
+        api, spec, name, device, out, dtype, shape, job, used)))
+
+
+def _get_array_plan(api: "Api", spec: str, name: str, device: Optional[int], out: Any,
+                    dtype: Any, shape: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
+    np = _np()
+    buf, cached = yield from cached_lookup_plan(api, name, device)
+    used.append(cached)
     if buf is None:
         raise (yield from _not_found(api, spec))
     label = f"{name}@{buf['device']}"
@@ -375,7 +447,7 @@ def _device_dtype(arr: Any) -> str:
 
 
 def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], arr: Any,
-                     dtype: Any, job: Dict[str, Any]) -> Plan:
+                     dtype: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
     """A device array into a shareable buffer with one device-to-device copy; None
     when the buffer exists and is not shareable (the caller goes through the host)."""
     gd = gpuq_dtype(dtype) if dtype is not None else _device_dtype(arr)
@@ -384,7 +456,7 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
     nbytes = count * SIZES[_device_dtype(arr)]
     size: Dict[str, Any] = {"bytes": nbytes} if gd == "bytes" else {"count": count, "dtype": gd}
     buf = yield from _find_or_alloc_plan(api, name, device, size,
-                                         shape if gd != "bytes" else None, True, job)
+                                         shape if gd != "bytes" else None, True, job, used)
     _check_fit(buf, nbytes, count, gd)
     if not buf.get("shareable"):
         return None
