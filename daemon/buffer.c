@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *buffer_state_name(enum buffer_state state)
@@ -230,6 +231,20 @@ struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *n
 	return b;
 }
 
+/*
+ * A number no buffer had before, in this run or an earlier one: a counter
+ * that starts from the wall clock in microseconds (a restart comes later,
+ * and a run makes fewer than a million buffers a second). Main thread only.
+ */
+static uint64_t next_generation(void)
+{
+	static uint64_t last;
+	struct timespec ts;
+	if (last == 0 && clock_gettime(CLOCK_REALTIME, &ts) == 0)
+		last = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	return ++last;
+}
+
 struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, uid_t owner,
 			  enum gpuq_dtype dtype, uint64_t count, uint64_t bytes)
 {
@@ -245,6 +260,7 @@ struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, 
 	b->state = BUFFER_ALLOCATING;
 	b->share_fd = -1;
 	b->created = monotonic_seconds();
+	b->generation = next_generation();
 	b->next = t->head;
 	t->head = b;
 	t->count++;

@@ -97,6 +97,10 @@ class Api(ComputeOps):
         # What ``buffers`` said of the buffers put_array and get_array used, by
         # (NAME, GPU or None): one lookup per buffer, not one per call (arrays.py).
         self._rows: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
+        # Mappings of shareable buffers kept across put_array/get_array calls of
+        # device arrays, by NAME@GPU (arrays.py), and those to unmap at close.
+        self._mappings: Dict[str, Any] = {}
+        self._stale_mappings: List[Any] = []
         # The pinned ring ordinary arrays travel through (staging.py).
         self._staging = staging if staging is not None else Staging()
 
@@ -384,6 +388,8 @@ class Api(ComputeOps):
         arrays.forget(self, arrays.base_name(buffer))
         done = yield from self._job_plan("free", dict(fields, buffer=buffer), **job)
         self._shapes.pop(done.record.get("buffer", buffer), None)
+        # Its leases have ended (free waited for them): no copy uses a kept mapping.
+        arrays.drop_mappings(self, arrays.base_name(buffer), unmap=True)
         return done
 
     def put(self, src: Any, buffer: str, *, offset: Optional[int] = None,

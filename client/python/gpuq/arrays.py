@@ -26,11 +26,11 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Sequence, Tuple
 
-from . import memfd
+from . import memfd, share
 from .dispatch import Call
 from .dtypes import SIZES, gpuq_dtype, numpy_dtype
 from .errors import BadRequest, Exists, GpuqError, NotFound
-from .job import Job
+from .job import Job, timeout_ms
 from .staging import MIN_STAGED_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -462,16 +462,15 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
         return None
     label = f"{name}@{buf['device']}"
     start = time.monotonic()
-    att = yield from api._attach_plan(label, "read-write", job.get("timeout"), {})
+    lease, record, att = yield from _lease_plan(api, label, "read-write", job.get("timeout"))
     try:
         _device_copy(att, arr, into_attachment=True)
     finally:
-        att.unmap()
-        yield Call("release", {"lease": att.lease})
+        yield Call("release", {"lease": lease})
     api._shapes[label] = tuple(shape)  # gpuqd keeps the shape given at alloc
     seconds = time.monotonic() - start
-    return Job(api, dict(att.record, result=dict(
-        att.record.get("result") or {}, bytes=nbytes, seconds=seconds, path="device",
+    return Job(api, dict(record, result=dict(
+        record.get("result") or {}, bytes=nbytes, seconds=seconds, path="device",
         gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0)))
 
 
@@ -485,13 +484,61 @@ def _device_get_plan(api: "Api", label: str, buf: Dict[str, Any], out: Any,
         host = yield from get_array_plan(api, label, None, None, None, job)
         _host_into_device(host, out)
         return out
-    att = yield from api._attach_plan(label, "read", job.get("timeout"), {})
+    lease, _, att = yield from _lease_plan(api, label, "read", job.get("timeout"))
     try:
         _device_copy(att, out, into_attachment=False)
     finally:
-        att.unmap()
-        yield Call("release", {"lease": att.lease})
+        yield Call("release", {"lease": lease})
     return out
+
+
+def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float]) -> Plan:
+    """A lease on shareable buffer ``label`` and a mapping of it: ``(lease, the attach
+    job's record, Attachment)``. The mapping is kept across calls (importing one
+    costs about as much as a 256 MiB copy on the H200) and reused while gpuqd's
+    reply names the same buffer (its ``generation``), size and device, with the
+    access ``mode`` needs; the descriptor that came is then closed unused."""
+    reply = yield Call("attach", {"buffer": label, "mode": mode, "wait": True,
+                                  "timeout_ms": timeout_ms(timeout)},
+                       (), waits=True, wait_s=timeout)
+    fds = reply.get("_fds") or []
+    result = reply["job"]["result"]
+    try:
+        key = (result.get("buffer"), result.get("device"), result.get("generation"),
+               result.get("bytes"))
+        att = api._mappings.get(label)
+        if att is not None and (att._key != key or (mode == "read-write" and not att.writable)):
+            drop_mappings(api, base_name(label), unmap=True)  # no lease holds the old one
+            att = None
+        if att is None:
+            att = share.Attachment(result, fds[0])
+            att._key = key
+            if result.get("generation") is not None:  # else gpuqd cannot say when it is stale
+                api._mappings[label] = att
+            else:
+                api._stale_mappings.append(att)
+        return int(result["lease"]), dict(reply["job"]), att
+    except BaseException:
+        yield Call("release", {"lease": result["lease"]})
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def drop_mappings(api: "Api", name: Optional[str], unmap: bool) -> None:
+    """Forgets the kept mappings of buffers called ``name`` (None: all), and unmaps
+    them now (``unmap``: no lease of this client's uses them) or at close."""
+    gone = [k for k in api._mappings if name is None or base_name(k) == name]
+    stale = [api._mappings.pop(k) for k in gone]
+    if name is None:
+        stale += api._stale_mappings
+        api._stale_mappings = []
+    if not unmap:
+        api._stale_mappings.extend(stale)
+        return
+    for att in stale:
+        att.unmap()
 
 
 def _host_into_device(host: Any, out: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from .api import Api, Plan
+from .arrays import drop_mappings
 from .connection import Connection
 from .dispatch import Call
 from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, Staging
@@ -28,6 +29,13 @@ class ClientBase(Api):
         super().__init__(Staging(staging_slots, staging_slot_bytes, copy_threads))
         self.socket = socket or default_socket()
         self._conn = self._connection_class(self.socket, timeout)
+        self._conn._d.on_notice = self._notice
+
+    def _notice(self, frame: Dict[str, Any]) -> None:
+        """An event for no request: a broken lease makes a kept mapping of its buffer
+        stale (unmapped at close: a copy of another thread may still use it)."""
+        if frame.get("event") == "lease_broken":
+            drop_mappings(self, str(frame.get("buffer") or ""), unmap=False)
 
     @property
     def staging(self) -> Staging:
@@ -51,6 +59,7 @@ class ClientBase(Api):
         ring's regions with the connection."""
         self._staging.close()
         self._conn.close()
+        drop_mappings(self, None, unmap=True)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"

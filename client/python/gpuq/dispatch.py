@@ -70,6 +70,9 @@ class Dispatcher:
         self.ping_sent = 0.0
         # Descriptors received (SCM_RIGHTS) and not yet claimed by the reply they came with.
         self.fds: List[int] = []
+        # Called with each event frame no pending request waits for (``lease_broken``),
+        # on whichever thread reads: it must not block.
+        self.on_notice: Optional[EventHandler] = None
 
     def add(self, call: Call, slot: Any) -> Tuple[int, bytes]:
         """Parks ``slot`` under a fresh id; returns the id and the frame of ``call``.
@@ -121,6 +124,8 @@ class Dispatcher:
                 slot = self.pending.get(rid) if rid is not None else None
                 if slot is not None:
                     slot.event(frame)
+                elif self.on_notice is not None:
+                    self.on_notice(frame)
             elif rid is not None and rid == self.ping_id:
                 self.ping_id = None
             elif rid == 0 or rid is None:

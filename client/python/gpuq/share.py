@@ -220,6 +220,9 @@ class Attachment:
         # the client whose release a ``with`` block calls.
         self.record: Dict[str, Any] = {}
         self._client: Any = None
+        # What a client that keeps this mapping across leases compares with the
+        # next attach's reply (arrays.py: buffer, device, generation, bytes).
+        self._key: Any = None
 
     def __repr__(self) -> str:
         where = "host" if self.host else f"cuda:{self.device}"
