@@ -119,6 +119,8 @@ class Connection(ConnectionBase):
         # The slot of the call that took the reader's turn as it sent (_lead).
         self._leader: Optional[_Slot] = None
         self._leader_thread = 0
+        # Threads in the condition's wait (under the lock): none, no notify needed.
+        self._sleepers = 0
 
     def call(self, call: Call) -> Dict[str, Any]:
         """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
@@ -169,7 +171,8 @@ class Connection(ConnectionBase):
         """Called under the lock by the thread that reads."""
         self._leader = None
         self._reading = False
-        self._cond.notify_all()
+        if self._sleepers:
+            self._cond.notify_all()
 
     def close(self, why: str = "closed by the client") -> None:
         with self._cond:
@@ -244,7 +247,11 @@ class Connection(ConnectionBase):
                 if not self._reading:
                     self._reading = True
                     return [], True
-                self._cond.wait(self._slice(deadline, now))
+                self._sleepers += 1
+                try:
+                    self._cond.wait(self._slice(deadline, now))
+                finally:
+                    self._sleepers -= 1
 
     def _slice(self, deadline: Optional[float], now: float) -> float:
         step = self.timeout / 4
@@ -257,8 +264,9 @@ class Connection(ConnectionBase):
         at most the slice, the socket's SO_RCVTIMEO, which is set again only
         when the slice changes (near a deadline).
         """
-        limit = self._quarter if deadline is None else max(
-            0.001, round(self._slice(deadline, time.monotonic()), 3))
+        left = None if deadline is None else deadline - time.monotonic()
+        limit = (self._quarter if left is None or left > self._quarter + 0.001
+                 else max(0.001, round(left, 3)))
         if limit != self._rcvtimeo:
             _set_timeo(self._sock, socket.SO_RCVTIMEO, limit)
             self._rcvtimeo = limit
@@ -269,7 +277,8 @@ class Connection(ConnectionBase):
         if data is not None:
             with self._cond:
                 _, fatal = self._d.take(data, fds)
-                self._cond.notify_all()
+                if self._sleepers:
+                    self._cond.notify_all()
         if fatal is not None:
             self._break(fatal)
 
