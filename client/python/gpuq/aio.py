@@ -11,9 +11,10 @@ pending; progress events run their request's ``on_event`` on the loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Deque, Dict, Optional, Sequence
 
 from .aio_methods import AsyncMethods
 from .api import Plan
@@ -57,7 +58,11 @@ class AsyncConnection(ConnectionBase):
         super().__init__(path, timeout)
         self._sock.setblocking(False)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._send_lock: Optional[asyncio.Lock] = None
+        # The send turn: one frame at a time goes out, whole. Held while
+        # ``_sending``; waiters queue their futures and are handed it in order
+        # (an asyncio.Lock cost a coroutine and a future's check per request).
+        self._sending = False
+        self._send_queue: Deque["asyncio.Future[None]"] = collections.deque()
         self._ticker: Optional[asyncio.TimerHandle] = None
         self._pinger: Optional["asyncio.Task[None]"] = None  # held: the loop keeps weak ones
 
@@ -65,7 +70,6 @@ class AsyncConnection(ConnectionBase):
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
-            self._send_lock = asyncio.Lock()
             self._d.last_heard = time.monotonic()
             loop.add_reader(self._sock.fileno(), self._readable)
         elif self._loop is not loop:
@@ -106,8 +110,18 @@ class AsyncConnection(ConnectionBase):
     async def _send(self, data: bytes, fds: Sequence[int]) -> None:
         """Sends one whole frame, the descriptors with its first byte; a failure
         part way leaves the stream out of step and closes the connection."""
-        assert self._send_lock is not None
-        async with self._send_lock:
+        if self._sending:
+            assert self._loop is not None
+            turn: "asyncio.Future[None]" = self._loop.create_future()
+            self._send_queue.append(turn)
+            try:
+                await turn
+            except BaseException:
+                if turn.done() and not turn.cancelled():
+                    self._hand_over()  # handed the turn, then cancelled: pass it on
+                raise
+        self._sending = True
+        try:
             try:
                 sent = 0
                 while sent < len(data):
@@ -115,7 +129,7 @@ class AsyncConnection(ConnectionBase):
                         if sent == 0 and fds:
                             sent = socket.send_fds(self._sock, [data], list(fds))
                         else:
-                            sent += self._sock.send(memoryview(data)[sent:])
+                            sent += self._sock.send(memoryview(data)[sent:] if sent else data)
                     except (BlockingIOError, InterruptedError):
                         await self._writable()
             except OSError as exc:
@@ -124,6 +138,17 @@ class AsyncConnection(ConnectionBase):
                 self._break((self._d.salvage(self._sock) if self._closed is None else None)
                             or why)
                 raise why from exc
+        finally:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Gives the send turn to the first waiter still waiting, or frees it."""
+        while self._send_queue:
+            turn = self._send_queue.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._sending = False
 
     async def _writable(self) -> None:
         assert self._loop is not None
