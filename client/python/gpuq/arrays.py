@@ -574,7 +574,11 @@ def _device_copy(att: Any, arr: Any, into_attachment: bool) -> None:
     view = _ByteView(att.ptr, att.bytes, False)
     if _module(arr) == "torch":
         import torch
-        mem = torch.as_tensor(view, device=f"cuda:{att.device}")
+        # The tensor over a kept mapping is kept with it (made once per mapping).
+        mem = getattr(att, "_torch_mem", None)
+        if mem is None:
+            mem = torch.as_tensor(view, device=f"cuda:{att.device}")
+            att._torch_mem = mem
         flat = arr.detach().contiguous().reshape(-1).view(torch.uint8)
         if into_attachment:
             mem.copy_(flat)
@@ -583,7 +587,8 @@ def _device_copy(att: Any, arr: Any, into_attachment: bool) -> None:
                 raise BadRequest("out= must be a contiguous tensor")
             arr.reshape(-1).view(torch.uint8).copy_(mem)
         torch.cuda.synchronize(mem.device)
-        torch.cuda.synchronize(arr.device)
+        if arr.device != mem.device:
+            torch.cuda.synchronize(arr.device)
     else:
         import cupy
         with cupy.cuda.Device(att.device):

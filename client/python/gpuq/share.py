@@ -223,6 +223,8 @@ class Attachment:
         # What a client that keeps this mapping across leases compares with the
         # next attach's reply (arrays.py: buffer, device, generation, bytes).
         self._key: Any = None
+        # A torch tensor over the mapping, made at its first copy (arrays.py).
+        self._torch_mem: Any = None
 
     def __repr__(self) -> str:
         where = "host" if self.host else f"cuda:{self.device}"
@@ -329,6 +331,7 @@ class Attachment:
 
     def unmap(self) -> None:
         """Drops this process's mapping (release does it first)."""
+        self._torch_mem = None
         if self._map is not None:
             _close_map(self._map)
             self._map = None
