@@ -71,6 +71,22 @@ def _job_id(job: JobRef) -> int:
     return job.id if isinstance(job, Job) else int(job)
 
 
+def _job_call(op: str, fields: Mapping[str, Any], fds: Sequence[int],
+              priority: Optional[str], detach: bool, timeout: Optional[float],
+              on_progress: Optional[ProgressHandler]) -> Call:
+    """The request that submits a job (and waits for it unless ``detach``)."""
+    req = dict(fields)
+    if priority is not None:
+        req["priority"] = priority
+    if not detach:
+        req.update(wait=True, timeout_ms=timeout_ms(timeout),
+                   progress=True if on_progress else None)
+    elif timeout is not None or on_progress is not None:
+        raise ValueError("timeout and on_progress apply to waiting; with detach=True "
+                         "pass them to job.wait()")
+    return Call(op, req, fds, waits=not detach, wait_s=timeout, on_event=on_progress)
+
+
 def _body(reply: Mapping[str, Any]) -> Dict[str, Any]:
     """A reply without the envelope (``id``, ``ok``)."""
     return {k: v for k, v in reply.items() if k not in ("id", "ok")}
@@ -131,17 +147,7 @@ class Api(ComputeOps):
                   timeout: Optional[float] = None,
                   on_progress: Optional[ProgressHandler] = None) -> Plan:
         """Submits a job; waits for it unless ``detach``; returns its :class:`Job`."""
-        req = dict(fields)
-        if priority is not None:
-            req["priority"] = priority
-        if not detach:
-            req.update(wait=True, timeout_ms=timeout_ms(timeout),
-                       progress=True if on_progress else None)
-        elif timeout is not None or on_progress is not None:
-            raise ValueError("timeout and on_progress apply to waiting; with detach=True "
-                             "pass them to job.wait()")
-        reply = yield Call(op, req, fds, waits=not detach, wait_s=timeout,
-                           on_event=on_progress)
+        reply = yield _job_call(op, fields, fds, priority, detach, timeout, on_progress)
         return Job(self, reply["job"])
 
     def _transfer_plan(self, op: str, what: Any, fields: Dict[str, Any],

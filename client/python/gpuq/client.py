@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from .api import Api, Plan
+from .api import Api, Plan, ProgressHandler, _body, _job_call
 from .arrays import drop_mappings
 from .connection import Connection
 from .dispatch import Call
+from .job import Job
 from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, Staging
 from .wire import default_socket
 
@@ -102,6 +103,24 @@ class Client(ClientBase):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    # One request, one reply: what ping, noop and the other simple methods send,
+    # without a plan's generator (the same requests and errors as Api's).
+
+    def _request_kw(self, op: str, **fields: Any) -> Any:
+        reply = self._conn.call(Call(op, fields))
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return _body(reply)
+
+    def _job_kw(self, op: str, *, priority: Optional[str] = None, detach: bool = False,
+                timeout: Optional[float] = None,
+                on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Any:
+        reply = self._conn.call(_job_call(op, fields, (), priority, detach, timeout,
+                                          on_progress))
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])
 
     def _drive(self, plan: Plan) -> Any:
         """Runs a plan, blocking on each of its requests in turn."""
