@@ -17,10 +17,11 @@ import time
 from typing import Any, Deque, Dict, Optional, Sequence
 
 from .aio_methods import AsyncMethods
-from .api import Plan
+from .api import Plan, ProgressHandler, _body, _job_call
 from .client import ClientBase
 from .connection import ConnectionBase, _copy_error
 from .dispatch import Call
+from .job import Job
 
 __all__ = ["AsyncClient", "AsyncConnection"]
 
@@ -247,6 +248,24 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
 
     async def __aexit__(self, *exc: Any) -> None:
         self.close()
+
+    # One request, one reply, without a plan's generator (as Client's).
+
+    async def _request_kw(self, op: str, **fields: Any) -> Any:
+        reply = await self._conn.call(Call(op, fields))
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return _body(reply)
+
+    async def _job_kw(self, op: str, *,
+                      priority: Optional[str] = None, detach: bool = False,
+                      timeout: Optional[float] = None,
+                      on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Any:
+        reply = await self._conn.call(_job_call(op, fields, (), priority, detach, timeout,
+                                                on_progress))
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])
 
     async def _drive(self, plan: Plan) -> Any:
         """Runs a plan, awaiting each of its requests in turn."""
