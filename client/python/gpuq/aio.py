@@ -65,6 +65,11 @@ class AsyncConnection(ConnectionBase):
         self._sending = False
         self._send_queue: Deque["asyncio.Future[None]"] = collections.deque()
         self._ticker: Optional[asyncio.TimerHandle] = None
+        # Requests the daemon answers at once, with their deadlines: now plus the
+        # timeout, so in the order sent. One timer, at the oldest's deadline,
+        # expires them (one timer per request cost a heap push and a cancel).
+        self._due: Dict[int, float] = {}
+        self._due_timer: Optional[asyncio.TimerHandle] = None
         self._pinger: Optional["asyncio.Task[None]"] = None  # held: the loop keeps weak ones
 
     def _start(self) -> asyncio.AbstractEventLoop:
@@ -83,9 +88,16 @@ class AsyncConnection(ConnectionBase):
         loop = self._start()
         future: "asyncio.Future[Dict[str, Any]]" = loop.create_future()
         rid, frame = self._d.add(call, _FutureSlot(future, call.on_event))
-        deadline = self._d.deadline(call, time.monotonic())
-        expiry = None if deadline is None else loop.call_at(
-            loop.time() + (deadline - time.monotonic()), self._expire, rid)
+        now = time.monotonic()
+        deadline = self._d.deadline(call, now)
+        expiry = None
+        if deadline is not None and call.waits:  # a wait's own limit: a timer of its own
+            expiry = loop.call_at(loop.time() + (deadline - now), self._expire, rid)
+        elif deadline is not None:
+            self._due[rid] = deadline
+            if self._due_timer is None:
+                self._due_timer = loop.call_at(loop.time() + (deadline - now),
+                                               self._expire_due)
         if call.waits:
             self._arm()
         try:
@@ -99,8 +111,24 @@ class AsyncConnection(ConnectionBase):
             return await future
         finally:
             self._d.forget(rid)
+            self._due.pop(rid, None)
             if expiry is not None:
                 expiry.cancel()
+
+    def _expire_due(self) -> None:
+        """Expires the requests answered-at-once that are overdue, oldest first, and
+        sets the timer again for the oldest left."""
+        self._due_timer = None
+        now = time.monotonic()
+        while self._due:
+            rid, deadline = next(iter(self._due.items()))
+            if deadline > now:
+                assert self._loop is not None
+                self._due_timer = self._loop.call_at(self._loop.time() + (deadline - now),
+                                                     self._expire_due)
+                return
+            del self._due[rid]
+            self._expire(rid)
 
     def _expire(self, rid: int) -> None:
         error = self._d.late_error(rid)
@@ -212,6 +240,9 @@ class AsyncConnection(ConnectionBase):
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+            self._due_timer = None
 
     def close(self, why: str = "closed by the client") -> None:
         if self._closed is None:
