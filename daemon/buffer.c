@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *buffer_state_name(enum buffer_state state)
@@ -251,6 +252,20 @@ static void buffer_destroy(struct buffer *b)
 	free(b);
 }
 
+/*
+ * A number no buffer had before, in this run or an earlier one: a counter
+ * that starts from the wall clock in microseconds (a restart comes later,
+ * and a run makes fewer than a million buffers a second). Main thread only.
+ */
+static uint64_t next_generation(void)
+{
+	static uint64_t last;
+	struct timespec ts;
+	if (last == 0 && clock_gettime(CLOCK_REALTIME, &ts) == 0)
+		last = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	return ++last;
+}
+
 struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, uid_t owner,
 			  enum gpuq_dtype dtype, uint64_t count, uint64_t bytes)
 {
@@ -267,6 +282,7 @@ struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, 
 	b->share_fd = -1;
 	b->slab_fd = -1;
 	b->created = monotonic_seconds();
+	b->generation = next_generation();
 	b->next = t->head;
 	t->head = b;
 	t->count++;

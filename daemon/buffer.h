@@ -50,6 +50,12 @@ struct buffer {
 	char *suspect;
 	enum buffer_state state;
 	double created; /* CLOCK_MONOTONIC seconds */
+	/*
+	 * Tells this buffer from every other that had its name and device: a
+	 * client that keeps a mapping of it (attach) reuses the mapping only
+	 * while the generation is the same. Unique across restarts too.
+	 */
+	uint64_t generation;
 	unsigned users; /* jobs queued or running on it */
 	bool removed;   /* freed and out of the registry; the struct goes with its last user */
 	uint64_t last_job; /* the latest job that used it, for `busy` messages */

@@ -140,6 +140,7 @@ static void render_buffer(const struct buffer *b, double now, struct mp_array *o
 	mp_put_bool(&m, "ephemeral", b->conn_serial != 0);
 	mp_put_u64(&m, "owner", (uint64_t)b->owner);
 	mp_put_f64(&m, "age_s", now - b->created);
+	mp_put_u64(&m, "generation", b->generation);
 	mp_put_str(&m, "state", b->suspect && b->state == BUFFER_READY ? "suspect"
 								     : buffer_state_name(b->state));
 	if (b->suspect)

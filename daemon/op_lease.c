@@ -94,6 +94,7 @@ static void lease_end(struct daemon *d, struct lease *l)
 struct attach_info {
 	char uuid[64]; /* the device's, for the client to find it in its own CUDA numbering */
 	const char *handle;
+	uint64_t generation; /* the buffer's (buffer.h) */
 };
 
 static void release_attach(struct job *job)
@@ -117,6 +118,7 @@ static void render_attach(const struct job *job, struct mp_map *out)
 	if (info) {
 		mp_put_str(out, "uuid", info->uuid);
 		mp_put_str(out, "handle", info->handle);
+		mp_put_u64(out, "generation", info->generation);
 	}
 }
 
@@ -188,6 +190,7 @@ static int attach_info_new(struct request *req, struct job *job, const struct bu
 	worker_snapshot(&req->d->pool, b->device, &snap);
 	snprintf(info->uuid, sizeof info->uuid, "%s", snap.info.uuid);
 	info->handle = strcmp(req->d->ops->name, "host") == 0 ? "memfd" : "posix_fd";
+	info->generation = b->generation;
 	job->work.spec = info;
 	job->release = release_attach;
 	return 0;

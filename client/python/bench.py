@@ -156,6 +156,14 @@ def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0) -> float:
         return median_gbps(nbytes, repeats, make)
 
 
+def ring_timing(what: str, client: gpuq.Client) -> None:
+    """Where the last ring transfer's time went, as the calling thread saw it."""
+    t = client.staging.timing
+    if t:
+        print(f"   {what} through the ring, last call: " + ", ".join(
+            f"{k} {v * 1e3:.2f} ms" for k, v in t.items()))
+
+
 def torch_cuda() -> Any:
     """torch, when it is installed with a GPU; else None."""
     try:
@@ -182,10 +190,12 @@ def copy_rows(args: argparse.Namespace, client: gpuq.Client, nbytes: int,
     rows.append(("H2D", "put_array (numpy array)",
                  median_gbps(nbytes, r, lambda: client.put_array(name, src)),
                  "pinned", pinned_h2d))
+    ring_timing("put_array", client)
     out = np.empty_like(src)
     rows.append(("D2H", "get_array (out=numpy array)",
                  median_gbps(nbytes, r, lambda: client.get_array(name, out=out)),
                  "pinned", pinned_d2h))
+    ring_timing("get_array(out=)", client)
     ceiling = new_array_ceiling(nbytes, r, client.staging.threads)
     rows.append(("D2H", "new array, written by threads", ceiling, "pinned", pinned_d2h))
     rows.append(("D2H", "get_array (new array)",
@@ -277,7 +287,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="measured copies per method")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--copy-threads", type=int, default=None,
-                   help="the client's staging copy threads (default: CPUs, at most 8)")
+                   help="the client's staging copy threads (default: CPUs, at most 12)")
     p.add_argument("--slot-bytes", type=_size, default=None,
                    help="the staging ring's slot size (default 32M)")
     p.add_argument("--skip", choices=["dispatch", "copy"], action="append", default=[])

@@ -11,15 +11,17 @@ pending; progress events run their request's ``on_event`` on the loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Deque, Dict, Optional, Sequence
 
 from .aio_methods import AsyncMethods
-from .api import Plan
+from .api import Plan, ProgressHandler, _body, _job_call
 from .client import ClientBase
 from .connection import ConnectionBase, _copy_error
 from .dispatch import Call
+from .job import Job
 
 __all__ = ["AsyncClient", "AsyncConnection"]
 
@@ -57,15 +59,23 @@ class AsyncConnection(ConnectionBase):
         super().__init__(path, timeout)
         self._sock.setblocking(False)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._send_lock: Optional[asyncio.Lock] = None
+        # The send turn: one frame at a time goes out, whole. Held while
+        # ``_sending``; waiters queue their futures and are handed it in order
+        # (an asyncio.Lock cost a coroutine and a future's check per request).
+        self._sending = False
+        self._send_queue: Deque["asyncio.Future[None]"] = collections.deque()
         self._ticker: Optional[asyncio.TimerHandle] = None
+        # Requests the daemon answers at once, with their deadlines: now plus the
+        # timeout, so in the order sent. One timer, at the oldest's deadline,
+        # expires them (one timer per request cost a heap push and a cancel).
+        self._due: Dict[int, float] = {}
+        self._due_timer: Optional[asyncio.TimerHandle] = None
         self._pinger: Optional["asyncio.Task[None]"] = None  # held: the loop keeps weak ones
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
-            self._send_lock = asyncio.Lock()
             self._d.last_heard = time.monotonic()
             loop.add_reader(self._sock.fileno(), self._readable)
         elif self._loop is not loop:
@@ -78,9 +88,16 @@ class AsyncConnection(ConnectionBase):
         loop = self._start()
         future: "asyncio.Future[Dict[str, Any]]" = loop.create_future()
         rid, frame = self._d.add(call, _FutureSlot(future, call.on_event))
-        deadline = self._d.deadline(call, time.monotonic())
-        expiry = None if deadline is None else loop.call_at(
-            loop.time() + (deadline - time.monotonic()), self._expire, rid)
+        now = time.monotonic()
+        deadline = self._d.deadline(call, now)
+        expiry = None
+        if deadline is not None and call.waits:  # a wait's own limit: a timer of its own
+            expiry = loop.call_at(loop.time() + (deadline - now), self._expire, rid)
+        elif deadline is not None:
+            self._due[rid] = deadline
+            if self._due_timer is None:
+                self._due_timer = loop.call_at(loop.time() + (deadline - now),
+                                               self._expire_due)
         if call.waits:
             self._arm()
         try:
@@ -94,8 +111,24 @@ class AsyncConnection(ConnectionBase):
             return await future
         finally:
             self._d.forget(rid)
+            self._due.pop(rid, None)
             if expiry is not None:
                 expiry.cancel()
+
+    def _expire_due(self) -> None:
+        """Expires the requests answered-at-once that are overdue, oldest first, and
+        sets the timer again for the oldest left."""
+        self._due_timer = None
+        now = time.monotonic()
+        while self._due:
+            rid, deadline = next(iter(self._due.items()))
+            if deadline > now:
+                assert self._loop is not None
+                self._due_timer = self._loop.call_at(self._loop.time() + (deadline - now),
+                                                     self._expire_due)
+                return
+            del self._due[rid]
+            self._expire(rid)
 
     def _expire(self, rid: int) -> None:
         error = self._d.late_error(rid)
@@ -106,8 +139,18 @@ class AsyncConnection(ConnectionBase):
     async def _send(self, data: bytes, fds: Sequence[int]) -> None:
         """Sends one whole frame, the descriptors with its first byte; a failure
         part way leaves the stream out of step and closes the connection."""
-        assert self._send_lock is not None
-        async with self._send_lock:
+        if self._sending:
+            assert self._loop is not None
+            turn: "asyncio.Future[None]" = self._loop.create_future()
+            self._send_queue.append(turn)
+            try:
+                await turn
+            except BaseException:
+                if turn.done() and not turn.cancelled():
+                    self._hand_over()  # handed the turn, then cancelled: pass it on
+                raise
+        self._sending = True
+        try:
             try:
                 sent = 0
                 while sent < len(data):
@@ -115,7 +158,7 @@ class AsyncConnection(ConnectionBase):
                         if sent == 0 and fds:
                             sent = socket.send_fds(self._sock, [data], list(fds))
                         else:
-                            sent += self._sock.send(memoryview(data)[sent:])
+                            sent += self._sock.send(memoryview(data)[sent:] if sent else data)
                     except (BlockingIOError, InterruptedError):
                         await self._writable()
             except OSError as exc:
@@ -124,6 +167,17 @@ class AsyncConnection(ConnectionBase):
                 self._break((self._d.salvage(self._sock) if self._closed is None else None)
                             or why)
                 raise why from exc
+        finally:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Gives the send turn to the first waiter still waiting, or frees it."""
+        while self._send_queue:
+            turn = self._send_queue.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._sending = False
 
     async def _writable(self) -> None:
         assert self._loop is not None
@@ -186,6 +240,9 @@ class AsyncConnection(ConnectionBase):
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+            self._due_timer = None
 
     def close(self, why: str = "closed by the client") -> None:
         if self._closed is None:
@@ -222,6 +279,24 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
 
     async def __aexit__(self, *exc: Any) -> None:
         self.close()
+
+    # One request, one reply, without a plan's generator (as Client's).
+
+    async def _request_kw(self, op: str, **fields: Any) -> Any:
+        reply = await self._conn.call(Call(op, fields))
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return _body(reply)
+
+    async def _job_kw(self, op: str, *,
+                      priority: Optional[str] = None, detach: bool = False,
+                      timeout: Optional[float] = None,
+                      on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Any:
+        reply = await self._conn.call(_job_call(op, fields, (), priority, detach, timeout,
+                                                on_progress))
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])
 
     async def _drive(self, plan: Plan) -> Any:
         """Runs a plan, awaiting each of its requests in turn."""

@@ -71,6 +71,22 @@ def _job_id(job: JobRef) -> int:
     return job.id if isinstance(job, Job) else int(job)
 
 
+def _job_call(op: str, fields: Mapping[str, Any], fds: Sequence[int],
+              priority: Optional[str], detach: bool, timeout: Optional[float],
+              on_progress: Optional[ProgressHandler]) -> Call:
+    """The request that submits a job (and waits for it unless ``detach``)."""
+    req = dict(fields)
+    if priority is not None:
+        req["priority"] = priority
+    if not detach:
+        req.update(wait=True, timeout_ms=timeout_ms(timeout),
+                   progress=True if on_progress else None)
+    elif timeout is not None or on_progress is not None:
+        raise ValueError("timeout and on_progress apply to waiting; with detach=True "
+                         "pass them to job.wait()")
+    return Call(op, req, fds, waits=not detach, wait_s=timeout, on_event=on_progress)
+
+
 def _body(reply: Mapping[str, Any]) -> Dict[str, Any]:
     """A reply without the envelope (``id``, ``ok``)."""
     return {k: v for k, v in reply.items() if k not in ("id", "ok")}
@@ -94,6 +110,13 @@ class Api(ComputeOps):
         # Shapes of the arrays put_array stored, by NAME@GPU, for daemons
         # that keep none (see arrays.py).
         self._shapes: Dict[str, Tuple[int, ...]] = {}
+        # What ``buffers`` said of the buffers put_array and get_array used, by
+        # (NAME, GPU or None): one lookup per buffer, not one per call (arrays.py).
+        self._rows: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
+        # Mappings of shareable buffers kept across put_array/get_array calls of
+        # device arrays, by NAME@GPU (arrays.py), and those to unmap at close.
+        self._mappings: Dict[str, Any] = {}
+        self._stale_mappings: List[Any] = []
         # The pinned ring ordinary arrays travel through (staging.py).
         self._staging = staging if staging is not None else Staging()
 
@@ -124,17 +147,7 @@ class Api(ComputeOps):
                   timeout: Optional[float] = None,
                   on_progress: Optional[ProgressHandler] = None) -> Plan:
         """Submits a job; waits for it unless ``detach``; returns its :class:`Job`."""
-        req = dict(fields)
-        if priority is not None:
-            req["priority"] = priority
-        if not detach:
-            req.update(wait=True, timeout_ms=timeout_ms(timeout),
-                       progress=True if on_progress else None)
-        elif timeout is not None or on_progress is not None:
-            raise ValueError("timeout and on_progress apply to waiting; with detach=True "
-                             "pass them to job.wait()")
-        reply = yield Call(op, req, fds, waits=not detach, wait_s=timeout,
-                           on_event=on_progress)
+        reply = yield _job_call(op, fields, fds, priority, detach, timeout, on_progress)
         return Job(self, reply["job"])
 
     def _transfer_plan(self, op: str, what: Any, fields: Dict[str, Any],
@@ -357,6 +370,7 @@ class Api(ComputeOps):
             dict(priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
 
     def _alloc_plan(self, fields: Dict[str, Any], job: Dict[str, Any]) -> Plan:
+        arrays.forget(self, str(fields["name"]))
         done = yield from self._job_plan("alloc", fields, **job)
         if job.get("detach"):
             return done
@@ -387,8 +401,11 @@ class Api(ComputeOps):
             priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
 
     def _free_plan(self, buffer: str, fields: Dict[str, Any], job: Dict[str, Any]) -> Plan:
+        arrays.forget(self, arrays.base_name(buffer))
         done = yield from self._job_plan("free", dict(fields, buffer=buffer), **job)
         self._shapes.pop(done.record.get("buffer", buffer), None)
+        # Its leases have ended (free waited for them): no copy uses a kept mapping.
+        arrays.drop_mappings(self, arrays.base_name(buffer), unmap=True)
         return done
 
     def put(self, src: Any, buffer: str, *, offset: Optional[int] = None,

@@ -26,11 +26,11 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Sequence, Tuple
 
-from . import memfd
+from . import memfd, share
 from .dispatch import Call
 from .dtypes import SIZES, gpuq_dtype, numpy_dtype
-from .errors import BadRequest, Exists, NotFound
-from .job import Job
+from .errors import BadRequest, Exists, GpuqError, NotFound
+from .job import Job, timeout_ms
 from .staging import MIN_STAGED_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,8 +84,59 @@ def split_name(spec: str) -> Tuple[str, Optional[int]]:
     return name, int(gpu)
 
 
+def base_name(spec: Any) -> str:
+    """A buffer's name without ``@GPU`` or a range (``"w@1[0:8]"`` -> ``"w"``)."""
+    return str(spec).split("[", 1)[0].partition("@")[0]
+
+
 def lookup_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
     """The caller's buffer called ``name`` (on ``device`` if given), or None."""
+    row = yield from _lookup_fresh_plan(api, name, device)
+    if row is not None:
+        remember(api, name, device, row)
+    return row
+
+
+def cached_lookup_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
+    """As :func:`lookup_plan`, but what ``buffers`` said last time when this client
+    has asked already: ``(row, cached)``. A transfer that fails with a cached
+    row forgets it and tries once more with a fresh one (see :func:`_retrying`)."""
+    row = api._rows.get((name, device))
+    if row is not None:
+        return row, True
+    return (yield from lookup_plan(api, name, device)), False
+
+
+def remember(api: "Api", name: str, device: Optional[int], row: Dict[str, Any]) -> None:
+    """Keeps ``row`` for later transfers of buffer ``name``, found as given and as NAME@GPU."""
+    api._rows[(name, device)] = row
+    if row.get("device") is not None:
+        api._rows[(name, int(row["device"]))] = row
+
+
+def forget(api: "Api", name: str) -> None:
+    """Drops what this client keeps of every buffer called ``name``: freed, made anew,
+    or a transfer with it failed."""
+    for key in [k for k in api._rows if k[0] == name]:
+        del api._rows[key]
+
+
+def _retrying(api: "Api", name: str, make: Any) -> Plan:
+    """Runs the plan ``make(used)`` gives, ``used`` a list its lookups append whether
+    they answered from the cache to; when it fails after a cached answer, forgets
+    the buffer and runs it once more, looking afresh (the buffer may have been
+    freed and made anew, by this process or another, since it was cached)."""
+    used: List[bool] = []
+    try:
+        return (yield from make(used))
+    except GpuqError:
+        forget(api, name)
+        if not any(used):
+            raise
+    return (yield from make([]))
+
+
+def _lookup_fresh_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
     reply = yield Call("buffers", {"device": device})
     uid = api._uid()
     mine: List[Dict[str, Any]] = [b for b in reply.get("buffers", [])
@@ -182,15 +233,19 @@ def _product(shape: Sequence[int]) -> int:
 
 def _find_or_alloc_plan(api: "Api", name: str, device: Optional[int], size: Dict[str, Any],
                         shape: Optional[List[int]], shareable: bool,
-                        job: Dict[str, Any]) -> Plan:
-    buf = yield from lookup_plan(api, name, device)
+                        job: Dict[str, Any], used: List[bool]) -> Plan:
+    buf, cached = yield from cached_lookup_plan(api, name, device)
+    used.append(cached)
     if buf is not None:
         return buf
+    forget(api, name)
     try:
         done = yield from api._job_plan("alloc", dict(name=name, device=device, shape=shape,
                                                       shareable=shareable or None, **size),
                                         priority=job.get("priority"))
-        return dict(done.result or {}, shape=shape)
+        made = dict(done.result or {}, shape=shape)
+        remember(api, name, device, made)
+        return made
     except Exists:  # made meanwhile by another thread or process: look again
         buf = yield from lookup_plan(api, name, device)
         if buf is None:
@@ -202,8 +257,14 @@ def put_array_plan(api: "Api", spec: str, arr: Any, dtype: Any,
                    job: Dict[str, Any]) -> Plan:
     """Finds or allocates the buffer, checks that the array fits it, and puts it."""
     name, device = split_name(spec)
+    return (yield from _retrying(api, name, lambda used: _put_array_plan(
+        api, spec, name, device, arr, dtype, job, used)))
+
+
+def _put_array_plan(api: "Api", spec: str, name: str, device: Optional[int], arr: Any,
+                    dtype: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
     if is_device_array(arr):
-        done = yield from _device_put_plan(api, spec, name, device, arr, dtype, job)
+        done = yield from _device_put_plan(api, spec, name, device, arr, dtype, job, used)
         if done is not None:
             return done
         arr = _device_to_host(arr)
@@ -211,12 +272,14 @@ def put_array_plan(api: "Api", spec: str, arr: Any, dtype: Any,
     shape = [int(n) for n in arr.shape] if gd != "bytes" or arr.itemsize == 1 else None
     size: Dict[str, Any] = ({"bytes": arr.nbytes} if gd == "bytes"
                             else {"count": arr.size, "dtype": gd})
-    buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job)
+    buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job, used)
     _check_fit(buf, arr.nbytes, arr.size, gd)
     label = f"{name}@{buf['device']}"
     extra = {"shape": shape} if shape is not None and buf.get("shape") != shape else {}
     result = yield from _put_bytes_plan(api, label, arr, int(buf["device"]), extra, job)
     api._shapes[label] = arr.shape
+    if extra:  # gpuqd keeps the shape now
+        remember(api, name, device, dict(buf, shape=shape))
     return result
 
 
@@ -249,11 +312,13 @@ def _put_bytes_plan(api: "Api", label: str, arr: Any, device: int, extra: Dict[s
 def _summary(last: Any, nbytes: int, seconds: float, staging: Any) -> Any:
     """The last chunk's Job, its result saying what the whole transfer did: ``bytes``,
     ``seconds`` and ``gbps`` over every chunk as the client timed them, ``path``
-    ``ring`` and how many ``chunks`` of ``slot_bytes``."""
+    ``ring``, how many ``chunks`` of ``slot_bytes``, and ``timing``, where the
+    calling thread's time went (:attr:`gpuq.Staging.timing`)."""
     last.record = dict(last.record, result=dict(
         last.result or {}, bytes=nbytes, seconds=seconds,
         gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0, path="ring",
-        chunks=-(-nbytes // staging.slot_bytes), slot_bytes=staging.slot_bytes))
+        chunks=-(-nbytes // staging.slot_bytes), slot_bytes=staging.slot_bytes,
+        timing=dict(staging.timing)))
     return last
 
 
@@ -262,9 +327,16 @@ def _summary(last: Any, nbytes: int, seconds: float, staging: Any) -> Any:
 def get_array_plan(api: "Api", spec: str, out: Any, dtype: Any, shape: Any,
                    job: Dict[str, Any]) -> Plan:
     """Reads a whole buffer into a new array, or into ``out``."""
-    np = _np()
     name, device = split_name(spec)
-    buf = yield from lookup_plan(api, name, device)
+    return (yield from _retrying(api, name, lambda used: _get_array_plan(
+        api, spec, name, device, out, dtype, shape, job, used)))
+
+
+def _get_array_plan(api: "Api", spec: str, name: str, device: Optional[int], out: Any,
+                    dtype: Any, shape: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
+    np = _np()
+    buf, cached = yield from cached_lookup_plan(api, name, device)
+    used.append(cached)
     if buf is None:
         raise (yield from _not_found(api, spec))
     label = f"{name}@{buf['device']}"
@@ -375,7 +447,7 @@ def _device_dtype(arr: Any) -> str:
 
 
 def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], arr: Any,
-                     dtype: Any, job: Dict[str, Any]) -> Plan:
+                     dtype: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
     """A device array into a shareable buffer with one device-to-device copy; None
     when the buffer exists and is not shareable (the caller goes through the host)."""
     gd = gpuq_dtype(dtype) if dtype is not None else _device_dtype(arr)
@@ -384,22 +456,21 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
     nbytes = count * SIZES[_device_dtype(arr)]
     size: Dict[str, Any] = {"bytes": nbytes} if gd == "bytes" else {"count": count, "dtype": gd}
     buf = yield from _find_or_alloc_plan(api, name, device, size,
-                                         shape if gd != "bytes" else None, True, job)
+                                         shape if gd != "bytes" else None, True, job, used)
     _check_fit(buf, nbytes, count, gd)
     if not buf.get("shareable"):
         return None
     label = f"{name}@{buf['device']}"
     start = time.monotonic()
-    att = yield from api._attach_plan(label, "read-write", job.get("timeout"), {})
+    lease, record, att = yield from _lease_plan(api, label, "read-write", job.get("timeout"))
     try:
         _device_copy(att, arr, into_attachment=True)
     finally:
-        att.unmap()
-        yield Call("release", {"lease": att.lease})
+        yield Call("release", {"lease": lease})
     api._shapes[label] = tuple(shape)  # gpuqd keeps the shape given at alloc
     seconds = time.monotonic() - start
-    return Job(api, dict(att.record, result=dict(
-        att.record.get("result") or {}, bytes=nbytes, seconds=seconds, path="device",
+    return Job(api, dict(record, result=dict(
+        record.get("result") or {}, bytes=nbytes, seconds=seconds, path="device",
         gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0)))
 
 
@@ -413,13 +484,61 @@ def _device_get_plan(api: "Api", label: str, buf: Dict[str, Any], out: Any,
         host = yield from get_array_plan(api, label, None, None, None, job)
         _host_into_device(host, out)
         return out
-    att = yield from api._attach_plan(label, "read", job.get("timeout"), {})
+    lease, _, att = yield from _lease_plan(api, label, "read", job.get("timeout"))
     try:
         _device_copy(att, out, into_attachment=False)
     finally:
-        att.unmap()
-        yield Call("release", {"lease": att.lease})
+        yield Call("release", {"lease": lease})
     return out
+
+
+def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float]) -> Plan:
+    """A lease on shareable buffer ``label`` and a mapping of it: ``(lease, the attach
+    job's record, Attachment)``. The mapping is kept across calls (importing one
+    costs about as much as a 256 MiB copy on the H200) and reused while gpuqd's
+    reply names the same buffer (its ``generation``), size and device, with the
+    access ``mode`` needs; the descriptor that came is then closed unused."""
+    reply = yield Call("attach", {"buffer": label, "mode": mode, "wait": True,
+                                  "timeout_ms": timeout_ms(timeout)},
+                       (), waits=True, wait_s=timeout)
+    fds = reply.get("_fds") or []
+    result = reply["job"]["result"]
+    try:
+        key = (result.get("buffer"), result.get("device"), result.get("generation"),
+               result.get("bytes"))
+        att = api._mappings.get(label)
+        if att is not None and (att._key != key or (mode == "read-write" and not att.writable)):
+            drop_mappings(api, base_name(label), unmap=True)  # no lease holds the old one
+            att = None
+        if att is None:
+            att = share.Attachment(result, fds[0])
+            att._key = key
+            if result.get("generation") is not None:  # else gpuqd cannot say when it is stale
+                api._mappings[label] = att
+            else:
+                api._stale_mappings.append(att)
+        return int(result["lease"]), dict(reply["job"]), att
+    except BaseException:
+        yield Call("release", {"lease": result["lease"]})
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def drop_mappings(api: "Api", name: Optional[str], unmap: bool) -> None:
+    """Forgets the kept mappings of buffers called ``name`` (None: all), and unmaps
+    them now (``unmap``: no lease of this client's uses them) or at close."""
+    gone = [k for k in api._mappings if name is None or base_name(k) == name]
+    stale = [api._mappings.pop(k) for k in gone]
+    if name is None:
+        stale += api._stale_mappings
+        api._stale_mappings = []
+    if not unmap:
+        api._stale_mappings.extend(stale)
+        return
+    for att in stale:
+        att.unmap()
 
 
 def _host_into_device(host: Any, out: Any) -> None:
@@ -455,7 +574,11 @@ def _device_copy(att: Any, arr: Any, into_attachment: bool) -> None:
     view = _ByteView(att.ptr, att.bytes, False)
     if _module(arr) == "torch":
         import torch
-        mem = torch.as_tensor(view, device=f"cuda:{att.device}")
+        # The tensor over a kept mapping is kept with it (made once per mapping).
+        mem = getattr(att, "_torch_mem", None)
+        if mem is None:
+            mem = torch.as_tensor(view, device=f"cuda:{att.device}")
+            att._torch_mem = mem
         flat = arr.detach().contiguous().reshape(-1).view(torch.uint8)
         if into_attachment:
             mem.copy_(flat)
@@ -464,7 +587,8 @@ def _device_copy(att: Any, arr: Any, into_attachment: bool) -> None:
                 raise BadRequest("out= must be a contiguous tensor")
             arr.reshape(-1).view(torch.uint8).copy_(mem)
         torch.cuda.synchronize(mem.device)
-        torch.cuda.synchronize(arr.device)
+        if arr.device != mem.device:
+            torch.cuda.synchronize(arr.device)
     else:
         import cupy
         with cupy.cuda.Device(att.device):

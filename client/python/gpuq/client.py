@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from .api import Api, Plan
+from .api import Api, Plan, ProgressHandler, _body, _job_call
+from .arrays import drop_mappings
 from .connection import Connection
 from .dispatch import Call
+from .job import Job
 from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, Staging
 from .wire import default_socket
 
@@ -28,6 +30,13 @@ class ClientBase(Api):
         super().__init__(Staging(staging_slots, staging_slot_bytes, copy_threads))
         self.socket = socket or default_socket()
         self._conn = self._connection_class(self.socket, timeout)
+        self._conn._d.on_notice = self._notice
+
+    def _notice(self, frame: Dict[str, Any]) -> None:
+        """An event for no request: a broken lease makes a kept mapping of its buffer
+        stale (unmapped at close: a copy of another thread may still use it)."""
+        if frame.get("event") == "lease_broken":
+            drop_mappings(self, str(frame.get("buffer") or ""), unmap=False)
 
     @property
     def staging(self) -> Staging:
@@ -51,6 +60,7 @@ class ClientBase(Api):
         ring's regions with the connection."""
         self._staging.close()
         self._conn.close()
+        drop_mappings(self, None, unmap=True)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -93,6 +103,24 @@ class Client(ClientBase):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    # One request, one reply: what ping, noop and the other simple methods send,
+    # without a plan's generator (the same requests and errors as Api's).
+
+    def _request_kw(self, op: str, **fields: Any) -> Any:
+        reply = self._conn.call(Call(op, fields))
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return _body(reply)
+
+    def _job_kw(self, op: str, *, priority: Optional[str] = None, detach: bool = False,
+                timeout: Optional[float] = None,
+                on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Any:
+        reply = self._conn.call(_job_call(op, fields, (), priority, detach, timeout,
+                                          on_progress))
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])
 
     def _drive(self, plan: Plan) -> Any:
         """Runs a plan, blocking on each of its requests in turn."""

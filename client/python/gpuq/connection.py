@@ -112,16 +112,31 @@ class Connection(ConnectionBase):
         self._sock.settimeout(None)
         _set_timeo(self._sock, socket.SO_SNDTIMEO, timeout)
         self._rcvtimeo = -1.0  # the SO_RCVTIMEO set now (-1: not yet)
+        self._quarter = max(0.001, round(timeout / 4, 3))  # the slice without a deadline
         self._cond = threading.Condition(threading.Lock())
         self._send_lock = threading.Lock()
         self._reading = False
+        # The slot of the call that took the reader's turn as it sent (_lead).
+        self._leader: Optional[_Slot] = None
+        self._leader_thread = 0
+        # Threads in the condition's wait (under the lock): none, no notify needed.
+        self._sleepers = 0
 
     def call(self, call: Call) -> Dict[str, Any]:
         """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
         slot = _Slot()
+        d = self._d
         with self._cond:
-            self._check_open()
-            rid, frame = self._d.add(call, slot)
+            if self._closed is not None:
+                self._check_open()
+            rid, frame = d.add(call, slot)
+            # Alone on the connection (the common case), this thread reads at once,
+            # without handing the reader's turn round through _next_step.
+            lead = not self._reading
+            if lead:
+                self._reading = True
+                self._leader = slot
+                self._leader_thread = threading.get_ident()
         try:  # the slot goes in before the frame goes out: the reply may come at once
             try:
                 self._send(frame, call.fds)
@@ -129,11 +144,35 @@ class Connection(ConnectionBase):
                 if slot.error is not None:  # the daemon said why it closed
                     raise slot.error from None
                 raise
-            return self._await(rid, slot, self._d.deadline(call, time.monotonic()),
-                               call.on_event)
+            deadline = d.deadline(call, time.monotonic())
+            if lead:
+                self._lead(slot, deadline)
+            return self._await(rid, slot, deadline, call.on_event)
         finally:
             with self._cond:
-                self._d.forget(rid)
+                if self._leader is slot:  # the send failed before _lead ran
+                    self._release_reader()
+                d.forget(rid)
+
+    def _lead(self, slot: _Slot, deadline: Optional[float]) -> None:
+        """Reads as the reader until ``slot`` has its reply, an event or an error,
+        then gives the reader's turn back (waking the others)."""
+        try:
+            while slot.reply is None and not slot.events and slot.error is None:
+                if self._closed is not None or (deadline is not None and
+                                                time.monotonic() >= deadline):
+                    break  # _await raises what applies
+                self._read_once(deadline)
+        finally:
+            with self._cond:
+                self._release_reader()
+
+    def _release_reader(self) -> None:
+        """Called under the lock by the thread that reads."""
+        self._leader = None
+        self._reading = False
+        if self._sleepers:
+            self._cond.notify_all()
 
     def close(self, why: str = "closed by the client") -> None:
         with self._cond:
@@ -167,7 +206,8 @@ class Connection(ConnectionBase):
 
     def _salvage(self) -> Optional[BaseException]:
         with self._cond:
-            if self._reading or self._closed is not None:
+            mine = self._leader is not None and self._leader_thread == threading.get_ident()
+            if (self._reading and not mine) or self._closed is not None:
                 return None  # the reader will see what the daemon sent
             return self._d.salvage(self._sock)
 
@@ -207,7 +247,11 @@ class Connection(ConnectionBase):
                 if not self._reading:
                     self._reading = True
                     return [], True
-                self._cond.wait(self._slice(deadline, now))
+                self._sleepers += 1
+                try:
+                    self._cond.wait(self._slice(deadline, now))
+                finally:
+                    self._sleepers -= 1
 
     def _slice(self, deadline: Optional[float], now: float) -> float:
         step = self.timeout / 4
@@ -220,7 +264,9 @@ class Connection(ConnectionBase):
         at most the slice, the socket's SO_RCVTIMEO, which is set again only
         when the slice changes (near a deadline).
         """
-        limit = max(0.001, round(self._slice(deadline, time.monotonic()), 3))
+        left = None if deadline is None else deadline - time.monotonic()
+        limit = (self._quarter if left is None or left > self._quarter + 0.001
+                 else max(0.001, round(left, 3)))
         if limit != self._rcvtimeo:
             _set_timeo(self._sock, socket.SO_RCVTIMEO, limit)
             self._rcvtimeo = limit
@@ -231,7 +277,8 @@ class Connection(ConnectionBase):
         if data is not None:
             with self._cond:
                 _, fatal = self._d.take(data, fds)
-                self._cond.notify_all()
+                if self._sleepers:
+                    self._cond.notify_all()
         if fatal is not None:
             self._break(fatal)
 

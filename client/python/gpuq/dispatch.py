@@ -17,6 +17,7 @@ main thread whatever its workers do): no frame at all within another
 
 from __future__ import annotations
 
+import array
 import itertools
 import select
 import socket
@@ -25,11 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .errors import BadFrame, GpuqError, ReplyTimeout, error_from_map
-from .wire import MAX_FDS, MAX_REPLY_FRAME, FrameReader, encode_request
+from .wire import MAX_FDS, MAX_REPLY_FRAME, FrameReader, encode_request, new_packer
 
 __all__ = ["Call", "Dispatcher", "READ_CHUNK"]
 
 READ_CHUNK = 1 << 18
+# Room for the most descriptors a reply brings (SCM_RIGHTS), as socket.recv_fds asks.
+_FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * 4)
 
 EventHandler = Callable[[Dict[str, Any]], None]
 
@@ -52,6 +55,15 @@ class Call:
     on_event: Optional[EventHandler] = None
 
 
+def _rights(anc: List[Tuple[int, int, bytes]]) -> List[int]:
+    """The descriptors in recvmsg's ancillary data (as socket.recv_fds reads them)."""
+    fds = array.array("i")
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - (len(data) % fds.itemsize)])
+    return list(fds)
+
+
 class Dispatcher:
     """The bookkeeping of one connection to gpuqd at ``path`` (see the module doc)."""
 
@@ -61,6 +73,8 @@ class Dispatcher:
         self.path = path
         self.timeout = float(timeout)
         self.reader = FrameReader(max_frame)
+        # Used under the connection's lock (sync) or on its loop (asyncio) only.
+        self._packer = new_packer()
         self.pending: Dict[int, Any] = {}
         self.waits: Set[int] = set()  # pending ids that wait for a job
         self.ops: Dict[int, str] = {}  # pending ids' ops, for messages
@@ -70,6 +84,9 @@ class Dispatcher:
         self.ping_sent = 0.0
         # Descriptors received (SCM_RIGHTS) and not yet claimed by the reply they came with.
         self.fds: List[int] = []
+        # Called with each event frame no pending request waits for (``lease_broken``),
+        # on whichever thread reads: it must not block.
+        self.on_notice: Optional[EventHandler] = None
 
     def add(self, call: Call, slot: Any) -> Tuple[int, bytes]:
         """Parks ``slot`` under a fresh id; returns the id and the frame of ``call``.
@@ -81,7 +98,7 @@ class Dispatcher:
             raise ValueError(f"a request carries at most {MAX_FDS} descriptors, "
                              f"not {len(call.fds)}")
         rid = next(self._ids)
-        frame = encode_request(call.op, rid, call.fields, len(call.fds))
+        frame = encode_request(call.op, rid, call.fields, len(call.fds), self._packer)
         self.pending[rid] = slot
         self.ops[rid] = call.op
         if call.waits:
@@ -121,6 +138,8 @@ class Dispatcher:
                 slot = self.pending.get(rid) if rid is not None else None
                 if slot is not None:
                     slot.event(frame)
+                elif self.on_notice is not None:
+                    self.on_notice(frame)
             elif rid is not None and rid == self.ping_id:
                 self.ping_id = None
             elif rid == 0 or rid is None:
@@ -151,8 +170,8 @@ class Dispatcher:
         the bytes and descriptors that came, or None and the error that ends
         the connection (None too when nothing came in time)."""
         try:
-            data, fds, _, _ = socket.recv_fds(sock, READ_CHUNK, MAX_FDS,
-                                              socket.MSG_CMSG_CLOEXEC)
+            data, anc, _, _ = sock.recvmsg(READ_CHUNK, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
+            fds = _rights(anc) if anc else []
         except (BlockingIOError, InterruptedError, socket.timeout):
             return None, [], None
         except ConnectionResetError:
@@ -207,7 +226,7 @@ class Dispatcher:
         """The frame of a liveness ping; its reply is consumed by :meth:`route`."""
         self.ping_id = next(self._ids)
         self.ping_sent = now
-        return encode_request("ping", self.ping_id, {})
+        return encode_request("ping", self.ping_id, {}, 0, self._packer)
 
     def late_error(self, rid: int) -> ReplyTimeout:
         """The reply to request ``rid`` did not come by its deadline."""

@@ -220,6 +220,11 @@ class Attachment:
         # the client whose release a ``with`` block calls.
         self.record: Dict[str, Any] = {}
         self._client: Any = None
+        # What a client that keeps this mapping across leases compares with the
+        # next attach's reply (arrays.py: buffer, device, generation, bytes).
+        self._key: Any = None
+        # A torch tensor over the mapping, made at its first copy (arrays.py).
+        self._torch_mem: Any = None
 
     def __repr__(self) -> str:
         where = "host" if self.host else f"cuda:{self.device}"
@@ -326,6 +331,7 @@ class Attachment:
 
     def unmap(self) -> None:
         """Drops this process's mapping (release does it first)."""
+        self._torch_mem = None
         if self._map is not None:
             _close_map(self._map)
             self._map = None

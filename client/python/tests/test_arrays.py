@@ -208,3 +208,59 @@ def test_transfers_with_part_of_a_memfd_array_stay_inside_it(client, name):
             client.put(whole[:10], name, length=11)
     finally:
         client.free(name)
+
+
+def _count_ops(client, op):
+    """Counts the requests ``op`` the client sends from now on (a list, one per call)."""
+    seen = []
+    call = client._conn.call
+
+    def counting(c):
+        if c.op == op:
+            seen.append(c.fields)
+        return call(c)
+    client._conn.call = counting
+    return seen
+
+
+def test_put_and_get_array_look_a_buffer_up_once(daemon, name):
+    with daemon.client() as c:
+        a = np.arange(1000, dtype=np.float32)
+        c.put_array(name, a)
+        looked = _count_ops(c, "buffers")
+        for _ in range(3):
+            c.put_array(name, a)
+            assert np.array_equal(c.get_array(name), a)
+        assert looked == []
+        c.free(name)
+
+
+def test_a_buffer_made_anew_elsewhere_is_looked_up_again(daemon, name):
+    """Freed and made again with another size and dtype by another client: this
+    client's remembered row is stale, and put_array/get_array find the new one."""
+    with daemon.client() as c, daemon.client() as other:
+        c.put_array(name, np.arange(1000, dtype=np.float32))
+        assert c.get_array(name).dtype == np.float32
+        other.free(name)
+        other.put_array(name, np.arange(10, dtype=np.int64))
+        back = c.get_array(name)
+        assert back.dtype == np.int64 and np.array_equal(back, np.arange(10))
+        other.free(name)
+        other.put_array(name, np.arange(300, dtype=np.float32))
+        # The row this client keeps says i64 x 10: refused by it, then looked up
+        # afresh, the refusal names what the buffer holds now.
+        with pytest.raises(gpuq.BadRequest, match="holds 300 f32"):
+            c.put_array(name, np.arange(5, dtype=np.int32))
+        c.put_array(name, np.ones(300, dtype=np.float32))
+        assert np.array_equal(other.get_array(name), np.ones(300, dtype=np.float32))
+        c.free(name)
+
+
+def test_free_through_this_client_forgets_the_buffer(daemon, name):
+    with daemon.client() as c:
+        c.put_array(name, np.arange(8, dtype=np.float64))
+        c.free(name)
+        c.put_array(name, np.arange(4, dtype=np.int32))
+        back = c.get_array(name)
+        assert back.dtype == np.int32 and np.array_equal(back, np.arange(4))
+        c.free(name)

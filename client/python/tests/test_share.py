@@ -106,3 +106,63 @@ def test_attach_refuses_a_pool_buffer(client, name):
             client.attach(name)
     finally:
         client.free(name)
+
+
+def _lease(client, label, mode="read-write"):
+    """What put_array and get_array of a device array take: a lease and a kept mapping."""
+    from gpuq import arrays
+    lease, _, att = client._drive(arrays._lease_plan(client, label, mode, None))
+    return lease, att
+
+
+def test_a_kept_mapping_is_reused_only_for_the_same_buffer(daemon, name):
+    """put_array/get_array of device arrays keep a buffer's mapping across leases;
+    a buffer freed and made anew under the same name and size (another
+    generation) is mapped afresh, never through the old mapping."""
+    with daemon.client() as c, daemon.client() as other:
+        c.alloc(name, count=1024, dtype="f32", shareable=True)
+        rows = {b["name"]: b for b in c.buffers()}
+        assert isinstance(rows[name]["generation"], int)
+        lease, first = _lease(c, f"{name}@0")
+        c.request("release", lease=lease)
+        lease, again = _lease(c, f"{name}@0", "read")
+        c.request("release", lease=lease)
+        assert again is first and first.ptr
+        # Freed and made again by another client: same name, size and device.
+        other.free(name)
+        other.alloc(name, count=1024, dtype="f32", shareable=True)
+        assert {b["name"]: b for b in other.buffers()}[name]["generation"] != \
+            rows[name]["generation"]
+        other.fill(name, "value", value=7.0)
+        lease, fresh = _lease(c, f"{name}@0", "read")
+        try:
+            assert fresh is not first and first.ptr == 0  # the old one is unmapped
+            if fresh.host:
+                assert fresh.array()[0] == 7.0
+        finally:
+            c.request("release", lease=lease)
+        # free through this client forgets it; close unmaps what is left.
+        c.free(name)
+        assert c._mappings == {} and fresh.ptr == 0
+        c.alloc(name, count=16, dtype="f32", shareable=True)
+        lease, last = _lease(c, f"{name}@0")
+        c.request("release", lease=lease)
+        other.free(name)  # by another client: this one keeps its mapping till close
+        c.close()
+        assert last.ptr == 0
+
+
+def test_a_broken_lease_makes_the_kept_mapping_stale(daemon, name):
+    import os
+    if os.geteuid() != 0:
+        pytest.skip("lease_break needs root or the admin group")
+    with daemon.client() as c, daemon.client() as admin:
+        c.alloc(name, count=16, dtype="f32", shareable=True)
+        lease, att = _lease(c, f"{name}@0")
+        admin.lease_break(lease)
+        c.ping()  # the event is read with the next reply
+        assert f"{name}@0" not in c._mappings and att in c._stale_mappings
+        lease, fresh = _lease(c, f"{name}@0")
+        c.request("release", lease=lease)
+        assert fresh is not att
+        c.free(name)
