@@ -345,6 +345,15 @@ TEST(restart_after_a_fault_that_needs_a_new_process_up_to_the_limit)
 	fault_device_1(c, "f@1");
 	await_restarts(c, 1);
 	CHECK_EQ(do_checksum(c, "kept"), sum);
+	/* the faulted device's own buffer went with its context: listed, refused, freeable */
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "checksum");
+	mp_put_str(&req, "buffer", "f@1");
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_DEVICE_ERROR, NULL);
+	gpuq_reply_free(r);
+	do_free(c, "f@1");
 	do_alloc(c, "g", 1, 1 * MIB); /* gpu 1 serves again, in the new image */
 	fault_device_1(c, "g@1"); /* the new image's first checksum there faults again */
 	for (int i = 0; i < 10000 && !log_has(&d, "stays unhealthy for an operator"); i++)
