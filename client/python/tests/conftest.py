@@ -153,10 +153,12 @@ class Stalled:
         os.write(self._w, data)
 
     def end(self) -> None:
-        """Closes the pipe: the put ends with what it was fed."""
-        if self._w is not None:
-            os.close(self._w)
-            self._w = None
+        """Closes the pipe: the put ends with what it was fed. Taken before it is
+        closed: a timer thread's end() and the teardown's may overlap, and the
+        job can finish (EOF seen) before the timer's thread returns from close."""
+        w, self._w = self._w, None
+        if w is not None:
+            os.close(w)
 
     def close(self) -> None:
         self.end()
