@@ -140,6 +140,7 @@ class Stalled:
         self.client = daemon.client(timeout=timeout)
         self.client.alloc("w", nbytes=1 << 16)
         r, self._w = os.pipe()
+        self._end_lock = threading.Lock()
         try:
             self.job = self.client.put(r, "w", detach=True)
         finally:
@@ -153,10 +154,11 @@ class Stalled:
         os.write(self._w, data)
 
     def end(self) -> None:
-        """Closes the pipe: the put ends with what it was fed. Taken before it is
-        closed: a timer thread's end() and the teardown's may overlap, and the
-        job can finish (EOF seen) before the timer's thread returns from close."""
-        w, self._w = self._w, None
+        """Closes the pipe: the put ends with what it was fed. Under a lock: a
+        timer thread's end() and the teardown's may overlap, since the job can
+        finish (EOF seen) before the timer's thread returns from close."""
+        with self._end_lock:
+            w, self._w = self._w, None
         if w is not None:
             os.close(w)
 
