@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, Optional
 
 from .api import Api, Plan, ProgressHandler, _body, _job_call
 from .arrays import drop_mappings
 from .connection import Connection
 from .dispatch import Call
+from .errors import ProtocolError
 from .job import Job
 from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, Staging
 from .wire import default_socket
@@ -16,6 +18,12 @@ __all__ = ["Client", "ClientBase", "DEFAULT_TIMEOUT"]
 
 #: Seconds the daemon has to answer anything (see ``Client``'s ``timeout``).
 DEFAULT_TIMEOUT = 30.0
+
+#: Requests that read and change nothing: sent again on a new connection when
+#: the old one ended with them in flight (as libgpuq's gpuq_set_reconnect does).
+#: A job never is: it may have run in the gpuqd that went away.
+RETRY_SAFE = frozenset({"ping", "devices", "buffers", "jobs", "status", "wait", "stats",
+                        "quota", "metrics", "regions", "leases"})
 
 
 class ClientBase(Api):
@@ -98,6 +106,58 @@ class Client(ClientBase):
             print(client.checksum("w").result["checksum"])
     """
 
+    #: Seconds to try connecting again after the connection is lost (0: never);
+    #: see :meth:`set_reconnect`.
+    reconnect_s: float = 0.0
+    #: New connections made after losing one.
+    reconnects: int = 0
+
+    def set_reconnect(self, window_s: float) -> None:
+        """Reconnects when the connection ends (gpuqd restarted, or crashed and came
+        back under systemd), trying for up to ``window_s`` seconds, and sends again
+        a request that reads and changes nothing (``RETRY_SAFE``: ping, status,
+        buffers, wait...). Any other request in flight raises ConnectionError
+        saying it was not sent again, as a job may have run; the client is
+        connected again for the next call. What belonged to the old connection
+        (the staging ring's regions, ephemeral buffers, leases) is not carried
+        over: the ring is made again when next needed. Off (0) by default."""
+        self.reconnect_s = max(0.0, float(window_s))
+
+    def _call(self, call: Call) -> Dict[str, Any]:
+        """One request on the connection, reconnecting as :meth:`set_reconnect` says."""
+        try:
+            return self._conn.call(call)
+        except ConnectionError as exc:
+            if self.reconnect_s <= 0 or isinstance(exc, ProtocolError) or \
+                    not self._conn.closed:
+                raise
+            self._reconnect(exc)
+            if call.op in RETRY_SAFE and not call.fds:
+                return self._conn.call(call)
+            raise ConnectionError(
+                f"gpuqd at {self.socket} went away with a {call.op} request in flight and "
+                f"answers there again; it is not sent again, as it may have run "
+                f"(client.jobs() shows what did)") from exc
+
+    def _reconnect(self, lost: BaseException) -> None:
+        """A new connection to the same socket within reconnect_s, or ``lost`` raised."""
+        deadline = time.monotonic() + self.reconnect_s
+        pause = 0.01
+        while True:
+            try:
+                conn = self._connection_class(self.socket, self._conn.timeout)
+                break
+            except ConnectionError:
+                if time.monotonic() >= deadline:
+                    raise lost
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
+        self._staging.close()  # its regions went with the old connection
+        drop_mappings(self, None, unmap=False)
+        conn._d.on_notice = self._notice
+        self._conn = conn
+        self.reconnects += 1
+
     def __enter__(self) -> "Client":
         return self
 
@@ -108,7 +168,7 @@ class Client(ClientBase):
     # without a plan's generator (the same requests and errors as Api's).
 
     def _request_kw(self, op: str, **fields: Any) -> Any:
-        reply = self._conn.call(Call(op, fields))
+        reply = self._call(Call(op, fields))
         if not reply.get("ok"):
             raise self._refusal(reply)
         return _body(reply)
@@ -116,8 +176,8 @@ class Client(ClientBase):
     def _job_kw(self, op: str, *, priority: Optional[str] = None, detach: bool = False,
                 timeout: Optional[float] = None,
                 on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Any:
-        reply = self._conn.call(_job_call(op, fields, (), priority, detach, timeout,
-                                          on_progress))
+        reply = self._call(_job_call(op, fields, (), priority, detach, timeout,
+                                     on_progress))
         if not reply.get("ok"):
             raise self._refusal(reply)
         return Job(self, reply["job"])
@@ -128,7 +188,7 @@ class Client(ClientBase):
             call = next(plan)
             while True:
                 try:
-                    reply = self._conn.call(call)
+                    reply = self._call(call)
                 except BaseException as exc:
                     call = plan.throw(exc)
                 else:
