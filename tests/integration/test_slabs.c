@@ -172,3 +172,53 @@ TEST(slabs_bench_alloc_measures_the_pool_and_slabs_in_one_run)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/* bench_alloc's request with `repeats` (when given) and `sizes` (count of them, each `size`). */
+static struct gpuq_reply *bench_alloc_asking(struct gpuq_client *c, uint64_t repeats,
+					     unsigned nsizes, uint64_t size)
+{
+	struct mp_map req;
+	struct mp_array sizes;
+	gpuq_request_begin(c, &req, "bench_alloc");
+	mp_put_bool(&req, "wait", true);
+	if (repeats != UINT64_MAX)
+		mp_put_u64(&req, "repeats", repeats);
+	mp_array_init(&sizes);
+	for (unsigned i = 0; i < nsizes; i++)
+		mp_array_u64(&sizes, size);
+	mp_put_array(&req, "sizes", &sizes);
+	return call(c, &req, NULL, 0);
+}
+
+/* bench_alloc's refusals name the field and what it takes, before any job runs. */
+TEST(slabs_bench_alloc_refuses_bad_repeats_and_sizes)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	static const struct {
+		uint64_t repeats;
+		unsigned nsizes;
+		uint64_t size;
+		const char *says;
+	} bad[] = {
+		{ 0, 1, 4096, "field 'repeats': 0 is not 1 to 1000" },
+		{ 1001, 1, 4096, "field 'repeats': 1001 is not 1 to 1000" },
+		{ UINT64_MAX, 0, 0, "field 'sizes': give 1 to" },
+		{ UINT64_MAX, 9, 4096, "field 'sizes': give 1 to 8 sizes, not 9" },
+		{ UINT64_MAX, 1, 0, "field 'sizes': entry 0 is not a byte count" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct gpuq_reply *r = bench_alloc_asking(c, bad[i].repeats, bad[i].nsizes, bad[i].size);
+		expect_error(r, GPUQ_E_BAD_REQUEST, bad[i].says);
+		gpuq_reply_free(r);
+	}
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "bench_alloc");
+	mp_put_str(&req, "sizes", "4K");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_BAD_REQUEST, "'sizes'");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
