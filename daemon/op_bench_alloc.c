@@ -60,16 +60,6 @@ struct bench_alloc_args {
 	bool has_sizes;
 };
 
-static int check_repeats(struct request *req, void *args, struct gpuq_error *err)
-{
-	const struct bench_alloc_args *a = args;
-	(void)req;
-	if (a->repeats < 1 || a->repeats > MAX_REPEATS)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'repeats': %llu is not 1 to %d",
-				 (unsigned long long)a->repeats, MAX_REPEATS);
-	return 0;
-}
-
 /* The sizes asked for, or 4 KiB, 1 MiB, 64 MiB and 1 GiB. */
 static int read_sizes(struct request *req, void *args, struct gpuq_error *err)
 {
@@ -84,7 +74,8 @@ static int read_sizes(struct request *req, void *args, struct gpuq_error *err)
 
 static const struct args_field bench_alloc_fields[] = {
 	{ "device", ARGS_DEVICE, 0, ARGS_AT(struct bench_alloc_args, device) },
-	{ "repeats", ARGS_U64, 0, ARGS_AT(struct bench_alloc_args, repeats), .then = check_repeats },
+	{ "repeats", ARGS_U64, 0, ARGS_AT(struct bench_alloc_args, repeats), .lo = 1,
+	  .hi = MAX_REPEATS },
 	{ "sizes", ARGS_PRESENT, 0, ARGS_AT(struct bench_alloc_args, has_sizes), .then = read_sizes },
 };
 static const struct bench_alloc_args bench_alloc_defaults = { .repeats = DEFAULT_REPEATS };

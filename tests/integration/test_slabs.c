@@ -202,8 +202,8 @@ TEST(slabs_bench_alloc_refuses_bad_repeats_and_sizes)
 		uint64_t size;
 		const char *says;
 	} bad[] = {
-		{ 0, 1, 4096, "field 'repeats': 0 is not 1 to 1000" },
-		{ 1001, 1, 4096, "field 'repeats': 1001 is not 1 to 1000" },
+		{ 0, 1, 4096, "field 'repeats': 0 is out of range (1 to 1000)" },
+		{ 1001, 1, 4096, "field 'repeats': 1001 is out of range (1 to 1000)" },
 		{ UINT64_MAX, 0, 0, "field 'sizes': give 1 to" },
 		{ UINT64_MAX, 9, 4096, "field 'sizes': give 1 to 8 sizes, not 9" },
 		{ UINT64_MAX, 1, 0, "field 'sizes': entry 0 is not a byte count" },
