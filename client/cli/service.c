@@ -68,6 +68,24 @@ static double seconds_now(void)
 }
 
 /*
+ * Sends req and reads the counter `key` of its reply (the one the request
+ * moves: resets, restarts) into *before. 0, or the exit status of a refusal
+ * (printed) or a lost connection.
+ */
+static int call_counting(struct cli *cli, struct mp_map *req, const char *key, uint64_t *before)
+{
+	struct gpuq_reply *r;
+	int rc = cli_call(cli, req, NULL, 0, &r);
+	if (rc)
+		return rc;
+	if (!gpuq_reply_ok(r))
+		rc = cli_report_refusal(r);
+	*before = field_u64(r->root, key, 0);
+	gpuq_reply_free(r);
+	return rc;
+}
+
+/*
  * Asks for the reset, then watches `devices` until the device's reset count
  * moves (--timeout, default 60 s): the reset waits for the device's jobs in
  * flight, which gpuqd cancels.
@@ -77,7 +95,6 @@ int cmd_reset_device(struct cli *cli)
 	uint64_t index, before = 0, resets = 0;
 	bool healthy = false;
 	char health[640];
-	struct gpuq_reply *r;
 	struct mp_map req;
 	if (cli_parse_uint(cli->args[0], &index) < 0)
 		return cli_usage(cli, "GPU '%s' is not a device index; `gpuq devices` lists them",
@@ -86,15 +103,8 @@ int cmd_reset_device(struct cli *cli)
 	if (rc)
 		return rc;
 	mp_put_u64(&req, "device", index);
-	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+	if ((rc = call_counting(cli, &req, "resets", &before)) != 0)
 		return rc;
-	if (!gpuq_reply_ok(r)) {
-		rc = cli_report_refusal(r);
-		gpuq_reply_free(r);
-		return rc;
-	}
-	before = field_u64(r->root, "resets", 0);
-	gpuq_reply_free(r);
 	double start = seconds_now(), limit = cli->has_timeout ? cli->timeout_ms / 1e3 : 60;
 	while (device_state(cli, index, &resets, &healthy, health, sizeof health) == 0 &&
 	       resets == before && seconds_now() - start < limit)
@@ -128,7 +138,6 @@ static int ping_restarts(struct cli *cli, uint64_t *restarts, uint64_t *pid)
 /* admin restart [--binary PATH]: asks, then pings on the same connection until gpuqd counts it. */
 static int admin_restart(struct cli *cli)
 {
-	struct gpuq_reply *r;
 	struct mp_map req;
 	uint64_t before, restarts = 0, pid = 0;
 	int rc = cli_begin(cli, &req, "restart");
@@ -137,26 +146,19 @@ static int admin_restart(struct cli *cli)
 	if (cli->binary)
 		mp_put_str(&req, "binary", cli->binary);
 	double start = seconds_now(), limit = cli->has_timeout ? cli->timeout_ms / 1e3 : 60;
-	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+	if ((rc = call_counting(cli, &req, "restarts", &before)) != 0)
 		return rc;
-	if (!gpuq_reply_ok(r)) {
-		rc = cli_report_refusal(r);
-		gpuq_reply_free(r);
-		return rc;
-	}
-	before = field_u64(r->root, "restarts", 0);
-	gpuq_reply_free(r);
 	while (ping_restarts(cli, &restarts, &pid) == 0 && restarts == before &&
 	       seconds_now() - start < limit)
 		usleep(20000);
 	if (restarts == before) {
 		fprintf(stderr, "gpuq admin restart: gpuqd did not serve again within %.0f s; its log "
 				"says why\n", limit);
-		return 1;
+		return CLI_REFUSED;
 	}
-	printf("gpuqd restarted (restart %llu, pid %llu): serving again after %.3f s\n",
-	       (unsigned long long)restarts, (unsigned long long)pid, seconds_now() - start);
-	return 0;
+	fprintf(cli->out, "gpuqd restarted (restart %llu, pid %llu): serving again after %.3f s\n",
+		(unsigned long long)restarts, (unsigned long long)pid, seconds_now() - start);
+	return CLI_OK;
 }
 
 int cmd_admin(struct cli *cli)
