@@ -327,6 +327,14 @@ unsigned buffer_mark_lost(struct buffer_table *t, int device)
 	return n;
 }
 
+unsigned buffer_count_on(const struct buffer_table *t, int device)
+{
+	unsigned n = 0;
+	for (const struct buffer *b = t->head; b; b = b->next)
+		n += b->device == device;
+	return n;
+}
+
 uint64_t buffer_bytes_on(const struct buffer_table *t, int device)
 {
 	uint64_t sum = 0;

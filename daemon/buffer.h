@@ -165,6 +165,8 @@ void buffer_unhold(struct buffer *b);
 
 /* Bytes held by buffers on device. */
 uint64_t buffer_bytes_on(const struct buffer_table *t, int device);
+/* Buffers listed on device (lost ones included). */
+unsigned buffer_count_on(const struct buffer_table *t, int device);
 /* Device was reset: its buffers name no memory any more. Returns how many were marked lost. */
 unsigned buffer_mark_lost(struct buffer_table *t, int device);
 

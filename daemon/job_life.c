@@ -320,26 +320,31 @@ static bool job_writes_buffer(struct job *job, const struct buffer *b)
 }
 
 /*
- * A job the restart's drain cancelled ends `restarted`, not `cancelled`:
- * it may be submitted again. The buffers it was writing may hold part of
- * its bytes: they are suspect from now on, in this image and the next.
+ * A job cut short may have written part of its bytes: a restart's drain
+ * cancelled it (it ends `restarted`, not `cancelled`: it may be submitted
+ * again), or its device failed under it once it had started (device_error:
+ * a fault, whose re-exec keeps the device's buffers). The buffers it was
+ * writing are suspect from now on, in this image and the next.
  */
-static void job_mark_restarted(struct job *job)
+static void job_mark_cut_short(struct daemon *d, struct job *job)
 {
-	bool cut = false;
+	const char *why = NULL;
 	for (int i = 0; i < job_nworks(job); i++) {
 		struct work *w = job_work(job, i);
-		if (w->error.code != GPUQ_E_CANCELLED)
-			continue;
-		gpuq_fail(&w->error, GPUQ_E_RESTARTED,
-			  "gpuqd restarted while the job ran (--restart-drain ran out); submit it again");
-		cut = true;
+		if (d->restart.active && w->error.code == GPUQ_E_CANCELLED) {
+			gpuq_fail(&w->error, GPUQ_E_RESTARTED,
+				  "gpuqd restarted while the job ran (--restart-drain ran out); submit it again");
+			why = "a job writing it was cut short by a restart (--restart-drain); its bytes "
+			      "may be partly written";
+		} else if (w->error.code == GPUQ_E_DEVICE_ERROR && w->started_at > 0 && !why) {
+			why = "a job writing it failed on its device (device_error); its bytes may be "
+			      "partly written";
+		}
 	}
 	struct buffer *written[2] = { job->buffer, job->buffer2 };
-	for (int i = 0; cut && i < 2; i++)
+	for (int i = 0; why && i < 2; i++)
 		if (job_writes_buffer(job, written[i]))
-			buffer_mark_suspect(written[i], "a job writing it was cut short by a restart "
-							"(--restart-drain); its bytes may be partly written");
+			buffer_mark_suspect(written[i], why);
 }
 
 void job_on_done(struct work *work, void *arg)
@@ -348,8 +353,7 @@ void job_on_done(struct work *work, void *arg)
 	struct job *job = work->owner;
 	if (!job_work_returned(job))
 		return; /* other parts of its gang are still out */
-	if (d->restart.active)
-		job_mark_restarted(job);
+	job_mark_cut_short(d, job);
 	job_complete(d, job);
 	job_evict_history(&d->jobs);
 	if (d->stopping)

@@ -34,6 +34,13 @@ void device_on_reset(int index, void *arg)
 	struct daemon *d = arg;
 	struct worker_snapshot s;
 	worker_snapshot(&d->pool, index, &s);
+	if (!s.healthy && s.needs_restart && restart_after_fault(d, index)) {
+		/* The worker kept the slabs' descriptors: the new image takes these buffers over. */
+		log_error("gpu %d is unhealthy: %s; gpuqd re-executes itself for it, and its %u "
+			  "buffers go to the new image", index, s.health, buffer_count_on(&d->buffers, index));
+		durable_touch(d);
+		return;
+	}
 	unsigned lost = buffer_mark_lost(&d->buffers, index);
 	durable_touch(d);
 	/*
@@ -47,8 +54,6 @@ void device_on_reset(int index, void *arg)
 			 index, s.last_reset, s.last_reset_s, s.resets, lost);
 	else
 		log_error("gpu %d is unhealthy: %s; %u buffers there are lost", index, s.health, lost);
-	if (!s.healthy && s.needs_restart)
-		restart_after_fault(d, index);
 }
 
 /*

@@ -306,7 +306,7 @@ static unsigned restart_faults_within(const struct restart *r, uint64_t now_ms, 
 	return n;
 }
 
-void restart_after_fault(struct daemon *d, int index)
+bool restart_after_fault(struct daemon *d, int index)
 {
 	struct restart *r = &d->restart;
 	struct gpuq_error err;
@@ -315,22 +315,23 @@ void restart_after_fault(struct daemon *d, int index)
 	unsigned limit = d->opt.device.reset_limit, window = d->opt.device.reset_window_s;
 	unsigned recent = restart_faults_within(r, now_ms, window);
 	if (r->active)
-		return; /* one under way brings this device back too */
+		return true; /* one under way brings this device back too */
 	if (recent >= limit) {
 		log_error("gpu %d needs a new gpuqd process after a fault, but %u restarts after faults "
 			  "within %u s is the limit (--reset-limit, --reset-window): it stays unhealthy "
 			  "for an operator (gpuq admin restart)", index, recent, window);
-		return;
+		return false;
 	}
 	snprintf(reason, sizeof reason, "gpu %d needs a new process after a fault", index);
 	if (restart_request(d, NULL, reason, &err) != 0) {
 		log_error("gpu %d needs a new process after a fault, and the restart failed: %s", index,
 			  err.message);
-		return;
+		return false;
 	}
 	if (r->nfault == sizeof r->fault_ms / sizeof r->fault_ms[0]) /* the oldest goes */
 		memmove(r->fault_ms, r->fault_ms + 1, --r->nfault * sizeof r->fault_ms[0]);
 	r->fault_ms[r->nfault++] = now_ms;
+	return true;
 }
 
 void restart_close(struct daemon *d)

@@ -58,9 +58,10 @@ int restart_request(struct daemon *d, const char *binary, const char *reason,
  * Device index faulted and only a new process gets a context on it: a
  * restart of gpuqd's own binary, unless --reset-limit such restarts
  * happened within --reset-window (counted across re-execs): then the
- * device stays unhealthy for an operator (logged).
+ * device stays unhealthy for an operator (logged). True when a restart is
+ * under way (this one or another), which takes the device's buffers over.
  */
-void restart_after_fault(struct daemon *d, int index);
+bool restart_after_fault(struct daemon *d, int index);
 /* A job ended during a restart's drain: the execve follows the last one. */
 void restart_step(struct daemon *d);
 /* Shutdown: closes the handles. */

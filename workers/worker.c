@@ -227,6 +227,7 @@ static void *worker_main(void *arg)
 	sched_release(s); /* the struct stays for worker_pool_stop: see sched.h */
 	map_cache_drop(&w->dev, w->dev.config.copy_pool); /* mappings kept between transfers */
 	w->dev.ops->device.close(&w->dev);
+	device_close_kept(&w->dev); /* a faulted context's buffers, which no re-exec took */
 	return NULL;
 }
 

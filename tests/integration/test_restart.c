@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -322,9 +323,10 @@ static void fault_device_1(struct gpuq_client *c, const char *name)
 
 /*
  * A device whose driver gives the process no new context after a fault
- * (simulated on the host backend) has gpuqd re-execute itself, keeping the
- * other devices' buffers; past --reset-limit such restarts within the
- * window it stays unhealthy for an operator.
+ * (simulated on the host backend) has gpuqd re-execute itself, keeping
+ * every buffer, the faulted device's own included (its bytes read back);
+ * past --reset-limit such restarts within the window it stays unhealthy
+ * for an operator, and its buffers are lost.
  */
 TEST(restart_after_a_fault_that_needs_a_new_process_up_to_the_limit)
 {
@@ -342,10 +344,31 @@ TEST(restart_after_a_fault_that_needs_a_new_process_up_to_the_limit)
 	do_fill_random(c, "kept", 11);
 	uint64_t sum = do_checksum(c, "kept");
 	do_alloc(c, "f", 1, 1 * MIB);
+	int src = memfd_random(1 * MIB, 7);
+	do_put(c, "f@1", src);
 	fault_device_1(c, "f@1");
 	await_restarts(c, 1);
 	CHECK_EQ(do_checksum(c, "kept"), sum);
-	/* the faulted device's own buffer went with its context: listed, refused, freeable */
+	/* the faulted device's own buffer came through too: its slab's descriptor outlived the context */
+	int back = memfd_create("back", MFD_CLOEXEC);
+	CHECK(back >= 0 && ftruncate(back, (off_t)MIB) == 0);
+	CHECK_EQ(do_get(c, "f@1", back), 1 * MIB);
+	size_t n1 = 0, n2 = 0;
+	void *want = fd_slurp(src, &n1), *got = fd_slurp(back, &n2);
+	CHECK(n1 == MIB && n2 == MIB && memcmp(want, got, MIB) == 0);
+	free(want);
+	free(got);
+	close(src);
+	close(back);
+	char state[16];
+	buffer_state(c, "f", state, sizeof state, NULL, 0);
+	CHECK_STR(state, "ready"); /* the job that faulted only read it */
+	do_alloc(c, "g", 1, 1 * MIB); /* gpu 1 serves again, in the new image */
+	fault_device_1(c, "g@1"); /* the new image's first checksum there faults again */
+	for (int i = 0; i < 10000 && !log_has(&d, "stays unhealthy for an operator"); i++)
+		usleep(1000);
+	CHECK(log_has(&d, "stays unhealthy for an operator"));
+	/* no restart this time: the device's buffers are lost (listed, refused, freeable) */
 	struct mp_map req;
 	gpuq_request_begin(c, &req, "checksum");
 	mp_put_str(&req, "buffer", "f@1");
@@ -354,11 +377,6 @@ TEST(restart_after_a_fault_that_needs_a_new_process_up_to_the_limit)
 	expect_error(r, GPUQ_E_DEVICE_ERROR, NULL);
 	gpuq_reply_free(r);
 	do_free(c, "f@1");
-	do_alloc(c, "g", 1, 1 * MIB); /* gpu 1 serves again, in the new image */
-	fault_device_1(c, "g@1"); /* the new image's first checksum there faults again */
-	for (int i = 0; i < 10000 && !log_has(&d, "stays unhealthy for an operator"); i++)
-		usleep(1000);
-	CHECK(log_has(&d, "stays unhealthy for an operator"));
 	CHECK_EQ(ping_restarts(c, NULL), 1);
 	CHECK_EQ(do_checksum(c, "kept"), sum);
 	gpuq_close(c);

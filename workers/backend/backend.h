@@ -177,6 +177,15 @@ struct device {
 	 * pointless and the health says to restart gpuqd.
 	 */
 	bool needs_restart;
+	/*
+	 * The slab descriptors of a context that faulted, which close keeps
+	 * open (slab_heap_destroy_keeping) so that the buffers' memory outlives
+	 * the context for the re-exec a needs_restart asks for. device_reset.c
+	 * closes them once the device opens again in this process (its buffers
+	 * are lost then, as before); the worker closes them at its end.
+	 */
+	int *kept_fds;
+	size_t nkept_fds;
 	void *impl; /* the backend's private state */
 	/* The kernel-chain state (workers/chain/chain.h): the graph cache, made by
 	 * the worker at the device's first chain and released by close. */

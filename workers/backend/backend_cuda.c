@@ -489,7 +489,9 @@ static void cuda_teardown(struct device *dev)
 		/* The context's registrations die with it (a reset); our mapping does not. */
 		munmap(st->staging, st->ring_mapped);
 	}
-	slab_heap_destroy(st->slabs, true); /* a faulted context's slabs: released as far as the driver lets */
+	/* A faulted context's slabs: unmapped as far as the driver lets, their descriptors kept for a re-exec. */
+	if (st->slabs)
+		dev->nkept_fds = slab_heap_destroy_keeping(st->slabs, &dev->kept_fds);
 	memset(dev->staging, 0, sizeof dev->staging);
 	free(st->live);
 	free(st);

@@ -203,7 +203,8 @@ static void host_slab_destroy(void *ctx, struct slab_mem *mem, bool lost)
 	(void)ctx;
 	(void)lost;
 	munmap(mem->base, mem->bytes);
-	close(mem->fd);
+	if (mem->fd >= 0)
+		close(mem->fd);
 }
 
 static int host_open_slabs(struct device *dev, struct host_device *h, struct gpuq_error *err)
@@ -287,6 +288,10 @@ static void host_close(struct device *dev)
 	}
 	free(dev->peer_ring);
 	dev->peer_ring = NULL;
+	if (dev->faulted) { /* as a faulted GPU's: the memfds stay for a re-exec */
+		dev->nkept_fds = slab_heap_destroy_keeping(h->slabs, &dev->kept_fds);
+		h->slabs = NULL;
+	}
 	host_free_state(h);
 	dev->impl = NULL;
 }

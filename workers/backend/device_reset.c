@@ -5,8 +5,10 @@
 #include "workers/backend/device_reset.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "workers/clock.h"
 #include "workers/sched/sched.h"
@@ -155,6 +157,15 @@ static int reset_and_open(struct device *dev, struct gpuq_error *err)
 	}
 }
 
+void device_close_kept(struct device *dev)
+{
+	for (size_t i = 0; i < dev->nkept_fds; i++)
+		close(dev->kept_fds[i]);
+	free(dev->kept_fds);
+	dev->kept_fds = NULL;
+	dev->nkept_fds = 0;
+}
+
 int device_reset_run(struct worker *w, struct sched *s)
 {
 	struct device *dev = &w->dev;
@@ -177,6 +188,8 @@ int device_reset_run(struct worker *w, struct sched *s)
 	if (!dev->lost)
 		dev->ops->device.close(dev); /* skips the device itself where it faulted */
 	int rc = reset_and_open(dev, &err);
+	if (rc == 0 || !dev->needs_restart)
+		device_close_kept(dev); /* no re-exec will take the faulted context's buffers */
 	if (rc != 0) { /* no context: every job is refused until an operator asks again */
 		dev->faulted = dev->lost = true;
 		snprintf(dev->fault_reason, sizeof dev->fault_reason, "the reset failed: %.200s",

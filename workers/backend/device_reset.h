@@ -21,6 +21,11 @@
  *     marks the device's buffers lost, and other devices drop what they
  *     held of it (peer access, communicators) when they next go idle.
  *
+ * A faulted context's slabs keep their descriptors through step 4
+ * (dev->kept_fds): when the driver gives the process no new context
+ * (needs_restart), gpuqd re-executes itself and the new image takes those
+ * buffers over intact; otherwise they are closed here and the buffers lost.
+ *
  * Worker thread only, and only with no job in flight.
  */
 #ifndef GPUQ_DEVICE_RESET_H
@@ -28,6 +33,7 @@
 
 #include <stdbool.h>
 
+struct device;
 struct worker;
 struct sched;
 
@@ -35,5 +41,11 @@ struct sched;
 bool device_reset_due(struct worker *w);
 /* Resets w's device as above; 0 once it serves again, -1 when it stays unhealthy. */
 int device_reset_run(struct worker *w, struct sched *s);
+/*
+ * Closes the slab descriptors a faulted context left (dev->kept_fds): its
+ * buffers' memory goes. The worker calls it at its end; a reset, once the
+ * device opens again or when no re-exec will take them.
+ */
+void device_close_kept(struct device *dev);
 
 #endif

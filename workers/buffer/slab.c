@@ -75,6 +75,31 @@ void slab_heap_destroy(struct slab_heap *h, bool lost)
 	free(h);
 }
 
+size_t slab_heap_destroy_keeping(struct slab_heap *h, int **fds)
+{
+	size_t n = 0;
+	*fds = NULL;
+	if (!h)
+		return 0;
+	int *kept = h->n ? malloc(h->n * sizeof *kept) : NULL;
+	for (size_t i = 0; i < h->n; i++) {
+		struct slab *s = h->slabs[i];
+		if (kept && s->used > 0 && s->mem.fd >= 0) {
+			kept[n++] = s->mem.fd;
+			s->mem.fd = -1; /* destroy unmaps; the descriptor, and with it the memory, stays */
+		}
+		slab_give_back(h, s, true);
+	}
+	free(h->slabs);
+	pthread_mutex_destroy(&h->lock);
+	free(h);
+	if (n == 0)
+		free(kept);
+	else
+		*fds = kept;
+	return n;
+}
+
 /* Takes the i-th slab out of the heap's list, keeping the others' order. */
 static void slab_unlist(struct slab_heap *h, size_t i)
 {

@@ -45,7 +45,7 @@
 struct slab_mem {
 	void *base;      /* where this process maps it */
 	uint64_t bytes;  /* its size, a multiple of the granularity */
-	int fd;          /* opens this allocation alone; destroy closes it */
+	int fd;          /* opens this allocation alone; destroy closes it (-1: taken away) */
 	uint64_t handle; /* the backend's own (CUDA: the CUmemGenericAllocationHandle) */
 };
 
@@ -109,6 +109,16 @@ struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve
 				   uint64_t keep_bytes);
 /* Gives every slab back (destroy with `lost`) and frees the heap. h may be NULL. */
 void slab_heap_destroy(struct slab_heap *h, bool lost);
+/*
+ * A faulted context's heap: every slab is unmapped as far as the driver
+ * lets (destroy with `lost`), but the descriptors of those holding buffers
+ * are not closed: they go into *fds (malloc'd, the caller's, with the
+ * count returned), so that the memory outlives the context for a re-exec
+ * (docs/ARCHITECTURE.md, Durable state). Empty slabs are given back whole.
+ * When the host has no memory for the list the descriptors are closed
+ * (returns 0). Frees the heap; h may be NULL.
+ */
+size_t slab_heap_destroy_keeping(struct slab_heap *h, int **fds);
 
 /*
  * A range of at least bytes (0 takes SLAB_ALIGN) with flags SLAB_*: carved when small
