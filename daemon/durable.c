@@ -144,6 +144,7 @@ static int durable_copy_regions(struct daemon *d, struct state_snapshot *s)
 		out->bytes = r->bytes;
 		out->fd = r->fd;
 		out->ephemeral = r->conn_serial != 0;
+		out->conn_serial = r->conn_serial;
 	}
 	return 0;
 }
@@ -165,6 +166,7 @@ static int durable_copy_leases(struct daemon *d, struct state_snapshot *s)
 		out->uid = (uint32_t)l->uid;
 		out->pid = (int32_t)l->pid;
 		out->write = l->write;
+		out->conn_serial = l->conn_serial;
 	}
 	return 0;
 }

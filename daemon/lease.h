@@ -36,6 +36,7 @@ struct lease {
 	bool write;
 	enum lease_state state;
 	struct conn *conn; /* the holder's connection; NULL once closed */
+	uint64_t conn_serial; /* its serial, which a re-exec keeps (the record's `conn`) */
 	uint64_t request_id; /* the attach request the grant answers */
 	uid_t uid;
 	pid_t pid;

@@ -205,6 +205,7 @@ static struct lease *lease_new(struct request *req, struct job *job, struct buff
 	l->buffer = b;
 	l->write = write;
 	l->conn = req->conn;
+	l->conn_serial = req->conn->serial;
 	l->request_id = req->id;
 	l->uid = req->conn->uid;
 	l->pid = req->conn->pid;

@@ -85,6 +85,7 @@ struct state_region {
 	uint64_t bytes;
 	int fd; /* gpuqd's descriptor of the client's memfd, as numbered in this process */
 	bool ephemeral;
+	uint64_t conn_serial; /* an ephemeral region's connection (0: none, or a record before it was kept) */
 };
 
 struct state_lease {
@@ -95,6 +96,7 @@ struct state_lease {
 	uint32_t uid; /* the holder */
 	int32_t pid;
 	bool write;
+	uint64_t conn_serial; /* the holder's connection: the lease ends when it closes (0: unknown) */
 };
 
 /* A user's quota usage: the bytes its buffers and regions hold. */
