@@ -58,4 +58,19 @@ void leases_drop_conn(struct daemon *d, struct conn *c);
 /* Device index was reset: the leases on its buffers end (their holders are told). */
 void leases_drop_device(struct daemon *d, int device);
 
+/*
+ * A re-exec: the lease `from` says (id, write, uid, pid, conn_serial), which
+ * the previous image had granted on b, held again in b's device's ledger
+ * (worker_hold) before any job of this image is queued, with no connection
+ * until leases_adopt_conns. NULL with err when it cannot be.
+ */
+struct lease *lease_adopt(struct daemon *d, struct buffer *b, const struct lease *from,
+			  struct gpuq_error *err);
+/*
+ * A re-exec, once the inherited connections serve again: each lease taken
+ * over goes back to its holder's connection, or ends as if the holder had
+ * disconnected when that connection did not come along.
+ */
+void leases_adopt_conns(struct daemon *d);
+
 #endif
