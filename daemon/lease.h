@@ -59,7 +59,7 @@ void leases_drop_conn(struct daemon *d, struct conn *c);
 void leases_drop_device(struct daemon *d, int device);
 
 /*
- * A re-exec: the lease `from` says (id, write, uid, pid, conn_serial), which
+ * A re-exec: the lease `from` says (id, write, uid, pid, conn_serial, since), which
  * the previous image had granted on b, held again in b's device's ledger
  * (worker_hold) before any job of this image is queued, with no connection
  * until leases_adopt_conns. NULL with err when it cannot be.

@@ -250,8 +250,9 @@ struct lease *lease_adopt(struct daemon *d, struct buffer *b, const struct lease
 		free(l);
 		return NULL;
 	}
+	double now = monotonic_seconds();
 	l->state = LEASE_HELD;
-	l->since = monotonic_seconds();
+	l->since = from->since > 0 && from->since <= now ? from->since : now; /* the same clock after an execve */
 	return l;
 }
 

@@ -90,6 +90,9 @@ static bool recover_region(struct daemon *d, const struct device_adopt_region *a
 	r->state = REGION_READY;
 	r->numa_node = a->node;
 	r->pin_s = a->seconds;
+	double now = monotonic_seconds();
+	if (rr->created_ms && (double)rr->created_ms / 1e3 <= now) /* the same clock after an execve */
+		r->created = (double)rr->created_ms / 1e3;
 	if (rr->ephemeral) { /* orphaned until its connection is found (recover_holders) */
 		r->conn_serial = rr->conn_serial ? rr->conn_serial : UINT64_MAX;
 		r->orphaned = true;
@@ -103,7 +106,7 @@ static void recover_region_lost(const struct device_adopt_region *a, const struc
 	log_error("region '%s' of uid %u is lost in the re-exec: %s", rr ? rr->name : "?",
 		  rr ? rr->owner : 0,
 		  a->map ? "no memory to list it (its pinning stays until gpuqd ends)"
-		  : a->why[0] ? a->why : "its device did not open");
+		  : !a->tried ? "its device did not open" : a->why);
 	if (close(a->fd) != 0)
 		log_warn("closing the memfd of a lost region (descriptor %d): %s", a->fd,
 			 strerror(errno));
@@ -135,7 +138,8 @@ static bool recover_lease(struct daemon *d, const struct state_lease *rl)
 	struct gpuq_error err;
 	struct buffer *b = buffer_find(&d->buffers, (uid_t)rl->buffer_owner, rl->buffer, rl->device);
 	const struct lease from = { .id = rl->id, .write = rl->write, .uid = (uid_t)rl->uid,
-				    .pid = (pid_t)rl->pid, .conn_serial = rl->conn_serial };
+				    .pid = (pid_t)rl->pid, .conn_serial = rl->conn_serial,
+				    .since = (double)rl->since_ms / 1e3 };
 	if (!b || b->state != BUFFER_READY || !b->shareable)
 		gpuq_fail(&err, GPUQ_E_NOT_FOUND, "buffer '%s@%d' %s", rl->buffer, rl->device,
 			  !b ? "was not taken over" : !b->shareable ? "is not shareable" : "is lost");

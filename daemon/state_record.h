@@ -86,6 +86,7 @@ struct state_region {
 	int fd; /* gpuqd's descriptor of the client's memfd, as numbered in this process */
 	bool ephemeral;
 	uint64_t conn_serial; /* an ephemeral region's connection (0: none, or a record before it was kept) */
+	uint64_t created_ms;  /* CLOCK_MONOTONIC, which a re-exec keeps (0: unknown) */
 };
 
 struct state_lease {
@@ -97,6 +98,7 @@ struct state_lease {
 	int32_t pid;
 	bool write;
 	uint64_t conn_serial; /* the holder's connection: the lease ends when it closes (0: unknown) */
+	uint64_t since_ms;    /* the grant, CLOCK_MONOTONIC, which a re-exec keeps (0: unknown) */
 };
 
 /* A user's quota usage: the bytes its buffers and regions hold. */

@@ -242,6 +242,18 @@ static unsigned leases_listed(struct gpuq_client *c, uint64_t *id, uint64_t *pid
 	return count;
 }
 
+/* How long the first lease listed has been held, as gpuqd says. */
+static double lease_held_s(struct gpuq_client *c)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "leases");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "leases");
+	double held = reply_f64(r, "leases.0.held_s");
+	gpuq_reply_free(r);
+	return held;
+}
+
 /* Waits (up to 2 s) until job is queued behind lease. */
 static void expect_behind_lease(struct gpuq_client *c, uint64_t job, uint64_t lease)
 {
@@ -286,7 +298,10 @@ TEST(restart_keeps_a_lease_what_it_holds_back_and_the_holders_writes)
 	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
 	alloc_shareable(holder, "s", MIB);
 	attach(holder, "s", &a);
+	double held = lease_held_s(other), t1 = now_s();
 	restart_and_wait(other, 1);
+	double t2 = now_s(); /* counted from the grant, not from the restart (which came after t1): */
+	CHECK(lease_held_s(other) >= held + (t2 - t1) - 1e-6);
 	CHECK_EQ(leases_listed(other, &id, &pid, mode, sizeof mode), 1);
 	CHECK_EQ(id, a.lease);
 	CHECK_EQ(pid, (uint64_t)getpid());

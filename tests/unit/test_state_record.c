@@ -28,11 +28,11 @@ static struct state_buffer test_buffers[2] = {
 };
 static struct state_region test_regions[1] = {
 	{ .name = "in", .owner = 1000, .device = 1, .bytes = 1u << 21, .fd = 17, .ephemeral = true,
-	  .conn_serial = 12 },
+	  .conn_serial = 12, .created_ms = 123456 },
 };
 static struct state_lease test_leases[1] = {
 	{ .id = 42, .buffer = "kv", .buffer_owner = 1001, .device = 1, .uid = 1001, .pid = 4242,
-	  .write = true, .conn_serial = 13 },
+	  .write = true, .conn_serial = 13, .since_ms = 654321 },
 };
 static struct state_quota test_quotas[2] = {
 	{ .uid = 1000, .buffer_bytes = 2u << 20, .region_bytes = 1u << 21 },
@@ -118,12 +118,14 @@ TEST(state_record_round_trip)
 	CHECK_EQ(back.regions[0].fd, 17);
 	CHECK(back.regions[0].ephemeral);
 	CHECK_EQ(back.regions[0].conn_serial, 12);
+	CHECK_EQ(back.regions[0].created_ms, 123456);
 	CHECK_EQ(back.nleases, 1);
 	CHECK_EQ(back.leases[0].id, 42);
 	CHECK_STR(back.leases[0].buffer, "kv");
 	CHECK_EQ(back.leases[0].pid, 4242);
 	CHECK(back.leases[0].write);
 	CHECK_EQ(back.leases[0].conn_serial, 13);
+	CHECK_EQ(back.leases[0].since_ms, 654321);
 	CHECK_EQ(back.nquotas, 2);
 	CHECK_EQ(back.quotas[0].region_bytes, 1u << 21);
 	CHECK_EQ(back.quotas[1].buffer_bytes, 77);
@@ -362,5 +364,7 @@ TEST(state_record_without_the_added_fields_reads_them_as_zero)
 	CHECK_EQ(back.regions[0].conn_serial, 0); /* an ephemeral region of no known connection: it goes */
 	CHECK_EQ(back.nleases, 1);
 	CHECK_EQ(back.leases[0].conn_serial, 0); /* a lease of no known holder: it ends */
+	CHECK_EQ(back.leases[0].since_ms, 0);
+	CHECK_EQ(back.regions[0].created_ms, 0);
 	state_snapshot_free(&back);
 }
