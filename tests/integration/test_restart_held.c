@@ -129,10 +129,17 @@ TEST(restart_keeps_regions_on_their_device_with_their_quota)
 	do_alloc(c, "b", device, 4 * MIB);
 	uint64_t pinned = host_pinned_used(c);
 	CHECK_EQ(pinned, 4 * MIB);
-	restart_and_wait(c, 1);
-	int i = region_index(c, "in", &rep);
-	CHECK(i >= 0);
 	char path[48], state[16];
+	int i = region_index(c, "in", &rep);
+	snprintf(path, sizeof path, "regions.%d.age_s", i);
+	double age = reply_f64(rep, path), t1 = now_s();
+	gpuq_reply_free(rep);
+	restart_and_wait(c, 1);
+	double t2 = now_s();
+	i = region_index(c, "in", &rep);
+	CHECK(i >= 0);
+	snprintf(path, sizeof path, "regions.%d.age_s", i);
+	CHECK(reply_f64(rep, path) >= age + (t2 - t1) - 1e-6); /* counted from its creation, not the restart */
 	snprintf(path, sizeof path, "regions.%d.bytes", i);
 	CHECK_EQ(reply_u64(rep, path), 4 * MIB);
 	snprintf(path, sizeof path, "regions.%d.device", i);
