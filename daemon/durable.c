@@ -144,6 +144,8 @@ static int durable_copy_regions(struct daemon *d, struct state_snapshot *s)
 		out->bytes = r->bytes;
 		out->fd = r->fd;
 		out->ephemeral = r->conn_serial != 0;
+		out->conn_serial = r->conn_serial;
+		out->created_ms = (uint64_t)(r->created * 1e3);
 	}
 	return 0;
 }
@@ -165,6 +167,8 @@ static int durable_copy_leases(struct daemon *d, struct state_snapshot *s)
 		out->uid = (uint32_t)l->uid;
 		out->pid = (int32_t)l->pid;
 		out->write = l->write;
+		out->conn_serial = l->conn_serial;
+		out->since_ms = (uint64_t)(l->since * 1e3);
 	}
 	return 0;
 }

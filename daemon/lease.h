@@ -36,6 +36,7 @@ struct lease {
 	bool write;
 	enum lease_state state;
 	struct conn *conn; /* the holder's connection; NULL once closed */
+	uint64_t conn_serial; /* its serial, which a re-exec keeps (the record's `conn`) */
 	uint64_t request_id; /* the attach request the grant answers */
 	uid_t uid;
 	pid_t pid;
@@ -56,5 +57,20 @@ struct lease *lease_find(struct lease_table *t, uint64_t id);
 void leases_drop_conn(struct daemon *d, struct conn *c);
 /* Device index was reset: the leases on its buffers end (their holders are told). */
 void leases_drop_device(struct daemon *d, int device);
+
+/*
+ * A re-exec: the lease `from` says (id, write, uid, pid, conn_serial, since), which
+ * the previous image had granted on b, held again in b's device's ledger
+ * (worker_hold) before any job of this image is queued, with no connection
+ * until leases_adopt_conns. NULL with err when it cannot be.
+ */
+struct lease *lease_adopt(struct daemon *d, struct buffer *b, const struct lease *from,
+			  struct gpuq_error *err);
+/*
+ * A re-exec, once the inherited connections serve again: each lease taken
+ * over goes back to its holder's connection, or ends as if the holder had
+ * disconnected when that connection did not come along.
+ */
+void leases_adopt_conns(struct daemon *d);
 
 #endif

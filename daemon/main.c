@@ -16,6 +16,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "daemon/recover_regions.h"
 #include "workers/transfer/copy_pool.h"
 
 #define EXIT_NO_DEVICE 69
@@ -282,6 +283,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	recover_conns(d); /* the previous image's clients, answered again on their connections */
+	recover_holders(d); /* their ephemeral regions and leases stay with them; the others' end */
 	run_loop(d);
 	daemon_free(d);
 	log_info("stopped");

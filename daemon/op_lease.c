@@ -196,29 +196,63 @@ static int attach_info_new(struct request *req, struct job *job, const struct bu
 	return 0;
 }
 
-static struct lease *lease_new(struct request *req, struct job *job, struct buffer *b, bool write)
+/* A new lease of id on b (its ledger entry made, not yet held), in the table, holding b. */
+static struct lease *lease_insert(struct daemon *d, struct buffer *b, uint64_t id, bool write,
+				  uid_t uid)
 {
 	struct lease *l = calloc(1, sizeof *l);
 	if (!l)
 		return NULL;
-	l->id = job->id;
+	l->id = id;
 	l->buffer = b;
 	l->write = write;
-	l->conn = req->conn;
-	l->request_id = req->id;
-	l->uid = req->conn->uid;
-	l->pid = req->conn->pid;
+	l->uid = uid;
 	l->hold.kind = WORK_ATTACH;
 	l->hold.device = b->device;
-	l->hold.job_id = job->id;
-	l->hold.owner_uid = req->conn->uid;
+	l->hold.job_id = id;
+	l->hold.owner_uid = uid;
 	l->hold.access[0] = (struct work_access){ b->dptr, 0, b->bytes, write };
 	l->hold.naccess = 1;
 	b->users++;
 	b->leases++;
-	l->next = req->d->leases.head;
-	req->d->leases.head = l;
-	req->d->leases.count++;
+	l->next = d->leases.head;
+	d->leases.head = l;
+	d->leases.count++;
+	return l;
+}
+
+static struct lease *lease_new(struct request *req, struct job *job, struct buffer *b, bool write)
+{
+	struct lease *l = lease_insert(req->d, b, job->id, write, req->conn->uid);
+	if (!l)
+		return NULL;
+	l->conn = req->conn;
+	l->conn_serial = req->conn->serial;
+	l->request_id = req->id;
+	l->pid = req->conn->pid;
+	return l;
+}
+
+struct lease *lease_adopt(struct daemon *d, struct buffer *b, const struct lease *from,
+			  struct gpuq_error *err)
+{
+	struct lease *l = lease_insert(d, b, from->id, from->write, from->uid);
+	if (!l) {
+		gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "no memory for the lease");
+		return NULL;
+	}
+	l->pid = from->pid;
+	l->conn_serial = from->conn_serial;
+	if (worker_hold(&d->pool, &l->hold, err) != 0) {
+		b->leases--;
+		lease_unlink(&d->leases, l);
+		buffer_unhold(b);
+		free(l);
+		return NULL;
+	}
+	double now = monotonic_seconds();
+	l->state = LEASE_HELD;
+	l->since = from->since > 0 && from->since <= now ? from->since : now; /* the same clock after an execve */
 	return l;
 }
 
@@ -411,6 +445,23 @@ void leases_drop_conn(struct daemon *d, struct conn *c)
 			log_info("lease %llu on %s@%d ends: its holder (uid %d, pid %d) disconnected",
 				 (unsigned long long)l->id, l->buffer->name, l->buffer->device,
 				 (int)l->uid, (int)l->pid);
+		lease_end(d, l);
+	}
+}
+
+void leases_adopt_conns(struct daemon *d)
+{
+	struct lease *next;
+	for (struct lease *l = d->leases.head; l; l = next) {
+		next = l->next;
+		if (l->conn || l->state != LEASE_HELD) /* only a lease taken over has none while held */
+			continue;
+		l->conn = server_conn_of_serial(&d->server, l->conn_serial);
+		if (l->conn)
+			continue;
+		log_info("lease %llu on %s@%d ends: its holder (uid %d, pid %d) did not come through "
+			 "the re-exec connected", (unsigned long long)l->id, l->buffer->name,
+			 l->buffer->device, (int)l->uid, (int)l->pid);
 		lease_end(d, l);
 	}
 }

@@ -14,6 +14,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "daemon/recover_regions.h"
 #include "daemon/state_record.h"
 #include "workers/buffer/slab.h"
 
@@ -180,6 +181,7 @@ void recover_begin(struct daemon *d)
 	}
 	if (recover_plan(r, r->snap->devices) != 0)
 		log_error("no memory to plan taking the slabs over; those left out are lost");
+	recover_regions_plan(r);
 	d->opt.device.adopt = &r->adopt;
 	log_info("re-exec %u: record generation %llu names %zu buffers in %zu slabs", r->restarts,
 		 (unsigned long long)generation, r->snap->nbuffers, r->adopt.n);
@@ -278,9 +280,10 @@ void recover_buffers(struct daemon *d)
 		suspect += b->suspect != NULL;
 		lost += b->state == BUFFER_LOST;
 	}
-	log_info("re-exec %u: %u buffers taken over (%u of them suspect), %u lost; %zu regions and "
-		 "%zu leases of the previous image ended with it",
-		 r->restarts, ready, suspect, lost, r->snap->nregions, r->snap->nleases);
+	log_info("re-exec %u: %u buffers taken over (%u of them suspect), %u lost", r->restarts,
+		 ready, suspect, lost);
+	recover_regions(d);
+	recover_leases(d);
 	recover_free_plan(r);
 	state_snapshot_free(r->snap);
 	free(r->snap);

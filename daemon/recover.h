@@ -3,10 +3,11 @@
  * Durable state, "The re-exec"): a gpuqd that daemon/restart.c re-executed
  * finds GPUQ_INHERIT in its environment, naming the descriptors it
  * inherited: the state record, the listening socket and the client
- * connections (the slabs' descriptors are named by the record itself).
- * It reads the record, has each worker adopt its device's slabs as the
- * device opens, and lists the buffers again, then serves on the same
- * socket and the same connections.
+ * connections (the slabs' and the regions' descriptors are named by the
+ * record itself). It reads the record, has each worker adopt its device's
+ * slabs (and pin its regions again: recover_regions.h) as the device
+ * opens, and lists the buffers again, then serves on the same socket and
+ * the same connections.
  *
  * GPUQ_INHERIT is a comma-separated list of `record:FD`, `listen:FD:ADOPTED`
  * (ADOPTED 1: the socket was the service manager's), `restarts:N`,

@@ -5,12 +5,15 @@
 #include "daemon/region.h"
 #include "daemon/daemon.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "daemon/log.h"
 #include "workers/clock.h"
 
 const char *region_state_name(enum region_state state)
@@ -200,6 +203,37 @@ void regions_drop_conn(struct daemon *d, struct conn *c)
 		if (r->conn_serial != c->serial)
 			continue;
 		r->orphaned = true;
+		region_free_if_orphaned(d, r);
+	}
+}
+
+void regions_inherit(struct region_table *t, bool keep)
+{
+	for (struct region *r = t->head; r; r = r->next) {
+		int flags = r->fd >= 0 ? fcntl(r->fd, F_GETFD) : -1;
+		int want = keep ? flags & ~FD_CLOEXEC : flags | FD_CLOEXEC;
+		if (flags < 0 || fcntl(r->fd, F_SETFD, want) != 0)
+			log_error("region '%s' of uid %d: its memfd (descriptor %d) cannot be %s: %s",
+				  r->name, (int)r->owner, r->fd,
+				  keep ? "handed to the new image, which will not find it"
+				       : "closed on exec again",
+				  r->fd < 0 ? "none" : strerror(errno));
+	}
+}
+
+void regions_adopt_conns(struct daemon *d)
+{
+	struct region *next;
+	for (struct region *r = d->regions.head; r; r = next) {
+		next = r->next;
+		if (!r->orphaned || r->conn_serial == 0)
+			continue;
+		if (server_conn_of_serial(&d->server, r->conn_serial)) {
+			r->orphaned = false;
+			continue;
+		}
+		log_info("ephemeral region %s of uid %d goes: its connection did not come through the "
+			 "re-exec", r->name, (int)r->owner);
 		region_free_if_orphaned(d, r);
 	}
 }

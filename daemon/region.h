@@ -99,4 +99,18 @@ void region_free_if_orphaned(struct daemon *d, struct region *r);
  */
 void region_job_release(struct daemon *d, struct job *job);
 
+/*
+ * A re-exec (daemon/restart.c): keep true clears close-on-exec on every
+ * region's descriptor so that the new image inherits it (false: sets it
+ * again, the execve having failed). A descriptor that cannot be handed over
+ * is logged; the new image then finds its region lost.
+ */
+void regions_inherit(struct region_table *t, bool keep);
+/*
+ * A re-exec, once the inherited connections serve again: an ephemeral
+ * region taken over stays with its connection if that connection came
+ * along, else it is freed as if the connection had closed.
+ */
+void regions_adopt_conns(struct daemon *d);
+
 #endif

@@ -205,6 +205,7 @@ static void restart_handover(struct daemon *d, char *buf, size_t size)
 	for (struct buffer *b = d->buffers.head; b; b = b->next)
 		if (b->slab_fd >= 0 && b->state == BUFFER_READY)
 			restart_keep(b->slab_fd);
+	regions_inherit(&d->regions, true); /* the record names their descriptors */
 	for (struct conn *c = d->server.conns; c; c = c->next)
 		if (restart_conn_clean(c) && restart_keep(c->fd))
 			restart_env_add(buf, size, &n, "%sconn:%lld:%lld", c->fd, (long long)c->serial);
@@ -220,6 +221,7 @@ static void restart_take_back(struct daemon *d)
 	for (struct buffer *b = d->buffers.head; b; b = b->next)
 		if (b->slab_fd >= 0)
 			fcntl(b->slab_fd, F_SETFD, FD_CLOEXEC);
+	regions_inherit(&d->regions, false);
 	for (struct conn *c = d->server.conns; c; c = c->next)
 		fcntl(c->fd, F_SETFD, FD_CLOEXEC);
 }

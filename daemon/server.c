@@ -384,6 +384,14 @@ void server_stop_listening(struct server *s)
 		log_warn("cannot remove %s: %s", s->path, strerror(errno));
 }
 
+struct conn *server_conn_of_serial(struct server *s, uint64_t serial)
+{
+	for (struct conn *c = s->conns; c; c = c->next)
+		if (c->serial == serial && !c->closed)
+			return c;
+	return NULL;
+}
+
 void server_close_all(struct server *s)
 {
 	while (s->conns)

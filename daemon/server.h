@@ -119,6 +119,8 @@ int server_adopt(struct server *s, struct daemon *d, uv_loop_t *loop, int fd,
 void server_stop_listening(struct server *s);
 /* Closes every connection (what the sockets do not take at once is dropped). */
 void server_close_all(struct server *s);
+/* The open connection of this serial (a re-exec keeps serials), or NULL. */
+struct conn *server_conn_of_serial(struct server *s, uint64_t serial);
 /*
  * Whether gpuqd is out of descriptors now (a probe dup fails with EMFILE or
  * ENFILE); if so logs it, at most every few seconds, naming the cause.

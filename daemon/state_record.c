@@ -60,6 +60,8 @@ static const struct rec_field region_fields[] = {
 	REC_FIELD(struct state_region, "bytes", REC_U64, bytes),
 	REC_FIELD(struct state_region, "fd", REC_INT, fd),
 	REC_FIELD(struct state_region, "ephemeral", REC_BOOL, ephemeral),
+	REC_FIELD_ADDED(struct state_region, "conn", REC_U64, conn_serial),
+	REC_FIELD_ADDED(struct state_region, "created_ms", REC_U64, created_ms),
 };
 
 static const struct rec_field lease_fields[] = {
@@ -70,6 +72,8 @@ static const struct rec_field lease_fields[] = {
 	REC_FIELD(struct state_lease, "uid", REC_U32, uid),
 	REC_FIELD(struct state_lease, "pid", REC_INT, pid),
 	REC_FIELD(struct state_lease, "write", REC_BOOL, write),
+	REC_FIELD_ADDED(struct state_lease, "conn", REC_U64, conn_serial),
+	REC_FIELD_ADDED(struct state_lease, "since_ms", REC_U64, since_ms),
 };
 
 static const struct rec_field quota_fields[] = {

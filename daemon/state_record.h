@@ -85,6 +85,8 @@ struct state_region {
 	uint64_t bytes;
 	int fd; /* gpuqd's descriptor of the client's memfd, as numbered in this process */
 	bool ephemeral;
+	uint64_t conn_serial; /* an ephemeral region's connection (0: none, or a record before it was kept) */
+	uint64_t created_ms;  /* CLOCK_MONOTONIC, which a re-exec keeps (0: unknown) */
 };
 
 struct state_lease {
@@ -95,6 +97,8 @@ struct state_lease {
 	uint32_t uid; /* the holder */
 	int32_t pid;
 	bool write;
+	uint64_t conn_serial; /* the holder's connection: the lease ends when it closes (0: unknown) */
+	uint64_t since_ms;    /* the grant, CLOCK_MONOTONIC, which a re-exec keeps (0: unknown) */
 };
 
 /* A user's quota usage: the bytes its buffers and regions hold. */

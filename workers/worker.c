@@ -12,6 +12,7 @@
 #include "workers/clock.h"
 #include "workers/backend/device_reset.h"
 #include "workers/transfer/map_cache.h"
+#include "workers/transfer/region_pin.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -201,6 +202,32 @@ static void worker_adopt(struct worker *w)
 		fprintf(stderr, "gpuqd: [gpu %d] %s (after adopting its slabs)\n", w->dev.index, err.message);
 }
 
+/*
+ * A re-exec: maps and pins again the host regions the previous image had
+ * pinned for this device, as region_create's work does (the registration
+ * is this worker's to make), before the worker serves. One that fails is
+ * reported in its entry; the device serves on.
+ */
+static void worker_adopt_regions(struct worker *w)
+{
+	struct device_adopt_list *list = w->dev.config.adopt;
+	struct gpuq_error err;
+	if (!list)
+		return;
+	for (size_t i = 0; i < list->nregions; i++) {
+		struct device_adopt_region *a = &list->regions[i];
+		if (a->device != w->dev.index)
+			continue;
+		double t0 = monotonic_seconds();
+		a->tried = true;
+		if (region_pin_map(&w->dev, a->fd, a->bytes, &a->map, &a->node, &err) != 0) {
+			a->map = NULL;
+			snprintf(a->why, sizeof a->why, "%s", err.message);
+		}
+		a->seconds = monotonic_seconds() - t0;
+	}
+}
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -213,8 +240,10 @@ static void *worker_main(void *arg)
 			       w->dev.index);
 		w->dev.ops->device.close(&w->dev);
 	}
-	if (rc == 0)
+	if (rc == 0) {
 		worker_adopt(w);
+		worker_adopt_regions(w);
+	}
 	pthread_mutex_lock(&w->lock);
 	w->sched = s;
 	pthread_mutex_unlock(&w->lock);
@@ -513,6 +542,25 @@ void worker_unhold(struct worker_pool *pool, struct work *hold)
 	sched_unhold(&w->queues, hold);
 	sched_notify_locked(w->sched);
 	pthread_mutex_unlock(&w->lock);
+}
+
+int worker_hold(struct worker_pool *pool, struct work *hold, struct gpuq_error *err)
+{
+	if (check_device(pool, hold->device, err) < 0)
+		return -1;
+	struct worker *w = &pool->workers[hold->device];
+	pthread_mutex_lock(&w->lock);
+	if (!w->sched) {
+		pthread_mutex_unlock(&w->lock);
+		return gpuq_fail(err, GPUQ_E_NO_DEVICE, "device %d did not open (%s)", hold->device,
+				 w->health);
+	}
+	bool held = sched_hold_last(&w->queues, hold);
+	sched_notify_locked(w->sched);
+	pthread_mutex_unlock(&w->lock);
+	if (!held)
+		return gpuq_fail(err, GPUQ_E_CANCELLED, "the lease was dropped before it was held");
+	return 0;
 }
 
 void worker_kick(struct worker_pool *pool, int device)

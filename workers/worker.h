@@ -175,6 +175,12 @@ int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms);
  * wakes the scheduler, so that the jobs behind it may start.
  */
 void worker_unhold(struct worker_pool *pool, struct work *hold);
+/*
+ * A re-exec: a lease the previous image granted goes back into its
+ * device's ledger (sched_hold_last), before any job of the new image is
+ * queued there. 0, or -1 with err when the device has no worker serving.
+ */
+int worker_hold(struct worker_pool *pool, struct work *hold, struct gpuq_error *err);
 /* Wakes device's scheduler to look at its jobs again (a cancel was asked). */
 void worker_kick(struct worker_pool *pool, int device);
 /*

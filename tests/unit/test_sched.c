@@ -482,3 +482,25 @@ TEST(sched_alone_is_false_outside_a_job)
 	/* a thread that runs no job may not block on the strength of being alone */
 	CHECK(!sched_alone());
 }
+
+TEST(sched_a_lease_held_again_after_a_reexec_holds_back_what_comes_after_it)
+{
+	struct bench b;
+	bench_init(&b, 16);
+	struct work hold = lease_hold(buffer_a, false), dropped = lease_hold(buffer_b, true);
+	CHECK(sched_hold_last(&b.q, &hold)); /* an empty ledger: no attach stands before it */
+	struct work *read = add(&b, WORK_CHECKSUM, 2, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	struct work *write = add(&b, WORK_FILL, 2, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	CHECK(next(&b) == read); /* a read lease lets readers pass */
+	CHECK(next(&b) == NULL);
+	CHECK_EQ(atomic_load(&write->waiting), SCHED_WAIT_LEASE);
+	CHECK_EQ(atomic_load(&write->waiting_job), 99);
+	sched_unhold(&b.q, &hold);
+	finish(&b, read, 0.001);
+	CHECK(next(&b) == write);
+	sched_unhold(&b.q, &dropped); /* ended before it was held again: it never is */
+	CHECK(!sched_hold_last(&b.q, &dropped));
+	finish(&b, write, 0.001);
+	struct work *fill_b = add(&b, WORK_FILL, 2, GPUQ_PRIORITY_NORMAL, buffer_b, 0, 64, true);
+	CHECK(next(&b) == fill_b);
+}

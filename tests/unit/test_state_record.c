@@ -27,11 +27,12 @@ static struct state_buffer test_buffers[2] = {
 	  .suspect = "a job writing it was cut short by a restart" },
 };
 static struct state_region test_regions[1] = {
-	{ .name = "in", .owner = 1000, .device = 1, .bytes = 1u << 21, .fd = 17, .ephemeral = true },
+	{ .name = "in", .owner = 1000, .device = 1, .bytes = 1u << 21, .fd = 17, .ephemeral = true,
+	  .conn_serial = 12, .created_ms = 123456 },
 };
 static struct state_lease test_leases[1] = {
 	{ .id = 42, .buffer = "kv", .buffer_owner = 1001, .device = 1, .uid = 1001, .pid = 4242,
-	  .write = true },
+	  .write = true, .conn_serial = 13, .since_ms = 654321 },
 };
 static struct state_quota test_quotas[2] = {
 	{ .uid = 1000, .buffer_bytes = 2u << 20, .region_bytes = 1u << 21 },
@@ -116,11 +117,15 @@ TEST(state_record_round_trip)
 	CHECK_STR(back.regions[0].name, "in");
 	CHECK_EQ(back.regions[0].fd, 17);
 	CHECK(back.regions[0].ephemeral);
+	CHECK_EQ(back.regions[0].conn_serial, 12);
+	CHECK_EQ(back.regions[0].created_ms, 123456);
 	CHECK_EQ(back.nleases, 1);
 	CHECK_EQ(back.leases[0].id, 42);
 	CHECK_STR(back.leases[0].buffer, "kv");
 	CHECK_EQ(back.leases[0].pid, 4242);
 	CHECK(back.leases[0].write);
+	CHECK_EQ(back.leases[0].conn_serial, 13);
+	CHECK_EQ(back.leases[0].since_ms, 654321);
 	CHECK_EQ(back.nquotas, 2);
 	CHECK_EQ(back.quotas[0].region_bytes, 1u << 21);
 	CHECK_EQ(back.quotas[1].buffer_bytes, 77);
@@ -322,11 +327,31 @@ TEST(state_record_without_the_added_fields_reads_them_as_zero)
 	mp_array_init(&buffers);
 	mp_array_map(&buffers, &b);
 	mp_put_array(&root, "buffers", &buffers);
-	const char *lists[] = { "regions", "leases", "quota" };
-	for (int i = 0; i < 3; i++) {
-		mp_array_init(&empty);
-		mp_put_array(&root, lists[i], &empty);
-	}
+	struct mp_map region, lease;
+	struct mp_array regions, leases;
+	mp_map_init(&region); /* a region and a lease as the first format wrote them: no `conn` */
+	mp_put_str(&region, "name", "in");
+	mp_put_u64(&region, "owner", 0);
+	mp_put_i64(&region, "device", 0);
+	mp_put_u64(&region, "bytes", 4096);
+	mp_put_i64(&region, "fd", 9);
+	mp_put_bool(&region, "ephemeral", true);
+	mp_array_init(&regions);
+	mp_array_map(&regions, &region);
+	mp_put_array(&root, "regions", &regions);
+	mp_map_init(&lease);
+	mp_put_u64(&lease, "id", 5);
+	mp_put_str(&lease, "buffer", "old");
+	mp_put_u64(&lease, "buffer_owner", 0);
+	mp_put_i64(&lease, "device", 0);
+	mp_put_u64(&lease, "uid", 0);
+	mp_put_i64(&lease, "pid", 77);
+	mp_put_bool(&lease, "write", false);
+	mp_array_init(&leases);
+	mp_array_map(&leases, &lease);
+	mp_put_array(&root, "leases", &leases);
+	mp_array_init(&empty);
+	mp_put_array(&root, "quota", &empty);
 	msgpack_sbuffer_init(&sb);
 	mp_map_finish(&root, &sb);
 	CHECKF(state_snapshot_decode(sb.data, sb.size, &back, &err) == 0, "decode: %s", err.message);
@@ -335,5 +360,11 @@ TEST(state_record_without_the_added_fields_reads_them_as_zero)
 	CHECK_EQ(back.buffers[0].slab_bytes, 0); /* so a re-exec does not take it over */
 	CHECK_EQ(back.buffers[0].conn_serial, 0);
 	CHECK_STR(back.buffers[0].suspect, "");
+	CHECK_EQ(back.nregions, 1);
+	CHECK_EQ(back.regions[0].conn_serial, 0); /* an ephemeral region of no known connection: it goes */
+	CHECK_EQ(back.nleases, 1);
+	CHECK_EQ(back.leases[0].conn_serial, 0); /* a lease of no known holder: it ends */
+	CHECK_EQ(back.leases[0].since_ms, 0);
+	CHECK_EQ(back.regions[0].created_ms, 0);
 	state_snapshot_free(&back);
 }

@@ -92,9 +92,29 @@ struct device_adopt {
 	char why[sizeof ((struct gpuq_error *)0)->message];
 };
 
+/*
+ * A host region the previous image had pinned, for its device's worker to
+ * map and pin again (region_pin_map, as region_create's work does) before
+ * it serves: the main thread keeps fd and fills device and bytes, and
+ * reads map (NULL: not taken, why), node and seconds once the workers have
+ * opened.
+ */
+struct device_adopt_region {
+	int device;
+	int fd; /* the client's memfd, gpuqd's descriptor of it (not taken: the main thread's) */
+	uint64_t bytes;
+	bool tried;
+	void *map;
+	int node;
+	double seconds;
+	char why[sizeof ((struct gpuq_error *)0)->message];
+};
+
 struct device_adopt_list {
 	struct device_adopt *slabs;
 	size_t n;
+	struct device_adopt_region *regions;
+	size_t nregions;
 };
 
 struct backend_ops;

@@ -338,6 +338,15 @@ bool sched_hold(struct sched_queues *q, struct work *w, struct work *hold)
 	return true;
 }
 
+bool sched_hold_last(struct sched_queues *q, struct work *hold)
+{
+	if (atomic_load(&hold->cancel))
+		return false;
+	hold->sched_state = SCHED_WORK_HELD;
+	ledger_append(q, hold);
+	return true;
+}
+
 void sched_unhold(struct sched_queues *q, struct work *hold)
 {
 	atomic_store(&hold->cancel, true);

@@ -123,6 +123,12 @@ void sched_retire(struct sched_queues *q, struct work *w, double started, double
  * client went away before the grant) is not put in; returns whether it was.
  */
 bool sched_hold(struct sched_queues *q, struct work *w, struct work *hold);
+/*
+ * A lease the previous gpuqd image granted (a re-exec): its entry goes at
+ * the ledger's end, where no attach stands, so that every work queued after
+ * it waits for it as for any lease. false when it was dropped first.
+ */
+bool sched_hold_last(struct sched_queues *q, struct work *hold);
 void sched_unhold(struct sched_queues *q, struct work *hold);
 
 bool sched_work_exclusive(const struct work *w);

@@ -1,0 +1,384 @@
+/*
+ * What clients hold through a re-exec (daemon/recover_regions.c): a host
+ * region is listed again with its bytes, pinned on its device, and moves
+ * the client's memory both ways, written after the restart; its quota
+ * usage is the same. An ephemeral region stays with a connection that came
+ * through and goes with one that did not (a connection with half a frame
+ * read is not handed over). A lease is listed again under its id and
+ * holder, still holds back the jobs it held back, sees the holder's writes
+ * made after the restart, and ends when its holder exits after the restart
+ * or did not come through. The checks wait for events, never for a time.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/integration/fixture.h"
+#include "workers/backend/host_patterns.h"
+
+#define MIB (1024u * 1024u)
+
+/* Asks for a restart on c and waits, on c (handed over), until gpuqd counts `want` restarts. */
+static void restart_and_wait(struct gpuq_client *c, uint64_t want)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "restart");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "restart");
+	gpuq_reply_free(r);
+	for (int i = 0; i < 10000; i++) {
+		gpuq_request_begin(c, &req, "ping");
+		r = call(c, &req, NULL, 0);
+		expect_ok(r, "ping");
+		const msgpack_object *n = gpuq_reply_get(r, "restarts");
+		bool done = n && n->via.u64 >= want;
+		gpuq_reply_free(r);
+		if (done)
+			return;
+		usleep(1000);
+	}
+	CHECKF(false, "gpuqd never counted %llu restarts", (unsigned long long)want);
+}
+
+/* A connection with half a frame sent: the restart does not hand it over (restart_conn_clean). */
+static void leave_half_a_frame(struct gpuq_client *c)
+{
+	static const unsigned char half[2] = { 0, 0 }; /* of a 4-byte length prefix */
+	raw_write(gpuq_fd(c), half, sizeof half);
+}
+
+/* The index of region name in `regions`, or -1; *r keeps the reply (the caller frees it). */
+static int region_index(struct gpuq_client *c, const char *name, struct gpuq_reply **r)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "regions");
+	*r = call(c, &req, NULL, 0);
+	expect_ok(*r, "regions");
+	const msgpack_object *list = reply_path(*r, "regions");
+	for (uint32_t i = 0; i < list->via.array.size; i++) {
+		char path[48], got[80];
+		snprintf(path, sizeof path, "regions.%u.name", i);
+		reply_str(*r, path, got, sizeof got);
+		if (strcmp(got, name) == 0)
+			return (int)i;
+	}
+	return -1;
+}
+
+static bool region_listed(struct gpuq_client *c, const char *name)
+{
+	struct gpuq_reply *r;
+	int i = region_index(c, name, &r);
+	gpuq_reply_free(r);
+	return i >= 0;
+}
+
+/* Waits (up to 2 s) until region name is no longer listed. */
+static bool region_goes(struct gpuq_client *c, const char *name)
+{
+	for (int i = 0; i < 200; i++) {
+		if (!region_listed(c, name))
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+static uint64_t host_pinned_used(struct gpuq_client *c)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "quota");
+	mp_put_u64(&req, "uid", (uint64_t)getuid());
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "quota");
+	uint64_t used = reply_u64(r, "users.0.used.host_pinned");
+	gpuq_reply_free(r);
+	return used;
+}
+
+/* put (region -> buffer) or get (buffer -> region), waited for, which must move bytes. */
+static void xfer(struct gpuq_client *c, bool put, const char *region, const char *buffer,
+		 uint64_t bytes)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, put ? "put" : "get");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_str(&req, "region", region);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, put ? "put from a region" : "get into a region");
+	CHECK_EQ(reply_u64(r, "job.result.bytes"), bytes);
+	gpuq_reply_free(r);
+}
+
+TEST(restart_keeps_regions_on_their_device_with_their_quota)
+{
+	struct daemon_proc d;
+	struct gpuq_region r;
+	struct gpuq_error err;
+	struct gpuq_reply *rep;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	require_memlock(c, 4 * MIB);
+	int device = device_count(c) > 1 ? 1 : 0;
+	CHECKF(gpuq_region_create(c, "in", 4 * MIB, device, false, &r, &err) == 0, "%s", err.message);
+	do_alloc(c, "b", device, 4 * MIB);
+	uint64_t pinned = host_pinned_used(c);
+	CHECK_EQ(pinned, 4 * MIB);
+	char path[48], state[16];
+	int i = region_index(c, "in", &rep);
+	snprintf(path, sizeof path, "regions.%d.age_s", i);
+	double age = reply_f64(rep, path), t1 = now_s();
+	gpuq_reply_free(rep);
+	restart_and_wait(c, 1);
+	double t2 = now_s();
+	i = region_index(c, "in", &rep);
+	CHECK(i >= 0);
+	snprintf(path, sizeof path, "regions.%d.age_s", i);
+	CHECK(reply_f64(rep, path) >= age + (t2 - t1) - 1e-6); /* counted from its creation, not the restart */
+	snprintf(path, sizeof path, "regions.%d.bytes", i);
+	CHECK_EQ(reply_u64(rep, path), 4 * MIB);
+	snprintf(path, sizeof path, "regions.%d.device", i);
+	CHECK_EQ(reply_u64(rep, path), (uint64_t)device);
+	snprintf(path, sizeof path, "regions.%d.state", i);
+	reply_str(rep, path, state, sizeof state);
+	CHECK_STR(state, "ready");
+	CHECK_EQ(reply_u64(rep, "pinned_bytes"), 4 * MIB);
+	gpuq_reply_free(rep);
+	CHECK_EQ(host_pinned_used(c), pinned);
+	/* written through this process's mapping after the restart, seen by a job */
+	host_fill_random(r.ptr, r.bytes, GPUQ_DTYPE_BYTES, 11);
+	xfer(c, true, "in", "b", 4 * MIB);
+	CHECK_EQ(do_checksum(c, "b"), host_checksum(r.ptr, r.bytes));
+	/* and a job's bytes land in this process's memory */
+	do_fill_random(c, "b", 12);
+	memset(r.ptr, 0, r.bytes);
+	xfer(c, false, "in", "b", 4 * MIB);
+	CHECK_EQ(host_checksum(r.ptr, r.bytes), do_checksum(c, "b"));
+	CHECKF(gpuq_region_free(c, "in", &err) == 0, "region_free after the restart: %s", err.message);
+	CHECK(!region_listed(c, "in"));
+	CHECK_EQ(host_pinned_used(c), 0);
+	gpuq_region_unmap(&r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(restart_keeps_an_ephemeral_region_only_with_its_connection)
+{
+	struct daemon_proc d;
+	struct gpuq_region kept, gone;
+	struct gpuq_error err;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *stays = client_open(&d), *cut = client_open(&d), *other = client_open(&d);
+	require_memlock(stays, 2 * MIB);
+	CHECKF(gpuq_region_create(stays, "kept", MIB, 0, true, &kept, &err) == 0, "%s", err.message);
+	CHECKF(gpuq_region_create(cut, "gone", MIB, 0, true, &gone, &err) == 0, "%s", err.message);
+	leave_half_a_frame(cut); /* before the restart is asked, so read before the execve (turns later) */
+	CHECK(region_listed(other, "gone"));
+	restart_and_wait(other, 1);
+	CHECK(region_goes(other, "gone"));
+	CHECK(region_listed(other, "kept"));
+	strcpy(kept.ptr, "still the client's memory");
+	gpuq_close(stays); /* the connection that came through still owns it */
+	CHECK(region_goes(other, "kept"));
+	CHECK_STR(kept.ptr, "still the client's memory");
+	gpuq_region_unmap(&kept);
+	gpuq_region_unmap(&gone);
+	gpuq_close(cut);
+	gpuq_close(other);
+	daemon_stop(&d);
+}
+
+static void alloc_shareable(struct gpuq_client *c, const char *name, uint64_t bytes)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", name);
+	mp_put_u64(&req, "bytes", bytes);
+	mp_put_bool(&req, "shareable", true);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "alloc shareable");
+	gpuq_reply_free(r);
+}
+
+static void attach(struct gpuq_client *c, const char *buffer, struct gpuq_attachment *a)
+{
+	struct gpuq_error err;
+	CHECKF(gpuq_buffer_attach(c, buffer, true, a, &err) == 0, "attach %s: %s", buffer, err.message);
+	CHECK(a->ptr != NULL && a->lease > 0);
+}
+
+/* A job on buffer, not waited for; returns its id. */
+static uint64_t submit(struct gpuq_client *c, const char *op, const char *buffer)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, op);
+	mp_put_str(&req, "buffer", buffer);
+	if (strcmp(op, "fill") == 0) {
+		mp_put_str(&req, "pattern", "value");
+		mp_put_u64(&req, "value", 7);
+	}
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, op);
+	uint64_t id = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	return id;
+}
+
+/* The leases listed; the first one's id, pid and mode into the pointers given. */
+static unsigned leases_listed(struct gpuq_client *c, uint64_t *id, uint64_t *pid, char *mode,
+			      size_t n)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "leases");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "leases");
+	unsigned count = reply_path(r, "leases")->via.array.size;
+	if (count > 0 && id) {
+		*id = reply_u64(r, "leases.0.lease");
+		*pid = reply_u64(r, "leases.0.pid");
+		reply_str(r, "leases.0.mode", mode, n);
+	}
+	gpuq_reply_free(r);
+	return count;
+}
+
+/* How long the first lease listed has been held, as gpuqd says. */
+static double lease_held_s(struct gpuq_client *c)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "leases");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "leases");
+	double held = reply_f64(r, "leases.0.held_s");
+	gpuq_reply_free(r);
+	return held;
+}
+
+/* Waits (up to 2 s) until job is queued behind lease. */
+static void expect_behind_lease(struct gpuq_client *c, uint64_t job, uint64_t lease)
+{
+	char reason[32] = "";
+	for (int i = 0; i < 200; i++) {
+		struct gpuq_reply *r = job_request(c, "status", job, 0);
+		const msgpack_object *o = reply_path(r, "job.waiting_reason");
+		if (o && o->type == MSGPACK_OBJECT_STR)
+			snprintf(reason, sizeof reason, "%.*s", (int)o->via.str.size, o->via.str.ptr);
+		bool behind = strcmp(reason, "lease") == 0 && reply_u64(r, "job.waiting_job") == lease;
+		gpuq_reply_free(r);
+		if (behind)
+			return;
+		usleep(10000);
+	}
+	CHECKF(false, "job %llu is not waiting behind lease %llu (waiting_reason '%s')",
+	       (unsigned long long)job, (unsigned long long)lease, reason);
+}
+
+/* Waits for job's end; its result's checksum (0 when it has none). */
+static uint64_t job_done(struct gpuq_client *c, uint64_t job)
+{
+	struct gpuq_reply *r = job_request(c, "wait", job, 0);
+	expect_ok(r, "the job behind the lease");
+	const msgpack_object *sum = reply_path(r, "job.result.checksum");
+	uint64_t v = sum ? sum->via.u64 : 0;
+	gpuq_reply_free(r);
+	return v;
+}
+
+TEST(restart_keeps_a_lease_what_it_holds_back_and_the_holders_writes)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	struct gpuq_error err;
+	char mode[16];
+	uint64_t id = 0, pid = 0;
+	require_backend();
+	if (test_backend_is_cuda())
+		SKIP("writes through a host mapping; tests/gpu/attach_selftest attaches on CUDA");
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
+	alloc_shareable(holder, "s", MIB);
+	attach(holder, "s", &a);
+	double held = lease_held_s(other), t1 = now_s();
+	restart_and_wait(other, 1);
+	double t2 = now_s(); /* counted from the grant, not from the restart (which came after t1): */
+	CHECK(lease_held_s(other) >= held + (t2 - t1) - 1e-6);
+	CHECK_EQ(leases_listed(other, &id, &pid, mode, sizeof mode), 1);
+	CHECK_EQ(id, a.lease);
+	CHECK_EQ(pid, (uint64_t)getpid());
+	CHECK_STR(mode, "read-write");
+	uint64_t check = submit(other, "checksum", "s"); /* reads: held back by a read-write lease */
+	expect_behind_lease(other, check, a.lease);
+	host_fill_pattern(a.ptr, MIB, 0x3c, 1); /* the holder's mapping, written after the restart */
+	uint64_t written = host_checksum(a.ptr, MIB);
+	CHECKF(gpuq_buffer_release(holder, &a, &err) == 0, "release after the restart: %s",
+	       err.message);
+	CHECK_EQ(job_done(other, check), written);
+	CHECK_EQ(leases_listed(other, NULL, NULL, NULL, 0), 0);
+	gpuq_close(other);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
+TEST(restart_lease_ends_when_its_holder_exits_after_it)
+{
+	struct daemon_proc d;
+	int ready[2];
+	char mode[16];
+	uint64_t id = 0, pid = 0, lease = 0;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	alloc_shareable(c, "s", MIB);
+	CHECK(pipe(ready) == 0);
+	pid_t child = fork();
+	CHECK(child >= 0);
+	if (child == 0) { /* attaches, says so, and waits to be killed */
+		struct gpuq_client *holder = client_open(&d);
+		struct gpuq_attachment a;
+		attach(holder, "s", &a);
+		CHECK(write(ready[1], &a.lease, sizeof a.lease) == sizeof a.lease);
+		pause();
+		_exit(0);
+	}
+	CHECK(read(ready[0], &lease, sizeof lease) == sizeof lease);
+	restart_and_wait(c, 1);
+	CHECK_EQ(leases_listed(c, &id, &pid, mode, sizeof mode), 1);
+	CHECK_EQ(id, lease);
+	CHECK_EQ(pid, (uint64_t)child);
+	uint64_t fill = submit(c, "fill", "s");
+	expect_behind_lease(c, fill, lease);
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	job_done(c, fill); /* its connection closed: the lease ended, the fill ran */
+	CHECK_EQ(leases_listed(c, NULL, NULL, NULL, 0), 0);
+	close(ready[0]);
+	close(ready[1]);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(restart_ends_the_lease_of_a_holder_that_did_not_come_through)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
+	alloc_shareable(other, "s", MIB);
+	attach(holder, "s", &a);
+	leave_half_a_frame(holder); /* not handed over: the holder is gone for the new image */
+	CHECK_EQ(leases_listed(other, NULL, NULL, NULL, 0), 1);
+	restart_and_wait(other, 1);
+	CHECK_EQ(leases_listed(other, NULL, NULL, NULL, 0), 0);
+	job_done(other, submit(other, "fill", "s")); /* nothing holds it back */
+	gpuq_close(other);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
