@@ -3,7 +3,10 @@
  * (workers/backend/device_reset.c): jobs in flight fail, buffers there are lost (and
  * say so), new jobs succeed, other devices carry on; too many faults leave it
  * unhealthy for an operator, whose reset-device brings it back. On the cuda
- * tier the fault is a real illegal address (tests/gpuqd-faults' inject_fault).
+ * tier the fault is a real illegal address (tests/gpuqd-faults' inject_fault);
+ * where that GPU's driver gives the process no new context, gpuqd
+ * re-executes itself instead and the faulted device's buffer comes through
+ * intact (recovered_by_reexec).
  */
 #include <stdio.h>
 #include <string.h>
