@@ -322,6 +322,7 @@ check admin_unknown_action_is_2 2 gpuq admin frobnicate
 check bench_restart 0 gpuq bench restart --bytes 8M --requests 8
 expect bench_restart_serves "to the first job served" out
 expect bench_restart_verifies "(0 of 8 differ)" out
+expect bench_restart_reloads "reloading them instead, put from the page cache: [0-9.]* s  ([0-9.]* GB/s" out
 
 kill -TERM "$daemon"
 wait "$daemon"
