@@ -146,17 +146,19 @@ static void cannot_recover_in_process(struct daemon_proc *d, struct gpuq_client 
 /*
  * Where the driver gives gpuqd no new context after a fault, gpuqd
  * re-executes itself: the client keeps its connection, the device serves
- * again, the faulted device's buffer came through intact (its slab's
- * descriptor outlived the faulted context; the same checksum as before the
- * fault), and new work runs. Prints the time from the fault to that buffer
+ * again, the faulted device's buffers came through intact (their slabs'
+ * descriptors outlived the faulted context; the same checksums as before
+ * the fault: a small one carved from a shared slab, a large one with a slab
+ * of its own), and new work runs. Prints the time from the fault to that buffer
  * verified.
  */
 static void recovered_by_reexec(struct daemon_proc *d, struct gpuq_client *c, const char *buffer,
-				uint64_t sum, double fault_at)
+				uint64_t sum, uint64_t big_sum, double fault_at)
 {
 	fprintf(stderr, "    device 0 came back by re-executing gpuqd (%s)\n", test_backend());
 	if (buffer) {
 		CHECK_EQ(do_checksum(c, buffer), sum);
+		CHECK_EQ(do_checksum(c, "big"), big_sum);
 		fprintf(stderr, "    fault to serving again, the faulted device's buffer verified "
 			"(re-exec, %s): %.3f s\n", test_backend(), now_s() - fault_at);
 	}
@@ -185,11 +187,14 @@ TEST(device_reset_after_a_fault_serves_again_and_reports_lost_buffers)
 	}
 	uint64_t elsewhere = other >= 0 ? do_checksum(c, "elsewhere") : 0;
 	uint64_t before = do_checksum(c, "before");
+	do_alloc(c, "big", 0, 64 << 20);
+	fill_seed(c, "big", 8);
+	uint64_t big = do_checksum(c, "big");
 	double t0 = now_s();
 	inject_fault(c, 0);
 	double took = wait_reset(c, 0, 1, t0);
 	if (took == REEXECUTED) {
-		recovered_by_reexec(&d, c, "before", before, t0);
+		recovered_by_reexec(&d, c, "before", before, big, t0);
 		return;
 	}
 	if (took < 0)
