@@ -11,8 +11,10 @@
  *
  * GPUQ_INHERIT is a comma-separated list of `record:FD`, `listen:FD:ADOPTED`
  * (ADOPTED 1: the socket was the service manager's), `restarts:N`,
- * `jobs:NEXT_ID`, `fault:MS` (each recent restart after a fault) and
- * `conn:FD:SERIAL`. It is gpuqd's own and is unset once read.
+ * `jobs:NEXT_ID`, `fault:MS` (each recent restart after a fault),
+ * `conn:FD:SERIAL` and `queue:FD` (the jobs queued at the re-exec, which
+ * daemon/replay.h submits again once the connections are served). It is
+ * gpuqd's own and is unset once read.
  *
  * Main thread only, at start-up.
  */
@@ -40,6 +42,7 @@ struct recover_conn {
 struct recover {
 	bool active; /* GPUQ_INHERIT was given */
 	int record_fd, listen_fd;
+	int queue_fd; /* the held jobs' memfd (daemon/replay.h); -1: none */
 	bool listen_adopted;
 	unsigned restarts; /* re-execs so far, this one included */
 	uint64_t next_job; /* the job id the previous image would have given next */
@@ -60,7 +63,7 @@ struct recover {
 void recover_begin(struct daemon *d);
 /* After the workers have opened: lists the buffers the record names again (lost where their slab was not taken). */
 void recover_buffers(struct daemon *d);
-/* Once serving: the inherited connections, served again under their old serials. */
+/* Once serving: the inherited connections, served again under their old serials, and the queued jobs replayed. */
 void recover_conns(struct daemon *d);
 /* --check-record FD: says what the record holds; 0, or RECOVER_EXIT_REFUSED. */
 int recover_check_record(int fd);
