@@ -294,8 +294,7 @@ void recover_buffers(struct daemon *d)
 	durable_touch(d);
 }
 
-/* The jobs queued at the re-exec, submitted again on their connections (daemon/replay.h). */
-static void recover_replay(struct daemon *d)
+void recover_jobs(struct daemon *d)
 {
 	char what[32];
 	snprintf(what, sizeof what, "re-exec %u", d->recover.restarts);
@@ -316,5 +315,4 @@ void recover_conns(struct daemon *d)
 	r->conns = NULL;
 	r->nconns = 0;
 	buffers_free_orphans(d); /* the ephemeral buffers of connections that did not survive */
-	recover_replay(d);
 }

@@ -13,7 +13,8 @@
  * (ADOPTED 1: the socket was the service manager's), `restarts:N`,
  * `jobs:NEXT_ID`, `fault:MS` (each recent restart after a fault),
  * `conn:FD:SERIAL` and `queue:FD` (the jobs queued at the re-exec, which
- * daemon/replay.h submits again once the connections are served). It is
+ * daemon/replay.h submits again once the connections are served:
+ * recover_jobs). It is
  * gpuqd's own and is unset once read.
  *
  * Main thread only, at start-up.
@@ -63,8 +64,14 @@ struct recover {
 void recover_begin(struct daemon *d);
 /* After the workers have opened: lists the buffers the record names again (lost where their slab was not taken). */
 void recover_buffers(struct daemon *d);
-/* Once serving: the inherited connections, served again under their old serials, and the queued jobs replayed. */
+/* Once serving: the inherited connections, served again under their old serials. */
 void recover_conns(struct daemon *d);
+/*
+ * Last, once the connections have their regions and leases back: the jobs
+ * queued at the re-exec, submitted again on their connections
+ * (daemon/replay.h).
+ */
+void recover_jobs(struct daemon *d);
 /* --check-record FD: says what the record holds; 0, or RECOVER_EXIT_REFUSED. */
 int recover_check_record(int fd);
 
