@@ -225,6 +225,8 @@ enum gpuq_job_state job_current_state(const struct job *job)
 void job_mark_finished(struct job_table *t, struct job *job)
 {
 	job->finished = monotonic_seconds();
+	free(job->request); /* only a queued job is replayed: the history keeps no requests */
+	job->request = NULL;
 	job->error = job->work.error;
 	job->run_seconds = job->work.result.seconds;
 	if (job->error.code == GPUQ_OK)

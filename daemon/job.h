@@ -108,7 +108,7 @@ struct job {
 	void (*release)(struct job *job);
 	double submitted, finished;
 	double run_seconds;
-	/* Its request, kept for a re-exec to replay; NULL when none was (why_kept_not says why). */
+	/* Its request, kept for a re-exec to replay until it ends; NULL when none was (why_kept_not says why). */
 	struct job_request *request;
 	const char *why_kept_not; /* static text; NULL: a job of gpuqd's own */
 	/* A restart took it out of its queue for the next image to replay: no worker starts it. */
@@ -213,7 +213,8 @@ bool job_is_finished(const struct job *job);
 
 /*
  * Records the outcome of the job's work (state from its error), stamps the
- * end time and evicts the oldest finished jobs beyond the history bound.
+ * end time, lets its kept request go and evicts the oldest finished jobs
+ * beyond the history bound.
  * The job itself is evicted last, never before its waiters are answered.
  */
 void job_mark_finished(struct job_table *t, struct job *job);

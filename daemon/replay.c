@@ -16,9 +16,12 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 
-/* The hand-over is gpuqd's own: as many jobs as were queued, each request up to the frame limit. */
+/*
+ * The hand-over is gpuqd's own: as many jobs as were queued, each request up
+ * to the frame limit, nested root > jobs > job > waiters > waiter.
+ */
 static const struct msg_limits replay_limits = {
-	.max_depth = 4, .max_container = 1u << 24, .max_total_objects = 1u << 28,
+	.max_depth = 5, .max_container = 1u << 24, .max_total_objects = 1u << 28,
 	.max_str = UINT32_MAX,
 };
 

@@ -335,3 +335,61 @@ TEST(restart_gives_a_replayed_job_the_new_images_refusal)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+TEST(restart_keeps_a_wait_on_a_queued_job_from_another_connection)
+{
+	struct daemon_proc d;
+	int p[2];
+	pthread_t t;
+	daemon_start(&d, "--restart-drain", "100", NULL);
+	struct gpuq_client *c = client_open(&d), *waiter = client_open(&d);
+	uint64_t want = reference_sum(c, 1 * MIB, 21);
+	do_alloc(c, "w", 0, 1 * MIB);
+	start_stalled_put(c, "w", p);
+	uint64_t fill = fill_detached(c, "w", 21);
+	struct pending pw = { .c = waiter, .job = fill };
+	CHECK(pthread_create(&t, NULL, wait_for_job, &pw) == 0);
+	usleep(20000); /* the wait is registered before the restart */
+	struct gpuq_reply *r = replay_restart(c, NULL);
+	expect_ok(r, "restart");
+	gpuq_reply_free(r);
+	pthread_join(t, NULL); /* the new image answers it, on the same request */
+	expect_ok(pw.r, "a wait carried over");
+	CHECK_EQ(reply_u64(pw.r, "job.job"), fill);
+	gpuq_reply_free(pw.r);
+	close(p[1]);
+	CHECK_EQ(do_checksum(c, "w"), want);
+	gpuq_close(waiter);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(restart_lets_a_held_job_be_cancelled_during_the_drain)
+{
+	struct daemon_proc d;
+	int p[2];
+	char state[32], code[32], message[600];
+	daemon_start(&d, "--restart-drain", "60000", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 1 * MIB);
+	start_stalled_put(c, "w", p);
+	uint64_t fill = fill_detached(c, "w", 2);
+	struct gpuq_reply *r = replay_restart(c, NULL);
+	expect_ok(r, "restart");
+	CHECK_EQ(reply_u64(r, "jobs_active"), 1); /* the put the drain waits for; not the held fill */
+	gpuq_reply_free(r);
+	job_outcome(c, fill, state, sizeof state, code, message, sizeof message);
+	CHECK_STR(state, "queued"); /* held for the new image, in no queue */
+	r = job_request(c, "cancel", fill, 0);
+	expect_ok(r, "cancel a held job");
+	gpuq_reply_free(r);
+	job_outcome(c, fill, state, sizeof state, code, message, sizeof message);
+	CHECK_STR(state, "cancelled");
+	close(p[1]); /* the put ends: the drain is over and gpuqd re-executes */
+	replay_await_restarts(c, 1);
+	r = job_request(c, "status", fill, 0);
+	expect_error(r, GPUQ_E_NOT_FOUND, "not found"); /* ended in the old image: not replayed */
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
