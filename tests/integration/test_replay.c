@@ -12,6 +12,7 @@
  */
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -392,4 +393,30 @@ TEST(restart_lets_a_held_job_be_cancelled_during_the_drain)
 	gpuq_reply_free(r);
 	gpuq_close(c);
 	daemon_stop(&d);
+}
+
+TEST(restart_held_jobs_are_cancelled_by_a_shutdown_during_the_drain)
+{
+	struct daemon_proc d;
+	int p[2];
+	pthread_t t;
+	daemon_start(&d, "--restart-drain", "60000", "--shutdown-timeout", "100", NULL);
+	struct gpuq_client *c = client_open(&d), *waiter = client_open(&d);
+	do_alloc(c, "w", 0, 1 * MIB);
+	start_stalled_put(c, "w", p);
+	uint64_t fill = fill_detached(c, "w", 2);
+	struct gpuq_reply *r = replay_restart(c, NULL);
+	expect_ok(r, "restart");
+	gpuq_reply_free(r);
+	struct pending pw = { .c = waiter, .job = fill };
+	CHECK(pthread_create(&t, NULL, wait_for_job, &pw) == 0);
+	usleep(20000); /* the wait is registered before the shutdown */
+	CHECK(kill(d.pid, SIGTERM) == 0);
+	pthread_join(t, NULL);
+	expect_error(pw.r, GPUQ_E_CANCELLED, "shutting down");
+	gpuq_reply_free(pw.r);
+	close(p[1]);
+	gpuq_close(waiter);
+	gpuq_close(c);
+	daemon_stop(&d); /* it exits 0: nothing held is left waiting */
 }
