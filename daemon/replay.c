@@ -25,6 +25,10 @@ static const struct msg_limits replay_limits = {
 	.max_str = UINT32_MAX,
 };
 
+/* How a job that is not replayed says why (it fails with `restarted`). */
+#define REPLAY_NOT "gpuqd restarted while the job was queued, and it is not replayed: "
+#define REPLAY_BEHIND "it was queued behind job %llu, which shares a buffer with it and is not replayed"
+
 /* The buffers of jobs that were not carried over, each with that job's id. */
 struct replay_broken {
 	struct { const void *key; uint64_t job; } *v;
@@ -104,15 +108,16 @@ static struct job **replay_unqueue(struct daemon *d, size_t *n)
 		struct work *next = list->next;
 		list->next = NULL;
 		if (*n == cap) {
-			cap = cap ? cap * 2 : 64;
-			struct job **grown = realloc(jobs, cap * sizeof *jobs);
+			size_t more = cap ? cap * 2 : 64;
+			struct job **grown = realloc(jobs, more * sizeof *jobs);
 			if (!grown) { /* the rest fail, as they did before jobs were replayed */
-				job_fail_unqueued(d, list->owner, GPUQ_E_RESTARTED, "gpuqd restarted while "
-						  "the job was queued and had no memory to hold it; submit it again");
+				job_fail_unqueued(d, list->owner, GPUQ_E_RESTARTED, REPLAY_NOT
+						  "gpuqd had no memory to hold it; submit it again");
 				list = next;
 				continue;
 			}
 			jobs = grown;
+			cap = more;
 		}
 		jobs[(*n)++] = list->owner;
 		list = next;
@@ -138,15 +143,13 @@ void replay_hold(struct daemon *d)
 			continue;
 		}
 		if (behind)
-			snprintf(why, sizeof why, "it was queued behind job %llu on a buffer they share, "
-				 "which is not", (unsigned long long)behind);
+			snprintf(why, sizeof why, REPLAY_BEHIND, (unsigned long long)behind);
 		else
 			snprintf(why, sizeof why, "%s", job->why_kept_not ? job->why_kept_not
 					  : "it was gpuqd's own (the next image does that work itself)");
 		replay_break(&broken, job);
 		char message[sizeof why + 120];
-		snprintf(message, sizeof message, "gpuqd restarted while the job was queued, and it is "
-			 "not replayed by the next image: %s; submit it again", why);
+		snprintf(message, sizeof message, REPLAY_NOT "%s; submit it again", why);
 		job_fail_unqueued(d, job, GPUQ_E_RESTARTED, message);
 		failed++;
 	}
@@ -220,13 +223,12 @@ static const char *replay_fail_why(struct daemon *d, const struct job *job,
 	const struct conn *c = replay_conn(d, job->request->conn);
 	uint64_t behind = replay_behind(broken, job);
 	if (!c || !survives(c))
-		snprintf(why, size, "gpuqd restarted while the job was queued, and its connection "
-			 "(%llu) %s, so it is not replayed", (unsigned long long)job->request->conn,
-			 c ? "did not go to the next image (a request half sent, or replies unwritten)"
-			   : "had closed");
+		snprintf(why, size, REPLAY_NOT "its connection (%llu) %s; submit it again",
+			 (unsigned long long)job->request->conn,
+			 c ? "did not go to the next image (a request half sent on it, or replies "
+			     "not yet written)" : "had closed");
 	else if (behind)
-		snprintf(why, size, "gpuqd restarted while the job was queued, and it is not replayed: "
-			 "it was queued behind job %llu on a buffer they share, which is not",
+		snprintf(why, size, REPLAY_NOT REPLAY_BEHIND "; submit it again",
 			 (unsigned long long)behind);
 	else
 		return NULL;
@@ -289,8 +291,8 @@ static int replay_write(const void *data, size_t len, int *fd, struct gpuq_error
 static void replay_fail_held(struct daemon *d, const struct gpuq_error *err)
 {
 	char why[sizeof err->message + 200];
-	snprintf(why, sizeof why, "gpuqd restarted while the job was queued, and the hand-over to "
-		 "the next image could not be written (%s); submit it again", err->message);
+	snprintf(why, sizeof why, REPLAY_NOT "the hand-over to the next image could not be written "
+		 "(%s); submit it again", err->message);
 	for (struct job *j = d->jobs.oldest, *next; j; j = next) {
 		next = j->newer;
 		if (j->held)
@@ -370,8 +372,8 @@ static int replay_entry_read(const msgpack_object *o, struct replay_entry *e,
 		e->request = req->via.bin.ptr;
 		e->request_len = req->via.bin.size;
 	} else if (!e->fail[0]) {
-		snprintf(e->fail, sizeof e->fail, "gpuqd restarted while the job was queued, and the "
-			 "hand-over holds no request to replay it");
+		snprintf(e->fail, sizeof e->fail, REPLAY_NOT "the hand-over holds no request for it; "
+			 "submit it again");
 	}
 	return 0;
 }
@@ -430,7 +432,7 @@ static void replay_record_failed(struct daemon *d, const struct replay_entry *e,
 		job = job_create(&d->jobs, &k->kind, (uid_t)e->uid, (gid_t)e->gid, (pid_t)e->pid);
 		d->jobs.reuse.id = 0;
 	}
-	log_warn("job %llu (%s, uid %llu) is not replayed: %s", (unsigned long long)e->job, e->op,
+	log_warn("job %llu (%s, uid %llu): %s", (unsigned long long)e->job, e->op,
 		 (unsigned long long)e->uid, why);
 	if (!job) {
 		free(k);
@@ -484,9 +486,8 @@ static bool replay_one(struct daemon *d, const struct replay_entry *e)
 		return false;
 	}
 	if (!c || c->uid != (uid_t)e->uid || c->gid != (gid_t)e->gid) {
-		snprintf(why, sizeof why, "gpuqd restarted while the job was queued, and its "
-			 "connection %s, so it is not replayed", c ? "has other credentials now"
-								  : "was not taken over");
+		snprintf(why, sizeof why, REPLAY_NOT "its connection %s; submit it again",
+			 c ? "has other credentials now" : "was not taken over by the new image");
 		replay_record_failed(d, e, !e->replied, GPUQ_E_RESTARTED, why);
 		return false;
 	}
