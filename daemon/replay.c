@@ -51,7 +51,7 @@ static size_t replay_keys(const struct job *job, const void **keys, size_t max)
 	return n;
 }
 
-#define REPLAY_KEYS_MAX (2 + GPUQ_MAX_DEVICES * 8)
+#define REPLAY_KEYS_MAX (2 + GPUQ_MAX_DEVICES * WORK_MAX_ACCESS)
 
 /* The job not carried over that job is queued behind on a shared buffer; 0 when none. */
 static uint64_t replay_behind(const struct replay_broken *b, const struct job *job)
@@ -77,7 +77,7 @@ static void replay_break(struct replay_broken *b, const struct job *job)
 			size_t cap = b->cap ? b->cap * 2 : 16;
 			void *grown = realloc(b->v, cap * sizeof *b->v);
 			if (!grown)
-				return; /* fewer jobs fail with it; they still run in their order */
+				return; /* no memory: the jobs behind it on these buffers may still run */
 			b->v = grown;
 			b->cap = cap;
 		}
