@@ -265,10 +265,10 @@ static void replay_put_job(struct daemon *d, const struct job *job,
 	mp_array_map(list, &m);
 }
 
-/* A new memfd holding data[0..len), not closed on exec: 0 with *fd, or -1 with err. */
+/* A new memfd holding data[0..len) (close-on-exec: the restart clears it): 0 with *fd, or -1 with err. */
 static int replay_write(const void *data, size_t len, int *fd, struct gpuq_error *err)
 {
-	int m = memfd_create("gpuq-queue", 0);
+	int m = memfd_create("gpuq-queue", MFD_CLOEXEC);
 	if (m < 0)
 		return gpuq_fail(err, GPUQ_E_IO, "memfd_create: %s", strerror(errno));
 	for (size_t done = 0; done < len;) {

@@ -53,8 +53,9 @@ void replay_hold(struct daemon *d);
 /* How many jobs are held now. */
 unsigned replay_held(const struct daemon *d);
 /*
- * Just before the execve: writes the held jobs into a new memfd (*fd, not
- * closed on exec; -1 when none are held) and ends them here. A job whose
+ * Just before the execve: writes the held jobs into a new memfd (*fd,
+ * close-on-exec until the caller hands it over; -1 when none are held)
+ * and ends them here. A job whose
  * connection does not survive (survives(c) false, or closed) is written
  * to fail. -1 when the memfd cannot be written (logged): every held job
  * then failed here with `restarted`, its waiters answered.

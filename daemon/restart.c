@@ -205,8 +205,11 @@ static void restart_handover(struct daemon *d, int queue_fd, char *buf, size_t s
 	buf[0] = '\0';
 	if (restart_keep(durable_record_fd(d)))
 		restart_env_add(buf, size, &n, "%srecord:%lld", durable_record_fd(d), 0);
-	if (queue_fd >= 0) /* made inheritable */
+	if (restart_keep(queue_fd))
 		restart_env_add(buf, size, &n, "%squeue:%lld", queue_fd, 0);
+	else if (queue_fd >= 0)
+		log_error("the queued jobs' hand-over (descriptor %d) cannot be inherited: %s; the new "
+			  "image will not replay them", queue_fd, strerror(errno));
 	if (restart_keep(d->server.listen_fd))
 		restart_env_add(buf, size, &n, "%slisten:%lld:%lld", d->server.listen_fd,
 				d->server.adopted);
