@@ -6,7 +6,11 @@
  * `restarted`; a detached job keeps its id; two jobs on a buffer run in
  * their order; a job whose connection does not survive (a frame half sent)
  * fails with `restarted`, and so does the job behind it on its buffer; a
- * job the new image refuses (its buffer lost) gets the refusal. The checks
+ * job the new image refuses (its buffer lost) gets the refusal; a queued
+ * free goes back to a ready buffer in the old image and frees it in the
+ * new one; a wait on a queued job from another connection waits on; a
+ * held job can be cancelled during the drain, and a shutdown then cancels
+ * the held ones. The checks
  * wait for events (a reply, a ping that counts the restart, a job seen
  * queued), and compare bytes through checksums.
  */
@@ -419,4 +423,33 @@ TEST(restart_held_jobs_are_cancelled_by_a_shutdown_during_the_drain)
 	gpuq_close(waiter);
 	gpuq_close(c);
 	daemon_stop(&d); /* it exits 0: nothing held is left waiting */
+}
+
+TEST(restart_replays_a_queued_free)
+{
+	struct daemon_proc d;
+	int p[2];
+	daemon_start(&d, "--restart-drain", "100", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 1 * MIB);
+	start_stalled_put(c, "w", p);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "free");
+	mp_put_str(&req, "buffer", "w");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "a free behind the put");
+	uint64_t freed = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	r = replay_restart(c, NULL);
+	expect_ok(r, "restart");
+	gpuq_reply_free(r);
+	replay_await_restarts(c, 1);
+	close(p[1]);
+	r = job_request(c, "wait", freed, 0);
+	expect_ok(r, "wait for the replayed free");
+	gpuq_reply_free(r);
+	CHECK(!has_buffer(c, "w", NULL)); /* the old image gave the buffer back; the new one freed it */
+	do_alloc(c, "w", 0, 1 * MIB); /* the name is free again */
+	gpuq_close(c);
+	daemon_stop(&d);
 }
