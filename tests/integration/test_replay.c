@@ -10,9 +10,8 @@
  * free goes back to a ready buffer in the old image and frees it in the
  * new one; a wait on a queued job from another connection waits on; a
  * held job can be cancelled during the drain, and a shutdown then cancels
- * the held ones. The checks
- * wait for events (a reply, a ping that counts the restart, a job seen
- * queued), and compare bytes through checksums.
+ * the held ones. The checks wait for events (a reply, a ping that counts
+ * the restart, a job seen queued), and compare bytes through checksums.
  */
 #include <limits.h>
 #include <pthread.h>
