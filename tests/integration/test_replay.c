@@ -10,7 +10,8 @@
  * free goes back to a ready buffer in the old image and frees it in the
  * new one; a wait on a queued job from another connection waits on; a
  * held job can be cancelled during the drain, and a shutdown then cancels
- * the held ones. The checks wait for events (a reply, a ping that counts
+ * the held ones; a job behind a lease (which survives) is held and
+ * replayed through two restarts and runs once the lease is released. The checks wait for events (a reply, a ping that counts
  * the restart, a job seen queued), and compare bytes through checksums.
  */
 #include <limits.h>
@@ -307,6 +308,9 @@ TEST(restart_gives_a_replayed_job_the_new_images_refusal)
 	int p[2];
 	pthread_t t;
 	char one[256], body[PATH_MAX + 64], real[PATH_MAX], state[32], code[32], message[600];
+	require_backend();
+	if (test_backend_is_cuda())
+		SKIP("needs a second device that the new image does not have (--host-devices)");
 	daemon_start(&d, "--restart-drain", "100", NULL); /* two host devices */
 	struct gpuq_client *c = client_open(&d), *filler = client_open(&d);
 	do_alloc(c, "x", 1, 1 * MIB);
@@ -450,5 +454,66 @@ TEST(restart_replays_a_queued_free)
 	CHECK(!has_buffer(c, "w", NULL)); /* the old image gave the buffer back; the new one freed it */
 	do_alloc(c, "w", 0, 1 * MIB); /* the name is free again */
 	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/* Waits (up to 10 s) until job waits behind a lease. */
+static void await_behind_lease(struct gpuq_client *c, uint64_t job)
+{
+	for (int i = 0; i < 10000; i++) {
+		char reason[32] = "";
+		struct gpuq_reply *r = job_request(c, "status", job, 0);
+		expect_ok(r, "status");
+		const msgpack_object *o = reply_path(r, "job.waiting_reason");
+		if (o && o->type == MSGPACK_OBJECT_STR)
+			snprintf(reason, sizeof reason, "%.*s", (int)o->via.str.size, o->via.str.ptr);
+		gpuq_reply_free(r);
+		if (strcmp(reason, "lease") == 0)
+			return;
+		usleep(1000);
+	}
+	CHECKF(false, "job %llu never waited behind a lease", (unsigned long long)job);
+}
+
+TEST(restart_replays_a_job_held_back_by_a_lease_through_two_restarts)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	struct gpuq_error err;
+	char state[32], code[32], message[600];
+	require_backend();
+	if (test_backend_is_cuda())
+		SKIP("attaches through a host mapping; tests/gpu/attach_selftest attaches on CUDA");
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *c = client_open(&d);
+	uint64_t want = reference_sum(c, 1 * MIB, 31);
+	struct mp_map req;
+	gpuq_request_begin(holder, &req, "alloc");
+	mp_put_str(&req, "name", "s");
+	mp_put_u64(&req, "bytes", 1 * MIB);
+	mp_put_bool(&req, "shareable", true);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(holder, &req, NULL, 0);
+	expect_ok(r, "alloc shareable");
+	gpuq_reply_free(r);
+	CHECKF(gpuq_buffer_attach(holder, "s", true, &a, &err) == 0, "attach: %s", err.message);
+	uint64_t fill = fill_detached(c, "s", 31);
+	await_behind_lease(c, fill);
+	for (uint64_t n = 1; n <= 2; n++) { /* replayed, held again by the next restart, replayed */
+		r = replay_restart(c, NULL);
+		expect_ok(r, "restart");
+		gpuq_reply_free(r);
+		replay_await_restarts(c, n);
+		await_behind_lease(c, fill); /* behind the lease restored before any job */
+	}
+	job_outcome(c, fill, state, sizeof state, code, message, sizeof message);
+	CHECK_STR(state, "queued");
+	CHECKF(gpuq_buffer_release(holder, &a, &err) == 0, "release: %s", err.message);
+	r = job_request(c, "wait", fill, 0);
+	expect_ok(r, "the fill once the lease is released");
+	gpuq_reply_free(r);
+	CHECK_EQ(do_checksum(c, "s"), want);
+	gpuq_close(c);
+	gpuq_close(holder);
 	daemon_stop(&d);
 }
