@@ -274,7 +274,9 @@ static void dispatch(struct request *req)
 }
 
 /*
- * The job the request made, if it made one that is still queued or
+ * The job the request made (job_id, the first made while it was handled:
+ * a job of gpuqd's own that its handling set off, such as the free of an
+ * orphaned buffer, comes after and has no pid), if it is still queued or
  * running, keeps the request for a re-exec to replay (daemon/replay.h):
  * not one that carried descriptors, which do not outlive the image.
  */
@@ -282,7 +284,7 @@ static void keep_for_replay(struct request *req, uint64_t job_id, const uint8_t 
 			    size_t len)
 {
 	struct job *job = job_find(&req->d->jobs, job_id);
-	if (!job || job_is_finished(job))
+	if (!job || job_is_finished(job) || job->pid != req->conn->pid || job->owner != req->conn->uid)
 		return;
 	if (req->nfds > 0)
 		job->why_kept_not = "its request passed descriptors, which do not outlive gpuqd's image";
@@ -307,7 +309,7 @@ void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, si
 	} else {
 		uint64_t first = d->jobs.next_id;
 		dispatch(&req);
-		if (d->jobs.next_id == first + 1) /* one job made: the request is what replays it */
+		if (d->jobs.next_id > first) /* it made a job: the request is what replays it */
 			keep_for_replay(&req, first, payload, len);
 	}
 	for (int i = 0; i < req.nfds; i++)
