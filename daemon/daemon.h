@@ -63,10 +63,22 @@ struct request {
 	const msgpack_object *map;
 	int fds[GPUQ_MAX_FDS_PER_REQUEST];
 	int nfds; /* a handler that keeps fds[i] sets it to -1 */
+	/* A replay whose client already has its answer (daemon/replay.h): the job does not wait. */
+	bool quiet;
 };
 
 /* request.c: handles one complete frame from c (the server's on_frame). */
 void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len);
+/*
+ * request.c: handles a request the previous image took and held (a
+ * re-exec, daemon/replay.h) as if c had just sent it, descriptors aside
+ * (a request that carried some was not held). quiet: the client already
+ * had its answer (replay.c keeps the replies back; the job does not wait).
+ * 0 once handled (answered or refused as any request), or -1 with err
+ * when the bytes do not decode as a request.
+ */
+int request_replay(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len,
+		   bool quiet, struct gpuq_error *err);
 
 /*
  * The ops declared as data (request.c's op table): each has its argument

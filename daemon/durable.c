@@ -44,6 +44,8 @@ static struct written *durable_collect_writes(struct daemon *d, size_t *n)
 		if (job->state != GPUQ_JOB_QUEUED && job->state != GPUQ_JOB_RUNNING)
 			continue;
 		seen++;
+		if (job->held) /* a restart holds it for the next image: it writes nothing here */
+			continue;
 		for (int i = 0; i < job_nworks(job); i++) {
 			const struct work *wk = job_work(job, i);
 			for (unsigned k = 0; k < wk->naccess; k++) {

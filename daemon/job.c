@@ -12,6 +12,7 @@ static void job_free(struct job *job)
 	if (job->release)
 		job->release(job);
 	free(job->parts);
+	free(job->request);
 	free(job);
 }
 
@@ -45,7 +46,7 @@ struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t o
 	struct job *job = calloc(1, sizeof *job);
 	if (!job)
 		return NULL;
-	job->id = t->next_id++;
+	job->id = t->reuse.id ? t->reuse.id : t->next_id++;
 	job->kind = kind;
 	job->state = GPUQ_JOB_QUEUED;
 	job->owner = owner;
@@ -54,7 +55,8 @@ struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t o
 	job->priority = GPUQ_PRIORITY_NORMAL;
 	job->work.priority = GPUQ_PRIORITY_NORMAL;
 	job->work.weight = 1;
-	job->submitted = monotonic_seconds();
+	job->submitted = t->reuse.id ? t->reuse.submitted : monotonic_seconds();
+	t->reuse.id = 0;
 	job->work.fd = -1;
 	job->reply_fd = -1;
 	job->work.device = -1;
@@ -89,6 +91,21 @@ static void job_unlink(struct job_table *t, struct job *job)
 		job->newer->older = job->older;
 	else
 		t->newest = job->older;
+}
+
+int job_keep_request(struct job *job, uint64_t conn_serial, uint64_t request_id,
+		     const void *bytes, size_t len)
+{
+	struct job_request *r = malloc(sizeof *r + len);
+	if (!r) {
+		job->why_kept_not = "gpuqd had no memory to keep its request";
+		return -1;
+	}
+	*r = (struct job_request){ .conn = conn_serial, .id = request_id, .len = len };
+	memcpy(r->bytes, bytes, len);
+	free(job->request);
+	job->request = r;
+	return 0;
 }
 
 void job_discard(struct job_table *t, struct job *job)
@@ -208,6 +225,8 @@ enum gpuq_job_state job_current_state(const struct job *job)
 void job_mark_finished(struct job_table *t, struct job *job)
 {
 	job->finished = monotonic_seconds();
+	free(job->request); /* only a queued job is replayed: the history keeps no requests */
+	job->request = NULL;
 	job->error = job->work.error;
 	job->run_seconds = job->work.result.seconds;
 	if (job->error.code == GPUQ_OK)

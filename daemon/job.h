@@ -25,6 +25,18 @@ struct job;
 struct lease;
 struct region;
 
+/*
+ * The request that made a job, as it arrived (the frame's msgpack map),
+ * with the connection and request id it came on: a re-exec hands it to
+ * the next image, which submits it again (daemon/replay.h).
+ */
+struct job_request {
+	uint64_t conn; /* the connection's serial */
+	uint64_t id;   /* the request id the client chose */
+	size_t len;
+	uint8_t bytes[];
+};
+
 struct waiter {
 	struct job *job;
 	struct conn *conn;
@@ -96,6 +108,11 @@ struct job {
 	void (*release)(struct job *job);
 	double submitted, finished;
 	double run_seconds;
+	/* Its request, kept for a re-exec to replay until it ends; NULL when none was (why_kept_not says why). */
+	struct job_request *request;
+	const char *why_kept_not; /* static text; NULL: a job of gpuqd's own */
+	/* A restart took it out of its queue for the next image to replay: no worker starts it. */
+	bool held;
 	struct gpuq_error error;
 	struct waiter *waiters;
 	struct job *hash_next;
@@ -141,15 +158,24 @@ struct job_table {
 	uint64_t next_id;
 	unsigned finished_count;
 	unsigned history_max;
-	unsigned active; /* queued or running */
+	unsigned active; /* queued or running (held ones too) */
 	struct job_hooks hooks;
+	/*
+	 * A replayed request's job (daemon/replay.h) takes the id and the
+	 * submission time it had in the previous image: job_create uses these
+	 * once, then clears them. id 0: a fresh id.
+	 */
+	struct {
+		uint64_t id;
+		double submitted;
+	} reuse;
 };
 
 void job_table_init(struct job_table *t, unsigned history_max);
 /* Frees every job; waiters must already be gone. */
 void job_table_destroy(struct job_table *t);
 
-/* A new QUEUED job with a fresh id, in the table; NULL when out of memory. */
+/* A new QUEUED job with a fresh id (or t->reuse's), in the table; NULL when out of memory. */
 struct job *job_create(struct job_table *t, const struct job_kind *kind, uid_t owner,
 		       gid_t gid, pid_t pid);
 /*
@@ -166,6 +192,14 @@ void job_request_cancel(struct job *job);
  */
 bool job_work_returned(struct job *job);
 
+/*
+ * Keeps a copy of the request that made job (its frame's payload, at most
+ * the frame limit), freed with the job. -1 when out of memory: the job
+ * then cannot be replayed.
+ */
+int job_keep_request(struct job *job, uint64_t conn_serial, uint64_t request_id,
+		     const void *bytes, size_t len);
+
 /* Takes a job that was never submitted back out of the table. */
 void job_discard(struct job_table *t, struct job *job);
 struct job *job_find(struct job_table *t, uint64_t id);
@@ -179,7 +213,8 @@ bool job_is_finished(const struct job *job);
 
 /*
  * Records the outcome of the job's work (state from its error), stamps the
- * end time and evicts the oldest finished jobs beyond the history bound.
+ * end time, lets its kept request go and evicts the oldest finished jobs
+ * beyond the history bound.
  * The job itself is evicted last, never before its waiters are answered.
  */
 void job_mark_finished(struct job_table *t, struct job *job);

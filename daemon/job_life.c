@@ -191,7 +191,8 @@ void job_submit(struct request *req, struct job *job)
 	struct mp_map record;
 	int priority = GPUQ_PRIORITY_NORMAL;
 	int rc = read_wait_options(req, &opts, &err);
-	opts.wait = opts.wait || job->must_wait;
+	/* A quiet replay's client had its answer: a waiter would answer its request twice. */
+	opts.wait = (opts.wait || job->must_wait) && !req->quiet;
 	if (rc == 0)
 		rc = read_priority(req, &priority, &err);
 	if (rc == 0)
@@ -362,9 +363,9 @@ void job_on_done(struct work *work, void *arg)
 		d->jobs.hooks.restart_step(d); /* execs once the last job is in */
 }
 
-/* Ends a job none of whose works has started with code. */
-static void fail_unqueued(struct daemon *d, struct job *job, enum gpuq_errc code, const char *why)
+void job_fail_unqueued(struct daemon *d, struct job *job, enum gpuq_errc code, const char *why)
 {
+	job->held = false;
 	for (int i = 0; i < job_nworks(job); i++) {
 		struct work *w = job_work(job, i);
 		gpuq_fail(&w->error, code, "%s", why);
@@ -376,7 +377,7 @@ static void fail_unqueued(struct daemon *d, struct job *job, enum gpuq_errc code
 
 void cancel_unqueued(struct daemon *d, struct job *job, const char *why)
 {
-	fail_unqueued(d, job, GPUQ_E_CANCELLED, why);
+	job_fail_unqueued(d, job, GPUQ_E_CANCELLED, why);
 }
 
 void jobs_fail_queued(struct daemon *d, enum gpuq_errc code, const char *why)
@@ -385,8 +386,13 @@ void jobs_fail_queued(struct daemon *d, enum gpuq_errc code, const char *why)
 	while (list) {
 		struct work *next = list->next;
 		list->next = NULL;
-		fail_unqueued(d, list->owner, code, why);
+		job_fail_unqueued(d, list->owner, code, why);
 		list = next;
+	}
+	for (struct job *j = d->jobs.oldest, *next; j; j = next) { /* a shutdown during a restart */
+		next = j->newer;
+		if (j->held)
+			job_fail_unqueued(d, j, code, why);
 	}
 	job_evict_history(&d->jobs);
 }
@@ -419,16 +425,37 @@ void jobs_cancel_running_on(struct daemon *d, int device)
 void jobs_cancel_running(struct daemon *d)
 {
 	for (struct job *j = d->jobs.oldest; j; j = j->newer)
-		if (!job_is_finished(j))
+		if (!job_is_finished(j) && !j->held)
 			job_cancel_running(d, j);
 }
 
 bool job_unqueue(struct daemon *d, struct job *job)
 {
+	if (job->held) { /* out of every queue already, for the next image */
+		job->held = false;
+		return true;
+	}
 	if (!job->parts)
 		return worker_unqueue(&d->pool, &job->work);
 	struct work *parts[GPUQ_MAX_DEVICES];
 	for (int i = 0; i < job->nparts; i++)
 		parts[i] = &job->parts[i];
 	return worker_unqueue_group(&d->pool, parts, job->nparts);
+}
+
+void job_hand_over(struct daemon *d, struct job *job)
+{
+	for (int i = 0; i < job_nworks(job); i++)
+		gpuq_fail(&job_work(job, i)->error, GPUQ_E_RESTARTED,
+			  "handed over to the next gpuqd image, which replays it");
+	job->work.error = job_work(job, 0)->error;
+	job->error = job->work.error;
+	job->finished = monotonic_seconds();
+	job->held = false;
+	durable_job_ended(d, job);
+	d->jobs.hooks.finished(d, job); /* its owner's running jobs, as if it had ended */
+	job_release(d, job);
+	while (job->waiters)
+		waiter_unlink(job->waiters);
+	job_discard(&d->jobs, job);
 }

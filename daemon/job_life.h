@@ -52,13 +52,22 @@ void wait_for(struct request *req, struct job *job, const struct wait_options *o
 /* Unlinks and frees every waiter of c: its CONN_CLOSED hook (server.h). */
 void waiters_drop_conn(struct daemon *d, struct conn *c);
 
-/* Takes every work of the job out of its queue, if none has started. */
+/* Takes every work of the job out of its queue, if none has started (a held job: it is let go). */
 bool job_unqueue(struct daemon *d, struct job *job);
+/* Ends a job none of whose works has started (they are out of every queue) with code and why. */
+void job_fail_unqueued(struct daemon *d, struct job *job, enum gpuq_errc code, const char *why);
+/*
+ * A held job goes to the next image (a re-exec, daemon/replay.h): it
+ * ends here without a word to its waiters, letting go of what it holds
+ * as a failed job would (an alloc's new buffer, a free's hold), and leaves
+ * the table; the next image submits its request again under its id.
+ */
+void job_hand_over(struct daemon *d, struct job *job);
 /* Ends a job none of whose works has started (they are out of every queue). */
 void cancel_unqueued(struct daemon *d, struct job *job, const char *why);
 /* Cancels every queued job (shutdown), answering their waiters. */
 void jobs_cancel_queued(struct daemon *d);
-/* Ends every queued job with code and why (a restart: `restarted`), answering their waiters. */
+/* Ends every queued job, held ones too, with code and why, answering their waiters. */
 void jobs_fail_queued(struct daemon *d, enum gpuq_errc code, const char *why);
 /* Asks every running job to stop at its next chunk. */
 void jobs_cancel_running(struct daemon *d);

@@ -284,6 +284,7 @@ int main(int argc, char **argv)
 	}
 	recover_conns(d); /* the previous image's clients, answered again on their connections */
 	recover_holders(d); /* their ephemeral regions and leases stay with them; the others' end */
+	recover_jobs(d); /* the jobs queued at the re-exec, replayed on their connections */
 	run_loop(d);
 	daemon_free(d);
 	log_info("stopped");

@@ -7,6 +7,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "daemon/replay.h"
 
 const struct args_spec op_metrics_args = ARGS_NONE;
 
@@ -173,7 +174,8 @@ void op_restart(struct request *req, void *args)
 	mp_map_init(&body);
 	mp_put_bool(&body, "restarting", true);
 	mp_put_str(&body, "binary", d->restart.binary);
-	mp_put_u64(&body, "jobs_active", d->jobs.active);
+	/* the running jobs the drain waits for, as before queued jobs were held rather than failed */
+	mp_put_u64(&body, "jobs_active", d->jobs.active - replay_held(d));
 	mp_put_u64(&body, "restart_drain_ms", d->opt.restart_drain_ms);
 	mp_put_u64(&body, "restarts", d->restart.count);
 	reply_ok(req, &body);

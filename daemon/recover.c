@@ -15,6 +15,7 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 #include "daemon/recover_regions.h"
+#include "daemon/replay.h"
 #include "daemon/state_record.h"
 #include "workers/buffer/slab.h"
 
@@ -47,6 +48,8 @@ static int recover_parse_item(struct recover *r, const char *item)
 		r->next_job = (uint64_t)a;
 	else if (strcmp(kind, "fault") == 0 && r->nfault < sizeof r->fault_ms / sizeof r->fault_ms[0])
 		r->fault_ms[r->nfault++] = (uint64_t)a;
+	else if (strcmp(kind, "queue") == 0)
+		r->queue_fd = (int)a;
 	else if (strcmp(kind, "conn") == 0 && n == 3)
 		return recover_add_conn(r, (int)a, (uint64_t)b);
 	else
@@ -154,7 +157,7 @@ void recover_begin(struct daemon *d)
 	struct gpuq_error err;
 	uint64_t generation = 0;
 	const char *env = getenv(RECOVER_ENV);
-	r->record_fd = r->listen_fd = -1;
+	r->record_fd = r->listen_fd = r->queue_fd = -1;
 	if (!env)
 		return;
 	r->active = true;
@@ -289,6 +292,14 @@ void recover_buffers(struct daemon *d)
 	free(r->snap);
 	r->snap = NULL;
 	durable_touch(d);
+}
+
+void recover_jobs(struct daemon *d)
+{
+	char what[32];
+	snprintf(what, sizeof what, "re-exec %u", d->recover.restarts);
+	replay_run(d, d->recover.queue_fd, what);
+	d->recover.queue_fd = -1;
 }
 
 void recover_conns(struct daemon *d)

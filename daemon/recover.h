@@ -11,8 +11,11 @@
  *
  * GPUQ_INHERIT is a comma-separated list of `record:FD`, `listen:FD:ADOPTED`
  * (ADOPTED 1: the socket was the service manager's), `restarts:N`,
- * `jobs:NEXT_ID`, `fault:MS` (each recent restart after a fault) and
- * `conn:FD:SERIAL`. It is gpuqd's own and is unset once read.
+ * `jobs:NEXT_ID`, `fault:MS` (each recent restart after a fault),
+ * `conn:FD:SERIAL` and `queue:FD` (the jobs queued at the re-exec, which
+ * daemon/replay.h submits again once the connections are served:
+ * recover_jobs). It is
+ * gpuqd's own and is unset once read.
  *
  * Main thread only, at start-up.
  */
@@ -40,6 +43,7 @@ struct recover_conn {
 struct recover {
 	bool active; /* GPUQ_INHERIT was given */
 	int record_fd, listen_fd;
+	int queue_fd; /* the held jobs' memfd (daemon/replay.h); -1: none */
 	bool listen_adopted;
 	unsigned restarts; /* re-execs so far, this one included */
 	uint64_t next_job; /* the job id the previous image would have given next */
@@ -62,6 +66,12 @@ void recover_begin(struct daemon *d);
 void recover_buffers(struct daemon *d);
 /* Once serving: the inherited connections, served again under their old serials. */
 void recover_conns(struct daemon *d);
+/*
+ * Last, once the connections have their regions and leases back: the jobs
+ * queued at the re-exec, submitted again on their connections
+ * (daemon/replay.h).
+ */
+void recover_jobs(struct daemon *d);
 /* --check-record FD: says what the record holds; 0, or RECOVER_EXIT_REFUSED. */
 int recover_check_record(int fd);
 

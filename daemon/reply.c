@@ -3,8 +3,39 @@
 
 #include "daemon/daemon.h"
 
+/* The request reply_watch watches: one at a time, on the main thread. */
+static struct {
+	const struct conn *conn; /* NULL: none */
+	uint64_t id;
+	bool mute;
+	struct gpuq_error *refused;
+} watched;
+
+void reply_watch(const struct conn *c, uint64_t id, bool mute, struct gpuq_error *refused)
+{
+	gpuq_error_clear(refused);
+	watched.conn = c;
+	watched.id = id;
+	watched.mute = mute;
+	watched.refused = refused;
+}
+
+void reply_watch_end(void)
+{
+	watched.conn = NULL;
+}
+
+static bool reply_is_watched(const struct conn *c, uint64_t id)
+{
+	return watched.conn && watched.conn == c && watched.id == id;
+}
+
 void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd)
 {
+	if (reply_is_watched(c, id) && watched.mute) {
+		mp_map_destroy(body);
+		return;
+	}
 	conn_send_reply(c, id, ok, body, fd);
 }
 
@@ -20,6 +51,11 @@ void reply_ok_fd(struct request *req, struct mp_map *body, int fd)
 
 void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err)
 {
+	if (reply_is_watched(c, id)) {
+		*watched.refused = *err;
+		if (watched.mute)
+			return;
+	}
 	conn_send_error(c, id, err);
 }
 

@@ -24,5 +24,13 @@ void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body);
  * succeed. The request the job's descriptor is for (attach) gets it too.
  */
 void reply_outcome(struct conn *c, uint64_t id, const struct job *job);
+/*
+ * While a held request is replayed (daemon/replay.h): the error replies
+ * to c's request id are copied into *refused (its code stays GPUQ_OK when
+ * none), and with mute every reply to it is kept back, the client having
+ * had its answer before the re-exec. reply_watch_end stops watching.
+ */
+void reply_watch(const struct conn *c, uint64_t id, bool mute, struct gpuq_error *refused);
+void reply_watch_end(void);
 
 #endif

@@ -273,6 +273,25 @@ static void dispatch(struct request *req)
 	op_run_one(def, req);
 }
 
+/*
+ * The job the request made (job_id, the first made while it was handled:
+ * a job of gpuqd's own that its handling set off, such as the free of an
+ * orphaned buffer, comes after and has no pid), if it is still queued or
+ * running, keeps the request for a re-exec to replay (daemon/replay.h):
+ * not one that carried descriptors, which do not outlive the image.
+ */
+static void keep_for_replay(struct request *req, uint64_t job_id, const uint8_t *payload,
+			    size_t len)
+{
+	struct job *job = job_find(&req->d->jobs, job_id);
+	if (!job || job_is_finished(job) || job->pid != req->conn->pid || job->owner != req->conn->uid)
+		return;
+	if (req->nfds > 0)
+		job->why_kept_not = "its request passed descriptors, which do not outlive gpuqd's image";
+	else
+		job_keep_request(job, req->conn->serial, req->id, payload, len);
+}
+
 void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len)
 {
 	struct msg m;
@@ -288,10 +307,30 @@ void request_handle(struct daemon *d, struct conn *c, const uint8_t *payload, si
 		msg_get_u64(m.root, "id", &id, &ignored);
 		conn_refuse(c, id, &err);
 	} else {
+		uint64_t first = d->jobs.next_id;
 		dispatch(&req);
+		if (d->jobs.next_id > first) /* it made a job: the request is what replays it */
+			keep_for_replay(&req, first, payload, len);
 	}
 	for (int i = 0; i < req.nfds; i++)
 		if (req.fds[i] >= 0)
 			close(req.fds[i]);
 	msg_free(&m);
+}
+
+int request_replay(struct daemon *d, struct conn *c, const uint8_t *payload, size_t len,
+		   bool quiet, struct gpuq_error *err)
+{
+	struct msg m;
+	uint64_t job_id = d->jobs.reuse.id;
+	if (msg_decode(&m, payload, len, &msg_request_limits, err) < 0) {
+		d->jobs.reuse.id = 0;
+		return -1;
+	}
+	struct request req = { .d = d, .conn = c, .map = m.root, .quiet = quiet };
+	dispatch(&req);
+	d->jobs.reuse.id = 0; /* a request refused before it made its job */
+	keep_for_replay(&req, job_id, payload, len);
+	msg_free(&m);
+	return 0;
 }

@@ -20,6 +20,7 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 #include "daemon/recover.h"
+#include "daemon/replay.h"
 
 extern char **environ;
 
@@ -134,6 +135,12 @@ static int restart_check(struct daemon *d, const char *binary, struct gpuq_error
 			 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 }
 
+/* The jobs the drain waits for: those running (held ones wait for the next image). */
+static unsigned restart_running(const struct daemon *d)
+{
+	return d->jobs.active - replay_held(d);
+}
+
 static void restart_on_start(uv_timer_t *t)
 {
 	restart_step(t->data);
@@ -157,9 +164,9 @@ int restart_request(struct daemon *d, const char *binary, const char *reason,
 	r->active = true;
 	r->cancel_sent = false;
 	r->since = monotonic_seconds();
+	replay_hold(d); /* the queued jobs wait for the next image, or fail saying why */
 	log_info("restarting (%s) into %s: %u jobs may run for up to %u ms (--restart-drain)",
-		 reason, path, d->jobs.active, d->opt.restart_drain_ms);
-	jobs_fail_queued(d, GPUQ_E_RESTARTED, "gpuqd restarted while the job was queued; submit it again");
+		 reason, path, restart_running(d), d->opt.restart_drain_ms);
 	r->flush_since = 0;
 	uv_timer_start(&r->timer, restart_on_start, 0, 0); /* after this request's reply */
 	return 0;
@@ -188,13 +195,21 @@ static bool restart_conn_clean(const struct conn *c)
 	       frame_reader_pending(&c->reader) == 0 && c->parked.count == 0;
 }
 
-/* What the new image inherits, descriptors made inheritable: GPUQ_INHERIT's value into buf. */
-static void restart_handover(struct daemon *d, char *buf, size_t size)
+/*
+ * What the new image inherits, descriptors made inheritable: GPUQ_INHERIT's
+ * value into buf. queue_fd: the held jobs (daemon/replay.h), -1 when none.
+ */
+static void restart_handover(struct daemon *d, int queue_fd, char *buf, size_t size)
 {
 	size_t n = 0;
 	buf[0] = '\0';
 	if (restart_keep(durable_record_fd(d)))
 		restart_env_add(buf, size, &n, "%srecord:%lld", durable_record_fd(d), 0);
+	if (restart_keep(queue_fd))
+		restart_env_add(buf, size, &n, "%squeue:%lld", queue_fd, 0);
+	else if (queue_fd >= 0)
+		log_error("the queued jobs' hand-over (descriptor %d) cannot be inherited: %s; the new "
+			  "image will not replay them", queue_fd, strerror(errno));
 	if (restart_keep(d->server.listen_fd))
 		restart_env_add(buf, size, &n, "%slisten:%lld:%lld", d->server.listen_fd,
 				d->server.adopted);
@@ -226,12 +241,26 @@ static void restart_take_back(struct daemon *d)
 		fcntl(c->fd, F_SETFD, FD_CLOEXEC);
 }
 
+static void restart_flush(uv_timer_t *t);
+
+/*
+ * The held jobs go first (their hand-over ends them here, so the last
+ * generation of the record is written without them); if it cannot be
+ * written they failed instead, and their replies are written before the
+ * execve. An execve that fails replays them in this image.
+ */
 static void restart_exec(struct daemon *d)
 {
 	struct restart *r = &d->restart;
 	static char inherit[65536];
+	int queue_fd = -1;
+	if (replay_hand_over(d, restart_conn_clean, &queue_fd) != 0) {
+		r->flush_since = 0;
+		uv_timer_start(&r->timer, restart_flush, 0, 0);
+		return;
+	}
 	durable_flush(d); /* the last generation: every job has ended */
-	restart_handover(d, inherit, sizeof inherit);
+	restart_handover(d, queue_fd, inherit, sizeof inherit);
 	setenv(RECOVER_ENV, inherit, 1);
 	log_info("re-executing %s (%s) after %.3f s of draining", r->binary, r->reason,
 		 monotonic_seconds() - r->since);
@@ -240,6 +269,7 @@ static void restart_exec(struct daemon *d)
 	unsetenv(RECOVER_ENV);
 	restart_take_back(d);
 	r->active = false;
+	replay_run(d, queue_fd, "the failed re-exec");
 }
 
 /* Whether every connection's replies have been written. */
@@ -272,12 +302,12 @@ static void restart_on_timer(uv_timer_t *t)
 {
 	struct daemon *d = t->data;
 	struct restart *r = &d->restart;
-	if (d->jobs.active == 0 || r->cancel_sent) {
+	if (restart_running(d) == 0 || r->cancel_sent) {
 		restart_flush(t);
 		return;
 	}
 	log_warn("%u jobs still running after --restart-drain; they fail with `restarted`",
-		 d->jobs.active);
+		 restart_running(d));
 	r->cancel_sent = true;
 	jobs_cancel_running(d);
 	uv_timer_start(t, restart_on_timer, RESTART_CANCEL_GRACE_MS, 0);
@@ -288,7 +318,7 @@ void restart_step(struct daemon *d)
 	struct restart *r = &d->restart;
 	if (!r->active)
 		return;
-	if (d->jobs.active > 0) {
+	if (restart_running(d) > 0) {
 		if (!r->cancel_sent) { /* the drain's bound, from the request on */
 			double left = d->opt.restart_drain_ms - (monotonic_seconds() - r->since) * 1e3;
 			uv_timer_start(&r->timer, restart_on_timer, left > 0 ? (uint64_t)left : 0, 0);

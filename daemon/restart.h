@@ -2,13 +2,15 @@
  * Re-executing gpuqd in place (docs/ARCHITECTURE.md, Durable state, "The
  * re-exec"): on `restart` (an admin request, `gpuq admin restart`), SIGUSR2
  * or a device that needs a new process after a fault, gpuqd stops taking
- * jobs (a submission gets `restarted`), fails the queued ones with
- * `restarted`, lets the running ones finish within --restart-drain (then
- * cancels them: they end `restarted` too), writes the last generation of
- * the state record, waits for the replies to be written, and execve's the
- * binary (its own, or the one named) with the record, every slab's
- * descriptor, the listening socket and the client connections inherited
- * (daemon/recover.h reads them back). Before any of that it runs the binary
+ * jobs (a submission gets `restarted`), holds the queued ones for the next
+ * image to replay (daemon/replay.h; those it cannot carry fail with
+ * `restarted`), lets the running ones finish within --restart-drain (then
+ * cancels them: they end `restarted` too), waits for the replies to be
+ * written, hands the held jobs over, writes the last generation of the
+ * state record, and execve's the binary (its own, or the one named) with
+ * the record, every slab's descriptor, the listening socket, the client
+ * connections and the held jobs inherited (daemon/recover.h reads them
+ * back). Before any of that it runs the binary
  * with --check-record: one that cannot read the record is refused and this
  * image keeps serving, as it does when the execve itself fails.
  *

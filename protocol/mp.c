@@ -147,6 +147,14 @@ void mp_put_array(struct mp_map *m, const char *key, struct mp_array *child)
 	m->count++;
 }
 
+void mp_put_bin(struct mp_map *m, const char *key, const void *val, size_t len)
+{
+	mp_key(&m->pk, key);
+	msgpack_pack_bin(&m->pk, len);
+	msgpack_pack_bin_body(&m->pk, val, len);
+	m->count++;
+}
+
 void mp_put_object(struct mp_map *m, const char *key, const msgpack_object *obj)
 {
 	mp_key(&m->pk, key);

@@ -123,6 +123,8 @@ void mp_put_i64(struct mp_map *m, const char *key, int64_t val);
 void mp_put_f64(struct mp_map *m, const char *key, double val);
 void mp_put_bool(struct mp_map *m, const char *key, bool val);
 void mp_put_nil(struct mp_map *m, const char *key);
+/* Bytes as they are (msgpack bin), e.g. a request kept whole. */
+void mp_put_bin(struct mp_map *m, const char *key, const void *val, size_t len);
 void mp_put_map(struct mp_map *m, const char *key, struct mp_map *child);
 void mp_put_array(struct mp_map *m, const char *key, struct mp_array *child);
 /*

@@ -472,12 +472,20 @@ bool worker_unqueue_group(struct worker_pool *pool, struct work **works, int n)
 	return all_queued;
 }
 
+/*
+ * Every worker is locked before any work is taken, so that no worker
+ * starts a work that waited behind one already taken (on a buffer that
+ * two devices' works share): what is taken keeps its order whole. The
+ * main thread is the only one that holds two worker locks, so taking
+ * them in device order cannot deadlock.
+ */
 struct work *worker_pool_unqueue_all(struct worker_pool *pool)
 {
 	struct work *all = NULL, **end = &all;
+	for (int i = 0; i < pool->count; i++)
+		pthread_mutex_lock(&pool->workers[i].lock);
 	for (int i = 0; i < pool->count; i++) {
 		struct worker *w = &pool->workers[i];
-		pthread_mutex_lock(&w->lock);
 		struct work *work = w->queues.ledger_head;
 		while (work) {
 			struct work *next = work->ledger_next;
@@ -488,8 +496,9 @@ struct work *worker_pool_unqueue_all(struct worker_pool *pool)
 			}
 			work = next;
 		}
-		pthread_mutex_unlock(&w->lock);
 	}
+	for (int i = pool->count; i-- > 0;)
+		pthread_mutex_unlock(&pool->workers[i].lock);
 	return all;
 }
 

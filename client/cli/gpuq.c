@@ -322,11 +322,12 @@ const struct cli_cmd cli_commands[] = {
 	  0, 0, 0, { NULL }, cmd_shutdown },
 	{ "admin", "restart", "re-execute gpuqd in place, keeping its buffers (root and the admin group)",
 	  "admin restart [--binary PATH]: gpuqd stops taking jobs, lets running ones\n"
-	  "finish within its --restart-drain (default 5 s), fails the rest and the\n"
-	  "queued ones with `restarted`, and executes itself again (or PATH, an\n"
-	  "upgrade, which must first show it can read gpuqd's state record) as the\n"
-	  "same process: every buffer stays where it is (none is copied), clients\n"
-	  "keep their connections and see a pause. A binary that cannot take over\n"
+	  "finish within its --restart-drain (default 5 s), fails the rest with\n"
+	  "`restarted`, and executes itself again (or PATH, an upgrade, which must\n"
+	  "first show it can read gpuqd's state record) as the same process: every\n"
+	  "buffer stays where it is (none is copied), clients keep their connections\n"
+	  "and see a pause, and the queued jobs run then, under their ids (those that\n"
+	  "passed a file or pipe fail with `restarted`). A binary that cannot take over\n"
 	  "is refused and the running gpuqd serves on. Waits until gpuqd serves\n"
 	  "again (--timeout MS, default 60 s) and prints how long it took.\n",
 	  OPT_BINARY, 1, 1, { "ACTION" }, cmd_admin },

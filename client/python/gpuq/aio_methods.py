@@ -367,8 +367,9 @@ class AsyncMethods:
         """Re-executes the daemon in place (root and the admin group only), its
         own binary or ``binary`` (an upgrade), keeping every buffer and this
         connection: requests sent meanwhile are answered after a pause.
-        Running jobs get ``--restart-drain`` to finish; queued ones, and those
-        cut short, fail with :class:`Restarted`. Returns at once:
+        Running jobs get ``--restart-drain`` to finish, and those cut short fail
+        with :class:`Restarted`; queued ones run in the new image under their
+        ids (those that passed a file or pipe fail instead). Returns at once:
         ``restarting``, ``binary``, ``jobs_active``, ``restart_drain_ms``,
         ``restarts`` (the count before this one); :meth:`ping` counts it."""
         return await _call(Api.restart, self, binary)

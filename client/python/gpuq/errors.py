@@ -149,10 +149,11 @@ class Internal(GpuqError):
 
 
 class Restarted(GpuqError):
-    """gpuqd re-executed itself while the job was queued or running (``restarted``).
+    """gpuqd re-executed itself while the job was running, or queued and not replayable (``restarted``).
 
     Its buffers survive the restart; the job did not run, or ran only in
     part (a buffer it wrote is then listed ``suspect``). Submit it again.
+    (A queued job that can be is replayed by the new gpuqd instead.)
     """
     code = "restarted"
 
