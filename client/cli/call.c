@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/cli/cli.h"
 
@@ -53,6 +54,8 @@ void cli_say_reconnected(struct cli *cli)
 
 	if (!cli->client || gpuq_reconnects(cli->client) == cli->reconnects_said)
 		return;
+	if (isatty(STDERR_FILENO)) /* a progress bar may be on this line: the notice replaces it */
+		fputs("\r\033[K", stderr);
 	gpuq_request_begin(cli->client, &req, "ping");
 	if (gpuq_call(cli->client, &req, NULL, 0, &r, &err) == 0 && gpuq_reply_ok(r)) {
 		uint64_t restarts = field_u64(r->root, "restarts", 0);
