@@ -298,8 +298,13 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
             for pause in self._reconnect_pauses():
                 conn = self._try_connect()
                 if conn is not None:
-                    self._adopt(conn)
-                    return True
+                    try:
+                        await conn.call(Call("ping"))
+                    except (ConnectionError, TimeoutError) as exc:
+                        self._unanswered(conn, exc)
+                    else:
+                        self._adopt(conn)
+                        return True
                 await asyncio.sleep(pause)
             return False
         finally:

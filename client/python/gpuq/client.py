@@ -76,11 +76,18 @@ class ClientBase(Api):
             pause = min(pause * 2, 0.2)
 
     def _try_connect(self) -> Any:
-        """A new connection to the socket, or None while nothing answers there."""
+        """A new connection to the socket, or None while nothing listens there."""
         try:
             return self._connection_class(self.socket, self._conn.timeout)
         except ConnectionError:
             return None
+
+    @staticmethod
+    def _unanswered(conn: Any, error: BaseException) -> None:
+        """A new connection whose first ping failed: a gpuqd that died as it was
+        made (its listening socket queues connections until the process is
+        gone), or that does not answer yet. Closed; the caller tries again."""
+        conn.close(f"not answered ({error})")
 
     def _adopt(self, conn: Any) -> None:
         """Serves on ``conn`` from now on, leaving behind what went with the old one."""
@@ -188,8 +195,13 @@ class Client(ClientBase):
         for pause in self._reconnect_pauses():
             conn = self._try_connect()
             if conn is not None:
-                self._adopt(conn)
-                return
+                try:
+                    conn.call(Call("ping"))
+                except (ConnectionError, TimeoutError) as exc:
+                    self._unanswered(conn, exc)
+                else:
+                    self._adopt(conn)
+                    return
             time.sleep(pause)
         raise lost
 

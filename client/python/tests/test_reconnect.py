@@ -75,6 +75,33 @@ def test_a_job_in_flight_is_not_sent_again(stalled):
     c.close()
 
 
+def test_threads_that_lose_the_connection_together_share_one_new_one(stalled):
+    s = stalled()
+    c = s.daemon.client()
+    c.set_reconnect(20)
+    got: list = []
+
+    def wait() -> None:
+        try:
+            got.append(c.wait(s.job.job))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            got.append(exc)
+
+    threads = [threading.Thread(target=wait) for _ in range(3)]
+    for t in threads:
+        t.start()
+    # Most likely the waits are in gpuqd by now; one that is not finds the
+    # connection broken as it sends, which ends the same way (it is safe).
+    time.sleep(0.2)
+    crash_and_restart(s.daemon)
+    for t in threads:
+        t.join(30)
+    # Each went again to the new gpuqd, which has no record of the job.
+    assert len(got) == 3 and all(isinstance(r, gpuq.NotFound) for r in got), got
+    assert c.reconnects == 1
+    c.close()
+
+
 # AsyncClient.set_reconnect: the same promise, for requests in flight together.
 
 async def _until_queued(s, op: str) -> None:
