@@ -107,7 +107,8 @@ int cli_report_refusal(const struct gpuq_reply *r)
 	gpuq_reply_error(r, &err);
 	cli_print_error(&err);
 	if (err.code == GPUQ_E_RESTARTED) /* only jobs fail so: say what gpuq did about it */
-		fprintf(stderr, "gpuq: the job was not sent again (gpuq never resends a job by itself)\n");
+		fprintf(stderr, "gpuq: the job was not sent again (gpuq never resends a job by "
+				"itself); it may be submitted again\n");
 	return CLI_REFUSED;
 }
 
