@@ -324,6 +324,111 @@ expect bench_restart_serves "to the first job served" out
 expect bench_restart_verifies "(0 of 8 differ)" out
 expect bench_restart_reloads "reloading them instead, put from the page cache: [0-9.]* s  ([0-9.]* GB/s" out
 
+# gpuqd restarted under running commands, on a daemon of their own: device 0
+# runs one job at a time, a put from a FIFO that nothing feeds stalls it, and
+# a fill queues behind it. A re-exec keeps the connections (no reconnect); a
+# crash and a new gpuqd on the socket makes every command reconnect: reads go
+# again, jobs never do, and each says so once.
+rsock="$dir/restart.sock"
+rgpuq() { "$BUILD/gpuq" --socket "$rsock" "$@"; }
+# rstart: a gpuqd on rsock that our group may restart; $rdaemon is its pid.
+rstart() {
+	"$BUILD/gpuqd" --backend host --socket "$rsock" --log-level warn --max-inflight=1 \
+		--restart-drain 100 --admin-group "$(id -gn)" >> "$dir/restart.log" 2>&1 &
+	rdaemon=$!
+	until_true rgpuq ping
+}
+# until_true COMMAND...: runs it every 50 ms until it succeeds (at most 10 s).
+until_true() {
+	i=0
+	until "$@" > /dev/null 2>&1 || [ $i -ge 200 ]; do
+		i=$((i + 1))
+		sleep 0.05
+	done
+}
+# bg NAME COMMAND...: runs a gpuq command in the background, its output in NAME.out and NAME.err.
+bg() {
+	name=$1
+	shift
+	rgpuq "$@" > "$dir/$name.out" 2> "$dir/$name.err" &
+	eval "pid_$name=\$!"
+}
+# finished NAME WANT: the background command NAME ended with WANT; its output becomes out and err.
+finished() {
+	eval "wait \$pid_$1"
+	got=$?
+	cp "$dir/$1.out" "$dir/out"
+	cp "$dir/$1.err" "$dir/err"
+	if [ "$got" -eq "$2" ]; then
+		passed=$((passed + 1))
+		echo "ok   cli/$1_exit_$2"
+	else
+		failed=$((failed + 1))
+		echo "FAIL cli/$1_exit_$2: exit $got"
+		sed 's/^/    /' "$dir/out" "$dir/err"
+	fi
+}
+connections() { rgpuq metrics | grep -q "^gpuq_connections $1\$"; }
+# stall: the put running, the fill queued, a wait for the put and NAMES... in flight.
+stall() {
+	bg "$1_put" put "$dir/fifo" w --length 4096
+	until_true sh -c "\"$BUILD/gpuq\" --socket \"$rsock\" jobs --running | grep -q ' put '"
+	job=$(rgpuq jobs --running | awk '$2 == "put" { print $1 }')
+	bg "$1_fill" fill w zero
+	until_true sh -c "\"$BUILD/gpuq\" --socket \"$rsock\" jobs --queued | grep -q ' fill '"
+	bg "$1_wait" wait "$job"
+}
+mkfifo "$dir/fifo"
+exec 7<> "$dir/fifo" # a writer that never writes: the put waits for bytes
+rstart
+check restart_stall_alloc 0 rgpuq alloc w --bytes 64K
+stall reexec
+until_true connections 4 # put, fill, wait, and metrics' own
+check reexec_under_jobs 0 rgpuq admin restart
+finished reexec_put 1
+expect reexec_put_says_restarted "^gpuq: restarted: gpuqd restarted while the job ran" err
+expect reexec_put_not_sent_again "^gpuq: the job was not sent again (gpuq never resends a job by itself); it may be submitted again\$" err
+check reexec_put_no_reconnect 1 grep -q reconnected "$dir/reexec_put.err"
+finished reexec_fill 1
+expect reexec_fill_says_restarted "^gpuq: restarted: gpuqd restarted while the job was queued" err
+expect reexec_fill_not_sent_again "not sent again" err
+finished reexec_wait 1
+expect reexec_wait_says_restarted "^gpuq: restarted:" err
+check reexec_wait_no_reconnect 1 grep -q reconnected "$dir/reexec_wait.err"
+check reexec_keeps_the_buffer 0 rgpuq checksum w
+# The crash: SIGKILL, then a new gpuqd on the socket, as systemd would start one.
+stall crash
+bg crash_top top --once --interval 2000
+bg crash_hold alloc e@1 --bytes 4K --ephemeral # device 1: not behind the put
+until_true connections 6 # put, fill, wait, top, the held alloc, and metrics' own
+until_true grep -q "holding ephemeral buffer" "$dir/crash_hold.err"
+kill -KILL "$rdaemon"
+{ wait "$rdaemon"; } 2> /dev/null # "Killed"
+rstart
+finished crash_put 3
+expect crash_put_says_restarted "^gpuq: gpuqd restarted (pid $rdaemon); reconnected\$" err
+expect crash_put_not_sent_again "(put) in flight .*; it is not sent again" err
+check crash_put_said_once 0 test "$(grep -c reconnected "$dir/crash_put.err")" -eq 1
+finished crash_fill 3
+expect crash_fill_not_sent_again "(fill) in flight .*; it is not sent again" err
+check crash_fill_said_once 0 test "$(grep -c reconnected "$dir/crash_fill.err")" -eq 1
+# The wait went again: the new gpuqd answers it (it has no record of the job).
+finished crash_wait 1
+expect crash_wait_says_restarted "^gpuq: gpuqd restarted (pid $rdaemon); reconnected\$" err
+expect crash_wait_answered_by_the_new_gpuqd "^gpuq: not_found: job $job" err
+check crash_wait_said_once 0 test "$(grep -c reconnected "$dir/crash_wait.err")" -eq 1
+finished crash_top 0
+expect crash_top_says_restarted "^gpuq: gpuqd restarted (pid $rdaemon); reconnected\$" err
+expect crash_top_prints_a_snapshot "^gpuq top: .*rates over" out
+check crash_top_said_once 0 test "$(grep -c reconnected "$dir/crash_top.err")" -eq 1
+# A held connection does not reconnect: what it held went with it.
+finished crash_hold 3
+expect crash_hold_says_the_buffer_went "the buffer went with the connection" err
+check crash_hold_no_reconnect 1 grep -q reconnected "$dir/crash_hold.err"
+exec 7>&-
+kill -TERM "$rdaemon"
+wait "$rdaemon"
+
 kill -TERM "$daemon"
 wait "$daemon"
 check daemon_exit_0 0 test $? -eq 0

@@ -3,31 +3,83 @@
  * begun (connecting first if need be), sent, and its reply rendered or its
  * refusal printed; cli_hold_connection keeps the connection open for what
  * goes with it. Below the command files, above render.c.
+ *
+ * The connection rides through a gpuqd restarted on the same socket
+ * (libgpuq's gpuq_set_reconnect): a request that reads and changes nothing
+ * goes again on a new connection, a job in flight fails saying it was not
+ * sent again, and gpuq says on stderr, once per new connection, that gpuqd
+ * restarted. A held connection never reconnects: what it holds went with it.
  */
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/cli/cli.h"
 
 /* Extra time the client allows when the daemon itself enforces timeout_ms. */
 #define DAEMON_TIMEOUT_GRACE_MS 5000
+/* How long gpuq tries to connect again when gpuqd goes away, without --timeout. */
+#define CLI_RECONNECT_MS 10000
 
 void cli_print_error(const struct gpuq_error *err)
 {
 	fprintf(stderr, "gpuq: %s: %s\n", gpuq_errc_name(err->code), err->message);
 }
 
-int cli_begin(struct cli *cli, struct mp_map *req, const char *op)
+int cli_connect(struct cli *cli)
 {
 	struct gpuq_error err;
 
-	if (!cli->client && gpuq_connect(cli->socket, &cli->client, &err) < 0) {
+	if (cli->client)
+		return 0;
+	if (gpuq_connect(cli->socket, &cli->client, &err) < 0) {
 		cli_print_error(&err);
 		return CLI_UNREACHABLE;
 	}
-	gpuq_request_begin(cli->client, req, op);
+	gpuq_set_reconnect(cli->client, cli->has_timeout && cli->timeout_ms > 0
+						? (unsigned)cli->timeout_ms : CLI_RECONNECT_MS);
 	return 0;
+}
+
+/*
+ * Says once per new connection that gpuqd restarted, with the pid (and the
+ * restart count of a gpuqd that re-executed itself) its ping gives.
+ */
+void cli_say_reconnected(struct cli *cli)
+{
+	struct gpuq_reply *r = NULL;
+	struct gpuq_error err;
+	struct mp_map req;
+
+	if (!cli->client || gpuq_reconnects(cli->client) == cli->reconnects_said)
+		return;
+	if (isatty(STDERR_FILENO)) /* a progress bar may be on this line: the notice replaces it */
+		fputs("\r\033[K", stderr);
+	gpuq_request_begin(cli->client, &req, "ping");
+	if (gpuq_call(cli->client, &req, NULL, 0, &r, &err) == 0 && gpuq_reply_ok(r)) {
+		uint64_t restarts = field_u64(r->root, "restarts", 0);
+		uint64_t pid = field_u64(r->root, "pid", 0);
+		if (restarts)
+			fprintf(stderr, "gpuq: gpuqd restarted (restart %llu, pid %llu); reconnected\n",
+				(unsigned long long)restarts, (unsigned long long)pid);
+		else
+			fprintf(stderr, "gpuq: gpuqd restarted (pid %llu); reconnected\n",
+				(unsigned long long)pid);
+	} else {
+		fprintf(stderr, "gpuq: gpuqd restarted; reconnected\n");
+	}
+	gpuq_reply_free(r);
+	cli->reconnects_said = gpuq_reconnects(cli->client); /* the ping's own too */
+}
+
+int cli_begin(struct cli *cli, struct mp_map *req, const char *op)
+{
+	int rc = cli_connect(cli);
+
+	if (rc == 0)
+		gpuq_request_begin(cli->client, req, op);
+	return rc;
 }
 
 int cli_call(struct cli *cli, struct mp_map *req, const int *fds, int nfds,
@@ -39,7 +91,9 @@ int cli_call(struct cli *cli, struct mp_map *req, const int *fds, int nfds,
 	if (cli->has_timeout && cli->timeout_ms > 0)
 		ms = cli->timeout_ms + (cli->daemon_waits ? DAEMON_TIMEOUT_GRACE_MS : 0);
 	gpuq_set_timeout(cli->client, (unsigned)ms);
-	if (gpuq_call(cli->client, req, fds, nfds, out, &err) < 0) {
+	int rc = gpuq_call(cli->client, req, fds, nfds, out, &err);
+	cli_say_reconnected(cli);
+	if (rc < 0) {
 		cli_print_error(&err);
 		return CLI_UNREACHABLE;
 	}
@@ -52,6 +106,9 @@ int cli_report_refusal(const struct gpuq_reply *r)
 
 	gpuq_reply_error(r, &err);
 	cli_print_error(&err);
+	if (err.code == GPUQ_E_RESTARTED) /* only jobs fail so: say what gpuq did about it */
+		fprintf(stderr, "gpuq: the job was not sent again (gpuq never resends a job by "
+				"itself); it may be submitted again\n");
 	return CLI_REFUSED;
 }
 
@@ -106,6 +163,7 @@ int cli_hold_connection(struct cli *cli, const char *what)
 	sa.sa_handler = hold_on_signal;
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	gpuq_set_reconnect(cli->client, 0); /* a new connection would hold nothing */
 	while (!hold_interrupted) {
 		struct pollfd p = { .fd = gpuq_fd(cli->client), .events = POLLIN };
 		struct gpuq_reply *r;

@@ -141,6 +141,8 @@ struct cli {
 	/* Where human output goes: stdout, or stderr when stdout carries data. */
 	FILE *out;
 	struct gpuq_client *client;
+	/* The client's reconnects already reported (cli_say_reconnected). */
+	unsigned reconnects_said;
 	/* The request sent asks the daemon to wait (timeout_ms): allow it time. */
 	bool daemon_waits;
 };
@@ -161,6 +163,13 @@ int cli_parse_uint(const char *s, uint64_t *out);
 int cli_parse_job(const struct cli *cli, const char *s, uint64_t *out);
 
 /* call.c: connecting and calling, beneath every command file */
+/*
+ * Connects if not yet connected, reconnecting after a restart of gpuqd
+ * within --timeout (default 10 s); 0, or CLI_UNREACHABLE (printed).
+ */
+int cli_connect(struct cli *cli);
+/* Prints, once per new connection libgpuq made, that gpuqd restarted. */
+void cli_say_reconnected(struct cli *cli);
 /* Connects if needed and starts a request; 0, or CLI_UNREACHABLE (printed). */
 int cli_begin(struct cli *cli, struct mp_map *req, const char *op);
 /* Sends req; 0 with *out, or CLI_UNREACHABLE after printing why. */

@@ -33,6 +33,7 @@ struct top_live {
 	struct top_snapshot snap;
 	uint64_t interval_ms;
 	bool paused, help;
+	bool restarted; /* the last refresh reconnected: said on the keys' row until a key */
 	int rows, cols;
 };
 
@@ -74,7 +75,30 @@ static int top_first_poll(struct gpuq_client *c, const struct top_view *v,
 	return CLI_REFUSED;
 }
 
-/* Two polls interval_ms apart, sorted; 0 or an exit code (printed). */
+/*
+ * A poll against prev. One that had to connect again (gpuqd restarted, its
+ * counters begun anew) is taken again as a first poll, so that no rate
+ * compares two gpuqd images; *restarted says whether it was. 0, or -1 with err.
+ */
+static int top_poll(struct gpuq_client *c, const struct top_snapshot *prev,
+		    struct top_snapshot *out, bool *restarted, struct gpuq_error *err)
+{
+	unsigned before = gpuq_reconnects(c);
+
+	if (top_snapshot_poll(c, prev, out, err) < 0)
+		return -1;
+	*restarted = gpuq_reconnects(c) != before;
+	if (!*restarted || !prev)
+		return 0;
+	top_snapshot_free(out);
+	return top_snapshot_poll(c, NULL, out, err);
+}
+
+/*
+ * Two polls interval_ms apart, sorted; 0 or an exit code (printed). A
+ * second poll that reconnected is a first one again: one more interval
+ * follows it, so that the rates exist.
+ */
 static int top_poll_twice(struct gpuq_client *c, uint64_t interval_ms, const struct top_view *v,
 			  struct top_snapshot *out)
 {
@@ -83,12 +107,20 @@ static int top_poll_twice(struct gpuq_client *c, uint64_t interval_ms, const str
 	struct timespec ts = { .tv_sec = (time_t)(interval_ms / 1000),
 			       .tv_nsec = (long)(interval_ms % 1000) * 1000000 };
 	int rc = top_first_poll(c, v, &first);
+	bool restarted = false;
 
 	if (rc)
 		return rc;
-	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-		;
-	rc = top_snapshot_poll(c, &first, out, &err);
+	for (int polls = 0; rc == 0 && polls < 2 && (polls == 0 || restarted); polls++) {
+		struct timespec left = ts;
+		if (polls > 0) {
+			top_snapshot_free(&first);
+			first = *out;
+		}
+		while (nanosleep(&left, &left) < 0 && errno == EINTR)
+			;
+		rc = top_poll(c, &first, out, &restarted, &err);
+	}
 	top_snapshot_free(&first);
 	if (rc < 0) {
 		fprintf(stderr, "gpuq top: %s\n", err.message);
@@ -99,12 +131,13 @@ static int top_poll_twice(struct gpuq_client *c, uint64_t interval_ms, const str
 }
 
 /* --once: plain text (no escape sequences) or JSON, for scripts. */
-static int top_once(struct gpuq_client *c, const struct cli *cli, const struct top_view *v,
+static int top_once(struct gpuq_client *c, struct cli *cli, const struct top_view *v,
 		    uint64_t interval_ms)
 {
 	struct top_snapshot s;
 	int rc = top_poll_twice(c, interval_ms, v, &s);
 
+	cli_say_reconnected(cli);
 	if (rc)
 		return rc;
 	if (cli->json)
@@ -211,6 +244,8 @@ static size_t fit_width(const char *s, size_t len, int cols)
 
 static const char *keys_line(const struct top_live *t)
 {
+	if (t->restarted)
+		return "gpuqd restarted; reconnected (rates start again)  q quit  h help";
 	if (t->help)
 		return "q quit | s sort jobs: priority, age, device, owner | d device: all, 0, 1... | "
 		       "u user: all, each uid | p pause | h this help";
@@ -342,6 +377,7 @@ static bool top_read_keys(struct top_live *t)
 
 	if (n == 0)
 		return false;
+	t->restarted = false;
 	for (ssize_t i = 0; i < n; i++)
 		if (!top_key(t, buf[i]))
 			return false;
@@ -353,8 +389,11 @@ static int top_refresh(struct top_live *t, struct gpuq_error *err)
 {
 	struct top_snapshot next;
 
-	if (top_snapshot_poll(t->client, &t->snap, &next, err) < 0)
+	bool restarted;
+
+	if (top_poll(t->client, &t->snap, &next, &restarted, err) < 0)
 		return -1;
+	t->restarted = t->restarted || restarted;
 	top_snapshot_free(&t->snap);
 	t->snap = next;
 	top_snapshot_sort(&t->snap, t->view.sort);
@@ -433,7 +472,6 @@ int cmd_top(struct cli *cli)
 {
 	struct top_view v = { .device = cli->has_device ? (int)cli->device : -1, .owner = -1 };
 	uint64_t interval = cli->has_interval ? cli->interval_ms : TOP_DEFAULT_INTERVAL_MS;
-	struct gpuq_error err;
 
 	if (interval < TOP_MIN_INTERVAL_MS || interval > TOP_MAX_INTERVAL_MS)
 		return cli_usage(cli, "--interval %llu is out of range; give %d to %d ms",
@@ -443,10 +481,8 @@ int cmd_top(struct cli *cli)
 	if (!cli->once && (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)))
 		return cli_usage(cli, "the live view needs a terminal on stdin and stdout; "
 				      "--once prints one snapshot for scripts");
-	if (gpuq_connect(cli->socket, &cli->client, &err) < 0) {
-		cli_print_error(&err);
+	if (cli_connect(cli) != 0)
 		return CLI_UNREACHABLE;
-	}
 	/* A daemon that stops answering must not freeze the screen. */
 	gpuq_set_timeout(cli->client, cli->has_timeout ? (unsigned)cli->timeout_ms : 10000);
 	if (cli->once)

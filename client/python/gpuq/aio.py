@@ -262,7 +262,8 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
     is made by the constructor (an unreachable daemon raises
     :class:`ConnectionError` there) and is bound to the event loop that
     first uses it. Jobs it returns have awaitable ``wait``, ``refresh`` and
-    ``cancel``; progress handlers run on the loop::
+    ``cancel``; progress handlers run on the loop. :meth:`set_reconnect` rides
+    through a gpuqd restarted on the same socket, as Client's does::
 
         async with gpuq.AsyncClient() as client:
             jobs = await asyncio.gather(*(client.noop(detach=True) for _ in range(8)))
@@ -270,6 +271,44 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
     """
 
     _connection_class = AsyncConnection
+    # The reconnect under way, which every request that lost the connection
+    # awaits: one new connection for all of them (set_reconnect).
+    _reconnecting: Optional["asyncio.Task[bool]"] = None
+
+    async def _call(self, call: Call) -> Dict[str, Any]:
+        """One request on the connection, reconnecting as :meth:`set_reconnect` says."""
+        conn = self._conn
+        try:
+            return await conn.call(call)
+        except ConnectionError as exc:
+            if not self._lost(conn, exc):
+                raise
+            if self._conn is conn:
+                if self._reconnecting is None:
+                    self._reconnecting = asyncio.ensure_future(self._reconnect())
+                # Shielded: a caller cancelled does not stop the others' reconnect.
+                if not await asyncio.shield(self._reconnecting):
+                    raise
+            self._check_resend(call, exc)
+            return await self._conn.call(call)
+
+    async def _reconnect(self) -> bool:
+        """Whether a new connection to the same socket was made within reconnect_s."""
+        try:
+            for pause in self._reconnect_pauses():
+                conn = self._try_connect()
+                if conn is not None:
+                    try:
+                        await conn.call(Call("ping"))
+                    except (ConnectionError, TimeoutError) as exc:
+                        self._unanswered(conn, exc)
+                    else:
+                        self._adopt(conn)
+                        return True
+                await asyncio.sleep(pause)
+            return False
+        finally:
+            self._reconnecting = None
 
     async def aclose(self) -> None:
         self.close()
@@ -283,7 +322,7 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
     # One request, one reply, without a plan's generator (as Client's).
 
     async def _request_kw(self, op: str, **fields: Any) -> Any:
-        reply = await self._conn.call(Call(op, fields))
+        reply = await self._call(Call(op, fields))
         if not reply.get("ok"):
             raise self._refusal(reply)
         return _body(reply)
@@ -292,8 +331,8 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
                       priority: Optional[str] = None, detach: bool = False,
                       timeout: Optional[float] = None,
                       on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Any:
-        reply = await self._conn.call(_job_call(op, fields, (), priority, detach, timeout,
-                                                on_progress))
+        reply = await self._call(_job_call(op, fields, (), priority, detach, timeout,
+                                           on_progress))
         if not reply.get("ok"):
             raise self._refusal(reply)
         return Job(self, reply["job"])
@@ -304,7 +343,7 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
             call = next(plan)
             while True:
                 try:
-                    reply = await self._conn.call(call)
+                    reply = await self._call(call)
                 except BaseException as exc:
                     call = plan.throw(exc)
                 else:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from .api import Api, Plan, ProgressHandler, _body, _job_call
 from .arrays import drop_mappings
@@ -39,6 +40,75 @@ class ClientBase(Api):
         self.socket = socket or default_socket()
         self._conn = self._connection_class(self.socket, timeout)
         self._conn._d.on_notice = self._notice
+        self._reconnect_lock = threading.Lock()
+
+    #: Seconds to try connecting again after the connection is lost (0: never);
+    #: see :meth:`set_reconnect`.
+    reconnect_s: float = 0.0
+    #: New connections made after losing one.
+    reconnects: int = 0
+
+    def set_reconnect(self, window_s: float) -> None:
+        """Reconnects when the connection ends (gpuqd restarted, or crashed and came
+        back under systemd), trying for up to ``window_s`` seconds, and sends again
+        a request that reads and changes nothing (``RETRY_SAFE``: ping, status,
+        buffers, wait...). Any other request in flight raises ConnectionError
+        saying it was not sent again, as a job may have run; the client is
+        connected again for the next call. Requests in flight together (from
+        threads, or tasks of an AsyncClient) share one new connection, and each
+        safe one is sent again once. What belonged to the old connection (the
+        staging ring's regions, ephemeral buffers, leases) is not carried over:
+        the ring is made again when next needed. Off (0) by default."""
+        self.reconnect_s = max(0.0, float(window_s))
+
+    def _lost(self, conn: Any, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by a request on ``conn``, is the end of a connection
+        to reconnect after: a window is set, and ``conn`` closed without the daemon
+        sending anything malformed (a ProtocolError is no restart)."""
+        return self.reconnect_s > 0 and not isinstance(exc, ProtocolError) and conn.closed
+
+    def _reconnect_pauses(self) -> Iterator[float]:
+        """The pauses between tries to connect again, until reconnect_s has passed."""
+        deadline = time.monotonic() + self.reconnect_s
+        pause = 0.01
+        while time.monotonic() < deadline:
+            yield pause
+            pause = min(pause * 2, 0.2)
+
+    def _try_connect(self) -> Any:
+        """A new connection to the socket, or None while nothing listens there."""
+        try:
+            return self._connection_class(self.socket, self._conn.timeout)
+        except ConnectionError:
+            return None
+
+    @staticmethod
+    def _unanswered(conn: Any, error: BaseException) -> None:
+        """A new connection whose first ping failed: a gpuqd that died as it was
+        made (its listening socket queues connections until the process is
+        gone), or that does not answer yet. Closed; the caller tries again."""
+        conn.close(f"not answered ({error})")
+
+    def _adopt(self, conn: Any) -> None:
+        """Serves on ``conn`` from now on, leaving behind what went with the old one."""
+        self._staging.close()  # its regions went with the old connection
+        drop_mappings(self, None, unmap=False)
+        conn._d.on_notice = self._notice
+        # The old one is not closed here: a thread may still be leaving its read,
+        # and its descriptor's number must not be reused under it (it goes with
+        # the object).
+        self._conn = conn
+        self.reconnects += 1
+
+    def _check_resend(self, call: Call, lost: BaseException) -> None:
+        """Raises, for a request in flight when the connection was lost, unless it
+        is safe to send again (it reads and changes nothing, and moves no descriptor)."""
+        if call.op in RETRY_SAFE and not call.fds:
+            return
+        raise ConnectionError(
+            f"gpuqd at {self.socket} went away with a {call.op} request in flight and "
+            f"answers there again; it is not sent again, as it may have run "
+            f"(client.jobs() shows what did)") from lost
 
     def _notice(self, frame: Dict[str, Any]) -> None:
         """An event for no request: a broken lease makes a kept mapping of its buffer
@@ -106,57 +176,34 @@ class Client(ClientBase):
             print(client.checksum("w").result["checksum"])
     """
 
-    #: Seconds to try connecting again after the connection is lost (0: never);
-    #: see :meth:`set_reconnect`.
-    reconnect_s: float = 0.0
-    #: New connections made after losing one.
-    reconnects: int = 0
-
-    def set_reconnect(self, window_s: float) -> None:
-        """Reconnects when the connection ends (gpuqd restarted, or crashed and came
-        back under systemd), trying for up to ``window_s`` seconds, and sends again
-        a request that reads and changes nothing (``RETRY_SAFE``: ping, status,
-        buffers, wait...). Any other request in flight raises ConnectionError
-        saying it was not sent again, as a job may have run; the client is
-        connected again for the next call. What belonged to the old connection
-        (the staging ring's regions, ephemeral buffers, leases) is not carried
-        over: the ring is made again when next needed. Off (0) by default."""
-        self.reconnect_s = max(0.0, float(window_s))
-
     def _call(self, call: Call) -> Dict[str, Any]:
         """One request on the connection, reconnecting as :meth:`set_reconnect` says."""
+        conn = self._conn
         try:
-            return self._conn.call(call)
+            return conn.call(call)
         except ConnectionError as exc:
-            if self.reconnect_s <= 0 or isinstance(exc, ProtocolError) or \
-                    not self._conn.closed:
+            if not self._lost(conn, exc):
                 raise
-            self._reconnect(exc)
-            if call.op in RETRY_SAFE and not call.fds:
-                return self._conn.call(call)
-            raise ConnectionError(
-                f"gpuqd at {self.socket} went away with a {call.op} request in flight and "
-                f"answers there again; it is not sent again, as it may have run "
-                f"(client.jobs() shows what did)") from exc
+            with self._reconnect_lock:  # threads that lost it together make one anew
+                if self._conn is conn:
+                    self._reconnect(exc)
+            self._check_resend(call, exc)
+            return self._conn.call(call)
 
     def _reconnect(self, lost: BaseException) -> None:
         """A new connection to the same socket within reconnect_s, or ``lost`` raised."""
-        deadline = time.monotonic() + self.reconnect_s
-        pause = 0.01
-        while True:
-            try:
-                conn = self._connection_class(self.socket, self._conn.timeout)
-                break
-            except ConnectionError:
-                if time.monotonic() >= deadline:
-                    raise lost
-                time.sleep(pause)
-                pause = min(pause * 2, 0.2)
-        self._staging.close()  # its regions went with the old connection
-        drop_mappings(self, None, unmap=False)
-        conn._d.on_notice = self._notice
-        self._conn = conn
-        self.reconnects += 1
+        for pause in self._reconnect_pauses():
+            conn = self._try_connect()
+            if conn is not None:
+                try:
+                    conn.call(Call("ping"))
+                except (ConnectionError, TimeoutError) as exc:
+                    self._unanswered(conn, exc)
+                else:
+                    self._adopt(conn)
+                    return
+            time.sleep(pause)
+        raise lost
 
     def __enter__(self) -> "Client":
         return self

@@ -1,7 +1,10 @@
-"""Client.set_reconnect: a gpuqd killed and started again on the same socket, as
-systemd restarts a crashed one. Reads go again; a job in flight does not, and
-says so; without it a lost connection stays an error."""
+"""Client.set_reconnect and AsyncClient.set_reconnect: a gpuqd killed and started
+again on the same socket, as systemd restarts a crashed one. Reads go again; a
+job in flight does not, and says so; without it a lost connection stays an
+error. A re-exec in place keeps the connection: nothing to reconnect."""
 
+import asyncio
+import signal
 import subprocess
 import threading
 import time
@@ -70,3 +73,106 @@ def test_a_job_in_flight_is_not_sent_again(stalled):
     assert c.reconnects == 1
     c.ping()  # connected again for the next call
     c.close()
+
+
+def test_threads_that_lose_the_connection_together_share_one_new_one(stalled):
+    s = stalled()
+    c = s.daemon.client()
+    c.set_reconnect(20)
+    got: list = []
+
+    def wait() -> None:
+        try:
+            got.append(c.wait(s.job.job))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            got.append(exc)
+
+    threads = [threading.Thread(target=wait) for _ in range(3)]
+    for t in threads:
+        t.start()
+    # Most likely the waits are in gpuqd by now; one that is not finds the
+    # connection broken as it sends, which ends the same way (it is safe).
+    time.sleep(0.2)
+    crash_and_restart(s.daemon)
+    for t in threads:
+        t.join(30)
+    # Each went again to the new gpuqd, which has no record of the job.
+    assert len(got) == 3 and all(isinstance(r, gpuq.NotFound) for r in got), got
+    assert c.reconnects == 1
+    c.close()
+
+
+# AsyncClient.set_reconnect: the same promise, for requests in flight together.
+
+async def _until_queued(s, op: str) -> None:
+    """Lets the loop send until a job ``op`` is queued behind the stalled put."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and \
+            not any(j.op == op and j.state == "queued" for j in s.client.jobs()):
+        await asyncio.sleep(0.01)
+
+
+def test_async_off_by_default_a_lost_connection_stays_an_error(private_daemon):
+    d = private_daemon()
+
+    async def main() -> None:
+        async with gpuq.AsyncClient(d.socket) as c:
+            await c.ping()
+            crash_and_restart(d)
+            with pytest.raises(ConnectionError):
+                await c.ping()
+            assert c.reconnects == 0
+
+    asyncio.run(main())
+
+
+def test_async_requests_in_flight_share_one_new_connection(stalled):
+    s = stalled()
+    job = s.job.job
+
+    async def main() -> None:
+        c = gpuq.AsyncClient(s.daemon.socket)
+        c.set_reconnect(20)
+        # Three waits (safe) and a fill queued behind the stalled put (a job), all
+        # sent on the one connection before gpuqd goes away.
+        waits = [asyncio.ensure_future(c.wait(job)) for _ in range(3)]
+        fill = asyncio.ensure_future(c.fill("w", "zero"))
+        await _until_queued(s, "fill")
+        crash_and_restart(s.daemon)
+        got = await asyncio.gather(*waits, fill, return_exceptions=True)
+        # Each wait went again to the new gpuqd, which has no such job: its answer,
+        # not the lost connection, is what the caller sees.
+        for result in got[:3]:
+            assert isinstance(result, gpuq.NotFound), got
+        assert isinstance(got[3], ConnectionError), got
+        assert "not sent again" in str(got[3]) and "fill" in str(got[3])
+        assert c.reconnects == 1  # one new connection for all four
+        await c.alloc("after", bytes=4096)  # served as before on it
+        assert (await c.buffer("after")).nbytes == 4096
+        assert c.reconnects == 1
+        c.close()
+
+    asyncio.run(main())
+
+
+def test_async_a_reexec_keeps_the_connection(stalled):
+    """A re-exec in place (SIGUSR2) hands the connection over: no reconnect; the
+    wait for the cut-short job says it was restarted, and the client serves on."""
+    s = stalled("--restart-drain", "100")
+    job = s.job.job
+
+    async def main() -> None:
+        async with gpuq.AsyncClient(s.daemon.socket) as c:
+            c.set_reconnect(20)
+            before = (await c.ping()).get("restarts", 0)
+            wait = asyncio.ensure_future(c.wait(job))
+            fill = asyncio.ensure_future(c.fill("w", "zero"))
+            await _until_queued(s, "fill")
+            s.daemon.proc.send_signal(signal.SIGUSR2)
+            got = await asyncio.gather(wait, fill, return_exceptions=True)
+            assert all(isinstance(r, gpuq.Restarted) for r in got), got
+            assert (await c.ping())["restarts"] == before + 1
+            assert c.reconnects == 0
+            assert (await c.buffer("w")).nbytes == 1 << 16  # kept through the re-exec
+
+    asyncio.run(main())
