@@ -34,8 +34,13 @@ struct durable {
 	uint64_t failures; /* writes that failed (each logged, at most once per 10 s) */
 };
 
-/* Makes the record and writes its first generation; without one gpuqd serves on (logged). */
-void durable_start(struct daemon *d);
+/*
+ * Writes the record's first generation of this image: in adopted (the
+ * previous image's, daemon/recover.h), else in a new one; without one gpuqd
+ * serves on (logged). With the service manager's store in use, the record
+ * is handed to it, unless held says it is there already.
+ */
+void durable_start(struct daemon *d, struct state_record *adopted, bool held);
 /* The state changed: the record is rewritten before the loop next waits. */
 void durable_touch(struct daemon *d);
 /*

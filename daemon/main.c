@@ -150,6 +150,28 @@ static int run_probe(struct daemon *d, int healthy)
 	return healthy > 0 ? 0 : EXIT_NO_DEVICE;
 }
 
+/*
+ * What the service manager passed (the socket, its store's descriptors),
+ * taken before anything opens a descriptor, and whether gpuqd hands its
+ * slabs and record to the store. 0, or -1 (logged) when what was passed
+ * cannot be served.
+ */
+static int start_store(struct daemon *d)
+{
+	if (listen_fds_collect(&d->passed) != 0) {
+		log_error("%s", d->passed.error);
+		return -1;
+	}
+	if (fd_store_open(&d->fd_store, d->opt.fd_store) != 0)
+		log_warn("--fd-store on, but the descriptor store cannot be used: %s; a crash loses "
+			 "every buffer", d->fd_store.why);
+	else
+		log_info("the service manager's descriptor store: %s", d->fd_store.why);
+	if (fd_store_enabled(&d->fd_store))
+		d->opt.device.slab_keeper = &d->fd_store.keeper;
+	return 0;
+}
+
 static int init_handles(struct daemon *d)
 {
 	int rc = uv_signal_init(d->loop, &d->sigterm);
@@ -230,6 +252,7 @@ static void daemon_free(struct daemon *d)
 		region_remove(&d->regions, d->regions.head);
 	job_table_destroy(&d->jobs);
 	durable_free(d);
+	fd_store_close(&d->fd_store);
 	int rc = uv_loop_close(d->loop);
 	if (rc < 0)
 		log_warn("uv_loop_close: %s", uv_strerror(rc));
@@ -254,7 +277,10 @@ int main(int argc, char **argv)
 	d->ops = backend_by_name(d->opt.backend);
 	d->started = monotonic_seconds();
 	job_table_init(&d->jobs, d->opt.job_history);
-	recover_begin(d); /* a re-exec: the workers adopt the slabs as they open */
+	if (start_store(d) != 0)
+		return 1;
+	recover_begin(d); /* a re-exec, or a death under the store: the workers adopt the slabs as they open */
+	d->fd_store.keeper.adopted_unheld = !d->recover.stored;
 
 	int healthy = start_workers(d);
 	if (healthy < 0)
@@ -273,7 +299,9 @@ int main(int argc, char **argv)
 	}
 	register_hooks(d);
 	restart_init(d, argv);
-	durable_start(d);
+	durable_start(d, d->recover.record, d->recover.stored);
+	d->recover.record = NULL;
+	listen_fds_free(&d->passed); /* what nobody took */
 	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
 		 d->server.path, d->pool.count, d->ops->name, (int)getpid());
 	if (service_start(d) < 0) {

@@ -71,6 +71,7 @@ struct device_config {
 	char kernel_cache_dir[256];   /* compiled chain kernels on disk: --kernel-cache ("": none) */
 	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
 	struct device_adopt_list *adopt; /* a re-exec: the slabs each worker takes over after open (NULL: none) */
+	const struct slab_keeper *slab_keeper; /* holds slabs' descriptors beyond gpuqd (NULL: none; slab.h) */
 };
 
 /*
@@ -100,7 +101,8 @@ struct device_adopt_list {
 struct backend_ops;
 struct copy_pool;
 struct device_adopt_list;
-struct slab_place; /* workers/buffer/slab.h */
+struct slab_keeper; /* workers/buffer/slab.h */
+struct slab_place;
 struct slab_range;
 /* host_register's flags. */
 #define BACKEND_REGISTER_READ_ONLY 1u

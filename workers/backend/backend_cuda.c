@@ -566,6 +566,7 @@ static int cuda_open_slabs(struct device *dev, struct cuda_state *st, struct gpu
 	if (!st->slabs)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] open: no host memory for the slab heap",
 				 dev->index);
+	slab_heap_set_keeper(st->slabs, dev->config.slab_keeper, dev->index);
 	return 0;
 }
 

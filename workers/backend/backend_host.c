@@ -218,6 +218,7 @@ static int host_open_slabs(struct device *dev, struct host_device *h, struct gpu
 	if (!h->slabs)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for its slab heap",
 				 dev->index);
+	slab_heap_set_keeper(h->slabs, dev->config.slab_keeper, dev->index);
 	return 0;
 }
 

@@ -22,6 +22,7 @@ struct slab {
 	struct slab_mem mem;
 	bool own, exported;
 	uint64_t used; /* bytes of used extents */
+	bool held; /* its descriptor is with the heap's keeper too */
 	struct slab_extent *ext;
 	size_t next, ext_cap;
 };
@@ -34,6 +35,8 @@ struct slab_heap {
 	size_t n, cap;
 	uint32_t last_id;
 	uint64_t created, destroyed;
+	struct slab_keeper keeper;
+	int device; /* names slabs to the keeper */
 };
 
 static uint64_t round_up(uint64_t v, uint64_t to)
@@ -56,8 +59,35 @@ struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve
 	return h;
 }
 
+void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, int device)
+{
+	pthread_mutex_lock(&h->lock);
+	h->keeper = keeper ? *keeper : (struct slab_keeper){ 0 };
+	h->device = device;
+	pthread_mutex_unlock(&h->lock);
+}
+
+/* The keeper holds s too (a made slab, or an adopted one it does not hold yet). */
+static void slab_hold(struct slab_heap *h, struct slab *s)
+{
+	if (!h->keeper.hold)
+		return;
+	h->keeper.hold(h->keeper.ctx, h->device, s->id, s->mem.fd);
+	s->held = true;
+}
+
+/* The keeper lets s go: before its descriptor closes, so that the name never outlives it. */
+static void slab_unhold(struct slab_heap *h, struct slab *s)
+{
+	if (!s->held || !h->keeper.release)
+		return;
+	h->keeper.release(h->keeper.ctx, h->device, s->id);
+	s->held = false;
+}
+
 static void slab_give_back(struct slab_heap *h, struct slab *s, bool lost)
 {
+	slab_unhold(h, s);
 	h->be.destroy(h->be.ctx, &s->mem, lost);
 	h->destroyed++;
 	free(s->ext);
@@ -68,8 +98,11 @@ void slab_heap_destroy(struct slab_heap *h, bool lost)
 {
 	if (!h)
 		return;
-	for (size_t i = 0; i < h->n; i++)
+	for (size_t i = 0; i < h->n; i++) {
+		if (!lost)
+			h->slabs[i]->held = false; /* stays with the keeper for the next gpuqd */
 		slab_give_back(h, h->slabs[i], lost);
+	}
 	free(h->slabs);
 	pthread_mutex_destroy(&h->lock);
 	free(h);
@@ -169,6 +202,7 @@ static struct slab *slab_make(struct slab_heap *h, uint64_t bytes, bool own,
 	s->next = 1;
 	h->slabs[h->n++] = s;
 	h->created++;
+	slab_hold(h, s);
 	return s;
 }
 
@@ -221,8 +255,9 @@ static int heap_carve_existing(struct slab_heap *h, uint64_t need, uint64_t aske
 		if (s->own || s->mem.bytes - s->used < need)
 			continue;
 		for (size_t k = 0; k < s->next; k++)
-			if (!s->ext[k].used && s->ext[k].len >= need)
+			if (!s->ext[k].used && s->ext[k].len >= need) {
 				return slab_carve_at(s, k, need, asked, out) ? 1 : -1;
+			}
 	}
 	return 0;
 }
@@ -486,6 +521,9 @@ static void heap_list_adopted(struct slab_heap *h, struct slab *s)
 	if (s->id > h->last_id)
 		h->last_id = s->id; /* ids stay unique: new slabs number after every adopted one */
 	h->created++;
+	s->held = h->keeper.hold != NULL; /* held already, by the store it came from */
+	if (h->keeper.adopted_unheld)
+		slab_hold(h, s);
 }
 
 static int slab_adopt_locked(struct slab_heap *h, struct slab *s, int fd, uint64_t bytes,

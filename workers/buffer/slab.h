@@ -101,13 +101,41 @@ struct slab_stats {
 struct slab_heap;
 
 /*
+ * Someone outside the process that holds slabs' descriptors too (the
+ * service manager's descriptor store, daemon/fd_store.h), so that the
+ * memory outlives a crash. The heap calls hold as a slab is made and
+ * release before a slab is given back, under its lock, from whichever
+ * thread made or gave back the slab: at that moment the descriptor is
+ * the heap's and open, so its number cannot name anything else. Adopted
+ * slabs are held already (they came from the keeper, or from an image
+ * that gave them to it) unless adopted_unheld says otherwise. NULL hooks:
+ * none.
+ */
+struct slab_keeper {
+	void (*hold)(void *ctx, int device, uint32_t slab, int fd);
+	void (*release)(void *ctx, int device, uint32_t slab);
+	void *ctx;
+	bool adopted_unheld; /* the previous image kept nothing: adopted slabs are held as made ones */
+};
+
+/*
  * A heap over be's slabs: carve_bytes (rounded up to the granularity) is
  * the size of the slabs small buffers share; keep_bytes as above. NULL when
  * the host is out of memory.
  */
 struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve_bytes,
 				   uint64_t keep_bytes);
-/* Gives every slab back (destroy with `lost`) and frees the heap. h may be NULL. */
+/*
+ * Slabs this heap makes from now on are held by keeper (copied; NULL:
+ * none), named by device. Call before the heap serves.
+ */
+void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, int device);
+/*
+ * Gives every slab back (destroy with `lost`) and frees the heap. h may
+ * be NULL. The keeper releases them only when `lost` (their bytes are
+ * gone with a faulted device): a heap destroyed as gpuqd stops leaves its
+ * slabs with the keeper, so that the next gpuqd takes them over.
+ */
 void slab_heap_destroy(struct slab_heap *h, bool lost);
 
 /*
