@@ -299,6 +299,8 @@ static int heap_own(struct slab_heap *h, uint64_t bytes, unsigned flags, struct 
 {
 	uint64_t size = round_up(bytes ? bytes : 1, h->be.granularity);
 	struct slab *s = heap_find_kept_own(h, size);
+	if (s && !s->held)
+		slab_hold(h, s); /* a kept slab serves again */
 	if (!s)
 		s = slab_make(h, size, true, err);
 	if (!s)
@@ -400,6 +402,13 @@ static void heap_settle_empty(struct slab_heap *h, size_t si)
 {
 	struct slab *s = h->slabs[si];
 	if (!s->exported) {
+		/*
+		 * A kept slab leaves the keeper until it serves again: the keeper
+		 * holds only memory that buffers use, so that a stopped gpuqd's
+		 * store pins no empty slab, and a re-exec (whose next image takes
+		 * over only the slabs buffers name) leaves none behind in it.
+		 */
+		slab_unhold(h, s);
 		if (!s->own && !heap_has_other_kept_carved(h, s))
 			return; /* the one carved slab always kept */
 		if (s->own && s->mem.bytes <= SLAB_KEEP_LAST_MAX) {

@@ -103,10 +103,11 @@ struct slab_heap;
 /*
  * Someone outside the process that holds slabs' descriptors too (the
  * service manager's descriptor store, daemon/fd_store.h), so that the
- * memory outlives a crash. The heap calls hold as a slab is made and
- * release before a slab is given back, under its lock, from whichever
- * thread made or gave back the slab: at that moment the descriptor is
- * the heap's and open, so its number cannot name anything else. Adopted
+ * memory outlives a crash. The heap calls hold as a slab is made (or a
+ * kept one serves again) and release as a slab becomes empty (kept or
+ * given back), under its lock, from whichever thread made or freed into
+ * the slab: at that moment the descriptor is the heap's and open, so its
+ * number cannot name anything else. Adopted
  * slabs are held already (they came from the keeper, or from an image
  * that gave them to it) unless adopted_unheld says otherwise. NULL hooks:
  * none.
