@@ -228,6 +228,16 @@ if [ -n "$fourth" ] && [ "$fourth" != "$third" ] && cmp -s "$dir/sums.before" "$
 else
 	fail reexec_then_sigkill_keeps_every_buffer "pids '$third' then '$fourth'" $logs
 fi
+# A clean stop leaves the slabs in the store (as systemd keeps it across a
+# restart with FileDescriptorStorePreserve=yes, or an automatic one).
+kill -TERM "$fourth"
+fifth=$(pid_after_start 5)
+checksums small mid large > "$dir/sums.after"
+if [ -n "$fifth" ] && [ "$fifth" != "$fourth" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
+	ok clean_stop_leaves_the_buffers_in_the_store
+else
+	fail clean_stop_leaves_the_buffers_in_the_store "pids '$fourth' then '$fifth'" $logs
+fi
 kill -TERM "$supervisor"
 wait "$supervisor"
 
