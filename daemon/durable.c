@@ -207,6 +207,7 @@ int durable_snapshot(struct daemon *d, struct state_snapshot *s)
 	memset(s, 0, sizeof *s);
 	snprintf(s->backend, sizeof s->backend, "%s", d->ops ? d->ops->name : "");
 	s->devices = d->pool.count;
+	s->recoveries = d->recover.recoveries;
 	if (durable_copy_buffers(d, s) != 0 || durable_copy_regions(d, s) != 0 ||
 	    durable_copy_leases(d, s) != 0 || durable_copy_quota(s) != 0) {
 		state_snapshot_free(s);

@@ -240,6 +240,7 @@ static void recover_take_record(struct recover *r)
 		close(fd);
 		return;
 	}
+	r->recoveries = r->snap->recoveries + r->from_store;
 	r->record = state_record_adopt(fd, &err);
 	if (!r->record)
 		log_error("the state record cannot be written on (%s); gpuqd writes a new one",

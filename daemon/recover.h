@@ -56,6 +56,7 @@ struct recover {
 	unsigned restarts; /* re-execs so far, this one included */
 	uint64_t next_job; /* the job id the previous image would have given next */
 	unsigned suspect, lost; /* of the buffers taken over */
+	uint64_t recoveries; /* times gpuqd came back from the store after dying, this one included */
 	uint64_t fault_ms[8]; /* when the latest restarts after a fault were asked (restart.h) */
 	unsigned nfault;
 	struct recover_conn *conns;

@@ -106,6 +106,7 @@ struct state_quota {
 struct state_snapshot {
 	char backend[16];
 	int devices;
+	uint64_t recoveries; /* times gpuqd came back from the descriptor store after dying (0 when absent) */
 	struct state_buffer *buffers;
 	size_t nbuffers;
 	struct state_region *regions;

@@ -207,6 +207,10 @@ gpuq buffers > "$dir/f.buffers"
 check sigkill_buffer_being_written_is_suspect grep -q '^w .* suspect' "$dir/f.buffers"
 check sigkill_freed_buffers_stay_freed sh -c "! grep -q '^gone' '$dir/f.buffers'"
 check sigkill_record_is_not_stored_again count_is 'FDSTORE=1 | FDNAME=gpuq-record' "$store" 1
+gpuq ping > "$dir/f.ping"
+gpuq metrics > "$dir/f.metrics"
+check sigkill_recovery_counted_in_ping grep -q 'descriptor store after dying 1 time,' "$dir/f.ping"
+check sigkill_recovery_counted_in_metrics grep -q '^gpuq_store_recoveries_total 1$' "$dir/f.metrics"
 kill -SEGV "$second"
 third=$(pid_after_start 3)
 checksums small mid large > "$dir/sums.after"
@@ -228,6 +232,8 @@ if [ -n "$fourth" ] && [ "$fourth" != "$third" ] && cmp -s "$dir/sums.before" "$
 else
 	fail reexec_then_sigkill_keeps_every_buffer "pids '$third' then '$fourth'" $logs
 fi
+gpuq --json devices > "$dir/f.devices"
+check recoveries_counted_across_a_reexec grep -q '"recoveries": *3' "$dir/f.devices"
 # A clean stop leaves the slabs in the store (as systemd keeps it across a
 # restart with FileDescriptorStorePreserve=yes, or an automatic one).
 kill -TERM "$fourth"
@@ -258,7 +264,8 @@ second=$(pid_after_start 2)
 check fd_store_off_stores_nothing test "$(count 'FDSTORE' "$store")" -eq 0
 check fd_store_off_says_a_crash_loses_buffers grep -q \
 	"gpuqd\[$first\]: info: the service manager's descriptor store: off (--fd-store off): a crash loses every buffer" "$dir/o.log"
-check fd_store_off_crash_loses_the_buffers sh -c "test -n '$second' && ! gpuq buffers | grep -q '^kept'"
+gpuq buffers > "$dir/o.buffers"
+check fd_store_off_crash_loses_the_buffers sh -c "test -n '$second' && ! grep -q '^kept' '$dir/o.buffers'"
 kill -TERM "$supervisor"
 wait "$supervisor"
 
