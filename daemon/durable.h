@@ -2,8 +2,9 @@
  * The daemon's durable state record, kept up to date (docs/ARCHITECTURE.md,
  * Durable state): the tables' state (buffers, regions, leases, quota usage,
  * the jobs writing each buffer) copied into daemon/state_record.h's memfd
- * whenever it changed, once per turn of the main loop. Only the record is
- * written today; nothing reads it back yet (the re-exec stage will).
+ * whenever it changed, once per turn of the main loop. A later gpuqd reads
+ * it back (daemon/recover.h: after a re-exec, or from the service
+ * manager's descriptor store after gpuqd died).
  *
  * Main thread only. Callers say that something changed: job_life.c as a
  * job is handed to its workers and as it ends (durable_job_submitting,
