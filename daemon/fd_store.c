@@ -39,9 +39,12 @@ static void fd_store_hold_slab(void *ctx, int device, uint32_t slab, int fd)
 
 static void fd_store_release_slab(void *ctx, int device, uint32_t slab)
 {
+	struct fd_store *s = ctx;
 	char name[64];
+	if (atomic_load(&s->keep))
+		return;
 	fd_store_slab_name(device, slab, name, sizeof name);
-	fd_store_remove(ctx, name);
+	fd_store_remove(s, name);
 }
 
 /* $FDSTORE, as systemd 254 and later set it from FileDescriptorStoreMax=: 0 when unset or malformed. */
@@ -193,6 +196,16 @@ int fd_store_remove(struct fd_store *s, const char *name)
 	while (held > 0 && !atomic_compare_exchange_weak(&s->held, &held, held - 1))
 		;
 	return 0;
+}
+
+void fd_store_keep(struct fd_store *s)
+{
+	atomic_store(&s->keep, true);
+}
+
+void fd_store_count_held(struct fd_store *s, unsigned n)
+{
+	atomic_fetch_add(&s->held, n);
 }
 
 void fd_store_slab_name(int device, uint32_t id, char *buf, size_t n)

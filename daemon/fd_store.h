@@ -42,6 +42,7 @@ struct fd_store {
 	atomic_uint held;   /* descriptors stored and not removed by this image */
 	atomic_ullong stored, removed, failures;
 	atomic_bool warned_full;
+	atomic_bool keep; /* gpuqd is stopping: slabs given back stay in the store (fd_store_keep) */
 	pthread_mutex_t log_lock; /* guards every */
 	struct log_every every;  /* failures, logged at most every 10 s */
 	struct slab_keeper keeper; /* the slab heaps' hooks into this store */
@@ -58,6 +59,15 @@ bool fd_store_enabled(const struct fd_store *s);
 int fd_store_add(struct fd_store *s, const char *name, int fd);
 /* Removes every descriptor named name from the store: 0, or -1 (logged, counted). */
 int fd_store_remove(struct fd_store *s, const char *name);
+/*
+ * From now on the heaps' releases are ignored: gpuqd is stopping (or could
+ * not start), and the slabs its workers give back as they stop stay in the
+ * store for the next gpuqd, which takes over those its record names and
+ * removes the rest. Call before the workers stop.
+ */
+void fd_store_keep(struct fd_store *s);
+/* n descriptors this image took over are in the store already (counted against $FDSTORE). */
+void fd_store_count_held(struct fd_store *s, unsigned n);
 /* The name of device's slab id, into buf (size n). */
 void fd_store_slab_name(int device, uint32_t id, char *buf, size_t n);
 /* Whether name is a slab's: 1 with *device and *id, or 0. */

@@ -144,6 +144,7 @@ static void print_probe(struct daemon *d)
 static int run_probe(struct daemon *d, int healthy)
 {
 	print_probe(d);
+	fd_store_keep(&d->fd_store);
 	if (worker_pool_stop(&d->pool, 5000) == 0)
 		copy_pool_stop(copy_pool);
 	uv_run(d->loop, UV_RUN_DEFAULT);
@@ -294,6 +295,7 @@ int main(int argc, char **argv)
 	if (init_handles(d) < 0 || service_listen(d, msg, sizeof msg) < 0) {
 		if (msg[0])
 			log_error("%s", msg);
+		fd_store_keep(&d->fd_store); /* what it took over stays for the next start */
 		worker_pool_stop(&d->pool, 5000);
 		return 1;
 	}

@@ -378,6 +378,12 @@ void recover_buffers(struct daemon *d)
 		log_info("re-exec %u: %u buffers taken over (%u of them suspect), %u lost; %zu regions and "
 			 "%zu leases of the previous image ended with it",
 			 r->restarts, ready, suspect, lost, r->snap->nregions, r->snap->nleases);
+	if (r->stored) { /* the slabs taken over and the record are in the store already */
+		unsigned held = 1;
+		for (size_t i = 0; i < r->adopt.n; i++)
+			held += r->adopt.slabs[i].base != NULL;
+		fd_store_count_held(&d->fd_store, held);
+	}
 	recover_free_plan(r);
 	state_snapshot_free(r->snap);
 	free(r->snap);

@@ -350,8 +350,8 @@ static void keeper_release(void *ctx, int device, uint32_t slab)
  * The keeper holds a slab from its creation while a buffer uses it, lets
  * it go as it becomes empty (before it is given back, while its
  * descriptor is open) and holds it again when it serves again; a heap
- * destroyed as gpuqd stops leaves the keeper what it holds, a lost one
- * (a faulted device) does not.
+ * destroyed lets go of what the keeper holds (whether to keep it is the
+ * keeper's choice), a lost one (a faulted device) too.
  */
 TEST(slab_keeper_holds_what_buffers_use)
 {
@@ -378,8 +378,10 @@ TEST(slab_keeper_holds_what_buffers_use)
 	CHECK(strcmp(k.events[4], "hold 3-3") == 0);
 	CHECK(strcmp(k.events[5], "release 3-3") == 0);
 	(void)a;
-	slab_heap_destroy(h, false); /* stopping: slabs 1 and 2 stay with the keeper */
-	CHECK_EQ(k.n, 6);
+	slab_heap_destroy(h, false); /* slabs 1 and 2 */
+	CHECK_EQ(k.n, 8);
+	CHECK(strcmp(k.events[6], "release 3-1") == 0);
+	CHECK(strcmp(k.events[7], "release 3-2") == 0);
 
 	k.n = 0;
 	h = fake_heap(&f, 256 * MIB, 0);
@@ -406,7 +408,8 @@ TEST(slab_keeper_and_adopted_slabs)
 	CHECK_EQ(slab_free(h, base, NULL), 0); /* its last buffer: the keeper lets it go */
 	CHECK_EQ(k.n, 1);
 	CHECK(strcmp(k.events[0], "release 1-7") == 0);
-	slab_heap_destroy(h, false);
+	slab_heap_destroy(h, false); /* kept empty: released already */
+	CHECK_EQ(k.n, 1);
 
 	k.n = 0;
 	keeper.adopted_unheld = true; /* an image that stored nothing handed it over */
@@ -416,4 +419,5 @@ TEST(slab_keeper_and_adopted_slabs)
 	CHECK_EQ(k.n, 1);
 	CHECK(strcmp(k.events[0], "hold 1-7") == 0);
 	slab_heap_destroy(h, false);
+	CHECK_EQ(k.n, 2);
 }

@@ -98,11 +98,8 @@ void slab_heap_destroy(struct slab_heap *h, bool lost)
 {
 	if (!h)
 		return;
-	for (size_t i = 0; i < h->n; i++) {
-		if (!lost)
-			h->slabs[i]->held = false; /* stays with the keeper for the next gpuqd */
+	for (size_t i = 0; i < h->n; i++)
 		slab_give_back(h, h->slabs[i], lost);
-	}
 	free(h->slabs);
 	pthread_mutex_destroy(&h->lock);
 	free(h);

@@ -132,10 +132,9 @@ struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve
  */
 void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, int device);
 /*
- * Gives every slab back (destroy with `lost`) and frees the heap. h may
- * be NULL. The keeper releases them only when `lost` (their bytes are
- * gone with a faulted device): a heap destroyed as gpuqd stops leaves its
- * slabs with the keeper, so that the next gpuqd takes them over.
+ * Gives every slab back (destroy with `lost`), the keeper releasing each
+ * first, and frees the heap. h may be NULL. (A keeper that should keep
+ * the slabs of a gpuqd that stops ignores the release: daemon/fd_store.h.)
  */
 void slab_heap_destroy(struct slab_heap *h, bool lost);
 
