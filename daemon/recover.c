@@ -151,6 +151,8 @@ static int recover_plan(struct recover *r, int devices)
 	return 0;
 }
 
+static const struct device_adopt *recover_find(const struct recover *r, int device, uint32_t slab);
+
 /* The event recovered from, for the log: a re-exec, or a death under the descriptor store. */
 static const char *recover_event(const struct recover *r)
 {
@@ -167,7 +169,7 @@ static void recover_plan_from_store(struct recover *r, struct listen_fds *passed
 	for (size_t i = 0; i < r->adopt.n; i++) {
 		struct device_adopt *a = &r->adopt.slabs[i];
 		a->fd = -1;
-		for (size_t k = passed->nslabs; k-- > 0;) { /* the latest stored of a name wins */
+		for (size_t k = 0; k < passed->nslabs; k++) {
 			struct listen_slab *p = &passed->slabs[k];
 			if (p->fd >= 0 && p->device == a->device && p->id == a->slab) {
 				a->fd = p->fd;
@@ -196,6 +198,18 @@ static void recover_drop_unnamed(struct daemon *d)
 		if (p->fd < 0)
 			continue;
 		fd_store_slab_name(p->device, p->id, name, sizeof name);
+		if (recover_find(&d->recover, p->device, p->id)) {
+			/*
+			 * A second descriptor of a name the plan took (the heap never
+			 * stores two; a store that kept one anyway): FDSTOREREMOVE
+			 * would drop the one taken over too, so it is only closed.
+			 */
+			log_warn("the service manager's store passed '%s' twice; the first is taken over, "
+				 "the other closed", name);
+			close(p->fd);
+			p->fd = -1;
+			continue;
+		}
 		fd_store_remove(&d->fd_store, name);
 		close(p->fd);
 		p->fd = -1;
