@@ -211,8 +211,17 @@ gpuq ping > "$dir/f.ping"
 gpuq metrics > "$dir/f.metrics"
 check sigkill_recovery_counted_in_ping grep -q 'descriptor store after dying 1 time,' "$dir/f.ping"
 check sigkill_recovery_counted_in_metrics grep -q '^gpuq_store_recoveries_total 1$' "$dir/f.metrics"
+# What the store holds that no buffer names: a slab name of ours (removed
+# from the store) and another name (closed, and said so in the log).
+head -c 4096 /dev/zero > "$dir/stray"
+"$helper" notify-send "$sock.notify" 'FDSTORE=1\nFDNAME=gpuq-slab-1-99' "$dir/stray"
+"$helper" notify-send "$sock.notify" 'FDSTORE=1\nFDNAME=someone-else' "$dir/small"
+wait_until grep -q 'FDNAME=someone-else' "$store"
 kill -SEGV "$second"
 third=$(pid_after_start 3)
+check store_slab_no_buffer_names_is_removed count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-1-99$' "$store" 1
+check store_descriptor_not_gpuqds_is_closed grep -q \
+	"gpuqd\[$third\]: warn: descriptor [0-9]* passed by the service manager ('someone-else') is none of gpuqd's; closed" "$dir/f.log"
 checksums small mid large > "$dir/sums.after"
 if [ -n "$third" ] && [ "$third" != "$second" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
 	ok sigsegv_keeps_every_buffer_with_its_bytes

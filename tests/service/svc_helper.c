@@ -28,6 +28,11 @@
  *       LISTEN_PID). Each notification is a line of LOG as notify-listen
  *       writes it, then " [N fds]" when it carried some, "[ignored: ...]"
  *       for descriptors not kept; each start, "start: N stored".
+ *
+ *   svc-helper notify-send ADDR TEXT [FILE]
+ *       Sends TEXT ("\n" in it a newline) to the notify socket at ADDR as
+ *       one datagram, with FILE opened read-write in SCM_RIGHTS if given:
+ *       what a service would hand the store.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -123,6 +128,47 @@ static int notify_listen(const char *addr, const char *out_path)
 	}
 	if (addr[0] != '@')
 		unlink(addr);
+	return 0;
+}
+
+static int notify_send(const char *addr, const char *text, const char *file)
+{
+	char buf[4096], control[CMSG_SPACE(sizeof(int))];
+	size_t n = 0;
+	for (const char *p = text; *p && n + 1 < sizeof buf; p++) {
+		if (p[0] == '\\' && p[1] == 'n') {
+			buf[n++] = '\n';
+			p++;
+		} else {
+			buf[n++] = *p;
+		}
+	}
+	struct sockaddr_un sa;
+	socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(addr) + 1);
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", addr);
+	struct iovec iov = { buf, n };
+	struct msghdr msg = { .msg_name = &sa, .msg_namelen = salen, .msg_iov = &iov, .msg_iovlen = 1 };
+	int fd = file ? open(file, O_RDWR) : -1, sock = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (sock < 0 || (file && fd < 0)) {
+		fprintf(stderr, "svc-helper: notify-send %s: %s\n", file ? file : addr, strerror(errno));
+		return 1;
+	}
+	if (fd >= 0) {
+		memset(control, 0, sizeof control);
+		msg.msg_control = control;
+		msg.msg_controllen = sizeof control;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof fd);
+	}
+	if (sendmsg(sock, &msg, 0) < 0) {
+		fprintf(stderr, "svc-helper: notify-send %s: %s\n", addr, strerror(errno));
+		return 1;
+	}
 	return 0;
 }
 
@@ -395,11 +441,14 @@ int main(int argc, char **argv)
 		return notify_listen(argv[2], argv[3]);
 	if (argc >= 7 && strcmp(argv[1], "supervise") == 0 && strcmp(argv[5], "--") == 0)
 		return supervise(argv[2], atoi(argv[3]), atoi(argv[4]), argv + 6);
+	if ((argc == 4 || argc == 5) && strcmp(argv[1], "notify-send") == 0)
+		return notify_send(argv[2], argv[3], argc == 5 ? argv[4] : NULL);
 	if (argc >= 9 && strcmp(argv[1], "supervise-store") == 0 && strcmp(argv[7], "--") == 0)
 		return supervise_store(argv[2], atoi(argv[3]), atoi(argv[4]), (size_t)atol(argv[5]),
 				       argv[6], argv + 8);
 	fprintf(stderr, "usage: svc-helper notify-listen ADDR OUT\n"
 			"       svc-helper supervise SOCKET RESTARTS DELAY_MS -- COMMAND...\n"
-			"       svc-helper supervise-store SOCKET RESTARTS DELAY_MS MAX LOG -- COMMAND...\n");
+			"       svc-helper supervise-store SOCKET RESTARTS DELAY_MS MAX LOG -- COMMAND...\n"
+			"       svc-helper notify-send ADDR TEXT [FILE]\n");
 	return 2;
 }
