@@ -256,6 +256,22 @@ fi
 kill -TERM "$supervisor"
 wait "$supervisor"
 
+# --- a store smaller than gpuqd's slabs: one warning, and the stand-in drops the rest ---
+sock="$dir/q.sock"
+store="$dir/q.store"
+logs="$dir/q.log $store"
+"$helper" supervise-store "$sock" 0 300 2 "$store" -- "$gpuqd" --backend host \
+	--log-level info > "$dir/q.log" 2>&1 &
+supervisor=$!
+pids="$pids $supervisor"
+wait_until test -S "$sock"
+for b in q1 q2 q3; do gpuq --timeout 20000 alloc "$b" --bytes 20000000 > /dev/null; done
+wait_until grep -q 'store full' "$store"
+check store_full_warns_once count_is "warn: the service manager's descriptor store keeps 2 descriptors" "$dir/q.log" 1
+check store_full_is_what_the_stand_in_saw grep -q 'FDNAME=gpuq-slab-0-2 \[1 fds\] \[ignored: store full\]' "$store"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
 # --- --fd-store off: nothing is stored, and a crash loses the buffers ---
 sock="$dir/o.sock"
 store="$dir/o.store"
