@@ -62,12 +62,14 @@ static int fd_store_socket(struct fd_store *s, const char *path)
 {
 	struct timeval tv = { FD_STORE_SEND_TIMEOUT_S, 0 };
 	if ((path[0] != '/' && path[0] != '@') || strlen(path) >= sizeof s->path) {
-		snprintf(s->why, sizeof s->why, "NOTIFY_SOCKET='%.80s' is not a socket gpuqd can use", path);
+		snprintf(s->why, sizeof s->why, "not used: NOTIFY_SOCKET='%.60s' is not a socket gpuqd "
+			 "can use; a crash loses every buffer", path);
 		return -1;
 	}
 	s->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (s->fd < 0 || setsockopt(s->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
-		snprintf(s->why, sizeof s->why, "its notify socket: %s", strerror(errno));
+		snprintf(s->why, sizeof s->why, "not used: its notify socket: %s; a crash loses every "
+			 "buffer", strerror(errno));
 		if (s->fd >= 0)
 			close(s->fd);
 		s->fd = -1;

@@ -164,8 +164,7 @@ static int start_store(struct daemon *d)
 		return -1;
 	}
 	if (fd_store_open(&d->fd_store, d->opt.fd_store) != 0)
-		log_warn("the service manager's descriptor store cannot be used (--fd-store): %s; a "
-			 "crash loses every buffer", d->fd_store.why);
+		log_warn("the service manager's descriptor store (--fd-store): %s", d->fd_store.why);
 	else
 		log_info("the service manager's descriptor store: %s", d->fd_store.why);
 	if (fd_store_enabled(&d->fd_store))
