@@ -3,7 +3,8 @@
  * protocol, spoken directly; see notify.h for why): the listening socket
  * of gpuqd.socket, and what gpuqd handed its descriptor store before it
  * ended (daemon/fd_store.h): the state record and the slabs. Main thread,
- * at start-up, before anything opens a descriptor of its own.
+ * at start-up, before recover.c plans the takeover (the passed descriptors
+ * are open from the start, so nothing opened earlier takes their numbers).
  */
 #ifndef GPUQ_LISTEN_FDS_H
 #define GPUQ_LISTEN_FDS_H
