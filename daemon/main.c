@@ -153,7 +153,7 @@ static int run_probe(struct daemon *d, int healthy)
 
 /*
  * What the service manager passed (the socket, its store's descriptors),
- * taken before anything opens a descriptor, and whether gpuqd hands its
+ * sorted before recover.c plans, and whether gpuqd hands its
  * slabs and record to the store. 0, or -1 (logged) when what was passed
  * cannot be served.
  */
