@@ -16,7 +16,9 @@
 #include "daemon/args.h"
 #include "daemon/buffer.h"
 #include "daemon/durable.h"
+#include "daemon/fd_store.h"
 #include "daemon/job.h"
+#include "daemon/listen_fds.h"
 #include "daemon/job_life.h"
 #include "daemon/lease.h"
 #include "daemon/op_common.h"
@@ -53,6 +55,8 @@ struct daemon {
 	struct durable durable; /* the durable state record (daemon/durable.h) */
 	struct recover recover; /* what a re-exec handed this image (daemon/recover.h) */
 	struct restart restart; /* a re-exec under way (daemon/restart.h) */
+	struct fd_store fd_store; /* the service manager's descriptor store (daemon/fd_store.h) */
+	struct listen_fds passed; /* what the service manager passed at start (daemon/listen_fds.h) */
 };
 
 /* One request being handled: what handlers need to read it and answer. */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
+#include "daemon/fd_store.h"
 #include "daemon/lease.h"
 #include "daemon/log.h"
 #include "daemon/state_record.h"
@@ -212,6 +213,7 @@ int durable_snapshot(struct daemon *d, struct state_snapshot *s)
 	memset(s, 0, sizeof *s);
 	snprintf(s->backend, sizeof s->backend, "%s", d->ops ? d->ops->name : "");
 	s->devices = d->pool.count;
+	s->recoveries = d->recover.recoveries;
 	if (durable_copy_buffers(d, s) != 0 || durable_copy_regions(d, s) != 0 ||
 	    durable_copy_leases(d, s) != 0 || durable_copy_quota(s) != 0) {
 		state_snapshot_free(s);
@@ -289,11 +291,24 @@ static void durable_on_prepare(uv_prepare_t *h)
 		durable_write(d);
 }
 
-void durable_start(struct daemon *d)
+/*
+ * The record handed to the service manager's store, once for the service's
+ * life: a record taken over from it (or from an image that stored it) is
+ * there already. A new one replaces whatever of that name it held.
+ */
+static void durable_store(struct daemon *d, bool held)
+{
+	if (held || !fd_store_enabled(&d->fd_store))
+		return;
+	fd_store_remove(&d->fd_store, FD_STORE_RECORD);
+	fd_store_add(&d->fd_store, FD_STORE_RECORD, state_record_fd(d->durable.record));
+}
+
+void durable_start(struct daemon *d, struct state_record *adopted, bool held)
 {
 	struct durable *du = &d->durable;
 	struct gpuq_error err;
-	du->record = state_record_create(&err);
+	du->record = adopted ? adopted : state_record_create(&err);
 	if (!du->record) {
 		log_error("no durable state record: %s; gpuqd serves without one", err.message);
 		return;
@@ -307,7 +322,8 @@ void durable_start(struct daemon *d)
 	du->flush.data = d;
 	uv_prepare_start(&du->flush, durable_on_prepare);
 	du->started = true;
-	durable_write(d); /* generation 1: the state at start (no buffers yet) */
+	durable_write(d); /* the state at start: no buffers yet, or those taken over */
+	durable_store(d, adopted && held);
 }
 
 int durable_flush(struct daemon *d)

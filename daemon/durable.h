@@ -2,8 +2,9 @@
  * The daemon's durable state record, kept up to date (docs/ARCHITECTURE.md,
  * Durable state): the tables' state (buffers, regions, leases, quota usage,
  * the jobs writing each buffer) copied into daemon/state_record.h's memfd
- * whenever it changed, once per turn of the main loop. Only the record is
- * written today; nothing reads it back yet (the re-exec stage will).
+ * whenever it changed, once per turn of the main loop. A later gpuqd reads
+ * it back (daemon/recover.h: after a re-exec, or from the service
+ * manager's descriptor store after gpuqd died).
  *
  * Main thread only. Callers say that something changed: job_life.c as a
  * job is handed to its workers and as it ends (durable_job_submitting,
@@ -34,8 +35,13 @@ struct durable {
 	uint64_t failures; /* writes that failed (each logged, at most once per 10 s) */
 };
 
-/* Makes the record and writes its first generation; without one gpuqd serves on (logged). */
-void durable_start(struct daemon *d);
+/*
+ * Writes the record's first generation of this image: in adopted (the
+ * previous image's, daemon/recover.h), else in a new one; without one gpuqd
+ * serves on (logged). With the service manager's store in use, the record
+ * is handed to it, unless held says it is there already.
+ */
+void durable_start(struct daemon *d, struct state_record *adopted, bool held);
 /* The state changed: the record is rewritten before the loop next waits. */
 void durable_touch(struct daemon *d);
 /*

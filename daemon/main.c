@@ -145,10 +145,32 @@ static void print_probe(struct daemon *d)
 static int run_probe(struct daemon *d, int healthy)
 {
 	print_probe(d);
+	fd_store_keep(&d->fd_store);
 	if (worker_pool_stop(&d->pool, 5000) == 0)
 		copy_pool_stop(copy_pool);
 	uv_run(d->loop, UV_RUN_DEFAULT);
 	return healthy > 0 ? 0 : EXIT_NO_DEVICE;
+}
+
+/*
+ * What the service manager passed (the socket, its store's descriptors),
+ * sorted before recover.c plans, and whether gpuqd hands its
+ * slabs and record to the store. 0, or -1 (logged) when what was passed
+ * cannot be served.
+ */
+static int start_store(struct daemon *d)
+{
+	if (listen_fds_collect(&d->passed) != 0) {
+		log_error("%s", d->passed.error);
+		return -1;
+	}
+	if (fd_store_open(&d->fd_store, d->opt.fd_store) != 0)
+		log_warn("the service manager's descriptor store (--fd-store): %s", d->fd_store.why);
+	else
+		log_info("the service manager's descriptor store: %s", d->fd_store.why);
+	if (fd_store_enabled(&d->fd_store))
+		d->opt.device.slab_keeper = &d->fd_store.keeper;
+	return 0;
 }
 
 static int init_handles(struct daemon *d)
@@ -231,6 +253,7 @@ static void daemon_free(struct daemon *d)
 		region_remove(&d->regions, d->regions.head);
 	job_table_destroy(&d->jobs);
 	durable_free(d);
+	fd_store_close(&d->fd_store);
 	int rc = uv_loop_close(d->loop);
 	if (rc < 0)
 		log_warn("uv_loop_close: %s", uv_strerror(rc));
@@ -255,7 +278,10 @@ int main(int argc, char **argv)
 	d->ops = backend_by_name(d->opt.backend);
 	d->started = monotonic_seconds();
 	job_table_init(&d->jobs, d->opt.job_history);
-	recover_begin(d); /* a re-exec: the workers adopt the slabs as they open */
+	if (start_store(d) != 0)
+		return 1;
+	recover_begin(d); /* a re-exec, or a death under the store: the workers adopt the slabs as they open */
+	d->fd_store.keeper.adopted_unheld = !d->recover.stored;
 
 	int healthy = start_workers(d);
 	if (healthy < 0)
@@ -269,12 +295,15 @@ int main(int argc, char **argv)
 	if (init_handles(d) < 0 || service_listen(d, msg, sizeof msg) < 0) {
 		if (msg[0])
 			log_error("%s", msg);
+		fd_store_keep(&d->fd_store); /* what it took over stays for the next start */
 		worker_pool_stop(&d->pool, 5000);
 		return 1;
 	}
 	register_hooks(d);
 	restart_init(d, argv);
-	durable_start(d);
+	durable_start(d, d->recover.record, d->recover.stored);
+	d->recover.record = NULL;
+	listen_fds_free(&d->passed); /* what nobody took */
 	log_info("gpuqd %s serving %s with %d %s devices (pid %d)", GPUQD_VERSION,
 		 d->server.path, d->pool.count, d->ops->name, (int)getpid());
 	if (service_start(d) < 0) {

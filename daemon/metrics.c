@@ -230,6 +230,13 @@ static void render_engines(struct daemon *d, struct metrics_text *t,
 	header(t, "gpuq_restarts_total", "counter",
 	       "Times gpuqd re-executed itself in place (restart, SIGUSR2), its buffers kept.");
 	emit(t, "gpuq_restarts_total %u\n", d->restart.count);
+	header(t, "gpuq_store_recoveries_total", "counter",
+	       "Times gpuqd died and came back with its buffers from the service manager's descriptor store.");
+	emit(t, "gpuq_store_recoveries_total %llu\n", (unsigned long long)d->recover.recoveries);
+	header(t, "gpuq_store_failures_total", "counter",
+	       "Descriptors gpuqd failed to hand to, or remove from, the service manager's store.");
+	emit(t, "gpuq_store_failures_total %llu\n",
+	     (unsigned long long)atomic_load(&d->fd_store.failures));
 	header(t, "gpuq_device_resets_total", "counter",
 	       "Times each device was reset (after a fault, or asked) and opened again.");
 	for (int i = 0; i < d->pool.count; i++)

@@ -20,6 +20,8 @@ void op_ping(struct request *req, void *args)
 	mp_put_u64(&body, "pid", (uint64_t)getpid());
 	if (d->restart.count) /* only once it has re-executed: the reply is otherwise as before */
 		mp_put_u64(&body, "restarts", d->restart.count);
+	if (d->recover.recoveries) /* likewise, once it has come back from the descriptor store */
+		mp_put_u64(&body, "recoveries", d->recover.recoveries);
 	reply_ok(req, &body);
 }
 
@@ -123,6 +125,8 @@ void op_devices(struct request *req, void *args)
 	mp_put_array(&body, "devices", &devices);
 	if (d->restart.count) /* only once it has re-executed: the reply is otherwise as before */
 		mp_put_u64(&body, "restarts", d->restart.count);
+	if (d->recover.recoveries)
+		mp_put_u64(&body, "recoveries", d->recover.recoveries);
 	reply_ok(req, &body);
 }
 

@@ -66,6 +66,10 @@ static const char usage_text[] =
 	"  --restart-drain MS      how long running jobs may finish before gpuqd re-executes\n"
 	"                          itself (`gpuq admin restart`, SIGUSR2); the rest fail\n"
 	"                          with `restarted` (default 5000)\n"
+	"  --fd-store auto|on|off  hand every slab's descriptor and the state record to\n"
+	"                          the service manager's descriptor store, so that\n"
+	"                          buffers survive a crash (auto, the default: when\n"
+	"                          $FDSTORE says the store keeps descriptors)\n"
 	"  --check-record FD       read the durable state record that descriptor FD holds,\n"
 	"                          say what it holds, and exit (0: this gpuqd can take it\n"
 	"                          over, 65: it cannot); a restart runs the new binary\n"
@@ -107,7 +111,7 @@ enum option_id {
 	OPT_METRICS_TEXTFILE, OPT_METRICS_INTERVAL,
 	OPT_MAX_INFLIGHT, OPT_RESET_LIMIT, OPT_RESET_WINDOW,
 	OPT_FRAME_TIMEOUT, OPT_TRANSFER_IDLE_TIMEOUT, OPT_BUFFER_MEMORY,
-	OPT_RESTART_DRAIN, OPT_CHECK_RECORD,
+	OPT_RESTART_DRAIN, OPT_CHECK_RECORD, OPT_FD_STORE,
 };
 
 static const struct option long_options[] = {
@@ -127,6 +131,7 @@ static const struct option long_options[] = {
 	{ "shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT },
 	{ "restart-drain", required_argument, NULL, OPT_RESTART_DRAIN },
 	{ "check-record", required_argument, NULL, OPT_CHECK_RECORD },
+	{ "fd-store", required_argument, NULL, OPT_FD_STORE },
 	{ "max-frame", required_argument, NULL, OPT_MAX_FRAME },
 	{ "log-level", required_argument, NULL, OPT_LOG_LEVEL },
 	{ "probe", no_argument, NULL, OPT_PROBE },
@@ -451,6 +456,16 @@ static int set_option(int id, const char *arg, struct options *o)
 			o->device.buffer_memory = BUFFER_MEMORY_VMM;
 		else
 			return usage_error("--buffer-memory is auto, pool or vmm, not '%s'", arg);
+		return 0;
+	case OPT_FD_STORE:
+		if (strcmp(arg, "auto") == 0)
+			o->fd_store = FD_STORE_AUTO;
+		else if (strcmp(arg, "on") == 0)
+			o->fd_store = FD_STORE_ON;
+		else if (strcmp(arg, "off") == 0)
+			o->fd_store = FD_STORE_OFF;
+		else
+			return usage_error("--fd-store is auto, on or off, not '%s'", arg);
 		return 0;
 	case OPT_COPY_STORES: /* what the copy pool picks when it starts, after the options */
 		if (copy_store_parse(arg, &o->copy_stores) < 0)

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/fd_store.h"
 #include "daemon/log.h"
 #include "workers/backend/backend.h"
 #include "workers/transfer/copy_store.h"
@@ -27,6 +28,7 @@ struct options {
 	unsigned shutdown_timeout_ms; /* for running jobs at SIGTERM */
 	unsigned restart_drain_ms;    /* for running jobs before a re-exec (daemon/restart.h) */
 	int check_record_fd;          /* --check-record: -1, or the record to check, then exit */
+	enum fd_store_mode fd_store;  /* --fd-store (daemon/fd_store.h) */
 	struct device_config device;
 	bool probe; /* open the devices, print them, exit */
 	unsigned copy_threads; /* host copy threads shared by the workers (workers/transfer/copy_pool.c) */

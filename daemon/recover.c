@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/fd_store.h"
+#include "daemon/listen_fds.h"
 #include "daemon/log.h"
 #include "daemon/recover_regions.h"
 #include "daemon/replay.h"
@@ -50,6 +52,8 @@ static int recover_parse_item(struct recover *r, const char *item)
 		r->fault_ms[r->nfault++] = (uint64_t)a;
 	else if (strcmp(kind, "queue") == 0)
 		r->queue_fd = (int)a;
+	else if (strcmp(kind, "stored") == 0)
+		r->stored = a == 1;
 	else if (strcmp(kind, "conn") == 0 && n == 3)
 		return recover_add_conn(r, (int)a, (uint64_t)b);
 	else
@@ -151,43 +155,144 @@ static int recover_plan(struct recover *r, int devices)
 	return 0;
 }
 
+static const struct device_adopt *recover_find(const struct recover *r, int device, uint32_t slab);
+
+/* The event recovered from, for the log: a re-exec, or a death under the descriptor store. */
+static const char *recover_event(const struct recover *r)
+{
+	return r->from_store ? "after gpuqd died" : "in the re-exec";
+}
+
+/*
+ * The store's case: each planned slab's descriptor is the store's of that
+ * (device, id), not the number the record names (the dead process's). A
+ * slab the store lacks is planned with no descriptor: its buffers are lost.
+ */
+static void recover_plan_from_store(struct recover *r, struct listen_fds *passed)
+{
+	for (size_t i = 0; i < r->adopt.n; i++) {
+		struct device_adopt *a = &r->adopt.slabs[i];
+		a->fd = -1;
+		for (size_t k = 0; k < passed->nslabs; k++) {
+			struct listen_slab *p = &passed->slabs[k];
+			if (p->fd >= 0 && p->device == a->device && p->id == a->slab) {
+				a->fd = p->fd;
+				p->fd = -1;
+				break;
+			}
+		}
+		if (a->fd < 0)
+			snprintf(a->why, sizeof a->why, "the service manager's store does not hold "
+				 "its slab (%s%d-%u)", FD_STORE_SLAB_PREFIX, a->device, a->slab);
+	}
+}
+
+/*
+ * Stored slabs that no buffer of the record names (freed buffers' slabs
+ * whose removal was lost with the process, kept empty slabs, another
+ * backend's) leave the store and are closed: they only hold memory.
+ */
+static void recover_drop_unnamed(struct daemon *d)
+{
+	struct listen_fds *passed = &d->passed;
+	char name[64];
+	unsigned dropped = 0;
+	for (size_t i = 0; i < passed->nslabs; i++) {
+		struct listen_slab *p = &passed->slabs[i];
+		if (p->fd < 0)
+			continue;
+		fd_store_slab_name(p->device, p->id, name, sizeof name);
+		if (recover_find(&d->recover, p->device, p->id)) {
+			/*
+			 * A second descriptor of a name the plan took (the heap never
+			 * stores two; a store that kept one anyway): FDSTOREREMOVE
+			 * would drop the one taken over too, so it is only closed.
+			 */
+			log_warn("the service manager's store passed '%s' twice; the first is taken over, "
+				 "the other closed", name);
+			close(p->fd);
+			p->fd = -1;
+			continue;
+		}
+		fd_store_remove(&d->fd_store, name);
+		close(p->fd);
+		p->fd = -1;
+		dropped++;
+	}
+	if (dropped)
+		log_info("%u slabs in the service manager's store held no buffer of the record: "
+			 "removed from it", dropped);
+}
+
+/* Where the record comes from: GPUQ_INHERIT (a re-exec), or the store (gpuqd died). */
+static void recover_find_record(struct daemon *d)
+{
+	struct recover *r = &d->recover;
+	const char *env = getenv(RECOVER_ENV);
+	if (env) {
+		r->active = true;
+		if (recover_parse(r, env) != 0)
+			log_error("%s is malformed ('%s'); taking over what it names as far as it can be read",
+				  RECOVER_ENV, env);
+		unsetenv(RECOVER_ENV);
+		if (r->next_job > d->jobs.next_id)
+			d->jobs.next_id = r->next_job; /* job ids are never reused while gpuqd lives, across re-execs too */
+	} else if (d->passed.record_fd >= 0) {
+		r->active = r->from_store = r->stored = true;
+		r->record_fd = d->passed.record_fd;
+		d->passed.record_fd = -1;
+	}
+}
+
+/* Reads the record and takes its memfd over (durable_start writes on in it): the snapshot, or NULL. */
+static void recover_take_record(struct recover *r)
+{
+	struct gpuq_error err;
+	uint64_t generation = 0;
+	int fd = r->record_fd;
+	r->record_fd = -1;
+	r->snap = recover_read(fd, &generation, &err);
+	if (!r->snap) {
+		log_error("%s, but the state record cannot be read: %s; serving without the buffers it "
+			  "named", r->from_store ? "gpuqd died" : "re-executed", err.message);
+		close(fd);
+		return;
+	}
+	r->recoveries = r->snap->recoveries + r->from_store;
+	r->record = state_record_adopt(fd, &err);
+	if (!r->record)
+		log_error("the state record cannot be written on (%s); gpuqd writes a new one",
+			  err.message);
+	if (r->from_store)
+		log_info("gpuqd died; the service manager's store holds record generation %llu: "
+			 "%zu buffers", (unsigned long long)generation, r->snap->nbuffers);
+	else
+		log_info("re-exec %u: record generation %llu names %zu buffers", r->restarts,
+			 (unsigned long long)generation, r->snap->nbuffers);
+}
+
 void recover_begin(struct daemon *d)
 {
 	struct recover *r = &d->recover;
-	struct gpuq_error err;
-	uint64_t generation = 0;
-	const char *env = getenv(RECOVER_ENV);
 	r->record_fd = r->listen_fd = r->queue_fd = -1;
-	if (!env)
-		return;
-	r->active = true;
-	if (recover_parse(r, env) != 0)
-		log_error("%s is malformed ('%s'); taking over what it names as far as it can be read",
-			  RECOVER_ENV, env);
-	unsetenv(RECOVER_ENV);
-	if (r->next_job > d->jobs.next_id)
-		d->jobs.next_id = r->next_job; /* job ids are never reused while gpuqd lives, across re-execs too */
-	if (r->record_fd < 0)
-		return;
-	r->snap = recover_read(r->record_fd, &generation, &err);
-	close(r->record_fd);
-	r->record_fd = -1;
-	if (!r->snap) {
-		log_error("re-executed, but the state record cannot be read: %s; serving without the "
-			  "buffers it named", err.message);
-		return;
+	recover_find_record(d);
+	if (r->record_fd >= 0)
+		recover_take_record(r);
+	if (r->snap && strcmp(r->snap->backend, d->ops->name) != 0) {
+		log_error("%s with the %s backend, but the record is the %s backend's; its buffers are "
+			  "not taken over", r->from_store ? "restarted" : "re-executed", d->ops->name,
+			  r->snap->backend);
+	} else if (r->snap) {
+		if (recover_plan(r, r->snap->devices) != 0)
+			log_error("no memory to plan taking the slabs over; those left out are lost");
+		if (r->from_store)
+			recover_plan_from_store(r, &d->passed);
+		else /* a region's memfd comes through an execve, never through a death */
+			recover_regions_plan(r);
+		d->opt.device.adopt = &r->adopt;
+		log_info("taking over %zu slabs %s", r->adopt.n, recover_event(r));
 	}
-	if (strcmp(r->snap->backend, d->ops->name) != 0) {
-		log_error("re-executed with the %s backend, but the record is the %s backend's; its "
-			  "buffers are not taken over", d->ops->name, r->snap->backend);
-		return;
-	}
-	if (recover_plan(r, r->snap->devices) != 0)
-		log_error("no memory to plan taking the slabs over; those left out are lost");
-	recover_regions_plan(r);
-	d->opt.device.adopt = &r->adopt;
-	log_info("re-exec %u: record generation %llu names %zu buffers in %zu slabs", r->restarts,
-		 (unsigned long long)generation, r->snap->nbuffers, r->adopt.n);
+	recover_drop_unnamed(d);
 }
 
 static const struct device_adopt *recover_find(const struct recover *r, int device, uint32_t slab)
@@ -205,7 +310,7 @@ static void recover_place(struct recover *r, struct buffer *b, const struct stat
 	char why[200];
 	b->state = BUFFER_LOST;
 	if (!a || !a->base) {
-		log_error("buffer '%s@%d' is lost in the re-exec: %s", rb->name, rb->device,
+		log_error("buffer '%s@%d' is lost %s: %s", rb->name, rb->device, recover_event(r),
 			  !a ? "its memory was not in a slab" : a->why[0] ? a->why : "its device did not open");
 		return;
 	}
@@ -244,8 +349,8 @@ static void recover_buffer(struct daemon *d, const struct state_buffer *rb)
 	struct buffer *b = buffer_add(&d->buffers, rb->name, rb->device, (uid_t)rb->owner,
 				      rb->dtype, rb->count, rb->bytes);
 	if (!b) {
-		log_error("buffer '%s@%d' is lost in the re-exec: no memory to list it", rb->name,
-			  rb->device);
+		log_error("buffer '%s@%d' is lost %s: no memory to list it", rb->name, rb->device,
+			  recover_event(&d->recover));
 		return;
 	}
 	b->shareable = rb->shareable;
@@ -283,10 +388,24 @@ void recover_buffers(struct daemon *d)
 		suspect += b->suspect != NULL;
 		lost += b->state == BUFFER_LOST;
 	}
-	log_info("re-exec %u: %u buffers taken over (%u of them suspect), %u lost", r->restarts,
-		 ready, suspect, lost);
-	recover_regions(d);
-	recover_leases(d);
+	r->suspect = suspect;
+	r->lost = lost;
+	if (r->from_store) {
+		log_info("recovered %u buffers (%u suspect, %u lost) from the service manager's "
+			 "descriptor store; %zu regions and %zu leases ended with the process that died",
+			 ready, suspect, lost, r->snap->nregions, r->snap->nleases);
+	} else {
+		log_info("re-exec %u: %u buffers taken over (%u of them suspect), %u lost", r->restarts,
+			 ready, suspect, lost);
+		recover_regions(d);
+		recover_leases(d);
+	}
+	if (r->stored) { /* the slabs taken over and the record are in the store already */
+		unsigned held = 1;
+		for (size_t i = 0; i < r->adopt.n; i++)
+			held += r->adopt.slabs[i].base != NULL;
+		fd_store_count_held(&d->fd_store, held);
+	}
 	recover_free_plan(r);
 	state_snapshot_free(r->snap);
 	free(r->snap);

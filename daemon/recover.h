@@ -12,10 +12,17 @@
  * GPUQ_INHERIT is a comma-separated list of `record:FD`, `listen:FD:ADOPTED`
  * (ADOPTED 1: the socket was the service manager's), `restarts:N`,
  * `jobs:NEXT_ID`, `fault:MS` (each recent restart after a fault),
- * `conn:FD:SERIAL` and `queue:FD` (the jobs queued at the re-exec, which
+ * `conn:FD:SERIAL`, `queue:FD` (the jobs queued at the re-exec, which
  * daemon/replay.h submits again once the connections are served:
- * recover_jobs). It is
- * gpuqd's own and is unset once read.
+ * recover_jobs) and `stored:1` (the previous image kept the record and
+ * every slab in the service manager's descriptor store). It is gpuqd's own
+ * and is unset once read.
+ *
+ * Without GPUQ_INHERIT, a record among the descriptors the service manager
+ * passed (its store, daemon/listen_fds.h) means gpuqd died: the same plan
+ * runs on that record, each slab's descriptor found in the store by
+ * (device, slab id), since the record's descriptor numbers were the dead
+ * process's. Connections, host regions and leases did not survive.
  *
  * Main thread only, at start-up.
  */
@@ -40,13 +47,20 @@ struct recover_conn {
 	uint64_t serial;
 };
 
+struct state_record;
+
 struct recover {
 	bool active; /* GPUQ_INHERIT was given */
+	bool from_store; /* no re-exec: gpuqd died, and the service manager's store had its record */
+	bool stored; /* what the previous image handed over is in the service manager's store already */
+	struct state_record *record; /* the record taken over, for durable_start; NULL: none */
 	int record_fd, listen_fd;
 	int queue_fd; /* the held jobs' memfd (daemon/replay.h); -1: none */
 	bool listen_adopted;
 	unsigned restarts; /* re-execs so far, this one included */
 	uint64_t next_job; /* the job id the previous image would have given next */
+	unsigned suspect, lost; /* of the buffers taken over */
+	uint64_t recoveries; /* times gpuqd came back from the store after dying, this one included */
 	uint64_t fault_ms[8]; /* when the latest restarts after a fault were asked (restart.h) */
 	unsigned nfault;
 	struct recover_conn *conns;

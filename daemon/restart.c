@@ -215,6 +215,8 @@ static void restart_handover(struct daemon *d, int queue_fd, char *buf, size_t s
 				d->server.adopted);
 	restart_env_add(buf, size, &n, "%srestarts:%lld", (long long)d->restart.count + 1, 0);
 	restart_env_add(buf, size, &n, "%sjobs:%lld", (long long)d->jobs.next_id, 0);
+	if (fd_store_enabled(&d->fd_store)) /* the next image stores none of it again */
+		restart_env_add(buf, size, &n, "%sstored:%lld", 1, 0);
 	for (unsigned i = 0; i < d->restart.nfault; i++)
 		restart_env_add(buf, size, &n, "%sfault:%lld", (long long)d->restart.fault_ms[i], 0);
 	for (struct buffer *b = d->buffers.head; b; b = b->next)

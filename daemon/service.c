@@ -121,9 +121,7 @@ int service_listen(struct daemon *d, char *msg, size_t msgsize)
 {
 	if (d->recover.listen_fd >= 0)
 		return service_listen_inherited(d, msg, msgsize);
-	int fd = listen_fds_take(msg, msgsize);
-	if (fd == -2)
-		return -1;
+	int fd = listen_fds_take(&d->passed);
 	if (fd < 0)
 		return server_listen(&d->server, d, d->loop, d->opt.socket_path, d->opt.socket_group,
 				     d->opt.max_frame, msg, msgsize);

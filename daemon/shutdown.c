@@ -40,6 +40,7 @@ static void close_handle(uv_handle_t *h)
 static void daemon_finish(struct daemon *d)
 {
 	server_close_all(&d->server);
+	fd_store_keep(&d->fd_store); /* the buffers outlive this process in the store */
 	int stuck = worker_pool_stop(&d->pool, 5000);
 	if (stuck)
 		log_error("%d device workers did not stop within 5 s", stuck);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "protocol/hash.h"
@@ -137,6 +138,7 @@ void state_snapshot_encode(const struct state_snapshot *s, msgpack_sbuffer *out)
 	mp_put_u64(&root, "version", STATE_RECORD_VERSION);
 	mp_put_str(&root, "backend", s->backend);
 	mp_put_i64(&root, "devices", s->devices);
+	mp_put_u64(&root, "recoveries", s->recoveries);
 	for (size_t l = 0; l < sizeof rec_lists / sizeof rec_lists[0]; l++) {
 		const struct rec_list *list = &rec_lists[l];
 		const char *entries = *(char *const *)((const char *)s + list->at_list);
@@ -252,6 +254,8 @@ static int rec_get_root(const msgpack_object *root, struct state_snapshot *s,
 	    rec_need(msg_get_i64(root, "devices", &devices, err), "devices", err) != 0)
 		return -1;
 	s->devices = (int)devices;
+	if (msg_get_u64(root, "recoveries", &s->recoveries, err) < 0) /* added later: absent reads as 0 */
+		return -1;
 	for (size_t l = 0; l < sizeof rec_lists / sizeof rec_lists[0]; l++)
 		if (rec_get_list(root, &rec_lists[l], s, err) != 0)
 			return -1;
@@ -527,4 +531,35 @@ int state_record_read(int fd, void **payload, size_t *len, uint64_t *generation,
 	return gpuq_fail(err, GPUQ_E_IO,
 			 "the state record is refused: no slot checks out (slot 0: %s; slot 1: %s)",
 			 why[0], why[1]);
+}
+
+struct state_record *state_record_adopt(int fd, struct gpuq_error *err)
+{
+	struct state_record *r = calloc(1, sizeof *r);
+	struct state_record_header h;
+	struct stat st;
+	void *payload = NULL;
+	size_t len = 0;
+	uint64_t generation = 0;
+	int rc = r ? state_record_read(fd, &payload, &len, &generation, err)
+		   : gpuq_fail(err, GPUQ_E_IO, "no memory to take the state record over");
+	free(payload);
+	if (rc == 0 && record_pread(fd, &h, sizeof h, generation % STATE_RECORD_SLOTS * sizeof h,
+				    err) != 0)
+		rc = -1;
+	if (rc >= 0 && fstat(fd, &st) != 0)
+		rc = gpuq_fail(err, GPUQ_E_IO, "taking the state record over: fstat: %s", strerror(errno));
+	if (rc < 0) {
+		close(fd);
+		free(r);
+		return NULL;
+	}
+	r->fd = fd;
+	r->generation = generation;
+	if (rc == 0) /* the newest keeps its area until the write after next; the other slot gets a new one */
+		r->slot[generation % STATE_RECORD_SLOTS] = h;
+	r->end = (uint64_t)st.st_size;
+	if (r->end < STATE_RECORD_SLOTS * sizeof h)
+		r->end = STATE_RECORD_SLOTS * sizeof h;
+	return r;
 }

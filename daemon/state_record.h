@@ -110,6 +110,7 @@ struct state_quota {
 struct state_snapshot {
 	char backend[16];
 	int devices;
+	uint64_t recoveries; /* times gpuqd came back from the descriptor store after dying (0 when absent) */
 	struct state_buffer *buffers;
 	size_t nbuffers;
 	struct state_region *regions;
@@ -151,6 +152,18 @@ uint64_t state_record_generation(const struct state_record *r);
 int state_record_write(struct state_record *r, const void *payload, size_t len,
 		       struct gpuq_error *err);
 void state_record_close(struct state_record *r);
+/*
+ * Takes over the record in fd (handed over by a re-exec, or kept by the
+ * service manager's descriptor store through a crash), so that one memfd
+ * serves the service's whole life and a copy of it held elsewhere never
+ * goes stale: the next generation written follows the newest intact one
+ * and goes into the other slot, in an area of its own (whatever that slot
+ * held, torn or older, is never read again). Takes fd whatever happens: a
+ * record, or NULL with err (unsupported_version for a newer format,
+ * io_error for one no slot of which checks out or that cannot be read; fd
+ * closed). A record never written is taken over at generation 0.
+ */
+struct state_record *state_record_adopt(int fd, struct gpuq_error *err);
 
 /*
  * Reads the newest intact generation of the record in fd (any record,

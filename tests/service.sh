@@ -4,6 +4,10 @@
 #    served while the daemon starts), and under tests/service/svc_helper.c's
 #    stand-in supervisor, which keeps the socket across a restart (a client
 #    that connects while gpuqd is down is served by the next one);
+#  - the service manager's descriptor store, kept by the same stand-in:
+#    buffers with their bytes through SIGKILL, SIGSEGV and a re-exec, a
+#    buffer being written comes back suspect, freed ones stay freed, and
+#    with --fd-store off a crash loses them;
 #  - readiness, status, watchdog and stopping notifications, received on a
 #    test socket (a path, and an @abstract name);
 #  - journal priority prefixes; --check-config; the metrics textfile;
@@ -139,6 +143,154 @@ else
 fi
 check_soon abstract_notify_socket count_is 'READY=1' "$notify" 2
 check shutdown_logged grep -q "shutdown requested by uid $(id -u)" "$dir/b.log"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
+# --- a crash under a descriptor store (svc-helper supervise-store, as systemd's) ---
+sock="$dir/f.sock"
+store="$dir/f.store"
+logs="$dir/f.log $store"
+"$helper" supervise-store "$sock" 5 300 64 "$store" -- "$gpuqd" --backend host \
+	--log-level info --admin-group "$(id -gn)" > "$dir/f.log" 2>&1 &
+supervisor=$!
+pids="$pids $supervisor"
+wait_until test -S "$sock"
+# gpuqd's pid, once it serves again after the n-th start of the stand-in's.
+pid_after_start() {
+	wait_until sh -c "test \$(grep -c 'start: ' '$store') -ge $1" &&
+		gpuq --json --timeout 20000 ping | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p'
+}
+# checksums NAME...: "NAME=SUM" per buffer.
+checksums() {
+	for b in "$@"; do
+		printf '%s=%s\n' "$b" "$(gpuq checksum "$b" | sed -n 's/.*: \(0x[0-9a-f]*\) .*/\1/p')"
+	done
+}
+first=$(pid_after_start 1)
+head -c 3000 /dev/urandom > "$dir/small"
+head -c 1048576 /dev/urandom > "$dir/mid"
+head -c 40000000 /dev/urandom > "$dir/large"
+# small and mid are carved from one slab, large has a slab of its own, as have gone1 and gone2.
+for spec in small:3000 mid:1048576 large:40000000 gone1:20000000 gone2:20000000; do
+	gpuq alloc "${spec%%:*}" --bytes "${spec#*:}" > /dev/null
+done
+for b in small mid large; do gpuq put "$dir/$b" "$b" > /dev/null; done
+gpuq free gone1 > /dev/null # kept empty, as the last slab of its own freed: out of the store
+gpuq free gone2 > /dev/null # kept in gone1's stead (gone1's slab is given back): out of the store
+checksums small mid large > "$dir/sums.before"
+# A put that waits on a FIFO is writing w when gpuqd dies.
+gpuq alloc w --bytes 64 > /dev/null
+mkfifo "$dir/ffifo"
+gpuq put - w --detach < "$dir/ffifo" > /dev/null &
+exec 4> "$dir/ffifo"
+wait_until grep -q '1 jobs running' "$store"
+check store_keeps_the_record_and_each_slab sh -c "grep -q 'FDSTORE=1 | FDNAME=gpuq-record \[1 fds\]' '$store' &&
+	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-0-1 \[1 fds\]' '$store' &&
+	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-0-2 \[1 fds\]' '$store'"
+check store_removes_a_slab_given_back count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-0-3$' "$store" 1
+check store_removes_a_kept_empty_slab count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-0-4$' "$store" 1
+kill -KILL "$first"
+exec 4>&-
+second=$(pid_after_start 2)
+check store_passes_the_record_and_two_slabs grep -q 'start: 3 stored' "$store"
+checksums small mid large > "$dir/sums.after"
+if [ -n "$second" ] && [ "$second" != "$first" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
+	ok sigkill_keeps_every_buffer_with_its_bytes
+else
+	fail sigkill_keeps_every_buffer_with_its_bytes "pids '$first' then '$second'" \
+		"$dir/sums.before" "$dir/sums.after" $logs
+fi
+check sigkill_recovery_copies_nothing test "$(count "gpuqd\[$second\].*op=put" "$dir/f.log")" -eq 0
+check sigkill_recovery_is_logged grep -q \
+	"gpuqd\[$second\]: info: recovered 4 buffers (1 suspect, 0 lost) from the service manager's descriptor store" "$dir/f.log"
+gpuq buffers > "$dir/f.buffers"
+check sigkill_buffer_being_written_is_suspect grep -q '^w .* suspect' "$dir/f.buffers"
+check sigkill_freed_buffers_stay_freed sh -c "! grep -q '^gone' '$dir/f.buffers'"
+check sigkill_record_is_not_stored_again count_is 'FDSTORE=1 | FDNAME=gpuq-record' "$store" 1
+gpuq ping > "$dir/f.ping"
+gpuq metrics > "$dir/f.metrics"
+check sigkill_recovery_counted_in_ping grep -q 'descriptor store after dying 1 time,' "$dir/f.ping"
+check sigkill_recovery_counted_in_metrics grep -q '^gpuq_store_recoveries_total 1$' "$dir/f.metrics"
+# What the store holds that no buffer names: a slab name of ours (removed
+# from the store) and another name (closed, and said so in the log).
+head -c 4096 /dev/zero > "$dir/stray"
+"$helper" notify-send "$sock.notify" 'FDSTORE=1\nFDNAME=gpuq-slab-1-99' "$dir/stray"
+"$helper" notify-send "$sock.notify" 'FDSTORE=1\nFDNAME=someone-else' "$dir/small"
+wait_until grep -q 'FDNAME=someone-else' "$store"
+kill -SEGV "$second"
+third=$(pid_after_start 3)
+check store_slab_no_buffer_names_is_removed count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-1-99$' "$store" 1
+check store_descriptor_not_gpuqds_is_closed grep -q \
+	"gpuqd\[$third\]: warn: descriptor [0-9]* passed by the service manager ('someone-else') is none of gpuqd's; closed" "$dir/f.log"
+checksums small mid large > "$dir/sums.after"
+if [ -n "$third" ] && [ "$third" != "$second" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
+	ok sigsegv_keeps_every_buffer_with_its_bytes
+else
+	fail sigsegv_keeps_every_buffer_with_its_bytes "pids '$second' then '$third'" $logs
+fi
+stored=$(count 'FDSTORE=1' "$store")
+gpuq admin restart > /dev/null
+wait_until grep -q "gpuqd\[$third\]: info: re-exec 1: " "$dir/f.log"
+wait_until gpuq ping
+check reexec_under_the_store_stores_nothing_again test "$(count 'FDSTORE=1' "$store")" -eq "$stored"
+kill -KILL "$third"
+fourth=$(pid_after_start 4)
+checksums small mid large > "$dir/sums.after"
+if [ -n "$fourth" ] && [ "$fourth" != "$third" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
+	ok reexec_then_sigkill_keeps_every_buffer
+else
+	fail reexec_then_sigkill_keeps_every_buffer "pids '$third' then '$fourth'" $logs
+fi
+gpuq --json devices > "$dir/f.devices"
+check recoveries_counted_across_a_reexec grep -q '"recoveries": *3' "$dir/f.devices"
+# A clean stop leaves the slabs in the store (as systemd keeps it across a
+# restart with FileDescriptorStorePreserve=yes, or an automatic one).
+kill -TERM "$fourth"
+fifth=$(pid_after_start 5)
+checksums small mid large > "$dir/sums.after"
+if [ -n "$fifth" ] && [ "$fifth" != "$fourth" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
+	ok clean_stop_leaves_the_buffers_in_the_store
+else
+	fail clean_stop_leaves_the_buffers_in_the_store "pids '$fourth' then '$fifth'" $logs
+fi
+kill -TERM "$supervisor"
+wait "$supervisor"
+
+# --- a store smaller than gpuqd's slabs: one warning, and the stand-in drops the rest ---
+sock="$dir/q.sock"
+store="$dir/q.store"
+logs="$dir/q.log $store"
+"$helper" supervise-store "$sock" 0 300 2 "$store" -- "$gpuqd" --backend host \
+	--log-level info > "$dir/q.log" 2>&1 &
+supervisor=$!
+pids="$pids $supervisor"
+wait_until test -S "$sock"
+for b in q1 q2 q3; do gpuq --timeout 20000 alloc "$b" --bytes 20000000 > /dev/null; done
+wait_until grep -q 'store full' "$store"
+check store_full_warns_once count_is "warn: the service manager's descriptor store keeps 2 descriptors" "$dir/q.log" 1
+check store_full_is_what_the_stand_in_saw grep -q 'FDNAME=gpuq-slab-0-2 \[1 fds\] \[ignored: store full\]' "$store"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
+# --- --fd-store off: nothing is stored, and a crash loses the buffers ---
+sock="$dir/o.sock"
+store="$dir/o.store"
+logs="$dir/o.log $store"
+"$helper" supervise-store "$sock" 1 300 64 "$store" -- "$gpuqd" --backend host \
+	--log-level info --fd-store off > "$dir/o.log" 2>&1 &
+supervisor=$!
+pids="$pids $supervisor"
+wait_until test -S "$sock"
+first=$(pid_after_start 1)
+gpuq alloc kept --bytes 3000 > /dev/null
+gpuq put "$dir/small" kept > /dev/null
+kill -KILL "$first"
+second=$(pid_after_start 2)
+check fd_store_off_stores_nothing test "$(count 'FDSTORE' "$store")" -eq 0
+check fd_store_off_says_a_crash_loses_buffers grep -q \
+	"gpuqd\[$first\]: info: the service manager's descriptor store: off (--fd-store off): a crash loses every buffer" "$dir/o.log"
+gpuq buffers > "$dir/o.buffers"
+check fd_store_off_crash_loses_the_buffers sh -c "test -n '$second' && ! grep -q '^kept' '$dir/o.buffers'"
 kill -TERM "$supervisor"
 wait "$supervisor"
 

@@ -189,7 +189,7 @@ static void worker_adopt(struct worker *w)
 		return;
 	for (size_t i = 0; i < list->n; i++) {
 		struct device_adopt *a = &list->slabs[i];
-		if (a->device != w->dev.index)
+		if (a->device != w->dev.index || a->fd < 0) /* no descriptor: a->why says why */
 			continue;
 		a->taken = true;
 		if (w->dev.ops->mem.adopt(&w->dev, a->slab, a->fd, a->bytes, a->exported, a->ranges,

@@ -5,6 +5,7 @@
  * running out of memory.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -317,4 +318,106 @@ TEST(slab_adopt_refuses_overlapping_ranges_and_own_slabs_stay_own)
 	CHECK_EQ(p.length, 6 * MIB);
 	slab_heap_destroy(h, false);
 	CHECK_EQ(f.made, 0);
+}
+
+/* A keeper that writes down what it was told, in order, and whether the slab was still made then. */
+struct keeper_log {
+	char events[32][32];
+	unsigned n;
+	struct fake *f;
+};
+
+static void keeper_note(struct keeper_log *k, const char *what, int device, uint32_t slab)
+{
+	if (k->n < 32)
+		snprintf(k->events[k->n++], sizeof k->events[0], "%s %d-%u", what, device, slab);
+}
+
+static void keeper_hold(void *ctx, int device, uint32_t slab, int fd)
+{
+	struct keeper_log *k = ctx;
+	CHECK(fd >= 100); /* the heap's descriptor */
+	keeper_note(k, "hold", device, slab);
+}
+
+static void keeper_release(void *ctx, int device, uint32_t slab)
+{
+	struct keeper_log *k = ctx;
+	keeper_note(k, "release", device, slab);
+}
+
+/*
+ * The keeper holds a slab from its creation while a buffer uses it, lets
+ * it go as it becomes empty (before it is given back, while its
+ * descriptor is open) and holds it again when it serves again; a heap
+ * destroyed lets go of what the keeper holds (whether to keep it is the
+ * keeper's choice), a lost one (a faulted device) too.
+ */
+TEST(slab_keeper_holds_what_buffers_use)
+{
+	struct fake f;
+	struct keeper_log k = { .n = 0, .f = &f };
+	struct slab_keeper keeper = { .hold = keeper_hold, .release = keeper_release, .ctx = &k };
+	struct slab_heap *h = fake_heap(&f, 256 * MIB, 0);
+	slab_heap_set_keeper(h, &keeper, 3);
+	struct slab_place a = must_alloc(h, 4 * KIB, 0);       /* carved slab 1 */
+	struct slab_place b = must_alloc(h, 4 * MIB, SLAB_OWN); /* slab 2 */
+	CHECK_EQ(k.n, 2);
+	CHECK(strcmp(k.events[0], "hold 3-1") == 0);
+	CHECK(strcmp(k.events[1], "hold 3-2") == 0);
+	CHECK_EQ(slab_free(h, b.ptr, NULL), 0); /* kept empty: out of the keeper */
+	CHECK_EQ(k.n, 3);
+	CHECK(strcmp(k.events[2], "release 3-2") == 0);
+	struct slab_place c = must_alloc(h, 4 * MIB, SLAB_OWN); /* the kept slab 2 again */
+	CHECK_EQ(c.slab, 2);
+	CHECK_EQ(k.n, 4);
+	CHECK(strcmp(k.events[3], "hold 3-2") == 0);
+	struct slab_place e = must_alloc(h, 64 * MIB, SLAB_EXPORTED); /* slab 3, never kept */
+	CHECK_EQ(slab_free(h, e.ptr, NULL), 0);
+	CHECK_EQ(k.n, 6);
+	CHECK(strcmp(k.events[4], "hold 3-3") == 0);
+	CHECK(strcmp(k.events[5], "release 3-3") == 0);
+	(void)a;
+	slab_heap_destroy(h, false); /* slabs 1 and 2 */
+	CHECK_EQ(k.n, 8);
+	CHECK(strcmp(k.events[6], "release 3-1") == 0);
+	CHECK(strcmp(k.events[7], "release 3-2") == 0);
+
+	k.n = 0;
+	h = fake_heap(&f, 256 * MIB, 0);
+	slab_heap_set_keeper(h, &keeper, 0);
+	must_alloc(h, 4 * KIB, 0);
+	slab_heap_destroy(h, true); /* a faulted device: its bytes are gone, the keeper lets go */
+	CHECK_EQ(k.n, 2);
+	CHECK(strcmp(k.events[1], "release 0-1") == 0);
+}
+
+/* Adopted slabs are held already (they came from the keeper), unless the keeper says otherwise. */
+TEST(slab_keeper_and_adopted_slabs)
+{
+	struct fake f;
+	struct keeper_log k = { .n = 0, .f = &f };
+	struct slab_keeper keeper = { .hold = keeper_hold, .release = keeper_release, .ctx = &k };
+	struct slab_range r = { 0, 4 * KIB };
+	struct gpuq_error err;
+	void *base;
+	struct slab_heap *h = fake_heap(&f, 256 * MIB, 0);
+	slab_heap_set_keeper(h, &keeper, 1);
+	CHECK_EQ(slab_adopt(h, 7, 100, 8 * MIB, false, &r, 1, &base, &err), 0);
+	CHECK_EQ(k.n, 0);
+	CHECK_EQ(slab_free(h, base, NULL), 0); /* its last buffer: the keeper lets it go */
+	CHECK_EQ(k.n, 1);
+	CHECK(strcmp(k.events[0], "release 1-7") == 0);
+	slab_heap_destroy(h, false); /* kept empty: released already */
+	CHECK_EQ(k.n, 1);
+
+	k.n = 0;
+	keeper.adopted_unheld = true; /* an image that stored nothing handed it over */
+	h = fake_heap(&f, 256 * MIB, 0);
+	slab_heap_set_keeper(h, &keeper, 1);
+	CHECK_EQ(slab_adopt(h, 7, 100, 8 * MIB, false, &r, 1, &base, &err), 0);
+	CHECK_EQ(k.n, 1);
+	CHECK(strcmp(k.events[0], "hold 1-7") == 0);
+	slab_heap_destroy(h, false);
+	CHECK_EQ(k.n, 2);
 }

@@ -5,6 +5,7 @@
  * of a newer format refused with a clear message, a corrupted one refused,
  * and an empty one told apart.
  */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -367,4 +368,95 @@ TEST(state_record_without_the_added_fields_reads_them_as_zero)
 	CHECK_EQ(back.leases[0].since_ms, 0);
 	CHECK_EQ(back.regions[0].created_ms, 0);
 	state_snapshot_free(&back);
+}
+
+/*
+ * A record taken over (a re-exec, a crash under the descriptor store)
+ * continues after its newest generation in the same memfd: a reader of
+ * that memfd sees each later generation, and the generation before the
+ * takeover stays readable until the one after it is whole.
+ */
+TEST(state_record_adopt_continues_after_the_newest_generation)
+{
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	struct state_snapshot s = test_snapshot(), back;
+	write_snapshot(r, &s); /* 1 */
+	s.nleases = 0;
+	write_snapshot(r, &s); /* 2 */
+	int held = dup(state_record_fd(r)); /* what the store keeps */
+	CHECK(held >= 0);
+	int fd = dup(state_record_fd(r));
+	state_record_close(r); /* the image that wrote it ends */
+	struct state_record *a = state_record_adopt(fd, &err);
+	CHECKF(a != NULL, "adopt: %s", err.message);
+	CHECK_EQ(state_record_fd(a), fd);
+	CHECK_EQ(state_record_generation(a), 2);
+	s.nregions = 0;
+	write_snapshot(a, &s); /* 3, into the slot generation 1 held, in an area of its own */
+	CHECK_EQ(read_snapshot(held, &back), 3);
+	CHECK_EQ(back.nregions, 0);
+	CHECK_EQ(back.nleases, 0);
+	CHECK_EQ(back.nbuffers, 2);
+	state_snapshot_free(&back);
+	s = test_snapshot();
+	write_snapshot(a, &s); /* 4 */
+	CHECK_EQ(read_snapshot(held, &back), 4);
+	CHECK_EQ(back.nleases, 1);
+	state_snapshot_free(&back);
+	state_record_close(a);
+	close(held);
+}
+
+/*
+ * A torn write before the takeover (generation 3's header half written
+ * when gpuqd died): the takeover continues after generation 2, the newest
+ * intact one, and its next generation replaces the torn one.
+ */
+TEST(state_record_adopt_after_a_torn_write)
+{
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	struct state_snapshot s = test_snapshot(), back;
+	struct state_record_header h1;
+	write_snapshot(r, &s); /* 1, slot 1 */
+	read_header(state_record_fd(r), 1, &h1);
+	s.nleases = 0;
+	write_snapshot(r, &s); /* 2, slot 0 */
+	s.nregions = 0;
+	write_snapshot(r, &s); /* 3, slot 1 */
+	/* Tear generation 3: its header's second half is generation 1's again. */
+	CHECK(pwrite(state_record_fd(r), (char *)&h1 + 32, 32, 64 + 32) == 32);
+	int fd = dup(state_record_fd(r));
+	state_record_close(r);
+	CHECK_EQ(read_snapshot(fd, &back), 2);
+	state_snapshot_free(&back);
+	struct state_record *a = state_record_adopt(fd, &err);
+	CHECKF(a != NULL, "adopt: %s", err.message);
+	CHECK_EQ(state_record_generation(a), 2);
+	s = test_snapshot();
+	s.nbuffers = 1;
+	write_snapshot(a, &s); /* 3 again, whole this time */
+	CHECK_EQ(read_snapshot(fd, &back), 3);
+	CHECK_EQ(back.nbuffers, 1);
+	CHECK_EQ(back.nregions, 1);
+	state_snapshot_free(&back);
+	state_record_close(a);
+}
+
+/* A record no slot of which checks out is not taken over, and its descriptor is closed. */
+TEST(state_record_adopt_refuses_a_corrupted_record)
+{
+	struct gpuq_error err;
+	struct state_record *r = state_record_create(&err);
+	struct state_snapshot s = test_snapshot();
+	write_snapshot(r, &s);
+	int fd = dup(state_record_fd(r));
+	state_record_close(r);
+	char junk[128];
+	memset(junk, 0x5a, sizeof junk);
+	CHECK(pwrite(fd, junk, sizeof junk, 0) == (ssize_t)sizeof junk);
+	CHECK(state_record_adopt(fd, &err) == NULL);
+	CHECK(strstr(err.message, "no slot checks out") != NULL);
+	CHECK(fcntl(fd, F_GETFD) < 0); /* closed */
 }

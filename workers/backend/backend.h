@@ -71,6 +71,7 @@ struct device_config {
 	char kernel_cache_dir[256];   /* compiled chain kernels on disk: --kernel-cache ("": none) */
 	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
 	struct device_adopt_list *adopt; /* a re-exec: the slabs each worker takes over after open (NULL: none) */
+	const struct slab_keeper *slab_keeper; /* holds slabs' descriptors beyond gpuqd (NULL: none; slab.h) */
 };
 
 /*
@@ -120,7 +121,8 @@ struct device_adopt_list {
 struct backend_ops;
 struct copy_pool;
 struct device_adopt_list;
-struct slab_place; /* workers/buffer/slab.h */
+struct slab_keeper; /* workers/buffer/slab.h */
+struct slab_place;
 struct slab_range;
 /* host_register's flags. */
 #define BACKEND_REGISTER_READ_ONLY 1u
@@ -148,6 +150,7 @@ struct chain_spec;
 struct chain_state;
 struct sched;
 struct device;
+struct slab_kept;
 #define DEVICE_CHAIN_COUNTERS 16
 
 /*
@@ -198,14 +201,14 @@ struct device {
 	 */
 	bool needs_restart;
 	/*
-	 * The slab descriptors of a context that faulted, which close keeps
-	 * open (slab_heap_destroy_keeping) so that the buffers' memory outlives
-	 * the context for the re-exec a needs_restart asks for. device_reset.c
-	 * closes them once the device opens again in this process (its buffers
-	 * are lost then, as before); the worker closes them at its end.
+	 * The slabs of a context that faulted, whose descriptors close keeps
+	 * open (workers/buffer/slab.h, slab_heap_destroy_keeping) so that the
+	 * buffers' memory outlives the context for the re-exec a needs_restart
+	 * asks for. device_reset.c lets them go once the device opens again in
+	 * this process (its buffers are lost then, as before); the worker at its
+	 * end. NULL: none.
 	 */
-	int *kept_fds;
-	size_t nkept_fds;
+	struct slab_kept *kept;
 	void *impl; /* the backend's private state */
 	/* The kernel-chain state (workers/chain/chain.h): the graph cache, made by
 	 * the worker at the device's first chain and released by close. */

@@ -491,7 +491,7 @@ static void cuda_teardown(struct device *dev)
 	}
 	/* A faulted context's slabs: unmapped as far as the driver lets, their descriptors kept for a re-exec. */
 	if (st->slabs)
-		dev->nkept_fds = slab_heap_destroy_keeping(st->slabs, &dev->kept_fds);
+		dev->kept = slab_heap_destroy_keeping(st->slabs);
 	memset(dev->staging, 0, sizeof dev->staging);
 	free(st->live);
 	free(st);
@@ -568,6 +568,7 @@ static int cuda_open_slabs(struct device *dev, struct cuda_state *st, struct gpu
 	if (!st->slabs)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] open: no host memory for the slab heap",
 				 dev->index);
+	slab_heap_set_keeper(st->slabs, dev->config.slab_keeper, dev->index);
 	return 0;
 }
 

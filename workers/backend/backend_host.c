@@ -219,6 +219,7 @@ static int host_open_slabs(struct device *dev, struct host_device *h, struct gpu
 	if (!h->slabs)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for its slab heap",
 				 dev->index);
+	slab_heap_set_keeper(h->slabs, dev->config.slab_keeper, dev->index);
 	return 0;
 }
 
@@ -289,7 +290,7 @@ static void host_close(struct device *dev)
 	free(dev->peer_ring);
 	dev->peer_ring = NULL;
 	if (dev->faulted) { /* as a faulted GPU's: the memfds stay for a re-exec */
-		dev->nkept_fds = slab_heap_destroy_keeping(h->slabs, &dev->kept_fds);
+		dev->kept = slab_heap_destroy_keeping(h->slabs);
 		h->slabs = NULL;
 	}
 	host_free_state(h);

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "workers/buffer/slab.h"
 #include "workers/clock.h"
 #include "workers/sched/sched.h"
 #include "workers/worker.h"
@@ -159,11 +160,8 @@ static int reset_and_open(struct device *dev, struct gpuq_error *err)
 
 void device_close_kept(struct device *dev)
 {
-	for (size_t i = 0; i < dev->nkept_fds; i++)
-		close(dev->kept_fds[i]);
-	free(dev->kept_fds);
-	dev->kept_fds = NULL;
-	dev->nkept_fds = 0;
+	slab_kept_close(dev->kept);
+	dev->kept = NULL;
 }
 
 int device_reset_run(struct worker *w, struct sched *s)

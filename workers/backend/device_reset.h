@@ -22,7 +22,7 @@
  *     held of it (peer access, communicators) when they next go idle.
  *
  * A faulted context's slabs keep their descriptors through step 4
- * (dev->kept_fds): when the driver gives the process no new context
+ * (dev->kept): when the driver gives the process no new context
  * (needs_restart), gpuqd re-executes itself and the new image takes those
  * buffers over intact; otherwise they are closed here and the buffers lost.
  *
@@ -42,7 +42,7 @@ bool device_reset_due(struct worker *w);
 /* Resets w's device as above; 0 once it serves again, -1 when it stays unhealthy. */
 int device_reset_run(struct worker *w, struct sched *s);
 /*
- * Closes the slab descriptors a faulted context left (dev->kept_fds): its
+ * Closes the slab descriptors a faulted context left (dev->kept): its
  * buffers' memory goes. The worker calls it at its end; a reset, once the
  * device opens again or when no re-exec will take them.
  */

@@ -22,6 +22,7 @@ struct slab {
 	struct slab_mem mem;
 	bool own, exported;
 	uint64_t used; /* bytes of used extents */
+	bool held; /* its descriptor is with the heap's keeper too */
 	struct slab_extent *ext;
 	size_t next, ext_cap;
 };
@@ -34,6 +35,8 @@ struct slab_heap {
 	size_t n, cap;
 	uint32_t last_id;
 	uint64_t created, destroyed;
+	struct slab_keeper keeper;
+	int device; /* names slabs to the keeper */
 };
 
 static uint64_t round_up(uint64_t v, uint64_t to)
@@ -56,8 +59,35 @@ struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve
 	return h;
 }
 
+void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, int device)
+{
+	pthread_mutex_lock(&h->lock);
+	h->keeper = keeper ? *keeper : (struct slab_keeper){ 0 };
+	h->device = device;
+	pthread_mutex_unlock(&h->lock);
+}
+
+/* The keeper holds s too (a made slab, or an adopted one it does not hold yet). */
+static void slab_hold(struct slab_heap *h, struct slab *s)
+{
+	if (!h->keeper.hold)
+		return;
+	h->keeper.hold(h->keeper.ctx, h->device, s->id, s->mem.fd);
+	s->held = true;
+}
+
+/* The keeper lets s go: before its descriptor closes, so that the name never outlives it. */
+static void slab_unhold(struct slab_heap *h, struct slab *s)
+{
+	if (!s->held || !h->keeper.release)
+		return;
+	h->keeper.release(h->keeper.ctx, h->device, s->id);
+	s->held = false;
+}
+
 static void slab_give_back(struct slab_heap *h, struct slab *s, bool lost)
 {
+	slab_unhold(h, s);
 	h->be.destroy(h->be.ctx, &s->mem, lost);
 	h->destroyed++;
 	free(s->ext);
@@ -75,29 +105,59 @@ void slab_heap_destroy(struct slab_heap *h, bool lost)
 	free(h);
 }
 
-size_t slab_heap_destroy_keeping(struct slab_heap *h, int **fds)
+struct slab_kept {
+	struct slab_keeper keeper;
+	int device;
+	size_t n;
+	struct {
+		uint32_t id;
+		int fd;
+		bool held;
+	} slabs[];
+};
+
+struct slab_kept *slab_heap_destroy_keeping(struct slab_heap *h)
 {
-	size_t n = 0;
-	*fds = NULL;
 	if (!h)
-		return 0;
-	int *kept = h->n ? malloc(h->n * sizeof *kept) : NULL;
+		return NULL;
+	struct slab_kept *k = h->n ? malloc(sizeof *k + h->n * sizeof k->slabs[0]) : NULL;
+	if (k) {
+		k->keeper = h->keeper;
+		k->device = h->device;
+		k->n = 0;
+	}
 	for (size_t i = 0; i < h->n; i++) {
 		struct slab *s = h->slabs[i];
-		if (kept && s->used > 0 && s->mem.fd >= 0) {
-			kept[n++] = s->mem.fd;
+		if (k && s->used > 0 && s->mem.fd >= 0) {
+			k->slabs[k->n].id = s->id;
+			k->slabs[k->n].fd = s->mem.fd;
+			k->slabs[k->n].held = s->held;
+			k->n++;
 			s->mem.fd = -1; /* destroy unmaps; the descriptor, and with it the memory, stays */
+			s->held = false; /* and so does its name in the keeper */
 		}
 		slab_give_back(h, s, true);
 	}
 	free(h->slabs);
 	pthread_mutex_destroy(&h->lock);
 	free(h);
-	if (n == 0)
-		free(kept);
-	else
-		*fds = kept;
-	return n;
+	if (k && k->n == 0) {
+		free(k);
+		k = NULL;
+	}
+	return k;
+}
+
+void slab_kept_close(struct slab_kept *k)
+{
+	if (!k)
+		return;
+	for (size_t i = 0; i < k->n; i++) {
+		if (k->slabs[i].held && k->keeper.release)
+			k->keeper.release(k->keeper.ctx, k->device, k->slabs[i].id);
+		close(k->slabs[i].fd);
+	}
+	free(k);
 }
 
 /* Takes the i-th slab out of the heap's list, keeping the others' order. */
@@ -194,6 +254,7 @@ static struct slab *slab_make(struct slab_heap *h, uint64_t bytes, bool own,
 	s->next = 1;
 	h->slabs[h->n++] = s;
 	h->created++;
+	slab_hold(h, s);
 	return s;
 }
 
@@ -246,8 +307,9 @@ static int heap_carve_existing(struct slab_heap *h, uint64_t need, uint64_t aske
 		if (s->own || s->mem.bytes - s->used < need)
 			continue;
 		for (size_t k = 0; k < s->next; k++)
-			if (!s->ext[k].used && s->ext[k].len >= need)
+			if (!s->ext[k].used && s->ext[k].len >= need) {
 				return slab_carve_at(s, k, need, asked, out) ? 1 : -1;
+			}
 	}
 	return 0;
 }
@@ -289,6 +351,8 @@ static int heap_own(struct slab_heap *h, uint64_t bytes, unsigned flags, struct 
 {
 	uint64_t size = round_up(bytes ? bytes : 1, h->be.granularity);
 	struct slab *s = heap_find_kept_own(h, size);
+	if (s && !s->held)
+		slab_hold(h, s); /* a kept slab serves again */
 	if (!s)
 		s = slab_make(h, size, true, err);
 	if (!s)
@@ -390,6 +454,13 @@ static void heap_settle_empty(struct slab_heap *h, size_t si)
 {
 	struct slab *s = h->slabs[si];
 	if (!s->exported) {
+		/*
+		 * A kept slab leaves the keeper until it serves again: the keeper
+		 * holds only memory that buffers use, so that a stopped gpuqd's
+		 * store pins no empty slab, and a re-exec (whose next image takes
+		 * over only the slabs buffers name) leaves none behind in it.
+		 */
+		slab_unhold(h, s);
 		if (!s->own && !heap_has_other_kept_carved(h, s))
 			return; /* the one carved slab always kept */
 		if (s->own && s->mem.bytes <= SLAB_KEEP_LAST_MAX) {
@@ -511,6 +582,9 @@ static void heap_list_adopted(struct slab_heap *h, struct slab *s)
 	if (s->id > h->last_id)
 		h->last_id = s->id; /* ids stay unique: new slabs number after every adopted one */
 	h->created++;
+	s->held = h->keeper.hold != NULL; /* held already, by the store it came from */
+	if (h->keeper.adopted_unheld)
+		slab_hold(h, s);
 }
 
 static int slab_adopt_locked(struct slab_heap *h, struct slab *s, int fd, uint64_t bytes,

@@ -101,24 +101,55 @@ struct slab_stats {
 struct slab_heap;
 
 /*
+ * Someone outside the process that holds slabs' descriptors too (the
+ * service manager's descriptor store, daemon/fd_store.h), so that the
+ * memory outlives a crash. The heap calls hold as a slab is made (or a
+ * kept one serves again) and release as a slab becomes empty (kept or
+ * given back), under its lock, from whichever thread made or freed into
+ * the slab: at that moment the descriptor is the heap's and open, so its
+ * number cannot name anything else. Adopted
+ * slabs are held already (they came from the keeper, or from an image
+ * that gave them to it) unless adopted_unheld says otherwise. NULL hooks:
+ * none.
+ */
+struct slab_keeper {
+	void (*hold)(void *ctx, int device, uint32_t slab, int fd);
+	void (*release)(void *ctx, int device, uint32_t slab);
+	void *ctx;
+	bool adopted_unheld; /* the previous image kept nothing: adopted slabs are held as made ones */
+};
+
+/*
  * A heap over be's slabs: carve_bytes (rounded up to the granularity) is
  * the size of the slabs small buffers share; keep_bytes as above. NULL when
  * the host is out of memory.
  */
 struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve_bytes,
 				   uint64_t keep_bytes);
-/* Gives every slab back (destroy with `lost`) and frees the heap. h may be NULL. */
+/*
+ * Slabs this heap makes from now on are held by keeper (copied; NULL:
+ * none), named by device. Call before the heap serves.
+ */
+void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, int device);
+/*
+ * Gives every slab back (destroy with `lost`), the keeper releasing each
+ * first, and frees the heap. h may be NULL. (A keeper that should keep
+ * the slabs of a gpuqd that stops ignores the release: daemon/fd_store.h.)
+ */
 void slab_heap_destroy(struct slab_heap *h, bool lost);
 /*
  * A faulted context's heap: every slab is unmapped as far as the driver
  * lets (destroy with `lost`), but the descriptors of those holding buffers
- * are not closed: they go into *fds (malloc'd, the caller's, with the
- * count returned), so that the memory outlives the context for a re-exec
- * (docs/ARCHITECTURE.md, Durable state). Empty slabs are given back whole.
- * When the host has no memory for the list the descriptors are closed
- * (returns 0). Frees the heap; h may be NULL.
+ * stay open, and with the keeper (their names in the descriptor store), so
+ * that the memory outlives the context for a re-exec (docs/ARCHITECTURE.md,
+ * Durable state). Empty slabs are given back whole. Returns what was kept
+ * (NULL: nothing, or no host memory to list it, and then nothing is kept);
+ * frees the heap. h may be NULL.
  */
-size_t slab_heap_destroy_keeping(struct slab_heap *h, int **fds);
+struct slab_kept;
+struct slab_kept *slab_heap_destroy_keeping(struct slab_heap *h);
+/* The kept slabs go after all: the keeper lets each go, then its descriptor closes. k may be NULL. */
+void slab_kept_close(struct slab_kept *k);
 
 /*
  * A range of at least bytes (0 takes SLAB_ALIGN) with flags SLAB_*: carved when small
