@@ -256,6 +256,32 @@ fi
 kill -TERM "$supervisor"
 wait "$supervisor"
 
+# --- a fault whose driver refuses the process a new context, under the store:
+# the re-exec keeps the faulted device's slab named in the store, so that a
+# later SIGKILL still brings its buffer back (simulated on host device 1) ---
+sock="$dir/g.sock"
+store="$dir/g.store"
+logs="$dir/g.log $store"
+GPUQ_HOST_FAULT_DEVICE=1 GPUQ_HOST_FAULT_NEEDS_RESTART=1 "$helper" supervise-store "$sock" 1 300 64 \
+	"$store" -- "$gpuqd" --backend host --host-devices 2 --reset-limit 1 --log-level info \
+	> "$dir/g.log" 2>&1 &
+supervisor=$!
+pids="$pids $supervisor"
+wait_until test -S "$sock"
+first=$(pid_after_start 1)
+gpuq alloc f@1 --bytes 1048576 > /dev/null
+gpuq put "$dir/mid" f@1 > /dev/null
+gpuq checksum f@1 > /dev/null 2>&1 # the simulated fault: device_error, then the re-exec
+wait_until grep -q "gpuqd\[$first\]: info: re-exec 1: " "$dir/g.log"
+wait_until gpuq ping
+check fault_reexec_leaves_the_faulted_slab_in_the_store count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-1-' "$store" 0
+kill -KILL "$first"
+second=$(pid_after_start 2)
+gpuq get f@1 "$dir/g.back" > /dev/null 2>&1
+check fault_reexec_then_sigkill_keeps_the_faulted_devices_buffer cmp "$dir/mid" "$dir/g.back"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
 # --- a store smaller than gpuqd's slabs: one warning, and the stand-in drops the rest ---
 sock="$dir/q.sock"
 store="$dir/q.store"
