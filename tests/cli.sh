@@ -389,9 +389,10 @@ finished reexec_put 1
 expect reexec_put_says_restarted "^gpuq: restarted: gpuqd restarted while the job ran" err
 expect reexec_put_not_sent_again "^gpuq: the job was not sent again (gpuq never resends a job by itself); it may be submitted again\$" err
 check reexec_put_no_reconnect 1 grep -q reconnected "$dir/reexec_put.err"
-finished reexec_fill 1
-expect reexec_fill_says_restarted "^gpuq: restarted: gpuqd restarted while the job was queued" err
-expect reexec_fill_not_sent_again "not sent again" err
+# the fill queued behind the put is replayed by the new image, on the same connection
+finished reexec_fill 0
+check reexec_fill_no_reconnect 1 grep -q reconnected "$dir/reexec_fill.err"
+check reexec_fill_not_restarted 1 grep -q restarted "$dir/reexec_fill.err"
 finished reexec_wait 1
 expect reexec_wait_says_restarted "^gpuq: restarted:" err
 check reexec_wait_no_reconnect 1 grep -q reconnected "$dir/reexec_wait.err"
