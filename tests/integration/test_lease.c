@@ -21,55 +21,15 @@
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
+#include "tests/integration/lease_util.h"
 #include "workers/backend/host_patterns.h"
 
 #define MIB (1024u * 1024u)
-
-static void alloc_shareable(struct gpuq_client *c, const char *name, uint64_t bytes,
-			    bool ephemeral)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "alloc");
-	mp_put_str(&req, "name", name);
-	mp_put_u64(&req, "bytes", bytes);
-	mp_put_bool(&req, "shareable", true);
-	mp_put_bool(&req, "ephemeral", ephemeral);
-	mp_put_bool(&req, "wait", true);
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "alloc shareable");
-	CHECK(reply_path(r, "job.result.shareable")->via.boolean);
-	gpuq_reply_free(r);
-}
-
-static void attach(struct gpuq_client *c, const char *buffer, bool rw, struct gpuq_attachment *a)
-{
-	struct gpuq_error err;
-	CHECKF(gpuq_buffer_attach(c, buffer, rw, a, &err) == 0, "attach %s: %s", buffer, err.message);
-	CHECK(a->ptr != NULL && a->lease > 0);
-	CHECK_EQ(a->host, !test_backend_is_cuda());
-}
 
 static void release(struct gpuq_client *c, struct gpuq_attachment *a)
 {
 	struct gpuq_error err;
 	CHECKF(gpuq_buffer_release(c, a, &err) == 0, "release: %s", err.message);
-}
-
-/* A job on buffer, not waited for; returns its id. */
-static uint64_t submit(struct gpuq_client *c, const char *op, const char *buffer)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, op);
-	mp_put_str(&req, "buffer", buffer);
-	if (strcmp(op, "fill") == 0) {
-		mp_put_str(&req, "pattern", "value");
-		mp_put_u64(&req, "value", 7);
-	}
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, op);
-	uint64_t id = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	return id;
 }
 
 /* A request of op with one number field, which must succeed. */
@@ -104,34 +64,6 @@ static unsigned lease_count(struct gpuq_client *c)
 	return n;
 }
 
-/* Waits (up to 2 s) until job is queued behind lease, and says so. */
-static void expect_behind_lease(struct gpuq_client *c, uint64_t job, uint64_t lease)
-{
-	char reason[32] = "";
-	for (int i = 0; i < 200; i++) {
-		struct gpuq_reply *r = job_request(c, "status", job, 0);
-		const msgpack_object *o = reply_path(r, "job.waiting_reason");
-		if (o && o->type == MSGPACK_OBJECT_STR)
-			snprintf(reason, sizeof reason, "%.*s", (int)o->via.str.size, o->via.str.ptr);
-		bool behind = strcmp(reason, "lease") == 0 && reply_u64(r, "job.waiting_job") == lease;
-		gpuq_reply_free(r);
-		if (behind)
-			return;
-		usleep(10000);
-	}
-	CHECKF(false, "job %llu is not waiting behind lease %llu (waiting_reason '%s')",
-	       (unsigned long long)job, (unsigned long long)lease, reason);
-}
-
-static uint64_t job_checksum(struct gpuq_client *c, uint64_t job)
-{
-	struct gpuq_reply *r = job_request(c, "wait", job, 0);
-	expect_ok(r, "the job behind the lease");
-	uint64_t sum = reply_u64(r, "job.result.checksum");
-	gpuq_reply_free(r);
-	return sum;
-}
-
 static void expect_done(struct gpuq_client *c, uint64_t job)
 {
 	struct gpuq_reply *r = job_request(c, "wait", job, 0);
@@ -157,18 +89,18 @@ TEST(read_write_lease_holds_daemon_jobs_until_released)
 		SKIP("writes through a host mapping; the GPU program tests/gpu/attach_selftest does this on CUDA");
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	alloc_shareable(holder, "s", MIB, false);
+	lease_alloc_shareable(holder, "s", MIB, false);
 	do_fill_random(holder, "s", 5);
 	uint64_t before = do_checksum(holder, "s");
-	attach(holder, "s", true, &a);
+	lease_attach(holder, "s", true, &a);
 	CHECK_EQ(a.bytes, MIB);
 	CHECK_EQ(host_checksum(a.ptr, MIB), before); /* the daemon's bytes, mapped here */
-	uint64_t check = submit(other, "checksum", "s"); /* reads, behind a read-write lease */
-	expect_behind_lease(other, check, a.lease);
+	uint64_t check = lease_submit(other, "checksum", "s"); /* reads, behind a read-write lease */
+	lease_expect_behind(other, check, a.lease);
 	host_fill_pattern(a.ptr, MIB, 0x5a, 1);
 	uint64_t written = host_checksum(a.ptr, MIB);
 	release(holder, &a);
-	CHECK_EQ(job_checksum(other, check), written); /* sees the client's writes */
+	CHECK_EQ(lease_job_checksum(other, check), written); /* sees the client's writes */
 	gpuq_close(other);
 	gpuq_close(holder);
 	daemon_stop(&d);
@@ -181,17 +113,17 @@ TEST(read_leases_let_readers_pass_and_hold_writers)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c1 = client_open(&d), *c2 = client_open(&d), *other = client_open(&d);
-	alloc_shareable(c1, "s", MIB, false);
+	lease_alloc_shareable(c1, "s", MIB, false);
 	do_fill_random(c1, "s", 6);
 	uint64_t sum = do_checksum(c1, "s");
-	attach(c1, "s", false, &r1);
-	attach(c2, "s", false, &r2); /* a second reader while the first holds its lease */
+	lease_attach(c1, "s", false, &r1);
+	lease_attach(c2, "s", false, &r2); /* a second reader while the first holds its lease */
 	CHECK(!r1.read_write && !r2.read_write);
 	CHECK_EQ(do_checksum(other, "s"), sum); /* a reading job runs at once */
-	uint64_t fill = submit(other, "fill", "s");
-	expect_behind_lease(other, fill, r1.lease);
+	uint64_t fill = lease_submit(other, "fill", "s");
+	lease_expect_behind(other, fill, r1.lease);
 	release(c1, &r1);
-	expect_behind_lease(other, fill, r2.lease);
+	lease_expect_behind(other, fill, r2.lease);
 	struct mp_map req;
 	gpuq_request_begin(other, &req, "leases");
 	struct gpuq_reply *l = call(other, &req, NULL, 0);
@@ -216,10 +148,10 @@ TEST(free_of_a_leased_buffer_waits_for_the_release)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	alloc_shareable(holder, "s", MIB, false);
-	attach(holder, "s", false, &a);
-	uint64_t freeing = submit(other, "free", "s");
-	expect_behind_lease(other, freeing, a.lease);
+	lease_alloc_shareable(holder, "s", MIB, false);
+	lease_attach(holder, "s", false, &a);
+	uint64_t freeing = lease_submit(other, "free", "s");
+	lease_expect_behind(other, freeing, a.lease);
 	CHECK(!job_finished(other, freeing));
 	release(holder, &a);
 	expect_done(other, freeing);
@@ -234,7 +166,7 @@ TEST(a_client_killed_holding_a_lease_loses_it)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
-	alloc_shareable(c, "s", MIB, false);
+	lease_alloc_shareable(c, "s", MIB, false);
 	int ready[2];
 	CHECK(pipe(ready) == 0);
 	pid_t pid = fork();
@@ -242,15 +174,15 @@ TEST(a_client_killed_holding_a_lease_loses_it)
 	if (pid == 0) { /* attaches, says so, and waits to be killed */
 		struct gpuq_client *child = client_open(&d);
 		struct gpuq_attachment a;
-		attach(child, "s", true, &a);
+		lease_attach(child, "s", true, &a);
 		CHECK(write(ready[1], &a.lease, sizeof a.lease) == sizeof a.lease);
 		pause();
 		_exit(0);
 	}
 	uint64_t lease = 0;
 	CHECK(read(ready[0], &lease, sizeof lease) == sizeof lease);
-	uint64_t fill = submit(c, "fill", "s");
-	expect_behind_lease(c, fill, lease);
+	uint64_t fill = lease_submit(c, "fill", "s");
+	lease_expect_behind(c, fill, lease);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	expect_done(c, fill);
@@ -277,10 +209,10 @@ TEST(lease_break_lets_jobs_proceed_and_tells_the_holder)
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *admin = client_open(&d);
 	gpuq_set_event_handler(holder, on_event, seen);
-	alloc_shareable(holder, "s", MIB, false);
-	attach(holder, "s", true, &a);
-	uint64_t fill = submit(admin, "fill", "s");
-	expect_behind_lease(admin, fill, a.lease);
+	lease_alloc_shareable(holder, "s", MIB, false);
+	lease_attach(holder, "s", true, &a);
+	uint64_t fill = lease_submit(admin, "fill", "s");
+	lease_expect_behind(admin, fill, a.lease);
 	request_ok(admin, "lease_break", "lease", a.lease, "lease_break by root");
 	expect_done(admin, fill);
 	struct mp_map req;
@@ -311,7 +243,7 @@ TEST(attach_refusals)
 	struct gpuq_reply *r = call(c, &req, NULL, 0);
 	expect_error(r, GPUQ_E_NOT_FOUND, "lease 999");
 	gpuq_reply_free(r);
-	alloc_shareable(c, "s", MIB, false);
+	lease_alloc_shareable(c, "s", MIB, false);
 	gpuq_request_begin(c, &req, "attach");
 	mp_put_str(&req, "buffer", "s");
 	mp_put_str(&req, "mode", "write");
@@ -329,15 +261,15 @@ TEST(an_attached_ephemeral_buffer_stays_until_its_lease_ends)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *maker = client_open(&d), *holder = client_open(&d);
-	alloc_shareable(maker, "e", MIB, true);
-	attach(holder, "e", true, &a);
+	lease_alloc_shareable(maker, "e", MIB, true);
+	lease_attach(holder, "e", true, &a);
 	gpuq_close(maker); /* orphans it: freed once nothing holds it, and the lease does */
 	usleep(300000);
 	bool ephemeral = false;
 	CHECKF(has_buffer(holder, "e", &ephemeral) && ephemeral,
 	       "an ephemeral buffer was freed while a client still mapped it");
-	uint64_t fill = submit(holder, "fill", "e");
-	expect_behind_lease(holder, fill, a.lease); /* usable by name meanwhile, behind the lease */
+	uint64_t fill = lease_submit(holder, "fill", "e");
+	lease_expect_behind(holder, fill, a.lease); /* usable by name meanwhile, behind the lease */
 	release(holder, &a);
 	expect_done(holder, fill);
 	CHECKF(buffer_goes(holder, "e"), "the orphaned buffer stayed after its lease and jobs ended");
@@ -352,8 +284,8 @@ TEST(a_connection_that_closes_attached_to_its_own_ephemeral_buffer_frees_it)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *maker = client_open(&d), *other = client_open(&d);
-	alloc_shareable(maker, "e", MIB, true);
-	attach(maker, "e", true, &a);
+	lease_alloc_shareable(maker, "e", MIB, true);
+	lease_attach(maker, "e", true, &a);
 	CHECK_EQ(lease_count(other), 1);
 	gpuq_close(maker); /* its lease ends, then nothing holds the orphan */
 	CHECKF(buffer_goes(other, "e"), "an ephemeral buffer outlived its connection and its lease");
@@ -371,8 +303,8 @@ TEST(gpuqd_stops_cleanly_while_a_lease_is_held)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
-	alloc_shareable(c, "s", MIB, false);
-	attach(c, "s", false, &a);
+	lease_alloc_shareable(c, "s", MIB, false);
+	lease_attach(c, "s", false, &a);
 	daemon_stop(&d); /* the lease ends as the connection closes, after the workers stopped */
 	CHECK(gpuq_buffer_release(c, &a, &err) < 0); /* unmaps here; gpuqd is gone */
 	gpuq_close(c);
@@ -391,13 +323,13 @@ TEST(breaking_a_lease_of_a_holder_that_stopped_reading)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *admin = client_open(&d);
-	alloc_shareable(admin, "s", MIB, false);
-	alloc_shareable(admin, "t", MIB, false);
-	attach(holder, "s", true, &a);
-	attach(holder, "t", true, &b);
-	uint64_t fill_s = submit(admin, "fill", "s"), fill_t = submit(admin, "fill", "t");
-	expect_behind_lease(admin, fill_s, a.lease);
-	expect_behind_lease(admin, fill_t, b.lease);
+	lease_alloc_shareable(admin, "s", MIB, false);
+	lease_alloc_shareable(admin, "t", MIB, false);
+	lease_attach(holder, "s", true, &a);
+	lease_attach(holder, "t", true, &b);
+	uint64_t fill_s = lease_submit(admin, "fill", "s"), fill_t = lease_submit(admin, "fill", "t");
+	lease_expect_behind(admin, fill_s, a.lease);
+	lease_expect_behind(admin, fill_t, b.lease);
 	CHECK(shutdown(gpuq_fd(holder), SHUT_RD) == 0);
 	request_ok(admin, "lease_break", "lease", a.lease, "lease_break of a holder that does not read");
 	expect_done(admin, fill_s);
@@ -425,8 +357,8 @@ TEST(a_device_reset_ends_the_lease_on_an_orphaned_ephemeral_buffer)
 	daemon_start(&d, NULL);
 	struct gpuq_client *maker = client_open(&d), *holder = client_open(&d);
 	gpuq_set_event_handler(holder, on_event, seen);
-	alloc_shareable(maker, "e", MIB, true);
-	attach(holder, "e", true, &a);
+	lease_alloc_shareable(maker, "e", MIB, true);
+	lease_attach(holder, "e", true, &a);
 	gpuq_close(maker);
 	request_ok(holder, "reset_device", "device", 0, "reset_device");
 	CHECKF(buffer_goes(holder, "e"), "the orphan stayed after the reset ended its lease");

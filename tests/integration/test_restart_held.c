@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
+#include "tests/integration/lease_util.h"
 #include "workers/backend/host_patterns.h"
 
 #define MIB (1024u * 1024u)
@@ -194,43 +195,6 @@ TEST(restart_keeps_an_ephemeral_region_only_with_its_connection)
 	daemon_stop(&d);
 }
 
-static void alloc_shareable(struct gpuq_client *c, const char *name, uint64_t bytes)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "alloc");
-	mp_put_str(&req, "name", name);
-	mp_put_u64(&req, "bytes", bytes);
-	mp_put_bool(&req, "shareable", true);
-	mp_put_bool(&req, "wait", true);
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "alloc shareable");
-	gpuq_reply_free(r);
-}
-
-static void attach(struct gpuq_client *c, const char *buffer, struct gpuq_attachment *a)
-{
-	struct gpuq_error err;
-	CHECKF(gpuq_buffer_attach(c, buffer, true, a, &err) == 0, "attach %s: %s", buffer, err.message);
-	CHECK(a->ptr != NULL && a->lease > 0);
-}
-
-/* A job on buffer, not waited for; returns its id. */
-static uint64_t submit(struct gpuq_client *c, const char *op, const char *buffer)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, op);
-	mp_put_str(&req, "buffer", buffer);
-	if (strcmp(op, "fill") == 0) {
-		mp_put_str(&req, "pattern", "value");
-		mp_put_u64(&req, "value", 7);
-	}
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, op);
-	uint64_t id = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	return id;
-}
-
 /* The leases listed; the first one's id, pid and mode into the pointers given. */
 static unsigned leases_listed(struct gpuq_client *c, uint64_t *id, uint64_t *pid, char *mode,
 			      size_t n)
@@ -261,36 +225,6 @@ static double lease_held_s(struct gpuq_client *c)
 	return held;
 }
 
-/* Waits (up to 2 s) until job is queued behind lease. */
-static void expect_behind_lease(struct gpuq_client *c, uint64_t job, uint64_t lease)
-{
-	char reason[32] = "";
-	for (int i = 0; i < 200; i++) {
-		struct gpuq_reply *r = job_request(c, "status", job, 0);
-		const msgpack_object *o = reply_path(r, "job.waiting_reason");
-		if (o && o->type == MSGPACK_OBJECT_STR)
-			snprintf(reason, sizeof reason, "%.*s", (int)o->via.str.size, o->via.str.ptr);
-		bool behind = strcmp(reason, "lease") == 0 && reply_u64(r, "job.waiting_job") == lease;
-		gpuq_reply_free(r);
-		if (behind)
-			return;
-		usleep(10000);
-	}
-	CHECKF(false, "job %llu is not waiting behind lease %llu (waiting_reason '%s')",
-	       (unsigned long long)job, (unsigned long long)lease, reason);
-}
-
-/* Waits for job's end; its result's checksum (0 when it has none). */
-static uint64_t job_done(struct gpuq_client *c, uint64_t job)
-{
-	struct gpuq_reply *r = job_request(c, "wait", job, 0);
-	expect_ok(r, "the job behind the lease");
-	const msgpack_object *sum = reply_path(r, "job.result.checksum");
-	uint64_t v = sum ? sum->via.u64 : 0;
-	gpuq_reply_free(r);
-	return v;
-}
-
 TEST(restart_keeps_a_lease_what_it_holds_back_and_the_holders_writes)
 {
 	struct daemon_proc d;
@@ -303,8 +237,8 @@ TEST(restart_keeps_a_lease_what_it_holds_back_and_the_holders_writes)
 		SKIP("writes through a host mapping; tests/gpu/attach_selftest attaches on CUDA");
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	alloc_shareable(holder, "s", MIB);
-	attach(holder, "s", &a);
+	lease_alloc_shareable(holder, "s", MIB, false);
+	lease_attach(holder, "s", true, &a);
 	double held = lease_held_s(other), t1 = now_s();
 	restart_and_wait(other, 1);
 	double t2 = now_s(); /* counted from the grant, not from the restart (which came after t1): */
@@ -313,13 +247,13 @@ TEST(restart_keeps_a_lease_what_it_holds_back_and_the_holders_writes)
 	CHECK_EQ(id, a.lease);
 	CHECK_EQ(pid, (uint64_t)getpid());
 	CHECK_STR(mode, "read-write");
-	uint64_t check = submit(other, "checksum", "s"); /* reads: held back by a read-write lease */
-	expect_behind_lease(other, check, a.lease);
+	uint64_t check = lease_submit(other, "checksum", "s"); /* reads: held back by a read-write lease */
+	lease_expect_behind(other, check, a.lease);
 	host_fill_pattern(a.ptr, MIB, 0x3c, 1); /* the holder's mapping, written after the restart */
 	uint64_t written = host_checksum(a.ptr, MIB);
 	CHECKF(gpuq_buffer_release(holder, &a, &err) == 0, "release after the restart: %s",
 	       err.message);
-	CHECK_EQ(job_done(other, check), written);
+	CHECK_EQ(lease_job_checksum(other, check), written);
 	CHECK_EQ(leases_listed(other, NULL, NULL, NULL, 0), 0);
 	gpuq_close(other);
 	gpuq_close(holder);
@@ -335,14 +269,14 @@ TEST(restart_lease_ends_when_its_holder_exits_after_it)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *c = client_open(&d);
-	alloc_shareable(c, "s", MIB);
+	lease_alloc_shareable(c, "s", MIB, false);
 	CHECK(pipe(ready) == 0);
 	pid_t child = fork();
 	CHECK(child >= 0);
 	if (child == 0) { /* attaches, says so, and waits to be killed */
 		struct gpuq_client *holder = client_open(&d);
 		struct gpuq_attachment a;
-		attach(holder, "s", &a);
+		lease_attach(holder, "s", true, &a);
 		CHECK(write(ready[1], &a.lease, sizeof a.lease) == sizeof a.lease);
 		pause();
 		_exit(0);
@@ -352,11 +286,11 @@ TEST(restart_lease_ends_when_its_holder_exits_after_it)
 	CHECK_EQ(leases_listed(c, &id, &pid, mode, sizeof mode), 1);
 	CHECK_EQ(id, lease);
 	CHECK_EQ(pid, (uint64_t)child);
-	uint64_t fill = submit(c, "fill", "s");
-	expect_behind_lease(c, fill, lease);
+	uint64_t fill = lease_submit(c, "fill", "s");
+	lease_expect_behind(c, fill, lease);
 	kill(child, SIGKILL);
 	waitpid(child, NULL, 0);
-	job_done(c, fill); /* its connection closed: the lease ended, the fill ran */
+	lease_job_checksum(c, fill); /* its connection closed: the lease ended, the fill ran */
 	CHECK_EQ(leases_listed(c, NULL, NULL, NULL, 0), 0);
 	close(ready[0]);
 	close(ready[1]);
@@ -371,13 +305,13 @@ TEST(restart_ends_the_lease_of_a_holder_that_did_not_come_through)
 	require_backend();
 	daemon_start(&d, NULL);
 	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	alloc_shareable(other, "s", MIB);
-	attach(holder, "s", &a);
+	lease_alloc_shareable(other, "s", MIB, false);
+	lease_attach(holder, "s", true, &a);
 	leave_half_a_frame(holder); /* not handed over: the holder is gone for the new image */
 	CHECK_EQ(leases_listed(other, NULL, NULL, NULL, 0), 1);
 	restart_and_wait(other, 1);
 	CHECK_EQ(leases_listed(other, NULL, NULL, NULL, 0), 0);
-	job_done(other, submit(other, "fill", "s")); /* nothing holds it back */
+	lease_job_checksum(other, lease_submit(other, "fill", "s")); /* nothing holds it back */
 	gpuq_close(other);
 	gpuq_close(holder);
 	daemon_stop(&d);
