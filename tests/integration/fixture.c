@@ -728,3 +728,36 @@ void require_memlock(struct gpuq_client *c, uint64_t bytes)
 		SKIP("gpuqd's RLIMIT_MEMLOCK here is %llu bytes, less than the %llu of regions this test "
 		     "pins (raise it: ulimit -l)", (unsigned long long)have, (unsigned long long)bytes);
 }
+
+struct gpuq_reply *restart_call(struct gpuq_client *c, const char *binary)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "restart");
+	if (binary)
+		mp_put_str(&req, "binary", binary);
+	return call(c, &req, NULL, 0);
+}
+
+uint64_t ping_restarts(struct gpuq_client *c, uint64_t *pid)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "ping");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "ping");
+	const msgpack_object *n = gpuq_reply_get(r, "restarts");
+	uint64_t restarts = n && n->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? n->via.u64 : 0;
+	if (pid)
+		*pid = reply_u64(r, "pid");
+	gpuq_reply_free(r);
+	return restarts;
+}
+
+void await_restarts(struct gpuq_client *c, uint64_t want)
+{
+	for (int i = 0; i < 10000; i++) {
+		if (ping_restarts(c, NULL) >= want)
+			return;
+		usleep(1000);
+	}
+	CHECKF(false, "gpuqd never counted %llu restarts", (unsigned long long)want);
+}

@@ -132,6 +132,13 @@ int memfd_random(size_t n, uint64_t seed);
 /* Reads a whole fd from offset 0 into a fresh malloc'd buffer of *n bytes. */
 void *fd_slurp(int fd, size_t *n);
 
+/* A `restart` request (binary: another gpuqd to run, or NULL), its reply. */
+struct gpuq_reply *restart_call(struct gpuq_client *c, const char *binary);
+/* The re-execs ping counts (0 before the first); *pid (may be NULL) gets gpuqd's pid. */
+uint64_t ping_restarts(struct gpuq_client *c, uint64_t *pid);
+/* Pings on c (a connection the re-exec hands over) until gpuqd counts want re-execs; up to 10 s. */
+void await_restarts(struct gpuq_client *c, uint64_t want);
+
 /* Raw socket access for malformed-frame tests. */
 int raw_connect(const struct daemon_proc *d);
 void raw_write(int fd, const void *data, size_t len);

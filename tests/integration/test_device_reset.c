@@ -40,21 +40,6 @@ static uint64_t device_resets(struct gpuq_client *c, int index, bool *healthy)
 	return n;
 }
 
-/* gpuqd's re-executions so far: ping's `restarts` (absent before the first). */
-static uint64_t daemon_restarts(struct gpuq_client *c)
-{
-	struct mp_map req;
-	uint64_t n = 0;
-	gpuq_request_begin(c, &req, "ping");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "ping");
-	const msgpack_object *o = gpuq_reply_get(r, "restarts");
-	if (o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-		n = o->via.u64;
-	gpuq_reply_free(r);
-	return n;
-}
-
 /* wait_reset's answers besides the seconds a reset took. */
 #define CANNOT_RECOVER (-1.0) /* unhealthy: the driver gives the process no new context */
 #define REEXECUTED (-2.0)     /* gpuqd re-executed itself for it, and the device serves */
@@ -77,7 +62,7 @@ static double wait_reset(struct gpuq_client *c, int index, uint64_t want, double
 			return now_s() - since;
 		if (n >= want && strstr(last_health, "restart gpuqd"))
 			return CANNOT_RECOVER;
-		if (healthy && daemon_restarts(c) >= want)
+		if (healthy && ping_restarts(c, NULL) >= want)
 			return REEXECUTED;
 		usleep(10000);
 	}
@@ -294,7 +279,7 @@ TEST(device_past_its_reset_limit_stays_unhealthy_until_an_operator_resets_it)
 		for (int i = 0; i < 200 && healthy; i++, usleep(10000))
 			device_resets(c, 0, &healthy);
 		CHECK(!healthy);
-		CHECK_EQ(daemon_restarts(c), 1);
+		CHECK_EQ(ping_restarts(c, NULL), 1);
 		struct mp_map req;
 		gpuq_request_begin(c, &req, "noop");
 		mp_put_bool(&req, "wait", true);

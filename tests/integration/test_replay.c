@@ -28,33 +28,6 @@
 
 #define MIB (1024ull * 1024)
 
-static struct gpuq_reply *replay_restart(struct gpuq_client *c, const char *binary)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "restart");
-	if (binary)
-		mp_put_str(&req, "binary", binary);
-	return call(c, &req, NULL, 0);
-}
-
-/* Pings on c until gpuqd counts want restarts; up to 10 s. */
-static void replay_await_restarts(struct gpuq_client *c, uint64_t want)
-{
-	for (int i = 0; i < 10000; i++) {
-		struct mp_map req;
-		gpuq_request_begin(c, &req, "ping");
-		struct gpuq_reply *r = call(c, &req, NULL, 0);
-		expect_ok(r, "ping");
-		const msgpack_object *n = gpuq_reply_get(r, "restarts");
-		uint64_t restarts = n ? n->via.u64 : 0;
-		gpuq_reply_free(r);
-		if (restarts >= want)
-			return;
-		usleep(1000);
-	}
-	CHECKF(false, "gpuqd never counted %llu restarts", (unsigned long long)want);
-}
-
 static void fill_request(struct gpuq_client *c, struct mp_map *req, const char *buffer,
 			 uint64_t seed)
 {
@@ -181,7 +154,7 @@ TEST(restart_replays_a_queued_job_its_client_waits_for)
 	CHECK(pthread_create(&tfill, NULL, fill_and_wait, &pf) == 0);
 	uint64_t fill = await_queued(c, "fill"); /* behind the put on w */
 	usleep(20000); /* the put's wait is registered before the restart */
-	struct gpuq_reply *r = replay_restart(c, NULL);
+	struct gpuq_reply *r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	gpuq_reply_free(r);
 	pthread_join(tput, NULL);
@@ -195,7 +168,7 @@ TEST(restart_replays_a_queued_job_its_client_waits_for)
 	reply_str(pf.r, "job.state", state, sizeof state);
 	CHECK_STR(state, "done");
 	gpuq_reply_free(pf.r);
-	replay_await_restarts(c, 1);
+	await_restarts(c, 1);
 	CHECK_EQ(do_checksum(c, "w"), want);
 	gpuq_close(filler);
 	gpuq_close(waiter);
@@ -213,10 +186,10 @@ TEST(restart_replays_a_detached_job_under_its_id)
 	do_alloc(c, "w", 0, 1 * MIB);
 	start_stalled_put(c, "w", p);
 	uint64_t fill = fill_detached(c, "w", 8);
-	struct gpuq_reply *r = replay_restart(c, NULL);
+	struct gpuq_reply *r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	gpuq_reply_free(r);
-	replay_await_restarts(c, 1);
+	await_restarts(c, 1);
 	close(p[1]);
 	r = job_request(c, "wait", fill, 0);
 	expect_ok(r, "wait for the replayed fill");
@@ -240,10 +213,10 @@ TEST(restart_replays_queued_jobs_on_a_buffer_in_their_order)
 	do_alloc(c, "w", 0, 1 * MIB);
 	start_stalled_put(c, "w", p);
 	uint64_t a = fill_detached(c, "w", 11), b = fill_detached(c, "w", 12);
-	struct gpuq_reply *r = replay_restart(c, NULL);
+	struct gpuq_reply *r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	gpuq_reply_free(r);
-	replay_await_restarts(c, 1);
+	await_restarts(c, 1);
 	close(p[1]);
 	uint64_t ids[2] = { a, b };
 	for (int i = 0; i < 2; i++) {
@@ -283,10 +256,10 @@ TEST(restart_fails_a_queued_job_whose_connection_does_not_survive)
 	CHECK(fill != 0);
 	uint64_t behind = fill_detached(c, "w", 3); /* on the same buffer, from a clean connection */
 	raw_write(raw, "\0\0", 2); /* half a frame header: this connection is not handed over */
-	struct gpuq_reply *r = replay_restart(c, NULL);
+	struct gpuq_reply *r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	gpuq_reply_free(r);
-	replay_await_restarts(c, 1);
+	await_restarts(c, 1);
 	close(p[1]);
 	job_outcome(c, fill, state, sizeof state, code, message, sizeof message);
 	CHECK_STR(state, "failed");
@@ -326,13 +299,13 @@ TEST(restart_gives_a_replayed_job_the_new_images_refusal)
 	snprintf(one, sizeof one, "%s/gpuqd-one-device", d.dir);
 	write_file(one, body);
 	CHECK(chmod(one, 0755) == 0);
-	struct gpuq_reply *r = replay_restart(c, one);
+	struct gpuq_reply *r = restart_call(c, one);
 	expect_ok(r, "restart into one device");
 	gpuq_reply_free(r);
 	pthread_join(t, NULL);
 	expect_error(pf.r, GPUQ_E_DEVICE_ERROR, "lost");
 	gpuq_reply_free(pf.r);
-	replay_await_restarts(c, 1);
+	await_restarts(c, 1);
 	close(p[1]);
 	job_outcome(c, detached, state, sizeof state, code, message, sizeof message);
 	CHECK_STR(state, "failed");
@@ -358,7 +331,7 @@ TEST(restart_keeps_a_wait_on_a_queued_job_from_another_connection)
 	struct pending pw = { .c = waiter, .job = fill };
 	CHECK(pthread_create(&t, NULL, wait_for_job, &pw) == 0);
 	usleep(20000); /* the wait is registered before the restart */
-	struct gpuq_reply *r = replay_restart(c, NULL);
+	struct gpuq_reply *r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	gpuq_reply_free(r);
 	pthread_join(t, NULL); /* the new image answers it, on the same request */
@@ -382,7 +355,7 @@ TEST(restart_lets_a_held_job_be_cancelled_during_the_drain)
 	do_alloc(c, "w", 0, 1 * MIB);
 	start_stalled_put(c, "w", p);
 	uint64_t fill = fill_detached(c, "w", 2);
-	struct gpuq_reply *r = replay_restart(c, NULL);
+	struct gpuq_reply *r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	CHECK_EQ(reply_u64(r, "jobs_active"), 1); /* the put the drain waits for; not the held fill */
 	gpuq_reply_free(r);
@@ -394,7 +367,7 @@ TEST(restart_lets_a_held_job_be_cancelled_during_the_drain)
 	job_outcome(c, fill, state, sizeof state, code, message, sizeof message);
 	CHECK_STR(state, "cancelled");
 	close(p[1]); /* the put ends: the drain is over and gpuqd re-executes */
-	replay_await_restarts(c, 1);
+	await_restarts(c, 1);
 	r = job_request(c, "status", fill, 0);
 	expect_error(r, GPUQ_E_NOT_FOUND, "not found"); /* ended in the old image: not replayed */
 	gpuq_reply_free(r);
@@ -412,7 +385,7 @@ TEST(restart_held_jobs_are_cancelled_by_a_shutdown_during_the_drain)
 	do_alloc(c, "w", 0, 1 * MIB);
 	start_stalled_put(c, "w", p);
 	uint64_t fill = fill_detached(c, "w", 2);
-	struct gpuq_reply *r = replay_restart(c, NULL);
+	struct gpuq_reply *r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	gpuq_reply_free(r);
 	struct pending pw = { .c = waiter, .job = fill };
@@ -443,10 +416,10 @@ TEST(restart_replays_a_queued_free)
 	expect_ok(r, "a free behind the put");
 	uint64_t freed = reply_u64(r, "job.job");
 	gpuq_reply_free(r);
-	r = replay_restart(c, NULL);
+	r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	gpuq_reply_free(r);
-	replay_await_restarts(c, 1);
+	await_restarts(c, 1);
 	close(p[1]);
 	r = job_request(c, "wait", freed, 0);
 	expect_ok(r, "wait for the replayed free");
@@ -500,10 +473,10 @@ TEST(restart_replays_a_job_held_back_by_a_lease_through_two_restarts)
 	uint64_t fill = fill_detached(c, "s", 31);
 	await_behind_lease(c, fill);
 	for (uint64_t n = 1; n <= 2; n++) { /* replayed, held again by the next restart, replayed */
-		r = replay_restart(c, NULL);
+		r = restart_call(c, NULL);
 		expect_ok(r, "restart");
 		gpuq_reply_free(r);
-		replay_await_restarts(c, n);
+		await_restarts(c, n);
 		await_behind_lease(c, fill); /* behind the lease restored before any job */
 	}
 	job_outcome(c, fill, state, sizeof state, code, message, sizeof message);

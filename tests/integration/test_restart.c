@@ -24,46 +24,6 @@
 
 #define MIB (1024ull * 1024)
 
-static struct gpuq_reply *restart_call(struct gpuq_client *c, const char *binary)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "restart");
-	if (binary)
-		mp_put_str(&req, "binary", binary);
-	return call(c, &req, NULL, 0);
-}
-
-static struct gpuq_reply *ping(struct gpuq_client *c)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "ping");
-	return call(c, &req, NULL, 0);
-}
-
-/* The restarts ping counts (absent before the first). */
-static uint64_t ping_restarts(struct gpuq_client *c, uint64_t *pid)
-{
-	struct gpuq_reply *r = ping(c);
-	expect_ok(r, "ping");
-	const msgpack_object *n = gpuq_reply_get(r, "restarts");
-	uint64_t restarts = n ? n->via.u64 : 0;
-	if (pid)
-		*pid = reply_u64(r, "pid");
-	gpuq_reply_free(r);
-	return restarts;
-}
-
-/* Pings on c (the connection that survives) until it counts want restarts; up to 10 s. */
-static void await_restarts(struct gpuq_client *c, uint64_t want)
-{
-	for (int i = 0; i < 10000; i++) {
-		if (ping_restarts(c, NULL) >= want)
-			return;
-		usleep(1000);
-	}
-	CHECKF(false, "gpuqd never counted %llu restarts", (unsigned long long)want);
-}
-
 /* A buffer's state in `buffers`, and its suspect reason (may be NULL). */
 static void buffer_state(struct gpuq_client *c, const char *name, char *state, size_t n,
 			 char *why, size_t wn)

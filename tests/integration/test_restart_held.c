@@ -25,23 +25,10 @@
 /* Asks for a restart on c and waits, on c (handed over), until gpuqd counts `want` restarts. */
 static void restart_and_wait(struct gpuq_client *c, uint64_t want)
 {
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "restart");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	struct gpuq_reply *r = restart_call(c, NULL);
 	expect_ok(r, "restart");
 	gpuq_reply_free(r);
-	for (int i = 0; i < 10000; i++) {
-		gpuq_request_begin(c, &req, "ping");
-		r = call(c, &req, NULL, 0);
-		expect_ok(r, "ping");
-		const msgpack_object *n = gpuq_reply_get(r, "restarts");
-		bool done = n && n->via.u64 >= want;
-		gpuq_reply_free(r);
-		if (done)
-			return;
-		usleep(1000);
-	}
-	CHECKF(false, "gpuqd never counted %llu restarts", (unsigned long long)want);
+	await_restarts(c, want);
 }
 
 /* A connection with half a frame sent: the restart does not hand it over (restart_conn_clean). */
