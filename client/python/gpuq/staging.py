@@ -201,10 +201,9 @@ class Staging:
         thread and returns at once. One task per slot: a task costs tens of
         microseconds of hand-offs under the GIL, so a few long ones beat many
         short ones, and no copy waits for another."""
-        import numpy as np
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpuq-copy")
-        return self._pool.submit(np.copyto, dst, src)
+        return self._pool.submit(_copy, dst, src)
 
     def _slot(self, k: int, n: int) -> Any:
         """The first n bytes of slot k, as a uint8 array over the region (no copy)."""
@@ -357,6 +356,12 @@ class Staging:
             yield from _drain([p for p in pending if not p.finished])
             raise
         return last
+
+
+def _copy(dst: Any, src: Any) -> None:
+    """One copy task, on a copy thread."""
+    import numpy as np
+    np.copyto(dst, src)
 
 
 def _finish(futures: List["Future[Any]"]) -> None:
