@@ -213,3 +213,26 @@ def test_a_failure_in_the_middle_drains_every_chunk_in_flight(private_daemon, mo
         assert c.put_array("mid", a).result["path"] == "ring"
         assert np.array_equal(c.get_array("mid"), a)
         c.free("mid")
+
+
+def _sized(limit, quota=None, slots=16, slot_bytes=8 << 20):
+    """What the ring's sizing makes of gpuqd's ``regions`` and ``quota`` replies."""
+    plan = gpuq.Staging(slots, slot_bytes)._size_plan(None)
+    assert next(plan).op == "regions"
+    assert plan.send({"memlock_limit": limit, "pinned_bytes": 0}).op == "quota"
+    users = [{"limits": {"host_pinned": quota}, "used": {"host_pinned": 0}}] if quota else []
+    with pytest.raises(StopIteration) as stop:
+        plan.send({"users": users})
+    return stop.value.value
+
+
+def test_short_of_pinnable_memory_the_ring_shrinks_its_slots_then_their_count():
+    mib = 1 << 20
+    assert _sized(None) == (16, 8 * mib)
+    assert _sized(1 << 30) == (16, 8 * mib)
+    assert _sized(128 * mib) == (16, 6 * mib)  # three quarters of it, in 16 slots
+    assert _sized(8 * mib) == (6, mib)  # slots no smaller than 1 MiB: fewer of them
+    assert _sized(None, quota=16 * mib) == (12, mib)
+    assert _sized(1 << 30, quota=32 * mib) == (16, 1536 << 10)
+    with pytest.raises(Exception, match="needs two slots of at least 1048576 bytes"):
+        _sized(2 * mib)
