@@ -3,6 +3,7 @@ new arrays and into ``out=``, falling back to the plain path with a reason."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import warnings
@@ -236,3 +237,22 @@ def test_short_of_pinnable_memory_the_ring_shrinks_its_slots_then_their_count():
     assert _sized(1 << 30, quota=32 * mib) == (16, 1536 << 10)
     with pytest.raises(Exception, match="needs two slots of at least 1048576 bytes"):
         _sized(2 * mib)
+
+
+def test_async_client_runs_the_same_ring(private_daemon):
+    d = private_daemon()
+    with _ring_client(d):  # skips where gpuqd may not pin five 1 MiB slots
+        pass
+    a = np.random.default_rng(5).random((9 << 20) // 4 + 3, dtype=np.float32)
+
+    async def main():
+        async with gpuq.AsyncClient(d.socket, staging_slots=5, staging_slot_bytes=1 << 20,
+                                    copy_threads=3) as c:
+            job = await c.put_array("aring", a)
+            assert job.result["path"] == "ring" and job.result["chunks"] == 10
+            out = np.empty_like(a)
+            assert await c.get_array("aring", out=out) is out
+            assert np.array_equal(out, a)
+            assert len(c.staging.regions) == 5 and c.staging._window() == 3
+            await c.free("aring")
+    asyncio.run(main())
