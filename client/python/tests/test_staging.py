@@ -116,8 +116,9 @@ def test_staging_can_be_turned_off(private_daemon):
 
 class _CopySpy:
     """Stands in for the ring's copy task: counts tasks, their sizes, and how many
-    ran at once (each lingers a little so that overlapping ones meet), and
-    raises in the task numbered ``fail_at``. Tasks after ``linger_after``
+    ran at once (the first lingers until a second has begun, up to 10 s, so
+    that copies in flight together always meet), and raises in the task
+    numbered ``fail_at``. Tasks after ``linger_after``
     linger, so that a caller that did not wait for the copies in flight
     would find them still running (with 3 copy threads, tasks 7 and 8 are
     under way when chunk 6's copy or submission fails)."""
@@ -129,6 +130,7 @@ class _CopySpy:
         self.live = 0
         self.most = 0
         self.fail_at = fail_at
+        self.second = threading.Event()
 
     def __call__(self, dst, src) -> None:
         with self.lock:
@@ -137,7 +139,11 @@ class _CopySpy:
             self.live += 1
             self.most = max(self.most, self.live)
         try:
-            time.sleep(0.3 if index > self.linger_after else 0.02)
+            if index == 0:
+                self.second.wait(10)
+            else:
+                self.second.set()
+            time.sleep(0.3 if index > self.linger_after else 0.01)
             if index == self.fail_at:
                 raise RuntimeError(f"copy task {index} failed")
             np.copyto(dst, src)
