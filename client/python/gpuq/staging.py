@@ -84,7 +84,8 @@ class Staging:
     """One client's ring of pinned slots (see the module doc); made on first use.
 
     ``slots`` and ``slot_bytes`` size it (0 slots: never staged); ``threads``
-    copy. Only one transfer at a time uses it: another thread's transfer
+    copy, each a whole slot at a time, up to one copy per thread at once.
+    Only one transfer at a time uses it: another thread's transfer
     meanwhile takes the plain path rather than wait.
     """
 
