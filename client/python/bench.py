@@ -132,24 +132,21 @@ def median_gbps(nbytes: int, repeats: int, call: Callable[[], Any],
     return nbytes / statistics.median(times) / 1e9
 
 
-def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0) -> float:
-    """Making a new float32 array of ``nbytes`` and writing every byte of it with the
-    client's copy threads from a resident source of one staging slot: what
+def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0, slot: int = 0) -> float:
+    """Making a new float32 array of ``nbytes`` and writing every byte of it as the
+    ring's copies out do: one task per slot-sized chunk, from a resident
+    source of one staging slot, on the client's copy threads. What
     ``get_array()`` into a new array does besides waiting for the DMA."""
     from concurrent.futures import ThreadPoolExecutor
     from gpuq.staging import DEFAULT_SLOT_BYTES, copy_threads
     threads = threads or copy_threads()
-    slot = np.ones(min(nbytes, DEFAULT_SLOT_BYTES), np.uint8)
-    step = (len(slot) // threads + 4095) // 4096 * 4096
+    src = np.ones(min(nbytes, slot or DEFAULT_SLOT_BYTES), np.uint8)
     with ThreadPoolExecutor(threads) as pool:
         def make() -> Any:
             out = np.empty(nbytes // 4, np.float32).view(np.uint8)
-            jobs = []
-            for base in range(0, nbytes, len(slot)):
-                n = min(len(slot), nbytes - base)
-                for a in range(0, n, step):
-                    b = min(n, a + step)
-                    jobs.append(pool.submit(np.copyto, out[base + a:base + b], slot[a:b]))
+            jobs = [pool.submit(np.copyto, out[base:base + len(src)],
+                                src[:min(len(src), nbytes - base)])
+                    for base in range(0, nbytes, len(src))]
             for j in jobs:
                 j.result()
             return out
@@ -158,10 +155,12 @@ def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0) -> float:
 
 def ring_timing(what: str, client: gpuq.Client) -> None:
     """Where the last ring transfer's time went, as the calling thread saw it."""
-    t = client.staging.timing
+    ring, t = client.staging, client.staging.timing
     if t:
         print(f"   {what} through the ring, last call: " + ", ".join(
-            f"{k} {v * 1e3:.2f} ms" for k, v in t.items()))
+            f"{k} {v * 1e3:.2f} ms" for k, v in t.items())
+            + f" ({len(ring.regions)} slots of {ring.slot_bytes >> 10} KiB, "
+              f"{ring._window()} copies at once)")
 
 
 def torch_cuda() -> Any:
@@ -196,7 +195,7 @@ def copy_rows(args: argparse.Namespace, client: gpuq.Client, nbytes: int,
                  median_gbps(nbytes, r, lambda: client.get_array(name, out=out)),
                  "pinned", pinned_d2h))
     ring_timing("get_array(out=)", client)
-    ceiling = new_array_ceiling(nbytes, r, client.staging.threads)
+    ceiling = new_array_ceiling(nbytes, r, client.staging.threads, client.staging.slot_bytes)
     rows.append(("D2H", "new array, written by threads", ceiling, "pinned", pinned_d2h))
     rows.append(("D2H", "get_array (new array)",
                  median_gbps(nbytes, r, lambda: client.get_array(name)),
@@ -289,13 +288,17 @@ def main() -> None:
     p.add_argument("--copy-threads", type=int, default=None,
                    help="the client's staging copy threads (default: CPUs, at most 12)")
     p.add_argument("--slot-bytes", type=_size, default=None,
-                   help="the staging ring's slot size (default 32M)")
+                   help="the staging ring's slot size, one copy task (default 8M)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="the staging ring's slots (default 16)")
     p.add_argument("--skip", choices=["dispatch", "copy"], action="append", default=[])
     args = p.parse_args()
     args.socket = args.socket or gpuq.default_socket()
     ring: Dict[str, Any] = {"copy_threads": args.copy_threads}
     if args.slot_bytes:
         ring["staging_slot_bytes"] = args.slot_bytes
+    if args.slots is not None:
+        ring["staging_slots"] = args.slots
     with gpuq.Client(args.socket, timeout=600, **ring) as client:
         backend = client.ping()["backend"]
         print(f"-- python client ({backend} backend, gpuq {gpuq.__version__}, "

@@ -6,15 +6,20 @@ a fresh memfd per call (the plain path) costs a full copy into pages that
 are new every time, and the daemon then copies them again through its own
 staging; on the H200 that ran at 0.05 of pinned ``cudaMemcpy``.
 
-Instead each client keeps a small ring of host regions (docs/protocol.md,
-"Host regions"): memfds that gpuqd pinned once, mapped here too, reused by
-every call. A put copies chunk i of the array into a free slot with several
-threads (numpy's copy releases the GIL), then submits a ``put`` of that
-slot into the buffer at the chunk's offset and goes on filling the next
-slot while the daemon moves the previous one with one DMA. A slot is
-refilled only after its job is done. A get mirrors it: the daemon fills
-slots ahead while the client copies finished ones out. Jobs on one buffer
-keep their order in gpuqd, so chunks land as written.
+Instead each client keeps a ring of host regions (docs/protocol.md, "Host
+regions"): memfds that gpuqd pinned once, mapped here too, reused by every
+call; each slot holds one chunk of a transfer. A put hands chunk i to a
+copy thread as one task (numpy's copy releases the GIL), several chunks at
+once into different slots, and submits a ``put`` of chunk i's slot into the
+buffer at the chunk's offset as soon as its copy is done, in order; a slot
+is refilled only after its job is done. Copies never wait for each other:
+an earlier design split each slot among all the threads and waited for
+every part before the next slot, so every slot cost a barrier at the
+slowest part and a dozen short tasks' hand-offs under the GIL. A get
+mirrors the put: the daemon fills every slot not being copied out, and
+finished slots are copied out by whole-slot tasks in parallel. Jobs on one
+buffer keep their order in gpuqd where their ranges meet; chunks' ranges
+are disjoint, so only the slots need the waits above.
 
 The ring is made on first use, sized to fit what gpuqd may still pin
 (its ``RLIMIT_MEMLOCK``, the ``host_pinned`` quota); when no ring can be
@@ -29,8 +34,9 @@ import os
 import threading
 import time
 import warnings
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional
+from typing import TYPE_CHECKING, Any, Deque, Dict, Generator, List, Optional, Tuple
 
 from .dispatch import Call
 from .errors import GpuqError
@@ -44,13 +50,15 @@ __all__ = ["Staging", "DEFAULT_SLOTS", "DEFAULT_SLOT_BYTES", "MIN_STAGED_BYTES"]
 
 Plan = Generator[Call, Any, Any]
 
-#: Slots in the ring: one being filled, the others in flight in the daemon
-#: (four, so that a late reply or a slow copy part does not stall the others).
-DEFAULT_SLOTS = 4
-#: Bytes per slot: large enough that a request's round trip is noise beside
-#: its DMA, small enough that the first chunk's copy, which nothing overlaps,
-#: stays short.
-DEFAULT_SLOT_BYTES = 32 << 20
+#: Slots in the ring: up to one per copy thread being filled (or emptied),
+#: the others the daemon's, so that its DMA never waits for the copies.
+DEFAULT_SLOTS = 16
+#: Bytes per slot, which is one copy task: long enough (about 1 ms of one
+#: thread's copying) that handing a task to a thread is a few percent of it,
+#: short enough that a transfer has many chunks to copy at once and the
+#: first chunk's copy, which nothing overlaps, stays short. 16 x 8 MiB pins
+#: the same 128 MiB as the 4 x 32 MiB ring before it.
+DEFAULT_SLOT_BYTES = 8 << 20
 #: Arrays smaller than this take the plain path: a few round trips would
 #: cost more than the one copy they save.
 MIN_STAGED_BYTES = 4 << 20
@@ -61,10 +69,10 @@ _names = itertools.count(1)
 
 
 def copy_threads() -> int:
-    """Threads that copy between an array and a slot: the CPUs this process may
-    use, up to 12 (on a 16-core H200 host 12 threads copy pageable memory into
-    pinned at 53-62 GB/s, 8 at well under; memory bandwidth, not cores, bounds
-    a copy beyond that)."""
+    """Threads that copy between an array and the slots, each a whole slot at a
+    time: the CPUs this process may use, up to 12 (on a 16-core H200 host 8-12
+    threads copying pageable memory into pinned came closest to its memory
+    bandwidth; more only contend for it)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - Linux has it
@@ -76,7 +84,8 @@ class Staging:
     """One client's ring of pinned slots (see the module doc); made on first use.
 
     ``slots`` and ``slot_bytes`` size it (0 slots: never staged); ``threads``
-    copy. Only one transfer at a time uses it: another thread's transfer
+    copy, each a whole slot at a time, up to one copy per thread at once.
+    Only one transfer at a time uses it: another thread's transfer
     meanwhile takes the plain path rather than wait.
     """
 
@@ -113,11 +122,9 @@ class Staging:
         if self.unavailable is not None:
             return False
         try:
-            size = yield from self._size_plan(api)
-            if size < _MIN_SLOT_BYTES:
-                raise _NoRoom(f"gpuqd may pin only {size} more bytes per slot")
+            count, size = yield from self._size_plan(api)
             tag = f"gpuq-stage-{os.getpid()}-{next(_names)}"
-            for k in range(self.slots):
+            for k in range(count):
                 region = yield from api._region_create_plan(f"{tag}-{k}", size, device, True,
                                                             None)
                 self.regions.append(region)
@@ -135,7 +142,12 @@ class Staging:
             return False
 
     def _size_plan(self, api: "Api") -> Plan:
-        """The slot size that fits gpuqd's RLIMIT_MEMLOCK and the caller's quota."""
+        """(slots, slot bytes) that fit gpuqd's RLIMIT_MEMLOCK and the caller's quota.
+
+        Slots shrink to what fits, down to :data:`_MIN_SLOT_BYTES`; below that the
+        ring has fewer slots (at least two) rather than none. Raises
+        :class:`_NoRoom` when not even two such slots fit.
+        """
         reply = yield Call("regions", {})
         room: Optional[int] = None
         limit = reply.get("memlock_limit")
@@ -148,11 +160,17 @@ class Staging:
             used = (users[0].get("used") or {}).get("host_pinned") or 0
             left = pinned - int(used)
             room = left if room is None else min(room, left)
-        size = self.slot_bytes
-        if room is not None:
-            # Leave a quarter of what is left to others (and to the user's own regions).
-            size = min(size, (room * 3 // 4) // self.slots // _PAGE * _PAGE)
-        return size
+        if room is None:
+            return self.slots, self.slot_bytes
+        # Leave a quarter of what is left to others (and to the user's own regions).
+        budget = room * 3 // 4
+        count = min(self.slots, budget // max(_MIN_SLOT_BYTES, self.slot_bytes))
+        if count < self.slots:  # short of memory: smaller slots first, then fewer
+            count = min(self.slots, budget // _MIN_SLOT_BYTES)
+        if count < 2:
+            raise _NoRoom(f"gpuqd may pin only {max(room, 0)} more bytes, and the ring "
+                          f"needs two slots of at least {_MIN_SLOT_BYTES} bytes")
+        return count, min(self.slot_bytes, budget // count // _PAGE * _PAGE)
 
     def _give_up(self, api: "Api", why: str) -> None:
         for region in self.regions:
@@ -174,20 +192,19 @@ class Staging:
 
     # Copies ----------------------------------------------------------------
 
-    def _start_copy(self, dst: Any, src: Any) -> List["Future[Any]"]:
-        """Starts dst[:] = src (uint8 arrays of one length) on the copy threads and
-        returns at once; :func:`_finish` waits. A small copy is done here, now."""
-        import numpy as np
-        n = len(dst)
-        parts = self.threads if n >= (1 << 20) * self.threads else 1
-        if parts == 1:
-            np.copyto(dst, src)
-            return []
+    def _window(self) -> int:
+        """Copies in flight at once: one per copy thread, and never every slot, so
+        that gpuqd always has a slot to move while the others are copied."""
+        return max(1, min(self.threads, len(self.regions) - 1))
+
+    def _start_copy(self, dst: Any, src: Any) -> "Future[Any]":
+        """Starts dst[:] = src (uint8 arrays of one length, a whole chunk) on a copy
+        thread and returns at once. One task per slot: a task costs tens of
+        microseconds of hand-offs under the GIL, so a few long ones beat many
+        short ones, and no copy waits for another."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpuq-copy")
-        step = (n // parts + _PAGE - 1) // _PAGE * _PAGE
-        return [self._pool.submit(np.copyto, dst[a:a + step], src[a:a + step])
-                for a in range(0, n, step)]
+        return self._pool.submit(_copy, dst, src)
 
     def _slot(self, k: int, n: int) -> Any:
         """The first n bytes of slot k, as a uint8 array over the region (no copy)."""
@@ -216,59 +233,69 @@ class Staging:
     def release(self) -> None:
         self._lock.release()
 
+    def _chunks(self, nbytes: int) -> List[Tuple[int, int]]:
+        """(offset, length) of each chunk of a transfer: one slot each."""
+        size = self.slot_bytes
+        return [(off, min(size, nbytes - off)) for off in range(0, nbytes, size)]
+
     def put_plan(self, api: "Api", label: str, data: Any, fields: Dict[str, Any],
                  job: Dict[str, Any]) -> Plan:
         """Puts ``data`` (a flat uint8 array) into buffer ``label`` from byte 0, chunk by
         chunk through the ring; ``fields`` go with the first chunk (``shape``).
         Returns the last chunk's :class:`Job`. The ring must be ready and held.
 
-        The copy threads fill slot i+1 while this thread submits chunk i and
-        waits for the job that last used slot i+1, so that round trips to
-        gpuqd overlap the copies rather than come between them.
+        Up to :meth:`_window` chunks are copied at once, each into its own slot
+        by one task. This thread submits chunk i's ``put`` as soon as its copy
+        is done (in order), then starts the copy of the chunk the window now
+        has room for, once the job that last used that chunk's slot is done.
         """
-        size, nslots = self.slot_bytes, len(self.regions)
-        chunks = [(off, min(size, len(data) - off)) for off in range(0, len(data), size)]
-        pending: List[Optional["Job"]] = [None] * nslots
-        copying: List["Future[Any]"] = []
+        nslots = len(self.regions)
+        chunks = self._chunks(len(data))
+        pending: List[Optional["Job"]] = [None] * nslots  # each slot's job in gpuqd
+        copying: Deque[Tuple[int, "Future[Any]"]] = deque()  # (chunk, copy), in order
         last = None
-
         clock = self._clock()
 
-        def slot_free(i: int) -> Plan:
-            """Waits for the job that used chunk i's slot before it, if any."""
-            k = i % nslots
-            done, pending[k] = pending[k], None
-            if done is not None:
+        def copy(j: int) -> Plan:
+            """Starts chunk j's copy once gpuqd is done with its slot."""
+            k = j % nslots
+            before = pending[k]
+            if before is not None:
                 t = clock()
-                yield from done._wait_plan(job.get("timeout"), None)
+                yield from before._wait_plan(job.get("timeout"), None)
                 clock("daemon_wait_s", t)
+                pending[k] = None  # only now: a wait that fails leaves it to _drain
+            off, n = chunks[j]
+            copying.append((j, self._start_copy(self._slot(k, n), data[off:off + n])))
 
         try:
             t0 = clock()
-            copying = self._start_copy(self._slot(0, chunks[0][1]), data[:chunks[0][1]])
+            for j in range(min(self._window(), len(chunks))):
+                yield from copy(j)
             for i, (off, n) in enumerate(chunks):
-                if i + 1 < len(chunks):
-                    yield from slot_free(i + 1)  # while chunk i is being copied
                 t = clock()
-                _finish(copying)
+                copying.popleft()[1].result()
                 clock("copy_wait_s", t)
                 if i == 0:
                     clock("first_copy_s", t0)
-                copying = []
-                if i + 1 < len(chunks):
-                    noff, nn = chunks[i + 1]
-                    copying = self._start_copy(self._slot((i + 1) % nslots, nn),
-                                               data[noff:noff + nn])
                 req = dict(fields if i == 0 else {}, buffer=label, offset=off, length=n,
                            region=f"{self.regions[i % nslots].name}[0:{n}]")
                 t = clock()
                 last = pending[i % nslots] = yield from api._job_plan(
                     "put", req, priority=job.get("priority"), detach=True)
                 clock("submit_s", t)
+                j = i + self._window()
+                if j < len(chunks):
+                    yield from copy(j)
             for k in range(nslots):
-                yield from slot_free(k)
+                done = pending[k]
+                if done is not None:
+                    t = clock()
+                    yield from done._wait_plan(job.get("timeout"), None)
+                    clock("daemon_wait_s", t)
+                    pending[k] = None
         except Exception:
-            _finish(copying, quiet=True)
+            _finish([f for _, f in copying])
             yield from _drain(pending)
             raise
         return last
@@ -278,14 +305,15 @@ class Staging:
         daemon fills slots ahead while finished ones are copied out. The ring
         must be ready and held. Returns the last chunk's :class:`Job`.
 
-        While the copy threads empty chunk i's slot, this thread asks for the
-        chunk that slot takes next and waits for chunk i+1, as put does.
+        Every slot not being copied out is the daemon's: a ``get`` into it is
+        submitted as soon as the copy out of its previous chunk is done. This
+        thread waits for chunk i's job, then starts its copy out, with up to
+        :meth:`_window` copies out in flight.
         """
-        size, nslots = self.slot_bytes, len(self.regions)
-        chunks = [(off, min(size, len(out) - off)) for off in range(0, len(out), size)]
-        pending: List["Job"] = []
-        copying: List["Future[Any]"] = []
-
+        nslots = len(self.regions)
+        chunks = self._chunks(len(out))
+        pending: List["Job"] = []  # chunk i's job, in order
+        copying: Deque[Tuple[int, "Future[Any]"]] = deque()  # (chunk, copy out), in order
         clock = self._clock()
 
         def submit(i: int) -> Plan:
@@ -293,44 +321,58 @@ class Staging:
             req = dict(buffer=label, offset=off, length=n,
                        region=f"{self.regions[i % nslots].name}[0:{n}]")
             t = clock()
-            started = yield from api._job_plan("get", req, priority=job.get("priority"),
-                                               detach=True)
+            pending.append((yield from api._job_plan("get", req,
+                                                     priority=job.get("priority"),
+                                                     detach=True)))
             clock("submit_s", t)
-            return started
+
+        def retire() -> Plan:
+            """Waits for the oldest copy out; its slot then takes the chunk nslots on."""
+            j, f = copying[0]
+            t = clock()
+            f.result()
+            clock("copy_wait_s", t)
+            copying.popleft()
+            if j + nslots < len(chunks):
+                yield from submit(j + nslots)
 
         last = None
         try:
             for i in range(min(nslots, len(chunks))):
-                pending.append((yield from submit(i)))
+                yield from submit(i)
             for i, (off, n) in enumerate(chunks):
+                while copying and (len(copying) >= self._window() or copying[0][1].done()):
+                    yield from retire()
                 t = clock()
                 last = yield from pending[i]._wait_plan(job.get("timeout"), None)
                 clock("daemon_wait_s", t)
-                t = clock()
-                _finish(copying)  # chunk i-1 is out of its slot
-                clock("copy_wait_s", t)
-                copying = self._start_copy(out[off:off + n], self._slot(i % nslots, n))
-                if i - 1 + nslots < len(chunks) and i >= 1:
-                    pending.append((yield from submit(i - 1 + nslots)))
+                copying.append((i, self._start_copy(out[off:off + n],
+                                                    self._slot(i % nslots, n))))
             t = clock()
-            _finish(copying)
-            clock("copy_wait_s", t)
+            while copying:
+                yield from retire()
             clock("first_copy_s", t)
         except Exception:
-            _finish(copying, quiet=True)
+            _finish([f for _, f in copying])
             yield from _drain([p for p in pending if not p.finished])
             raise
         return last
 
 
-def _finish(futures: List["Future[Any]"], quiet: bool = False) -> None:
-    """Waits for the copies ``futures`` stand for; their error is raised unless ``quiet``."""
+def _copy(dst: Any, src: Any) -> None:
+    """One copy task, on a copy thread."""
+    import numpy as np
+    np.copyto(dst, src)
+
+
+def _finish(futures: List["Future[Any]"]) -> None:
+    """After a failure: waits for the copies still in flight, so that none writes a
+    slot the next transfer uses; their own errors are dropped."""
     for f in futures:
         try:
             f.result()
         except Exception:
-            if not quiet:
-                raise
+            pass
 
 
 def _drain(jobs: List[Any]) -> Plan:

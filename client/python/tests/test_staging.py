@@ -3,13 +3,16 @@ new arrays and into ``out=``, falling back to the plain path with a reason."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 import warnings
 
 import numpy as np
 import pytest
 
 import gpuq
+import gpuq.staging as staging_mod
 from gpuq.staging import MIN_STAGED_BYTES
 
 
@@ -109,3 +112,153 @@ def test_staging_can_be_turned_off(private_daemon):
         gpuq.Staging(3, 1000)
     with pytest.raises(ValueError, match="2 or more"):
         gpuq.Staging(1)
+
+
+class _CopySpy:
+    """Stands in for the ring's copy task: counts tasks, their sizes, and how many
+    ran at once (the first lingers until a second has begun, up to 10 s, so
+    that copies in flight together always meet), and raises in the task
+    numbered ``fail_at``. Tasks after ``linger_after``
+    linger, so that a caller that did not wait for the copies in flight
+    would find them still running (with 3 copy threads, tasks 7 and 8 are
+    under way when chunk 6's copy or submission fails)."""
+
+    def __init__(self, fail_at: int = -1, linger_after: int = 1 << 30) -> None:
+        self.linger_after = linger_after
+        self.lock = threading.Lock()
+        self.sizes: list = []
+        self.live = 0
+        self.most = 0
+        self.fail_at = fail_at
+        self.second = threading.Event()
+
+    def __call__(self, dst, src) -> None:
+        with self.lock:
+            index = len(self.sizes)
+            self.sizes.append(len(dst))
+            self.live += 1
+            self.most = max(self.most, self.live)
+        try:
+            if index == 0:
+                self.second.wait(10)
+            else:
+                self.second.set()
+            time.sleep(0.3 if index > self.linger_after else 0.01)
+            if index == self.fail_at:
+                raise RuntimeError(f"copy task {index} failed")
+            np.copyto(dst, src)
+        finally:
+            with self.lock:
+                self.live -= 1
+
+
+def _ring_client(d, slots: int = 5, threads: int = 3):
+    """A client whose ring has several 1 MiB slots and copies several at once."""
+    c = d.client(staging_slots=slots, staging_slot_bytes=1 << 20, copy_threads=threads)
+    if _room(c) * 3 // 4 < slots << 20:
+        c.close()
+        pytest.skip(f"gpuqd may not pin {slots} slots of 1 MiB here")
+    return c
+
+
+def test_many_chunks_in_flight_are_all_written_whole_slot_per_task(private_daemon, monkeypatch):
+    d = private_daemon()
+    with _ring_client(d) as c:
+        spy = _CopySpy()
+        monkeypatch.setattr(staging_mod, "_copy", spy)
+        a = np.random.default_rng(3).integers(0, 1 << 30, (11 << 20) // 4 + 5, np.int32)
+        chunks = -(-a.nbytes // (1 << 20))
+        job = c.put_array("many", a)
+        assert job.result["chunks"] == chunks == len(spy.sizes)
+        # One task per chunk, each a whole slot but the last; several at once.
+        assert spy.sizes == [1 << 20] * (chunks - 1) + [a.nbytes - ((chunks - 1) << 20)]
+        assert spy.most >= 2 and spy.most <= c.staging.threads
+        # get with out= of a size that is not a multiple of the slot, then a new array.
+        out = np.zeros_like(a)
+        assert c.get_array("many", out=out) is out and np.array_equal(out, a)
+        assert len(spy.sizes) == 2 * chunks and spy.most >= 2
+        assert np.array_equal(c.get_array("many"), a)
+        assert set(c.staging.timing) == {"copy_wait_s", "submit_s", "daemon_wait_s",
+                                         "first_copy_s"}
+        c.free("many")
+
+
+@pytest.mark.parametrize("where", ["put copy", "get copy", "put submit"])
+def test_a_failure_in_the_middle_drains_every_chunk_in_flight(private_daemon, monkeypatch,
+                                                              where):
+    d = private_daemon()
+    with _ring_client(d) as c:
+        a = np.random.default_rng(4).random((12 << 20) // 8).astype(np.float64)
+        if where == "get copy":
+            c.put_array("mid", a)
+        spy = _CopySpy(fail_at=6 if "copy" in where else -1, linger_after=6)
+        monkeypatch.setattr(staging_mod, "_copy", spy)
+        jobs = []
+        submit = c._job_plan
+
+        def job_plan(op, fields, *args, **kw):
+            if op == where.split()[0] and fields.get("region"):
+                if where == "put submit" and len(jobs) == 6:
+                    fields = dict(fields, region="gpuq-no-such-region[0:1]")
+                job = yield from submit(op, fields, *args, **kw)
+                jobs.append(job)
+                return job
+            return (yield from submit(op, fields, *args, **kw))
+        monkeypatch.setattr(c, "_job_plan", job_plan)
+        with pytest.raises(RuntimeError if "copy" in where else gpuq.GpuqError) as caught:
+            if where == "get copy":
+                c.get_array("mid", out=np.empty_like(a))
+            else:
+                c.put_array("mid", a)
+        assert ("copy task 6 failed" if "copy" in where else "gpuq-no-such-region") in str(
+            caught.value)
+        # Every chunk gpuqd was given had ended, and every copy, before the error
+        # reached the caller: no slot was still in use.
+        assert len(jobs) >= 3 and all(j.finished for j in jobs), jobs
+        assert spy.live == 0
+        monkeypatch.undo()
+        assert c.put_array("mid", a).result["path"] == "ring"
+        assert np.array_equal(c.get_array("mid"), a)
+        c.free("mid")
+
+
+def _sized(limit, quota=None, slots=16, slot_bytes=8 << 20):
+    """What the ring's sizing makes of gpuqd's ``regions`` and ``quota`` replies."""
+    plan = gpuq.Staging(slots, slot_bytes)._size_plan(None)
+    assert next(plan).op == "regions"
+    assert plan.send({"memlock_limit": limit, "pinned_bytes": 0}).op == "quota"
+    users = [{"limits": {"host_pinned": quota}, "used": {"host_pinned": 0}}] if quota else []
+    with pytest.raises(StopIteration) as stop:
+        plan.send({"users": users})
+    return stop.value.value
+
+
+def test_short_of_pinnable_memory_the_ring_shrinks_its_slots_then_their_count():
+    mib = 1 << 20
+    assert _sized(None) == (16, 8 * mib)
+    assert _sized(1 << 30) == (16, 8 * mib)
+    assert _sized(128 * mib) == (16, 6 * mib)  # three quarters of it, in 16 slots
+    assert _sized(8 * mib) == (6, mib)  # slots no smaller than 1 MiB: fewer of them
+    assert _sized(None, quota=16 * mib) == (12, mib)
+    assert _sized(1 << 30, quota=32 * mib) == (16, 1536 << 10)
+    with pytest.raises(Exception, match="needs two slots of at least 1048576 bytes"):
+        _sized(2 * mib)
+
+
+def test_async_client_runs_the_same_ring(private_daemon):
+    d = private_daemon()
+    with _ring_client(d):  # skips where gpuqd may not pin five 1 MiB slots
+        pass
+    a = np.random.default_rng(5).random((9 << 20) // 4 + 3, dtype=np.float32)
+
+    async def main():
+        async with gpuq.AsyncClient(d.socket, staging_slots=5, staging_slot_bytes=1 << 20,
+                                    copy_threads=3) as c:
+            job = await c.put_array("aring", a)
+            assert job.result["path"] == "ring" and job.result["chunks"] == 10
+            out = np.empty_like(a)
+            assert await c.get_array("aring", out=out) is out
+            assert np.array_equal(out, a)
+            assert len(c.staging.regions) == 5 and c.staging._window() == 3
+            await c.free("aring")
+    asyncio.run(main())
