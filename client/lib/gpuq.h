@@ -79,7 +79,8 @@ int gpuq_call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfd
 /*
  * Reconnecting (off by default): when the connection ends (gpuqd restarted,
  * crashed and came back under systemd), gpuq_call connects to the same
- * socket again, trying for up to window_ms, and
+ * socket again, trying for up to window_ms until a new connection answers
+ * a ping (a gpuqd still dying may take a connection and close it), and
  *   - sends again a request that never left, whatever it is;
  *   - sends again one that was in flight only when it reads and changes
  *     nothing and carries no descriptor: ping, devices, buffers, jobs,
@@ -88,7 +89,7 @@ int gpuq_call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfd
  *     so, the client connected again for the next call.
  * gpuq_send, gpuq_recv and gpuq_send_raw never reconnect. What belonged to
  * the old connection (an ephemeral buffer, a lease, an event subscription)
- * is not carried over. gpuq_reconnects counts the new connections made.
+ * is not carried over. gpuq_reconnects counts the new connections that answered.
  */
 void gpuq_set_reconnect(struct gpuq_client *c, unsigned window_ms);
 unsigned gpuq_reconnects(const struct gpuq_client *c);

@@ -674,22 +674,15 @@ static void sleep_ms(unsigned ms)
 }
 
 /*
- * Connects again to the same socket, trying for up to reconnect_ms (a gpuqd
- * restarting under systemd takes a moment to listen again). The replies
- * parked for the old connection stay; what was half read of it goes. 0, or
- * -1 leaving err as the lost connection's.
+ * Opens a new connection to the same socket in place of the lost one. The
+ * replies parked for the old connection stay; what was half read of it
+ * goes. 0, or -1 when no gpuqd listens there (yet).
  */
-static int reconnect(struct gpuq_client *c)
+static int reconnect_once(struct gpuq_client *c)
 {
-	int64_t deadline = now_ms() + c->reconnect_ms;
-	unsigned pause = 10;
-	int fd;
-	while ((fd = open_socket(c->path)) < 0) {
-		if (now_ms() >= deadline)
-			return -1;
-		sleep_ms(pause);
-		pause = pause < 200 ? pause * 2 : 200;
-	}
+	int fd = open_socket(c->path);
+	if (fd < 0)
+		return -1;
 	close(c->fd);
 	c->fd = fd;
 	for (int i = 0; i < c->nrfds; i++)
@@ -698,6 +691,45 @@ static int reconnect(struct gpuq_client *c)
 	frame_reader_free(&c->rd);
 	frame_reader_init(&c->rd, c->rd.max_frame);
 	c->broken = c->lost = false;
+	return 0;
+}
+
+/*
+ * Whether the new connection is served: a ping answered. A gpuqd that owns
+ * its socket and is still dying may take a connection and then close it,
+ * so a connection only counts once it answered (the ping is never retried
+ * itself: reconnect_ms is off for it).
+ */
+static bool reconnect_answered(struct gpuq_client *c)
+{
+	struct mp_map req;
+	struct gpuq_reply *r = NULL;
+	struct gpuq_error err;
+	unsigned window = c->reconnect_ms;
+	c->reconnect_ms = 0;
+	gpuq_request_begin(c, &req, "ping");
+	int rc = gpuq_call(c, &req, NULL, 0, &r, &err);
+	c->reconnect_ms = window;
+	bool ok = rc == 0 && gpuq_reply_ok(r);
+	gpuq_reply_free(r);
+	return ok;
+}
+
+/*
+ * Connects again to the same socket, trying for up to reconnect_ms (a gpuqd
+ * restarting under systemd takes a moment to listen again) until a
+ * connection answers a ping. 0, or -1 leaving err as the lost connection's.
+ */
+static int reconnect(struct gpuq_client *c)
+{
+	int64_t deadline = now_ms() + c->reconnect_ms;
+	unsigned pause = 10;
+	while (reconnect_once(c) < 0 || !reconnect_answered(c)) {
+		if (now_ms() >= deadline)
+			return -1;
+		sleep_ms(pause);
+		pause = pause < 200 ? pause * 2 : 200;
+	}
 	c->reconnects++;
 	return 0;
 }

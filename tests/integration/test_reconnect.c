@@ -6,8 +6,11 @@
  * client keeps today's behaviour (the call fails, the stream stays broken).
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -171,4 +174,106 @@ TEST(reconnect_repeats_a_read_in_flight_but_never_a_job)
 	gpuq_close(owner);
 	gpuq_close(c);
 	daemon_stop(&d);
+}
+
+/*
+ * A stand-in for a gpuqd that is dying on a socket of its own, then one
+ * that serves: the first connection reads one request and closes (the
+ * gpuqd that went away), the second is closed at once (a dying gpuqd that
+ * still took it), the third answers every request ok.
+ */
+struct dying_server {
+	int listen_fd;
+	unsigned answered;
+};
+
+/* Reads one frame of fd into buf (at most n bytes); its length, or -1 at its end. */
+static ssize_t read_frame(int fd, char *buf, size_t n)
+{
+	unsigned char len[4];
+	if (read(fd, len, 4) != 4)
+		return -1;
+	size_t want = (size_t)len[0] << 24 | (size_t)len[1] << 16 | (size_t)len[2] << 8 | len[3];
+	size_t got = 0;
+	for (ssize_t r; got < want && want <= n; got += (size_t)r)
+		if ((r = read(fd, buf + got, want - got)) <= 0)
+			return -1;
+	return got == want ? (ssize_t)want : -1;
+}
+
+/* Answers the request in buf (its frame payload) with {v, id, ok: true}. */
+static void answer_ok(int fd, const char *buf, size_t n)
+{
+	msgpack_unpacked u;
+	msgpack_unpacked_init(&u);
+	CHECK(msgpack_unpack_next(&u, buf, n, NULL) == MSGPACK_UNPACK_SUCCESS);
+	const msgpack_object *id = msg_map_get(&u.data, "id");
+	msgpack_sbuffer sb;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer pk;
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 3);
+	msgpack_pack_str_with_body(&pk, "v", 1);
+	msgpack_pack_uint64(&pk, GPUQ_PROTOCOL_VERSION);
+	msgpack_pack_str_with_body(&pk, "id", 2);
+	msgpack_pack_uint64(&pk, id ? id->via.u64 : 0);
+	msgpack_pack_str_with_body(&pk, "ok", 2);
+	msgpack_pack_true(&pk);
+	unsigned char len[4] = { (unsigned char)(sb.size >> 24), (unsigned char)(sb.size >> 16),
+				 (unsigned char)(sb.size >> 8), (unsigned char)sb.size };
+	raw_write(fd, len, 4);
+	raw_write(fd, sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+	msgpack_unpacked_destroy(&u);
+}
+
+static void *dying_server_run(void *arg)
+{
+	struct dying_server *s = arg;
+	char buf[4096];
+	for (int conn = 0; conn < 3; conn++) {
+		int fd = accept(s->listen_fd, NULL, NULL);
+		CHECK(fd >= 0);
+		ssize_t n = conn == 1 ? -1 : read_frame(fd, buf, sizeof buf);
+		while (conn == 2 && n > 0) {
+			answer_ok(fd, buf, (size_t)n);
+			s->answered++;
+			n = read_frame(fd, buf, sizeof buf);
+		}
+		close(fd);
+	}
+	return NULL;
+}
+
+/*
+ * A connection counts only once it answered: one taken by a gpuqd that is
+ * still dying (closed at once) is dropped for the next, and the read in
+ * flight goes on the one that answers. One reconnect, not two.
+ */
+TEST(reconnect_skips_a_connection_that_never_answers)
+{
+	char path[] = "/tmp/gpuq-dying-XXXXXX";
+	CHECK(mkdtemp(path) != NULL);
+	char sock[sizeof path + 8];
+	snprintf(sock, sizeof sock, "%s/s", path);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+	struct dying_server s = { socket(AF_UNIX, SOCK_STREAM, 0), 0 };
+	CHECK(s.listen_fd >= 0 && bind(s.listen_fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+	      listen(s.listen_fd, 4) == 0);
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, dying_server_run, &s) == 0);
+	struct gpuq_client *c = NULL;
+	struct gpuq_error err;
+	CHECK(gpuq_connect(sock, &c, &err) == 0);
+	gpuq_set_reconnect(c, 5000);
+	CHECKF(ping(c, &err) == 0, "the ping in flight went again on a connection that answers: %s",
+	       err.message);
+	CHECK_EQ(gpuq_reconnects(c), 1);
+	CHECK_EQ(s.answered, 2); /* the new connection's own ping, then the one in flight */
+	gpuq_close(c);
+	pthread_join(t, NULL);
+	close(s.listen_fd);
+	unlink(sock);
+	rmdir(path);
 }
