@@ -249,6 +249,7 @@ void buffer_clear_suspect(struct buffer *b)
 static void buffer_destroy(struct buffer *b)
 {
 	free(b->suspect);
+	free(b->lost_why);
 	free(b);
 }
 
@@ -353,6 +354,10 @@ int buffer_check_usable(const struct buffer *b, struct gpuq_error *err)
 	if (b->state == BUFFER_FREEING)
 		return gpuq_fail(err, GPUQ_E_BUSY, "buffer '%s@%d' is being freed (job %llu)",
 				 b->name, b->device, (unsigned long long)b->last_job);
+	if (b->state == BUFFER_LOST && b->lost_why)
+		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
+				 "buffer '%s@%d' was lost %s; free it and allocate it again", b->name,
+				 b->device, b->lost_why);
 	if (b->state == BUFFER_LOST)
 		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
 				 "buffer '%s@%d' was lost when gpu %d was reset after a fault (`gpuq devices` "

@@ -48,6 +48,8 @@ struct buffer {
 	int slab_fd;
 	/* Set when it was read back from the record suspect: why (state `suspect`); a fill or a whole put clears it. */
 	char *suspect;
+	/* Set when a restart could not take it over (state `lost`): why; NULL when a device reset lost it. */
+	char *lost_why;
 	enum buffer_state state;
 	double created; /* CLOCK_MONOTONIC seconds */
 	/*

@@ -303,6 +303,15 @@ static const struct device_adopt *recover_find(const struct recover *r, int devi
 	return NULL;
 }
 
+/* Why rb's memory could not be taken over, its plan entry being a (NULL: none). */
+static const char *recover_lost_cause(const struct device_adopt *a, const struct state_buffer *rb)
+{
+	if (a)
+		return a->why[0] ? a->why : "its device did not open, or is not among this gpuqd's devices";
+	return rb->slab == 0 ? "its memory was in the memory pool, which no restart takes over"
+			     : "its slab was not handed over";
+}
+
 /* Where b's memory now lies, the buffer its record names being rb: READY (perhaps suspect) or LOST. */
 static void recover_place(struct recover *r, struct buffer *b, const struct state_buffer *rb)
 {
@@ -310,8 +319,12 @@ static void recover_place(struct recover *r, struct buffer *b, const struct stat
 	char why[200];
 	b->state = BUFFER_LOST;
 	if (!a || !a->base) {
-		log_error("buffer '%s@%d' is lost %s: %s", rb->name, rb->device, recover_event(r),
-			  !a ? "its memory was not in a slab" : a->why[0] ? a->why : "its device did not open");
+		if (strcmp(rb->state, "lost") == 0)
+			return; /* a device reset lost it before: its refusal says so */
+		const char *cause = recover_lost_cause(a, rb);
+		log_error("buffer '%s@%d' is lost %s: %s", rb->name, rb->device, recover_event(r), cause);
+		if (asprintf(&b->lost_why, "%s (%s)", recover_event(r), cause) < 0)
+			b->lost_why = NULL; /* the device reset's wording then: still lost, still refused */
 		return;
 	}
 	b->state = BUFFER_READY;

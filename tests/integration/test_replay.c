@@ -303,7 +303,7 @@ TEST(restart_gives_a_replayed_job_the_new_images_refusal)
 	expect_ok(r, "restart into one device");
 	gpuq_reply_free(r);
 	pthread_join(t, NULL);
-	expect_error(pf.r, GPUQ_E_DEVICE_ERROR, "lost");
+	expect_error(pf.r, GPUQ_E_DEVICE_ERROR, "was lost in the re-exec (");
 	gpuq_reply_free(pf.r);
 	await_restarts(c, 1);
 	close(p[1]);

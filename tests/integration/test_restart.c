@@ -343,6 +343,34 @@ TEST(restart_after_a_fault_that_needs_a_new_process_up_to_the_limit)
 	daemon_stop(&d);
 }
 
+/*
+ * A buffer in the memory pool cannot be taken over: it is listed lost, and
+ * its refusal says that the restart lost it, and why (not a device reset).
+ */
+TEST(restart_loses_a_pool_buffer_and_says_why)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--buffer-memory", "pool", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "p", 0, 1 * MIB);
+	CHECK(kill(d.pid, SIGUSR2) == 0);
+	await_restarts(c, 1);
+	char state[16];
+	buffer_state(c, "p", state, sizeof state, NULL, 0);
+	CHECK_STR(state, "lost");
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "checksum");
+	mp_put_str(&req, "buffer", "p");
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_DEVICE_ERROR, "buffer 'p@0' was lost in the re-exec (its memory was in "
+					     "the memory pool, which no restart takes over)");
+	gpuq_reply_free(r);
+	do_free(c, "p");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 /* What a buffer is survives too: its dtype, count and shape. */
 TEST(restart_keeps_dtype_count_and_shape)
 {
