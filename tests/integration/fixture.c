@@ -543,26 +543,32 @@ static void job_state_of(struct gpuq_client *c, uint64_t job, char *state, size_
 	gpuq_reply_free(r);
 }
 
-uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2])
+uint64_t start_running_transfer(struct gpuq_client *c, const char *op, const char *buffer, int fd)
 {
-	CHECK(pipe(p) == 0);
 	struct mp_map req;
-	gpuq_request_begin(c, &req, "put");
+	gpuq_request_begin(c, &req, op);
 	mp_put_str(&req, "buffer", buffer);
 	mp_put_u64(&req, "fds", 1);
-	struct gpuq_reply *r = call(c, &req, &p[0], 1);
-	expect_ok(r, "stalled put");
+	struct gpuq_reply *r = call(c, &req, &fd, 1);
+	expect_ok(r, op);
 	uint64_t id = reply_u64(r, "job.job");
 	gpuq_reply_free(r);
-	close(p[0]);
 	char state[16] = "queued";
 	for (int i = 0; i < 2000 && strcmp(state, "queued") == 0; i++) {
 		job_state_of(c, id, state, sizeof state);
 		if (strcmp(state, "queued") == 0)
 			usleep(1000);
 	}
-	CHECKF(strcmp(state, "running") == 0, "the stalled put (job %llu) is %s, not running",
+	CHECKF(strcmp(state, "running") == 0, "the %s (job %llu) is %s, not running", op,
 	       (unsigned long long)id, state);
+	return id;
+}
+
+uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2])
+{
+	CHECK(pipe(p) == 0);
+	uint64_t id = start_running_transfer(c, "put", buffer, p[0]);
+	close(p[0]);
 	return id;
 }
 

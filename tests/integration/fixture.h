@@ -121,6 +121,12 @@ uint64_t do_put(struct gpuq_client *c, const char *buffer, int fd);
 uint64_t do_get(struct gpuq_client *c, const char *buffer, int fd);
 
 /*
+ * Submits op (put or get) of buffer with descriptor fd, not waited for;
+ * returns its job id once the worker runs it (fails the test if it does not
+ * start running within 2 s). fd stays the caller's.
+ */
+uint64_t start_running_transfer(struct gpuq_client *c, const char *op, const char *buffer, int fd);
+/*
  * Starts a put into buffer from a pipe that nobody writes, so that it runs
  * until the test writes or closes p[1]; returns its job id once the worker
  * runs it (fails the test if it does not start running within 2 s).

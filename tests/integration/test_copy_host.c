@@ -908,23 +908,9 @@ TEST(copy_cancel_stops_a_large_memfd_put_at_a_chunk)
 	const size_t n = 768u << 20;
 	int src = memfd_random(n, 55);
 	do_alloc(c, "big", 0, n);
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "put");
-	mp_put_str(&req, "buffer", "big");
-	mp_put_u64(&req, "fds", 1);
-	struct gpuq_reply *r = call(c, &req, &src, 1);
-	expect_ok(r, "put");
-	uint64_t job = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	char state[16] = "queued";
-	for (int i = 0; i < 2000 && strcmp(state, "queued") == 0; i++) {
-		r = job_op(c, "status", job);
-		reply_str(r, "job.state", state, sizeof state);
-		gpuq_reply_free(r);
-		usleep(1000);
-	}
-	CHECKF(strcmp(state, "running") == 0, "the put is %s, not running", state);
-	r = job_op(c, "cancel", job);
+	uint64_t job = start_running_transfer(c, "put", "big", src);
+	char state[16];
+	struct gpuq_reply *r = job_op(c, "cancel", job);
 	expect_ok(r, "cancel");
 	gpuq_reply_free(r);
 	r = job_op(c, "wait", job);
@@ -951,26 +937,11 @@ TEST(copy_a_stalled_pipe_holds_off_no_other_job_and_no_cancel)
 	int fds[2];
 	CHECK(pipe2(fds, O_CLOEXEC) == 0);
 	do_alloc(c, "p", 0, 8u << 20); /* far more than the pipe holds */
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "get");
-	mp_put_str(&req, "buffer", "p");
-	mp_put_u64(&req, "fds", 1);
-	struct gpuq_reply *r = call(c, &req, &fds[1], 1);
-	expect_ok(r, "get");
-	uint64_t job = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	char state[16] = "queued";
-	for (int i = 0; i < 2000 && strcmp(state, "queued") == 0; i++) {
-		r = job_op(c, "status", job);
-		reply_str(r, "job.state", state, sizeof state);
-		gpuq_reply_free(r);
-		usleep(1000);
-	}
-	CHECKF(strcmp(state, "running") == 0, "the get is %s, not running", state);
+	uint64_t job = start_running_transfer(c, "get", "p", fds[1]);
 	/* jobs on another buffer of the same device run beside the stalled get (which holds the slots) */
 	do_alloc(c, "q", 0, 4096);
 	(void)do_checksum(c, "q");
-	r = job_op(c, "cancel", job);
+	struct gpuq_reply *r = job_op(c, "cancel", job);
 	expect_ok(r, "cancel");
 	gpuq_reply_free(r);
 	r = job_op(c, "wait", job);
