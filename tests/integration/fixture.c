@@ -767,3 +767,16 @@ void await_restarts(struct gpuq_client *c, uint64_t want)
 	}
 	CHECKF(false, "gpuqd never counted %llu restarts", (unsigned long long)want);
 }
+
+void restart_ok(struct gpuq_client *c)
+{
+	struct gpuq_reply *r = restart_call(c, NULL);
+	expect_ok(r, "restart");
+	gpuq_reply_free(r);
+}
+
+void restart_and_await(struct gpuq_client *c, uint64_t want)
+{
+	restart_ok(c);
+	await_restarts(c, want);
+}

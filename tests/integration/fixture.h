@@ -144,6 +144,10 @@ struct gpuq_reply *restart_call(struct gpuq_client *c, const char *binary);
 uint64_t ping_restarts(struct gpuq_client *c, uint64_t *pid);
 /* Pings on c (a connection the re-exec hands over) until gpuqd counts want re-execs; up to 10 s. */
 void await_restarts(struct gpuq_client *c, uint64_t want);
+/* A `restart` of gpuqd's own binary on c, which must be accepted. */
+void restart_ok(struct gpuq_client *c);
+/* restart_ok, then await_restarts(c, want). */
+void restart_and_await(struct gpuq_client *c, uint64_t want);
 
 /* Raw socket access for malformed-frame tests. */
 int raw_connect(const struct daemon_proc *d);

@@ -154,9 +154,7 @@ TEST(restart_replays_a_queued_job_its_client_waits_for)
 	CHECK(pthread_create(&tfill, NULL, fill_and_wait, &pf) == 0);
 	uint64_t fill = await_queued(c, "fill"); /* behind the put on w */
 	usleep(20000); /* the put's wait is registered before the restart */
-	struct gpuq_reply *r = restart_call(c, NULL);
-	expect_ok(r, "restart");
-	gpuq_reply_free(r);
+	restart_ok(c);
 	pthread_join(tput, NULL);
 	expect_error(pw.r, GPUQ_E_RESTARTED, "restart"); /* the running job, as before */
 	gpuq_reply_free(pw.r);
@@ -186,12 +184,9 @@ TEST(restart_replays_a_detached_job_under_its_id)
 	do_alloc(c, "w", 0, 1 * MIB);
 	start_stalled_put(c, "w", p);
 	uint64_t fill = fill_detached(c, "w", 8);
-	struct gpuq_reply *r = restart_call(c, NULL);
-	expect_ok(r, "restart");
-	gpuq_reply_free(r);
-	await_restarts(c, 1);
+	restart_and_await(c, 1);
 	close(p[1]);
-	r = job_request(c, "wait", fill, 0);
+	struct gpuq_reply *r = job_request(c, "wait", fill, 0);
 	expect_ok(r, "wait for the replayed fill");
 	CHECK_EQ(reply_u64(r, "job.job"), fill);
 	gpuq_reply_free(r);
@@ -213,14 +208,11 @@ TEST(restart_replays_queued_jobs_on_a_buffer_in_their_order)
 	do_alloc(c, "w", 0, 1 * MIB);
 	start_stalled_put(c, "w", p);
 	uint64_t a = fill_detached(c, "w", 11), b = fill_detached(c, "w", 12);
-	struct gpuq_reply *r = restart_call(c, NULL);
-	expect_ok(r, "restart");
-	gpuq_reply_free(r);
-	await_restarts(c, 1);
+	restart_and_await(c, 1);
 	close(p[1]);
 	uint64_t ids[2] = { a, b };
 	for (int i = 0; i < 2; i++) {
-		r = job_request(c, "wait", ids[i], 0);
+		struct gpuq_reply *r = job_request(c, "wait", ids[i], 0);
 		expect_ok(r, "wait for a replayed fill");
 		gpuq_reply_free(r);
 	}
@@ -256,10 +248,7 @@ TEST(restart_fails_a_queued_job_whose_connection_does_not_survive)
 	CHECK(fill != 0);
 	uint64_t behind = fill_detached(c, "w", 3); /* on the same buffer, from a clean connection */
 	raw_write(raw, "\0\0", 2); /* half a frame header: this connection is not handed over */
-	struct gpuq_reply *r = restart_call(c, NULL);
-	expect_ok(r, "restart");
-	gpuq_reply_free(r);
-	await_restarts(c, 1);
+	restart_and_await(c, 1);
 	close(p[1]);
 	job_outcome(c, fill, state, sizeof state, code, message, sizeof message);
 	CHECK_STR(state, "failed");
@@ -331,9 +320,7 @@ TEST(restart_keeps_a_wait_on_a_queued_job_from_another_connection)
 	struct pending pw = { .c = waiter, .job = fill };
 	CHECK(pthread_create(&t, NULL, wait_for_job, &pw) == 0);
 	usleep(20000); /* the wait is registered before the restart */
-	struct gpuq_reply *r = restart_call(c, NULL);
-	expect_ok(r, "restart");
-	gpuq_reply_free(r);
+	restart_ok(c);
 	pthread_join(t, NULL); /* the new image answers it, on the same request */
 	expect_ok(pw.r, "a wait carried over");
 	CHECK_EQ(reply_u64(pw.r, "job.job"), fill);
@@ -385,9 +372,7 @@ TEST(restart_held_jobs_are_cancelled_by_a_shutdown_during_the_drain)
 	do_alloc(c, "w", 0, 1 * MIB);
 	start_stalled_put(c, "w", p);
 	uint64_t fill = fill_detached(c, "w", 2);
-	struct gpuq_reply *r = restart_call(c, NULL);
-	expect_ok(r, "restart");
-	gpuq_reply_free(r);
+	restart_ok(c);
 	struct pending pw = { .c = waiter, .job = fill };
 	CHECK(pthread_create(&t, NULL, wait_for_job, &pw) == 0);
 	usleep(20000); /* the wait is registered before the shutdown */
@@ -416,10 +401,7 @@ TEST(restart_replays_a_queued_free)
 	expect_ok(r, "a free behind the put");
 	uint64_t freed = reply_u64(r, "job.job");
 	gpuq_reply_free(r);
-	r = restart_call(c, NULL);
-	expect_ok(r, "restart");
-	gpuq_reply_free(r);
-	await_restarts(c, 1);
+	restart_and_await(c, 1);
 	close(p[1]);
 	r = job_request(c, "wait", freed, 0);
 	expect_ok(r, "wait for the replayed free");
@@ -473,10 +455,7 @@ TEST(restart_replays_a_job_held_back_by_a_lease_through_two_restarts)
 	uint64_t fill = fill_detached(c, "s", 31);
 	await_behind_lease(c, fill);
 	for (uint64_t n = 1; n <= 2; n++) { /* replayed, held again by the next restart, replayed */
-		r = restart_call(c, NULL);
-		expect_ok(r, "restart");
-		gpuq_reply_free(r);
-		await_restarts(c, n);
+		restart_and_await(c, n);
 		await_behind_lease(c, fill); /* behind the lease restored before any job */
 	}
 	job_outcome(c, fill, state, sizeof state, code, message, sizeof message);

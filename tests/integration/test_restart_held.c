@@ -22,15 +22,6 @@
 
 #define MIB (1024u * 1024u)
 
-/* Asks for a restart on c and waits, on c (handed over), until gpuqd counts `want` restarts. */
-static void restart_and_wait(struct gpuq_client *c, uint64_t want)
-{
-	struct gpuq_reply *r = restart_call(c, NULL);
-	expect_ok(r, "restart");
-	gpuq_reply_free(r);
-	await_restarts(c, want);
-}
-
 /* A connection with half a frame sent: the restart does not hand it over (restart_conn_clean). */
 static void leave_half_a_frame(struct gpuq_client *c)
 {
@@ -122,7 +113,7 @@ TEST(restart_keeps_regions_on_their_device_with_their_quota)
 	snprintf(path, sizeof path, "regions.%d.age_s", i);
 	double age = reply_f64(rep, path), t1 = now_s();
 	gpuq_reply_free(rep);
-	restart_and_wait(c, 1);
+	restart_and_await(c, 1);
 	double t2 = now_s();
 	i = region_index(c, "in", &rep);
 	CHECK(i >= 0);
@@ -168,7 +159,7 @@ TEST(restart_keeps_an_ephemeral_region_only_with_its_connection)
 	CHECKF(gpuq_region_create(cut, "gone", MIB, 0, true, &gone, &err) == 0, "%s", err.message);
 	leave_half_a_frame(cut); /* before the restart is asked, so read before the execve (turns later) */
 	CHECK(region_listed(other, "gone"));
-	restart_and_wait(other, 1);
+	restart_and_await(other, 1);
 	CHECK(region_goes(other, "gone"));
 	CHECK(region_listed(other, "kept"));
 	strcpy(kept.ptr, "still the client's memory");
@@ -227,7 +218,7 @@ TEST(restart_keeps_a_lease_what_it_holds_back_and_the_holders_writes)
 	lease_alloc_shareable(holder, "s", MIB, false);
 	lease_attach(holder, "s", true, &a);
 	double held = lease_held_s(other), t1 = now_s();
-	restart_and_wait(other, 1);
+	restart_and_await(other, 1);
 	double t2 = now_s(); /* counted from the grant, not from the restart (which came after t1): */
 	CHECK(lease_held_s(other) >= held + (t2 - t1) - 1e-6);
 	CHECK_EQ(leases_listed(other, &id, &pid, mode, sizeof mode), 1);
@@ -269,7 +260,7 @@ TEST(restart_lease_ends_when_its_holder_exits_after_it)
 		_exit(0);
 	}
 	CHECK(read(ready[0], &lease, sizeof lease) == sizeof lease);
-	restart_and_wait(c, 1);
+	restart_and_await(c, 1);
 	CHECK_EQ(leases_listed(c, &id, &pid, mode, sizeof mode), 1);
 	CHECK_EQ(id, lease);
 	CHECK_EQ(pid, (uint64_t)child);
@@ -296,7 +287,7 @@ TEST(restart_ends_the_lease_of_a_holder_that_did_not_come_through)
 	lease_attach(holder, "s", true, &a);
 	leave_half_a_frame(holder); /* not handed over: the holder is gone for the new image */
 	CHECK_EQ(leases_listed(other, NULL, NULL, NULL, 0), 1);
-	restart_and_wait(other, 1);
+	restart_and_await(other, 1);
 	CHECK_EQ(leases_listed(other, NULL, NULL, NULL, 0), 0);
 	lease_job_checksum(other, lease_submit(other, "fill", "s")); /* nothing holds it back */
 	gpuq_close(other);
