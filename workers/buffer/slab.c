@@ -94,15 +94,21 @@ static void slab_give_back(struct slab_heap *h, struct slab *s, bool lost)
 	free(s);
 }
 
+/* The heap's own memory, once its slabs are given back. */
+static void slab_heap_free(struct slab_heap *h)
+{
+	free(h->slabs);
+	pthread_mutex_destroy(&h->lock);
+	free(h);
+}
+
 void slab_heap_destroy(struct slab_heap *h, bool lost)
 {
 	if (!h)
 		return;
 	for (size_t i = 0; i < h->n; i++)
 		slab_give_back(h, h->slabs[i], lost);
-	free(h->slabs);
-	pthread_mutex_destroy(&h->lock);
-	free(h);
+	slab_heap_free(h);
 }
 
 struct slab_kept {
@@ -138,9 +144,7 @@ struct slab_kept *slab_heap_destroy_keeping(struct slab_heap *h)
 		}
 		slab_give_back(h, s, true);
 	}
-	free(h->slabs);
-	pthread_mutex_destroy(&h->lock);
-	free(h);
+	slab_heap_free(h);
 	if (k && k->n == 0) {
 		free(k);
 		k = NULL;
