@@ -209,6 +209,18 @@ void daemon_dump_log(const struct daemon_proc *d)
 	fclose(f);
 }
 
+int daemon_log_count(const struct daemon_proc *d, const char *text)
+{
+	FILE *f = fopen(d->log, "r");
+	char line[4096];
+	int n = 0;
+	while (f && fgets(line, sizeof line, f))
+		n += strstr(line, text) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
 void daemon_stop(struct daemon_proc *d)
 {
 	int status = -1;

@@ -48,6 +48,8 @@ void daemon_stop(struct daemon_proc *d);
 unsigned daemon_fd_count(const struct daemon_proc *d);
 /* Prints the daemon's log to stderr (for failing tests). */
 void daemon_dump_log(const struct daemon_proc *d);
+/* Lines of the daemon's log that contain text (0 while it has no log). */
+int daemon_log_count(const struct daemon_proc *d, const char *text);
 bool daemon_alive(const struct daemon_proc *d);
 
 /* The socket's group in tests that act as other uids: every test uid is in it. */

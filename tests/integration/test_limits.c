@@ -21,8 +21,6 @@
 #include "protocol/frame.h"
 #include "tests/integration/fixture.h"
 
-static int log_lines_with(const struct daemon_proc *d, const char *text);
-
 /* Reads one reply from a raw socket and checks its code and that its message mentions `mentions`. */
 static void expect_raw(int fd, const char *want_code, const char *mentions)
 {
@@ -301,7 +299,7 @@ TEST(parked_descriptors_partial_frames_and_unread_replies_per_uid_are_quotas)
 	as_user(65534, NULL, 0, parked_descriptors_are_bounded, &a);
 	as_user(65534, NULL, 0, partial_frames_are_bounded, &a);
 	as_user(65534, NULL, 0, unread_replies_are_bounded, &a);
-	CHECKF(log_lines_with(&d, "reply-bytes 1.0 MiB exceeded") == 1, "the drop is not logged, with its rule");
+	CHECKF(daemon_log_count(&d, "reply-bytes 1.0 MiB exceeded") == 1, "the drop is not logged, with its rule");
 	struct gpuq_client *c = client_open(&d);
 	CHECK(device_count(c) > 0);
 	gpuq_close(c);
@@ -325,19 +323,6 @@ static double daemon_cpu_seconds(const struct daemon_proc *d)
 	return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
 }
 
-/* Lines of the daemon's log that contain `text`. */
-static int log_lines_with(const struct daemon_proc *d, const char *text)
-{
-	FILE *f = fopen(d->log, "r");
-	char line[2048];
-	int n = 0;
-	CHECK(f);
-	while (fgets(line, sizeof line, f))
-		n += strstr(line, text) != NULL;
-	fclose(f);
-	return n;
-}
-
 TEST(a_daemon_at_its_descriptor_limit_backs_off_and_says_why)
 {
 	struct daemon_proc d;
@@ -356,8 +341,8 @@ TEST(a_daemon_at_its_descriptor_limit_backs_off_and_says_why)
 	usleep(1000000);
 	cpu = daemon_cpu_seconds(&d) - cpu;
 	CHECKF(cpu < 0.3, "gpuqd used %.2f s of CPU in 1 s at its descriptor limit", cpu);
-	CHECKF(log_lines_with(&d, "descriptor limit") <= 2, "the log line is not rate-limited");
-	CHECKF(log_lines_with(&d, "uid 0's") >= 1, "the log does not name whose connections they are");
+	CHECKF(daemon_log_count(&d, "descriptor limit") <= 2, "the log line is not rate-limited");
+	CHECKF(daemon_log_count(&d, "uid 0's") >= 1, "the log does not name whose connections they are");
 	/* the connections past the limit were each answered busy (id 0) and closed at once */
 	int refused = 0;
 	for (int i = 0; i < nidle; i++) {

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -468,4 +469,42 @@ TEST(restart_replays_a_job_held_back_by_a_lease_through_two_restarts)
 	gpuq_close(c);
 	gpuq_close(holder);
 	daemon_stop(&d);
+}
+
+/*
+ * A hand-over that cannot be read (not msgpack, a newer format, an entry
+ * that is not a map) is said in the log and skipped, and gpuqd serves: a
+ * bad GPUQ_INHERIT costs the held jobs, never the daemon.
+ */
+TEST(restart_hand_over_that_cannot_be_read_is_logged_and_gpuqd_serves)
+{
+	static const struct {
+		const char *bytes;
+		size_t n;
+		const char *log;
+	} cases[] = {
+		{ "\xc1\xc1\xc1", 3, "the queued jobs handed over cannot be read" },
+		{ "\x82\xa1v\x63\xa4jobs\x90", 10, "its format is version 99; this gpuqd reads 1" },
+		{ "\x82\xa1v\x01\xa4jobs\x91\x01", 11,
+		  "queued job 0 of the hand-over cannot be read: an entry is not a map" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct daemon_proc d;
+		char inherit[32];
+		int fd = memfd_create("gpuq-test-hand-over", 0); /* inherited by gpuqd */
+		CHECK(fd >= 0 && write(fd, cases[i].bytes, cases[i].n) == (ssize_t)cases[i].n);
+		snprintf(inherit, sizeof inherit, "queue:%d", fd);
+		setenv("GPUQ_INHERIT", inherit, 1);
+		daemon_start(&d, NULL);
+		unsetenv("GPUQ_INHERIT");
+		close(fd);
+		struct gpuq_client *c = client_open(&d);
+		CHECK_EQ(ping_restarts(c, NULL), 0);
+		for (int k = 0; k < 2000 && !daemon_log_count(&d, cases[i].log); k++)
+			usleep(1000);
+		CHECKF(daemon_log_count(&d, cases[i].log) > 0, "case %zu: no '%s' in the log", i, cases[i].log);
+		do_alloc(c, "after", 0, 4096); /* and it serves */
+		gpuq_close(c);
+		daemon_stop(&d);
+	}
 }
