@@ -135,22 +135,25 @@ def median_gbps(nbytes: int, repeats: int, call: Callable[[], Any],
 def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0, slot: int = 0) -> float:
     """Making a new float32 array of ``nbytes`` and writing every byte of it as the
     ring's copies out do: one task per slot-sized chunk, from a resident
-    source of one staging slot, on the client's copy threads. What
+    source of one staging slot, on copy threads like the client's. What
     ``get_array()`` into a new array does besides waiting for the DMA."""
-    from concurrent.futures import ThreadPoolExecutor
+    from gpuq.copier import Copier
     from gpuq.staging import DEFAULT_SLOT_BYTES, copy_threads
-    threads = threads or copy_threads()
+    copier = Copier(threads or copy_threads())
     src = np.ones(min(nbytes, slot or DEFAULT_SLOT_BYTES), np.uint8)
-    with ThreadPoolExecutor(threads) as pool:
-        def make() -> Any:
-            out = np.empty(nbytes // 4, np.float32).view(np.uint8)
-            jobs = [pool.submit(np.copyto, out[base:base + len(src)],
-                                src[:min(len(src), nbytes - base)])
-                    for base in range(0, nbytes, len(src))]
-            for j in jobs:
-                j.result()
-            return out
+
+    def make() -> Any:
+        out = np.empty(nbytes // 4, np.float32).view(np.uint8)
+        tasks = [copier.submit(np.copyto, out[base:base + len(src)],
+                               src[:min(len(src), nbytes - base)])
+                 for base in range(0, nbytes, len(src))]
+        for t in tasks:
+            t.wait()
+        return out
+    try:
         return median_gbps(nbytes, repeats, make)
+    finally:
+        copier.close()
 
 
 def ring_timing(what: str, client: gpuq.Client) -> None:
@@ -158,9 +161,8 @@ def ring_timing(what: str, client: gpuq.Client) -> None:
     ring, t = client.staging, client.staging.timing
     if t:
         print(f"   {what} through the ring, last call: " + ", ".join(
-            f"{k} {v * 1e3:.2f} ms" for k, v in t.items())
-            + f" ({len(ring.regions)} slots of {ring.slot_bytes >> 10} KiB, "
-              f"{ring._window()} copies at once)")
+            f"{k} {v}" if k == "jobs" else f"{k} {v * 1e3:.2f} ms" for k, v in t.items())
+            + f" ({ring!r})")
 
 
 def torch_cuda() -> Any:
@@ -288,9 +290,11 @@ def main() -> None:
     p.add_argument("--copy-threads", type=int, default=None,
                    help="the client's staging copy threads (default: CPUs, at most 12)")
     p.add_argument("--slot-bytes", type=_size, default=None,
-                   help="the staging ring's slot size, one copy task (default 8M)")
+                   help="the staging ring's slot size, one copy task (default 2M)")
     p.add_argument("--slots", type=int, default=None,
-                   help="the staging ring's slots (default 16)")
+                   help="the staging ring's slots (default 64)")
+    p.add_argument("--group", type=int, default=None,
+                   help="the staging ring's slots per job (default 4)")
     p.add_argument("--skip", choices=["dispatch", "copy"], action="append", default=[])
     args = p.parse_args()
     args.socket = args.socket or gpuq.default_socket()
@@ -300,6 +304,8 @@ def main() -> None:
     if args.slots is not None:
         ring["staging_slots"] = args.slots
     with gpuq.Client(args.socket, timeout=600, **ring) as client:
+        if args.group is not None:
+            client.staging.group = args.group
         backend = client.ping()["backend"]
         print(f"-- python client ({backend} backend, gpuq {gpuq.__version__}, "
               f"Python {sys.version.split()[0]})")

@@ -6,20 +6,29 @@ a fresh memfd per call (the plain path) costs a full copy into pages that
 are new every time, and the daemon then copies them again through its own
 staging; on the H200 that ran at 0.05 of pinned ``cudaMemcpy``.
 
-Instead each client keeps a ring of host regions (docs/protocol.md, "Host
-regions"): memfds that gpuqd pinned once, mapped here too, reused by every
-call; each slot holds one chunk of a transfer. A put hands chunk i to a
-copy thread as one task (numpy's copy releases the GIL), several chunks at
-once into different slots, and submits a ``put`` of chunk i's slot into the
-buffer at the chunk's offset as soon as its copy is done, in order; a slot
-is refilled only after its job is done. Copies never wait for each other:
-an earlier design split each slot among all the threads and waited for
-every part before the next slot, so every slot cost a barrier at the
-slowest part and a dozen short tasks' hand-offs under the GIL. A get
-mirrors the put: the daemon fills every slot not being copied out, and
-finished slots are copied out by whole-slot tasks in parallel. Jobs on one
-buffer keep their order in gpuqd where their ranges meet; chunks' ranges
-are disjoint, so only the slots need the waits above.
+Instead each client keeps a ring: one host region (docs/protocol.md, "Host
+regions"), a memfd that gpuqd pinned once, mapped here too and reused by
+every call, cut into slots. A transfer is cut into chunks of one slot
+each; chunk i uses slot i mod slots. The copies between the array and the
+slots run on persistent copy threads (copier.py), one task per chunk
+(numpy's copy releases the GIL). Jobs are per group of neighbouring slots
+(``group``, a few chunks): one ``put`` or ``get`` per group, so that the
+round trips cost a few percent of the DMA they start, and the first group
+is a single chunk, so that the first DMA starts after one chunk's copy.
+
+A put copies chunks ahead into every slot gpuqd is not reading (the
+window), submits a group's ``put`` once all its copies are done, in order,
+and reuses a slot only after the job that last read it is done. A get
+mirrors it: the daemon fills each group of slots whose copies out are
+done, and a finished group's chunks are copied out in parallel. Jobs on
+one buffer keep their order in gpuqd where their ranges meet; chunks'
+ranges are disjoint, so only the slots need the waits above.
+
+Slots of 2 MiB: on the H200 host twelve threads copied 2-4 MiB chunks at
+70 GB/s into pinned memory and 55 GB/s out of it, 8 MiB chunks at 48,
+and a slot just written is still in the caches when the DMA reads it.
+What sets the pace now is the calling thread's round trips (two per job),
+which is why a job moves several slots (docs/PERFORMANCE.md).
 
 The ring is made on first use, sized to fit what gpuqd may still pin
 (its ``RLIMIT_MEMLOCK``, the ``host_pinned`` quota); when no ring can be
@@ -34,10 +43,9 @@ import os
 import threading
 import time
 import warnings
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Deque, Dict, Generator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
 
+from .copier import Copier, CopyTask
 from .dispatch import Call
 from .errors import GpuqError
 
@@ -46,19 +54,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from .job import Job
     from .share import Region
 
-__all__ = ["Staging", "DEFAULT_SLOTS", "DEFAULT_SLOT_BYTES", "MIN_STAGED_BYTES"]
+__all__ = ["Staging", "DEFAULT_SLOTS", "DEFAULT_SLOT_BYTES", "DEFAULT_GROUP",
+           "MIN_STAGED_BYTES"]
 
 Plan = Generator[Call, Any, Any]
+#: (first chunk, chunk count) of one job.
+Group = Tuple[int, int]
 
-#: Slots in the ring: up to one per copy thread being filled (or emptied),
-#: the others the daemon's, so that its DMA never waits for the copies.
-DEFAULT_SLOTS = 16
-#: Bytes per slot, which is one copy task: long enough (about 1 ms of one
-#: thread's copying) that handing a task to a thread is a few percent of it,
-#: short enough that a transfer has many chunks to copy at once and the
-#: first chunk's copy, which nothing overlaps, stays short. 16 x 8 MiB pins
-#: the same 128 MiB as the 4 x 32 MiB ring before it.
-DEFAULT_SLOT_BYTES = 8 << 20
+#: Slots in the ring: enough that every copy thread has chunks queued while
+#: gpuqd moves a few groups. 64 x 2 MiB pins 128 MiB, as rings before it.
+DEFAULT_SLOTS = 64
+#: Bytes per slot, which is one copy task: 2-4 MiB copies ran fastest on the
+#: H200 host (module doc), and the first DMA waits for one of them.
+DEFAULT_SLOT_BYTES = 2 << 20
+#: Slots per job: a job costs the calling thread two round trips (its
+#: submission and its wait), 50-100 us each on the H200 host while twelve
+#: copy threads take turns at the GIL; 16 MiB moves in about 300 us. (At 1
+#: GiB, 4 slots per job ran at 0.62 of pinned, 8 at 0.74-0.88.)
+DEFAULT_GROUP = 8
 #: Arrays smaller than this take the plain path: a few round trips would
 #: cost more than the one copy they save.
 MIN_STAGED_BYTES = 4 << 20
@@ -69,10 +82,9 @@ _names = itertools.count(1)
 
 
 def copy_threads() -> int:
-    """Threads that copy between an array and the slots, each a whole slot at a
-    time: the CPUs this process may use, up to 12 (on a 16-core H200 host 8-12
-    threads copying pageable memory into pinned came closest to its memory
-    bandwidth; more only contend for it)."""
+    """Threads that copy between an array and the slots, a chunk at a time: the
+    CPUs this process may use, up to 12 (on the 16-core H200 host 12 threads
+    copied fastest; more only contend for the memory)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - Linux has it
@@ -84,61 +96,60 @@ class Staging:
     """One client's ring of pinned slots (see the module doc); made on first use.
 
     ``slots`` and ``slot_bytes`` size it (0 slots: never staged); ``threads``
-    copy, each a whole slot at a time, up to one copy per thread at once.
-    Only one transfer at a time uses it: another thread's transfer
-    meanwhile takes the plain path rather than wait.
+    copy, a chunk each at a time; ``group`` slots go in one job. Only one
+    transfer at a time uses it: another thread's transfer meanwhile takes
+    the plain path rather than wait.
     """
 
     def __init__(self, slots: int = DEFAULT_SLOTS, slot_bytes: int = DEFAULT_SLOT_BYTES,
-                 threads: Optional[int] = None) -> None:
+                 threads: Optional[int] = None, group: int = DEFAULT_GROUP) -> None:
         if slots < 0 or slots == 1 or slot_bytes < _PAGE or slot_bytes % _PAGE:
             raise ValueError("staging needs slots 0 (none) or 2 or more (one filled while "
                              f"others move) and slot_bytes a positive multiple of {_PAGE}")
+        if group < 1:
+            raise ValueError("staging needs group 1 or more (slots per job)")
         self.slots = slots
         self.slot_bytes = slot_bytes
         self.threads = threads or copy_threads()
-        self.regions: List["Region"] = []
+        self.group = group
+        #: The ring's region once made, and how many slots it holds.
+        self.region: Optional["Region"] = None
+        self.slot_count = 0
         self.unavailable: Optional[str] = None if slots else "staging is off (slots=0)"
         self._lock = threading.Lock()
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._copier = Copier(self.threads)
+        self._ring: Any = None  # the region as one uint8 array
         #: Where the last transfer's time went, as this thread saw it: ``copy_wait_s``
-        #: waiting for the copy threads, ``submit_s`` for gpuqd to take chunks,
-        #: ``daemon_wait_s`` for chunks' jobs to end, ``first_copy_s`` the copy that
-        #: nothing overlaps (a put's first chunk, a get's last).
+        #: waiting for the copy threads, ``submit_s`` for gpuqd to take groups,
+        #: ``daemon_wait_s`` for groups' jobs to end, ``first_copy_s`` the copy that
+        #: nothing overlaps (a put's first chunk, a get's last); ``jobs`` submitted.
         self.timing: Dict[str, float] = {}
         self._warned = False
 
     def __repr__(self) -> str:
-        state = (f"{len(self.regions)} x {self.slot_bytes >> 20} MiB" if self.regions
-                 else (self.unavailable or "not made yet"))
+        state = (f"{self.slot_count} x {self.slot_bytes >> 20} MiB, {self._group()} per job"
+                 if self.region is not None else (self.unavailable or "not made yet"))
         return f"<gpuq.Staging {state}, {self.threads} copy threads>"
 
     # Making the ring ------------------------------------------------------------
 
     def _ready_plan(self, api: "Api", device: int) -> Plan:
         """Makes the ring if it is not there: True when it can be used."""
-        if self.regions:
+        if self.region is not None:
             return True
         if self.unavailable is not None:
             return False
         try:
             count, size = yield from self._size_plan(api)
-            tag = f"gpuq-stage-{os.getpid()}-{next(_names)}"
-            for k in range(count):
-                region = yield from api._region_create_plan(f"{tag}-{k}", size, device, True,
-                                                            None)
-                self.regions.append(region)
-            self.slot_bytes = size
+            name = f"gpuq-stage-{os.getpid()}-{next(_names)}"
+            self.region = yield from api._region_create_plan(name, count * size, device,
+                                                             True, None)
+            self.slot_count, self.slot_bytes = count, size
+            self._ring = self.region.array("u1")
             return True
         except (_NoRoom, GpuqError, OSError) as exc:
-            made = [r.name for r in self.regions]
-            self._give_up(api, f"no pinned staging ring ({exc}); ordinary arrays go "
-                               "through a memfd copy at a fraction of pinned speed")
-            for name in made:  # a part of a ring is no use: let gpuqd unpin it now
-                try:
-                    yield from api._job_plan("region_free", {"name": name}, detach=True)
-                except GpuqError:
-                    pass
+            self._give_up(f"no pinned staging ring ({exc}); ordinary arrays go "
+                          "through a memfd copy at a fraction of pinned speed")
             return False
 
     def _size_plan(self, api: "Api") -> Plan:
@@ -172,51 +183,83 @@ class Staging:
                           f"needs two slots of at least {_MIN_SLOT_BYTES} bytes")
         return count, min(self.slot_bytes, budget // count // _PAGE * _PAGE)
 
-    def _give_up(self, api: "Api", why: str) -> None:
-        for region in self.regions:
-            region.unmap()
-        self.regions = []
+    def _give_up(self, why: str) -> None:
+        self._unmap()
         self.unavailable = why
         if not self._warned:
             self._warned = True
             warnings.warn(f"gpuq: {why}", RuntimeWarning, stacklevel=6)
 
-    def close(self) -> None:
-        """Unmaps the ring here (gpuqd frees its ephemeral regions with the connection)."""
-        for region in self.regions:
-            region.unmap()
-        self.regions = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+    def _unmap(self) -> None:
+        self._ring = None
+        if self.region is not None:
+            self.region.unmap()
+        self.region = None
+        self.slot_count = 0
 
-    # Copies ----------------------------------------------------------------
+    def close(self) -> None:
+        """Unmaps the ring here (gpuqd frees its ephemeral region with the connection)
+        and ends the copy threads."""
+        self._unmap()
+        self._copier.close()
+
+    # Pieces of a transfer ------------------------------------------------------
+
+    def _group(self) -> int:
+        """Slots per job: at most half the ring, so that one group is copied while
+        gpuqd moves another."""
+        return max(1, min(self.group, self.slot_count // 2))
 
     def _window(self) -> int:
-        """Copies in flight at once: one per copy thread, and never every slot, so
-        that gpuqd always has a slot to move while the others are copied."""
-        return max(1, min(self.threads, len(self.regions) - 1))
+        """Chunks a put copies ahead of the group it submits next: half the ring,
+        the other half the daemon's. Copies further ahead would leave gpuqd
+        one group at a time, each waited for before the next slot is filled
+        (on the H200: 27 GB/s with all but one group's slots copied ahead)."""
+        return max(1, min(self.slot_count - self._group(), self.slot_count // 2))
 
-    def _start_copy(self, dst: Any, src: Any) -> "Future[Any]":
+    def _chunks(self, nbytes: int) -> List[Tuple[int, int]]:
+        """(offset, length) of each chunk of a transfer: one slot each."""
+        size = self.slot_bytes
+        return [(off, min(size, nbytes - off)) for off in range(0, nbytes, size)]
+
+    def _groups(self, chunks: int) -> List[Group]:
+        """The jobs of a transfer of ``chunks`` chunks: the first a single chunk (the
+        first DMA waits for no more), then :meth:`_group` each, cut where the
+        ring wraps (a job's slots are one range of the region)."""
+        size, slots = self._group(), self.slot_count
+        groups: List[Group] = []
+        first = 0
+        while first < chunks:
+            n = 1 if first == 0 else min(size, chunks - first, slots - first % slots)
+            groups.append((first, n))
+            first += n
+        return groups
+
+    def _range(self, chunks: List[Tuple[int, int]], group: Group) -> Dict[str, Any]:
+        """A group's job fields: the buffer range and the region range it moves."""
+        first, n = group
+        off = chunks[first][0]
+        length = sum(c[1] for c in chunks[first:first + n])
+        at = (first % self.slot_count) * self.slot_bytes
+        return dict(offset=off, length=length,
+                    region=f"{self.region.name}[{at}:{at + length}]")  # type: ignore[union-attr]
+
+    def _slot(self, chunk: int, n: int) -> Any:
+        """The first n bytes of chunk's slot, as a uint8 array over the region."""
+        at = (chunk % self.slot_count) * self.slot_bytes
+        return self._ring[at:at + n]
+
+    def _start_copy(self, dst: Any, src: Any) -> CopyTask:
         """Starts dst[:] = src (uint8 arrays of one length, a whole chunk) on a copy
-        thread and returns at once. One task per slot: a task costs tens of
-        microseconds of hand-offs under the GIL, so a few long ones beat many
-        short ones, and no copy waits for another."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gpuq-copy")
-        return self._pool.submit(_copy, dst, src)
-
-    def _slot(self, k: int, n: int) -> Any:
-        """The first n bytes of slot k, as a uint8 array over the region (no copy)."""
-        return self.regions[k].array("u1", n)
-
-    # Pipelines -----------------------------------------------------------------
+        thread and returns at once."""
+        return self._copier.submit(_copy, dst, src)
 
     def _clock(self) -> Any:
         """A fresh :attr:`timing` and its stopwatch: ``clock()`` is now; ``clock(key,
         since)`` adds the time since ``since`` to ``timing[key]``."""
         timing = self.timing = dict.fromkeys(
             ("copy_wait_s", "submit_s", "daemon_wait_s", "first_copy_s"), 0.0)
+        timing["jobs"] = 0
         now = time.perf_counter
 
         def clock(key: Optional[str] = None, since: float = 0.0) -> float:
@@ -233,128 +276,128 @@ class Staging:
     def release(self) -> None:
         self._lock.release()
 
-    def _chunks(self, nbytes: int) -> List[Tuple[int, int]]:
-        """(offset, length) of each chunk of a transfer: one slot each."""
-        size = self.slot_bytes
-        return [(off, min(size, nbytes - off)) for off in range(0, nbytes, size)]
+    # Pipelines -----------------------------------------------------------------
 
     def put_plan(self, api: "Api", label: str, data: Any, fields: Dict[str, Any],
                  job: Dict[str, Any]) -> Plan:
-        """Puts ``data`` (a flat uint8 array) into buffer ``label`` from byte 0, chunk by
-        chunk through the ring; ``fields`` go with the first chunk (``shape``).
-        Returns the last chunk's :class:`Job`. The ring must be ready and held.
+        """Puts ``data`` (a flat uint8 array) into buffer ``label`` from byte 0 through
+        the ring; ``fields`` go with the first job (``shape``). Returns the last
+        job's :class:`Job`. The ring must be ready and held.
 
-        Up to :meth:`_window` chunks are copied at once, each into its own slot
-        by one task. This thread submits chunk i's ``put`` as soon as its copy
-        is done (in order), then starts the copy of the chunk the window now
-        has room for, once the job that last used that chunk's slot is done.
+        Chunks are copied up to :meth:`_window` ahead of the group being
+        submitted. Chunk j's copy starts once the job that last read its slot
+        (chunk j - slots's) is done; a group's ``put`` is submitted once its
+        copies are done, in order.
         """
-        nslots = len(self.regions)
+        slots = self.slot_count
         chunks = self._chunks(len(data))
-        pending: List[Optional["Job"]] = [None] * nslots  # each slot's job in gpuqd
-        copying: Deque[Tuple[int, "Future[Any]"]] = deque()  # (chunk, copy), in order
-        last = None
+        window = self._window()
+        readers: List[Optional["Job"]] = [None] * slots  # the job that last read each slot
+        copies: List[CopyTask] = []  # chunk j's copy, for every chunk started
+        submitted: List["Job"] = []
         clock = self._clock()
+        wait = job.get("timeout")
 
-        def copy(j: int) -> Plan:
-            """Starts chunk j's copy once gpuqd is done with its slot."""
-            k = j % nslots
-            before = pending[k]
-            if before is not None:
-                t = clock()
-                yield from before._wait_plan(job.get("timeout"), None)
-                clock("daemon_wait_s", t)
-                pending[k] = None  # only now: a wait that fails leaves it to _drain
-            off, n = chunks[j]
-            copying.append((j, self._start_copy(self._slot(k, n), data[off:off + n])))
+        def start_until(end: int) -> Plan:
+            """Starts the copies of every chunk before ``end``, each once its slot is free."""
+            while len(copies) < min(end, len(chunks)):
+                j = len(copies)
+                reader = readers[j % slots]
+                if reader is not None and not reader.finished:
+                    t = clock()
+                    yield from reader._wait_plan(wait, None)
+                    clock("daemon_wait_s", t)
+                off, n = chunks[j]
+                copies.append(self._start_copy(self._slot(j, n), data[off:off + n]))
 
         try:
             t0 = clock()
-            for j in range(min(self._window(), len(chunks))):
-                yield from copy(j)
-            for i, (off, n) in enumerate(chunks):
+            last = None
+            for first, n in self._groups(len(chunks)):
+                yield from start_until(first + n + window)
                 t = clock()
-                copying.popleft()[1].result()
+                for j in range(first, first + n):
+                    copies[j].wait()
                 clock("copy_wait_s", t)
-                if i == 0:
+                if first == 0:
                     clock("first_copy_s", t0)
-                req = dict(fields if i == 0 else {}, buffer=label, offset=off, length=n,
-                           region=f"{self.regions[i % nslots].name}[0:{n}]")
                 t = clock()
-                last = pending[i % nslots] = yield from api._job_plan(
-                    "put", req, priority=job.get("priority"), detach=True)
+                req = dict(fields if first == 0 else {}, buffer=label,
+                           **self._range(chunks, (first, n)))
+                last = yield from api._job_plan("put", req, priority=job.get("priority"),
+                                                detach=True)
                 clock("submit_s", t)
-                j = i + self._window()
-                if j < len(chunks):
-                    yield from copy(j)
-            for k in range(nslots):
-                done = pending[k]
-                if done is not None:
-                    t = clock()
-                    yield from done._wait_plan(job.get("timeout"), None)
-                    clock("daemon_wait_s", t)
-                    pending[k] = None
+                submitted.append(last)
+                self.timing["jobs"] += 1
+                for j in range(first, first + n):
+                    readers[j % slots] = last
+            t = clock()
+            for done in submitted:
+                yield from done._wait_plan(wait, None)
+            clock("daemon_wait_s", t)
         except Exception:
-            _finish([f for _, f in copying])
-            yield from _drain(pending)
+            _finish(copies)
+            yield from _drain(submitted)
             raise
         return last
 
     def get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
-        """Fills ``out`` (a flat uint8 array) from buffer ``label``'s bytes from 0: the
-        daemon fills slots ahead while finished ones are copied out. The ring
-        must be ready and held. Returns the last chunk's :class:`Job`.
+        """Fills ``out`` (a flat uint8 array) from buffer ``label``'s bytes from 0: gpuqd
+        fills groups of slots ahead while finished ones are copied out. The ring
+        must be ready and held. Returns the last job's :class:`Job`.
 
-        Every slot not being copied out is the daemon's: a ``get`` into it is
-        submitted as soon as the copy out of its previous chunk is done. This
-        thread waits for chunk i's job, then starts its copy out, with up to
-        :meth:`_window` copies out in flight.
+        A group's ``get`` is submitted once the copies out of the chunks that
+        last used its slots are done: at once for the first ring's worth, then
+        as copies finish, always keeping gpuqd at least two groups ahead when
+        there are that many. This thread waits for the groups' jobs in order
+        and hands each one's chunks to the copy threads.
         """
-        nslots = len(self.regions)
+        slots = self.slot_count
         chunks = self._chunks(len(out))
-        pending: List["Job"] = []  # chunk i's job, in order
-        copying: Deque[Tuple[int, "Future[Any]"]] = deque()  # (chunk, copy out), in order
+        groups = self._groups(len(chunks))
+        copies: List[CopyTask] = []  # chunk i's copy out, for every chunk started
+        jobs: List["Job"] = []  # group g's job, for every group submitted
         clock = self._clock()
+        wait = job.get("timeout")
 
-        def submit(i: int) -> Plan:
-            off, n = chunks[i]
-            req = dict(buffer=label, offset=off, length=n,
-                       region=f"{self.regions[i % nslots].name}[0:{n}]")
-            t = clock()
-            pending.append((yield from api._job_plan("get", req,
-                                                     priority=job.get("priority"),
-                                                     detach=True)))
-            clock("submit_s", t)
+        def slots_free(g: int) -> bool:
+            first, n = groups[g]
+            return all(j < slots or (j - slots < len(copies) and copies[j - slots].done())
+                       for j in range(first, first + n))
 
-        def retire() -> Plan:
-            """Waits for the oldest copy out; its slot then takes the chunk nslots on."""
-            j, f = copying[0]
+        def submit(g: int) -> Plan:
+            first, n = groups[g]
             t = clock()
-            f.result()
+            for j in range(max(first, slots), first + n):
+                copies[j - slots].wait()
             clock("copy_wait_s", t)
-            copying.popleft()
-            if j + nslots < len(chunks):
-                yield from submit(j + nslots)
+            t = clock()
+            req = dict(buffer=label, **self._range(chunks, groups[g]))
+            jobs.append((yield from api._job_plan("get", req, priority=job.get("priority"),
+                                                  detach=True)))
+            clock("submit_s", t)
+            self.timing["jobs"] += 1
 
         last = None
         try:
-            for i in range(min(nslots, len(chunks))):
-                yield from submit(i)
-            for i, (off, n) in enumerate(chunks):
-                while copying and (len(copying) >= self._window() or copying[0][1].done()):
-                    yield from retire()
+            while len(jobs) < len(groups) and groups[len(jobs)][0] < slots:
+                yield from submit(len(jobs))
+            for g, (first, n) in enumerate(groups):
                 t = clock()
-                last = yield from pending[i]._wait_plan(job.get("timeout"), None)
+                last = yield from jobs[g]._wait_plan(wait, None)
                 clock("daemon_wait_s", t)
-                copying.append((i, self._start_copy(out[off:off + n],
-                                                    self._slot(i % nslots, n))))
+                for i in range(first, first + n):
+                    off, size = chunks[i]
+                    copies.append(self._start_copy(out[off:off + size], self._slot(i, size)))
+                while len(jobs) < len(groups) and (len(jobs) <= g + 2 or slots_free(len(jobs))):
+                    yield from submit(len(jobs))
             t = clock()
-            while copying:
-                yield from retire()
+            for c in copies:
+                c.wait()
             clock("first_copy_s", t)
         except Exception:
-            _finish([f for _, f in copying])
-            yield from _drain([p for p in pending if not p.finished])
+            _finish(copies)
+            yield from _drain([j for j in jobs if not j.finished])
             raise
         return last
 
@@ -365,18 +408,18 @@ def _copy(dst: Any, src: Any) -> None:
     np.copyto(dst, src)
 
 
-def _finish(futures: List["Future[Any]"]) -> None:
-    """After a failure: waits for the copies still in flight, so that none writes a
-    slot the next transfer uses; their own errors are dropped."""
-    for f in futures:
+def _finish(copies: List[CopyTask]) -> None:
+    """After a failure: waits for the copies already given to the threads, so that
+    none writes a slot the next transfer uses; their own errors are dropped."""
+    for c in copies:
         try:
-            f.result()
+            c.wait()
         except Exception:
             pass
 
 
 def _drain(jobs: List[Any]) -> Plan:
-    """After a failure: waits for the chunks still in flight, so that no slot is
+    """After a failure: waits for the jobs still in flight, so that no slot is
     reused while gpuqd still reads or writes it; their own errors are dropped
     (the first failure is the one raised)."""
     for j in jobs:

@@ -179,7 +179,9 @@ def test_many_chunks_in_flight_are_all_written_whole_slot_per_task(private_daemo
         assert len(spy.sizes) == 2 * chunks and spy.most >= 2
         assert np.array_equal(c.get_array("many"), a)
         assert set(c.staging.timing) == {"copy_wait_s", "submit_s", "daemon_wait_s",
-                                         "first_copy_s"}
+                                         "first_copy_s", "jobs"}
+        # Two slots per job but the first (5 slots: at most half the ring per job).
+        assert c.staging.timing["jobs"] == 7 < chunks
         c.free("many")
 
 
@@ -259,6 +261,75 @@ def test_async_client_runs_the_same_ring(private_daemon):
             out = np.empty_like(a)
             assert await c.get_array("aring", out=out) is out
             assert np.array_equal(out, a)
-            assert len(c.staging.regions) == 5 and c.staging._window() == 3
+            assert c.staging.slot_count == 5 and c.staging._group() == 2
             await c.free("aring")
     asyncio.run(main())
+
+
+def test_jobs_cover_neighbouring_slots_the_first_alone_none_across_the_wrap():
+    ring = gpuq.Staging(8, 1 << 20, threads=2, group=3)
+    ring.slot_count = 8
+    # The first job one chunk (the first DMA waits for one copy), then three
+    # slots each, cut where the ring wraps (slot 7 is followed by slot 0).
+    assert ring._groups(20) == [(0, 1), (1, 3), (4, 3), (7, 1), (8, 3), (11, 3), (14, 2),
+                                (16, 3), (19, 1)]
+    assert ring._groups(1) == [(0, 1)]
+    ring.slot_count = 4  # never more than half the ring in one job
+    assert ring._group() == 2 and ring._groups(6) == [(0, 1), (1, 2), (3, 1), (4, 2)]
+    with pytest.raises(ValueError, match="group"):
+        gpuq.Staging(4, 1 << 20, group=0)
+
+
+def test_a_put_copies_at_most_half_the_ring_ahead_of_its_next_job(private_daemon, monkeypatch):
+    d = private_daemon()
+    with _ring_client(d, slots=6, threads=3) as c:
+        c.staging.group = 2
+        started = []
+        start = c.staging._start_copy
+        monkeypatch.setattr(c.staging, "_start_copy",
+                            lambda dst, src: started.append(len(dst)) or start(dst, src))
+        submitted = []  # (first chunk's offset, chunks copied so far) at each put
+        submit = c._job_plan
+
+        def job_plan(op, fields, *args, **kw):
+            if op == "put" and fields.get("region"):
+                submitted.append((fields["offset"] >> 20, fields["length"] >> 20,
+                                  len(started)))
+            return (yield from submit(op, fields, *args, **kw))
+        monkeypatch.setattr(c, "_job_plan", job_plan)
+        a = np.arange((16 << 20) // 4, dtype=np.int32)
+        c.put_array("half", a)
+        assert c.staging._window() == 3 and len(started) == 16
+        # Jobs: one chunk, then two, cut where the ring of six wraps.
+        assert [(f, n) for f, n, _ in submitted] == [(0, 1), (1, 2), (3, 2), (5, 1), (6, 2),
+                                                      (8, 2), (10, 2), (12, 2), (14, 2)]
+        for first, n, copied in submitted:
+            assert first + n <= copied <= first + n + 3, submitted
+        monkeypatch.undo()
+        assert np.array_equal(c.get_array("half"), a)
+        c.free("half")
+
+
+def test_copy_threads_run_every_task_and_hand_errors_to_the_waiter():
+    from gpuq.copier import Copier
+    copier = Copier(3)
+    src = np.arange(1 << 16, dtype=np.uint8)
+    outs = [np.zeros_like(src) for _ in range(8)]
+    tasks = [copier.submit(np.copyto, out, src) for out in outs]
+    for t in tasks:
+        t.wait()
+        assert t.done()
+    assert all(np.array_equal(out, src) for out in outs)
+
+    def fails(dst, src):
+        raise OSError("copy refused")
+    bad = copier.submit(fails, None, None)
+    with pytest.raises(OSError, match="copy refused"):
+        bad.wait()
+    with pytest.raises(OSError):  # waiting again gives the same answer
+        bad.wait()
+    copier.close()  # the threads end; a later task starts them again
+    again = np.zeros_like(src)
+    copier.submit(np.copyto, again, src).wait()
+    assert np.array_equal(again, src)
+    copier.close()
