@@ -347,9 +347,9 @@ class Staging:
         must be ready and held. Returns the last job's :class:`Job`.
 
         A group's ``get`` is submitted once the copies out of the chunks that
-        last used its slots are done: at once for the first ring's worth, then
-        as copies finish, always keeping gpuqd at least two groups ahead when
-        there are that many. This thread waits for the groups' jobs in order
+        last used its slots are done: three groups at once, the rest of the
+        first ring's worth after the first wait, then as copies finish, always
+        keeping gpuqd at least two groups ahead when there are that many. This thread waits for the groups' jobs in order
         and hands each one's chunks to the copy threads.
         """
         slots = self.slot_count
@@ -380,7 +380,10 @@ class Staging:
 
         last = None
         try:
-            while len(jobs) < len(groups) and groups[len(jobs)][0] < slots:
+            # Three groups before the first wait (the first is one slot), the rest
+            # of the first ring's worth once the first group's copies out have
+            # started: each submission is a round trip the copies need not wait for.
+            while len(jobs) < min(3, len(groups)):
                 yield from submit(len(jobs))
             for g, (first, n) in enumerate(groups):
                 t = clock()
