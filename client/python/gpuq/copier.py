@@ -16,24 +16,25 @@ import queue
 import threading
 from typing import Any, Callable, List, Optional
 
-__all__ = ["Copier", "CopyTask"]
+__all__ = ["Copier", "Task"]
 
 
-class CopyTask:
-    """One copy given to the threads: :meth:`wait` for it, :meth:`done` to ask."""
+class Task:
+    """Work given to a thread (a copy, a job's wait): :meth:`wait` for it, :meth:`done`
+    to ask."""
 
     __slots__ = ("_lock", "error")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._lock.acquire()  # released by the thread that ran the copy
+        self._lock.acquire()  # released by the thread that did the work
         self.error: Optional[BaseException] = None
 
     def done(self) -> bool:
         return not self._lock.locked()
 
     def wait(self) -> None:
-        """Blocks until the copy ran; raises what it raised. May be called again."""
+        """Blocks until the work is done; raises what it raised. May be called again."""
         self._lock.acquire()
         self._lock.release()
         if self.error is not None:
@@ -55,11 +56,11 @@ class Copier:
         self._tasks: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._running: List[threading.Thread] = []
 
-    def submit(self, fn: Callable[[Any, Any], None], dst: Any, src: Any) -> CopyTask:
+    def submit(self, fn: Callable[[Any, Any], None], dst: Any, src: Any) -> Task:
         """Runs ``fn(dst, src)`` on a copy thread; returns at once."""
         if not self._running:
             self._start()
-        task = CopyTask()
+        task = Task()
         self._tasks.put((fn, dst, src, task))
         return task
 

@@ -333,3 +333,54 @@ def test_copy_threads_run_every_task_and_hand_errors_to_the_waiter():
     copier.submit(np.copyto, again, src).wait()
     assert np.array_equal(again, src)
     copier.close()
+
+
+@pytest.mark.parametrize("on_thread", [True, False])
+def test_a_sync_clients_ring_waits_for_its_jobs_on_a_thread_of_its_own(private_daemon,
+                                                                        monkeypatch, on_thread):
+    d = private_daemon()
+    with _ring_client(d) as c:
+        c.staging.wait_on_thread = on_thread
+        waits = []
+        wait_plan = gpuq.Job._wait_plan
+
+        def spy(job, timeout, on_progress):
+            if not job.finished:  # a wait that asks gpuqd
+                waits.append(threading.current_thread().name)
+            return (yield from wait_plan(job, timeout, on_progress))
+        monkeypatch.setattr(gpuq.Job, "_wait_plan", spy)
+        a = np.arange((9 << 20) // 4, dtype=np.int32)
+        job = c.put_array("waited", a)
+        assert job.state == "done" and job.result["path"] == "ring"
+        out = np.zeros_like(a)
+        c.get_array("waited", out=out)
+        assert np.array_equal(out, a)
+        jobs = 2 * len(c.staging._groups(9))
+        where = {"gpuq-waiter"} if on_thread else {threading.current_thread().name}
+        assert len(waits) == jobs and set(waits) == where, waits
+        c.free("waited")
+
+
+def test_a_job_that_fails_under_the_waiter_fails_the_transfer_after_the_rest_ended(
+        private_daemon, monkeypatch):
+    d = private_daemon()
+    with _ring_client(d) as c:
+        a = np.arange((12 << 20) // 4, dtype=np.int32)
+        waited = []
+        wait_plan = gpuq.Job._wait_plan
+
+        def fails_third(job, timeout, on_progress):
+            waited.append(job)
+            done = yield from wait_plan(job, timeout, on_progress)
+            if len(waited) == 3:
+                raise gpuq.DeviceError("the third group's job failed")
+            return done
+        monkeypatch.setattr(gpuq.Job, "_wait_plan", fails_third)
+        with pytest.raises(gpuq.DeviceError, match="third group"):
+            c.put_array("fails", a)
+        # Every job submitted had ended before the error reached the caller.
+        assert len(waited) >= 3 and all(j.finished for j in waited)
+        monkeypatch.undo()
+        assert c.put_array("fails", a).result["path"] == "ring"
+        assert np.array_equal(c.get_array("fails"), a)
+        c.free("fails")
