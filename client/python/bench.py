@@ -254,6 +254,13 @@ def copy_rows(args: argparse.Namespace, client: gpuq.Client, nbytes: int,
         held = torch.from_dlpack(att).view(torch.float32).reshape(t_gpu.shape)
         rows.append(("D2D", ".copy_() into a held attachment",
                      median_gbps(nbytes, r, lambda: held.copy_(t_gpu), sync), "D2D", d2d))
+        # put_array/get_array while the caller holds that lease go through it.
+        rows.append(("D2D", "put_array (CUDA tensor, lease held)",
+                     median_gbps(nbytes, r, lambda: client.put_array(cname, t_gpu)),
+                     "D2D", d2d))
+        rows.append(("D2D", "get_array (out=CUDA, lease held)",
+                     median_gbps(nbytes, r, lambda: client.get_array(cname, out=g_out)),
+                     "D2D", d2d))
         sync()
     if not torch.equal(g_out, t_gpu):
         raise SystemExit("get_array(out=cuda tensor) did not give back what put_array stored")

@@ -117,6 +117,10 @@ class Api(ComputeOps):
         # device arrays, by NAME@GPU (arrays.py), and those to unmap at close.
         self._mappings: Dict[str, Any] = {}
         self._stale_mappings: List[Any] = []
+        # Attachments this client holds (attach until release or a broken lease),
+        # by lease: put_array/get_array of a device array copy through one
+        # that covers their buffer, with no attach or release (arrays.py).
+        self._held: Dict[int, "share.Attachment"] = {}
         # The pinned ring ordinary arrays travel through (staging.py).
         self._staging = staging if staging is not None else Staging()
 
@@ -624,6 +628,7 @@ class Api(ComputeOps):
             att = share.Attachment(reply["job"]["result"], fds[0])
             att.record = dict(reply["job"])
             att._client = self
+            self._held[att.lease] = att
             return att
         except BaseException:
             yield Call("release", {"lease": reply["job"]["result"]["lease"]})
@@ -634,6 +639,7 @@ class Api(ComputeOps):
 
     def release(self, attachment: "share.Attachment") -> Dict[str, Any]:
         """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on)."""
+        self._held.pop(attachment.lease, None)
         attachment.unmap()
         return self._request_kw("release", lease=attachment.lease)
 

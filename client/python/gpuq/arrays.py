@@ -462,15 +462,22 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
         return None
     label = f"{name}@{buf['device']}"
     start = time.monotonic()
-    lease, record, att = yield from _lease_plan(api, label, "read-write", job.get("timeout"))
-    try:
-        _device_copy(att, arr, into_attachment=True)
-    finally:
-        yield Call("release", {"lease": lease})
+    held = held_attachment(api, label, write=True)
+    if held is not None:  # the caller's own lease: no attach, no release
+        _device_copy(held, arr, into_attachment=True)
+        record, path = held.record, "held"
+    else:
+        lease, record, att = yield from _lease_plan(api, label, "read-write",
+                                                    job.get("timeout"))
+        try:
+            _device_copy(att, arr, into_attachment=True)
+        finally:
+            yield Call("release", {"lease": lease})
+        path = "device"
     api._shapes[label] = tuple(shape)  # gpuqd keeps the shape given at alloc
     seconds = time.monotonic() - start
     return Job(api, dict(record, result=dict(
-        record.get("result") or {}, bytes=nbytes, seconds=seconds, path="device",
+        record.get("result") or {}, bytes=nbytes, seconds=seconds, path=path,
         gbps=nbytes / seconds / 1e9 if seconds > 0 else 0.0)))
 
 
@@ -484,12 +491,29 @@ def _device_get_plan(api: "Api", label: str, buf: Dict[str, Any], out: Any,
         host = yield from get_array_plan(api, label, None, None, None, job)
         _host_into_device(host, out)
         return out
+    held = held_attachment(api, label, write=False)
+    if held is not None:  # the caller's own lease: no attach, no release
+        _device_copy(held, out, into_attachment=False)
+        return out
     lease, _, att = yield from _lease_plan(api, label, "read", job.get("timeout"))
     try:
         _device_copy(att, out, into_attachment=False)
     finally:
         yield Call("release", {"lease": lease})
     return out
+
+
+def held_attachment(api: "Api", label: str, write: bool) -> Any:
+    """An attachment of buffer ``label`` (NAME@GPU) that this client holds, with the
+    access a copy needs (``write``: a read-write lease), or None. While the
+    caller holds a lease, gpuqd's jobs that conflict with it wait, so a copy
+    through it needs no lease of its own: that saves the attach, the import
+    check and the release, three round trips (about 1 ms at 256 MiB on the
+    H200, where the copy itself takes 0.13 ms)."""
+    for att in api._held.values():
+        if att.buffer == label and att.ptr and (att.writable or not write):
+            return att
+    return None
 
 
 def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float]) -> Plan:
@@ -529,6 +553,10 @@ def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float]) -> 
 def drop_mappings(api: "Api", name: Optional[str], unmap: bool) -> None:
     """Forgets the kept mappings of buffers called ``name`` (None: all), and unmaps
     them now (``unmap``: no lease of this client's uses them) or at close."""
+    name = None if name is None else base_name(name)
+    for lease in [k for k, att in api._held.items()
+                  if name is None or base_name(att.buffer) == name]:
+        del api._held[lease]  # copies take a lease of their own again
     gone = [k for k in api._mappings if name is None or base_name(k) == name]
     stale = [api._mappings.pop(k) for k in gone]
     if name is None:

@@ -217,6 +217,13 @@ def test_cuda_tensors_go_device_to_device(client, name):
         with buf.attach() as a:
             seen = torch.from_dlpack(a)  # the buffer's own memory, no copy
             assert torch.equal(seen.reshape(256, 256).cpu(), t.cpu())
+            # While the client holds the lease, its copies go through it.
+            job = client.put_array(name, t * 2)
+            assert job.result["path"] == "held"
+            torch.cuda.synchronize()
+            assert torch.equal(seen.reshape(256, 256), t * 2)
+            assert client.get_array(name, out=out) is out and torch.equal(out, t * 2)
+        assert client.put_array(name, t).result["path"] == "device"
         with pytest.raises(gpuq.BadRequest):
             client.put_array(name, t[:10])  # the wrong size is refused, nothing sent
     finally:

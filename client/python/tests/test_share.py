@@ -166,3 +166,31 @@ def test_a_broken_lease_makes_the_kept_mapping_stale(daemon, name):
         c.request("release", lease=lease)
         assert fresh is not att
         c.free(name)
+
+
+def test_an_attachment_the_client_holds_serves_its_device_copies_until_released(client,
+                                                                                name):
+    from gpuq.arrays import held_attachment
+    client.alloc(name, count=1024, dtype="f32", shareable=True)
+    label = f"{name}@{client.buffer(name).device}"
+    try:
+        assert held_attachment(client, label, write=False) is None
+        with client.attach(name, mode="read") as r:
+            # A read lease serves gets only; another buffer's never.
+            assert held_attachment(client, label, write=False) is r
+            assert held_attachment(client, label, write=True) is None
+            assert held_attachment(client, f"{name}x@0", write=False) is None
+        assert held_attachment(client, label, write=False) is None  # released
+        with client.attach(name) as w:
+            assert held_attachment(client, label, write=True) is w
+            # A broken lease (the event gpuqd sends its holder) ends that at once.
+            client._notice({"event": "lease_broken", "lease": w.lease, "buffer": name})
+            assert held_attachment(client, label, write=True) is None
+        with client.attach(name) as w:
+            assert held_attachment(client, label, write=True) is w
+            freed = client.free(name, detach=True)  # waits for the lease; forgotten now
+            assert held_attachment(client, label, write=True) is None
+        assert freed.wait().state == "done"
+    finally:
+        if any(b["name"] == name for b in client.buffers()):
+            client.free(name)
