@@ -12,6 +12,7 @@ is a plain lock the thread releases: no futures, no per-task conditions.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Any, Callable, List, Optional
@@ -55,9 +56,12 @@ class Copier:
         self.threads = threads
         self._tasks: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._running: List[threading.Thread] = []
+        self._pid = os.getpid()
 
     def submit(self, fn: Callable[[Any, Any], None], dst: Any, src: Any) -> Task:
         """Runs ``fn(dst, src)`` on a copy thread; returns at once."""
+        if self._pid != os.getpid():  # a forked child has none of its parent's threads
+            self._tasks, self._running, self._pid = queue.SimpleQueue(), [], os.getpid()
         if not self._running:
             self._start()
         task = Task()

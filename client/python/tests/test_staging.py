@@ -384,3 +384,23 @@ def test_a_job_that_fails_under_the_waiter_fails_the_transfer_after_the_rest_end
         assert c.put_array("fails", a).result["path"] == "ring"
         assert np.array_equal(c.get_array("fails"), a)
         c.free("fails")
+
+
+def test_a_forked_child_gets_copy_threads_of_its_own():
+    import os
+    from gpuq.copier import Copier
+    copier = Copier(2)
+    src = np.arange(4096, dtype=np.uint8)
+    out = np.zeros_like(src)
+    copier.submit(np.copyto, out, src).wait()  # the parent's threads are running
+    pid = os.fork()
+    if pid == 0:  # the child: its copy must still run, on threads of its own
+        child = np.zeros_like(src)
+        try:
+            copier.submit(np.copyto, child, src).wait()
+            os._exit(0 if np.array_equal(child, src) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    copier.close()
