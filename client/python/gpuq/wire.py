@@ -8,7 +8,7 @@ sync and asyncio connections feed it whatever their sockets read.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Union
 
 import msgpack
 
@@ -106,7 +106,9 @@ class FrameReader:
         self.max_frame = max_frame
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> List[Dict[str, Any]]:
+    def feed(self, data: Union[bytes, memoryview]) -> List[Dict[str, Any]]:
+        """The maps completed by ``data``, decoded before this returns (``data`` may
+        be a view of a buffer that the next read overwrites)."""
         if not self._buf and len(data) >= HEADER:
             # The common case, one whole frame per read: decoded in place.
             size = int.from_bytes(data[:HEADER], "big")
@@ -127,7 +129,7 @@ class FrameReader:
         return maps
 
     @staticmethod
-    def _decode(payload: bytes) -> Dict[str, Any]:
+    def _decode(payload: Union[bytes, memoryview]) -> Dict[str, Any]:
         try:
             obj = msgpack.unpackb(payload, raw=False, unicode_errors="replace",
                                   strict_map_key=False)
