@@ -8,7 +8,7 @@ sync and asyncio connections feed it whatever their sockets read.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Union
+from typing import Any, Dict, List, Mapping, Tuple, Union
 
 import msgpack
 
@@ -80,6 +80,8 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
     """The frame of a request: ``v``, ``id``, ``op``, then every field not None
     (and ``fds`` when descriptors ride with it). ``packer``: :func:`new_packer`'s,
     used by one thread at a time."""
+    if packer is not None and not fds and not fields:
+        return _bare_request(op, request_id, packer)
     message: Dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
     for key, value in fields.items():
         if value is not None and key not in message:
@@ -89,6 +91,24 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
     if packer is None:
         return encode_frame(message)
     payload = packer.pack(message)
+    return len(payload).to_bytes(HEADER, "big") + payload
+
+
+# The packed map of a request with only v, id and op (ping, jobs, the listings),
+# split around its id, by op: made once, so that each such request packs only
+# its id. The map's keys are in the order encode_request packs them.
+_BARE: Dict[str, Tuple[bytes, bytes]] = {}
+
+
+def _bare_request(op: str, request_id: int, packer: Any) -> bytes:
+    """encode_request's frame for a request without fields, from _BARE's parts."""
+    parts = _BARE.get(op)
+    if parts is None:
+        head = (bytes([0x80 | 3]) + packer.pack("v") + packer.pack(PROTOCOL_VERSION)
+                + packer.pack("id"))  # 0x8N: a map of N (< 16) pairs
+        parts = _BARE[op] = (head, packer.pack("op") + packer.pack(op))
+    head, tail = parts
+    payload = b"".join((head, packer.pack(request_id), tail))
     return len(payload).to_bytes(HEADER, "big") + payload
 
 
