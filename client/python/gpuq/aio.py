@@ -17,8 +17,8 @@ import time
 from typing import Any, Deque, Dict, Optional, Sequence, Union
 
 from .aio_methods import AsyncMethods
-from .api import Plan, ProgressHandler, _body, _job_call
-from .client import ClientBase
+from .api import Plan, ProgressHandler, _job_call
+from .client import ClientBase, _own_body
 from .connection import ConnectionBase, _copy_error
 from .dispatch import Call
 from .job import Job
@@ -356,7 +356,7 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
         reply = await self._call(Call(op, fields))
         if not reply.get("ok"):
             raise self._refusal(reply)
-        return _body(reply)
+        return _own_body(reply)
 
     async def _job_kw(self, op: str, *,
                       priority: Optional[str] = None, detach: bool = False,
