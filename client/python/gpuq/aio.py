@@ -117,7 +117,8 @@ class AsyncConnection(ConnectionBase):
                 raise
             return await future
         finally:
-            self._d.forget(rid)
+            if rid in self._d.pending:  # a reply routed took it off the books already
+                self._d.forget(rid)
             self._due.pop(rid, None)
             if expiry is not None:
                 expiry.cancel()

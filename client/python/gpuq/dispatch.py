@@ -191,7 +191,8 @@ class Dispatcher:
 
     def take(self, data: memoryview, fds: List[int]) -> Tuple[bool, Optional[BaseException]]:
         """Routes what :meth:`read` returned; as :meth:`receive`."""
-        self.fds.extend(fds)
+        if fds:
+            self.fds.extend(fds)
         if not data:
             return False, self.eof_error()
         try:
