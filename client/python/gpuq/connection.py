@@ -214,7 +214,7 @@ class Connection(ConnectionBase):
             try:
                 sent = socket.send_fds(self._sock, [data], list(fds)) if fds else 0
                 if sent < len(data):
-                    self._sock.sendall(memoryview(data)[sent:])
+                    self._sock.sendall(memoryview(data)[sent:] if sent else data)
             except OSError as exc:
                 why = ConnectionError(f"cannot send to gpuqd at {self.path}: "
                                       f"{exc.strerror or exc}")
