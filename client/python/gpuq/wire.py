@@ -80,7 +80,7 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
     """The frame of a request: ``v``, ``id``, ``op``, then every field not None
     (and ``fds`` when descriptors ride with it). ``packer``: :func:`new_packer`'s,
     used by one thread at a time."""
-    if packer is not None and not fds and not fields:
+    if packer is not None and not fds and not fields and type(op) is str:
         return _bare_request(op, request_id, packer)
     message: Dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
     for key, value in fields.items():
@@ -96,8 +96,10 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
 
 # The packed map of a request with only v, id and op (ping, jobs, the listings),
 # split around its id, by op: made once, so that each such request packs only
-# its id. The map's keys are in the order encode_request packs them.
+# its id. The map's keys are in the order encode_request packs them. Kept for
+# the first _BARE_OPS ops seen (the protocol has fewer; request() takes any).
 _BARE: Dict[str, Tuple[bytes, bytes]] = {}
+_BARE_OPS = 64
 
 
 def _bare_request(op: str, request_id: int, packer: Any) -> bytes:
@@ -106,7 +108,9 @@ def _bare_request(op: str, request_id: int, packer: Any) -> bytes:
     if parts is None:
         head = (bytes([0x80 | 3]) + packer.pack("v") + packer.pack(PROTOCOL_VERSION)
                 + packer.pack("id"))  # 0x8N: a map of N (< 16) pairs
-        parts = _BARE[op] = (head, packer.pack("op") + packer.pack(op))
+        parts = (head, packer.pack("op") + packer.pack(op))
+        if len(_BARE) < _BARE_OPS:
+            _BARE[op] = parts
     head, tail = parts
     payload = b"".join((head, packer.pack(request_id), tail))
     return len(payload).to_bytes(HEADER, "big") + payload

@@ -236,6 +236,11 @@ def test_requests_without_fields_are_packed_as_any_other():
             whole = encode_frame({"v": 1, "id": rid, "op": op})
             assert encode_request(op, rid, {}, 0, packer) == whole
             assert encode_request(op, rid, {"device": None}, 0, packer) == whole
+    for n in range(100):  # more ops than are kept pre-packed
+        for _ in range(2):
+            op = f"op{n}"
+            assert encode_request(op, n, {}, 0, packer) == encode_frame(
+                {"v": 1, "id": n, "op": op})
     assert msgpack.unpackb(encode_request("ping", 5, {}, 1, packer)[4:])["fds"] == 1
 
 
