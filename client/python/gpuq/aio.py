@@ -14,11 +14,11 @@ import asyncio
 import collections
 import socket
 import time
-from typing import Any, Deque, Dict, Optional, Sequence
+from typing import Any, Deque, Dict, Optional, Sequence, Union
 
 from .aio_methods import AsyncMethods
-from .api import Plan, ProgressHandler, _body, _job_call
-from .client import ClientBase
+from .api import Plan, ProgressHandler, _job_call
+from .client import ClientBase, _own_body
 from .connection import ConnectionBase, _copy_error
 from .dispatch import Call
 from .job import Job
@@ -72,20 +72,22 @@ class AsyncConnection(ConnectionBase):
         self._due_timer: Optional[asyncio.TimerHandle] = None
         self._pinger: Optional["asyncio.Task[None]"] = None  # held: the loop keeps weak ones
 
-    def _start(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.get_running_loop()
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Binds the connection to ``loop``, the running one, on its first call."""
         if self._loop is None:
             self._loop = loop
             self._d.last_heard = time.monotonic()
             loop.add_reader(self._sock.fileno(), self._readable)
         elif self._loop is not loop:
             raise RuntimeError("an AsyncClient is bound to the event loop it first ran on")
-        return loop
 
     async def call(self, call: Call) -> Dict[str, Any]:
         """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
-        self._check_open()
-        loop = self._start()
+        if self._closed is not None:
+            self._check_open()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._start(loop)
         future: "asyncio.Future[Dict[str, Any]]" = loop.create_future()
         rid, frame = self._d.add(call, _FutureSlot(future, call.on_event))
         now = time.monotonic()
@@ -102,7 +104,12 @@ class AsyncConnection(ConnectionBase):
             self._arm()
         try:
             try:
-                await self._send(frame, call.fds)
+                if self._sending or call.fds:
+                    await self._send(frame, call.fds)
+                else:  # the common case: sent from here, without a coroutine
+                    rest = self._send_at_once(frame)
+                    if rest is not None:
+                        await self._send_held(rest, ())
             except ConnectionError:
                 why = future.exception() if future.done() else None
                 if why is not None:
@@ -110,7 +117,8 @@ class AsyncConnection(ConnectionBase):
                 raise
             return await future
         finally:
-            self._d.forget(rid)
+            if rid in self._d.pending:  # a reply routed took it off the books already
+                self._d.forget(rid)
             self._due.pop(rid, None)
             if expiry is not None:
                 expiry.cancel()
@@ -136,9 +144,24 @@ class AsyncConnection(ConnectionBase):
         if slot is not None:
             slot.fail(error)
 
+    def _send_at_once(self, data: bytes) -> Optional[memoryview]:
+        """Sends a frame with one send while the send turn is free (the caller
+        checked). None when it all went; else the turn is taken and what is
+        left returned, for :meth:`_send_held` (the socket's buffer was full)."""
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            raise self._send_failed(exc) from exc
+        if sent == len(data):
+            return None
+        self._sending = True
+        return memoryview(data)[sent:]
+
     async def _send(self, data: bytes, fds: Sequence[int]) -> None:
-        """Sends one whole frame, the descriptors with its first byte; a failure
-        part way leaves the stream out of step and closes the connection."""
+        """Sends one whole frame, the descriptors with its first byte, when the send
+        turn comes."""
         if self._sending:
             assert self._loop is not None
             turn: "asyncio.Future[None]" = self._loop.create_future()
@@ -150,6 +173,11 @@ class AsyncConnection(ConnectionBase):
                     self._hand_over()  # handed the turn, then cancelled: pass it on
                 raise
         self._sending = True
+        await self._send_held(data, fds)
+
+    async def _send_held(self, data: Union[bytes, memoryview], fds: Sequence[int]) -> None:
+        """Sends ``data`` holding the send turn, then hands the turn on; a failure
+        part way leaves the stream out of step and closes the connection."""
         try:
             try:
                 sent = 0
@@ -162,13 +190,17 @@ class AsyncConnection(ConnectionBase):
                     except (BlockingIOError, InterruptedError):
                         await self._writable()
             except OSError as exc:
-                why = ConnectionError(f"cannot send to gpuqd at {self.path}: "
-                                      f"{exc.strerror or exc}")
-                self._break((self._d.salvage(self._sock) if self._closed is None else None)
-                            or why)
-                raise why from exc
+                raise self._send_failed(exc) from exc
         finally:
             self._hand_over()
+
+    def _send_failed(self, exc: OSError) -> ConnectionError:
+        """Closes the connection after a send failed (with the daemon's last words
+        when they are already here); the error to raise."""
+        why = ConnectionError(f"cannot send to gpuqd at {self.path}: "
+                              f"{exc.strerror or exc}")
+        self._break((self._d.salvage(self._sock) if self._closed is None else None) or why)
+        return why
 
     def _hand_over(self) -> None:
         """Gives the send turn to the first waiter still waiting, or frees it."""
@@ -325,7 +357,7 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
         reply = await self._call(Call(op, fields))
         if not reply.get("ok"):
             raise self._refusal(reply)
-        return _body(reply)
+        return _own_body(reply)
 
     async def _job_kw(self, op: str, *,
                       priority: Optional[str] = None, detach: bool = False,

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any, Dict, Iterator, Optional
 
-from .api import Api, Plan, ProgressHandler, _body, _job_call
+from .api import Api, Plan, ProgressHandler, _job_call
 from .arrays import drop_mappings
 from .connection import Connection
 from .dispatch import Call
@@ -25,6 +25,14 @@ DEFAULT_TIMEOUT = 30.0
 #: A job never is: it may have run in the gpuqd that went away.
 RETRY_SAFE = frozenset({"ping", "devices", "buffers", "jobs", "status", "wait", "stats",
                         "quota", "metrics", "regions", "leases"})
+
+
+def _own_body(reply: Dict[str, Any]) -> Dict[str, Any]:
+    """api._body's map, made by taking the envelope out of ``reply`` itself: the
+    reply a call returns is a map nothing else holds, so it need not be copied."""
+    reply.pop("id", None)
+    reply.pop("ok", None)
+    return reply
 
 
 class ClientBase(Api):
@@ -218,7 +226,7 @@ class Client(ClientBase):
         reply = self._call(Call(op, fields))
         if not reply.get("ok"):
             raise self._refusal(reply)
-        return _body(reply)
+        return _own_body(reply)
 
     def _job_kw(self, op: str, *, priority: Optional[str] = None, detach: bool = False,
                 timeout: Optional[float] = None,

@@ -137,6 +137,7 @@ class Connection(ConnectionBase):
                 self._reading = True
                 self._leader = slot
                 self._leader_thread = threading.get_ident()
+        settled = False  # the reply is here and the books are square (_lead)
         try:  # the slot goes in before the frame goes out: the reply may come at once
             try:
                 self._send(frame, call.fds)
@@ -146,26 +147,42 @@ class Connection(ConnectionBase):
                 raise
             deadline = d.deadline(call, time.monotonic())
             if lead:
-                self._lead(slot, deadline)
+                reply = self._lead(slot, deadline)
+                if reply is not None:
+                    settled = True
+                    return reply
             return self._await(rid, slot, deadline, call.on_event)
         finally:
-            with self._cond:
-                if self._leader is slot:  # the send failed before _lead ran
-                    self._release_reader()
-                d.forget(rid)
+            if not settled:
+                with self._cond:
+                    if self._leader is slot:  # the send failed before _lead ran
+                        self._release_reader()
+                    d.forget(rid)
 
-    def _lead(self, slot: _Slot, deadline: Optional[float]) -> None:
+    def _lead(self, slot: _Slot, deadline: Optional[float]) -> Optional[Dict[str, Any]]:
         """Reads as the reader until ``slot`` has its reply, an event or an error,
-        then gives the reader's turn back (waking the others)."""
+        then gives the reader's turn back (waking the others).
+
+        Returns the reply when it came and no event before it: the reader's
+        turn was given back under the same lock as the reply was routed, and
+        routing it took the request off the books, so nothing is left to do.
+        Otherwise None, and _await carries on.
+        """
         try:
             while slot.reply is None and not slot.events and slot.error is None:
                 if self._closed is not None or (deadline is not None and
                                                 time.monotonic() >= deadline):
                     break  # _await raises what applies
-                self._read_once(deadline)
-        finally:
+                if self._read_once(deadline, slot):
+                    return slot.reply
+        except BaseException:
             with self._cond:
-                self._release_reader()
+                if self._leader is slot:  # not given back already by _read_once
+                    self._release_reader()
+            raise
+        with self._cond:
+            self._release_reader()
+        return None
 
     def _release_reader(self) -> None:
         """Called under the lock by the thread that reads."""
@@ -197,7 +214,7 @@ class Connection(ConnectionBase):
             try:
                 sent = socket.send_fds(self._sock, [data], list(fds)) if fds else 0
                 if sent < len(data):
-                    self._sock.sendall(memoryview(data)[sent:])
+                    self._sock.sendall(memoryview(data)[sent:] if sent else data)
             except OSError as exc:
                 why = ConnectionError(f"cannot send to gpuqd at {self.path}: "
                                       f"{exc.strerror or exc}")
@@ -257,12 +274,15 @@ class Connection(ConnectionBase):
         step = self.timeout / 4
         return step if deadline is None else max(0.0, min(step, deadline - now))
 
-    def _read_once(self, deadline: Optional[float]) -> None:
+    def _read_once(self, deadline: Optional[float], lead: Optional[_Slot] = None) -> bool:
         """Reads what arrives within one slice and routes it (the reader only).
 
         The read blocks outside the lock (other threads send meanwhile) for
         at most the slice, the socket's SO_RCVTIMEO, which is set again only
-        when the slice changes (near a deadline).
+        when the slice changes (near a deadline). ``lead``: the reading
+        thread's own slot; when what was read is its reply and no event came
+        before it, the reader's turn is given back at once, under the lock
+        the reply was routed under, and True returned (one lock, not two).
         """
         left = None if deadline is None else deadline - time.monotonic()
         limit = (self._quarter if left is None or left > self._quarter + 0.001
@@ -273,14 +293,19 @@ class Connection(ConnectionBase):
         data, fds, fatal = self._d.read(self._sock)
         if data is None and fatal is None:
             self._check_liveness()
-            return
+            return False
+        answered = False
         if data is not None:
             with self._cond:
                 _, fatal = self._d.take(data, fds)
                 if self._sleepers:
                     self._cond.notify_all()
+                if lead is not None and lead.reply is not None and not lead.events:
+                    self._release_reader()
+                    answered = True
         if fatal is not None:
             self._break(fatal)
+        return answered
 
     def _check_liveness(self) -> None:
         with self._cond:

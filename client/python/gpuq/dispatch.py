@@ -84,6 +84,11 @@ class Dispatcher:
         self.ping_sent = 0.0
         # Descriptors received (SCM_RIGHTS) and not yet claimed by the reply they came with.
         self.fds: List[int] = []
+        # Every read lands here: recvmsg into a new bytes object of READ_CHUNK would
+        # cost an mmap, an mremap and an munmap per reply (it is above malloc's
+        # mmap threshold), more than the round trip's own two syscalls.
+        self._chunk = bytearray(READ_CHUNK)
+        self._chunk_view = memoryview(self._chunk)
         # Called with each event frame no pending request waits for (``lease_broken``),
         # on whichever thread reads: it must not block.
         self.on_notice: Optional[EventHandler] = None
@@ -165,12 +170,15 @@ class Dispatcher:
         return self.take(data, fds)
 
     def read(self, sock: socket.socket
-             ) -> Tuple[Optional[bytes], List[int], Optional[BaseException]]:
+             ) -> Tuple[Optional[memoryview], List[int], Optional[BaseException]]:
         """One read from ``sock``, no bookkeeping (it may block, outside any lock):
         the bytes and descriptors that came, or None and the error that ends
-        the connection (None too when nothing came in time)."""
+        the connection (None too when nothing came in time). The bytes are a
+        view of the connection's one read buffer: :meth:`take` them before
+        the next read (the connection has one reader at a time)."""
         try:
-            data, anc, _, _ = sock.recvmsg(READ_CHUNK, _FDS_SPACE, socket.MSG_CMSG_CLOEXEC)
+            size, anc, _, _ = sock.recvmsg_into([self._chunk], _FDS_SPACE,
+                                                socket.MSG_CMSG_CLOEXEC)
             fds = _rights(anc) if anc else []
         except (BlockingIOError, InterruptedError, socket.timeout):
             return None, [], None
@@ -179,11 +187,12 @@ class Dispatcher:
         except OSError as exc:
             return None, [], ConnectionError(f"reading from gpuqd at {self.path} failed: "
                                              f"{exc.strerror or exc}")
-        return data, fds, None
+        return self._chunk_view[:size], fds, None
 
-    def take(self, data: bytes, fds: List[int]) -> Tuple[bool, Optional[BaseException]]:
+    def take(self, data: memoryview, fds: List[int]) -> Tuple[bool, Optional[BaseException]]:
         """Routes what :meth:`read` returned; as :meth:`receive`."""
-        self.fds.extend(fds)
+        if fds:
+            self.fds.extend(fds)
         if not data:
             return False, self.eof_error()
         try:

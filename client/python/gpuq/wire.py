@@ -8,7 +8,7 @@ sync and asyncio connections feed it whatever their sockets read.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple, Union
 
 import msgpack
 
@@ -80,6 +80,8 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
     """The frame of a request: ``v``, ``id``, ``op``, then every field not None
     (and ``fds`` when descriptors ride with it). ``packer``: :func:`new_packer`'s,
     used by one thread at a time."""
+    if packer is not None and not fds and not fields and type(op) is str:
+        return _bare_request(op, request_id, packer)
     message: Dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
     for key, value in fields.items():
         if value is not None and key not in message:
@@ -89,6 +91,28 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
     if packer is None:
         return encode_frame(message)
     payload = packer.pack(message)
+    return len(payload).to_bytes(HEADER, "big") + payload
+
+
+# The packed map of a request with only v, id and op (ping, jobs, the listings),
+# split around its id, by op: made once, so that each such request packs only
+# its id. The map's keys are in the order encode_request packs them. Kept for
+# the first _BARE_OPS ops seen (the protocol has fewer; request() takes any).
+_BARE: Dict[str, Tuple[bytes, bytes]] = {}
+_BARE_OPS = 64
+
+
+def _bare_request(op: str, request_id: int, packer: Any) -> bytes:
+    """encode_request's frame for a request without fields, from _BARE's parts."""
+    parts = _BARE.get(op)
+    if parts is None:
+        head = (bytes([0x80 | 3]) + packer.pack("v") + packer.pack(PROTOCOL_VERSION)
+                + packer.pack("id"))  # 0x8N: a map of N (< 16) pairs
+        parts = (head, packer.pack("op") + packer.pack(op))
+        if len(_BARE) < _BARE_OPS:
+            _BARE[op] = parts
+    head, tail = parts
+    payload = b"".join((head, packer.pack(request_id), tail))
     return len(payload).to_bytes(HEADER, "big") + payload
 
 
@@ -106,7 +130,9 @@ class FrameReader:
         self.max_frame = max_frame
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> List[Dict[str, Any]]:
+    def feed(self, data: Union[bytes, memoryview]) -> List[Dict[str, Any]]:
+        """The maps completed by ``data``, decoded before this returns (``data`` may
+        be a view of a buffer that the next read overwrites)."""
         if not self._buf and len(data) >= HEADER:
             # The common case, one whole frame per read: decoded in place.
             size = int.from_bytes(data[:HEADER], "big")
@@ -127,7 +153,7 @@ class FrameReader:
         return maps
 
     @staticmethod
-    def _decode(payload: bytes) -> Dict[str, Any]:
+    def _decode(payload: Union[bytes, memoryview]) -> Dict[str, Any]:
         try:
             obj = msgpack.unpackb(payload, raw=False, unicode_errors="replace",
                                   strict_map_key=False)

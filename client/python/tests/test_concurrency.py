@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -118,3 +119,31 @@ def test_asyncio_progress_and_a_wait_that_runs_out(stalled):
             assert done.state == "done" and done.result["bytes"] == 500
             assert events and all(e["job"] == job.id for e in events)
     asyncio.run(main())
+
+
+def test_asyncio_frames_the_socket_cuts_short_go_whole_and_in_turn(fake):
+    # Frames larger than the socket's buffer, sent by tasks at once beside small
+    # ones while the daemon reads nothing yet: each frame goes out whole before
+    # another starts (one cut short holds the send turn), so every request
+    # arrives intact and each task gets its own reply.
+    big = 6
+    pads = [chr(ord("a") + i) * (700 << 10) for i in range(big)]
+
+    def handler(f, conn):
+        time.sleep(0.3)  # the client's socket buffer fills meanwhile
+        for _ in range(big + 4):
+            req = f.read_request(conn)
+            pad = req.get("pad", "")
+            f.reply(conn, req, first=pad[:1], length=len(pad), whole=pad == pad[:1] * len(pad))
+        time.sleep(1)
+    srv = fake(handler)
+
+    async def main():
+        async with gpuq.AsyncClient(srv.socket, timeout=10) as c:
+            calls = [c.request("ping", pad=p) for p in pads] + [c.ping() for _ in range(4)]
+            return await asyncio.gather(*calls)
+    out = asyncio.run(main())
+    for pad, reply in zip(pads, out):
+        assert (reply["first"], reply["length"], reply["whole"]) == (pad[0], len(pad), True)
+    assert all(reply["length"] == 0 for reply in out[big:])
+    assert len(srv.requests) == big + 4

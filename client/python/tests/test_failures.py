@@ -226,6 +226,24 @@ def test_numpy_scalars_and_paths_encode():
         encode_frame({"x": object()})
 
 
+def test_requests_without_fields_are_packed_as_any_other():
+    # ping and the listings reuse pre-packed parts around their id: the bytes
+    # must be those of the whole map packed at once, whatever the id's width.
+    from gpuq.wire import encode_request, new_packer
+    packer = new_packer()
+    for op in ("ping", "jobs", "x" * 40):
+        for rid in (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32, 2**63):
+            whole = encode_frame({"v": 1, "id": rid, "op": op})
+            assert encode_request(op, rid, {}, 0, packer) == whole
+            assert encode_request(op, rid, {"device": None}, 0, packer) == whole
+    for n in range(100):  # more ops than are kept pre-packed
+        for _ in range(2):
+            op = f"op{n}"
+            assert encode_request(op, n, {}, 0, packer) == encode_frame(
+                {"v": 1, "id": n, "op": op})
+    assert msgpack.unpackb(encode_request("ping", 5, {}, 1, packer)[4:])["fds"] == 1
+
+
 def test_too_many_descriptors_are_refused_before_sending(client):
     with pytest.raises(ValueError, match="at most 4"):
         client.request("noop", fds=[0, 0, 0, 0, 0])
