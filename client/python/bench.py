@@ -301,9 +301,7 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=None,
                    help="the staging ring's slots (default 64)")
     p.add_argument("--group", type=int, default=None,
-                   help="the staging ring's slots per job (default 8)")
-    p.add_argument("--wait-inline", action="store_true",
-                   help="the ring's jobs waited for by the calling thread, not the waiter")
+                   help="the staging ring's slots per job (default 4)")
     p.add_argument("--skip", choices=["dispatch", "copy"], action="append", default=[])
     args = p.parse_args()
     args.socket = args.socket or gpuq.default_socket()
@@ -315,7 +313,6 @@ def main() -> None:
     with gpuq.Client(args.socket, timeout=600, **ring) as client:
         if args.group is not None:
             client.staging.group = args.group
-        client.staging.wait_on_thread = not args.wait_inline
         backend = client.ping()["backend"]
         print(f"-- python client ({backend} backend, gpuq {gpuq.__version__}, "
               f"Python {sys.version.split()[0]})")

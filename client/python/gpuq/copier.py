@@ -17,25 +17,24 @@ import queue
 import threading
 from typing import Any, Callable, List, Optional
 
-__all__ = ["Copier", "Task"]
+__all__ = ["Copier", "CopyTask"]
 
 
-class Task:
-    """Work given to a thread (a copy, a job's wait): :meth:`wait` for it, :meth:`done`
-    to ask."""
+class CopyTask:
+    """One copy given to the threads: :meth:`wait` for it, :meth:`done` to ask."""
 
     __slots__ = ("_lock", "error")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._lock.acquire()  # released by the thread that did the work
+        self._lock.acquire()  # released by the thread that ran the copy
         self.error: Optional[BaseException] = None
 
     def done(self) -> bool:
         return not self._lock.locked()
 
     def wait(self) -> None:
-        """Blocks until the work is done; raises what it raised. May be called again."""
+        """Blocks until the copy ran; raises what it raised. May be called again."""
         self._lock.acquire()
         self._lock.release()
         if self.error is not None:
@@ -58,13 +57,13 @@ class Copier:
         self._running: List[threading.Thread] = []
         self._pid = os.getpid()
 
-    def submit(self, fn: Callable[[Any, Any], None], dst: Any, src: Any) -> Task:
+    def submit(self, fn: Callable[[Any, Any], None], dst: Any, src: Any) -> CopyTask:
         """Runs ``fn(dst, src)`` on a copy thread; returns at once."""
         if self._pid != os.getpid():  # a forked child has none of its parent's threads
             self._tasks, self._running, self._pid = queue.SimpleQueue(), [], os.getpid()
         if not self._running:
             self._start()
-        task = Task()
+        task = CopyTask()
         self._tasks.put((fn, dst, src, task))
         return task
 

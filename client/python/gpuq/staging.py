@@ -27,10 +27,8 @@ ranges are disjoint, so only the slots need the waits above.
 Slots of 2 MiB: on the H200 host twelve threads copied 2-4 MiB chunks at
 70 GB/s into pinned memory and 55 GB/s out of it, 8 MiB chunks at 48,
 and a slot just written is still in the caches when the DMA reads it.
-What sets the pace now is the calling thread's round trips, which is why
-a job moves several slots and why a sync client's jobs are waited for on
-a thread of their own (waiter.py), leaving the calling thread one round
-trip per job, its submission (docs/PERFORMANCE.md).
+What sets the pace now is the calling thread's round trips (two per job),
+which is why a job moves several slots (docs/PERFORMANCE.md).
 
 The ring is made on first use, sized to fit what gpuqd may still pin
 (its ``RLIMIT_MEMLOCK``, the ``host_pinned`` quota); when no ring can be
@@ -40,18 +38,16 @@ says why (a warning says it once).
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import os
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
 
-from .copier import Copier, Task
+from .copier import Copier, CopyTask
 from .dispatch import Call
 from .errors import GpuqError
-from .waiter import Waiter
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import Api
@@ -64,8 +60,6 @@ __all__ = ["Staging", "DEFAULT_SLOTS", "DEFAULT_SLOT_BYTES", "DEFAULT_GROUP",
 Plan = Generator[Call, Any, Any]
 #: (first chunk, chunk count) of one job.
 Group = Tuple[int, int]
-#: A submitted job as the plan waits for it: the waiter's task, or the Job.
-Pending = Union[Task, "Job"]
 
 #: Slots in the ring: enough that every copy thread has chunks queued while
 #: gpuqd moves a few groups. 64 x 2 MiB pins 128 MiB, as rings before it.
@@ -124,10 +118,6 @@ class Staging:
         self.unavailable: Optional[str] = None if slots else "staging is off (slots=0)"
         self._lock = threading.Lock()
         self._copier = Copier(self.threads)
-        #: Whether a sync client's jobs are waited for on a thread of their own
-        #: (waiter.py) rather than by the thread that submits them.
-        self.wait_on_thread = True
-        self._waiter: Optional[Waiter] = None
         self._ring: Any = None  # the region as one uint8 array
         #: Where the last transfer's time went, as this thread saw it: ``copy_wait_s``
         #: waiting for the copy threads, ``submit_s`` for gpuqd to take groups,
@@ -212,9 +202,6 @@ class Staging:
         and ends the copy threads."""
         self._unmap()
         self._copier.close()
-        if self._waiter is not None:
-            self._waiter.close()
-            self._waiter = None
 
     # Pieces of a transfer ------------------------------------------------------
 
@@ -262,16 +249,7 @@ class Staging:
         at = (chunk % self.slot_count) * self.slot_bytes
         return self._ring[at:at + n]
 
-    def _pending(self, api: "Api", job: "Job", timeout: Optional[float]) -> Pending:
-        """What the plan waits on for ``job``: a sync client's waiter task (the
-        wait's round trip made off this thread), else the job itself."""
-        if not self.wait_on_thread or inspect.iscoroutinefunction(api._drive):
-            return job
-        if self._waiter is None:
-            self._waiter = Waiter(api._drive)
-        return self._waiter.submit(job, timeout)
-
-    def _start_copy(self, dst: Any, src: Any) -> Task:
+    def _start_copy(self, dst: Any, src: Any) -> CopyTask:
         """Starts dst[:] = src (uint8 arrays of one length, a whole chunk) on a copy
         thread and returns at once."""
         return self._copier.submit(_copy, dst, src)
@@ -314,9 +292,9 @@ class Staging:
         slots = self.slot_count
         chunks = self._chunks(len(data))
         window = self._window()
-        readers: List[Optional[Pending]] = [None] * slots  # the job that last read each slot
-        copies: List[Task] = []  # chunk j's copy, for every chunk started
-        submitted: List[Pending] = []
+        readers: List[Optional["Job"]] = [None] * slots  # the job that last read each slot
+        copies: List[CopyTask] = []  # chunk j's copy, for every chunk started
+        submitted: List["Job"] = []
         clock = self._clock()
         wait = job.get("timeout")
 
@@ -325,9 +303,9 @@ class Staging:
             while len(copies) < min(end, len(chunks)):
                 j = len(copies)
                 reader = readers[j % slots]
-                if reader is not None and not _finished(reader):
+                if reader is not None and not reader.finished:
                     t = clock()
-                    yield from _until_finished(reader, wait)
+                    yield from reader._wait_plan(wait, None)
                     clock("daemon_wait_s", t)
                 off, n = chunks[j]
                 copies.append(self._start_copy(self._slot(j, n), data[off:off + n]))
@@ -349,14 +327,13 @@ class Staging:
                 last = yield from api._job_plan("put", req, priority=job.get("priority"),
                                                 detach=True)
                 clock("submit_s", t)
-                pending = self._pending(api, last, wait)
-                submitted.append(pending)
+                submitted.append(last)
                 self.timing["jobs"] += 1
                 for j in range(first, first + n):
-                    readers[j % slots] = pending
+                    readers[j % slots] = last
             t = clock()
             for done in submitted:
-                yield from _until_finished(done, wait)
+                yield from done._wait_plan(wait, None)
             clock("daemon_wait_s", t)
         except Exception:
             _finish(copies)
@@ -378,9 +355,8 @@ class Staging:
         slots = self.slot_count
         chunks = self._chunks(len(out))
         groups = self._groups(len(chunks))
-        copies: List[Task] = []  # chunk i's copy out, for every chunk started
+        copies: List[CopyTask] = []  # chunk i's copy out, for every chunk started
         jobs: List["Job"] = []  # group g's job, for every group submitted
-        pending: List[Pending] = []  # what to wait on for each of them
         clock = self._clock()
         wait = job.get("timeout")
 
@@ -399,7 +375,6 @@ class Staging:
             req = dict(buffer=label, **self._range(chunks, groups[g]))
             jobs.append((yield from api._job_plan("get", req, priority=job.get("priority"),
                                                   detach=True)))
-            pending.append(self._pending(api, jobs[-1], wait))
             clock("submit_s", t)
             self.timing["jobs"] += 1
 
@@ -412,8 +387,7 @@ class Staging:
                 yield from submit(len(jobs))
             for g, (first, n) in enumerate(groups):
                 t = clock()
-                yield from _until_finished(pending[g], wait)
-                last = jobs[g]
+                last = yield from jobs[g]._wait_plan(wait, None)
                 clock("daemon_wait_s", t)
                 for i in range(first, first + n):
                     off, size = chunks[i]
@@ -426,7 +400,7 @@ class Staging:
             clock("first_copy_s", t)
         except Exception:
             _finish(copies)
-            yield from _drain(pending)
+            yield from _drain([j for j in jobs if not j.finished])
             raise
         return last
 
@@ -437,19 +411,7 @@ def _copy(dst: Any, src: Any) -> None:
     np.copyto(dst, src)
 
 
-def _finished(pending: Pending) -> bool:
-    return pending.done() if isinstance(pending, Task) else pending.finished
-
-
-def _until_finished(pending: Pending, timeout: Optional[float]) -> Plan:
-    """Waits for a submitted job: on its waiter task, or with a ``wait`` request."""
-    if isinstance(pending, Task):
-        pending.wait()
-    else:
-        yield from pending._wait_plan(timeout, None)
-
-
-def _finish(copies: List[Task]) -> None:
+def _finish(copies: List[CopyTask]) -> None:
     """After a failure: waits for the copies already given to the threads, so that
     none writes a slot the next transfer uses; their own errors are dropped."""
     for c in copies:
@@ -459,18 +421,15 @@ def _finish(copies: List[Task]) -> None:
             pass
 
 
-def _drain(jobs: List[Pending]) -> Plan:
+def _drain(jobs: List[Any]) -> Plan:
     """After a failure: waits for the jobs still in flight, so that no slot is
     reused while gpuqd still reads or writes it; their own errors are dropped
     (the first failure is the one raised)."""
     for j in jobs:
-        if _finished(j):
+        if j is None:
             continue
         try:
-            if isinstance(j, Task):
-                j.wait()
-            else:
-                yield from j._wait_plan(None, None)
+            yield from j._wait_plan(None, None)
         except Exception:
             pass
 

@@ -335,34 +335,8 @@ def test_copy_threads_run_every_task_and_hand_errors_to_the_waiter():
     copier.close()
 
 
-@pytest.mark.parametrize("on_thread", [True, False])
-def test_a_sync_clients_ring_waits_for_its_jobs_on_a_thread_of_its_own(private_daemon,
-                                                                        monkeypatch, on_thread):
-    d = private_daemon()
-    with _ring_client(d) as c:
-        c.staging.wait_on_thread = on_thread
-        waits = []
-        wait_plan = gpuq.Job._wait_plan
-
-        def spy(job, timeout, on_progress):
-            if not job.finished:  # a wait that asks gpuqd
-                waits.append(threading.current_thread().name)
-            return (yield from wait_plan(job, timeout, on_progress))
-        monkeypatch.setattr(gpuq.Job, "_wait_plan", spy)
-        a = np.arange((9 << 20) // 4, dtype=np.int32)
-        job = c.put_array("waited", a)
-        assert job.state == "done" and job.result["path"] == "ring"
-        out = np.zeros_like(a)
-        c.get_array("waited", out=out)
-        assert np.array_equal(out, a)
-        jobs = 2 * len(c.staging._groups(9))
-        where = {"gpuq-waiter"} if on_thread else {threading.current_thread().name}
-        assert len(waits) == jobs and set(waits) == where, waits
-        c.free("waited")
-
-
-def test_a_job_that_fails_under_the_waiter_fails_the_transfer_after_the_rest_ended(
-        private_daemon, monkeypatch):
+def test_a_job_that_fails_fails_the_transfer_after_the_rest_ended(private_daemon,
+                                                                  monkeypatch):
     d = private_daemon()
     with _ring_client(d) as c:
         a = np.arange((12 << 20) // 4, dtype=np.int32)
