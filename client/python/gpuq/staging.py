@@ -16,9 +16,9 @@ slots run on persistent copy threads (copier.py), one task per chunk
 round trips cost a few percent of the DMA they start, and the first group
 is a single chunk, so that the first DMA starts after one chunk's copy.
 
-A put copies chunks ahead into every slot gpuqd is not reading (the
-window), submits a group's ``put`` once all its copies are done, in order,
-and reuses a slot only after the job that last read it is done. A get
+A put copies chunks up to half the ring ahead (the window; the other half
+is gpuqd's), submits a group's ``put`` once all its copies are done, in
+order, and reuses a slot only after the job that last read it is done. A get
 mirrors it: the daemon fills each group of slots whose copies out are
 done, and a finished group's chunks are copied out in parallel. Jobs on
 one buffer keep their order in gpuqd where their ranges meet; chunks'
