@@ -421,6 +421,20 @@ uint64_t device_mem_free(struct gpuq_client *c, int device)
 	return n;
 }
 
+uint64_t quota_used(struct gpuq_client *c, const char *what)
+{
+	char path[128];
+	snprintf(path, sizeof path, "users.0.used.%s", what);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "quota");
+	mp_put_u64(&req, "uid", (uint64_t)getuid());
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "quota");
+	uint64_t used = reply_u64(r, path);
+	gpuq_reply_free(r);
+	return used;
+}
+
 /* Whether the caller has a buffer called name; *ephemeral says how it was made. */
 bool has_buffer(struct gpuq_client *c, const char *name, bool *ephemeral)
 {

@@ -105,6 +105,8 @@ void require_memlock(struct gpuq_client *c, uint64_t bytes);
 int device_count(struct gpuq_client *c);
 /* A device's free memory as `devices` reports it (the host arena counts exactly). */
 uint64_t device_mem_free(struct gpuq_client *c, int device);
+/* What the caller's quota says it uses: `quota`'s users.0.used.<what> (e.g. "host_pinned"). */
+uint64_t quota_used(struct gpuq_client *c, const char *what);
 /* Whether the caller has a buffer called name; *ephemeral (may be NULL) says how it was made. */
 bool has_buffer(struct gpuq_client *c, const char *name, bool *ephemeral);
 /* Waits up to 3 s for the caller's buffer name to be gone; false if it stays. */

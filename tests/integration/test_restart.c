@@ -51,19 +51,6 @@ static void buffer_state(struct gpuq_client *c, const char *name, char *state, s
 	gpuq_reply_free(r);
 }
 
-/* The bytes quota counts against the caller's buffers on device 0. */
-static uint64_t quota_device0(struct gpuq_client *c)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "quota");
-	mp_put_u64(&req, "uid", (uint64_t)getuid());
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "quota");
-	uint64_t used = reply_u64(r, "users.0.used.device_memory.0");
-	gpuq_reply_free(r);
-	return used;
-}
-
 TEST(restart_keeps_buffers_connections_and_pid)
 {
 	struct daemon_proc d;
@@ -75,7 +62,7 @@ TEST(restart_keeps_buffers_connections_and_pid)
 	do_fill_random(c, "small", 1);
 	do_fill_random(c, "big", 2);
 	uint64_t sum_small = do_checksum(c, "small"), sum_big = do_checksum(c, "big");
-	uint64_t pid = 0, quota = quota_device0(c);
+	uint64_t pid = 0, quota = quota_used(c, "device_memory.0");
 	CHECK_EQ(quota, 65 * MIB);
 	CHECK_EQ(ping_restarts(c, &pid), 0);
 	struct gpuq_reply *r = restart_call(c, NULL);
@@ -86,7 +73,7 @@ TEST(restart_keeps_buffers_connections_and_pid)
 	uint64_t pid2 = 0;
 	ping_restarts(c, &pid2);
 	CHECK_EQ(pid2, pid);
-	CHECK_EQ(quota_device0(c), quota); /* quota usage follows the buffers taken over */
+	CHECK_EQ(quota_used(c, "device_memory.0"), quota); /* quota usage follows the buffers taken over */
 	CHECK_EQ(do_checksum(c, "small"), sum_small);
 	CHECK_EQ(do_checksum(c, "big"), sum_big);
 	CHECK(has_buffer(c, "big", &ephemeral));

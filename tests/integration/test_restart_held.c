@@ -66,18 +66,6 @@ static bool region_goes(struct gpuq_client *c, const char *name)
 	return false;
 }
 
-static uint64_t host_pinned_used(struct gpuq_client *c)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "quota");
-	mp_put_u64(&req, "uid", (uint64_t)getuid());
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "quota");
-	uint64_t used = reply_u64(r, "users.0.used.host_pinned");
-	gpuq_reply_free(r);
-	return used;
-}
-
 /* put (region -> buffer) or get (buffer -> region), waited for, which must move bytes. */
 static void xfer(struct gpuq_client *c, bool put, const char *region, const char *buffer,
 		 uint64_t bytes)
@@ -106,7 +94,7 @@ TEST(restart_keeps_regions_on_their_device_with_their_quota)
 	int device = device_count(c) > 1 ? 1 : 0;
 	CHECKF(gpuq_region_create(c, "in", 4 * MIB, device, false, &r, &err) == 0, "%s", err.message);
 	do_alloc(c, "b", device, 4 * MIB);
-	uint64_t pinned = host_pinned_used(c);
+	uint64_t pinned = quota_used(c, "host_pinned");
 	CHECK_EQ(pinned, 4 * MIB);
 	char path[48], state[16];
 	int i = region_index(c, "in", &rep);
@@ -128,7 +116,7 @@ TEST(restart_keeps_regions_on_their_device_with_their_quota)
 	CHECK_STR(state, "ready");
 	CHECK_EQ(reply_u64(rep, "pinned_bytes"), 4 * MIB);
 	gpuq_reply_free(rep);
-	CHECK_EQ(host_pinned_used(c), pinned);
+	CHECK_EQ(quota_used(c, "host_pinned"), pinned);
 	/* written through this process's mapping after the restart, seen by a job */
 	host_fill_random(r.ptr, r.bytes, GPUQ_DTYPE_BYTES, 11);
 	xfer(c, true, "in", "b", 4 * MIB);
@@ -140,7 +128,7 @@ TEST(restart_keeps_regions_on_their_device_with_their_quota)
 	CHECK_EQ(host_checksum(r.ptr, r.bytes), do_checksum(c, "b"));
 	CHECKF(gpuq_region_free(c, "in", &err) == 0, "region_free after the restart: %s", err.message);
 	CHECK(!region_listed(c, "in"));
-	CHECK_EQ(host_pinned_used(c), 0);
+	CHECK_EQ(quota_used(c, "host_pinned"), 0);
 	gpuq_region_unmap(&r);
 	gpuq_close(c);
 	daemon_stop(&d);
