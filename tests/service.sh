@@ -146,15 +146,26 @@ check shutdown_logged grep -q "shutdown requested by uid $(id -u)" "$dir/b.log"
 kill -TERM "$supervisor"
 wait "$supervisor"
 
+# Starts gpuqd on the host backend under the stand-in descriptor store
+# (svc-helper supervise-store, as systemd's) as $1 (its socket, store and
+# log in $dir), started again after up to $2 ends, the store keeping at
+# most $3 descriptors; the rest are gpuqd's own options. Sets sock, store,
+# logs and supervisor, and returns once gpuqd listens.
+start_under_store() {
+	under=$1 restarts=$2 store_max=$3
+	shift 3
+	sock="$dir/$under.sock"
+	store="$dir/$under.store"
+	logs="$dir/$under.log $store"
+	"$helper" supervise-store "$sock" "$restarts" 300 "$store_max" "$store" -- "$gpuqd" \
+		--backend host --log-level info "$@" > "$dir/$under.log" 2>&1 &
+	supervisor=$!
+	pids="$pids $supervisor"
+	wait_until test -S "$sock"
+}
+
 # --- a crash under a descriptor store (svc-helper supervise-store, as systemd's) ---
-sock="$dir/f.sock"
-store="$dir/f.store"
-logs="$dir/f.log $store"
-"$helper" supervise-store "$sock" 5 300 64 "$store" -- "$gpuqd" --backend host \
-	--log-level info --admin-group "$(id -gn)" > "$dir/f.log" 2>&1 &
-supervisor=$!
-pids="$pids $supervisor"
-wait_until test -S "$sock"
+start_under_store f 5 64 --admin-group "$(id -gn)"
 # gpuqd's pid, once it serves again after the n-th start of the stand-in's.
 pid_after_start() {
 	wait_until sh -c "test \$(grep -c 'start: ' '$store') -ge $1" &&
@@ -259,15 +270,9 @@ wait "$supervisor"
 # --- a fault whose driver refuses the process a new context, under the store:
 # the re-exec keeps the faulted device's slab named in the store, so that a
 # later SIGKILL still brings its buffer back (simulated on host device 1) ---
-sock="$dir/g.sock"
-store="$dir/g.store"
-logs="$dir/g.log $store"
-GPUQ_HOST_FAULT_DEVICE=1 GPUQ_HOST_FAULT_NEEDS_RESTART=1 "$helper" supervise-store "$sock" 1 300 64 \
-	"$store" -- "$gpuqd" --backend host --host-devices 2 --reset-limit 1 --log-level info \
-	> "$dir/g.log" 2>&1 &
-supervisor=$!
-pids="$pids $supervisor"
-wait_until test -S "$sock"
+export GPUQ_HOST_FAULT_DEVICE=1 GPUQ_HOST_FAULT_NEEDS_RESTART=1
+start_under_store g 1 64 --host-devices 2 --reset-limit 1
+unset GPUQ_HOST_FAULT_DEVICE GPUQ_HOST_FAULT_NEEDS_RESTART
 first=$(pid_after_start 1)
 gpuq alloc f@1 --bytes 1048576 > /dev/null
 gpuq put "$dir/mid" f@1 > /dev/null
@@ -283,14 +288,7 @@ kill -TERM "$supervisor"
 wait "$supervisor"
 
 # --- a store smaller than gpuqd's slabs: one warning, and the stand-in drops the rest ---
-sock="$dir/q.sock"
-store="$dir/q.store"
-logs="$dir/q.log $store"
-"$helper" supervise-store "$sock" 0 300 2 "$store" -- "$gpuqd" --backend host \
-	--log-level info > "$dir/q.log" 2>&1 &
-supervisor=$!
-pids="$pids $supervisor"
-wait_until test -S "$sock"
+start_under_store q 0 2
 for b in q1 q2 q3; do gpuq --timeout 20000 alloc "$b" --bytes 20000000 > /dev/null; done
 wait_until grep -q 'store full' "$store"
 check store_full_warns_once count_is "warn: the service manager's descriptor store keeps 2 descriptors" "$dir/q.log" 1
@@ -299,14 +297,7 @@ kill -TERM "$supervisor"
 wait "$supervisor"
 
 # --- --fd-store off: nothing is stored, and a crash loses the buffers ---
-sock="$dir/o.sock"
-store="$dir/o.store"
-logs="$dir/o.log $store"
-"$helper" supervise-store "$sock" 1 300 64 "$store" -- "$gpuqd" --backend host \
-	--log-level info --fd-store off > "$dir/o.log" 2>&1 &
-supervisor=$!
-pids="$pids $supervisor"
-wait_until test -S "$sock"
+start_under_store o 1 64 --fd-store off
 first=$(pid_after_start 1)
 gpuq alloc kept --bytes 3000 > /dev/null
 gpuq put "$dir/small" kept > /dev/null
