@@ -13,20 +13,25 @@ failed=0
 skipped=0
 gpuq() { "$BUILD/gpuq" --socket "$sock" "$@"; }
 
+# verdict NAME GOT WANT: counts a command's exit status GOT against WANT,
+# showing its output ($dir/out, $dir/err) when they differ.
+verdict() {
+	if [ "$2" -eq "$3" ]; then
+		passed=$((passed + 1))
+		echo "ok   cli/$1"
+	else
+		failed=$((failed + 1))
+		echo "FAIL cli/$1: exit $2, expected $3"
+		sed 's/^/    /' "$dir/out" "$dir/err"
+	fi
+}
+
 # check NAME WANT_EXIT COMMAND...: runs COMMAND, compares its exit status.
 check() {
 	name=$1 want=$2
 	shift 2
 	"$@" > "$dir/out" 2> "$dir/err"
-	got=$?
-	if [ "$got" -eq "$want" ]; then
-		passed=$((passed + 1))
-		echo "ok   cli/$name"
-	else
-		failed=$((failed + 1))
-		echo "FAIL cli/$name: exit $got, expected $want"
-		sed 's/^/    /' "$dir/out" "$dir/err"
-	fi
+	verdict "$name" $? "$want"
 }
 
 # expect NAME PATTERN FILE: the last command's output matches PATTERN.
@@ -359,14 +364,7 @@ finished() {
 	got=$?
 	cp "$dir/$1.out" "$dir/out"
 	cp "$dir/$1.err" "$dir/err"
-	if [ "$got" -eq "$2" ]; then
-		passed=$((passed + 1))
-		echo "ok   cli/$1_exit_$2"
-	else
-		failed=$((failed + 1))
-		echo "FAIL cli/$1_exit_$2: exit $got"
-		sed 's/^/    /' "$dir/out" "$dir/err"
-	fi
+	verdict "$1_exit_$2" "$got" "$2"
 }
 connections() { rgpuq metrics | grep -q "^gpuq_connections $1\$"; }
 # stall: the put running, the fill queued, a wait for the put and NAMES... in flight.
