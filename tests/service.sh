@@ -177,6 +177,16 @@ checksums() {
 		printf '%s=%s\n' "$b" "$(gpuq checksum "$b" | sed -n 's/.*: \(0x[0-9a-f]*\) .*/\1/p')"
 	done
 }
+# came_back NAME OLD NEW: gpuqd is another process now (pid NEW, was OLD), and
+# small, mid and large hold the bytes they held before ($dir/sums.before).
+came_back() {
+	checksums small mid large > "$dir/sums.after"
+	if [ -n "$3" ] && [ "$3" != "$2" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
+		ok "$1"
+	else
+		fail "$1" "pids '$2' then '$3'" "$dir/sums.before" "$dir/sums.after" $logs
+	fi
+}
 first=$(pid_after_start 1)
 head -c 3000 /dev/urandom > "$dir/small"
 head -c 1048576 /dev/urandom > "$dir/mid"
@@ -204,13 +214,7 @@ kill -KILL "$first"
 exec 4>&-
 second=$(pid_after_start 2)
 check store_passes_the_record_and_two_slabs grep -q 'start: 3 stored' "$store"
-checksums small mid large > "$dir/sums.after"
-if [ -n "$second" ] && [ "$second" != "$first" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
-	ok sigkill_keeps_every_buffer_with_its_bytes
-else
-	fail sigkill_keeps_every_buffer_with_its_bytes "pids '$first' then '$second'" \
-		"$dir/sums.before" "$dir/sums.after" $logs
-fi
+came_back sigkill_keeps_every_buffer_with_its_bytes "$first" "$second"
 check sigkill_recovery_copies_nothing test "$(count "gpuqd\[$second\].*op=put" "$dir/f.log")" -eq 0
 check sigkill_recovery_is_logged grep -q \
 	"gpuqd\[$second\]: info: recovered 4 buffers (1 suspect, 0 lost) from the service manager's descriptor store" "$dir/f.log"
@@ -233,12 +237,7 @@ third=$(pid_after_start 3)
 check store_slab_no_buffer_names_is_removed count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-1-99$' "$store" 1
 check store_descriptor_not_gpuqds_is_closed grep -q \
 	"gpuqd\[$third\]: warn: descriptor [0-9]* passed by the service manager ('someone-else') is none of gpuqd's; closed" "$dir/f.log"
-checksums small mid large > "$dir/sums.after"
-if [ -n "$third" ] && [ "$third" != "$second" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
-	ok sigsegv_keeps_every_buffer_with_its_bytes
-else
-	fail sigsegv_keeps_every_buffer_with_its_bytes "pids '$second' then '$third'" $logs
-fi
+came_back sigsegv_keeps_every_buffer_with_its_bytes "$second" "$third"
 stored=$(count 'FDSTORE=1' "$store")
 gpuq admin restart > /dev/null
 wait_until grep -q "gpuqd\[$third\]: info: re-exec 1: " "$dir/f.log"
@@ -246,24 +245,14 @@ wait_until gpuq ping
 check reexec_under_the_store_stores_nothing_again test "$(count 'FDSTORE=1' "$store")" -eq "$stored"
 kill -KILL "$third"
 fourth=$(pid_after_start 4)
-checksums small mid large > "$dir/sums.after"
-if [ -n "$fourth" ] && [ "$fourth" != "$third" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
-	ok reexec_then_sigkill_keeps_every_buffer
-else
-	fail reexec_then_sigkill_keeps_every_buffer "pids '$third' then '$fourth'" $logs
-fi
+came_back reexec_then_sigkill_keeps_every_buffer "$third" "$fourth"
 gpuq --json devices > "$dir/f.devices"
 check recoveries_counted_across_a_reexec grep -q '"recoveries": *3' "$dir/f.devices"
 # A clean stop leaves the slabs in the store (as systemd keeps it across a
 # restart with FileDescriptorStorePreserve=yes, or an automatic one).
 kill -TERM "$fourth"
 fifth=$(pid_after_start 5)
-checksums small mid large > "$dir/sums.after"
-if [ -n "$fifth" ] && [ "$fifth" != "$fourth" ] && cmp -s "$dir/sums.before" "$dir/sums.after"; then
-	ok clean_stop_leaves_the_buffers_in_the_store
-else
-	fail clean_stop_leaves_the_buffers_in_the_store "pids '$fourth' then '$fifth'" $logs
-fi
+came_back clean_stop_leaves_the_buffers_in_the_store "$fourth" "$fifth"
 kill -TERM "$supervisor"
 wait "$supervisor"
 
