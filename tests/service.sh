@@ -204,7 +204,10 @@ gpuq alloc w --bytes 64 > /dev/null
 mkfifo "$dir/ffifo"
 gpuq put - w --detach < "$dir/ffifo" > /dev/null &
 exec 4> "$dir/ffifo"
-wait_until grep -q '1 jobs running' "$store"
+# Its own row, not the store's STATUS: the checksum of large ran long enough
+# to send "1 jobs running" before the put reached gpuqd.
+put_of_w_running() { gpuq jobs | grep -q ' put  *running .* w@0 '; }
+wait_until put_of_w_running
 check store_keeps_the_record_and_each_slab sh -c "grep -q 'FDSTORE=1 | FDNAME=gpuq-record \[1 fds\]' '$store' &&
 	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-0-1 \[1 fds\]' '$store' &&
 	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-0-2 \[1 fds\]' '$store'"
