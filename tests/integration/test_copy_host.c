@@ -195,6 +195,36 @@ TEST(copy_memfd_odd_sizes_around_slots)
 }
 
 /*
+ * Slots of several XFER_PART_BYTES (1 MiB) are read and written by
+ * several copy threads in parts (transfer_impl.h): sizes that end inside
+ * a part, on a part's edge and past it, bit-exact both ways; and a source
+ * that ends inside the second part of a slot names the byte where it
+ * ended, though the parts after it read nothing.
+ */
+TEST(copy_slots_in_parts_bit_exact_and_short_source_named)
+{
+	struct daemon_proc d;
+	const size_t mib = 1 << 20;
+	daemon_start(&d, "--staging-slot", "4M", "--staging-slots", "4", "--copy-threads", "3",
+		     NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t sizes[] = { 16 * mib, 17 * mib + 8, 21 * mib - 3, 5 * mib + 4097 };
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+		round_trip_memfd(c, sizes[i], 700 + i, i % 2 == 0);
+	do_alloc(c, "w", 0, 16 * mib);
+	do_fill_random(c, "w", 71);
+	uint64_t before = do_checksum(c, "w");
+	int small = memfd_random(5 * mib + 24, 72);
+	struct xfer_opts o = plain;
+	o.length = 16 * mib;
+	expect_fail(xfer(c, "put", "w", small, &o), GPUQ_E_IO, "ended after 5242904 of the 16777216");
+	CHECK_EQ(do_checksum(c, "w"), before); /* a regular source is measured first */
+	close(small);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/*
  * Slots of 128K or more cut a transfer's first and last slot into pieces
  * of 1/8, 1/8, 1/4 and 1/2 slot (transfer_staged.c): sizes around four
  * slots and odd sizes whose last piece takes the odd bytes, through

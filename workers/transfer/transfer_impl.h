@@ -65,16 +65,42 @@ struct xfer {
 	unsigned char *map_data; /* the transfer's first byte in map */
 };
 
-/* One slot's worth of a staged transfer, handed to a copy thread. */
+/*
+ * A staged chunk's bytes are read or written by several copy threads at
+ * once, each taking a part of about XFER_PART_BYTES. Whole-slot tasks left
+ * a get's DMAs waiting for slots and a put's first DMAs waiting for reads
+ * (12 threads start 12 slots together; each took ~0.4 ms). On the H200
+ * machine, 2 MiB slots, gets into a memfd's pages at 0.76-0.78 of pinned
+ * went to 0.90-0.92 with 1 MiB parts, puts at 256 MiB from 0.77 to 0.84;
+ * 512 KiB parts gained less and 256 KiB ones lost (docs/PERFORMANCE.md).
+ */
+#define XFER_PART_BYTES ((size_t)1 << 20)
+#define XFER_MAX_PARTS 16
+
+struct xfer_chunk;
+
+/* One copy thread's share of a chunk: bytes [off, off + n) of it. */
+struct xfer_part {
+	struct copy_task task; /* first: the task is the part */
+	struct xfer_chunk *chunk;
+	size_t off, n;
+	size_t got;   /* bytes read or written */
+	int error;    /* errno of a failed read or write, else 0 */
+	uint64_t sum; /* checksum terms of its bytes (verify) */
+};
+
+/* One slot's worth of a staged transfer, handed to the copy threads in parts. */
 struct xfer_chunk {
-	struct copy_task task; /* first: the task is the chunk */
+	struct xfer_part part[XFER_MAX_PARTS];
+	unsigned nparts;
 	struct xfer *x;
 	unsigned slot;      /* the staging slot it holds (sched_slot_acquire) */
 	unsigned char *buf; /* that slot's memory */
 	uint64_t at;        /* offset within the transfer */
 	size_t n;           /* bytes to read or write */
-	size_t got;         /* bytes read or written */
-	int error;          /* errno of a failed read or write, else 0 */
+	/* Once every part is done (chunk_gather): */
+	size_t got;         /* bytes read or written before the first short part */
+	int error;          /* the first part's error, else 0 */
 	uint64_t sum;       /* checksum terms of buf[0, got) (verify) */
 };
 

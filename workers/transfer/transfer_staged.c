@@ -7,6 +7,10 @@
  * (get) is done, so a transfer holds at most its share of the ring while
  * others want slots, and a small job never waits behind a large one's ring.
  *
+ * A chunk (a slot's worth) goes to the copy threads in parts
+ * (XFER_PART_BYTES, transfer_impl.h), so that several threads fill or
+ * empty one slot together and slots come ready in order.
+ *
  * Put: the job keeps chunks handed to the copy threads ahead of the next DMA
  * (chunk j), as far as it can have slots without waiting; as each chunk is
  * read, in order, it issues that slot's DMA on its lane. Get is the mirror:
@@ -20,7 +24,7 @@
  * is waited for before the transfer returns, whatever happened, so that no
  * copy thread still touches a slot or a chunk afterwards.
  *
- * Worker thread, except chunk_read and chunk_write (copy threads).
+ * Worker thread, except part_read and part_write (copy threads).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -57,29 +61,31 @@ struct staged {
 	bool reserving;
 };
 
-/* Copy thread: the chunk's bytes from the source into its slot, until n or end of file. */
-static void chunk_read(struct copy_task *task)
+/* Copy thread: the part's bytes from the source into its slot, until n or end of file. */
+static void part_read(struct copy_task *task)
 {
-	struct xfer_chunk *c = (struct xfer_chunk *)task;
+	struct xfer_part *p = (struct xfer_part *)task;
+	struct xfer_chunk *c = p->chunk;
 	struct xfer *x = c->x;
+	unsigned char *buf = c->buf + p->off;
+	uint64_t at = c->at + p->off;
 	if (x->scratch) {
-		copy_fill_random_words(c->buf, c->n, x->seed, c->at / 8);
-		c->got = c->n;
+		copy_fill_random_words(buf, p->n, x->seed, at / 8);
+		p->got = p->n;
 	}
-	while (c->got < c->n) {
-		ssize_t r = pread(x->fd, c->buf + c->got, c->n - c->got,
-				  x->pos + (off_t)(c->at + c->got));
+	while (p->got < p->n) {
+		ssize_t r = pread(x->fd, buf + p->got, p->n - p->got, x->pos + (off_t)(at + p->got));
 		if (r > 0) {
-			c->got += (size_t)r;
+			p->got += (size_t)r;
 		} else if (r == 0) {
 			break;
 		} else if (errno != EINTR) {
-			c->error = errno;
+			p->error = errno;
 			break;
 		}
 	}
 	if (x->verify)
-		c->sum = copy_hash_terms(c->buf, c->got, c->at / 8);
+		p->sum = copy_hash_terms(buf, p->got, at / 8);
 }
 
 /*
@@ -98,32 +104,34 @@ static void populate_for_write(unsigned char *addr, size_t n)
 	(void)madvise((void *)start, (uintptr_t)addr + n - start, (int)populate_write);
 }
 
-/* Copy thread: the slot's bytes out to the destination at the chunk's offset. */
-static void chunk_write(struct copy_task *task)
+/* Copy thread: the part's bytes out of its slot to the destination at its offset. */
+static void part_write(struct copy_task *task)
 {
-	struct xfer_chunk *c = (struct xfer_chunk *)task;
+	struct xfer_part *p = (struct xfer_part *)task;
+	struct xfer_chunk *c = p->chunk;
 	struct xfer *x = c->x;
+	const unsigned char *buf = c->buf + p->off;
+	uint64_t at = c->at + p->off;
 	if (x->verify)
-		c->sum = copy_hash_terms(c->buf, c->n, c->at / 8);
-	if (x->map_data && c->n)
-		populate_for_write(x->map_data + c->at, c->n);
+		p->sum = copy_hash_terms(buf, p->n, at / 8);
+	if (x->map_data && p->n)
+		populate_for_write(x->map_data + at, p->n);
 	if (x->map_data || x->scratch) {
-		c->error = x->scratch ? 0
-				      : copy_guarded_store(x->map_data + c->at, c->buf, c->n,
+		p->error = x->scratch ? 0
+				      : copy_guarded_store(x->map_data + at, buf, p->n,
 							   copy_pool_store(x->pool));
-		c->got = c->error ? 0 : c->n;
+		p->got = p->error ? 0 : p->n;
 		return;
 	}
-	while (c->got < c->n) {
-		ssize_t w = pwrite(x->fd, c->buf + c->got, c->n - c->got,
-				   x->pos + (off_t)(c->at + c->got));
+	while (p->got < p->n) {
+		ssize_t w = pwrite(x->fd, buf + p->got, p->n - p->got, x->pos + (off_t)(at + p->got));
 		if (w > 0) {
-			c->got += (size_t)w;
+			p->got += (size_t)w;
 		} else if (w == 0) {
-			c->error = EIO; /* a regular file that takes nothing */
+			p->error = EIO; /* a regular file that takes nothing */
 			break;
 		} else if (errno != EINTR) {
-			c->error = errno;
+			p->error = errno;
 			break;
 		}
 	}
@@ -213,6 +221,52 @@ static struct xfer_chunk *chunk_of(struct staged *s, uint64_t k)
 	return &s->ch[k % s->window];
 }
 
+/* Cuts the chunk into parts of about XFER_PART_BYTES, offsets multiples of 8 (the checksum's words). */
+static void chunk_split(struct staged *s, struct xfer_chunk *c, copy_task_fn fn)
+{
+	size_t fit = c->n / XFER_PART_BYTES;
+	c->nparts = fit < 2 ? 1 : fit > XFER_MAX_PARTS ? XFER_MAX_PARTS : (unsigned)fit;
+	size_t each = (c->n / c->nparts) & ~(size_t)7;
+	for (unsigned i = 0; i < c->nparts; i++) {
+		struct xfer_part *p = &c->part[i];
+		p->task.fn = fn;
+		p->task.group = &s->group;
+		p->chunk = c;
+		p->off = i * each;
+		p->n = i + 1 == c->nparts ? c->n - p->off : each;
+	}
+}
+
+static void chunk_submit(struct staged *s, struct xfer_chunk *c)
+{
+	for (unsigned i = 0; i < c->nparts; i++)
+		copy_pool_submit(s->x->pool, &c->part[i].task);
+}
+
+static bool chunk_done(struct xfer_chunk *c)
+{
+	for (unsigned i = 0; i < c->nparts; i++)
+		if (!copy_task_done(&c->part[i].task))
+			return false;
+	return true;
+}
+
+/* Waits for every part, then sums them up into the chunk's got, error and sum. */
+static void chunk_gather(struct xfer_chunk *c)
+{
+	bool short_part = false;
+	for (unsigned i = 0; i < c->nparts; i++) {
+		struct xfer_part *p = &c->part[i];
+		copy_task_wait(&p->task);
+		if (short_part)
+			continue;
+		c->sum += p->sum;
+		c->got = p->off + p->got;
+		c->error = p->error;
+		short_part = p->error || p->got < p->n;
+	}
+}
+
 /* Chunk k's record, with a slot taken (waiting for one only if `wait`); NULL without a slot. */
 static struct xfer_chunk *chunk_prepare(struct staged *s, uint64_t k, copy_task_fn fn, bool wait)
 {
@@ -222,12 +276,11 @@ static struct xfer_chunk *chunk_prepare(struct staged *s, uint64_t k, copy_task_
 		return NULL;
 	struct xfer_chunk *c = chunk_of(s, k);
 	memset(c, 0, sizeof *c);
-	c->task.fn = fn;
-	c->task.group = &s->group;
 	c->x = x;
 	c->slot = slot;
 	c->buf = x->dev->staging[slot];
 	xfer_piece(x->total, x->chunk, k, &c->at, &c->n);
+	chunk_split(s, c, fn);
 	return c;
 }
 
@@ -343,10 +396,10 @@ static int put_fill(struct staged *s, struct put_state *p)
 	struct xfer *x = s->x;
 	while (p->next < s->nchunks && p->next < p->r + s->window) {
 		bool must = p->next == p->j && p->r == p->j;
-		struct xfer_chunk *c = chunk_prepare(s, p->next, chunk_read, must);
+		struct xfer_chunk *c = chunk_prepare(s, p->next, part_read, must);
 		if (!c)
 			break;
-		copy_pool_submit(x->pool, &c->task);
+		chunk_submit(s, c);
 		p->next++;
 	}
 	if (p->next > p->j)
@@ -364,7 +417,7 @@ static int put_fill(struct staged *s, struct put_state *p)
 static void put_close(struct staged *s, const struct put_state *p)
 {
 	for (uint64_t k = p->j; k < p->next; k++) {
-		copy_task_wait(&chunk_of(s, k)->task);
+		chunk_gather(chunk_of(s, k));
 		chunk_release(s, chunk_of(s, k), false);
 	}
 	for (uint64_t k = p->r; k < p->j; k++)
@@ -387,7 +440,7 @@ static bool put_can_move(void *arg)
 	struct xfer *x = w->s->x;
 	bool ready = true;
 	struct gpuq_error ignored;
-	if (copy_task_done(&chunk_of(w->s, p->j)->task) && p->j - p->r < XFER_MAX_QUEUED_DMAS &&
+	if (chunk_done(chunk_of(w->s, p->j)) && p->j - p->r < XFER_MAX_QUEUED_DMAS &&
 	    sched_dma_turn(x->job, SCHED_DMA_H2D))
 		return true;
 	if (p->r == p->j)
@@ -410,12 +463,13 @@ int xfer_put_staged(struct xfer *x)
 		    (rc = put_fill(&s, &p)) != 0)
 			break;
 		struct xfer_chunk *c = chunk_of(&s, p.j);
-		if (!copy_task_done(&c->task) || p.j - p.r >= XFER_MAX_QUEUED_DMAS ||
+		if (!chunk_done(c) || p.j - p.r >= XFER_MAX_QUEUED_DMAS ||
 		    !sched_dma_turn(x->job, SCHED_DMA_H2D)) {
 			/* meanwhile, slots whose DMAs end take further reads */
 			sched_wait_device(put_can_move, &wait);
 			continue;
 		}
+		chunk_gather(c);
 		if ((rc = chunk_check(x, c, true)) != 0)
 			break;
 		rc = x->dev->ops->copy.h2d_async(x->dev, x->base + c->at, c->slot, c->n, x->err);
@@ -446,7 +500,7 @@ static int get_collect(struct staged *s, struct get_state *g)
 {
 	struct xfer *x = s->x;
 	struct xfer_chunk *c = chunk_of(s, g->collected);
-	copy_task_wait(&c->task);
+	chunk_gather(c);
 	g->collected++;
 	sched_slot_release(x->dev, c->slot);
 	if (chunk_check(x, c, false) < 0)
@@ -465,7 +519,7 @@ static int get_collect(struct staged *s, struct get_state *g)
 static int get_fill(struct staged *s, struct get_state *g)
 {
 	struct xfer *x = s->x;
-	while (g->collected < g->w && copy_task_done(&chunk_of(s, g->collected)->task))
+	while (g->collected < g->w && chunk_done(chunk_of(s, g->collected)))
 		if (get_collect(s, g) < 0)
 			return -1;
 	while (g->issued < s->nchunks && g->issued < g->collected + s->window &&
@@ -475,7 +529,7 @@ static int get_fill(struct staged *s, struct get_state *g)
 			dma_turn_wait(x, SCHED_DMA_D2H);
 		else if (!sched_dma_turn(x->job, SCHED_DMA_D2H))
 			break;
-		struct xfer_chunk *c = chunk_prepare(s, g->issued, chunk_write, must);
+		struct xfer_chunk *c = chunk_prepare(s, g->issued, part_write, must);
 		if (!c)
 			break;
 		g->issued++;
@@ -585,7 +639,7 @@ static void unmap_destination(struct xfer *x, int rc)
 static void get_close(struct staged *s, const struct get_state *g)
 {
 	for (uint64_t k = g->collected; k < g->w; k++) {
-		copy_task_wait(&chunk_of(s, k)->task);
+		chunk_gather(chunk_of(s, k));
 		chunk_release(s, chunk_of(s, k), false);
 	}
 	for (uint64_t k = g->w; k < g->issued; k++)
@@ -614,7 +668,7 @@ static bool get_can_move(void *arg)
 	struct gpuq_error ignored;
 	if (x->dev->ops->copy.slot_ready(x->dev, chunk_of(w->s, g->w)->slot, &ready, &ignored) < 0)
 		return true; /* a fault: the next call says it */
-	return ready || (g->collected < g->w && copy_task_done(&chunk_of(w->s, g->collected)->task));
+	return ready || (g->collected < g->w && chunk_done(chunk_of(w->s, g->collected)));
 }
 
 /*
@@ -657,7 +711,7 @@ int xfer_get_staged(struct xfer *x)
 			sched_wait_device(get_can_move, &wait);
 			continue;
 		}
-		copy_pool_submit(x->pool, &c->task);
+		chunk_submit(&s, c);
 		g.w++;
 	}
 	/* The last writes: checked in order, stopping at the first failure. */
