@@ -31,8 +31,13 @@ void bench_rows_render(const struct bench_row *rows, unsigned n, struct mp_map *
 		mp_put_f64(&row, "ceiling", r->ceiling);
 		mp_put_f64(&row, "ratio", r->ceiling > 0 ? r->gbps / r->ceiling : 0);
 		if (r->host_ceiling > 0) {
+			/* a get is as fast as the slower of its halves: the DMA and the host's writes */
+			double get = r->ceiling > 0 && r->ceiling < r->host_ceiling ? r->ceiling
+										   : r->host_ceiling;
 			mp_put_f64(&row, "host_ceiling", r->host_ceiling);
 			mp_put_f64(&row, "host_ratio", r->gbps / r->host_ceiling);
+			mp_put_f64(&row, "get_ceiling", get);
+			mp_put_f64(&row, "get_ratio", r->gbps / get);
 		}
 		if (r->first_dma_ms > 0) {
 			mp_put_f64(&row, "first_dma_ms", r->first_dma_ms);

@@ -42,10 +42,10 @@ for spin in 50 0; do
 done
 # Host<->device copies (and device<->device, where the daemon has bench_d2d):
 # pageable and pinned cudaMemcpy beside gpuq from a memfd, a file and
-# registered, and, D2H, the host half of a get alone (the `host` rows, each
-# get's HOST ratio is to the best of its kind), fresh and write-only files,
-# /dev/null and a pipe; 256 MiB to 4 GiB on a GPU; the host backend's 1G
-# arena gets smaller sizes.
+# registered, and, D2H, the host half of a get alone (the `host` rows; each
+# get's GET ratio is to the slower of pinned and the best of its kind), fresh
+# and write-only files, /dev/null and a pipe; 256 MiB to 4 GiB on a GPU; the
+# host backend's 1G arena gets smaller sizes.
 copy_sizes=256M,1G,4G
 [ "$backend" = cuda ] || copy_sizes=64M,256M
 start_daemon

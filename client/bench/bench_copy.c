@@ -4,7 +4,8 @@
  * host<->device rows; bench_d2d, where the daemon has it, the device<->device
  * and peer rows, in the same form. Each row: group, size, method, the path
  * taken, GB/s, the ratio to the group's ceiling measured in the same run,
- * and whether the destination's checksum matched.
+ * a get's ratio to its own ceiling (get_ratio) and whether the
+ * destination's checksum matched.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -39,7 +40,7 @@ static void add_rows(struct table *t, const msgpack_object *res)
 	for (uint32_t i = 0; rows && i < rows->via.array.size; i++) {
 		const msgpack_object *row = &rows->via.array.ptr[i];
 		double ratio = field_f64(row, "ratio", -1);
-		double host = field_f64(row, "host_ratio", -1);
+		double get = field_f64(row, "get_ratio", -1);
 		double first = field_f64(row, "first_dma_ms", -1);
 
 		if (row->type != MSGPACK_OBJECT_MAP)
@@ -53,8 +54,8 @@ static void add_rows(struct table *t, const msgpack_object *res)
 			table_cell(t, "%.2f", ratio);
 		else
 			table_cell(t, "-");
-		if (host >= 0)
-			table_cell(t, "%.2f", host);
+		if (get >= 0)
+			table_cell(t, "%.2f", get);
 		else
 			table_cell(t, "-");
 		if (first >= 0)
@@ -101,7 +102,7 @@ static void print_table(const msgpack_object *copy, const msgpack_object *d2d)
 {
 	static const struct table_col cols[] = {
 		{ "GROUP", false }, { "SIZE", true },   { "METHOD", false },  { "PATH", false },
-		{ "GB/s", true },   { "RATIO", true },  { "HOST", true },
+		{ "GB/s", true },   { "RATIO", true },  { "GET", true },
 		{ "ENDS ms", true }, { "VERIFIED", false },
 	};
 	struct table t;
@@ -109,9 +110,9 @@ static void print_table(const msgpack_object *copy, const msgpack_object *d2d)
 
 	printf("bench copy: device %" PRIu64 ", medians of %" PRIu64 " timed repeats after a "
 	       "warm-up; %" PRIu64 " copy threads, %" PRIu64 " staging slots of %s; RATIO is to "
-	       "the group's ceiling, HOST a get's to the host alone writing that kind of destination "
-	       "(the best 'host' row), both measured in the same run; ENDS: ms to the first DMA "
-	       "issued / after the last one\n",
+	       "the group's ceiling, GET a get's to the slower of its two halves: that ceiling and the "
+	       "host alone writing that kind of destination (the best 'host' row), all measured in "
+	       "the same run; ENDS: ms to the first DMA issued / after the last one\n",
 	       field_u64(copy, "device", 0), field_u64(copy, "repeats", 0),
 	       field_u64(copy, "copy_threads", 0), field_u64(copy, "slots", 0),
 	       human_bytes(slot, sizeof(slot), field_u64(copy, "slot_bytes", 0), 0));

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1141,6 +1142,7 @@ TEST(bench_copy_rows_are_measured_and_verified)
 	/* with gpuq region both ways; D2H: eight host rows, fresh and write-only files, sinks */
 	unsigned per_size = test_backend_is_cuda() ? 28 : 26;
 	unsigned host_rated = 0;
+	double pwrite_gbps = 0, fresh_pwrite_gbps = 0; /* this size's host pwrite rows */
 	CHECKF(rows->via.array.size == 2 * per_size, "%u rows", rows->via.array.size);
 	for (uint32_t i = 0; i < rows->via.array.size; i++) {
 		const msgpack_object *row = &rows->via.array.ptr[i];
@@ -1172,8 +1174,26 @@ TEST(bench_copy_rows_are_measured_and_verified)
 		if (strcmp(group, "D2H") == 0 && into_file && !strstr(method, "registered")) {
 			CHECKF(msg_get_f64(row, "host_ratio", &host_ratio, &err) == 1 && host_ratio > 0,
 			       "row %u (%s) has no host_ratio", i, method);
+			/* and against the slower of its halves: the DMA's ceiling or the host's */
+			double host_ceiling = 0, get_ceiling = 0, get_ratio = 0;
+			CHECK(msg_get_f64(row, "host_ceiling", &host_ceiling, &err) == 1);
+			CHECKF(msg_get_f64(row, "get_ceiling", &get_ceiling, &err) == 1 &&
+				       msg_get_f64(row, "get_ratio", &get_ratio, &err) == 1,
+			       "row %u (%s) has no get_ceiling or get_ratio", i, method);
+			CHECK(get_ceiling == (ceiling < host_ceiling ? ceiling : host_ceiling));
+			CHECK(fabs(get_ratio - gbps / get_ceiling) < 1e-9 * get_ratio);
+			/* a write-only descriptor can only be pwritten: read against the pwrite rows */
+			if (strstr(method, "write-only"))
+				CHECKF(host_ceiling == (strstr(method, "fresh") ? fresh_pwrite_gbps
+										: pwrite_gbps),
+				       "row %u (%s) is read against %.3f GB/s, not its pwrite row", i,
+				       method, host_ceiling);
 			host_rated++;
 		}
+		if (strstr(method, "host file pwrite"))
+			pwrite_gbps = gbps;
+		if (strstr(method, "host file fresh pwrite"))
+			fresh_pwrite_gbps = gbps;
 	}
 	CHECK_EQ(host_rated, 2 * 6);
 	const msgpack_object *notes = reply_path(r, "job.result.notes");

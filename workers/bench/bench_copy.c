@@ -36,8 +36,9 @@
  *                                      a pipe drained by a thread
  *
  * Each get row into a memfd or file also carries the best host row of its
- * kind of destination (existing pages or fresh; memfd or file) as its host
- * ceiling.
+ * kind of destination (existing pages or fresh; memfd or file; for a
+ * write-only descriptor, which can only be pwritten, the pwrite rows) as
+ * its host ceiling.
  *
  * The host backend has no CUDA: its ceiling is a memcpy into the arena and
  * its rows say "(host)". Each measurement is one warm-up and then the median
@@ -718,13 +719,26 @@ static void note_slow(struct bench *b, bool h2d, size_t method, const struct ben
 	     size_name(row->bytes, size, sizeof size), row->method, methods[method].why);
 }
 
+/*
+ * The host rows a get is read against (host_ceiling): those of its kind of
+ * destination that write it the way the get can. A write-only descriptor
+ * cannot be mapped, so the pwrite rows are its own kind.
+ */
+#define CEILING_KINDS (2 * D_COUNT)
+
+static unsigned ceiling_kind(struct method m)
+{
+	bool pwrite_only = m.kind == M_HOST_PWRITE || m.kind == M_FILE_WRONLY;
+	return (unsigned)m.dest + (pwrite_only ? D_COUNT : 0);
+}
+
 /* Every method of one direction; the ratios once the ceilings are known. */
 static int bench_direction(struct bench *b, bool h2d)
 {
 	const char *group = h2d ? "H2D" : "D2H";
 	unsigned first = b->spec->nrows;
-	double ceiling = 0, staged = 0, region = 0, baseline = 0, host[D_COUNT] = { 0 };
-	enum dest of_row[BENCH_COPY_MAX_ROWS];
+	double ceiling = 0, staged = 0, region = 0, baseline = 0, host[CEILING_KINDS] = { 0 };
+	unsigned of_row[BENCH_COPY_MAX_ROWS];
 	for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
 		const struct method_row *mr = &methods[i];
 		if (method_skipped(b, mr, h2d))
@@ -737,14 +751,15 @@ static int bench_direction(struct bench *b, bool h2d)
 		if (measure(b, h2d, mr->m, row) < 0)
 			return -1;
 		settle_file(b, mr, h2d);
-		of_row[row - b->spec->rows] = mr->m.dest;
+		of_row[row - b->spec->rows] = ceiling_kind(mr->m); /* D_NONE: no host row */
 		if (strcmp(mr->role, "ceiling") == 0)
 			ceiling = row->gbps;
 		if (strcmp(mr->role, "baseline") == 0)
 			baseline = row->gbps;
 		note_slow(b, h2d, i, row, baseline);
-		if (strcmp(mr->role, "host") == 0 && row->verified && row->gbps > host[mr->m.dest])
-			host[mr->m.dest] = row->gbps;
+		unsigned kind = ceiling_kind(mr->m);
+		if (strcmp(mr->role, "host") == 0 && row->verified && row->gbps > host[kind])
+			host[kind] = row->gbps;
 		staged = mr->m.kind == M_MEMFD && mr->m.dest == D_MEMFD ? row->gbps : staged;
 		region = mr->m.kind == M_REGION ? row->gbps : region;
 	}
