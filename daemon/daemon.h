@@ -181,6 +181,22 @@ int region_transfer_read(struct request *req, const char *text, bool given, bool
 			 const struct buffer *b, uint64_t buffer_offset, uint64_t *length,
 			 bool buffer_has_length, struct region_span *span, struct gpuq_error *err);
 void region_transfer_hold(struct job *job, const struct region_span *span, bool put);
+/*
+ * The region side of a ring (docs/protocol.md, "Rings"): the `region`
+ * field's range (to the region's end when it gives none) holds whole slots
+ * of ring->slot_bytes, two or more, and the counters (ring->counters, a byte
+ * offset) lie in the region outside it. Sets *span and ring->slots; 1, or
+ * -1 with err. region_ring_hold holds the region for the job and aims its
+ * work at the slots and the counters.
+ */
+struct region_ring {
+	uint64_t slot_bytes, counters;
+	unsigned slots;
+};
+int region_ring_read(struct request *req, const char *text, bool given,
+		     struct region_ring *ring, struct region_span *span, struct gpuq_error *err);
+void region_ring_hold(struct job *job, const struct region_span *span,
+		      const struct region_ring *ring, bool put);
 /* The free of an orphaned ephemeral region (the region table's free_orphan). */
 void op_region_free_own(struct daemon *d, struct region *r);
 /*

@@ -18,6 +18,10 @@ void op_ping(struct request *req, void *args)
 	mp_put_u64(&body, "devices", (uint64_t)d->pool.count);
 	mp_put_f64(&body, "uptime_s", monotonic_seconds() - d->started);
 	mp_put_u64(&body, "pid", (uint64_t)getpid());
+	struct mp_array features; /* what a client cannot learn from `version` alone */
+	mp_array_init(&features);
+	mp_array_str(&features, "ring");
+	mp_put_array(&body, "features", &features);
 	if (d->restart.count) /* only once it has re-executed: the reply is otherwise as before */
 		mp_put_u64(&body, "restarts", d->restart.count);
 	if (d->recover.recoveries) /* likewise, once it has come back from the descriptor store */

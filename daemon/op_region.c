@@ -389,7 +389,8 @@ int region_transfer_read(struct request *req, const char *text, bool given, bool
 	return 1;
 }
 
-void region_transfer_hold(struct job *job, const struct region_span *span, bool put)
+/* The job holds the region (region_free waits for it) and moves bytes at the span. */
+static void region_hold(struct job *job, const struct region_span *span)
 {
 	struct region *r = span->region;
 	job->region = r;
@@ -397,5 +398,65 @@ void region_transfer_hold(struct job *job, const struct region_span *span, bool 
 	atomic_fetch_add(&r->users, 1);
 	r->last_job = job->id;
 	job->work.transfer.host = (char *)r->map + span->offset;
-	work_add_range(&job->work, r->map, span->offset, job->work.length, !put);
+}
+
+void region_transfer_hold(struct job *job, const struct region_span *span, bool put)
+{
+	region_hold(job, span);
+	work_add_range(&job->work, span->region->map, span->offset, job->work.length, !put);
+}
+
+/* Bytes of the three ring counters (posted, moved, status). */
+#define RING_COUNTER_BYTES (3 * sizeof(uint64_t))
+
+int region_ring_read(struct request *req, const char *text, bool given,
+		     struct region_ring *ring, struct region_span *span, struct gpuq_error *err)
+{
+	struct buffer_ref ref;
+	if (!given)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'region': expected a string, got nil");
+	struct region *r = span->region = region_ref_resolve(req, text, &ref, err);
+	if (!r)
+		return -1;
+	if (ref.offset > r->bytes)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "offset %llu is past the end of region '%s' (%llu bytes)",
+				 (unsigned long long)ref.offset, r->name, (unsigned long long)r->bytes);
+	uint64_t n = ref.has_length ? ref.length : r->bytes - ref.offset;
+	if (n > r->bytes - ref.offset)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "%llu bytes at offset %llu are outside region '%s' (%llu bytes)",
+				 (unsigned long long)n, (unsigned long long)ref.offset, r->name,
+				 (unsigned long long)r->bytes);
+	if (n % ring->slot_bytes != 0 || n / ring->slot_bytes < 2 || n / ring->slot_bytes > UINT32_MAX)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'ring': the %llu bytes of region '%s' from offset %llu are not two "
+				 "or more whole slots of %llu bytes (slot_bytes)",
+				 (unsigned long long)n, r->name, (unsigned long long)ref.offset,
+				 (unsigned long long)ring->slot_bytes);
+	uint64_t c = ring->counters;
+	if (c % 8 != 0 || c > r->bytes || r->bytes - c < RING_COUNTER_BYTES ||
+	    (c < ref.offset + n && c + RING_COUNTER_BYTES > ref.offset))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'ring': counters at byte %llu must be a multiple of 8 with %zu "
+				 "bytes in region '%s' (%llu bytes), outside its slots [%llu, %llu)",
+				 (unsigned long long)c, RING_COUNTER_BYTES, r->name,
+				 (unsigned long long)r->bytes, (unsigned long long)ref.offset,
+				 (unsigned long long)(ref.offset + n));
+	span->offset = ref.offset;
+	ring->slots = (unsigned)(n / ring->slot_bytes);
+	return 1;
+}
+
+void region_ring_hold(struct job *job, const struct region_span *span,
+		      const struct region_ring *ring, bool put)
+{
+	struct region *r = span->region;
+	region_hold(job, span);
+	job->work.transfer.ring_slot_bytes = ring->slot_bytes;
+	job->work.transfer.ring_slots = ring->slots;
+	job->work.transfer.ring_counters = (uint64_t *)((char *)r->map + ring->counters);
+	work_add_range(&job->work, r->map, span->offset, (uint64_t)ring->slots * ring->slot_bytes,
+		       !put);
+	work_add_range(&job->work, r->map, ring->counters, RING_COUNTER_BYTES, true);
 }

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -83,17 +84,40 @@ static int check_endpoint(struct request *req, bool put, bool region, bool scrat
 	return 0;
 }
 
+/*
+ * A ring's status counter says the job ended, however it ended: the
+ * worker sets it when its transfer ends, but a job cancelled or refused
+ * before it ran never reached the worker, and the client polls the
+ * counter, not the socket (docs/protocol.md, "Rings").
+ */
+static void finish_ring(struct job *job)
+{
+	_Atomic uint64_t *status = (_Atomic uint64_t *)job->work.transfer.ring_counters;
+	if (!status || !job->region)
+		return;
+	status += 2;
+	uint64_t running = 0;
+	atomic_compare_exchange_strong(status, &running, job->work.error.code == GPUQ_OK ? 1 : 2);
+}
+
 /* A put that wrote the whole buffer makes a suspect one (read back after a re-exec) sound again. */
 static void finish_put(struct daemon *d, struct job *job)
 {
 	(void)d;
+	finish_ring(job);
 	if (job->work.error.code == GPUQ_OK && job->buffer && job->work.transfer.offset == 0 &&
 	    job->work.result.bytes == job->buffer->bytes)
 		buffer_clear_suspect(job->buffer);
 }
 
+static void finish_get(struct daemon *d, struct job *job)
+{
+	(void)d;
+	finish_ring(job);
+}
+
 static const struct job_kind kind_put = { "put", finish_put, render_transfer };
-static const struct job_kind kind_get = { "get", NULL, render_transfer };
+static const struct job_kind kind_get = { "get", finish_get, render_transfer };
 
 struct transfer_args {
 	bool put;                 /* put: from the descriptor to the buffer; get: back */
@@ -111,6 +135,8 @@ struct transfer_args {
 	enum transfer_path path;
 	const msgpack_object *shape_obj; /* put's `shape`, NULL when absent */
 	struct buffer_shape shape;
+	const msgpack_object *ring_obj;  /* `ring`, NULL when absent */
+	struct region_ring ring;         /* its fields, once read */
 };
 
 static int transfer_check_endpoint(struct request *req, void *args, struct gpuq_error *err)
@@ -145,11 +171,36 @@ static int transfer_check_range(struct request *req, void *args, struct gpuq_err
 	return buffer_range_check(b, a->offset, a->has_length, a->length, &a->length, err);
 }
 
+/* `ring`: slot_bytes and counters, for a transfer through a region (docs/protocol.md, "Rings"). */
+static int transfer_check_ring(struct request *req, void *args, struct gpuq_error *err)
+{
+	struct transfer_args *a = args;
+	(void)req;
+	if (!a->ring_obj)
+		return 0;
+	if (!a->region_named)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'ring' needs 'region': the region whose range holds the ring's slots");
+	if (msg_get_u64_in(a->ring_obj, "slot_bytes", 8, UINT64_MAX, &a->ring.slot_bytes, err) < 0 ||
+	    msg_get_u64(a->ring_obj, "counters", &a->ring.counters, err) < 0)
+		return -1;
+	if (!msg_map_get(a->ring_obj, "slot_bytes") || !msg_map_get(a->ring_obj, "counters"))
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'ring' needs 'slot_bytes' and 'counters' (uint)");
+	if (a->ring.slot_bytes % 8 != 0)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'ring': slot_bytes %llu is not a multiple of 8",
+				 (unsigned long long)a->ring.slot_bytes);
+	return 0;
+}
+
 /* The region's side, which may decide the length; then a source too large for the room. */
 static int transfer_check_region(struct request *req, void *args, struct gpuq_error *err)
 {
 	struct transfer_args *a = args;
 	const char *region = a->region_named ? a->region : NULL;
+	if (a->ring_obj) /* the buffer's range says how many bytes move; the region holds slots */
+		return region_ring_read(req, region, a->has_region, &a->ring, &a->span, err) < 0 ? -1 : 0;
 	int rc = region_transfer_read(req, region, a->has_region, a->put, a->buffer.b, a->offset,
 				      &a->length, a->has_length, &a->span, err);
 	if (rc > 0)
@@ -202,6 +253,7 @@ static int transfer_check_shape(struct request *req, void *args, struct gpuq_err
 static const struct args_field transfer_fields[] = {
 	{ "buffer", ARGS_BUFFER, ARGS_REQUIRED, ARGS_AT(T, buffer) },
 	{ "region", ARGS_PRESENT, 0, ARGS_AT(T, region_named) },
+	{ "ring", ARGS_MAP, 0, ARGS_AT(T, ring_obj), .then = transfer_check_ring },
 	{ "scratch", ARGS_BOOL, 0, ARGS_AT(T, scratch), .then = transfer_check_endpoint },
 	{ "offset", ARGS_U64, 0, ARGS_AT(T, offset), ARGS_GIVEN(T, has_offset) },
 	{ "length", ARGS_U64, 0, ARGS_AT(T, length), ARGS_GIVEN(T, has_length),
@@ -242,7 +294,9 @@ void op_transfer(struct request *req, void *args)
 	job->work.transfer.scratch = a->scratch;
 	job->work.transfer.seed = a->seed;
 	job->work.transfer.idle_timeout_ms = req->d->opt.transfer_idle_timeout_ms;
-	if (a->span.region)
+	if (a->span.region && a->ring_obj)
+		region_ring_hold(job, &a->span, &a->ring, put);
+	else if (a->span.region)
 		region_transfer_hold(job, &a->span, put);
 	else if (!a->scratch) {
 		job->work.fd = req->fds[0];

@@ -8,11 +8,11 @@
  * committed seeds as they are, name a scratch directory first:
  *   build/fuzz-decode -max_total_time=60 /tmp/gpuq-corpus tests/fuzz/corpus
  * The seeds are a ping, an alloc request, an attach, a region_create, a put
- * through a region and a lease_break, two frames back to back,
- * headers claiming 2^32-1 entries or bytes, deep nesting, a 4 GiB frame, and
- * requests with duplicate keys (at the root, in a nested map, integer keys),
- * distinct keys of one length, strings that are not UTF-8 (also after
- * ASCII) and an owner beyond 32 bits.
+ * through a region and one through a ring, a lease_break, two frames back
+ * to back, headers claiming 2^32-1 entries or bytes, deep nesting, a 4 GiB
+ * frame, and requests with duplicate keys (at the root, in a nested map,
+ * integer keys), distinct keys of one length, strings that are not UTF-8
+ * (also after ASCII) and an owner beyond 32 bits.
  *
  * Besides "does not crash", it checks these and abort()s when one fails, so
  * that libFuzzer keeps the input:

@@ -38,6 +38,7 @@ static const char *const path_names[] = {
 	[XFER_STREAMED] = "streamed",
 	[XFER_REGISTERED] = "registered",
 	[XFER_REGION] = "region",
+	[XFER_RING] = "ring",
 };
 
 int xfer_cancelled(struct xfer *x)
@@ -420,7 +421,7 @@ static int xfer_choose_path(struct xfer *x, bool put)
 	bool offsets = x->regular && (put || !(x->fd_flags & O_APPEND));
 	x->path = offsets || x->scratch ? XFER_STAGED : XFER_STREAMED;
 	if (t->host)
-		x->path = XFER_REGION;
+		x->path = t->ring_slot_bytes ? XFER_RING : XFER_REGION;
 	if (x->scratch || t->host)
 		return 0;
 	if (t->path == TRANSFER_PATH_REGISTERED) {
@@ -524,6 +525,7 @@ static int put_run(struct xfer *x)
 	case XFER_STREAMED: return put_streamed(x);
 	case XFER_REGISTERED: return xfer_put_registered(x);
 	case XFER_REGION: return xfer_copy_region(x, true);
+	case XFER_RING: return xfer_ring(x, true);
 	}
 	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "put: path %d unknown", (int)x->path);
 }
@@ -535,6 +537,7 @@ static int get_run(struct xfer *x)
 	case XFER_STREAMED: return get_streamed(x);
 	case XFER_REGISTERED: return xfer_get_registered(x);
 	case XFER_REGION: return xfer_copy_region(x, false);
+	case XFER_RING: return xfer_ring(x, false);
 	}
 	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "get: path %d unknown", (int)x->path);
 }
@@ -548,7 +551,8 @@ int transfer_put(struct device *dev, struct work *work)
 	x.publish_tail = !x.verify; /* verify reads the range on the device after the DMAs */
 	if (rc == 0)
 		rc = xfer_choose_path(&x, true);
-	if (rc == 0 && x.path != XFER_STREAMED && x.path != XFER_REGION && !x.scratch)
+	bool region = x.path == XFER_REGION || x.path == XFER_RING;
+	if (rc == 0 && x.path != XFER_STREAMED && !region && !x.scratch)
 		rc = put_plan_regular(&x);
 	if (rc == 0) {
 		bool known = x.path != XFER_STREAMED || work->transfer.length_exact;
@@ -558,7 +562,7 @@ int transfer_put(struct device *dev, struct work *work)
 	if (rc == 0 && work->transfer.length_exact && x.done < x.total)
 		rc = gpuq_fail(x.err, GPUQ_E_IO, "the source ended after %llu of the %llu bytes asked for",
 			       (unsigned long long)x.done, (unsigned long long)x.total);
-	if (rc == 0 && !work->transfer.length_exact && !x.scratch && x.path != XFER_REGION)
+	if (rc == 0 && !work->transfer.length_exact && !x.scratch && !region)
 		rc = put_require_eof(&x, room);
 	if (rc == 0 && x.verify && (rc = xfer_verify_device(&x, x.done, &device_sum)) == 0)
 		rc = xfer_verify_compare(&x, true, device_sum);

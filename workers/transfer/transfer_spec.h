@@ -37,8 +37,18 @@ struct transfer_spec {
 	 * without moving a byte (--transfer-idle-timeout); 0: never. */
 	unsigned idle_timeout_ms;
 	/* Through a region (fd -1): the range of the region's registered mapping
-	 * the bytes come from or go to, the work's `length` long. */
+	 * the bytes come from or go to, the work's `length` long; with a ring,
+	 * its slots. */
 	void *host;
+	/*
+	 * A ring (ring_slot_bytes > 0): the buffer range moves in chunks of
+	 * ring_slot_bytes, chunk k through slot k % ring_slots of host, handed
+	 * over with the client through the three counters at ring_counters
+	 * (posted, moved, status: docs/protocol.md, "Rings").
+	 */
+	uint64_t ring_slot_bytes;
+	unsigned ring_slots;
+	uint64_t *ring_counters;
 	/* Filled in when set (benchmarks); NULL otherwise. */
 	struct transfer_timeline *timeline;
 };

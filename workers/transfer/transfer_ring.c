@@ -1,0 +1,230 @@
+/*
+ * A transfer through a client's ring (docs/protocol.md, "Rings"): the
+ * buffer range moves in chunks of the ring's slot size, chunk k through
+ * slot k % slots of a region the client and gpuqd share, and the two hand
+ * the slots over through counters in that region instead of a request per
+ * chunk. The client counts in `posted` the chunks it has written (put) or
+ * copied out (get); gpuqd counts in `moved` the chunks whose DMA is done,
+ * and says in `status` that the transfer ended.
+ *
+ * Put: chunk k's DMA (region slot -> buffer) is issued once posted > k;
+ * moved then frees its slot for chunk k + slots. Get: chunk k's DMA
+ * (buffer -> slot) is issued once its slot's last chunk has been copied
+ * out (k < posted + slots); moved then tells the client the chunk is there.
+ * DMAs go on the job's lane, each followed by an event; up to
+ * RING_MAX_QUEUED are in flight, completed in order.
+ *
+ * The client's counter is memory another process writes: it is read with
+ * acquire loads, and a value that goes backwards, past the transfer's
+ * chunks or (get) past what gpuqd has moved fails the job with
+ * bad_request. A client that posts nothing for the job's idle timeout
+ * (--transfer-idle-timeout) fails it with timeout.
+ *
+ * Worker thread only.
+ */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "workers/clock.h"
+#include "workers/sched/sched_wait.h"
+#include "workers/transfer/copy_hash.h"
+#include "workers/transfer/transfer_impl.h"
+
+/* DMAs a ring transfer keeps queued at most (and events it makes). */
+#define RING_MAX_QUEUED 16
+/* How long the worker polls the client's counter before it lets itself sleep between looks. */
+#define RING_SPIN_S 2e-3
+
+enum { RING_POSTED, RING_MOVED, RING_STATUS };
+enum { RING_RUNNING, RING_DONE, RING_FAILED };
+
+struct ring {
+	struct xfer *x;
+	bool put;
+	uint64_t slot_bytes, nchunks;
+	unsigned slots;
+	_Atomic uint64_t *counter; /* the three counters, in the region */
+	void *event[RING_MAX_QUEUED];
+	unsigned nevents;
+	uint64_t issued, moved, posted; /* chunks: DMAs issued, DMAs done, the client's count */
+	double posted_at;               /* when posted last moved (monotonic seconds) */
+};
+
+static uint64_t chunk_bytes(const struct ring *r, uint64_t k)
+{
+	uint64_t at = k * r->slot_bytes;
+	return r->x->total - at < r->slot_bytes ? r->x->total - at : r->slot_bytes;
+}
+
+static char *slot_of(const struct ring *r, uint64_t k)
+{
+	return (char *)r->x->work->transfer.host + (k % r->slots) * r->slot_bytes;
+}
+
+/* The client's counter, checked: 1 when it moved, 0 when not, -1 with err for a value it cannot hold. */
+static int read_posted(struct ring *r)
+{
+	uint64_t v = atomic_load_explicit(&r->counter[RING_POSTED], memory_order_acquire);
+	if (v == r->posted)
+		return 0;
+	uint64_t most = r->put ? r->nchunks : r->moved;
+	if (v < r->posted || v > most)
+		return gpuq_fail(r->x->err, GPUQ_E_BAD_REQUEST,
+				 "ring counter 'posted' went from %llu to %llu; it counts up to %llu "
+				 "(the chunks %s)",
+				 (unsigned long long)r->posted, (unsigned long long)v,
+				 (unsigned long long)most,
+				 r->put ? "of the transfer" : "gpuqd has moved so far");
+	r->posted = v;
+	r->posted_at = monotonic_seconds();
+	return 1;
+}
+
+/* Whether chunk `issued` may have its DMA now: its bytes are posted (put), its slot is free (get). */
+static bool may_issue(const struct ring *r)
+{
+	if (r->issued == r->nchunks || r->issued - r->moved == r->nevents)
+		return false;
+	return r->put ? r->issued < r->posted : r->issued < r->posted + r->slots;
+}
+
+static int issue(struct ring *r)
+{
+	struct xfer *x = r->x;
+	struct device *dev = x->dev;
+	uint64_t k = r->issued, n = chunk_bytes(r, k);
+	char *dptr = x->base + k * r->slot_bytes;
+	if (r->put && x->verify)
+		x->sum += copy_hash_terms(slot_of(r, k), n, k * r->slot_bytes / 8);
+	int rc = r->put ? dev->ops->copy.ring_h2d(dev, dptr, slot_of(r, k), n, x->err)
+			: dev->ops->copy.ring_d2h(dev, slot_of(r, k), dptr, n, x->err);
+	if (rc == 0)
+		rc = dev->ops->events.record(dev, r->event[k % r->nevents], x->err);
+	if (rc != 0)
+		return -1;
+	r->issued++;
+	xfer_dma_issued(x);
+	if (r->issued == r->nchunks)
+		xfer_issued_all(x);
+	return 0;
+}
+
+/* The oldest DMA in flight: 1 when it is done (counted, and the client told), 0 when not. */
+static int complete(struct ring *r)
+{
+	struct xfer *x = r->x;
+	bool done = false;
+	if (r->moved == r->issued)
+		return 0;
+	if (x->dev->ops->events.query(x->dev, r->event[r->moved % r->nevents], &done, x->err) < 0)
+		return -1;
+	if (!done)
+		return 0;
+	uint64_t k = r->moved, n = chunk_bytes(r, k);
+	if (!r->put && x->verify)
+		x->sum += copy_hash_terms(slot_of(r, k), n, k * r->slot_bytes / 8);
+	r->moved++;
+	x->done += n;
+	xfer_progress(x);
+	atomic_store_explicit(&r->counter[RING_MOVED], r->moved, memory_order_release);
+	return 1;
+}
+
+/* What the ring waits for: the client's counter, the oldest DMA, a cancel, or the idle limit. */
+static bool ring_can_move(void *arg)
+{
+	struct ring *r = arg;
+	struct xfer *x = r->x;
+	bool done = false;
+	struct gpuq_error ignored;
+	if (atomic_load(&x->work->cancel) ||
+	    atomic_load_explicit(&r->counter[RING_POSTED], memory_order_acquire) != r->posted)
+		return true;
+	if (r->moved < r->issued &&
+	    (x->dev->ops->events.query(x->dev, r->event[r->moved % r->nevents], &done, &ignored) < 0 ||
+	     done))
+		return true;
+	unsigned limit = x->work->transfer.idle_timeout_ms;
+	return limit && r->moved == r->issued && (monotonic_seconds() - r->posted_at) * 1000 >= limit;
+}
+
+/* Fails the transfer when the client has posted nothing for the idle limit and nothing is in flight. */
+static int check_idle(struct ring *r)
+{
+	unsigned limit = r->x->work->transfer.idle_timeout_ms;
+	if (!limit || r->moved < r->issued || (monotonic_seconds() - r->posted_at) * 1000 < limit)
+		return 0;
+	return gpuq_fail(r->x->err, GPUQ_E_TIMEOUT,
+			 "the ring's client posted no chunk for %u ms (--transfer-idle-timeout); the "
+			 "job stopped after %llu of %llu chunks",
+			 limit, (unsigned long long)r->moved, (unsigned long long)r->nchunks);
+}
+
+/*
+ * Yields until something can move: polling while the client has just
+ * posted (the next chunk comes within microseconds), then letting the
+ * worker sleep between looks while it is slow to.
+ */
+static void wait_for_move(struct ring *r)
+{
+	if (monotonic_seconds() - r->posted_at < RING_SPIN_S || r->moved < r->issued)
+		sched_wait_device(ring_can_move, r);
+	else
+		sched_wait_host(ring_can_move, r, SCHED_NOT_WAITING);
+}
+
+static int ring_open(struct ring *r, struct xfer *x, bool put)
+{
+	const struct transfer_spec *t = &x->work->transfer;
+	memset(r, 0, sizeof *r);
+	r->x = x;
+	r->put = put;
+	r->slot_bytes = t->ring_slot_bytes;
+	r->slots = t->ring_slots;
+	r->nchunks = (x->total + r->slot_bytes - 1) / r->slot_bytes;
+	r->counter = (_Atomic uint64_t *)t->ring_counters;
+	r->posted_at = monotonic_seconds();
+	unsigned want = r->slots < RING_MAX_QUEUED ? r->slots : RING_MAX_QUEUED;
+	for (; r->nevents < want; r->nevents++)
+		if (x->dev->ops->events.create(x->dev, false, &r->event[r->nevents], x->err) < 0)
+			return -1;
+	return 0;
+}
+
+/* Waits for the DMAs still in flight (unless the device faulted), frees the events, sets status. */
+static void ring_close(struct ring *r, int rc)
+{
+	struct xfer *x = r->x;
+	struct gpuq_error ignored;
+	for (uint64_t k = r->moved; k < r->issued && !x->dev->faulted; k++)
+		(void)x->dev->ops->events.sync(x->dev, r->event[k % r->nevents], &ignored);
+	for (unsigned i = 0; i < r->nevents; i++)
+		x->dev->ops->events.destroy(x->dev, r->event[i]);
+	atomic_store_explicit(&r->counter[RING_STATUS], rc == 0 ? RING_DONE : RING_FAILED,
+			      memory_order_release);
+}
+
+int xfer_ring(struct xfer *x, bool put)
+{
+	struct ring r;
+	int rc = ring_open(&r, x, put);
+	while (rc == 0 && r.moved < r.nchunks) {
+		int moved;
+		if ((rc = xfer_cancelled(x)) != 0 || (rc = read_posted(&r)) < 0)
+			break;
+		rc = 0;
+		if (may_issue(&r)) {
+			rc = issue(&r);
+			continue;
+		}
+		if ((moved = complete(&r)) < 0) {
+			rc = -1;
+			break;
+		}
+		if (moved == 0 && (rc = check_idle(&r)) == 0)
+			wait_for_move(&r);
+	}
+	ring_close(&r, rc);
+	return rc;
+}
