@@ -302,6 +302,8 @@ def main() -> None:
                    help="the staging ring's slots (default 64)")
     p.add_argument("--group", type=int, default=None,
                    help="the staging ring's slots per job (default 4)")
+    p.add_argument("--groups", action="store_true",
+                   help="a job per group of slots, not one ring job per transfer (to compare)")
     p.add_argument("--skip", choices=["dispatch", "copy"], action="append", default=[])
     args = p.parse_args()
     args.socket = args.socket or gpuq.default_socket()
@@ -313,6 +315,7 @@ def main() -> None:
     with gpuq.Client(args.socket, timeout=600, **ring) as client:
         if args.group is not None:
             client.staging.group = args.group
+        client.staging.use_rings = not args.groups
         backend = client.ping()["backend"]
         print(f"-- python client ({backend} backend, gpuq {gpuq.__version__}, "
               f"Python {sys.version.split()[0]})")

@@ -20,7 +20,7 @@ from .aio_methods import AsyncMethods
 from .api import Plan, ProgressHandler, _job_call
 from .client import ClientBase, _own_body
 from .connection import ConnectionBase, _copy_error
-from .dispatch import Call
+from .dispatch import YIELD, Call
 from .job import Job
 
 __all__ = ["AsyncClient", "AsyncConnection"]
@@ -374,6 +374,10 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
         try:
             call = next(plan)
             while True:
+                if call is YIELD:
+                    await asyncio.sleep(0)
+                    call = plan.send(None)
+                    continue
                 try:
                     reply = await self._call(call)
                 except BaseException as exc:

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, Optional
 from .api import Api, Plan, ProgressHandler, _job_call
 from .arrays import drop_mappings
 from .connection import Connection
-from .dispatch import Call
+from .dispatch import YIELD, Call
 from .errors import ProtocolError
 from .job import Job
 from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, Staging
@@ -242,6 +242,9 @@ class Client(ClientBase):
         try:
             call = next(plan)
             while True:
+                if call is YIELD:
+                    call = plan.send(None)
+                    continue
                 try:
                     reply = self._call(call)
                 except BaseException as exc:

@@ -40,6 +40,14 @@ class CopyTask:
         if self.error is not None:
             raise self.error
 
+    def wait_for(self, seconds: float) -> bool:
+        """Blocks until the copy ran or ``seconds`` passed: whether it ran (its error,
+        if any, is :meth:`wait`'s to raise)."""
+        if not self._lock.acquire(timeout=seconds):
+            return False
+        self._lock.release()
+        return True
+
     def _finish(self, error: Optional[BaseException]) -> None:
         self.error = error
         self._lock.release()

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from .errors import BadFrame, GpuqError, ReplyTimeout, error_from_map
 from .wire import MAX_FDS, MAX_REPLY_FRAME, FrameReader, encode_request, new_packer
 
-__all__ = ["Call", "Dispatcher", "READ_CHUNK"]
+__all__ = ["Call", "Dispatcher", "READ_CHUNK", "YIELD"]
 
 READ_CHUNK = 1 << 18
 # Room for the most descriptors a reply brings (SCM_RIGHTS), as socket.recv_fds asks.
@@ -53,6 +53,12 @@ class Call:
     waits: bool = False
     wait_s: Optional[float] = None
     on_event: Optional[EventHandler] = None
+
+
+#: What a plan yields, instead of a request, to let other work on its thread
+#: run: nothing for Client (its plan blocks its own thread anyway); one turn of
+#: the event loop for AsyncClient. Its reply is None.
+YIELD = Call("")
 
 
 def _rights(anc: List[Tuple[int, int, bytes]]) -> List[int]:

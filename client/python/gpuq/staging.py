@@ -16,19 +16,24 @@ slots run on persistent copy threads (copier.py), one task per chunk
 round trips cost a few percent of the DMA they start, and the first group
 is a single chunk, so that the first DMA starts after one chunk's copy.
 
-A put copies chunks up to half the ring ahead (the window; the other half
-is gpuqd's), submits a group's ``put`` once all its copies are done, in
-order, and reuses a slot only after the job that last read it is done. A get
-mirrors it: the daemon fills each group of slots whose copies out are
-done, and a finished group's chunks are copied out in parallel. Jobs on
-one buffer keep their order in gpuqd where their ranges meet; chunks'
-ranges are disjoint, so only the slots need the waits above.
+Where gpuqd lists ``ring`` in ``ping``'s ``features`` (docs/protocol.md,
+"Rings"), a transfer is one job: the region's first page holds the ring's
+counters, and this thread raises ``posted`` as the copies into (put) or
+out of (get) the slots finish, in order, while gpuqd raises ``moved`` as
+its DMAs end; nothing goes over the socket until the job is waited for.
+Otherwise (an older gpuqd) jobs go per group of slots: a put copies
+chunks up to half the ring ahead (the window; the other half is gpuqd's),
+submits a group's ``put`` once all its copies are done, in order, and
+reuses a slot only after the job that last read it is done; a get mirrors
+it. Jobs on one buffer keep their order in gpuqd where their ranges meet;
+chunks' ranges are disjoint, so only the slots need the waits above.
 
 Slots of 2 MiB: on the H200 host twelve threads copied 2-4 MiB chunks at
 70 GB/s into pinned memory and 55 GB/s out of it, 8 MiB chunks at 48,
 and a slot just written is still in the caches when the DMA reads it.
-What sets the pace now is the calling thread's round trips (two per job),
-which is why a job moves several slots (docs/PERFORMANCE.md).
+Per group, what set the pace was the calling thread's round trips (two
+per job), which is why a job moved several slots and why a ring's one job
+replaced them (docs/PERFORMANCE.md).
 
 The ring is made on first use, sized to fit what gpuqd may still pin
 (its ``RLIMIT_MEMLOCK``, the ``host_pinned`` quota); when no ring can be
@@ -46,7 +51,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
 
 from .copier import Copier, CopyTask
-from .dispatch import Call
+from .dispatch import YIELD, Call
 from .errors import GpuqError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,6 +83,13 @@ MIN_STAGED_BYTES = 4 << 20
 #: The smallest slot worth making when memory is short.
 _MIN_SLOT_BYTES = 1 << 20
 _PAGE = 4096
+#: The region's first page: the ring's counters (posted, moved, status), then nothing.
+_HEADER = _PAGE
+_POSTED, _MOVED, _STATUS = 0, 1, 2
+#: How long this thread waits for a copy or for gpuqd's counter before it looks again.
+_POLL_S = 50e-6
+#: How long a ring transfer waits so before it lets an AsyncClient's event loop turn.
+_YIELD_S = 2e-3
 _names = itertools.count(1)
 
 
@@ -96,13 +108,15 @@ class Staging:
     """One client's ring of pinned slots (see the module doc); made on first use.
 
     ``slots`` and ``slot_bytes`` size it (0 slots: never staged); ``threads``
-    copy, a chunk each at a time; ``group`` slots go in one job. Only one
+    copy, a chunk each at a time; ``group`` slots go in one job where a
+    transfer is not one ring job (``use_rings``). Only one
     transfer at a time uses it: another thread's transfer meanwhile takes
     the plain path rather than wait.
     """
 
     def __init__(self, slots: int = DEFAULT_SLOTS, slot_bytes: int = DEFAULT_SLOT_BYTES,
-                 threads: Optional[int] = None, group: int = DEFAULT_GROUP) -> None:
+                 threads: Optional[int] = None, group: int = DEFAULT_GROUP,
+                 use_rings: bool = True) -> None:
         if slots < 0 or slots == 1 or slot_bytes < _PAGE or slot_bytes % _PAGE:
             raise ValueError("staging needs slots 0 (none) or 2 or more (one filled while "
                              f"others move) and slot_bytes a positive multiple of {_PAGE}")
@@ -119,15 +133,25 @@ class Staging:
         self._lock = threading.Lock()
         self._copier = Copier(self.threads)
         self._ring: Any = None  # the region as one uint8 array
+        self._counters: Any = None  # its first 24 bytes as the ring's three counters
+        #: Whether a transfer through the ring is one job: ``use_rings`` and gpuqd
+        #: has rings (``ring`` in ``ping``'s ``features``); else a job per group
+        #: of slots. Known once the ring is made. ``use_rings=False`` keeps to
+        #: groups (to compare the two).
+        self.use_rings = use_rings
+        self.rings = False
         #: Where the last transfer's time went, as this thread saw it: ``copy_wait_s``
-        #: waiting for the copy threads, ``submit_s`` for gpuqd to take groups,
-        #: ``daemon_wait_s`` for groups' jobs to end, ``first_copy_s`` the copy that
-        #: nothing overlaps (a put's first chunk, a get's last); ``jobs`` submitted.
+        #: waiting for the copy threads, ``submit_s`` for gpuqd to take the job (or
+        #: the groups' jobs), ``daemon_wait_s`` for gpuqd (its counter, the jobs to
+        #: end), ``first_copy_s`` the copy that nothing overlaps (a put's first
+        #: chunk, a get's last); ``jobs`` submitted.
         self.timing: Dict[str, float] = {}
         self._warned = False
+        self._paused = 0.0  # seconds of _pause since the plan last yielded
 
     def __repr__(self) -> str:
-        state = (f"{self.slot_count} x {self.slot_bytes >> 20} MiB, {self._group()} per job"
+        jobs = "one job per transfer" if self.rings else f"{self._group()} per job"
+        state = (f"{self.slot_count} x {self.slot_bytes >> 20} MiB, {jobs}"
                  if self.region is not None else (self.unavailable or "not made yet"))
         return f"<gpuq.Staging {state}, {self.threads} copy threads>"
 
@@ -142,10 +166,13 @@ class Staging:
         try:
             count, size = yield from self._size_plan(api)
             name = f"gpuq-stage-{os.getpid()}-{next(_names)}"
-            self.region = yield from api._region_create_plan(name, count * size, device,
-                                                             True, None)
+            self.region = yield from api._region_create_plan(name, _HEADER + count * size,
+                                                             device, True, None)
             self.slot_count, self.slot_bytes = count, size
             self._ring = self.region.array("u1")
+            self._counters = self.region.array("<u8", count=3)
+            ping = yield Call("ping", {})
+            self.rings = self.use_rings and "ring" in (ping.get("features") or ())
             return True
         except (_NoRoom, GpuqError, OSError) as exc:
             self._give_up(f"no pinned staging ring ({exc}); ordinary arrays go "
@@ -174,7 +201,7 @@ class Staging:
         if room is None:
             return self.slots, self.slot_bytes
         # Leave a quarter of what is left to others (and to the user's own regions).
-        budget = room * 3 // 4
+        budget = room * 3 // 4 - _HEADER
         count = min(self.slots, budget // max(_MIN_SLOT_BYTES, self.slot_bytes))
         if count < self.slots:  # short of memory: smaller slots first, then fewer
             count = min(self.slots, budget // _MIN_SLOT_BYTES)
@@ -191,7 +218,7 @@ class Staging:
             warnings.warn(f"gpuq: {why}", RuntimeWarning, stacklevel=6)
 
     def _unmap(self) -> None:
-        self._ring = None
+        self._ring = self._counters = None
         if self.region is not None:
             self.region.unmap()
         self.region = None
@@ -240,13 +267,13 @@ class Staging:
         first, n = group
         off = chunks[first][0]
         length = sum(c[1] for c in chunks[first:first + n])
-        at = (first % self.slot_count) * self.slot_bytes
+        at = _HEADER + (first % self.slot_count) * self.slot_bytes
         return dict(offset=off, length=length,
                     region=f"{self.region.name}[{at}:{at + length}]")  # type: ignore[union-attr]
 
     def _slot(self, chunk: int, n: int) -> Any:
         """The first n bytes of chunk's slot, as a uint8 array over the region."""
-        at = (chunk % self.slot_count) * self.slot_bytes
+        at = _HEADER + (chunk % self.slot_count) * self.slot_bytes
         return self._ring[at:at + n]
 
     def _start_copy(self, dst: Any, src: Any) -> CopyTask:
@@ -281,8 +308,118 @@ class Staging:
     def put_plan(self, api: "Api", label: str, data: Any, fields: Dict[str, Any],
                  job: Dict[str, Any]) -> Plan:
         """Puts ``data`` (a flat uint8 array) into buffer ``label`` from byte 0 through
-        the ring; ``fields`` go with the first job (``shape``). Returns the last
-        job's :class:`Job`. The ring must be ready and held.
+        the ring; ``fields`` go with the (first) job (``shape``). Returns the
+        (last) job's :class:`Job`. The ring must be ready and held."""
+        if self.rings:
+            return (yield from self._ring_put_plan(api, label, data, fields, job))
+        return (yield from self._group_put_plan(api, label, data, fields, job))
+
+    def get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
+        """Fills ``out`` (a flat uint8 array) from buffer ``label``'s bytes from 0
+        through the ring. Returns the (last) job's :class:`Job`. The ring must
+        be ready and held."""
+        if self.rings:
+            return (yield from self._ring_get_plan(api, label, out, job))
+        return (yield from self._group_get_plan(api, label, out, job))
+
+    def _ring_fields(self, label: str, nbytes: int) -> Dict[str, Any]:
+        """A ring transfer's request fields: the whole buffer range, the slots, the counters."""
+        end = _HEADER + self.slot_count * self.slot_bytes
+        return dict(buffer=label, offset=0, length=nbytes,
+                    region=f"{self.region.name}[{_HEADER}:{end}]",  # type: ignore[union-attr]
+                    ring={"slot_bytes": self.slot_bytes, "counters": 0})
+
+    def _ring_put_plan(self, api: "Api", label: str, data: Any, fields: Dict[str, Any],
+                       job: Dict[str, Any]) -> Plan:
+        """One ``put`` through the ring (docs/protocol.md, "Rings"): chunk j is copied
+        into its slot once gpuqd has moved the chunk before it there (all
+        slots are free at first), and ``posted`` rises as copies finish, in
+        order; gpuqd moves each posted chunk and raises ``moved``."""
+        chunks = self._chunks(len(data))
+
+        def copy(j: int) -> CopyTask:
+            off, n = chunks[j]
+            return self._start_copy(self._slot(j, n), data[off:off + n])
+        return (yield from self._ring_plan(api, "put", dict(fields, **self._ring_fields(
+            label, len(data))), len(chunks), self.slot_count, copy, job))
+
+    def _ring_get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
+        """One ``get`` through the ring: each chunk gpuqd has moved is copied out of its
+        slot, and ``posted`` rises as those copies finish, in order, giving
+        gpuqd the slot for the chunk ``slots`` later."""
+        chunks = self._chunks(len(out))
+
+        def copy(j: int) -> CopyTask:
+            off, n = chunks[j]
+            return self._start_copy(out[off:off + n], self._slot(j, n))
+        return (yield from self._ring_plan(api, "get", self._ring_fields(label, len(out)),
+                                           len(chunks), 0, copy, job))
+
+    def _ring_plan(self, api: "Api", op: str, fields: Dict[str, Any], count: int, ahead: int,
+                   copy: Any, job: Dict[str, Any]) -> Plan:
+        """The one job of a ring transfer of ``count`` chunks, and this thread's side of
+        it: ``copy(j)`` starts chunk j's copy once ``moved`` + ``ahead`` > j
+        (put: its slot is free; get: its bytes are there), and ``posted`` rises
+        as the copies end, in order. Returns the job once it has ended."""
+        counters = self._counters
+        copies: List[CopyTask] = []
+        clock = self._clock()
+        counters[:] = 0
+        t0 = clock()
+        done = yield from api._job_plan(op, fields, priority=job.get("priority"), detach=True)
+        clock("submit_s", t0)
+        self.timing["jobs"] = 1
+        posted, last_moved = 0, 0.0
+        try:
+            while posted < count:
+                ready = min(count, int(counters[_MOVED]) + ahead)
+                while len(copies) < ready:
+                    copies.append(copy(len(copies)))
+                if not last_moved and len(copies) == count:
+                    last_moved = clock()  # what follows overlaps no DMA
+                before = posted
+                while posted < len(copies) and copies[posted].done():
+                    copies[posted].wait()  # raises what the copy raised
+                    posted += 1
+                if posted > before:
+                    counters[_POSTED] = posted
+                    if before == 0 and op == "put":
+                        clock("first_copy_s", t0)  # a put's first copy: no DMA overlaps it
+                elif counters[_STATUS] == 2:
+                    break  # the job failed: its wait says why
+                elif self._pause(copies, posted, clock):
+                    yield YIELD
+            if op == "get" and last_moved:
+                clock("first_copy_s", last_moved)  # a get's last copies: likewise
+            t = clock()
+            yield from done._wait_plan(job.get("timeout"), None)
+            clock("daemon_wait_s", t)
+        except Exception:
+            _finish(copies)
+            yield from _stop(done)
+            raise
+        return done
+
+    def _pause(self, copies: List[CopyTask], posted: int, clock: Any) -> bool:
+        """Nothing moved: waits a little for the oldest copy, or for gpuqd's counter.
+        True once such waits have lasted :data:`_YIELD_S` since the last True: the
+        plan then yields, so that an AsyncClient's other tasks run meanwhile."""
+        t = clock()
+        if posted < len(copies):
+            copies[posted].wait_for(_POLL_S)
+            clock("copy_wait_s", t)
+        else:
+            time.sleep(_POLL_S)
+            clock("daemon_wait_s", t)
+        self._paused += clock() - t
+        if self._paused < _YIELD_S:
+            return False
+        self._paused = 0.0
+        return True
+
+    def _group_put_plan(self, api: "Api", label: str, data: Any, fields: Dict[str, Any],
+                        job: Dict[str, Any]) -> Plan:
+        """put_plan with a job per group of slots (a gpuqd without rings).
 
         Chunks are copied up to :meth:`_window` ahead of the group being
         submitted. Chunk j's copy starts once the job that last read its slot
@@ -341,10 +478,9 @@ class Staging:
             raise
         return last
 
-    def get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
-        """Fills ``out`` (a flat uint8 array) from buffer ``label``'s bytes from 0: gpuqd
-        fills groups of slots ahead while finished ones are copied out. The ring
-        must be ready and held. Returns the last job's :class:`Job`.
+    def _group_get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
+        """get_plan with a job per group of slots (a gpuqd without rings): gpuqd
+        fills groups of slots ahead while finished ones are copied out.
 
         A group's ``get`` is submitted once the copies out of the chunks that
         last used its slots are done: three groups at once, the rest of the
@@ -432,6 +568,17 @@ def _drain(jobs: List[Any]) -> Plan:
             yield from j._wait_plan(None, None)
         except Exception:
             pass
+
+
+def _stop(job: Any) -> Plan:
+    """After a failure here: cancels a ring's job, which would otherwise wait for
+    counters this thread no longer raises, and waits for it, so that no slot
+    is reused while gpuqd still reads or writes it."""
+    try:
+        yield from job._cancel_plan()
+    except Exception:
+        pass
+    yield from _drain([job])
 
 
 class _NoRoom(Exception):
