@@ -229,8 +229,8 @@ static int transfer_check_path(struct request *req, void *args, struct gpuq_erro
 				 a->put ? "source" : "sink");
 	if (a->path != TRANSFER_PATH_AUTO && a->region_named)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'path': a region is pinned already and always takes path region; "
-				 "leave path out (or auto)");
+				 "field 'path': a region is pinned already and always takes path %s; "
+				 "leave path out (or auto)", a->ring_obj ? "ring" : "region");
 	if (a->path == TRANSFER_PATH_REGISTERED)
 		return transfer_check_registrable(req->fds[0], a->put, err);
 	return 0;

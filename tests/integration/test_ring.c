@@ -238,6 +238,16 @@ TEST(ring_refusals_name_the_problem)
 		       "bytes in region 'q'"); /* at the region's end */
 	expect_refused(ring_request(c, true, "b", "q[0:131072]", 64 * KIB, 266240 - 16),
 		       "bytes in region 'q'"); /* 16 of its 24 bytes in the region */
+	struct mp_map req, ring;
+	gpuq_request_begin(c, &req, "get");
+	mp_put_str(&req, "buffer", "b");
+	mp_put_str(&req, "region", r.text);
+	mp_put_str(&req, "path", "staged");
+	mp_map_init(&ring);
+	mp_put_u64(&ring, "slot_bytes", 64 * KIB);
+	mp_put_u64(&ring, "counters", 0);
+	mp_put_map(&req, "ring", &ring);
+	expect_refused(call(c, &req, NULL, 0), "always takes path ring; leave path out");
 	struct gpuq_reply *none = ring_request(c, true, "b", "nosuch", 64 * KIB, 0);
 	expect_error(none, GPUQ_E_NOT_FOUND, "region 'nosuch' not found");
 	gpuq_reply_free(none);
