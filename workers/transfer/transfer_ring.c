@@ -131,6 +131,13 @@ static int complete(struct ring *r)
 	return 1;
 }
 
+/* Whether the client has posted nothing for the job's idle limit while nothing is in flight. */
+static bool idle_too_long(const struct ring *r)
+{
+	unsigned limit = r->x->work->transfer.idle_timeout_ms;
+	return limit && r->moved == r->issued && (monotonic_seconds() - r->posted_at) * 1000 >= limit;
+}
+
 /* What the ring waits for: the client's counter, the oldest DMA, a cancel, or the idle limit. */
 static bool ring_can_move(void *arg)
 {
@@ -145,20 +152,19 @@ static bool ring_can_move(void *arg)
 	    (x->dev->ops->events.query(x->dev, r->event[r->moved % r->nevents], &done, &ignored) < 0 ||
 	     done))
 		return true;
-	unsigned limit = x->work->transfer.idle_timeout_ms;
-	return limit && r->moved == r->issued && (monotonic_seconds() - r->posted_at) * 1000 >= limit;
+	return idle_too_long(r);
 }
 
-/* Fails the transfer when the client has posted nothing for the idle limit and nothing is in flight. */
+/* Fails the transfer once idle_too_long. */
 static int check_idle(struct ring *r)
 {
-	unsigned limit = r->x->work->transfer.idle_timeout_ms;
-	if (!limit || r->moved < r->issued || (monotonic_seconds() - r->posted_at) * 1000 < limit)
+	if (!idle_too_long(r))
 		return 0;
 	return gpuq_fail(r->x->err, GPUQ_E_TIMEOUT,
 			 "the ring's client posted no chunk for %u ms (--transfer-idle-timeout); the "
 			 "job stopped after %llu of %llu chunks",
-			 limit, (unsigned long long)r->moved, (unsigned long long)r->nchunks);
+			 r->x->work->transfer.idle_timeout_ms, (unsigned long long)r->moved,
+			 (unsigned long long)r->nchunks);
 }
 
 /*
