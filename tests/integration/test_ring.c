@@ -62,49 +62,45 @@ static unsigned char *slot_of(const struct ring *r, uint64_t k)
 	return (unsigned char *)r->region.ptr + 4 * KIB + (k % r->slots) * r->slot;
 }
 
-/* A put or get through the ring, detached; the reply (the job, or a refusal). */
-static struct gpuq_reply *ring_request(struct gpuq_client *c, bool put, const char *buffer,
-				       const char *region, int64_t slot_bytes, int64_t counters)
+/*
+ * Begins a put or get through a ring (detached): buffer, region and the
+ * ring map; a negative slot_bytes or counters leaves that key out. The
+ * caller may add fields before sending it.
+ */
+static void ring_begin(struct gpuq_client *c, struct mp_map *req, bool put, const char *buffer,
+		       const char *region, int64_t slot_bytes, int64_t counters)
 {
-	struct mp_map req, ring;
-	gpuq_request_begin(c, &req, put ? "put" : "get");
-	mp_put_str(&req, "buffer", buffer);
+	struct mp_map ring;
+	gpuq_request_begin(c, req, put ? "put" : "get");
+	mp_put_str(req, "buffer", buffer);
 	if (region)
-		mp_put_str(&req, "region", region);
+		mp_put_str(req, "region", region);
 	mp_map_init(&ring);
 	if (slot_bytes >= 0)
 		mp_put_u64(&ring, "slot_bytes", (uint64_t)slot_bytes);
 	if (counters >= 0)
 		mp_put_u64(&ring, "counters", (uint64_t)counters);
-	mp_put_map(&req, "ring", &ring);
+	mp_put_map(req, "ring", &ring);
+}
+
+/* A put or get through the ring; the reply (the job, or a refusal). */
+static struct gpuq_reply *ring_request(struct gpuq_client *c, bool put, const char *buffer,
+				       const char *region, int64_t slot_bytes, int64_t counters)
+{
+	struct mp_map req;
+	ring_begin(c, &req, put, buffer, region, slot_bytes, counters);
 	return call(c, &req, NULL, 0);
 }
 
 /* A put or get through ring r (its counters zeroed first), checked on the way with `verify`. */
-static uint64_t ring_start_checked(struct gpuq_client *c, bool put, const char *buffer,
-				   struct ring *r, bool verify)
+static uint64_t ring_start(struct gpuq_client *c, bool put, const char *buffer, struct ring *r,
+			   bool verify)
 {
-	struct mp_map req, ring;
+	struct mp_map req;
 	ring_reset(r);
-	gpuq_request_begin(c, &req, put ? "put" : "get");
-	mp_put_str(&req, "buffer", buffer);
-	mp_put_str(&req, "region", r->text);
+	ring_begin(c, &req, put, buffer, r->text, (int64_t)r->slot, 0);
 	mp_put_bool(&req, "verify", verify);
-	mp_map_init(&ring);
-	mp_put_u64(&ring, "slot_bytes", r->slot);
-	mp_put_u64(&ring, "counters", 0);
-	mp_put_map(&req, "ring", &ring);
 	struct gpuq_reply *rep = call(c, &req, NULL, 0);
-	expect_ok(rep, put ? "ring put" : "ring get");
-	uint64_t job = reply_u64(rep, "job.job");
-	gpuq_reply_free(rep);
-	return job;
-}
-
-static uint64_t ring_start(struct gpuq_client *c, bool put, const char *buffer, struct ring *r)
-{
-	ring_reset(r);
-	struct gpuq_reply *rep = ring_request(c, put, buffer, r->text, (int64_t)r->slot, 0);
 	expect_ok(rep, put ? "ring put" : "ring get");
 	uint64_t job = reply_u64(rep, "job.job");
 	gpuq_reply_free(rep);
@@ -175,7 +171,7 @@ TEST(ring_put_and_get_are_bit_exact_through_a_ring_smaller_than_the_buffer)
 	do_alloc(c, "b", 0, n + 96);
 	do_fill_random(c, "b", 82);
 	/* put into b[96:], verified: the host's checksum of what went through the slots */
-	uint64_t job = ring_start_checked(c, true, "b[96:]", &r, true);
+	uint64_t job = ring_start(c, true, "b[96:]", &r, true);
 	client_put(&r, data, n);
 	expect_job(c, job, n);
 	CHECK_EQ(atomic_load(&r.counter[STATUS]), 1);
@@ -191,7 +187,7 @@ TEST(ring_put_and_get_are_bit_exact_through_a_ring_smaller_than_the_buffer)
 	unsigned char *out = malloc(n);
 	CHECK(out != NULL);
 	memset(out, 0x5a, n);
-	job = ring_start_checked(c, false, "b[96:]", &r, true);
+	job = ring_start(c, false, "b[96:]", &r, true);
 	client_get(&r, out, n);
 	expect_job(c, job, n);
 	CHECK_EQ(atomic_load(&r.counter[STATUS]), 1);
@@ -238,22 +234,16 @@ TEST(ring_refusals_name_the_problem)
 		       "bytes in region 'q'"); /* at the region's end */
 	expect_refused(ring_request(c, true, "b", "q[0:131072]", 64 * KIB, 266240 - 16),
 		       "bytes in region 'q'"); /* 16 of its 24 bytes in the region */
-	struct mp_map req, ring;
-	gpuq_request_begin(c, &req, "get");
-	mp_put_str(&req, "buffer", "b");
-	mp_put_str(&req, "region", r.text);
+	struct mp_map req;
+	ring_begin(c, &req, false, "b", r.text, 64 * KIB, 0);
 	mp_put_str(&req, "path", "staged");
-	mp_map_init(&ring);
-	mp_put_u64(&ring, "slot_bytes", 64 * KIB);
-	mp_put_u64(&ring, "counters", 0);
-	mp_put_map(&req, "ring", &ring);
 	expect_refused(call(c, &req, NULL, 0), "always takes path ring; leave path out");
 	struct gpuq_reply *none = ring_request(c, true, "b", "nosuch", 64 * KIB, 0);
 	expect_error(none, GPUQ_E_NOT_FOUND, "region 'nosuch' not found");
 	gpuq_reply_free(none);
 	/* what was refused left the buffer and the region usable */
 	unsigned char *data = random_data(MIB, 83);
-	uint64_t job = ring_start(c, true, "b", &r);
+	uint64_t job = ring_start(c, true, "b", &r, false);
 	client_put(&r, data, MIB);
 	expect_job(c, job, MIB);
 	CHECK_EQ(do_checksum(c, "b"), host_checksum(data, MIB));
@@ -286,17 +276,17 @@ TEST(ring_counter_that_goes_wrong_fails_the_job)
 	require_memlock(c, MIB);
 	ring_make(c, "w", 64 * KIB, 4, &r);
 	do_alloc(c, "b", 0, 8 * 64 * KIB);
-	uint64_t job = ring_start(c, true, "b", &r);
+	uint64_t job = ring_start(c, true, "b", &r, false);
 	atomic_store(&r.counter[POSTED], 2);
 	CHECK(wait_moved(&r, 2));
 	atomic_store(&r.counter[POSTED], 1);
 	expect_job_error(c, job, GPUQ_E_BAD_REQUEST, "ring counter 'posted' went from 2 to 1");
 	CHECK_EQ(atomic_load(&r.counter[STATUS]), 2);
-	job = ring_start(c, true, "b", &r);
+	job = ring_start(c, true, "b", &r, false);
 	atomic_store(&r.counter[POSTED], 9);
 	expect_job_error(c, job, GPUQ_E_BAD_REQUEST, "went from 0 to 9; it counts up to 8");
 	CHECK_EQ(atomic_load(&r.counter[STATUS]), 2);
-	job = ring_start(c, false, "b", &r);
+	job = ring_start(c, false, "b", &r, false);
 	CHECK(wait_moved(&r, 1));
 	atomic_store(&r.counter[POSTED], 7);
 	expect_job_error(c, job, GPUQ_E_BAD_REQUEST, "the chunks gpuqd has moved so far");
@@ -323,8 +313,8 @@ TEST(ring_client_that_posts_nothing_times_out_and_a_cancelled_ring_says_so)
 	ring_make(c, "idle", 64 * KIB, 2, &r);
 	ring_make(c, "next", 64 * KIB, 2, &q);
 	do_alloc(c, "b", 0, 4 * 64 * KIB);
-	uint64_t first = ring_start(c, true, "b", &r);
-	uint64_t second = ring_start(c, true, "b", &q); /* waits behind the first, on b */
+	uint64_t first = ring_start(c, true, "b", &r, false);
+	uint64_t second = ring_start(c, true, "b", &q, false); /* waits behind the first, on b */
 	struct gpuq_reply *x = job_request(c, "cancel", second, 0);
 	expect_ok(x, "cancel the queued ring job");
 	gpuq_reply_free(x);
