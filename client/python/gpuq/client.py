@@ -245,6 +245,14 @@ class Client(ClientBase):
                 if call is YIELD:
                     call = plan.send(None)
                     continue
+                if not call.await_reply:
+                    try:
+                        self._conn.post(call)
+                    except BaseException as exc:
+                        call = plan.throw(exc)
+                    else:
+                        call = plan.send(None)
+                    continue
                 try:
                     reply = self._call(call)
                 except BaseException as exc:

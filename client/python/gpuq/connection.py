@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .dispatch import Call, Dispatcher
+from .dispatch import DROPPED, Call, Dispatcher
 from .errors import GpuqError
 
 __all__ = ["Connection", "ConnectionBase", "connect_socket"]
@@ -158,6 +158,15 @@ class Connection(ConnectionBase):
                     if self._leader is slot:  # the send failed before _lead ran
                         self._release_reader()
                     d.forget(rid)
+
+    def post(self, call: Call) -> None:
+        """Sends ``call`` without waiting for its reply (``Call.await_reply`` False):
+        whichever thread reads next lets the reply go."""
+        with self._cond:
+            if self._closed is not None:
+                self._check_open()
+            _, frame = self._d.add(call, DROPPED)
+        self._send(frame, call.fds)
 
     def _lead(self, slot: _Slot, deadline: Optional[float]) -> Optional[Dict[str, Any]]:
         """Reads as the reader until ``slot`` has its reply, an event or an error,

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from .errors import BadFrame, GpuqError, ReplyTimeout, error_from_map
 from .wire import MAX_FDS, MAX_REPLY_FRAME, FrameReader, encode_request, new_packer
 
-__all__ = ["Call", "Dispatcher", "READ_CHUNK", "YIELD"]
+__all__ = ["Call", "DROPPED", "Dispatcher", "READ_CHUNK", "YIELD"]
 
 READ_CHUNK = 1 << 18
 # Room for the most descriptors a reply brings (SCM_RIGHTS), as socket.recv_fds asks.
@@ -45,6 +45,12 @@ class Call:
     ``wait``, or the ``wait`` op), so the reply may take as long as the job.
     ``wait_s``: the request's own limit on that wait (its ``timeout_ms``),
     ``None`` for none. ``on_event``: called with each progress event.
+    ``await_reply``: False to send it and go on, its reply dropped whenever a
+    later read brings it (:data:`DROPPED`). gpuqd reads one connection's
+    frames in order, so the requests sent after it are carried out after it;
+    what it answers is never known, so only a request whose refusal changes
+    nothing for the caller may be sent so (the release of a lease that a
+    copy of the client's own held: a lease not held any more is what it asks).
     """
 
     op: str
@@ -53,12 +59,32 @@ class Call:
     waits: bool = False
     wait_s: Optional[float] = None
     on_event: Optional[EventHandler] = None
+    await_reply: bool = True
 
 
 #: What a plan yields, instead of a request, to let other work on its thread
 #: run: nothing for Client (its plan blocks its own thread anyway); one turn of
 #: the event loop for AsyncClient. Its reply is None.
 YIELD = Call("")
+
+
+class _Dropped:
+    """The slot of every request sent with ``await_reply`` False: what comes for it
+    (its reply, or the connection's end) is let go."""
+
+    __slots__ = ()
+
+    def deliver(self, reply: Dict[str, Any]) -> None:
+        pass
+
+    def event(self, event: Dict[str, Any]) -> None:
+        pass
+
+    def fail(self, error: BaseException) -> None:
+        pass
+
+
+DROPPED = _Dropped()
 
 
 def _rights(anc: List[Tuple[int, int, bytes]]) -> List[int]:

@@ -152,6 +152,52 @@ def test_a_kept_mapping_is_reused_only_for_the_same_buffer(daemon, name):
         assert last.ptr == 0
 
 
+def _release_unawaited(lease, replies):
+    """A plan that sends a release without waiting for it, as a copy's own lease
+    ends; ``replies`` gets what the plan was handed back (nothing)."""
+    from gpuq.dispatch import Call
+    replies.append((yield Call("release", {"lease": lease}, await_reply=False)))
+    return lease
+
+
+def test_a_release_not_waited_for_ends_the_lease_before_the_next_request(daemon, name):
+    """A device copy's release goes out without waiting for its reply: the plan
+    goes on at once, the next request on the connection (sync or asyncio)
+    already finds the lease gone, and the reply dropped on the way (even a
+    refusal: the lease was not held any more) leaves nothing pending."""
+    import asyncio
+    import os
+
+    from gpuq.dispatch import Call
+    with daemon.client() as c:
+        c.alloc(name, count=1024, dtype="f32", shareable=True)
+        try:
+            lease, _ = _lease(c, f"{name}@0")
+            replies = []
+            assert c._drive(_release_unawaited(lease, replies)) == lease
+            assert replies == [None]
+            assert [row["lease"] for row in c.leases()] == []  # read after the release
+            c._drive(_release_unawaited(lease, replies))  # not held: not_found, dropped
+            assert c.ping()["pid"] and c._conn._d.pending == {}
+
+            async def asynchronously():
+                async with gpuq.AsyncClient(daemon.socket) as a:
+                    reply = await a._call(Call("attach", {"buffer": f"{name}@0", "wait": True},
+                                               waits=True))
+                    for fd in reply.get("_fds") or []:
+                        os.close(fd)
+                    held = reply["job"]["result"]["lease"]
+                    assert [row["lease"] for row in await a.leases()] == [held]
+                    await a._drive(_release_unawaited(held, replies))
+                    assert [row["lease"] for row in await a.leases()] == []
+                    await a.ping()
+                    return a._conn._d.pending
+            assert asyncio.run(asynchronously()) == {}
+            assert replies == [None, None, None]
+        finally:
+            c.free(name)
+
+
 def test_a_broken_lease_makes_the_kept_mapping_stale(daemon, name):
     import os
     if os.geteuid() != 0:
