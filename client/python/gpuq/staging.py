@@ -362,12 +362,21 @@ class Staging:
         (put: its slot is free; get: its bytes are there), and ``posted`` rises
         as the copies end, in order. Returns the job once it has ended."""
         counters = self._counters
-        copies: List[CopyTask] = []
         clock = self._clock()
         counters[:] = 0
         t0 = clock()
-        done = yield from api._job_plan(op, fields, priority=job.get("priority"), detach=True)
-        clock("submit_s", t0)
+        # A put's first slots are free: one copy per thread starts before the job
+        # is submitted, so that the submit's round trip overlaps the first copy,
+        # which the first DMA waits for (the rest start once it is submitted).
+        copies = [copy(j) for j in range(min(count, ahead, self.threads))]
+        t = clock()
+        try:
+            done = yield from api._job_plan(op, fields, priority=job.get("priority"),
+                                            detach=True)
+        except BaseException:
+            _finish(copies)
+            raise
+        clock("submit_s", t)
         self.timing["jobs"] = 1
         posted, last_moved = 0, 0.0
         try:

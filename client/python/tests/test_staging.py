@@ -191,6 +191,38 @@ def test_many_chunks_in_flight_are_all_written_whole_slot_per_task(private_daemo
         c.free("many")
 
 
+def test_a_ring_puts_first_copies_start_before_its_job_is_submitted(private_daemon,
+                                                                   monkeypatch):
+    """A put's first slots are free: their copies, one per copy thread, are under
+    way while the job's submission makes its round trip (the first DMA waits
+    for the first copy, and would wait for that round trip too). A get has
+    nothing to copy before gpuqd has moved a chunk."""
+    d = private_daemon()
+    with _ring_client(d) as c:
+        events = []
+        started = c.staging._start_copy
+
+        def start_copy(dst, src):
+            events.append("copy")
+            return started(dst, src)
+        monkeypatch.setattr(c.staging, "_start_copy", start_copy)
+        submit = c._job_plan
+
+        def job_plan(op, fields, *args, **kw):
+            if fields.get("ring"):
+                events.append(f"submit {op}")
+            return (yield from submit(op, fields, *args, **kw))
+        monkeypatch.setattr(c, "_job_plan", job_plan)
+        a = np.random.default_rng(5).random((11 << 20) // 8)
+        assert c.put_array("early", a).result["path"] == "ring"
+        assert events.index("submit put") == c.staging.threads == 3
+        assert events.count("copy") == 11
+        events.clear()
+        assert np.array_equal(c.get_array("early", out=np.empty_like(a)), a)
+        assert events[0] == "submit get" and events.count("copy") == 11
+        c.free("early")
+
+
 @pytest.mark.parametrize("rings", [True, False], ids=["ring", "groups"])
 @pytest.mark.parametrize("where", ["put copy", "get copy", "put submit"])
 def test_a_failure_in_the_middle_drains_every_chunk_in_flight(private_daemon, monkeypatch,
