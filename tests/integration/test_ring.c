@@ -328,3 +328,74 @@ TEST(ring_client_that_posts_nothing_times_out_and_a_cancelled_ring_says_so)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/* Chunks of `chunk` bytes of fd (as long as `want`) that already hold want's bytes there. */
+static unsigned chunks_landed(int fd, const unsigned char *want, uint64_t n, uint64_t chunk)
+{
+	unsigned landed = 0;
+	for (uint64_t at = 0; at < n; at += chunk) {
+		unsigned char head[8];
+		CHECK(pread(fd, head, sizeof head, (off_t)at) == (ssize_t)sizeof head);
+		landed += memcmp(head, want + at, sizeof head) == 0;
+	}
+	return landed;
+}
+
+/*
+ * A ring's DMAs take turns with the device's other transfers (sched_wait.h):
+ * a copy engine runs what is queued in order, and keeps to one stream
+ * while it has copies queued, so a ring that kept its own queue full
+ * would hold a staged get beside it back until the ring ended. With the
+ * engines slowed, a ring get of 48 chunks (its slots hold them all: it
+ * never waits for its client) and a staged get of 48 chunks into a memfd
+ * start together; when the ring has ended, the staged get has landed a
+ * fair part of its chunks, not the one or two that come before the ring's
+ * queue fills. Counts of chunks, not times.
+ */
+TEST(ring_dmas_take_turns_with_a_staged_transfer_beside_them)
+{
+	if (test_backend_is_cuda())
+		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
+	struct daemon_proc d;
+	struct ring r;
+	const uint64_t chunk = 64 * KIB, chunks = 48, n = chunks * chunk;
+	setenv("GPUQ_HOST_ENGINE_DELAY_US", "d2h:20000", 1);
+	daemon_start(&d, "--staging-slot", "64K", "--staging-slots", "64", NULL);
+	unsetenv("GPUQ_HOST_ENGINE_DELAY_US");
+	struct gpuq_client *c = client_open(&d);
+	require_memlock(c, 4 * MIB);
+	ring_make(c, "turns", chunk, (unsigned)chunks, &r);
+	unsigned char *want = random_data(n, 91);
+	int src = memfd_create("src", MFD_CLOEXEC), dst = memfd_create("dst", MFD_CLOEXEC);
+	CHECK(src >= 0 && dst >= 0 && write(src, want, n) == (ssize_t)n && ftruncate(dst, n) == 0);
+	CHECK(lseek(src, 0, SEEK_SET) == 0);
+	do_alloc(c, "ringed", 0, n);
+	do_alloc(c, "staged", 0, n);
+	do_fill_random(c, "ringed", 92);
+	do_put(c, "staged", src);
+	uint64_t ringed = ring_start(c, false, "ringed", &r, false);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "get");
+	mp_put_str(&req, "buffer", "staged");
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *rep = call(c, &req, &dst, 1);
+	expect_ok(rep, "the staged get");
+	uint64_t staged = reply_u64(rep, "job.job");
+	gpuq_reply_free(rep);
+	CHECK(wait_moved(&r, chunks) || atomic_load(&r.counter[MOVED]) == chunks);
+	unsigned landed = chunks_landed(dst, want, n, chunk);
+	CHECKF(landed >= chunks / 4, "the staged get had landed %u of its %llu chunks when the "
+	       "ring's %llu had all moved: the ring's DMAs did not take turns with it",
+	       landed, (unsigned long long)chunks, (unsigned long long)chunks);
+	expect_job(c, ringed, n);
+	struct gpuq_reply *w = job_request(c, "wait", staged, 0);
+	expect_ok(w, "the staged get");
+	gpuq_reply_free(w);
+	CHECK_EQ(chunks_landed(dst, want, n, chunk), chunks);
+	free(want);
+	close(src);
+	close(dst);
+	gpuq_region_unmap(&r.region);
+	gpuq_close(c);
+	daemon_stop(&d);
+}

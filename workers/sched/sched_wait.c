@@ -370,10 +370,10 @@ bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
 	if (!job)
 		return true;
 	struct sched *s = job->s;
-	unsigned mine = dma_refresh(s, job, dir);
-	bool others = s->dma_queued[dir] > mine;
-	if (s->dma_queued[dir] >= dma_queue_limit(s) || (others && mine > 0) ||
-	    dma_outranked(s, job, dir)) {
+	unsigned mine = dma_refresh(s, job, dir) + job->dma_own[dir];
+	unsigned queued = s->dma_queued[dir] + s->dma_own[dir];
+	bool others = queued > mine;
+	if (queued >= dma_queue_limit(s) || (others && mine > 0) || dma_outranked(s, job, dir)) {
 		job->dma_waiting[dir] = true;
 		return false;
 	}
@@ -392,16 +392,35 @@ void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir)
 	job->dma_last = ++s->dma_turns;
 }
 
+void sched_dma_own(struct sched_job *job, enum sched_dma dir, unsigned queued)
+{
+	if (!job)
+		return;
+	struct sched *s = job->s;
+	if (queued > job->dma_own[dir]) { /* a turn taken */
+		job->dma_waiting[dir] = false;
+		job->dma_last = ++s->dma_turns;
+	}
+	s->dma_own[dir] = s->dma_own[dir] - job->dma_own[dir] + queued;
+	job->dma_own[dir] = queued;
+}
+
 void sched_dma_leave(struct sched_job *job)
 {
 	if (job)
 		memset(job->dma_waiting, 0, sizeof job->dma_waiting);
 }
 
-/* Slots a job still holds when it ends (a path that failed between acquire and release). */
+/*
+ * Slots a job still holds when it ends (a path that failed between acquire
+ * and release), and the DMAs it counted as its own (done by now: a job
+ * waits for its lane's work before it ends).
+ */
 void sched_slots_reclaim(struct sched *s, struct sched_job *j)
 {
 	struct device *dev = s->dev;
+	for (unsigned dir = 0; dir < SCHED_DMA_DIRS; dir++)
+		sched_dma_own(j, (enum sched_dma)dir, 0);
 	for (unsigned i = 0; i < dev->config.staging_slots && j->slots_held; i++) {
 		if (s->slot_holder[i] != j)
 			continue;

@@ -117,7 +117,11 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * it counts as waiting for a turn until it queues one or leaves. A
  * predicate may call it (worker thread). sched_dma_queued: the job queued a
  * DMA through slot; it is done when the slot's DMA is ready or the slot is
- * released. sched_dma_leave: the job queues no more (it waits for no turn).
+ * released. sched_dma_own: the job has `queued` DMAs in dir on its own lane
+ * that go through no staging slot (a ring's, through the client's region),
+ * which it counts itself as they end; they take turns as slot DMAs do, and
+ * are forgotten when the job ends. sched_dma_leave: the job queues no more
+ * (it waits for no turn).
  */
 #define SCHED_DMA_QUEUE 6
 #define SCHED_DMA_QUEUE_ALONE 16
@@ -125,6 +129,7 @@ void sched_slot_release(struct device *dev, unsigned slot);
 enum sched_dma { SCHED_DMA_H2D, SCHED_DMA_D2H, SCHED_DMA_DIRS };
 bool sched_dma_turn(struct sched_job *job, enum sched_dma dir);
 void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir);
+void sched_dma_own(struct sched_job *job, enum sched_dma dir, unsigned queued);
 void sched_dma_leave(struct sched_job *job);
 
 /* Device memory was released on the device: jobs waiting for memory try again. */

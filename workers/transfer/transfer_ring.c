@@ -12,7 +12,10 @@
  * (buffer -> slot) is issued once its slot's last chunk has been copied
  * out (k < posted + slots); moved then tells the client the chunk is there.
  * DMAs go on the job's lane, each followed by an event; up to
- * RING_MAX_QUEUED are in flight, completed in order.
+ * RING_MAX_QUEUED are in flight, completed in order. They take DMA turns
+ * with the device's other transfers (sched_wait.h) as staged DMAs do: the
+ * copy engine runs what is queued in order, so a ring that kept its queue
+ * full would otherwise hold every other job's DMA behind its own.
  *
  * The client's counter is memory another process writes: it is read with
  * acquire loads, and a value that goes backwards, past the transfer's
@@ -81,12 +84,29 @@ static int read_posted(struct ring *r)
 	return 1;
 }
 
-/* Whether chunk `issued` may have its DMA now: its bytes are posted (put), its slot is free (get). */
-static bool may_issue(const struct ring *r)
+static enum sched_dma ring_dir(const struct ring *r)
+{
+	return r->put ? SCHED_DMA_H2D : SCHED_DMA_D2H;
+}
+
+/* Whether chunk `issued` is ready for its DMA: its bytes are posted (put), its slot is free (get). */
+static bool wants_issue(const struct ring *r)
 {
 	if (r->issued == r->nchunks || r->issued - r->moved == r->nevents)
 		return false;
 	return r->put ? r->issued < r->posted : r->issued < r->posted + r->slots;
+}
+
+/* Whether that DMA may go now: ready, and the device's DMA turns give it one. */
+static bool may_issue(const struct ring *r)
+{
+	return wants_issue(r) && sched_dma_turn(r->x->job, ring_dir(r));
+}
+
+/* Tells the DMA turns how many of the ring's DMAs are in flight. */
+static void count_in_flight(const struct ring *r)
+{
+	sched_dma_own(r->x->job, ring_dir(r), (unsigned)(r->issued - r->moved));
 }
 
 static int issue(struct ring *r)
@@ -104,6 +124,7 @@ static int issue(struct ring *r)
 	if (rc != 0)
 		return -1;
 	r->issued++;
+	count_in_flight(r);
 	xfer_dma_issued(x);
 	if (r->issued == r->nchunks)
 		xfer_issued_all(x);
@@ -125,20 +146,25 @@ static int complete(struct ring *r)
 	if (!r->put && x->verify)
 		x->sum += copy_hash_terms(slot_of(r, k), n, k * r->slot_bytes / 8);
 	r->moved++;
+	count_in_flight(r);
 	x->done += n;
 	xfer_progress(x);
 	atomic_store_explicit(&r->counter[RING_MOVED], r->moved, memory_order_release);
 	return 1;
 }
 
-/* Whether the client has posted nothing for the job's idle limit while nothing is in flight. */
+/*
+ * Whether the client has posted nothing for the job's idle limit while
+ * gpuqd had nothing to do: no DMA in flight and none waiting for its turn.
+ */
 static bool idle_too_long(const struct ring *r)
 {
 	unsigned limit = r->x->work->transfer.idle_timeout_ms;
-	return limit && r->moved == r->issued && (monotonic_seconds() - r->posted_at) * 1000 >= limit;
+	return limit && r->moved == r->issued && !wants_issue(r) &&
+	       (monotonic_seconds() - r->posted_at) * 1000 >= limit;
 }
 
-/* What the ring waits for: the client's counter, the oldest DMA, a cancel, or the idle limit. */
+/* What the ring waits for: the client's counter, a DMA turn, the oldest DMA, a cancel, or the idle limit. */
 static bool ring_can_move(void *arg)
 {
 	struct ring *r = arg;
@@ -146,7 +172,8 @@ static bool ring_can_move(void *arg)
 	bool done = false;
 	struct gpuq_error ignored;
 	if (atomic_load(&x->work->cancel) ||
-	    atomic_load_explicit(&r->counter[RING_POSTED], memory_order_acquire) != r->posted)
+	    atomic_load_explicit(&r->counter[RING_POSTED], memory_order_acquire) != r->posted ||
+	    may_issue(r))
 		return true;
 	if (r->moved < r->issued &&
 	    (x->dev->ops->events.query(x->dev, r->event[r->moved % r->nevents], &done, &ignored) < 0 ||
@@ -169,12 +196,14 @@ static int check_idle(struct ring *r)
 
 /*
  * Yields until something can move: polling while the client has just
- * posted (the next chunk comes within microseconds), then letting the
- * worker sleep between looks while it is slow to.
+ * posted (the next chunk comes within microseconds), while a DMA is in
+ * flight or one waits for its turn (other jobs' DMAs end on the device),
+ * and letting the worker sleep between looks while the client is slow.
  */
 static void wait_for_move(struct ring *r)
 {
-	if (monotonic_seconds() - r->posted_at < RING_SPIN_S || r->moved < r->issued)
+	if (monotonic_seconds() - r->posted_at < RING_SPIN_S || r->moved < r->issued ||
+	    wants_issue(r))
 		sched_wait_device(ring_can_move, r);
 	else
 		sched_wait_host(ring_can_move, r, SCHED_NOT_WAITING);
@@ -207,6 +236,8 @@ static void ring_close(struct ring *r, int rc)
 		(void)x->dev->ops->events.sync(x->dev, r->event[k % r->nevents], &ignored);
 	for (unsigned i = 0; i < r->nevents; i++)
 		x->dev->ops->events.destroy(x->dev, r->event[i]);
+	sched_dma_own(x->job, ring_dir(r), 0);
+	sched_dma_leave(x->job);
 	atomic_store_explicit(&r->counter[RING_STATUS], rc == 0 ? RING_DONE : RING_FAILED,
 			      memory_order_release);
 }
