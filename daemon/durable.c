@@ -214,6 +214,7 @@ int durable_snapshot(struct daemon *d, struct state_snapshot *s)
 	snprintf(s->backend, sizeof s->backend, "%s", d->ops ? d->ops->name : "");
 	s->devices = d->pool.count;
 	s->recoveries = d->recover.recoveries;
+	s->job_ids_below = d->durable.ids_reserved;
 	if (durable_copy_buffers(d, s) != 0 || durable_copy_regions(d, s) != 0 ||
 	    durable_copy_leases(d, s) != 0 || durable_copy_quota(s) != 0) {
 		state_snapshot_free(s);
@@ -269,8 +270,26 @@ static bool durable_job_matters(struct job *job)
 	return job->buffer || job->buffer2 || job->region || job->lease || durable_job_writes(job);
 }
 
+/*
+ * Job ids are given out in blocks that the record names before any id of
+ * the block reaches a client, so a gpuqd that comes back after dying goes
+ * on above every id the dead one gave out (recover.c) and a client's old
+ * job id never names a new job. A block costs one extra write.
+ */
+#define DURABLE_JOB_ID_BLOCK (1u << 20)
+
+static void durable_reserve_job_ids(struct daemon *d)
+{
+	struct durable *du = &d->durable;
+	if (!du->record || d->jobs.next_id <= du->ids_reserved)
+		return;
+	du->ids_reserved = d->jobs.next_id + DURABLE_JOB_ID_BLOCK;
+	durable_write(d);
+}
+
 void durable_job_submitting(struct daemon *d, struct job *job)
 {
+	durable_reserve_job_ids(d);
 	if (!durable_job_matters(job))
 		return;
 	durable_touch(d);
@@ -322,6 +341,7 @@ void durable_start(struct daemon *d, struct state_record *adopted, bool held)
 	du->flush.data = d;
 	uv_prepare_start(&du->flush, durable_on_prepare);
 	du->started = true;
+	du->ids_reserved = d->jobs.next_id + DURABLE_JOB_ID_BLOCK;
 	durable_write(d); /* the state at start: no buffers yet, or those taken over */
 	durable_store(d, adopted && held);
 }

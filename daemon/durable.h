@@ -33,6 +33,7 @@ struct durable {
 	uv_prepare_t flush;
 	bool dirty, started;
 	uint64_t failures; /* writes that failed (each logged, at most once per 10 s) */
+	uint64_t ids_reserved; /* job ids below it may be given out: what the record says */
 };
 
 /*

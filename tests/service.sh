@@ -213,11 +213,16 @@ check store_keeps_the_record_and_each_slab sh -c "grep -q 'FDSTORE=1 | FDNAME=gp
 	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-0-2 \[1 fds\]' '$store'"
 check store_removes_a_slab_given_back count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-0-3$' "$store" 1
 check store_removes_a_kept_empty_slab count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-0-4$' "$store" 1
+# The id of a new job (a checksum of small).
+new_job_id() { gpuq --json checksum small | sed -n 's/.*"job":\([0-9][0-9]*\).*/\1/p'; }
+id_before=$(new_job_id)
 kill -KILL "$first"
 exec 4>&-
 second=$(pid_after_start 2)
 check store_passes_the_record_and_two_slabs grep -q 'start: 3 stored' "$store"
 came_back sigkill_keeps_every_buffer_with_its_bytes "$first" "$second"
+id_after=$(new_job_id)
+check sigkill_job_ids_go_on_above_the_dead_gpuqds test "${id_after:-0}" -gt "${id_before:-0}" -a "${id_before:-0}" -gt 0
 check sigkill_recovery_copies_nothing test "$(count "gpuqd\[$second\].*op=put" "$dir/f.log")" -eq 0
 check sigkill_recovery_is_logged grep -q \
 	"gpuqd\[$second\]: info: recovered 4 buffers (1 suspect, 0 lost) from the service manager's descriptor store" "$dir/f.log"

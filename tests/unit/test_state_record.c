@@ -42,7 +42,8 @@ static struct state_quota test_quotas[2] = {
 
 static struct state_snapshot test_snapshot(void)
 {
-	struct state_snapshot s = { .backend = "host", .devices = 2,
+	struct state_snapshot s = { .backend = "host", .devices = 2, .recoveries = 3,
+				    .job_ids_below = (1ull << 40) + 7,
 				    .buffers = test_buffers, .nbuffers = 2,
 				    .regions = test_regions, .nregions = 1,
 				    .leases = test_leases, .nleases = 1,
@@ -89,6 +90,8 @@ TEST(state_record_round_trip)
 	CHECK_EQ(read_snapshot(state_record_fd(r), &back), 1);
 	CHECK_STR(back.backend, "host");
 	CHECK_EQ(back.devices, 2);
+	CHECK_EQ(back.recoveries, 3);
+	CHECK_EQ(back.job_ids_below, (1ull << 40) + 7);
 	CHECK_EQ(back.nbuffers, 2);
 	for (size_t i = 0; i < 2; i++) {
 		const struct state_buffer *a = &test_buffers[i], *b = &back.buffers[i];
@@ -367,6 +370,8 @@ TEST(state_record_without_the_added_fields_reads_them_as_zero)
 	CHECK_EQ(back.leases[0].conn_serial, 0); /* a lease of no known holder: it ends */
 	CHECK_EQ(back.leases[0].since_ms, 0);
 	CHECK_EQ(back.regions[0].created_ms, 0);
+	CHECK_EQ(back.recoveries, 0);
+	CHECK_EQ(back.job_ids_below, 0); /* a record from before it: ids go on from where they would */
 	state_snapshot_free(&back);
 }
 
