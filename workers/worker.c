@@ -521,6 +521,17 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
 	out->last_reset_s = w->last_reset_s;
 	out->needs_restart = w->needs_restart;
 	pthread_mutex_unlock(&w->lock);
+	/*
+	 * A reset the worker published and this (main) thread has not taken
+	 * stock of yet (worker_drain: the device's buffers marked lost) still
+	 * reads as under way, so a client that sees the device healthy again,
+	 * or its reset counted, finds those buffers lost.
+	 */
+	if (out->resets != w->resets_seen) {
+		out->healthy = false;
+		snprintf(out->health, sizeof out->health, "being reset after %.300s", out->last_reset);
+		out->resets = w->resets_seen;
+	}
 }
 
 int worker_ask_reset(struct worker_pool *pool, int device, const char *why, struct gpuq_error *err)

@@ -160,6 +160,7 @@ bool worker_unqueue_group(struct worker_pool *pool, struct work **works, int n);
  */
 struct work *worker_pool_unqueue_all(struct worker_pool *pool);
 
+/* A device's state for replies and metrics (main thread: it reads what worker_drain saw). */
 void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot *out);
 
 /*
