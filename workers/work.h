@@ -103,6 +103,12 @@ struct work {
 	struct work_access access[WORK_MAX_ACCESS];
 	unsigned naccess;
 	uint64_t wait_memory_ms;
+	/*
+	 * The device's resets the main thread had taken stock of when it queued
+	 * the work (worker_enqueue): one that names buffers and comes to run
+	 * after a later reset is refused, its buffers' memory gone with it.
+	 */
+	unsigned resets_known;
 
 	/*
 	 * The scheduler's (workers/sched/sched.c): the submission order, the ledger

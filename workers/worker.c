@@ -354,6 +354,7 @@ static int worker_check_room(struct worker_pool *pool, struct worker *w, int dev
 /* Queues work on w and wakes it; the caller holds w->lock. */
 static int worker_enqueue(struct worker *w, struct work *work, struct gpuq_error *err)
 {
+	work->resets_known = w->resets_seen;
 	atomic_store(&work->phase, WORK_QUEUED);
 	atomic_store(&work->sched, NULL);
 	if (sched_enqueue(&w->queues, work) != 0)

@@ -192,6 +192,7 @@ struct device {
 	 */
 	bool faulted;
 	char fault_reason[256];
+	unsigned resets; /* resets done (device_reset.c; worker thread) */
 	/* A reset failed to open it again: nothing of the backend's is held (workers/backend/device_reset.c). */
 	bool lost;
 	/*

@@ -106,6 +106,7 @@ static int reset_publish(struct worker *w, int rc, const struct gpuq_error *err,
 	else
 		w->reset_times[w->resets % ring] = now;
 	w->resets++;
+	w->dev.resets = w->resets;
 	w->reset_asked = w->reset_gave_up = false;
 	w->last_reset_s = now - t0;
 	snprintf(w->last_reset, sizeof w->last_reset, "%s", cause);

@@ -284,6 +284,11 @@ static bool job_refused(struct sched *s, struct work *work)
 	else if (dev->faulted)
 		gpuq_fail(&work->error, GPUQ_E_NO_DEVICE, "device %d is unhealthy: %s", dev->index,
 			  dev->fault_reason);
+	else if (work->naccess > 0 && work->resets_known != dev->resets)
+		gpuq_fail(&work->error, GPUQ_E_DEVICE_ERROR,
+			  "the buffer memory the job names was lost when gpu %d was reset (the job "
+			  "came in as the reset ended, before gpuqd had marked its buffers lost)",
+			  dev->index);
 	return work->error.code != GPUQ_OK;
 }
 
