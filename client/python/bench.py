@@ -3,7 +3,9 @@
 
 1. Dispatch: ping and noop round trips (p50, p99) from ``gpuq.Client`` and
    ``gpuq.AsyncClient``, one request at a time, beside the same from C
-   (``gpuq bench dispatch --clients 1``). Aim: Python's p50 within 2x of C's.
+   (``gpuq bench dispatch --clients 1``), in three rounds that each measure C
+   first, so that the machine's drift falls on both sides; the table gives
+   the rounds' medians. Aim: Python's p50 within 2x of C's.
 2. Copies, at each size (default 256 MiB and 1 GiB of float32), each timed
    around the whole call, median of ``--repeats`` after one unmeasured (of
    at least 25 for the device-to-device rows, which take under 1 ms):
@@ -82,20 +84,32 @@ def dispatch_c(gpuq_bin: str, socket: str, n: int) -> Dict[str, Dict[str, float]
     return {r["kind"]: {"p50": r["p50_us"], "p99": r["p99_us"]} for r in results}
 
 
+#: Rounds of the dispatch table: C, then each Python client, in turn, so that
+#: drift in the machine (clocks, other load) falls on both sides of a ratio.
+DISPATCH_ROUNDS = 3
+
+
 def bench_dispatch(args: argparse.Namespace, client: gpuq.Client) -> None:
-    c_side = dispatch_c(args.gpuq, args.socket, args.requests)
-    rows = []
-    for op, call in (("ping", client.ping), ("noop", lambda: client.noop(args.device))):
-        rows.append((op, "Client", timed(call, args.requests), c_side[op]))
-        rows.append((op, "AsyncClient", asyncio.run(timed_async(args.socket, op,
-                                                                args.requests)), c_side[op]))
-    print(f"python dispatch: {args.requests} round trips, one at a time, after {WARMUP} "
-          "unmeasured; C: gpuq bench dispatch --clients 1 (aim: Python p50 <= 2x C)")
+    n = max(1, args.requests // DISPATCH_ROUNDS)
+    calls = (("ping", client.ping), ("noop", lambda: client.noop(args.device)))
+    rounds: List[List[Tuple[str, str, Dict[str, float], Dict[str, float]]]] = []
+    for _ in range(DISPATCH_ROUNDS):
+        c_side = dispatch_c(args.gpuq, args.socket, n)
+        rounds.append([row for op, call in calls for row in (
+            (op, "Client", timed(call, n), c_side[op]),
+            (op, "AsyncClient", asyncio.run(timed_async(args.socket, op, n)), c_side[op]))])
+    print(f"python dispatch: {DISPATCH_ROUNDS} rounds of {n} round trips per client, one at "
+          f"a time, after {WARMUP} unmeasured; C: gpuq bench dispatch --clients 1, in each "
+          "round before the Python clients; medians of the rounds (aim: Python p50 <= 2x C)")
     print(f"{'KIND':5} {'CLIENT':12} {'C P50 µs':>9} {'PY P50 µs':>10} {'PY P99 µs':>10} "
           f"{'P50 PY/C':>9}")
-    for op, who, py, c in rows:
-        print(f"{op:5} {who:12} {c['p50']:9.1f} {py['p50']:10.1f} {py['p99']:10.1f} "
-              f"{py['p50'] / c['p50']:9.2f}")
+    for i, (op, who, _, _) in enumerate(rounds[0]):
+        same = [r[i] for r in rounds]
+        c50 = statistics.median(c["p50"] for _, _, _, c in same)
+        py50 = statistics.median(py["p50"] for _, _, py, _ in same)
+        py99 = statistics.median(py["p99"] for _, _, py, _ in same)
+        ratio = statistics.median(py["p50"] / c["p50"] for _, _, py, c in same)
+        print(f"{op:5} {who:12} {c50:9.1f} {py50:10.1f} {py99:10.1f} {ratio:9.2f}")
 
 
 def daemon_rows(client: gpuq.Client, nbytes: int, repeats: int,
