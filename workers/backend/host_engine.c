@@ -14,11 +14,13 @@
  */
 #include "workers/backend/host_engine.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "workers/backend/backend.h"
 #include "workers/clock.h"
@@ -46,6 +48,7 @@ struct host_stream {
 	uint64_t submitted;
 	_Atomic uint64_t completed;
 	bool destroyed;
+	unsigned serial; /* its number among the device's streams (the engine trace's) */
 	struct host_stream *next; /* in e->streams, most urgent first */
 };
 
@@ -56,6 +59,8 @@ struct host_engines {
 	struct host_stream *streams;
 	bool stopping;
 	unsigned delay_us[HOST_ENGINES];
+	int trace_fd; /* GPUQ_HOST_ENGINE_TRACE's file, or -1 */
+	unsigned streams_made;
 	uint64_t queued; /* operations queued so far, numbering them */
 	struct host_stream *last[HOST_ENGINES]; /* the stream each engine ran last */
 };
@@ -175,6 +180,21 @@ static void engine_delay(unsigned us)
 	nanosleep(&t, NULL);
 }
 
+/*
+ * Tests only: GPUQ_HOST_ENGINE_TRACE=PATH appends a line per copy as its
+ * engine takes it, "h2d|d2h DEVICE STREAM BYTES", so that a test counts
+ * whose copies ran before whose (test_sched.c) instead of timing them.
+ * Written under the engines' lock, so the lines are in the order taken.
+ */
+static void trace_copy(const struct host_engines *e, enum host_engine_kind kind,
+		       const struct host_stream *s, const struct qop *q)
+{
+	if (e->trace_fd < 0 || (kind != HOST_ENGINE_H2D && kind != HOST_ENGINE_D2H))
+		return;
+	dprintf(e->trace_fd, "%s %d %u %zu\n", kind == HOST_ENGINE_H2D ? "h2d" : "d2h",
+		e->dev->index, s->serial, q->op.n);
+}
+
 static void *engine_main(void *arg)
 {
 	struct engine_thread_arg *a = arg;
@@ -195,6 +215,7 @@ static void *engine_main(void *arg)
 		s->running = true;
 		e->last[kind] = s;
 		stream_take_turn(e, s);
+		trace_copy(e, kind, s, q);
 		pthread_mutex_unlock(&engines_lock);
 		engine_delay(e->delay_us[kind]);
 		q->fn(&q->op);
@@ -241,6 +262,8 @@ struct host_engines *host_engines_start(struct device *dev, struct gpuq_error *e
 	}
 	e->dev = dev;
 	read_delays(e);
+	const char *trace = getenv("GPUQ_HOST_ENGINE_TRACE");
+	e->trace_fd = trace ? open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
 	for (int k = 0; k < HOST_ENGINES; k++) {
 		struct engine_thread_arg *a = malloc(sizeof *a);
 		if (a) {
@@ -281,6 +304,8 @@ void host_engines_stop(struct host_engines *e)
 		}
 		free(s);
 	}
+	if (e->trace_fd >= 0)
+		close(e->trace_fd);
 	free(e);
 }
 
@@ -292,6 +317,7 @@ struct host_stream *host_stream_create(struct host_engines *e, int priority)
 	s->e = e;
 	s->priority = priority;
 	pthread_mutex_lock(&engines_lock);
+	s->serial = ++e->streams_made;
 	struct host_stream **link = &e->streams;
 	while (*link && (*link)->priority <= priority)
 		link = &(*link)->next;
