@@ -499,14 +499,20 @@ struct turn_counts {
 	int busy, again;
 };
 
+/* A daemon whose engines are slowed and traced into t, with 64 staging slots of TURN_CHUNK; its client. */
+static struct gpuq_client *turn_daemon(struct daemon_proc *d, struct trace *t)
+{
+	slow_engines("h2d:" TURN_CHUNK_DELAY_US);
+	trace_start(t);
+	daemon_start(d, "--staging-slot", "64K", "--staging-slots", "64", NULL);
+	return client_open(d);
+}
+
 static struct turn_counts put_behind_backlog(int n, const char *backlog, const char *priority)
 {
 	struct trace t;
-	slow_engines("h2d:" TURN_CHUNK_DELAY_US);
-	trace_start(&t);
 	struct daemon_proc d;
-	daemon_start(&d, "--staging-slot", "64K", "--staging-slots", "64", NULL);
-	struct gpuq_client *c = client_open(&d);
+	struct gpuq_client *c = turn_daemon(&d, &t);
 	int small = memfd_random(TURN_SMALL, 99);
 	uint64_t jobs[TURN_MAX_BACKLOG];
 	do_alloc(c, "small", 0, TURN_SMALL);
@@ -636,11 +642,8 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 	int longest = 0;
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;
-		slow_engines("h2d:" TURN_CHUNK_DELAY_US);
-		trace_start(&t);
 		struct daemon_proc d;
-		daemon_start(&d, "--staging-slot", "64K", "--staging-slots", "64", NULL);
-		struct gpuq_client *c = client_open(&d);
+		struct gpuq_client *c = turn_daemon(&d, &t);
 		do_alloc(c, "a", 0, 48 * TURN_CHUNK);
 		do_alloc(c, "b", 0, 48 * TURN_CHUNK);
 		int fa = memfd_random(48 * TURN_CHUNK, 1), fb = memfd_random(48 * TURN_CHUNK, 2);
