@@ -501,12 +501,12 @@ struct turn_counts {
 	int busy, again;
 };
 
-/* A daemon whose engines are slowed and traced into t, with 64 staging slots of TURN_CHUNK; its client. */
-static struct gpuq_client *turn_daemon(struct daemon_proc *d, struct trace *t)
+/* A daemon whose engines are slowed and traced into t, with 64 staging slots of `slot`; its client. */
+static struct gpuq_client *turn_daemon(struct daemon_proc *d, struct trace *t, const char *slot)
 {
 	slow_engines("h2d:" TURN_CHUNK_DELAY_US);
 	trace_start(t);
-	daemon_start(d, "--staging-slot", "64K", "--staging-slots", "64", NULL);
+	daemon_start(d, "--staging-slot", slot, "--staging-slots", "64", NULL);
 	return client_open(d);
 }
 
@@ -514,7 +514,7 @@ static struct turn_counts put_behind_backlog(int n, const char *backlog, const c
 {
 	struct trace t;
 	struct daemon_proc d;
-	struct gpuq_client *c = turn_daemon(&d, &t);
+	struct gpuq_client *c = turn_daemon(&d, &t, "64K");
 	int small = memfd_random(TURN_SMALL, 99);
 	uint64_t jobs[TURN_MAX_BACKLOG];
 	do_alloc(c, "small", 0, TURN_SMALL);
@@ -603,14 +603,28 @@ TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
 	expect_turn_behind_backlog("low", "high");
 }
 
-/* The longest run of one stream's copies from b's first copy until a or b has taken its last. */
-static int longest_run_while_both_move(const struct traced *c, size_t n)
+/*
+ * How two transfers' copies shared the engine: a's from the trace's start,
+ * b's from the mark (when b was sent). before_b: a's copies taken between
+ * the mark and b's first, which b waits behind once (a's queue while it
+ * ran alone); longest: the longest run of one stream's copies from b's
+ * first until a or b took its last. Without turns a keeps its queue full
+ * and b's first copy comes after a's last.
+ */
+struct shared_engine {
+	int before_b, longest;
+};
+
+static struct shared_engine engine_shared(const struct traced *c, size_t n)
 {
+	struct shared_engine out = { -1, 0 };
 	unsigned a = 0, b = 0;
-	size_t first_b = n, last_a = 0, last_b = 0;
+	size_t mark = n, first_b = n, last_a = 0, last_b = 0;
 	for (size_t i = 0; i < n; i++) {
-		if (c[i].mark)
+		if (c[i].mark) {
+			mark = mark < i ? mark : i;
 			continue;
+		}
 		if (!a)
 			a = c[i].stream;
 		else if (!b && c[i].stream != a)
@@ -620,14 +634,34 @@ static int longest_run_while_both_move(const struct traced *c, size_t n)
 		if (b && c[i].stream == b)
 			last_b = i;
 	}
-	CHECKF(b != 0, "the trace shows one stream's copies only");
+	CHECKF(b != 0 && mark < first_b, "the trace shows one stream's copies only, or b's before "
+	       "it was sent");
+	out.before_b = 0;
+	for (size_t i = mark; i < first_b; i++)
+		out.before_b += !c[i].mark;
 	size_t end = last_a < last_b ? last_a : last_b;
-	int longest = 0, run = 0;
+	int run = 0;
 	for (size_t i = first_b; i <= end; i++) {
 		run = i > first_b && c[i].stream == c[i - 1].stream ? run + 1 : 1;
-		longest = run > longest ? run : longest;
+		out.longest = run > out.longest ? run : out.longest;
 	}
-	return longest;
+	return out;
+}
+
+/* Whether a and b took turns: b's first copy behind a's queue at most, then short runs. */
+static bool took_turns(struct shared_engine e)
+{
+	return e.before_b <= SCHED_DMA_QUEUE_ALONE + TURN_SLACK && e.longest <= 2 * SCHED_DMA_QUEUE;
+}
+
+static void expect_turns(struct shared_engine e, const char *a, const char *b)
+{
+	CHECKF(e.before_b <= SCHED_DMA_QUEUE_ALONE + TURN_SLACK,
+	       "%s's first chunk waited behind %d of %s's (it may queue %d; %d tries)", b,
+	       e.before_b, a, SCHED_DMA_QUEUE_ALONE, TURN_ATTEMPTS);
+	CHECKF(e.longest <= 2 * SCHED_DMA_QUEUE,
+	       "one put moved %d chunks in a row while the other had chunks left (%d tries)",
+	       e.longest, TURN_ATTEMPTS);
 }
 
 /*
@@ -641,16 +675,17 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 {
 	if (test_backend_is_cuda())
 		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
-	int longest = 0;
+	struct shared_engine e = { 0, 0 };
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;
 		struct daemon_proc d;
-		struct gpuq_client *c = turn_daemon(&d, &t);
+		struct gpuq_client *c = turn_daemon(&d, &t, "64K");
 		do_alloc(c, "a", 0, 48 * TURN_CHUNK);
 		do_alloc(c, "b", 0, 48 * TURN_CHUNK);
 		int fa = memfd_random(48 * TURN_CHUNK, 1), fb = memfd_random(48 * TURN_CHUNK, 2);
 		uint64_t a = start_put_fd(c, "a", fa, NULL);
 		usleep(8 * 20000);
+		trace_mark(&t);
 		uint64_t b = start_put_fd(c, "b", fb, NULL);
 		wait_ok(c, a, "put a");
 		wait_ok(c, b, "put b");
@@ -660,15 +695,78 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 		daemon_stop(&d);
 		size_t n;
 		struct traced *copies = trace_read(&t, &n);
-		longest = longest_run_while_both_move(copies, n);
+		e = engine_shared(copies, n);
 		free(copies);
 		trace_stop(&t);
-		if (longest <= 2 * SCHED_DMA_QUEUE)
+		if (took_turns(e))
 			break;
 	}
-	CHECKF(longest <= 2 * SCHED_DMA_QUEUE,
-	       "one put moved %d chunks in a row while the other had chunks left (%d tries)",
-	       longest, TURN_ATTEMPTS);
+	expect_turns(e, "put a", "put b");
+}
+
+/* A put from region `region` into buffer, not waited for: its job. */
+static uint64_t start_region_put(struct gpuq_client *c, const char *region, const char *buffer)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_str(&req, "region", region);
+	return submit(c, &req, NULL, 0);
+}
+
+/*
+ * A put from a region takes DMA turns as well: it moves in chunks of four
+ * staging slots (xfer_region), and a staged put started beside it moves its
+ * chunks between the region's, in runs of about SCHED_DMA_QUEUE, not after
+ * the region's end. As one DMA (before) the region's copy held the copy
+ * engine for all its bytes: 20 ms for a GiB on the H200.
+ */
+TEST(sched_a_region_put_takes_turns_with_a_staged_put)
+{
+	if (test_backend_is_cuda())
+		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
+	/* slots of 16 KiB: the region's 64 chunks (4 MiB) fit the 8 MiB RLIMIT_MEMLOCK of CI */
+	const size_t region_chunk = 64 << 10, region_chunks = 64;
+	const size_t bytes = region_chunks * region_chunk, staged = 48 * (16 << 10);
+	struct shared_engine e = { 0, 0 };
+	size_t region_copies = 0;
+	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
+		struct trace t;
+		struct daemon_proc d;
+		struct gpuq_region r;
+		struct gpuq_error err;
+		struct gpuq_client *c = turn_daemon(&d, &t, "16K");
+		require_memlock(c, bytes);
+		CHECKF(gpuq_region_create(c, "r", bytes, 0, false, &r, &err) == 0,
+		       "region_create: %s", err.message);
+		memset(r.ptr, 0x5a, bytes);
+		do_alloc(c, "a", 0, bytes);
+		do_alloc(c, "b", 0, staged);
+		int fb = memfd_random(staged, 2);
+		uint64_t a = start_region_put(c, "r", "a");
+		usleep(4 * 20000);
+		trace_mark(&t);
+		uint64_t b = start_put_fd(c, "b", fb, NULL);
+		wait_ok(c, a, "the region's put");
+		wait_ok(c, b, "the staged put");
+		close(fb);
+		gpuq_region_unmap(&r);
+		gpuq_close(c);
+		daemon_stop(&d);
+		size_t n;
+		struct traced *copies = trace_read(&t, &n);
+		region_copies = 0;
+		for (size_t i = 0; i < n; i++)
+			region_copies += !copies[i].mark && copies[i].bytes == region_chunk;
+		e = engine_shared(copies, n);
+		free(copies);
+		trace_stop(&t);
+		if (region_copies == region_chunks && took_turns(e))
+			break;
+	}
+	CHECKF(region_copies == region_chunks, "the region's put moved as %zu copies of %zu bytes, "
+	       "not %zu of four staging slots", region_copies, region_chunk, region_chunks);
+	expect_turns(e, "the region's put", "the staged put");
 }
 
 static uint64_t start_run_expr(struct gpuq_client *c, const char *text)

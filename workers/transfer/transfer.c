@@ -524,7 +524,7 @@ static int put_run(struct xfer *x)
 	case XFER_STAGED: return xfer_put_staged(x);
 	case XFER_STREAMED: return put_streamed(x);
 	case XFER_REGISTERED: return xfer_put_registered(x);
-	case XFER_REGION: return xfer_copy_region(x, true);
+	case XFER_REGION: return xfer_region(x, true);
 	case XFER_RING: return xfer_ring(x, true);
 	}
 	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "put: path %d unknown", (int)x->path);
@@ -536,7 +536,7 @@ static int get_run(struct xfer *x)
 	case XFER_STAGED: return xfer_get_staged(x);
 	case XFER_STREAMED: return get_streamed(x);
 	case XFER_REGISTERED: return xfer_get_registered(x);
-	case XFER_REGION: return xfer_copy_region(x, false);
+	case XFER_REGION: return xfer_region(x, false);
 	case XFER_RING: return xfer_ring(x, false);
 	}
 	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "get: path %d unknown", (int)x->path);

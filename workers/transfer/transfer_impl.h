@@ -23,7 +23,7 @@ enum xfer_path {
 	XFER_STAGED,     /* copy threads pread/pwrite pinned slots in parallel, DMA per slot */
 	XFER_STREAMED,   /* in order through the slots, read/written by the worker itself */
 	XFER_REGISTERED, /* the client's mapping is pinned and copied directly */
-	XFER_REGION,     /* a region, pinned when it was made: one DMA (work->transfer.host) */
+	XFER_REGION,     /* a region, pinned when it was made (work->transfer.host): DMAs of 4 slots */
 	XFER_RING,       /* a region's slots, handed over with the client chunk by chunk (transfer_ring.c) */
 };
 
@@ -129,9 +129,9 @@ int xfer_get_staged(struct xfer *x);
 /* transfer_registered.c (and transfer_check_registrable, transfer.h) */
 int xfer_put_registered(struct xfer *x);
 int xfer_get_registered(struct xfer *x);
-/* The region path: one DMA between work->transfer.host and the device range. */
-int xfer_copy_region(struct xfer *x, bool put);
 /* transfer_ring.c: a region's slots, handed over with the client through its counters. */
 int xfer_ring(struct xfer *x, bool put);
+/* The region path: work->transfer.host <-> the device range, in chunks that take DMA turns. */
+int xfer_region(struct xfer *x, bool put);
 
 #endif

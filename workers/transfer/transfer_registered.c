@@ -16,7 +16,7 @@
  * it (its warm-up pins, the timed runs find the pinning kept), and
  * --register-min (off by default) says from what size path auto takes it.
  * A region (put/get through `region`) is that done once, when the region is
- * made: its path here is a single copy.
+ * made: it moves as a ring whose every chunk is posted (transfer_ring.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -129,30 +129,4 @@ int xfer_get_registered(struct xfer *x)
 		rc = reg_copy(x, &m, false);
 	reg_map_close(x, &m, &rc);
 	return rc;
-}
-
-/*
- * A region was mapped and pinned when it was made (workers/transfer/region_pin.c):
- * the whole range is one copy on the job's lane, so it runs at the copy
- * engine's rate and overlaps other jobs as any copy does. A cancel is seen
- * before it starts, not during it.
- */
-int xfer_copy_region(struct xfer *x, bool put)
-{
-	struct device *dev = x->dev;
-	char *host = x->work->transfer.host;
-	int rc = xfer_cancelled(x);
-	if (rc != 0 || x->total == 0)
-		return rc;
-	if (put)
-		rc = dev->ops->copy.h2d(dev, x->base, host, x->total, NULL, x->err);
-	else
-		rc = dev->ops->copy.d2h(dev, host, x->base, x->total, NULL, x->err);
-	if (rc != 0)
-		return rc;
-	x->done = x->total;
-	xfer_progress(x);
-	if (x->verify)
-		x->sum = copy_hash_terms_parallel(x->pool, host, x->done);
-	return 0;
 }

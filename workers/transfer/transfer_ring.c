@@ -17,6 +17,14 @@
  * copy engine runs what is queued in order, so a ring that kept its queue
  * full would otherwise hold every other job's DMA behind its own.
  *
+ * A region's own transfer (put/get through `region`) runs the same loop as
+ * a ring whose client had posted every chunk before it started
+ * (xfer_region): the whole range lies in the region, so chunk k is at k's
+ * offset there. It moved as one DMA once, which held a 1 GiB region's copy
+ * engine ~20 ms while every other transfer's DMA waited; in chunks of
+ * REGION_CHUNK_SLOTS staging slots it takes turns, and pays the engine's
+ * gap between DMAs once per 16 MiB (0.99 of one copy's rate on the H200).
+ *
  * The client's counter is memory another process writes: it is read with
  * acquire loads, and a value that goes backwards, past the transfer's
  * chunks or (get) past what gpuqd has moved fails the job with
@@ -38,6 +46,8 @@
 #define RING_MAX_QUEUED 16
 /* How long the worker polls the client's counter before it lets itself sleep between looks. */
 #define RING_SPIN_S 2e-3
+/* A region's transfer moves in chunks of this many of the device's staging slots. */
+#define REGION_CHUNK_SLOTS 4
 
 enum { RING_POSTED, RING_MOVED, RING_STATUS };
 enum { RING_RUNNING, RING_DONE, RING_FAILED };
@@ -47,7 +57,9 @@ struct ring {
 	bool put;
 	uint64_t slot_bytes, nchunks;
 	unsigned slots;
-	_Atomic uint64_t *counter; /* the three counters, in the region */
+	_Atomic uint64_t *counter; /* the three counters, in the region (a region's own: own_counter) */
+	_Atomic uint64_t own_counter[3];
+	bool hash_chunks;          /* --verify: hash each chunk as it moves (a region's: at the end) */
 	void *event[RING_MAX_QUEUED];
 	unsigned nevents;
 	uint64_t issued, moved, posted; /* chunks: DMAs issued, DMAs done, the client's count */
@@ -115,7 +127,7 @@ static int issue(struct ring *r)
 	struct device *dev = x->dev;
 	uint64_t k = r->issued, n = chunk_bytes(r, k);
 	char *dptr = x->base + k * r->slot_bytes;
-	if (r->put && x->verify)
+	if (r->put && r->hash_chunks)
 		x->sum += copy_hash_terms(slot_of(r, k), n, k * r->slot_bytes / 8);
 	int rc = r->put ? dev->ops->copy.ring_h2d(dev, dptr, slot_of(r, k), n, x->err)
 			: dev->ops->copy.ring_d2h(dev, slot_of(r, k), dptr, n, x->err);
@@ -143,7 +155,7 @@ static int complete(struct ring *r)
 	if (!done)
 		return 0;
 	uint64_t k = r->moved, n = chunk_bytes(r, k);
-	if (!r->put && x->verify)
+	if (!r->put && r->hash_chunks)
 		x->sum += copy_hash_terms(slot_of(r, k), n, k * r->slot_bytes / 8);
 	r->moved++;
 	count_in_flight(r);
@@ -209,16 +221,18 @@ static void wait_for_move(struct ring *r)
 		sched_wait_host(ring_can_move, r, SCHED_NOT_WAITING);
 }
 
-static int ring_open(struct ring *r, struct xfer *x, bool put)
+/* The loop's state for `slots` slots of slot_bytes, the client's counters at `counter`. */
+static int ring_open(struct ring *r, struct xfer *x, bool put, uint64_t slot_bytes,
+		     unsigned slots, _Atomic uint64_t *counter)
 {
-	const struct transfer_spec *t = &x->work->transfer;
 	memset(r, 0, sizeof *r);
 	r->x = x;
 	r->put = put;
-	r->slot_bytes = t->ring_slot_bytes;
-	r->slots = t->ring_slots;
+	r->slot_bytes = slot_bytes;
+	r->slots = slots;
 	r->nchunks = (x->total + r->slot_bytes - 1) / r->slot_bytes;
-	r->counter = (_Atomic uint64_t *)t->ring_counters;
+	r->counter = counter;
+	r->hash_chunks = x->verify;
 	r->posted_at = monotonic_seconds();
 	unsigned want = r->slots < RING_MAX_QUEUED ? r->slots : RING_MAX_QUEUED;
 	for (; r->nevents < want; r->nevents++)
@@ -242,26 +256,64 @@ static void ring_close(struct ring *r, int rc)
 			      memory_order_release);
 }
 
-int xfer_ring(struct xfer *x, bool put)
+/* Moves the chunks as the client posts them, taking DMA turns; then ring_close. */
+static int ring_run(struct ring *r)
 {
-	struct ring r;
-	int rc = ring_open(&r, x, put);
-	while (rc == 0 && r.moved < r.nchunks) {
+	struct xfer *x = r->x;
+	int rc = 0;
+	while (r->moved < r->nchunks) {
 		int moved;
-		if ((rc = xfer_cancelled(x)) != 0 || (rc = read_posted(&r)) < 0)
+		if ((rc = xfer_cancelled(x)) != 0 || (rc = read_posted(r)) < 0)
 			break;
 		rc = 0;
-		if (may_issue(&r)) {
-			rc = issue(&r);
+		if (may_issue(r)) {
+			if ((rc = issue(r)) != 0)
+				break;
 			continue;
 		}
-		if ((moved = complete(&r)) < 0) {
+		if ((moved = complete(r)) < 0) {
 			rc = -1;
 			break;
 		}
-		if (moved == 0 && (rc = check_idle(&r)) == 0)
-			wait_for_move(&r);
+		if (moved == 0 && (rc = check_idle(r)) != 0)
+			break;
+		if (moved == 0)
+			wait_for_move(r);
 	}
-	ring_close(&r, rc);
+	ring_close(r, rc);
+	return rc;
+}
+
+int xfer_ring(struct xfer *x, bool put)
+{
+	const struct transfer_spec *t = &x->work->transfer;
+	struct ring r;
+	if (ring_open(&r, x, put, t->ring_slot_bytes, t->ring_slots,
+		      (_Atomic uint64_t *)t->ring_counters) < 0) {
+		ring_close(&r, -1);
+		return -1;
+	}
+	return ring_run(&r);
+}
+
+int xfer_region(struct xfer *x, bool put)
+{
+	int rc = xfer_cancelled(x);
+	if (rc != 0 || x->total == 0)
+		return rc;
+	uint64_t chunk = (uint64_t)x->dev->config.staging_slot_bytes * REGION_CHUNK_SLOTS;
+	uint64_t nchunks = (x->total + chunk - 1) / chunk;
+	struct ring r;
+	/* every chunk posted (put) and every slot its own (get): nothing waits for a client */
+	_Atomic uint64_t *own = r.own_counter;
+	if (ring_open(&r, x, put, chunk, (unsigned)nchunks, own) < 0) {
+		ring_close(&r, -1);
+		return -1;
+	}
+	atomic_store(&own[RING_POSTED], put ? nchunks : 0);
+	r.posted = put ? nchunks : 0;
+	r.hash_chunks = false;
+	if ((rc = ring_run(&r)) == 0 && x->verify)
+		x->sum = copy_hash_terms_parallel(x->pool, x->work->transfer.host, x->done);
 	return rc;
 }
