@@ -566,7 +566,7 @@ class Api(ComputeOps):
         it on ``device``'s NUMA node and pins it) and mapped here: the
         returned :class:`~gpuq.share.Region` reads and writes the same
         memory. ``put(None, buf, region=r.ref(0, n))`` and ``get(buf, None,
-        region=...)`` then move bytes with one DMA. ``ephemeral``: gpuqd
+        region=...)`` then move bytes by DMA alone. ``ephemeral``: gpuqd
         frees it when this connection closes.
         """
         return self._drive(self._region_create_plan(name, nbytes, device, ephemeral, timeout))

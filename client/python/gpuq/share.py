@@ -2,7 +2,7 @@
 
 A :class:`Region` is host memory this process and gpuqd both map, pinned
 once by gpuqd: ``put``/``get`` with ``region="NAME[START:STOP]"`` move
-bytes between it and a buffer with one DMA, while this process reads and
+bytes between it and a buffer by DMA alone (no staging copy), while this process reads and
 writes it as a numpy array (:meth:`Region.array`).
 
 An :class:`Attachment` is a shareable buffer (``alloc(..., shareable=True)``)
