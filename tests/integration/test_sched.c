@@ -715,7 +715,7 @@ static uint64_t start_region_put(struct gpuq_client *c, const char *region, cons
 }
 
 /*
- * A put from a region takes DMA turns as well: it moves in chunks of four
+ * A put from a region takes DMA turns as well: it moves in chunks of eight
  * staging slots (xfer_region), and a staged put started beside it moves its
  * chunks between the region's, in runs of about SCHED_DMA_QUEUE, not after
  * the region's end. As one DMA (before) the region's copy held the copy
@@ -725,9 +725,9 @@ TEST(sched_a_region_put_takes_turns_with_a_staged_put)
 {
 	if (test_backend_is_cuda())
 		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
-	/* slots of 16 KiB: the region's 64 chunks (4 MiB) fit the 8 MiB RLIMIT_MEMLOCK of CI */
+	/* slots of 8 KiB: the region's 64 chunks (4 MiB) fit the 8 MiB RLIMIT_MEMLOCK of CI */
 	const size_t region_chunk = 64 << 10, region_chunks = 64;
-	const size_t bytes = region_chunks * region_chunk, staged = 48 * (16 << 10);
+	const size_t bytes = region_chunks * region_chunk, staged = 48 * (8 << 10);
 	struct shared_engine e = { 0, 0 };
 	size_t region_copies = 0;
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
@@ -735,7 +735,7 @@ TEST(sched_a_region_put_takes_turns_with_a_staged_put)
 		struct daemon_proc d;
 		struct gpuq_region r;
 		struct gpuq_error err;
-		struct gpuq_client *c = turn_daemon(&d, &t, "16K");
+		struct gpuq_client *c = turn_daemon(&d, &t, "8K");
 		require_memlock(c, bytes);
 		CHECKF(gpuq_region_create(c, "r", bytes, 0, false, &r, &err) == 0,
 		       "region_create: %s", err.message);
@@ -765,7 +765,7 @@ TEST(sched_a_region_put_takes_turns_with_a_staged_put)
 			break;
 	}
 	CHECKF(region_copies == region_chunks, "the region's put moved as %zu copies of %zu bytes, "
-	       "not %zu of four staging slots", region_copies, region_chunk, region_chunks);
+	       "not %zu of eight staging slots", region_copies, region_chunk, region_chunks);
 	expect_turns(e, "the region's put", "the staged put");
 }
 

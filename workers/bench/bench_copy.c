@@ -10,7 +10,7 @@
  *                                      cache ($TMPDIR or /tmp, unlinked at once)
  *     gpuq memfd registered            the same memfd, path registered
  *     gpuq region                      the same memfd pinned once as a region
- *                                      (workers/transfer/region_pin.c): DMAs of 4 slots;
+ *                                      (workers/transfer/region_pin.c): DMAs of 8 slots;
  *                                      the pinning's cost is timed apart
  *     gpuq scratch                     no file: the copy threads make up the
  *                                      bytes (put) or drop them (get), which

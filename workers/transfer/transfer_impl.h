@@ -23,7 +23,7 @@ enum xfer_path {
 	XFER_STAGED,     /* copy threads pread/pwrite pinned slots in parallel, DMA per slot */
 	XFER_STREAMED,   /* in order through the slots, read/written by the worker itself */
 	XFER_REGISTERED, /* the client's mapping is pinned and copied directly */
-	XFER_REGION,     /* a region, pinned when it was made (work->transfer.host): DMAs of 4 slots */
+	XFER_REGION,     /* a region, pinned when it was made (work->transfer.host): DMAs of 8 slots */
 	XFER_RING,       /* a region's slots, handed over with the client chunk by chunk (transfer_ring.c) */
 };
 

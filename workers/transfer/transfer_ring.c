@@ -22,8 +22,9 @@
  * (xfer_region): the whole range lies in the region, so chunk k is at k's
  * offset there. It moved as one DMA once, which held a 1 GiB region's copy
  * engine ~20 ms while every other transfer's DMA waited; in chunks of
- * REGION_CHUNK_SLOTS staging slots it takes turns, and pays the engine's
- * gap between DMAs once per 16 MiB (0.99 of one copy's rate on the H200).
+ * REGION_CHUNK_SLOTS staging slots (16 MiB by default) it takes turns, and
+ * pays the engine's gap between DMAs once per 16 MiB (0.99 of one copy's
+ * rate on the H200).
  *
  * The client's counter is memory another process writes: it is read with
  * acquire loads, and a value that goes backwards, past the transfer's
@@ -47,7 +48,7 @@
 /* How long the worker polls the client's counter before it lets itself sleep between looks. */
 #define RING_SPIN_S 2e-3
 /* A region's transfer moves in chunks of this many of the device's staging slots. */
-#define REGION_CHUNK_SLOTS 4
+#define REGION_CHUNK_SLOTS 8
 
 enum { RING_POSTED, RING_MOVED, RING_STATUS };
 enum { RING_RUNNING, RING_DONE, RING_FAILED };
