@@ -664,6 +664,17 @@ static void expect_turns(struct shared_engine e, const char *a, const char *b)
 	       e.longest, TURN_ATTEMPTS);
 }
 
+/* Sends a put from fd into buffer `after_us` after job a started, marking the trace as it goes; waits for both. */
+static void put_beside(struct gpuq_client *c, const struct trace *t, uint64_t a, unsigned after_us,
+		       const char *buffer, int fd)
+{
+	usleep(after_us);
+	trace_mark(t);
+	uint64_t b = start_put_fd(c, buffer, fd, NULL);
+	wait_ok(c, a, "the first put");
+	wait_ok(c, b, "the put sent beside it");
+}
+
 /*
  * Two long puts take turns: B, started once A has moved about a sixth of
  * its chunks, moves its chunks beside A's, runs of at most about
@@ -683,12 +694,7 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 		do_alloc(c, "a", 0, 48 * TURN_CHUNK);
 		do_alloc(c, "b", 0, 48 * TURN_CHUNK);
 		int fa = memfd_random(48 * TURN_CHUNK, 1), fb = memfd_random(48 * TURN_CHUNK, 2);
-		uint64_t a = start_put_fd(c, "a", fa, NULL);
-		usleep(8 * 20000);
-		trace_mark(&t);
-		uint64_t b = start_put_fd(c, "b", fb, NULL);
-		wait_ok(c, a, "put a");
-		wait_ok(c, b, "put b");
+		put_beside(c, &t, start_put_fd(c, "a", fa, NULL), 8 * 20000, "b", fb);
 		close(fa);
 		close(fb);
 		gpuq_close(c);
@@ -743,12 +749,7 @@ TEST(sched_a_region_put_takes_turns_with_a_staged_put)
 		do_alloc(c, "a", 0, bytes);
 		do_alloc(c, "b", 0, staged);
 		int fb = memfd_random(staged, 2);
-		uint64_t a = start_region_put(c, "r", "a");
-		usleep(4 * 20000);
-		trace_mark(&t);
-		uint64_t b = start_put_fd(c, "b", fb, NULL);
-		wait_ok(c, a, "the region's put");
-		wait_ok(c, b, "the staged put");
+		put_beside(c, &t, start_region_put(c, "r", "a"), 4 * 20000, "b", fb);
 		close(fb);
 		gpuq_region_unmap(&r);
 		gpuq_close(c);
