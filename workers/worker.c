@@ -530,7 +530,7 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
 	 */
 	if (out->resets != w->resets_seen) {
 		out->healthy = false;
-		snprintf(out->health, sizeof out->health, "being reset after %.300s", out->last_reset);
+		device_reset_health(out->health, sizeof out->health, out->last_reset);
 		out->resets = w->resets_seen;
 	}
 }

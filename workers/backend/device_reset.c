@@ -180,7 +180,7 @@ int device_reset_run(struct worker *w, struct sched *s)
 		return -1;
 	}
 	w->healthy = false;
-	snprintf(w->health, sizeof w->health, "being reset after %.300s", cause);
+	device_reset_health(w->health, sizeof w->health, cause);
 	pthread_mutex_unlock(&w->lock);
 	fail_queued_with_buffers(w, cause);
 	sched_drop_lanes(s);
@@ -196,4 +196,9 @@ int device_reset_run(struct worker *w, struct sched *s)
 	}
 	dev->sched = s;
 	return reset_publish(w, rc, &err, cause, t0, asked);
+}
+
+void device_reset_health(char *health, size_t size, const char *cause)
+{
+	snprintf(health, size, "being reset after %.300s", cause);
 }

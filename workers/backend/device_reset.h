@@ -32,6 +32,7 @@
 #define GPUQ_DEVICE_RESET_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 struct device;
 struct worker;
@@ -41,6 +42,8 @@ struct sched;
 bool device_reset_due(struct worker *w);
 /* Resets w's device as above; 0 once it serves again, -1 when it stays unhealthy. */
 int device_reset_run(struct worker *w, struct sched *s);
+/* The health a device shows while it is reset for `cause` (the worker's and a snapshot's). */
+void device_reset_health(char *health, size_t size, const char *cause);
 /*
  * Closes the slab descriptors a faulted context left (dev->kept): its
  * buffers' memory goes. The worker calls it at its end; a reset, once the
