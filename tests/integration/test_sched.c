@@ -607,17 +607,18 @@ TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
  * How two transfers' copies shared the engine: a's from the trace's start,
  * b's from the mark (when b was sent). before_b: a's copies taken between
  * the mark and b's first, which b waits behind once (a's queue while it
- * ran alone); longest: the longest run of one stream's copies from b's
- * first until a or b took its last. Without turns a keeps its queue full
- * and b's first copy comes after a's last.
+ * ran alone), and bytes_before_b their bytes; longest: the longest run of
+ * one stream's copies from b's first until a or b took its last. Without
+ * turns a keeps its queue full and b's first copy comes after a's last.
  */
 struct shared_engine {
 	int before_b, longest;
+	size_t bytes_before_b;
 };
 
 static struct shared_engine engine_shared(const struct traced *c, size_t n)
 {
-	struct shared_engine out = { -1, 0 };
+	struct shared_engine out = { -1, 0, 0 };
 	unsigned a = 0, b = 0;
 	size_t mark = n, first_b = n, last_a = 0, last_b = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -637,8 +638,10 @@ static struct shared_engine engine_shared(const struct traced *c, size_t n)
 	CHECKF(b != 0 && mark < first_b, "the trace shows one stream's copies only, or b's before "
 	       "it was sent");
 	out.before_b = 0;
-	for (size_t i = mark; i < first_b; i++)
+	for (size_t i = mark; i < first_b; i++) {
 		out.before_b += !c[i].mark;
+		out.bytes_before_b += c[i].mark ? 0 : c[i].bytes;
+	}
 	size_t end = last_a < last_b ? last_a : last_b;
 	int run = 0;
 	for (size_t i = first_b; i <= end; i++) {
@@ -686,7 +689,7 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 {
 	if (test_backend_is_cuda())
 		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
-	struct shared_engine e = { 0, 0 };
+	struct shared_engine e = { 0, 0, 0 };
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;
 		struct daemon_proc d;
@@ -725,7 +728,10 @@ static uint64_t start_region_put(struct gpuq_client *c, const char *region, cons
  * staging slots (xfer_region), and a staged put started beside it moves its
  * chunks between the region's, in runs of about SCHED_DMA_QUEUE, not after
  * the region's end. As one DMA (before) the region's copy held the copy
- * engine for all its bytes: 20 ms for a GiB on the H200.
+ * engine for all its bytes: 20 ms for a GiB on the H200. The turns count
+ * bytes: the staged put's first chunk waits behind about
+ * SCHED_DMA_QUEUE_ALONE slots' worth of the region's, not that many of its
+ * eight-slot chunks (17 of them, 1 MiB here, when the queue counted DMAs).
  */
 TEST(sched_a_region_put_takes_turns_with_a_staged_put)
 {
@@ -734,7 +740,8 @@ TEST(sched_a_region_put_takes_turns_with_a_staged_put)
 	/* slots of 8 KiB: the region's 64 chunks (4 MiB) fit the 8 MiB RLIMIT_MEMLOCK of CI */
 	const size_t region_chunk = 64 << 10, region_chunks = 64;
 	const size_t bytes = region_chunks * region_chunk, staged = 48 * (8 << 10);
-	struct shared_engine e = { 0, 0 };
+	const size_t queue_bytes = (SCHED_DMA_QUEUE_ALONE + TURN_SLACK) * (8 << 10);
+	struct shared_engine e = { 0, 0, 0 };
 	size_t region_copies = 0;
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;
@@ -762,12 +769,15 @@ TEST(sched_a_region_put_takes_turns_with_a_staged_put)
 		e = engine_shared(copies, n);
 		free(copies);
 		trace_stop(&t);
-		if (region_copies == region_chunks && took_turns(e))
+		if (region_copies == region_chunks && took_turns(e) && e.bytes_before_b <= queue_bytes)
 			break;
 	}
 	CHECKF(region_copies == region_chunks, "the region's put moved as %zu copies of %zu bytes, "
 	       "not %zu of eight staging slots", region_copies, region_chunk, region_chunks);
 	expect_turns(e, "the region's put", "the staged put");
+	CHECKF(e.bytes_before_b <= queue_bytes, "the staged put's first chunk waited behind %zu bytes "
+	       "of the region's (it may queue %zu; %d tries)", e.bytes_before_b, queue_bytes,
+	       TURN_ATTEMPTS);
 }
 
 static uint64_t start_run_expr(struct gpuq_client *c, const char *text)

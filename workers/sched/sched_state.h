@@ -68,8 +68,8 @@ struct sched_job {
 	/* DMA turns (sched_dma_turn): waiting for one, by direction; when it last took one. */
 	bool dma_waiting[SCHED_DMA_DIRS];
 	uint64_t dma_last;
-	/* DMAs it queued on its own lane, not through staging slots (a ring's), as it last counted. */
-	unsigned dma_own[SCHED_DMA_DIRS];
+	/* Bytes of the DMAs it queued on its own lane, not through staging slots (a ring's), as it last counted. */
+	uint64_t dma_own[SCHED_DMA_DIRS];
 	struct sched_job *next; /* in flight, by priority then submission */
 };
 
@@ -94,7 +94,7 @@ struct sched {
 	/* DMAs queued through slots and not yet seen done: each slot's direction + 1, or 0. */
 	unsigned char slot_dma[GPUQ_MAX_STAGING_SLOTS];
 	unsigned dma_queued[SCHED_DMA_DIRS];
-	unsigned dma_own[SCHED_DMA_DIRS]; /* the sum of the in-flight jobs' dma_own */
+	uint64_t dma_own[SCHED_DMA_DIRS]; /* the sum of the in-flight jobs' dma_own, bytes */
 	uint64_t dma_turns; /* turns taken, numbering them */
 	double shared_until; /* when more than one job was last in flight (monotonic seconds) */
 	uint64_t memory_epoch;

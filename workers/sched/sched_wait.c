@@ -357,12 +357,19 @@ static bool dma_outranked(const struct sched *s, const struct sched_job *job, en
 	return false;
 }
 
-/* How many DMAs a direction may have queued now: more once one job has had the device to itself a while. */
-static unsigned dma_queue_limit(const struct sched *s)
+/*
+ * How many bytes a direction may have queued now: more once one job has had
+ * the device to itself a while. Bytes, not DMAs: a region's DMA moves
+ * several slots' worth, and what waits behind it is its bytes; and larger
+ * slots do not make the queue longer in time than the default slots' does.
+ */
+static uint64_t dma_queue_limit(const struct sched *s)
 {
-	if (s->ninflight > 1 || monotonic_seconds() - s->shared_until < SCHED_DMA_ALONE_S)
-		return SCHED_DMA_QUEUE;
-	return SCHED_DMA_QUEUE_ALONE;
+	bool shared = s->ninflight > 1 || monotonic_seconds() - s->shared_until < SCHED_DMA_ALONE_S;
+	uint64_t slots = shared ? SCHED_DMA_QUEUE : SCHED_DMA_QUEUE_ALONE;
+	uint64_t most = shared ? SCHED_DMA_QUEUE_MAX_BYTES : SCHED_DMA_QUEUE_ALONE_MAX_BYTES;
+	uint64_t bytes = slots * s->dev->config.staging_slot_bytes;
+	return bytes < most ? bytes : most;
 }
 
 bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
@@ -370,8 +377,9 @@ bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
 	if (!job)
 		return true;
 	struct sched *s = job->s;
-	unsigned mine = dma_refresh(s, job, dir) + job->dma_own[dir];
-	unsigned queued = s->dma_queued[dir] + s->dma_own[dir];
+	uint64_t slot_bytes = s->dev->config.staging_slot_bytes;
+	uint64_t mine = dma_refresh(s, job, dir) * slot_bytes + job->dma_own[dir];
+	uint64_t queued = s->dma_queued[dir] * slot_bytes + s->dma_own[dir];
 	bool others = queued > mine;
 	if (queued >= dma_queue_limit(s) || (others && mine > 0) || dma_outranked(s, job, dir)) {
 		job->dma_waiting[dir] = true;
@@ -392,17 +400,17 @@ void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir)
 	job->dma_last = ++s->dma_turns;
 }
 
-void sched_dma_own(struct sched_job *job, enum sched_dma dir, unsigned queued)
+void sched_dma_own(struct sched_job *job, enum sched_dma dir, uint64_t bytes)
 {
 	if (!job)
 		return;
 	struct sched *s = job->s;
-	if (queued > job->dma_own[dir]) { /* a turn taken */
+	if (bytes > job->dma_own[dir]) { /* a turn taken */
 		job->dma_waiting[dir] = false;
 		job->dma_last = ++s->dma_turns;
 	}
-	s->dma_own[dir] = s->dma_own[dir] - job->dma_own[dir] + queued;
-	job->dma_own[dir] = queued;
+	s->dma_own[dir] = s->dma_own[dir] - job->dma_own[dir] + bytes;
+	job->dma_own[dir] = bytes;
 }
 
 void sched_dma_leave(struct sched_job *job)

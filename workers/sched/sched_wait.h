@@ -97,16 +97,18 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * DMA turns. A GPU's copy engine runs the copies queued on it in the order
  * they were queued, whatever their streams and priorities, and may keep to
  * one stream while it has copies queued. So the staged transfers of a
- * device take turns at queueing theirs: at most SCHED_DMA_QUEUE DMAs
- * through staging slots queued per direction on the device; a job queues
+ * device take turns at queueing theirs: at most SCHED_DMA_QUEUE staging
+ * slots' worth of bytes queued per direction on the device (and no more
+ * than that many of the default 2 MiB slots hold); a job queues
  * one beside another job's queued DMAs only when it has none queued itself
  * (so a stream that keeps its queue full never shuts out another's copy);
  * and a job waiting for a turn outranks the jobs that are not, by priority,
  * then whichever took its last turn earlier. A small or urgent job's DMA
- * thus waits behind at most SCHED_DMA_QUEUE chunks, whatever is running.
+ * thus waits behind about SCHED_DMA_QUEUE slots' worth of bytes (or one
+ * DMA of a region's, if that is larger), whatever is running.
  *
  * A job that has had the device to itself for SCHED_DMA_ALONE_S may queue
- * up to SCHED_DMA_QUEUE_ALONE: a get into page cache went faster with more
+ * up to SCHED_DMA_QUEUE_ALONE slots' worth: a get into page cache went faster with more
  * DMAs queued ahead of its writes (docs/PERFORMANCE.md, "DMA turns", has
  * the H200's figures), and no one waited behind them. The first job to
  * come after such a stretch waits behind up to that many chunks once; from
@@ -117,19 +119,22 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * it counts as waiting for a turn until it queues one or leaves. A
  * predicate may call it (worker thread). sched_dma_queued: the job queued a
  * DMA through slot; it is done when the slot's DMA is ready or the slot is
- * released. sched_dma_own: the job has `queued` DMAs in dir on its own lane
- * that go through no staging slot (a ring's, through the client's region),
- * which it counts itself as they end; they take turns as slot DMAs do, and
- * are forgotten when the job ends. sched_dma_leave: the job queues no more
+ * released; it counts as a whole slot's bytes. sched_dma_own: the job has
+ * DMAs of `bytes` in all queued in dir on its own lane that go through no
+ * staging slot (a ring's, through the client's region), which it counts
+ * itself as they end; they take turns as slot DMAs do, and are forgotten
+ * when the job ends. sched_dma_leave: the job queues no more
  * (it waits for no turn).
  */
 #define SCHED_DMA_QUEUE 6
 #define SCHED_DMA_QUEUE_ALONE 16
+#define SCHED_DMA_QUEUE_MAX_BYTES (SCHED_DMA_QUEUE * (2ull << 20))
+#define SCHED_DMA_QUEUE_ALONE_MAX_BYTES (SCHED_DMA_QUEUE_ALONE * (2ull << 20))
 #define SCHED_DMA_ALONE_S 0.1
 enum sched_dma { SCHED_DMA_H2D, SCHED_DMA_D2H, SCHED_DMA_DIRS };
 bool sched_dma_turn(struct sched_job *job, enum sched_dma dir);
 void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir);
-void sched_dma_own(struct sched_job *job, enum sched_dma dir, unsigned queued);
+void sched_dma_own(struct sched_job *job, enum sched_dma dir, uint64_t bytes);
 void sched_dma_leave(struct sched_job *job);
 
 /* Device memory was released on the device: jobs waiting for memory try again. */

@@ -116,10 +116,13 @@ static bool may_issue(const struct ring *r)
 	return wants_issue(r) && sched_dma_turn(r->x->job, ring_dir(r));
 }
 
-/* Tells the DMA turns how many of the ring's DMAs are in flight. */
+/* Tells the DMA turns how many of the ring's bytes are in flight. */
 static void count_in_flight(const struct ring *r)
 {
-	sched_dma_own(r->x->job, ring_dir(r), (unsigned)(r->issued - r->moved));
+	uint64_t bytes = 0;
+	for (uint64_t k = r->moved; k < r->issued; k++)
+		bytes += chunk_bytes(r, k);
+	sched_dma_own(r->x->job, ring_dir(r), bytes);
 }
 
 static int issue(struct ring *r)
