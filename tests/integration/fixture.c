@@ -600,7 +600,7 @@ uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2])
 
 int memfd_random(size_t n, uint64_t seed)
 {
-	int fd = memfd_create("gpuq-test", MFD_CLOEXEC);
+	int fd = memfd_create("gpuq-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	CHECKF(fd >= 0, "memfd_create: %s", strerror(errno));
 	CHECKF(ftruncate(fd, (off_t)n) == 0, "ftruncate: %s", strerror(errno));
 	if (n) {
@@ -609,6 +609,13 @@ int memfd_random(size_t n, uint64_t seed)
 		host_fill_random(p, n, GPUQ_DTYPE_BYTES, seed);
 		munmap(p, n);
 	}
+	return fd;
+}
+
+int sealed_memfd(size_t n, uint64_t seed)
+{
+	int fd = memfd_random(n, seed);
+	CHECKF(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0, "F_ADD_SEALS: %s", strerror(errno));
 	return fd;
 }
 

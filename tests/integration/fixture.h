@@ -139,6 +139,8 @@ uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2]);
 
 /* A memfd holding n random bytes from seed (offset 0); the caller closes it. */
 int memfd_random(size_t n, uint64_t seed);
+/* The same, sealed against shrinking (what path registered takes). */
+int sealed_memfd(size_t n, uint64_t seed);
 /* Reads a whole fd from offset 0 into a fresh malloc'd buffer of *n bytes. */
 void *fd_slurp(int fd, size_t *n);
 

@@ -618,20 +618,6 @@ TEST(copy_buffer_ranges)
 
 /* ---- the registered path ---- */
 
-static int sealed_memfd(size_t n, uint64_t seed)
-{
-	int fd = memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	CHECK(fd >= 0 && ftruncate(fd, (off_t)n) == 0);
-	if (n) {
-		void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		CHECK(p != MAP_FAILED);
-		host_fill_random(p, n, GPUQ_DTYPE_BYTES, seed);
-		munmap(p, n);
-	}
-	CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
-	return fd;
-}
-
 TEST(copy_registered_path)
 {
 	struct daemon_proc d;

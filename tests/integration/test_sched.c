@@ -678,14 +678,38 @@ static void put_beside(struct gpuq_client *c, const struct trace *t, uint64_t a,
 	wait_ok(c, b, "the put sent beside it");
 }
 
+/* A child that writes n bytes into p[1] and exits; the read end stays here (p[1] is closed). */
+static pid_t pipe_writer(int p[2], size_t n)
+{
+	CHECKF(pipe(p) == 0, "pipe: %s", strerror(errno));
+	pid_t pid = fork();
+	CHECKF(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		static char block[64 << 10];
+		close(p[0]);
+		memset(block, 0x3c, sizeof block);
+		for (size_t done = 0; done < n;) {
+			size_t want = n - done < sizeof block ? n - done : sizeof block;
+			ssize_t w = write(p[1], block, want);
+			if (w <= 0)
+				_exit(1);
+			done += (size_t)w;
+		}
+		_exit(0);
+	}
+	close(p[1]);
+	return pid;
+}
+
 /*
  * Two long puts take turns: B, started once A has moved about a sixth of
  * its chunks, moves its chunks beside A's, runs of at most about
  * SCHED_DMA_QUEUE each, until one of them ends; not A's chunks alone
  * until A's end (jobs nearest their end first, which on the H200 let one
- * owner's backlog move 98 % of the bytes).
+ * owner's backlog move 98 % of the bytes). B is staged, from a memfd; A
+ * too, or streamed, from a pipe.
  */
-TEST(sched_long_puts_take_turns_at_the_copy_engine)
+static void expect_long_puts_take_turns(bool a_from_pipe)
 {
 	if (test_backend_is_cuda())
 		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
@@ -696,10 +720,15 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 		struct gpuq_client *c = turn_daemon(&d, &t, "64K");
 		do_alloc(c, "a", 0, 48 * TURN_CHUNK);
 		do_alloc(c, "b", 0, 48 * TURN_CHUNK);
-		int fa = memfd_random(48 * TURN_CHUNK, 1), fb = memfd_random(48 * TURN_CHUNK, 2);
-		put_beside(c, &t, start_put_fd(c, "a", fa, NULL), 8 * 20000, "b", fb);
+		int p[2], fa, fb = memfd_random(48 * TURN_CHUNK, 2), status;
+		pid_t writer = a_from_pipe ? pipe_writer(p, 48 * TURN_CHUNK) : -1;
+		fa = a_from_pipe ? p[0] : memfd_random(48 * TURN_CHUNK, 1);
+		uint64_t a = start_put_fd(c, "a", fa, NULL);
 		close(fa);
+		put_beside(c, &t, a, 8 * 20000, "b", fb);
 		close(fb);
+		CHECKF(writer < 0 || (waitpid(writer, &status, 0) == writer && WIFEXITED(status) &&
+				      WEXITSTATUS(status) == 0), "the pipe's writer failed");
 		gpuq_close(c);
 		daemon_stop(&d);
 		size_t n;
@@ -710,7 +739,17 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 		if (took_turns(e))
 			break;
 	}
-	expect_turns(e, "put a", "put b");
+	expect_turns(e, a_from_pipe ? "the put from a pipe" : "put a", "put b");
+}
+
+TEST(sched_long_puts_take_turns_at_the_copy_engine)
+{
+	expect_long_puts_take_turns(false);
+}
+
+TEST(sched_a_streamed_put_takes_turns_with_a_staged_put)
+{
+	expect_long_puts_take_turns(true);
 }
 
 /* A put from region `region` into buffer, not waited for: its job. */
@@ -723,26 +762,40 @@ static uint64_t start_region_put(struct gpuq_client *c, const char *region, cons
 	return submit(c, &req, NULL, 0);
 }
 
+/* A put from fd (sealed_memfd) into buffer by path registered, not waited for. */
+static uint64_t start_registered_put(struct gpuq_client *c, const char *buffer, int fd)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_str(&req, "path", "registered");
+	mp_put_u64(&req, "fds", 1);
+	return submit(c, &req, &fd, 1);
+}
+
 /*
- * A put from a region takes DMA turns as well: it moves in chunks of eight
- * staging slots (xfer_region), and a staged put started beside it moves its
- * chunks between the region's, in runs of about SCHED_DMA_QUEUE, not after
- * the region's end. As one DMA (before) the region's copy held the copy
- * engine for all its bytes: 20 ms for a GiB on the H200. The turns count
- * bytes: the staged put's first chunk waits behind about
- * SCHED_DMA_QUEUE_ALONE slots' worth of the region's, not that many of its
- * eight-slot chunks (17 of them, 1 MiB here, when the queue counted DMAs).
+ * A put from pinned memory, through a region or a registered memfd, takes
+ * DMA turns as well: it moves in chunks of eight staging slots
+ * (xfer_pinned), and a staged put started beside it moves its chunks
+ * between the pinned put's, in runs of about SCHED_DMA_QUEUE, not after
+ * its end. As one DMA (before) a region's copy held the copy engine for all
+ * its bytes: 20 ms for a GiB on the H200; a registered put's, for 64 MiB
+ * at a time. The turns count bytes: the staged put's first chunk waits
+ * behind about SCHED_DMA_QUEUE_ALONE slots' worth of the pinned put's, not
+ * that many of its eight-slot chunks (17 of them, 1 MiB here, when the
+ * queue counted DMAs).
  */
-TEST(sched_a_region_put_takes_turns_with_a_staged_put)
+static void expect_pinned_put_takes_turns(bool region)
 {
 	if (test_backend_is_cuda())
 		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
-	/* slots of 8 KiB: the region's 64 chunks (4 MiB) fit the 8 MiB RLIMIT_MEMLOCK of CI */
-	const size_t region_chunk = 64 << 10, region_chunks = 64;
-	const size_t bytes = region_chunks * region_chunk, staged = 48 * (8 << 10);
+	/* slots of 8 KiB: the pinned put's 64 chunks (4 MiB) fit the 8 MiB RLIMIT_MEMLOCK of CI */
+	const size_t pinned_chunk = 64 << 10, pinned_chunks = 64;
+	const size_t bytes = pinned_chunks * pinned_chunk, staged = 48 * (8 << 10);
 	const size_t queue_bytes = (SCHED_DMA_QUEUE_ALONE + TURN_SLACK) * (8 << 10);
+	const char *what = region ? "the region's put" : "the registered put";
 	struct shared_engine e = { 0, 0, 0 };
-	size_t region_copies = 0;
+	size_t pinned_copies = 0;
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;
 		struct daemon_proc d;
@@ -750,34 +803,50 @@ TEST(sched_a_region_put_takes_turns_with_a_staged_put)
 		struct gpuq_error err;
 		struct gpuq_client *c = turn_daemon(&d, &t, "8K");
 		require_memlock(c, bytes);
-		CHECKF(gpuq_region_create(c, "r", bytes, 0, false, &r, &err) == 0,
-		       "region_create: %s", err.message);
-		memset(r.ptr, 0x5a, bytes);
+		int fa = sealed_memfd(bytes, 1);
+		if (region) {
+			CHECKF(gpuq_region_create(c, "r", bytes, 0, false, &r, &err) == 0,
+			       "region_create: %s", err.message);
+			memset(r.ptr, 0x5a, bytes);
+		}
 		do_alloc(c, "a", 0, bytes);
 		do_alloc(c, "b", 0, staged);
 		int fb = memfd_random(staged, 2);
-		put_beside(c, &t, start_region_put(c, "r", "a"), 4 * 20000, "b", fb);
+		uint64_t a = region ? start_region_put(c, "r", "a") : start_registered_put(c, "a", fa);
+		put_beside(c, &t, a, 4 * 20000, "b", fb);
+		close(fa);
 		close(fb);
-		gpuq_region_unmap(&r);
+		if (region)
+			gpuq_region_unmap(&r);
 		gpuq_close(c);
 		daemon_stop(&d);
 		size_t n;
 		struct traced *copies = trace_read(&t, &n);
-		region_copies = 0;
+		pinned_copies = 0;
 		for (size_t i = 0; i < n; i++)
-			region_copies += !copies[i].mark && copies[i].bytes == region_chunk;
+			pinned_copies += !copies[i].mark && copies[i].bytes == pinned_chunk;
 		e = engine_shared(copies, n);
 		free(copies);
 		trace_stop(&t);
-		if (region_copies == region_chunks && took_turns(e) && e.bytes_before_b <= queue_bytes)
+		if (pinned_copies == pinned_chunks && took_turns(e) && e.bytes_before_b <= queue_bytes)
 			break;
 	}
-	CHECKF(region_copies == region_chunks, "the region's put moved as %zu copies of %zu bytes, "
-	       "not %zu of eight staging slots", region_copies, region_chunk, region_chunks);
-	expect_turns(e, "the region's put", "the staged put");
+	CHECKF(pinned_copies == pinned_chunks, "%s moved as %zu copies of %zu bytes, not %zu of "
+	       "eight staging slots", what, pinned_copies, pinned_chunk, pinned_chunks);
+	expect_turns(e, what, "the staged put");
 	CHECKF(e.bytes_before_b <= queue_bytes, "the staged put's first chunk waited behind %zu bytes "
-	       "of the region's (it may queue %zu; %d tries)", e.bytes_before_b, queue_bytes,
+	       "of %s (it may queue %zu; %d tries)", e.bytes_before_b, what, queue_bytes,
 	       TURN_ATTEMPTS);
+}
+
+TEST(sched_a_region_put_takes_turns_with_a_staged_put)
+{
+	expect_pinned_put_takes_turns(true);
+}
+
+TEST(sched_a_registered_put_takes_turns_with_a_staged_put)
+{
+	expect_pinned_put_takes_turns(false);
 }
 
 static uint64_t start_run_expr(struct gpuq_client *c, const char *text)

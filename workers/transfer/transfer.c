@@ -64,6 +64,23 @@ void xfer_dma_issued(struct xfer *x)
 		t->first_dma_s = t->last_dma_s;
 }
 
+struct turn_wait {
+	struct xfer *x;
+	enum sched_dma dir;
+};
+
+static bool turn_given(void *arg)
+{
+	const struct turn_wait *t = arg;
+	return sched_dma_turn(t->x->job, t->dir);
+}
+
+void xfer_dma_turn_wait(struct xfer *x, enum sched_dma dir)
+{
+	struct turn_wait t = { x, dir };
+	sched_wait_device(turn_given, &t);
+}
+
 void xfer_issued_all(struct xfer *x)
 {
 	if (x->publish_tail)
@@ -270,7 +287,7 @@ static int ring_slot(struct xfer *x, struct stream_ring *r, unsigned *slot)
 	return ring_pop(x, r, slot, &size);
 }
 
-/* Reading the next chunk into a slot overlaps the DMAs of those before it. */
+/* Reading the next chunk into a slot overlaps the DMAs of those before it, which take DMA turns. */
 static int put_streamed(struct xfer *x)
 {
 	struct device *dev = x->dev;
@@ -290,10 +307,13 @@ static int put_streamed(struct xfer *x)
 		}
 		if (x->verify)
 			x->sum += copy_hash_terms(dev->staging[slot], (size_t)got, x->done / 8);
+		xfer_dma_turn_wait(x, SCHED_DMA_H2D);
 		if ((rc = dev->ops->copy.h2d_async(dev, x->base + x->done, slot, (size_t)got, x->err)) != 0) {
 			sched_slot_release(dev, slot);
 			break;
 		}
+		sched_dma_queued(x->job, slot, SCHED_DMA_H2D);
+		xfer_dma_issued(x);
 		ring_push(&ring, slot, (size_t)got);
 		x->done += (uint64_t)got;
 		xfer_progress(x);
@@ -304,10 +324,20 @@ static int put_streamed(struct xfer *x)
 		if (x->eof)
 			break;
 	}
+	sched_dma_leave(x->job);
 	return ring_drain(x, &ring, rc);
 }
 
-/* DMAs into slots ahead; each finished slot is written out, then refilled. */
+/* A get's next DMA may be issued: waited for when it has none in flight (must), else now or not. */
+static bool dma_turn(struct xfer *x, bool must)
+{
+	if (!must)
+		return sched_dma_turn(x->job, SCHED_DMA_D2H);
+	xfer_dma_turn_wait(x, SCHED_DMA_D2H);
+	return true;
+}
+
+/* DMAs into slots ahead, taking DMA turns; each finished slot is written out, then refilled. */
 static int get_streamed(struct xfer *x)
 {
 	struct device *dev = x->dev;
@@ -316,18 +346,22 @@ static int get_streamed(struct xfer *x)
 	int rc = 0;
 	while (x->done < x->total && rc == 0 && (rc = xfer_cancelled(x)) == 0) {
 		unsigned slot;
-		while (issued < x->total && ring.count < x->slots &&
+		while (issued < x->total && ring.count < x->slots && dma_turn(x, ring.count == 0) &&
 		       sched_slot_acquire(dev, ring.count == 0, &slot) == 0) {
 			size_t n = x->total - issued < x->chunk ? (size_t)(x->total - issued) : x->chunk;
 			if ((rc = dev->ops->copy.d2h_async(dev, slot, x->base + issued, n, x->err)) != 0) {
 				sched_slot_release(dev, slot);
 				break;
 			}
+			sched_dma_queued(x->job, slot, SCHED_DMA_D2H);
+			xfer_dma_issued(x);
 			ring_push(&ring, slot, n);
 			issued += n;
 			if (issued == x->total)
 				xfer_issued_all(x);
 		}
+		/* no claim on a turn while it writes out: a stalled pipe would hold every other DMA */
+		sched_dma_leave(x->job);
 		size_t size = 0;
 		if (rc != 0 || (rc = ring_pop(x, &ring, &slot, &size)) != 0) {
 			if (size) /* popped: the slot is still ours */
@@ -343,6 +377,7 @@ static int get_streamed(struct xfer *x)
 		x->done += size;
 		xfer_progress(x);
 	}
+	sched_dma_leave(x->job);
 	return ring_drain(x, &ring, rc);
 }
 
@@ -524,7 +559,7 @@ static int put_run(struct xfer *x)
 	case XFER_STAGED: return xfer_put_staged(x);
 	case XFER_STREAMED: return put_streamed(x);
 	case XFER_REGISTERED: return xfer_put_registered(x);
-	case XFER_REGION: return xfer_region(x, true);
+	case XFER_REGION: return xfer_pinned(x, true, x->work->transfer.host);
 	case XFER_RING: return xfer_ring(x, true);
 	}
 	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "put: path %d unknown", (int)x->path);
@@ -536,7 +571,7 @@ static int get_run(struct xfer *x)
 	case XFER_STAGED: return xfer_get_staged(x);
 	case XFER_STREAMED: return get_streamed(x);
 	case XFER_REGISTERED: return xfer_get_registered(x);
-	case XFER_REGION: return xfer_region(x, false);
+	case XFER_REGION: return xfer_pinned(x, false, x->work->transfer.host);
 	case XFER_RING: return xfer_ring(x, false);
 	}
 	return gpuq_fail(x->err, GPUQ_E_INTERNAL, "get: path %d unknown", (int)x->path);

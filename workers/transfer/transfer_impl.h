@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "workers/backend/backend.h"
+#include "workers/sched/sched_wait.h"
 #include "workers/transfer/copy_pool.h"
 #include "workers/transfer/map_cache.h"
 #include "workers/work.h"
@@ -114,6 +115,8 @@ void xfer_progress(struct xfer *x);
 void xfer_issued_all(struct xfer *x);
 /* A staged DMA was issued: notes the first and the last in the work's timeline, if it has one. */
 void xfer_dma_issued(struct xfer *x);
+/* Yields until the job may queue a DMA in dir (sched_dma_turn). */
+void xfer_dma_turn_wait(struct xfer *x, enum sched_dma dir);
 
 /* transfer_staged.c */
 /*
@@ -131,7 +134,10 @@ int xfer_put_registered(struct xfer *x);
 int xfer_get_registered(struct xfer *x);
 /* transfer_ring.c: a region's slots, handed over with the client through its counters. */
 int xfer_ring(struct xfer *x, bool put);
-/* The region path: work->transfer.host <-> the device range, in chunks that take DMA turns. */
-int xfer_region(struct xfer *x, bool put);
+/*
+ * The whole range at host, pinned (a region's, the registered path's
+ * mapping) <-> the device range, in chunks that take DMA turns.
+ */
+int xfer_pinned(struct xfer *x, bool put, void *host);
 
 #endif

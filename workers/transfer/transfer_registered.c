@@ -1,7 +1,8 @@
 /*
  * The registered path: the client's memfd is mapped, the mapping registered
  * with the device (pinned), and copied directly by the copy engine in
- * REG_CHUNK pieces, checking for a cancel between them. Worker thread only.
+ * chunks that take DMA turns, as a region's are (xfer_pinned), checking
+ * for a cancel between them. Worker thread only.
  *
  * Only a memfd sealed against shrinking (F_SEAL_SHRINK) qualifies: gpuqd's
  * own threads touch the mapping (the host backend's copies, --verify's
@@ -21,15 +22,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include "workers/transfer/copy_hash.h"
 #include "workers/transfer/map_cache.h"
 #include "workers/transfer/transfer.h"
 #include "workers/transfer/transfer_impl.h"
-
-#define REG_CHUNK ((size_t)64 << 20)
 
 int transfer_check_registrable(int fd, bool put, struct gpuq_error *err)
 {
@@ -80,27 +77,6 @@ static void reg_map_close(struct xfer *x, struct reg_map *m, int *rc)
 	}
 }
 
-/* Copies the range in REG_CHUNK pieces, in the direction given. */
-static int reg_copy(struct xfer *x, struct reg_map *m, bool put)
-{
-	struct device *dev = x->dev;
-	int rc = 0;
-	while (x->done < x->total && (rc = xfer_cancelled(x)) == 0) {
-		size_t n = x->total - x->done < REG_CHUNK ? (size_t)(x->total - x->done) : REG_CHUNK;
-		if (put)
-			rc = dev->ops->copy.h2d(dev, x->base + x->done, m->data + x->done, n, NULL, x->err);
-		else
-			rc = dev->ops->copy.d2h(dev, m->data + x->done, x->base + x->done, n, NULL, x->err);
-		if (rc != 0)
-			break;
-		x->done += n;
-		xfer_progress(x);
-	}
-	if (rc == 0 && x->verify)
-		x->sum = copy_hash_terms_parallel(x->pool, m->data, x->done);
-	return rc;
-}
-
 int xfer_put_registered(struct xfer *x)
 {
 	struct reg_map m;
@@ -108,7 +84,7 @@ int xfer_put_registered(struct xfer *x)
 		return 0;
 	int rc = reg_map_open(x, &m);
 	if (rc == 0)
-		rc = reg_copy(x, &m, true);
+		rc = xfer_pinned(x, true, m.data);
 	reg_map_close(x, &m, &rc);
 	return rc;
 }
@@ -126,7 +102,7 @@ int xfer_get_registered(struct xfer *x)
 				 (long long)end, strerror(errno));
 	int rc = reg_map_open(x, &m);
 	if (rc == 0)
-		rc = reg_copy(x, &m, false);
+		rc = xfer_pinned(x, false, m.data);
 	reg_map_close(x, &m, &rc);
 	return rc;
 }

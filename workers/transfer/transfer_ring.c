@@ -17,14 +17,15 @@
  * copy engine runs what is queued in order, so a ring that kept its queue
  * full would otherwise hold every other job's DMA behind its own.
  *
- * A region's own transfer (put/get through `region`) runs the same loop as
- * a ring whose client had posted every chunk before it started
- * (xfer_region): the whole range lies in the region, so chunk k is at k's
- * offset there. It moved as one DMA once, which held a 1 GiB region's copy
- * engine ~20 ms while every other transfer's DMA waited; in chunks of
- * REGION_CHUNK_SLOTS staging slots (16 MiB by default) it takes turns, and
- * pays the engine's gap between DMAs once per 16 MiB (0.99 of one copy's
- * rate on the H200).
+ * A transfer whose whole range lies in pinned host memory (a region's own,
+ * put/get through `region`, and the registered path's pinned memfd) runs
+ * the same loop as a ring whose client had posted every chunk before it
+ * started (xfer_pinned): chunk k is at k's offset there. A region moved as
+ * one DMA once, which held a 1 GiB region's copy engine ~20 ms while every
+ * other transfer's DMA waited (the registered path, in 64 MiB DMAs, 1.2 ms
+ * each); in chunks of PINNED_CHUNK_SLOTS staging slots (16 MiB by default)
+ * it takes turns, and pays the engine's gap between DMAs once per 16 MiB
+ * (0.99 of one copy's rate on the H200).
  *
  * The client's counter is memory another process writes: it is read with
  * acquire loads, and a value that goes backwards, past the transfer's
@@ -47,20 +48,29 @@
 #define RING_MAX_QUEUED 16
 /* How long the worker polls the client's counter before it lets itself sleep between looks. */
 #define RING_SPIN_S 2e-3
-/* A region's transfer moves in chunks of this many of the device's staging slots. */
-#define REGION_CHUNK_SLOTS 8
+/* A transfer from or to pinned memory moves in chunks of this many of the device's staging slots. */
+#define PINNED_CHUNK_SLOTS 8
 
 enum { RING_POSTED, RING_MOVED, RING_STATUS };
 enum { RING_RUNNING, RING_DONE, RING_FAILED };
 
+/* Where a ring's slots and counters are. */
+struct ring_spec {
+	char *host; /* slot 0 */
+	uint64_t slot_bytes;
+	unsigned slots;
+	_Atomic uint64_t *counter; /* the client's three counters; NULL: the whole range is at host */
+};
+
 struct ring {
 	struct xfer *x;
 	bool put;
+	char *host;
 	uint64_t slot_bytes, nchunks;
 	unsigned slots;
-	_Atomic uint64_t *counter; /* the three counters, in the region (a region's own: own_counter) */
+	_Atomic uint64_t *counter; /* the three counters: the client's, or own_counter */
 	_Atomic uint64_t own_counter[3];
-	bool hash_chunks;          /* --verify: hash each chunk as it moves (a region's: at the end) */
+	bool hash_chunks;          /* --verify: hash each chunk as it moves (a whole range: at the end) */
 	void *event[RING_MAX_QUEUED];
 	unsigned nevents;
 	uint64_t issued, moved, posted; /* chunks: DMAs issued, DMAs done, the client's count */
@@ -75,7 +85,7 @@ static uint64_t chunk_bytes(const struct ring *r, uint64_t k)
 
 static char *slot_of(const struct ring *r, uint64_t k)
 {
-	return (char *)r->x->work->transfer.host + (k % r->slots) * r->slot_bytes;
+	return r->host + (k % r->slots) * r->slot_bytes;
 }
 
 /* The client's counter, checked: 1 when it moved, 0 when not, -1 with err for a value it cannot hold. */
@@ -225,18 +235,27 @@ static void wait_for_move(struct ring *r)
 		sched_wait_host(ring_can_move, r, SCHED_NOT_WAITING);
 }
 
-/* The loop's state for `slots` slots of slot_bytes, the client's counters at `counter`. */
-static int ring_open(struct ring *r, struct xfer *x, bool put, uint64_t slot_bytes,
-		     unsigned slots, _Atomic uint64_t *counter)
+/*
+ * The loop's state for spec's slots and counters. Without the client's
+ * counters the whole range is at spec->host, one slot a chunk: every chunk
+ * is posted (put) and every slot free (get), so nothing waits for a
+ * client, and --verify hashes the range at the end, on the copy threads.
+ */
+static int ring_open(struct ring *r, struct xfer *x, bool put, const struct ring_spec *spec)
 {
 	memset(r, 0, sizeof *r);
 	r->x = x;
 	r->put = put;
-	r->slot_bytes = slot_bytes;
-	r->slots = slots;
+	r->host = spec->host;
+	r->slot_bytes = spec->slot_bytes;
+	r->slots = spec->slots;
 	r->nchunks = (x->total + r->slot_bytes - 1) / r->slot_bytes;
-	r->counter = counter;
-	r->hash_chunks = x->verify;
+	r->counter = spec->counter ? spec->counter : r->own_counter;
+	r->hash_chunks = x->verify && spec->counter;
+	if (!spec->counter) {
+		r->posted = put ? r->nchunks : 0;
+		atomic_store(&r->own_counter[RING_POSTED], r->posted);
+	}
 	r->posted_at = monotonic_seconds();
 	unsigned want = r->slots < RING_MAX_QUEUED ? r->slots : RING_MAX_QUEUED;
 	for (; r->nevents < want; r->nevents++)
@@ -291,33 +310,29 @@ static int ring_run(struct ring *r)
 int xfer_ring(struct xfer *x, bool put)
 {
 	const struct transfer_spec *t = &x->work->transfer;
+	struct ring_spec spec = { t->host, t->ring_slot_bytes, t->ring_slots,
+				  (_Atomic uint64_t *)t->ring_counters };
 	struct ring r;
-	if (ring_open(&r, x, put, t->ring_slot_bytes, t->ring_slots,
-		      (_Atomic uint64_t *)t->ring_counters) < 0) {
+	if (ring_open(&r, x, put, &spec) < 0) {
 		ring_close(&r, -1);
 		return -1;
 	}
 	return ring_run(&r);
 }
 
-int xfer_region(struct xfer *x, bool put)
+int xfer_pinned(struct xfer *x, bool put, void *host)
 {
 	int rc = xfer_cancelled(x);
 	if (rc != 0 || x->total == 0)
 		return rc;
-	uint64_t chunk = (uint64_t)x->dev->config.staging_slot_bytes * REGION_CHUNK_SLOTS;
-	uint64_t nchunks = (x->total + chunk - 1) / chunk;
+	uint64_t chunk = (uint64_t)x->dev->config.staging_slot_bytes * PINNED_CHUNK_SLOTS;
+	struct ring_spec spec = { host, chunk, (unsigned)((x->total + chunk - 1) / chunk), NULL };
 	struct ring r;
-	/* every chunk posted (put) and every slot its own (get): nothing waits for a client */
-	_Atomic uint64_t *own = r.own_counter;
-	if (ring_open(&r, x, put, chunk, (unsigned)nchunks, own) < 0) {
+	if (ring_open(&r, x, put, &spec) < 0) {
 		ring_close(&r, -1);
 		return -1;
 	}
-	atomic_store(&own[RING_POSTED], put ? nchunks : 0);
-	r.posted = put ? nchunks : 0;
-	r.hash_chunks = false;
 	if ((rc = ring_run(&r)) == 0 && x->verify)
-		x->sum = copy_hash_terms_parallel(x->pool, x->work->transfer.host, x->done);
+		x->sum = copy_hash_terms_parallel(x->pool, host, x->done);
 	return rc;
 }

@@ -344,24 +344,6 @@ static int chunk_check(struct xfer *x, const struct xfer_chunk *c, bool put)
  */
 #define XFER_MAX_QUEUED_DMAS SCHED_DMA_QUEUE_ALONE
 
-struct turn_wait {
-	struct xfer *x;
-	enum sched_dma dir;
-};
-
-static bool turn_given(void *arg)
-{
-	const struct turn_wait *t = arg;
-	return sched_dma_turn(t->x->job, t->dir);
-}
-
-/* Yields until the job may queue a DMA in dir (its transfer has nothing else in flight to wait for). */
-static void dma_turn_wait(struct xfer *x, enum sched_dma dir)
-{
-	struct turn_wait t = { x, dir };
-	sched_wait_device(turn_given, &t);
-}
-
 /* ---- put ---- */
 
 /* Where a put is: chunks [r, j) have DMAs issued, [j, next) are being read. */
@@ -526,7 +508,7 @@ static int get_fill(struct staged *s, struct get_state *g)
 	       g->issued - g->w < XFER_MAX_QUEUED_DMAS) {
 		bool must = g->issued == g->w && g->collected == g->w;
 		if (must)
-			dma_turn_wait(x, SCHED_DMA_D2H);
+			xfer_dma_turn_wait(x, SCHED_DMA_D2H);
 		else if (!sched_dma_turn(x->job, SCHED_DMA_D2H))
 			break;
 		struct xfer_chunk *c = chunk_prepare(s, g->issued, part_write, must);
