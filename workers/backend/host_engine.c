@@ -14,6 +14,7 @@
  */
 #include "workers/backend/host_engine.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -264,6 +265,12 @@ struct host_engines *host_engines_start(struct device *dev, struct gpuq_error *e
 	read_delays(e);
 	const char *trace = getenv("GPUQ_HOST_ENGINE_TRACE");
 	e->trace_fd = trace ? open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
+	if (trace && e->trace_fd < 0) { /* a test reading an empty trace would blame the scheduler */
+		gpuq_fail(err, GPUQ_E_IO, "host device %d: GPUQ_HOST_ENGINE_TRACE=%s: %s", dev->index,
+			  trace, strerror(errno));
+		free(e);
+		return NULL;
+	}
 	for (int k = 0; k < HOST_ENGINES; k++) {
 		struct engine_thread_arg *a = malloc(sizeof *a);
 		if (a) {
