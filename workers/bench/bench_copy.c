@@ -32,13 +32,18 @@
  *                                      FILE` writes into)
  *     gpuq file write-only             the file through a write-only
  *                                      descriptor: the pwrite path
+ *     host pipe write, ... polled      the pinned source through a pipe a
+ *                                      thread drains, by blocking writes or
+ *                                      as the streamed path writes
+ *                                      (bench_pipe.h): the ceiling of a get
+ *                                      into a pipe
  *     gpuq /dev/null, gpuq pipe        the streamed path into a sink and into
  *                                      a pipe drained by a thread
  *
- * Each get row into a memfd or file also carries the best host row of its
- * kind of destination (existing pages or fresh; memfd or file; for a
- * write-only descriptor, which can only be pwritten, the pwrite rows) as
- * its host ceiling.
+ * Each get row into a memfd, a file or a pipe also carries the best host
+ * row of its kind of destination (existing pages or fresh; memfd, file or
+ * pipe; for a write-only descriptor, which can only be pwritten, the pwrite
+ * rows) as its host ceiling.
  *
  * The host backend has no CUDA: its ceiling is a memcpy into the arena and
  * its rows say "(host)". Each measurement is one warm-up and then the median
@@ -65,6 +70,7 @@
 #include <unistd.h>
 
 #include "workers/bench/bench_host.h"
+#include "workers/bench/bench_pipe.h"
 #include "workers/clock.h"
 #include "workers/transfer/copy_hash.h"
 #include "workers/transfer/region_pin.h"
@@ -76,11 +82,11 @@
 
 enum method_kind {
 	M_PAGEABLE, M_PINNED, M_MEMFD, M_FILE, M_FILE_WRONLY, M_REGISTERED, M_REGION, M_SCRATCH,
-	M_DEVNULL, M_PIPE, M_HOST_MAP, M_HOST_PWRITE, M_HOST_KEPT,
+	M_DEVNULL, M_PIPE, M_HOST_MAP, M_HOST_PWRITE, M_HOST_KEPT, M_HOST_PIPE_WRITE, M_HOST_PIPE_POLLED,
 };
 
 /* A get's kind of destination, which picks its host ceiling. */
-enum dest { D_NONE, D_MEMFD, D_MEMFD_FRESH, D_FILE, D_FILE_FRESH, D_COUNT };
+enum dest { D_NONE, D_MEMFD, D_MEMFD_FRESH, D_FILE, D_FILE_FRESH, D_PIPE, D_COUNT };
 
 struct method {
 	enum method_kind kind;
@@ -344,47 +350,6 @@ static int run_transfer(struct bench *b, bool h2d, int fd, enum transfer_path pa
 	return rc;
 }
 
-/* A get into a pipe: a thread drains the read end, as a client's reader would. */
-struct pipe_drain {
-	pthread_t thread;
-	int fds[2];
-};
-
-static void *drain_main(void *arg)
-{
-	enum { SINK = 1 << 20 };
-	struct pipe_drain *p = arg;
-	char small[4096], *sink = malloc(SINK);
-	size_t n = sink ? SINK : sizeof small;
-	if (!sink)
-		sink = small;
-	while (read(p->fds[0], sink, n) > 0 || errno == EINTR)
-		errno = 0;
-	if (sink != small)
-		free(sink);
-	return NULL;
-}
-
-static int drain_start(struct pipe_drain *p, struct gpuq_error *err)
-{
-	if (pipe2(p->fds, O_CLOEXEC) < 0)
-		return gpuq_fail(err, GPUQ_E_IO, "bench: pipe: %s", strerror(errno));
-	(void)fcntl(p->fds[1], F_SETPIPE_SZ, 1 << 20);
-	errno = pthread_create(&p->thread, NULL, drain_main, p);
-	if (errno == 0)
-		return 0;
-	close(p->fds[0]);
-	close(p->fds[1]);
-	return gpuq_fail(err, GPUQ_E_IO, "bench: pipe reader: %s", strerror(errno));
-}
-
-static void drain_stop(struct pipe_drain *p)
-{
-	close(p->fds[1]);
-	pthread_join(p->thread, NULL);
-	close(p->fds[0]);
-}
-
 /* A get into a pipe or /dev/null: the streamed path. */
 static int run_stream_sink(struct bench *b, bool pipe, bool verify, double *seconds,
 			   const char **taken, struct gpuq_error *err)
@@ -393,12 +358,12 @@ static int run_stream_sink(struct bench *b, bool pipe, bool verify, double *seco
 	int fd = pipe ? -1 : open("/dev/null", O_WRONLY | O_CLOEXEC);
 	if (!pipe && fd < 0)
 		return gpuq_fail(err, GPUQ_E_IO, "bench: /dev/null: %s", strerror(errno));
-	if (pipe && drain_start(&drain, err) < 0)
+	if (pipe && pipe_drain_start(&drain, false, err) < 0)
 		return -1;
 	int rc = run_transfer(b, false, pipe ? drain.fds[1] : fd, TRANSFER_PATH_AUTO, verify,
 			      seconds, taken, err);
 	if (pipe)
-		drain_stop(&drain);
+		pipe_drain_stop(&drain);
 	else
 		close(fd);
 	return rc;
@@ -440,6 +405,16 @@ static enum bench_host_means host_means(enum method_kind kind)
 
 static unsigned char *host_side(struct bench *b, struct method m);
 
+/* The source through a drained pipe with no device work (bench_pipe.h), in slot-sized writes. */
+static int host_pipe(struct bench *b, struct method m, double *seconds, uint64_t *checksum,
+		     struct gpuq_error *err)
+{
+	enum bench_pipe_means means = m.kind == M_HOST_PIPE_POLLED ? BENCH_PIPE_POLLED
+								   : BENCH_PIPE_WRITE;
+	return bench_pipe_write(b->cuda ? b->pinned : b->src, b->size,
+				b->dev->config.staging_slot_bytes, means, seconds, checksum, err);
+}
+
 static int run_once(struct bench *b, bool h2d, struct method m, double *seconds,
 		    const char **taken, struct gpuq_error *err)
 {
@@ -473,6 +448,9 @@ static int run_once(struct bench *b, bool h2d, struct method m, double *seconds,
 		return bench_host_write(b->pool, dest_fd(b, m), b->cuda ? b->pinned : b->src,
 					b->size, host_means(m.kind),
 					m.kind == M_HOST_KEPT ? host_side(b, m) : NULL, seconds, err);
+	case M_HOST_PIPE_WRITE:
+	case M_HOST_PIPE_POLLED:
+		return host_pipe(b, m, seconds, NULL, err);
 	}
 	return gpuq_fail(err, GPUQ_E_INTERNAL, "bench: method %d unknown", (int)m.kind);
 }
@@ -508,7 +486,8 @@ static unsigned char *host_side(struct bench *b, struct method m)
 	case D_MEMFD: return b->memfd_map;
 	case D_FILE:
 	case D_FILE_FRESH: file_full(b); return b->file_map;
-	case D_MEMFD_FRESH: return NULL;
+	case D_MEMFD_FRESH:
+	case D_PIPE: return NULL;
 	case D_NONE:
 	case D_COUNT: break;
 	}
@@ -563,6 +542,10 @@ static int check(struct bench *b, bool h2d, struct method m, bool *ok)
 	}
 	if (!h2d && (m.kind == M_DEVNULL || m.kind == M_PIPE)) {
 		*ok = run_stream_sink(b, m.kind == M_PIPE, true, &s, &taken, &err) == 0;
+		return 0;
+	}
+	if (m.kind == M_HOST_PIPE_WRITE || m.kind == M_HOST_PIPE_POLLED) {
+		*ok = host_pipe(b, m, &s, &sum, &err) == 0 && sum == b->expected;
 		return 0;
 	}
 	if (h2d && b->dev->ops->mem.checksum(b->dev, b->dbuf, b->size, &sum, b->err) < 0)
@@ -656,6 +639,10 @@ static const struct method_row {
 	  "fresh pages and blocks are made first: the ceiling of 'gpuq get BUF FILE'" },
 	{ { M_HOST_PWRITE, D_FILE_FRESH }, "host file fresh pwrite", "host file fresh pwrite", "host", true,
 	  "one pwrite at a time per file, into fresh pages: the ceiling of a write-only destination" },
+	{ { M_HOST_PIPE_WRITE, D_PIPE }, "host pipe write", "host pipe write", "host", true,
+	  "one writer and one reader through a 1 MiB pipe: the ceiling of a get into a pipe" },
+	{ { M_HOST_PIPE_POLLED, D_PIPE }, "host pipe polled", "host pipe polled", "host", true,
+	  "one writer and one reader through a 1 MiB pipe: the ceiling of a get into a pipe" },
 	{ { M_MEMFD, D_MEMFD }, "gpuq memfd", "gpuq memfd", "gpuq", false, NULL },
 	{ { M_MEMFD, D_MEMFD_FRESH }, "gpuq memfd fresh", "gpuq memfd fresh", "gpuq", true,
 	  "a new memfd's pages are made as it is written: read it against 'host memfd fresh mapped'" },
@@ -672,8 +659,8 @@ static const struct method_row {
 	{ { M_REGION, D_NONE }, "gpuq region", "gpuq region", "gpuq", false, NULL },
 	{ { M_SCRATCH, D_NONE }, "gpuq scratch", "gpuq scratch", "gpuq", false, NULL },
 	{ { M_DEVNULL, D_NONE }, "gpuq /dev/null", "gpuq /dev/null", "gpuq", true, NULL },
-	{ { M_PIPE, D_NONE }, "gpuq pipe", "gpuq pipe", "gpuq", true,
-	  "a pipe is written in order by one thread, 1 MiB of pipe buffer at a time" },
+	{ { M_PIPE, D_PIPE }, "gpuq pipe", "gpuq pipe", "gpuq", true,
+	  "a pipe is written in order by one thread, 1 MiB of pipe buffer at a time: read it against 'host pipe'" },
 };
 
 _Static_assert(sizeof methods / sizeof methods[0] <= 32, "slow_noted has 32 bits per direction");
