@@ -518,10 +518,13 @@ const struct bench_kind_row bench_kind_rows[] = {
 	  "gpuqd's copy paths against cudaMemcpy",
 	  "gpuqd measures its copy paths on device N as a job (default sizes\n"
 	  "256M,1G,4G; R timed repeats after a warm-up, default 5): cudaMemcpy\n"
-	  "pageable and pinned against gpuq from a memfd, from a file and\n"
-	  "registered, both ways, then device<->device where the daemon has\n"
-	  "bench_d2d. One table: GB/s and the ratio to the pinned ceiling of the\n"
-	  "same run, each row verified.\n",
+	  "pageable and pinned against gpuq from a memfd, from a file,\n"
+	  "registered, through a region and from scratch, both ways; D2H also\n"
+	  "the host alone writing each kind of destination (memfd, file, fresh,\n"
+	  "pwrite, a pipe) and gets into fresh and write-only files, /dev/null\n"
+	  "and a pipe, each get read against its host row (GET); then\n"
+	  "device<->device where the daemon has bench_d2d. One table: GB/s and\n"
+	  "the ratio to the pinned ceiling of the same run, each row verified.\n",
 	  bench_copy },
 	{ "chain", "[--device N] [--bytes SIZE] [--repeat N]",
 	  "kernel chains: eager, graph and fused",
