@@ -96,8 +96,9 @@ void sched_slot_release(struct device *dev, unsigned slot);
 /*
  * DMA turns. A GPU's copy engine runs the copies queued on it in the order
  * they were queued, whatever their streams and priorities, and may keep to
- * one stream while it has copies queued. So the staged transfers of a
- * device take turns at queueing theirs: at most SCHED_DMA_QUEUE staging
+ * one stream while it has copies queued. So the transfers of a device
+ * (staged, streamed, rings, and from pinned memory) take turns at queueing
+ * theirs: at most SCHED_DMA_QUEUE staging
  * slots' worth of bytes queued per direction on the device (and no more
  * than that many of the default 2 MiB slots hold); a job queues
  * one beside another job's queued DMAs only when it has none queued itself

@@ -75,10 +75,13 @@ static bool turn_given(void *arg)
 	return sched_dma_turn(t->x->job, t->dir);
 }
 
-void xfer_dma_turn_wait(struct xfer *x, enum sched_dma dir)
+bool xfer_dma_turn(struct xfer *x, enum sched_dma dir, bool wait)
 {
+	if (!wait)
+		return sched_dma_turn(x->job, dir);
 	struct turn_wait t = { x, dir };
 	sched_wait_device(turn_given, &t);
+	return true;
 }
 
 void xfer_issued_all(struct xfer *x)
@@ -307,7 +310,7 @@ static int put_streamed(struct xfer *x)
 		}
 		if (x->verify)
 			x->sum += copy_hash_terms(dev->staging[slot], (size_t)got, x->done / 8);
-		xfer_dma_turn_wait(x, SCHED_DMA_H2D);
+		(void)xfer_dma_turn(x, SCHED_DMA_H2D, true);
 		if ((rc = dev->ops->copy.h2d_async(dev, x->base + x->done, slot, (size_t)got, x->err)) != 0) {
 			sched_slot_release(dev, slot);
 			break;
@@ -328,15 +331,6 @@ static int put_streamed(struct xfer *x)
 	return ring_drain(x, &ring, rc);
 }
 
-/* A get's next DMA may be issued: waited for when it has none in flight (must), else now or not. */
-static bool dma_turn(struct xfer *x, bool must)
-{
-	if (!must)
-		return sched_dma_turn(x->job, SCHED_DMA_D2H);
-	xfer_dma_turn_wait(x, SCHED_DMA_D2H);
-	return true;
-}
-
 /* DMAs into slots ahead, taking DMA turns; each finished slot is written out, then refilled. */
 static int get_streamed(struct xfer *x)
 {
@@ -346,7 +340,9 @@ static int get_streamed(struct xfer *x)
 	int rc = 0;
 	while (x->done < x->total && rc == 0 && (rc = xfer_cancelled(x)) == 0) {
 		unsigned slot;
-		while (issued < x->total && ring.count < x->slots && dma_turn(x, ring.count == 0) &&
+		/* with no DMA in flight it waits for a turn, else takes one only if it is free */
+		while (issued < x->total && ring.count < x->slots &&
+		       xfer_dma_turn(x, SCHED_DMA_D2H, ring.count == 0) &&
 		       sched_slot_acquire(dev, ring.count == 0, &slot) == 0) {
 			size_t n = x->total - issued < x->chunk ? (size_t)(x->total - issued) : x->chunk;
 			if ((rc = dev->ops->copy.d2h_async(dev, slot, x->base + issued, n, x->err)) != 0) {

@@ -115,8 +115,12 @@ void xfer_progress(struct xfer *x);
 void xfer_issued_all(struct xfer *x);
 /* A staged DMA was issued: notes the first and the last in the work's timeline, if it has one. */
 void xfer_dma_issued(struct xfer *x);
-/* Yields until the job may queue a DMA in dir (sched_dma_turn). */
-void xfer_dma_turn_wait(struct xfer *x, enum sched_dma dir);
+/*
+ * Whether the job may queue a DMA in dir now (sched_dma_turn); with wait,
+ * yields until it may (for a transfer with nothing else in flight to wait
+ * for) and returns true.
+ */
+bool xfer_dma_turn(struct xfer *x, enum sched_dma dir, bool wait);
 
 /* transfer_staged.c */
 /*

@@ -507,9 +507,7 @@ static int get_fill(struct staged *s, struct get_state *g)
 	while (g->issued < s->nchunks && g->issued < g->collected + s->window &&
 	       g->issued - g->w < XFER_MAX_QUEUED_DMAS) {
 		bool must = g->issued == g->w && g->collected == g->w;
-		if (must)
-			xfer_dma_turn_wait(x, SCHED_DMA_D2H);
-		else if (!sched_dma_turn(x->job, SCHED_DMA_D2H))
+		if (!xfer_dma_turn(x, SCHED_DMA_D2H, must))
 			break;
 		struct xfer_chunk *c = chunk_prepare(s, g->issued, part_write, must);
 		if (!c)
