@@ -372,23 +372,27 @@ TEST(sched_urgent_jobs_go_first)
  * DMA turns. The host backend's DMA engines, like a GPU's copy engines,
  * stay with one stream while it has a copy ready and ignore priorities, so
  * a transfer that keeps its queue full shuts out every other's copies. A
- * one-chunk put runs while `n` puts of 64 chunks each (priority `backlog`)
- * run on other buffers: the device queues at most SCHED_DMA_QUEUE (6) DMAs
+ * one-chunk put runs while `n` puts of TURN_BACKLOG_CHUNKS chunks each
+ * (priority `backlog`) run on other buffers: the device queues at most SCHED_DMA_QUEUE (6) DMAs
  * for all of them, stops queueing theirs while the small put's waits, and
  * gives the small put its turn first, so it waits behind about 6 chunks,
  * not until the long puts end.
  *
  * Counted, not timed: the engines write each copy they take to a trace
  * (GPUQ_HOST_ENGINE_TRACE: engine, device, stream, bytes), the test marks
- * in it when it sends the small put, and counts the long puts' copies
- * taken between the mark and the small put's own (its size, TURN_SMALL,
- * is no long put's). The slowed engines (20 ms a copy) keep this machine's
+ * in it when it sends the small put, and counts the long puts' chunks
+ * copied between the mark and the small put's own copy (its size,
+ * TURN_SMALL, is no long put's). A put alone on the device moves up to
+ * four read chunks in one copy (XFER_DMA_SPAN_BYTES), so a chunk is
+ * counted by its bytes, and the long puts are long enough that the one
+ * that runs alone first is still running when the small put comes. The slowed engines (20 ms a copy) keep this machine's
  * load out of the order; a miss is still measured again (a fresh daemon)
  * before the test fails, since a client that a loaded machine holds up
  * for SCHED_DMA_ALONE_S can find a long put alone again.
  */
 #define TURN_MAX_BACKLOG 8
 #define TURN_CHUNK (64u << 10)
+#define TURN_BACKLOG_CHUNKS 256
 #define TURN_SMALL (60u << 10)
 #define TURN_CHUNK_DELAY_US "20000"
 #define TURN_ATTEMPTS 3
@@ -439,8 +443,8 @@ struct traced {
 	size_t bytes;
 };
 
-/* The h2d copies on device 0 and the marks, in order (malloc'd, *n of them). */
-static struct traced *trace_read(const struct trace *t, size_t *n)
+/* The copies of engine `kind` ("h2d", "d2h") on device 0 and the marks, in order (malloc'd, *n of them). */
+static struct traced *trace_read_kind(const struct trace *t, const char *kind, size_t *n)
 {
 	FILE *f = fopen(t->path, "r");
 	CHECK(f != NULL);
@@ -451,10 +455,12 @@ static struct traced *trace_read(const struct trace *t, size_t *n)
 	*n = 0;
 	while (fgets(line, sizeof line, f)) {
 		struct traced c = { false, 0, 0 };
+		char engine[8];
 		int dev;
 		if (strcmp(line, "mark\n") == 0)
 			c.mark = true;
-		else if (sscanf(line, "h2d %d %u %zu", &dev, &c.stream, &c.bytes) != 3 || dev != 0)
+		else if (sscanf(line, "%7s %d %u %zu", engine, &dev, &c.stream, &c.bytes) != 4 ||
+			 strcmp(engine, kind) != 0 || dev != 0)
 			continue;
 		if (*n == cap) {
 			cap *= 2;
@@ -467,7 +473,12 @@ static struct traced *trace_read(const struct trace *t, size_t *n)
 	return out;
 }
 
-/* Copies taken after mark number `mark` (0 first) and before the next copy of `bytes`. */
+static struct traced *trace_read(const struct trace *t, size_t *n)
+{
+	return trace_read_kind(t, "h2d", n);
+}
+
+/* Chunks (TURN_CHUNK's worth) copied after mark number `mark` (0 first) and before the next copy of `bytes`. */
 static int copies_ahead(const struct traced *c, size_t n, unsigned mark, size_t bytes)
 {
 	unsigned marks = 0;
@@ -479,7 +490,7 @@ static int copies_ahead(const struct traced *c, size_t n, unsigned mark, size_t 
 		} else if (ahead >= 0 && c[i].bytes == bytes) {
 			return ahead;
 		} else if (ahead >= 0) {
-			ahead++;
+			ahead += (int)((c[i].bytes + TURN_CHUNK - 1) / TURN_CHUNK);
 		}
 	}
 	CHECKF(false, "the trace has no copy of %zu bytes after mark %u", bytes, mark);
@@ -521,8 +532,8 @@ static struct turn_counts put_behind_backlog(int n, const char *backlog, const c
 	for (int i = 0; i < n; i++) {
 		char name[16];
 		snprintf(name, sizeof name, "big%d", i);
-		do_alloc(c, name, 0, 64 * TURN_CHUNK);
-		int fd = memfd_random(64 * TURN_CHUNK, (uint64_t)i);
+		do_alloc(c, name, 0, TURN_BACKLOG_CHUNKS * TURN_CHUNK);
+		int fd = memfd_random(TURN_BACKLOG_CHUNKS * TURN_CHUNK, (uint64_t)i);
 		jobs[i] = start_put_fd(c, name, fd, backlog);
 		close(fd);
 	}
@@ -614,11 +625,12 @@ TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
 struct shared_engine {
 	int before_b, longest;
 	size_t bytes_before_b;
+	size_t largest; /* the largest copy from b's first until a or b took its last */
 };
 
 static struct shared_engine engine_shared(const struct traced *c, size_t n)
 {
-	struct shared_engine out = { -1, 0, 0 };
+	struct shared_engine out = { -1, 0, 0, 0 };
 	unsigned a = 0, b = 0;
 	size_t mark = n, first_b = n, last_a = 0, last_b = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -647,6 +659,7 @@ static struct shared_engine engine_shared(const struct traced *c, size_t n)
 	for (size_t i = first_b; i <= end; i++) {
 		run = i > first_b && c[i].stream == c[i - 1].stream ? run + 1 : 1;
 		out.longest = run > out.longest ? run : out.longest;
+		out.largest = c[i].bytes > out.largest ? c[i].bytes : out.largest;
 	}
 	return out;
 }
@@ -707,22 +720,25 @@ static pid_t pipe_writer(int p[2], size_t n)
  * SCHED_DMA_QUEUE each, until one of them ends; not A's chunks alone
  * until A's end (jobs nearest their end first, which on the H200 let one
  * owner's backlog move 98 % of the bytes). B is staged, from a memfd; A
- * too, or streamed, from a pipe.
+ * too, or streamed, from a pipe. A staged A, alone until B comes, moves up
+ * to four chunks a copy (XFER_DMA_SPAN_BYTES), so it has four times the
+ * chunks of a streamed one, to be as far from its end when B comes.
  */
 static void expect_long_puts_take_turns(bool a_from_pipe)
 {
 	if (test_backend_is_cuda())
 		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
-	struct shared_engine e = { 0, 0, 0 };
+	struct shared_engine e = { 0, 0, 0, 0 };
+	size_t a_bytes = (a_from_pipe ? 48 : 4 * 48) * TURN_CHUNK;
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;
 		struct daemon_proc d;
 		struct gpuq_client *c = turn_daemon(&d, &t, "64K");
-		do_alloc(c, "a", 0, 48 * TURN_CHUNK);
+		do_alloc(c, "a", 0, a_bytes);
 		do_alloc(c, "b", 0, 48 * TURN_CHUNK);
 		int p[2], fa, fb = memfd_random(48 * TURN_CHUNK, 2), status;
-		pid_t writer = a_from_pipe ? pipe_writer(p, 48 * TURN_CHUNK) : -1;
-		fa = a_from_pipe ? p[0] : memfd_random(48 * TURN_CHUNK, 1);
+		pid_t writer = a_from_pipe ? pipe_writer(p, a_bytes) : -1;
+		fa = a_from_pipe ? p[0] : memfd_random(a_bytes, 1);
 		uint64_t a = start_put_fd(c, "a", fa, NULL);
 		close(fa);
 		put_beside(c, &t, a, 8 * 20000, "b", fb);
@@ -736,10 +752,13 @@ static void expect_long_puts_take_turns(bool a_from_pipe)
 		e = engine_shared(copies, n);
 		free(copies);
 		trace_stop(&t);
-		if (took_turns(e))
+		if (took_turns(e) && e.largest <= TURN_CHUNK)
 			break;
 	}
 	expect_turns(e, a_from_pipe ? "the put from a pipe" : "put a", "put b");
+	CHECKF(e.largest <= TURN_CHUNK, "a copy of %zu bytes while the two puts shared the device: "
+	       "a put spans slots only while it has the device to itself (%d tries)", e.largest,
+	       TURN_ATTEMPTS);
 }
 
 TEST(sched_long_puts_take_turns_at_the_copy_engine)
@@ -750,6 +769,67 @@ TEST(sched_long_puts_take_turns_at_the_copy_engine)
 TEST(sched_a_streamed_put_takes_turns_with_a_staged_put)
 {
 	expect_long_puts_take_turns(true);
+}
+
+/* The largest copy in a trace, and how many copies of more than `chunk` bytes it holds. */
+static size_t largest_copy(const struct traced *c, size_t n, size_t chunk, size_t *spans)
+{
+	size_t largest = 0;
+	*spans = 0;
+	for (size_t i = 0; i < n; i++) {
+		largest = c[i].bytes > largest ? c[i].bytes : largest;
+		*spans += c[i].bytes > chunk;
+	}
+	return largest;
+}
+
+/*
+ * A put or get alone on the device moves chunks whose staging slots lie
+ * side by side in one DMA, up to XFER_DMA_SPAN_SLOTS (4) of them: a DMA a
+ * slot held the H200's transfers below the copy engine's rate. Beside
+ * another job every DMA is one slot (expect_long_puts_take_turns). The
+ * host->device engine is slowed (20 ms a copy) while the copy threads read
+ * the memfd at once, so read chunks are waiting at every turn; the get
+ * takes the free slots after its first in every turn. The bytes come back
+ * as they went.
+ */
+TEST(sched_a_transfer_alone_moves_neighbouring_slots_in_one_dma)
+{
+	if (test_backend_is_cuda())
+		SKIP("counts DMAs on the host engines, slowed (bench copy measures the GPU)");
+	const size_t bytes = 48 * TURN_CHUNK;
+	struct trace t;
+	struct daemon_proc d;
+	struct gpuq_client *c = turn_daemon(&d, &t, "64K");
+	int src = memfd_random(bytes, 7), back = memfd_random(0, 0);
+	do_alloc(c, "a", 0, bytes);
+	CHECK(do_put(c, "a", src) == bytes);
+	CHECK(do_get(c, "a", back) == bytes);
+	gpuq_close(c);
+	daemon_stop(&d);
+	size_t n_src, n_back;
+	unsigned char *want = fd_slurp(src, &n_src), *got = fd_slurp(back, &n_back);
+	CHECKF(n_back == bytes && memcmp(want, got, bytes) == 0,
+	       "the get gave back %zu bytes, not the %zu put (or other bytes)", n_back, bytes);
+	const char *kinds[] = { "h2d", "d2h" };
+	for (int k = 0; k < 2; k++) {
+		size_t n, spans, total = 0;
+		struct traced *copies = trace_read_kind(&t, kinds[k], &n);
+		for (size_t i = 0; i < n; i++)
+			total += copies[i].bytes;
+		size_t largest = largest_copy(copies, n, TURN_CHUNK, &spans);
+		CHECKF(total == bytes, "%s: the copies moved %zu bytes, not %zu", kinds[k], total,
+		       bytes);
+		CHECKF(spans > 0 && largest == 4 * TURN_CHUNK,
+		       "%s: %zu copies spanned slots, the largest %zu bytes (4 slots: %u)", kinds[k],
+		       spans, largest, 4 * TURN_CHUNK);
+		free(copies);
+	}
+	free(want);
+	free(got);
+	close(src);
+	close(back);
+	trace_stop(&t);
 }
 
 /* A put from region `region` into buffer, not waited for: its job. */
@@ -794,7 +874,7 @@ static void expect_pinned_put_takes_turns(bool region)
 	const size_t bytes = pinned_chunks * pinned_chunk, staged = 48 * (8 << 10);
 	const size_t queue_bytes = (SCHED_DMA_QUEUE_ALONE + TURN_SLACK) * (8 << 10);
 	const char *what = region ? "the region's put" : "the registered put";
-	struct shared_engine e = { 0, 0, 0 };
+	struct shared_engine e = { 0, 0, 0, 0 };
 	size_t pinned_copies = 0;
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;

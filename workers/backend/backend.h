@@ -343,6 +343,9 @@ struct backend_copy_ops {
 	 * Asynchronous copies between a staging slot and device memory: enqueue
 	 * the copy (host->device on one stream, device->host on another) and mark
 	 * the slot busy; slot_wait blocks until the slot's last copy is done.
+	 * A copy of more than a slot spans the slots after it (the caller holds
+	 * them all, and they lie back to back: staging[slot] + slot bytes is
+	 * staging[slot + 1]) and marks each of them busy.
 	 */
 	int (*h2d_async)(struct device *dev, void *dst, unsigned slot, size_t n,
 			 struct gpuq_error *err);

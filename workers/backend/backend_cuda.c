@@ -868,28 +868,55 @@ static int cuda_check_slot(const struct device *dev, const char *op, unsigned sl
 			 dev->config.staging_slot_bytes);
 }
 
+/*
+ * The slots a copy of n bytes from slot's start covers (backend.h: a copy
+ * may span neighbouring slots where the ring holds them back to back), or 0
+ * with err: a bug in the caller.
+ */
+static unsigned cuda_slot_span(const struct device *dev, const char *op, unsigned slot, size_t n,
+			       struct gpuq_error *err)
+{
+	size_t each = dev->config.staging_slot_bytes;
+	size_t k = n <= each ? 1 : (n + each - 1) / each;
+	bool back_to_back = k == 1 || (char *)dev->staging[1] - (char *)dev->staging[0] == (ptrdiff_t)each;
+	if (slot < dev->config.staging_slots && k <= dev->config.staging_slots - slot && back_to_back)
+		return (unsigned)k;
+	(void)cuda_check_slot(dev, op, slot, n, err);
+	return 0;
+}
+
+/* Marks each slot of a span busy until the copy just queued on stream ends. */
+static int cuda_record_span(struct device *dev, cudaStream_t stream, unsigned slot, unsigned k,
+			    struct gpuq_error *err)
+{
+	struct cuda_state *st = dev->impl;
+	for (unsigned i = slot; i < slot + k; i++)
+		CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[i], stream));
+	return 0;
+}
+
 static int cuda_h2d_async(struct device *dev, void *dst, unsigned slot, size_t n,
 			  struct gpuq_error *err)
 {
 	struct cuda_state *st = dev->impl;
-	if (cuda_check_slot(dev, "h2d_async", slot, n, err) != 0)
+	unsigned k = cuda_slot_span(dev, "h2d_async", slot, n, err);
+	if (k == 0)
 		return -1;
 	cudaStream_t stream = cuda_stream(dev, st->h2d);
 	CUDA_TRY(dev, err, cudaMemcpyAsync(dst, dev->staging[slot], n, cudaMemcpyHostToDevice, stream));
-	CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[slot], stream));
-	return 0;
+	return cuda_record_span(dev, stream, slot, k, err);
 }
 
 static int cuda_d2h_async(struct device *dev, unsigned slot, const void *src, size_t n,
 			  struct gpuq_error *err)
 {
 	struct cuda_state *st = dev->impl;
-	if (cuda_check_slot(dev, "d2h_async", slot, n, err) != 0)
+	unsigned k = cuda_slot_span(dev, "d2h_async", slot, n, err);
+	if (k == 0)
 		return -1;
 	cudaStream_t stream = cuda_stream(dev, st->d2h);
 	CUDA_TRY(dev, err, cudaMemcpyAsync(dev->staging[slot], src, n, cudaMemcpyDeviceToHost, stream));
-	CUDA_TRY(dev, err, cudaEventRecord(st->slot_done[slot], stream));
-	return 0;
+	return cuda_record_span(dev, stream, slot, k, err);
 }
 
 /* An event never recorded counts as complete, so a fresh slot needs no wait. */

@@ -363,9 +363,14 @@ static bool dma_outranked(const struct sched *s, const struct sched_job *job, en
  * several slots' worth, and what waits behind it is its bytes; and larger
  * slots do not make the queue longer in time than the default slots' does.
  */
+static bool dma_shared(const struct sched *s)
+{
+	return s->ninflight > 1 || monotonic_seconds() - s->shared_until < SCHED_DMA_ALONE_S;
+}
+
 static uint64_t dma_queue_limit(const struct sched *s)
 {
-	bool shared = s->ninflight > 1 || monotonic_seconds() - s->shared_until < SCHED_DMA_ALONE_S;
+	bool shared = dma_shared(s);
 	uint64_t slots = shared ? SCHED_DMA_QUEUE : SCHED_DMA_QUEUE_ALONE;
 	uint64_t most = shared ? SCHED_DMA_QUEUE_MAX_BYTES : SCHED_DMA_QUEUE_ALONE_MAX_BYTES;
 	uint64_t bytes = slots * s->dev->config.staging_slot_bytes;
@@ -386,6 +391,11 @@ bool sched_dma_turn(struct sched_job *job, enum sched_dma dir)
 		return false;
 	}
 	return true;
+}
+
+bool sched_dma_alone(const struct sched_job *job)
+{
+	return !job || !dma_shared(job->s);
 }
 
 void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir)

@@ -125,7 +125,10 @@ void sched_slot_release(struct device *dev, unsigned slot);
  * staging slot (a ring's, through the client's region), which it counts
  * itself as they end; they take turns as slot DMAs do, and are forgotten
  * when the job ends. sched_dma_leave: the job queues no more
- * (it waits for no turn).
+ * (it waits for no turn). sched_dma_alone: whether the job has the device
+ * to itself (the queue of SCHED_DMA_QUEUE_ALONE): a DMA it queues on a
+ * turn may then span several slots (a slot DMA per slot would hold it
+ * below the copy engine's rate), since no one waits behind it.
  */
 #define SCHED_DMA_QUEUE 6
 #define SCHED_DMA_QUEUE_ALONE 16
@@ -137,6 +140,7 @@ bool sched_dma_turn(struct sched_job *job, enum sched_dma dir);
 void sched_dma_queued(struct sched_job *job, unsigned slot, enum sched_dma dir);
 void sched_dma_own(struct sched_job *job, enum sched_dma dir, uint64_t bytes);
 void sched_dma_leave(struct sched_job *job);
+bool sched_dma_alone(const struct sched_job *job);
 
 /* Device memory was released on the device: jobs waiting for memory try again. */
 void sched_memory_released(struct device *dev);
