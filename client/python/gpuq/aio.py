@@ -14,6 +14,7 @@ import asyncio
 import collections
 import socket
 import time
+from asyncio import InvalidStateError
 from typing import Any, Deque, Dict, Optional, Sequence, Union
 
 from .aio_methods import AsyncMethods
@@ -26,8 +27,9 @@ from .job import Job
 __all__ = ["AsyncClient", "AsyncConnection"]
 
 
-class _FutureSlot:
-    """A pending request: the future its caller awaits, and its event handler."""
+class _EventSlot:
+    """The slot of a request with an event handler: its future, which the handler's
+    failure fails. A request without one has its future alone as its slot."""
 
     __slots__ = ("future", "on_event")
 
@@ -35,21 +37,19 @@ class _FutureSlot:
         self.future = future
         self.on_event = on_event
 
-    def deliver(self, reply: Dict[str, Any]) -> None:
-        if not self.future.done():
-            self.future.set_result(reply)
+    def set_result(self, reply: Dict[str, Any]) -> None:
+        self.future.set_result(reply)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.future.set_exception(error)
 
     def event(self, event: Dict[str, Any]) -> None:
-        if self.on_event is None or self.future.done():
+        if self.future.done():
             return
         try:
             self.on_event(event)
         except BaseException as exc:  # the caller's handler failed: its call fails
             self.future.set_exception(exc)
-
-    def fail(self, error: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(error)
 
 
 class AsyncConnection(ConnectionBase):
@@ -83,33 +83,47 @@ class AsyncConnection(ConnectionBase):
 
     async def call(self, call: Call) -> Dict[str, Any]:
         """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
+        # Every request of an AsyncClient runs this: what Dispatcher.deadline,
+        # _send_at_once and _arm would do is written out here, each a call less.
         if self._closed is not None:
             self._check_open()
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._start(loop)
-        future: "asyncio.Future[Dict[str, Any]]" = loop.create_future()
-        rid, frame = self._d.add(call, _FutureSlot(future, call.on_event))
+        # What loop.create_future() makes on asyncio's own loops, without its call;
+        # the future is the request's slot (dispatch.py) unless it takes events.
+        future: "asyncio.Future[Dict[str, Any]]" = asyncio.Future(loop=loop)
+        d = self._d
+        rid, frame = d.add(call, future if call.on_event is None
+                           else _EventSlot(future, call.on_event))
         now = time.monotonic()
-        deadline = self._d.deadline(call, now)
         expiry = None
-        if deadline is not None and call.waits:  # a wait's own limit: a timer of its own
-            expiry = loop.call_at(loop.time() + (deadline - now), self._expire, rid)
-        elif deadline is not None:
+        if not call.waits:
+            deadline = now + d.timeout
             self._due[rid] = deadline
             if self._due_timer is None:
                 self._due_timer = loop.call_at(loop.time() + (deadline - now),
                                                self._expire_due)
-        if call.waits:
-            self._arm()
+        else:
+            if call.wait_s is not None:  # a wait's own limit: a timer of its own
+                expiry = loop.call_at(loop.time() + call.wait_s + d.timeout,
+                                      self._expire, rid)
+            if self._ticker is None:
+                self._arm()
         try:
             try:
                 if self._sending or call.fds:
                     await self._send(frame, call.fds)
                 else:  # the common case: sent from here, without a coroutine
-                    rest = self._send_at_once(frame)
-                    if rest is not None:
-                        await self._send_held(rest, ())
+                    try:
+                        sent = self._sock.send(frame)
+                    except (BlockingIOError, InterruptedError):
+                        sent = 0
+                    except OSError as exc:
+                        raise self._send_failed(exc) from exc
+                    if sent != len(frame):  # the socket's buffer was full
+                        self._sending = True
+                        await self._send_held(memoryview(frame)[sent:], ())
             except ConnectionError:
                 why = future.exception() if future.done() else None
                 if why is not None:
@@ -117,11 +131,12 @@ class AsyncConnection(ConnectionBase):
                 raise
             return await future
         finally:
-            if rid in self._d.pending:  # a reply routed took it off the books already
-                self._d.forget(rid)
-            self._due.pop(rid, None)
+            if rid in d.pending:  # a reply routed took it off the books already
+                d.forget(rid)
             if expiry is not None:
                 expiry.cancel()
+            elif rid in self._due:  # not when its deadline passed (_expire_due)
+                del self._due[rid]
 
     async def post(self, call: Call) -> None:
         """Sends ``call`` without waiting for its reply (``Call.await_reply`` False):
@@ -158,7 +173,10 @@ class AsyncConnection(ConnectionBase):
         error = self._d.late_error(rid)
         slot = self._d.forget(rid)
         if slot is not None:
-            slot.fail(error)
+            try:
+                slot.set_exception(error)
+            except InvalidStateError:
+                pass  # cancelled meanwhile
 
     def _send_at_once(self, data: bytes) -> Optional[memoryview]:
         """Sends a frame with one send while the send turn is free (the caller
@@ -324,21 +342,34 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
     _reconnecting: Optional["asyncio.Task[bool]"] = None
 
     async def _call(self, call: Call) -> Dict[str, Any]:
-        """One request on the connection, reconnecting as :meth:`set_reconnect` says."""
+        """One request on the connection, reconnecting as :meth:`set_reconnect` says.
+
+        The one-request methods (aio_methods.py) do the same themselves, a
+        coroutine less per request: ``conn.call``, then :meth:`_recall` when
+        it raised ConnectionError.
+        """
         conn = self._conn
         try:
             return await conn.call(call)
         except ConnectionError as exc:
-            if not self._lost(conn, exc):
-                raise
-            if self._conn is conn:
-                if self._reconnecting is None:
-                    self._reconnecting = asyncio.ensure_future(self._reconnect())
-                # Shielded: a caller cancelled does not stop the others' reconnect.
-                if not await asyncio.shield(self._reconnecting):
-                    raise
-            self._check_resend(call, exc)
-            return await self._conn.call(call)
+            return await self._recall(conn, call, exc)
+
+    async def _recall(self, conn: AsyncConnection, call: Call,
+                      lost: ConnectionError) -> Dict[str, Any]:
+        """After ``call`` on ``conn`` raised ``lost``: ``call``'s reply on a new
+        connection when ``conn`` was lost, a reconnect is set and ``call`` is
+        safe to send again; otherwise ``lost``, or why it was not sent again,
+        raised."""
+        if not self._lost(conn, lost):
+            raise lost
+        if self._conn is conn:
+            if self._reconnecting is None:
+                self._reconnecting = asyncio.ensure_future(self._reconnect())
+            # Shielded: a caller cancelled does not stop the others' reconnect.
+            if not await asyncio.shield(self._reconnecting):
+                raise lost
+        self._check_resend(call, lost)
+        return await self._conn.call(call)
 
     async def _reconnect(self) -> bool:
         """Whether a new connection to the same socket was made within reconnect_s."""
@@ -367,7 +398,9 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
     async def __aexit__(self, *exc: Any) -> None:
         self.close()
 
-    # One request, one reply, without a plan's generator (as Client's).
+    # One request, one reply, without a plan's generator (as Client's). The methods
+    # whose body is only such a call send it themselves (aio_methods.py); these
+    # serve Api's methods called any other way (run, Api.ping(client)).
 
     async def _request_kw(self, op: str, **fields: Any) -> Any:
         reply = await self._call(Call(op, fields))

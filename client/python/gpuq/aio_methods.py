@@ -2,18 +2,21 @@
 
 Each awaits the method of the same name in gpuq/api.py or gpuq/ops.py, whose
 body runs its plan on the async client's ``_drive``; signatures and
-docstrings are theirs.
+docstrings are theirs. The methods whose body is one ``_request_kw`` or
+``_job_kw`` send that request on the connection themselves, as
+AsyncClient's ``_request_kw`` and ``_job_kw`` would (tools/gen_aio.py says why).
 """
 # flake8: noqa
 # mypy: disable-error-code="override"
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import share
-from .api import Api, JobRef, Ops, ProgressHandler
+from .api import Api, JobRef, Ops, ProgressHandler, _job_request
 from .buffer import Buffer
+from .dispatch import Call
 from .job import Job
 
 __all__ = ["AsyncMethods"]
@@ -26,6 +29,13 @@ def _call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 class AsyncMethods:
     """The coroutine twins of :class:`gpuq.api.Api`'s methods."""
+
+    # What the one-request methods use of AsyncClient, for type checkers: names
+    # without values, so that none hides the client's own (Api's _refusal comes
+    # after this class in AsyncClient's bases).
+    _conn: Any
+    _recall: Callable[..., Awaitable[Dict[str, Any]]]
+    _refusal: Callable[[Mapping[str, Any]], BaseException]
 
     async def all_gather(self, buffer: str, out: Optional[str] = None, *, devices: Optional[Sequence[int]] = None, count: Optional[int] = None, collective_timeout_ms: Optional[int] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Gathers every rank's ``buffer`` into each rank's ``out`` (n x count,
@@ -133,7 +143,15 @@ class AsyncMethods:
 
     async def checksum(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """The buffer's 64-bit hash, computed on its device: result ``checksum``, ``bytes``."""
-        return await _call(Api.checksum, self, buffer, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        call = _job_request("checksum", buffer=buffer, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])  # type: ignore[arg-type]
 
     async def copy(self, src: str, dst: str, *, engine: Optional[str] = None, path: Optional[str] = None, verify: Optional[bool] = None, chunk_bytes: Optional[int] = None, peer_timeout_ms: Optional[int] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Copies one buffer range to another, on one GPU or between two.
@@ -142,7 +160,15 @@ class AsyncMethods:
         ``host-staged`` between GPUs. Result: ``src``, ``dst``, ``bytes``,
         ``seconds``, ``gbps``, ``path``, ``engine``, ``verified``.
         """
-        return await _call(Api.copy, self, src, dst, engine=engine, path=path, verify=verify, chunk_bytes=chunk_bytes, peer_timeout_ms=peer_timeout_ms, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        call = _job_request("copy", src=src, dst=dst, engine=engine, path=path, verify=verify, chunk_bytes=chunk_bytes, peer_timeout_ms=peer_timeout_ms, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])  # type: ignore[arg-type]
 
     async def devices(self, **fields: Any) -> List[Dict[str, Any]]:
         """One map per device: name, memory, health, queue, peer access and paths, counters."""
@@ -163,7 +189,15 @@ class AsyncMethods:
     async def fill(self, buffer: str, pattern: str, *, value: Optional[float] = None, seed: Optional[int] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Fills a buffer on its device: ``"zero"``, ``"value"`` (with ``value``),
         ``"iota"`` or ``"random"`` (with ``seed``). Result: ``bytes``."""
-        return await _call(Api.fill, self, buffer, pattern, value=value, seed=seed, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        call = _job_request("fill", buffer=buffer, pattern=pattern, value=value, seed=seed, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])  # type: ignore[arg-type]
 
     async def free(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Frees a buffer (``NAME`` or ``NAME@GPU``). Result: ``bytes`` freed."""
@@ -212,7 +246,16 @@ class AsyncMethods:
 
     async def lease_break(self, lease: int) -> Dict[str, Any]:
         """Ends a lease (root and the admin group); its holder gets a ``lease_broken`` event."""
-        return await _call(Api.lease_break, self, lease)
+        call = Call("lease_break", {"lease": lease})
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        del reply["id"], reply["ok"]
+        return reply
 
     async def leases(self) -> List[Dict[str, Any]]:
         """Leases on the caller's buffers and its own (every lease for root and the admin group)."""
@@ -243,12 +286,29 @@ class AsyncMethods:
         Waiting, a job that fails raises the :class:`~gpuq.GpuqError` of its
         code, with ``error.job``; a finished job is returned.
         """
-        return await _call(Api.noop, self, device, devices=devices, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        call = _job_request("noop", device=device, devices=devices, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])  # type: ignore[arg-type]
 
     async def ping(self) -> Dict[str, Any]:
         """The daemon's ``server``, protocol ``version``, ``backend``, ``devices``,
         ``uptime_s`` and ``pid``."""
-        return await _call(Api.ping, self)
+        call = _PING
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        del reply["id"], reply["ok"]
+        return reply
 
     async def put(self, src: Any, buffer: str, *, offset: Optional[int] = None, length: Optional[int] = None, verify: Optional[bool] = None, path: Optional[str] = None, scratch: Optional[bool] = None, seed: Optional[int] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Copies bytes from ``src`` into ``buffer`` (``NAME``, ``NAME@GPU``, with an
@@ -332,7 +392,15 @@ class AsyncMethods:
 
     async def region_free(self, name: str, *, timeout: Optional[float] = None, **fields: Any) -> Job:
         """Lets gpuqd unpin a region, after the jobs that use it."""
-        return await _call(Api.region_free, self, name, timeout=timeout, **fields)
+        call = _job_request("region_free", name=name, timeout=timeout, **fields)
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        return Job(self, reply["job"])  # type: ignore[arg-type]
 
     async def region_open(self, name: str, **fields: Any) -> 'share.Region':
         """Maps an existing region of the caller's (gpuqd sends its memfd)."""
@@ -340,7 +408,16 @@ class AsyncMethods:
 
     async def regions(self) -> Dict[str, Any]:
         """The caller's regions (every user's for root), ``pinned_bytes`` and ``memlock_limit``."""
-        return await _call(Api.regions, self)
+        call = _REGIONS
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        del reply["id"], reply["ok"]
+        return reply
 
     async def release(self, attachment: 'share.Attachment') -> Dict[str, Any]:
         """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on)."""
@@ -361,7 +438,16 @@ class AsyncMethods:
         fault (root and the admin group only): its running jobs are cancelled and
         its buffers lost. Returns at once: ``device``, ``reset_requested``,
         ``resets`` (the count before this one); :meth:`devices` shows the reset."""
-        return await _call(Api.reset_device, self, device)
+        call = Call("reset_device", {"device": device})
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        del reply["id"], reply["ok"]
+        return reply
 
     async def restart(self, binary: Optional[str] = None) -> Dict[str, Any]:
         """Re-executes the daemon in place (root and the admin group only), its
@@ -372,7 +458,16 @@ class AsyncMethods:
         ids (those that passed a file or pipe fail instead). Returns at once:
         ``restarting``, ``binary``, ``jobs_active``, ``restart_drain_ms``,
         ``restarts`` (the count before this one); :meth:`ping` counts it."""
-        return await _call(Api.restart, self, binary)
+        call = Call("restart", {"binary": binary})
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        del reply["id"], reply["ok"]
+        return reply
 
     async def run(self, buffer: str, ops: Optional[Ops] = None, *, mode: Optional[str] = None, repeat: Optional[int] = None, out: Optional[str] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Applies a chain of elementwise ops to every element of a float buffer.
@@ -392,7 +487,16 @@ class AsyncMethods:
     async def shutdown(self) -> Dict[str, Any]:
         """Stops the daemon as SIGTERM does (root and the admin group only):
         ``stopping``, ``jobs_active``, ``shutdown_timeout_ms``."""
-        return await _call(Api.shutdown, self)
+        call = _SHUTDOWN
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        del reply["id"], reply["ok"]
+        return reply
 
     async def stats(self, device: Optional[int] = None, **fields: Any) -> List[Dict[str, Any]]:
         """Per device: ``index``, ``healthy``, ``queue_depth``, ``counters`` and the
@@ -406,3 +510,11 @@ class AsyncMethods:
     async def wait(self, job: JobRef, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None) -> Job:
         """Waits for a job (an id or a :class:`Job`) to end; see :meth:`Job.wait`."""
         return await _call(Api.wait, self, job, timeout, on_progress)
+
+
+# The requests of the methods above that send no fields, made once, at import
+# (nothing changes a Call once it is made): such a method makes no request of
+# its own.
+_PING = Call("ping", {})
+_REGIONS = Call("regions", {})
+_SHUTDOWN = Call("shutdown", {})

@@ -79,12 +79,21 @@ def _job_call(op: str, fields: Mapping[str, Any], fds: Sequence[int],
     if priority is not None:
         req["priority"] = priority
     if not detach:
-        req.update(wait=True, timeout_ms=timeout_ms(timeout),
-                   progress=True if on_progress else None)
+        req["wait"] = True
+        req["timeout_ms"] = None if timeout is None else timeout_ms(timeout)
+        req["progress"] = True if on_progress else None
     elif timeout is not None or on_progress is not None:
         raise ValueError("timeout and on_progress apply to waiting; with detach=True "
                          "pass them to job.wait()")
     return Call(op, req, fds, waits=not detach, wait_s=timeout, on_event=on_progress)
+
+
+def _job_request(op: str, *, priority: Optional[str] = None, detach: bool = False,
+                 timeout: Optional[float] = None,
+                 on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Call:
+    """The request of ``_job_kw(op, ...)``, from the same arguments: what the
+    one-request job methods of AsyncClient send (aio_methods.py)."""
+    return _job_call(op, fields, (), priority, detach, timeout, on_progress)
 
 
 def _body(reply: Mapping[str, Any]) -> Dict[str, Any]:

@@ -53,7 +53,8 @@ def _reason(exc: BaseException) -> str:
 
 
 class _Slot:
-    """Where the reader leaves one request's reply, events or failure."""
+    """Where the reader leaves one request's reply, events or failure (named as an
+    asyncio future's methods, as dispatch.py's slots are)."""
 
     __slots__ = ("reply", "events", "error")
 
@@ -62,13 +63,13 @@ class _Slot:
         self.events: List[Dict[str, Any]] = []
         self.error: Optional[BaseException] = None
 
-    def deliver(self, reply: Dict[str, Any]) -> None:
+    def set_result(self, reply: Dict[str, Any]) -> None:
         self.reply = reply
 
     def event(self, event: Dict[str, Any]) -> None:
         self.events.append(event)
 
-    def fail(self, error: BaseException) -> None:
+    def set_exception(self, error: BaseException) -> None:
         self.error = error
 
 
@@ -299,14 +300,14 @@ class Connection(ConnectionBase):
         if limit != self._rcvtimeo:
             _set_timeo(self._sock, socket.SO_RCVTIMEO, limit)
             self._rcvtimeo = limit
-        data, fds, fatal = self._d.read(self._sock)
-        if data is None and fatal is None:
+        size, fds, fatal = self._d.read(self._sock)
+        if size is None and fatal is None:
             self._check_liveness()
             return False
         answered = False
-        if data is not None:
+        if size is not None:
             with self._cond:
-                _, fatal = self._d.take(data, fds)
+                _, fatal = self._d.take(size, fds)
                 if self._sleepers:
                     self._cond.notify_all()
                 if lead is not None and lead.reply is not None and not lead.events:

@@ -3,8 +3,12 @@
 A connection sends a request and parks a *slot* under its id; every frame
 read is routed here to the slot it belongs to: a reply (matched by ``id``)
 or a progress event (a frame with ``event``, carrying the waiting request's
-id). Slots are the connection's own objects with three methods, ``deliver``,
-``event`` and ``fail``; this module never blocks and does no I/O.
+id). A slot has an asyncio future's ``set_result`` (the reply) and
+``set_exception`` (the connection's end, a deadline passed), so that an
+asyncio future is one as it is, and ``event`` when it takes progress events.
+Both may raise InvalidStateError, as a future's do once it is done (its
+request given up as the reply came): what came is then let go. This module
+never blocks and does no I/O.
 
 Every read has a time limit. A request that the daemon answers at once
 (everything but a wait for a job) must be answered within the client's
@@ -18,10 +22,10 @@ main thread whatever its workers do): no frame at all within another
 from __future__ import annotations
 
 import array
-import itertools
 import select
 import socket
 import time
+from asyncio import InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -33,6 +37,7 @@ __all__ = ["Call", "DROPPED", "Dispatcher", "READ_CHUNK", "YIELD"]
 READ_CHUNK = 1 << 18
 # Room for the most descriptors a reply brings (SCM_RIGHTS), as socket.recv_fds asks.
 _FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * 4)
+_NO_FDS: Tuple[int, ...] = ()  # what a reply without descriptors brings
 
 EventHandler = Callable[[Dict[str, Any]], None]
 
@@ -74,13 +79,13 @@ class _Dropped:
 
     __slots__ = ()
 
-    def deliver(self, reply: Dict[str, Any]) -> None:
+    def set_result(self, reply: Dict[str, Any]) -> None:
         pass
 
     def event(self, event: Dict[str, Any]) -> None:
         pass
 
-    def fail(self, error: BaseException) -> None:
+    def set_exception(self, error: BaseException) -> None:
         pass
 
 
@@ -110,7 +115,7 @@ class Dispatcher:
         self.pending: Dict[int, Any] = {}
         self.waits: Set[int] = set()  # pending ids that wait for a job
         self.ops: Dict[int, str] = {}  # pending ids' ops, for messages
-        self._ids = itertools.count(1)
+        self._last_id = 0  # ids are taken under the connection's lock or on its loop
         self.last_heard = 0.0
         self.ping_id: Optional[int] = None
         self.ping_sent = 0.0
@@ -121,6 +126,7 @@ class Dispatcher:
         # mmap threshold), more than the round trip's own two syscalls.
         self._chunk = bytearray(READ_CHUNK)
         self._chunk_view = memoryview(self._chunk)
+        self._into = [self._chunk]
         # Called with each event frame no pending request waits for (``lease_broken``),
         # on whichever thread reads: it must not block.
         self.on_notice: Optional[EventHandler] = None
@@ -131,11 +137,12 @@ class Dispatcher:
         Raises ValueError for too many descriptors, TypeError for a field
         msgpack cannot carry; nothing is parked then.
         """
-        if len(call.fds) > MAX_FDS:
+        fds = len(call.fds) if call.fds else 0
+        if fds > MAX_FDS:
             raise ValueError(f"a request carries at most {MAX_FDS} descriptors, "
-                             f"not {len(call.fds)}")
-        rid = next(self._ids)
-        frame = encode_request(call.op, rid, call.fields, len(call.fds), self._packer)
+                             f"not {fds}")
+        rid = self._last_id = self._last_id + 1
+        frame = encode_request(call.op, rid, call.fields, fds, self._packer)
         self.pending[rid] = slot
         self.ops[rid] = call.op
         if call.waits:
@@ -166,27 +173,37 @@ class Dispatcher:
         self.last_heard = now
         for frame in frames:
             rid = frame.get("id")
-            if isinstance(frame.get("fds"), int) and "event" not in frame:
+            if "event" in frame:
+                slot = self.pending.get(rid) if rid is not None else None
+                if slot is not None:
+                    handler = getattr(slot, "event", None)  # a future has none
+                    if handler is not None:
+                        handler(frame)
+                elif self.on_notice is not None:
+                    self.on_notice(frame)
+                continue
+            if "fds" in frame and isinstance(frame["fds"], int):
                 # A reply with descriptors (attach, region_open) claims them in
                 # arrival order: they came with its frame's first byte.
                 count = frame["fds"]
                 frame["_fds"], self.fds = self.fds[:count], self.fds[count:]
-            if "event" in frame:
-                slot = self.pending.get(rid) if rid is not None else None
-                if slot is not None:
-                    slot.event(frame)
-                elif self.on_notice is not None:
-                    self.on_notice(frame)
-            elif rid is not None and rid == self.ping_id:
+            if rid is not None and rid == self.ping_id:
                 self.ping_id = None
             elif rid == 0 or rid is None:
                 err = frame.get("error")
                 return error_from_map(err, reply=frame) if err is not None else BadFrame(
                     f"gpuqd sent a reply without an id: {frame!r}", reply=frame)
             else:
-                slot = self.forget(rid)
+                # What forget() does, without the call: this runs for every reply.
+                slot = self.pending.pop(rid, None)
                 if slot is not None:
-                    slot.deliver(frame)
+                    del self.ops[rid]  # ops and pending hold the same ids
+                    if self.waits:
+                        self.waits.discard(rid)
+                    try:
+                        slot.set_result(frame)
+                    except InvalidStateError:
+                        pass  # see the module's doc
         return None
 
     def receive(self, sock: socket.socket) -> Tuple[bool, Optional[BaseException]]:
@@ -194,44 +211,56 @@ class Dispatcher:
 
         Returns whether there may be more to read at once (the read filled
         its chunk), and the error that ends the connection if one came: the
-        daemon closed it or sent what cannot be read.
+        daemon closed it or sent what cannot be read. :meth:`read`'s read,
+        written out (the asyncio connection's reader runs this once per
+        reply), then :meth:`take`.
         """
-        data, fds, error = self.read(sock)
-        if data is None:
-            return False, error
-        return self.take(data, fds)
+        try:
+            size, anc, _, _ = sock.recvmsg_into(self._into, _FDS_SPACE,
+                                                socket.MSG_CMSG_CLOEXEC)
+        except (BlockingIOError, InterruptedError, socket.timeout):
+            return False, None
+        except OSError as exc:
+            return False, self._read_error(exc)
+        return self.take(size, _rights(anc) if anc else _NO_FDS)
 
     def read(self, sock: socket.socket
-             ) -> Tuple[Optional[memoryview], List[int], Optional[BaseException]]:
+             ) -> Tuple[Optional[int], List[int], Optional[BaseException]]:
         """One read from ``sock``, no bookkeeping (it may block, outside any lock):
-        the bytes and descriptors that came, or None and the error that ends
-        the connection (None too when nothing came in time). The bytes are a
-        view of the connection's one read buffer: :meth:`take` them before
-        the next read (the connection has one reader at a time)."""
+        how many bytes came (0: the daemon closed the connection) and the
+        descriptors that came with them, or None and the error that ends the
+        connection (None too when nothing came in time). The bytes are in the
+        connection's one read buffer: :meth:`take` them before the next read
+        (the connection has one reader at a time)."""
         try:
-            size, anc, _, _ = sock.recvmsg_into([self._chunk], _FDS_SPACE,
+            size, anc, _, _ = sock.recvmsg_into(self._into, _FDS_SPACE,
                                                 socket.MSG_CMSG_CLOEXEC)
             fds = _rights(anc) if anc else []
         except (BlockingIOError, InterruptedError, socket.timeout):
             return None, [], None
-        except ConnectionResetError:
-            return None, [], self.eof_error(" (reset)")
         except OSError as exc:
-            return None, [], ConnectionError(f"reading from gpuqd at {self.path} failed: "
-                                             f"{exc.strerror or exc}")
-        return self._chunk_view[:size], fds, None
+            return None, [], self._read_error(exc)
+        return size, fds, None
 
-    def take(self, data: memoryview, fds: List[int]) -> Tuple[bool, Optional[BaseException]]:
+    def _read_error(self, exc: OSError) -> ConnectionError:
+        """The error that ends the connection after a read failed with ``exc``."""
+        if isinstance(exc, ConnectionResetError):
+            return self.eof_error(" (reset)")
+        return ConnectionError(f"reading from gpuqd at {self.path} failed: "
+                               f"{exc.strerror or exc}")
+
+    def take(self, size: int, fds: Sequence[int]) -> Tuple[bool, Optional[BaseException]]:
         """Routes what :meth:`read` returned; as :meth:`receive`."""
         if fds:
             self.fds.extend(fds)
-        if not data:
+        if not size:
             return False, self.eof_error()
         try:
-            fatal = self.route(self.reader.feed(data), time.monotonic())
+            fatal = self.route(self.reader.feed_from(self._chunk, self._chunk_view, size),
+                               time.monotonic())
         except ConnectionError as exc:  # ProtocolError
             return False, exc
-        return len(data) == READ_CHUNK, fatal
+        return size == READ_CHUNK, fatal
 
     def salvage(self, sock: socket.socket) -> Optional[BaseException]:
         """After a send failed: the daemon's last words, if they are already here.
@@ -265,7 +294,7 @@ class Dispatcher:
 
     def ping_frame(self, now: float) -> bytes:
         """The frame of a liveness ping; its reply is consumed by :meth:`route`."""
-        self.ping_id = next(self._ids)
+        self.ping_id = self._last_id = self._last_id + 1
         self.ping_sent = now
         return encode_request("ping", self.ping_id, {}, 0, self._packer)
 
@@ -293,4 +322,7 @@ class Dispatcher:
         self.waits.clear()
         self.ops.clear()
         for slot in slots:
-            slot.fail(make_error())
+            try:
+                slot.set_exception(make_error())
+            except InvalidStateError:
+                pass  # see the module's doc

@@ -8,6 +8,7 @@ sync and asyncio connections feed it whatever their sockets read.
 from __future__ import annotations
 
 import os
+import struct
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
 import msgpack
@@ -25,6 +26,7 @@ MAX_FDS = 4
 #: listing the whole job history fits with room to spare.
 MAX_REPLY_FRAME = 64 << 20
 HEADER = 4
+_LENGTH = struct.Struct(">I")  # a frame's HEADER: its payload's length
 
 
 def default_socket() -> str:
@@ -81,7 +83,12 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
     (and ``fds`` when descriptors ride with it). ``packer``: :func:`new_packer`'s,
     used by one thread at a time."""
     if packer is not None and not fds and not fields and type(op) is str:
-        return _bare_request(op, request_id, packer)
+        parts = _BARE.get(op)
+        if parts is None:
+            return _bare_request(op, request_id, packer)
+        head, tail, size = parts
+        packed = packer.pack(request_id)
+        return (size + len(packed)).to_bytes(HEADER, "big") + head + packed + tail
     message: Dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
     for key, value in fields.items():
         if value is not None and key not in message:
@@ -95,23 +102,22 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
 
 
 # The packed map of a request with only v, id and op (ping, jobs, the listings),
-# split around its id, by op: made once, so that each such request packs only
-# its id. The map's keys are in the order encode_request packs them. Kept for
-# the first _BARE_OPS ops seen (the protocol has fewer; request() takes any).
-_BARE: Dict[str, Tuple[bytes, bytes]] = {}
+# split around its id, by op, with their length: made once, so that each such
+# request packs only its id. The map's keys are in the order encode_request
+# packs them. Kept for the first _BARE_OPS ops seen (the protocol has fewer;
+# request() takes any).
+_BARE: Dict[str, Tuple[bytes, bytes, int]] = {}
 _BARE_OPS = 64
 
 
 def _bare_request(op: str, request_id: int, packer: Any) -> bytes:
-    """encode_request's frame for a request without fields, from _BARE's parts."""
-    parts = _BARE.get(op)
-    if parts is None:
-        head = (bytes([0x80 | 3]) + packer.pack("v") + packer.pack(PROTOCOL_VERSION)
-                + packer.pack("id"))  # 0x8N: a map of N (< 16) pairs
-        parts = (head, packer.pack("op") + packer.pack(op))
-        if len(_BARE) < _BARE_OPS:
-            _BARE[op] = parts
-    head, tail = parts
+    """encode_request's frame for a request without fields whose op _BARE has
+    not kept: its parts made (and kept while there is room)."""
+    head = (bytes([0x80 | 3]) + packer.pack("v") + packer.pack(PROTOCOL_VERSION)
+            + packer.pack("id"))  # 0x8N: a map of N (< 16) pairs
+    tail = packer.pack("op") + packer.pack(op)
+    if len(_BARE) < _BARE_OPS:
+        _BARE[op] = (head, tail, len(head) + len(tail))
     payload = b"".join((head, packer.pack(request_id), tail))
     return len(payload).to_bytes(HEADER, "big") + payload
 
@@ -138,6 +144,29 @@ class FrameReader:
             size = int.from_bytes(data[:HEADER], "big")
             if len(data) == HEADER + size and size <= self.max_frame:
                 return [self._decode(data[HEADER:])]
+        return self._feed(data)
+
+    def feed_from(self, buf: bytearray, view: memoryview,
+                  length: int) -> List[Dict[str, Any]]:
+        """What ``feed(view[:length])`` returns, for ``length`` bytes read into
+        ``buf`` (``view`` is a memoryview of it). Every reply a connection reads
+        comes this way, so a whole frame is decoded from one slice of ``view``
+        rather than feed's three (each is a new object), without _decode's call."""
+        if not self._buf and length >= HEADER:
+            size = _LENGTH.unpack_from(buf)[0]
+            if length == HEADER + size and size <= self.max_frame:
+                try:
+                    obj = msgpack.unpackb(view[HEADER:length], raw=False,
+                                          unicode_errors="replace", strict_map_key=False)
+                except Exception as exc:  # msgpack raises several unrelated classes
+                    raise _not_msgpack(exc) from exc
+                if isinstance(obj, dict):
+                    return [obj]
+                raise _not_a_map(obj)
+        return self._feed(view[:length])
+
+    def _feed(self, data: Union[bytes, memoryview]) -> List[Dict[str, Any]]:
+        """feed's way for frames split across reads or several in one."""
         self._buf += data
         maps: List[Dict[str, Any]] = []
         while len(self._buf) >= HEADER:
@@ -158,8 +187,15 @@ class FrameReader:
             obj = msgpack.unpackb(payload, raw=False, unicode_errors="replace",
                                   strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated classes
-            raise ProtocolError(f"gpuqd sent a frame that is not msgpack: {exc}") from exc
+            raise _not_msgpack(exc) from exc
         if not isinstance(obj, dict):
-            raise ProtocolError(f"gpuqd sent a frame holding a {type(obj).__name__}, "
-                                "not a map")
+            raise _not_a_map(obj)
         return obj
+
+
+def _not_msgpack(exc: Exception) -> ProtocolError:
+    return ProtocolError(f"gpuqd sent a frame that is not msgpack: {exc}")
+
+
+def _not_a_map(obj: Any) -> ProtocolError:
+    return ProtocolError(f"gpuqd sent a frame holding a {type(obj).__name__}, not a map")

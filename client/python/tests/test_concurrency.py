@@ -99,6 +99,57 @@ def test_asyncio_job_methods_and_errors(daemon, name):
     asyncio.run(main())
 
 
+def test_asyncio_one_request_methods_answer_as_the_sync_ones(daemon, client, name):
+    """The methods that send one request on the connection themselves (ping, noop,
+    checksum, lease_break...: aio_methods.py) return and raise what Client's do."""
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket) as c:
+            reply = await c.ping()
+            assert set(reply) == set(client.ping()) and "id" not in reply
+            job = await c.noop()
+            assert isinstance(job, gpuq.Job) and job.state == "done" and job.op == "noop"
+            queued = await c.noop(detach=True, priority="low")
+            assert (await queued.wait(timeout=30)).state == "done"
+            assert isinstance(await c.regions(), dict)
+            for call in (lambda m: m.checksum(name), lambda m: m.lease_break(987654321),
+                         lambda m: m.noop(device=999)):
+                with pytest.raises(gpuq.NotFound) as sync_error:
+                    call(client)
+                with pytest.raises(gpuq.NotFound) as async_error:
+                    await call(c)
+                assert str(async_error.value) == str(sync_error.value)
+            with pytest.raises(ValueError, match="detach=True"):
+                await c.noop(detach=True, timeout=1)
+            with pytest.raises(TypeError):
+                await c.noop(op="ping")  # as the sync method: a field cannot be named op
+            with pytest.raises(TypeError):
+                client.noop(op="ping")
+    asyncio.run(main())
+
+
+def test_asyncio_a_reply_for_a_request_cancelled_as_it_came_is_let_go(daemon):
+    """The reader routes a reply to its future, which a cancel may have ended
+    just before (in the same turn of the loop, before the task's own turn to
+    take the request off the books): the reply is let go, nothing raised."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        raised = []
+        loop.set_exception_handler(lambda _, context: raised.append(context))
+        async with gpuq.AsyncClient(daemon.socket) as c:
+            await c.ping()
+            task = asyncio.ensure_future(c.ping())
+            await asyncio.sleep(0)  # sent; the task awaits its reply
+            time.sleep(0.3)  # which is here by now, not read yet
+            loop.call_soon(task.cancel)  # runs in the turn that reads it, before
+            await asyncio.sleep(0)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert c._conn._d.pending == {}
+            assert (await c.ping())["version"] == 1
+        assert raised == []
+    asyncio.run(main())
+
+
 def test_asyncio_progress_and_a_wait_that_runs_out(stalled):
     s = stalled()
     job = s.job
@@ -118,6 +169,35 @@ def test_asyncio_progress_and_a_wait_that_runs_out(stalled):
             done = await waiting
             assert done.state == "done" and done.result["bytes"] == 500
             assert events and all(e["job"] == job.id for e in events)
+    asyncio.run(main())
+
+
+def test_asyncio_a_progress_handler_that_raises_fails_its_wait(stalled):
+    s = stalled()
+
+    class Enough(Exception):
+        pass
+
+    def handler(event):
+        seen.append(event)
+        raise Enough(event["bytes"])
+
+    seen = []
+
+    async def main():
+        async with gpuq.AsyncClient(s.daemon.socket) as c:
+            waiting = asyncio.ensure_future(c.wait(s.job.id, timeout=30, on_progress=handler))
+            for _ in range(10):
+                s.feed(b"z" * 100)
+                await asyncio.sleep(0.3)
+                if waiting.done():
+                    break
+            with pytest.raises(Enough):
+                await waiting
+            assert len(seen) == 1  # the events after it are let go
+            assert c._conn._d.pending == {}
+            s.end()
+            assert (await c.wait(s.job.id, timeout=30)).state == "done"
     asyncio.run(main())
 
 

@@ -147,6 +147,55 @@ def test_unreadable_frames_close_the_connection(fake, junk, match):
     assert c.closed
 
 
+@pytest.mark.parametrize("junk,match", [
+    (b"\x00\x00\x00\x03\xc1\xc1\xc1", "not msgpack"),
+    (b"\x00\x00\x00\x01\x05", "not a map"),
+    (b"\xff\xff\xff\xff", "above the"),
+])
+def test_unreadable_frames_close_the_asyncio_connection(fake, junk, match):
+    def after(f, conn):
+        f.read_request(conn)
+        conn.sendall(junk)
+        time.sleep(1)
+    srv = fake(answer_ping_then(after))
+
+    async def main():
+        async with gpuq.AsyncClient(srv.socket, timeout=5) as c:
+            assert (await c.ping())["version"] == 1
+            with pytest.raises(gpuq.ProtocolError, match=match):
+                await c.ping()
+            assert c.closed
+    asyncio.run(main())
+
+
+def test_frames_read_into_the_buffer_decode_as_fed():
+    # Connections hand what each read brought to FrameReader.feed_from, in their
+    # one read buffer; whatever the reads' sizes, the maps are feed's.
+    from gpuq.wire import FrameReader
+    frames = [encode_frame({"id": i, "ok": True, "pad": "x" * (i * 37)}) for i in range(12)]
+    stream = b"".join(frames)
+    expect = FrameReader().feed(stream)
+    assert len(expect) == 12
+    buf = bytearray(len(stream))
+    view = memoryview(buf)
+    for cut in (1, 3, 4, 5, 41, len(frames[0]), len(frames[0]) + 2, len(stream)):
+        reader, got = FrameReader(), []
+        for at in range(0, len(stream), cut):
+            piece = stream[at:at + cut]
+            buf[:len(piece)] = piece
+            got += reader.feed_from(buf, view, len(piece))
+        assert got == expect, cut
+    for junk, match in ((b"\x00\x00\x00\x03\xc1\xc1\xc1", "not msgpack"),
+                        (b"\x00\x00\x00\x01\x05", "not a map"),
+                        (b"\x00\x00\x00\x02\x80\x05", "not msgpack"),  # a map, then more
+                        (b"\xff\xff\xff\xff", "above the")):
+        buf[:len(junk)] = junk
+        with pytest.raises(gpuq.ProtocolError, match=match):
+            FrameReader().feed_from(buf, view, len(junk))
+        with pytest.raises(gpuq.ProtocolError, match=match):
+            FrameReader().feed(junk)
+
+
 def test_odd_but_readable_frames(fake):
     def handler(f, conn):
         req = f.read_request(conn)

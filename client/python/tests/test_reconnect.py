@@ -126,6 +126,30 @@ def test_async_off_by_default_a_lost_connection_stays_an_error(private_daemon):
     asyncio.run(main())
 
 
+def test_async_reads_go_again_on_a_new_connection(private_daemon):
+    """ping and noop send their request on the connection themselves
+    (aio_methods.py), not through AsyncClient._call: lost with it, they reconnect
+    as it does; pings that find it lost together share one new connection."""
+    d = private_daemon()
+
+    async def main() -> None:
+        async with gpuq.AsyncClient(d.socket) as c:
+            c.set_reconnect(20)
+            before = (await c.ping())["pid"]
+            crash_and_restart(d)
+            got = await asyncio.gather(*(c.ping() for _ in range(3)))
+            assert [g["pid"] for g in got] == [d.proc.pid] * 3 and before != d.proc.pid
+            assert c.reconnects == 1
+            assert (await c.noop()).state == "done"  # served as before on it
+            crash_and_restart(d)
+            with pytest.raises(ConnectionError, match="not sent again"):
+                await c.noop()  # a job: it may have run, so it does not go again
+            assert c.reconnects == 2
+            assert (await c.ping())["pid"] == d.proc.pid
+
+    asyncio.run(main())
+
+
 def test_async_requests_in_flight_share_one_new_connection(stalled):
     s = stalled()
     job = s.job.job
