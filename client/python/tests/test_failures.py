@@ -129,17 +129,26 @@ def answer_ping_then(after):
     return handler
 
 
-@pytest.mark.parametrize("junk,match", [
+#: Frames no client can read, and what the error it raises says.
+UNREADABLE_FRAMES = [
     (b"\x00\x00\x00\x03\xc1\xc1\xc1", "not msgpack"),
     (b"\x00\x00\x00\x01\x05", "not a map"),
     (b"\xff\xff\xff\xff", "above the"),
-])
-def test_unreadable_frames_close_the_connection(fake, junk, match):
+]
+
+
+def answers_ping_then_sends(fake, junk):
+    """A fake daemon that answers a ping, then sends ``junk`` for the next request."""
     def after(f, conn):
         f.read_request(conn)
         conn.sendall(junk)
         time.sleep(1)
-    srv = fake(answer_ping_then(after))
+    return fake(answer_ping_then(after))
+
+
+@pytest.mark.parametrize("junk,match", UNREADABLE_FRAMES)
+def test_unreadable_frames_close_the_connection(fake, junk, match):
+    srv = answers_ping_then_sends(fake, junk)
     c = gpuq.Client(srv.socket, timeout=5)
     assert c.ping()["version"] == 1
     with pytest.raises(gpuq.ProtocolError, match=match):
@@ -147,17 +156,9 @@ def test_unreadable_frames_close_the_connection(fake, junk, match):
     assert c.closed
 
 
-@pytest.mark.parametrize("junk,match", [
-    (b"\x00\x00\x00\x03\xc1\xc1\xc1", "not msgpack"),
-    (b"\x00\x00\x00\x01\x05", "not a map"),
-    (b"\xff\xff\xff\xff", "above the"),
-])
+@pytest.mark.parametrize("junk,match", UNREADABLE_FRAMES)
 def test_unreadable_frames_close_the_asyncio_connection(fake, junk, match):
-    def after(f, conn):
-        f.read_request(conn)
-        conn.sendall(junk)
-        time.sleep(1)
-    srv = fake(answer_ping_then(after))
+    srv = answers_ping_then_sends(fake, junk)
 
     async def main():
         async with gpuq.AsyncClient(srv.socket, timeout=5) as c:
