@@ -489,4 +489,13 @@ extern const struct backend_ops backend_host;
 /* "cuda" or "host" -> its table, or NULL. */
 const struct backend_ops *backend_by_name(const char *name);
 
+/*
+ * How many staging slots a copy of n bytes from slot's start covers
+ * (backend_copy_ops: a copy may span the slots after it where the ring
+ * holds them back to back); 0 when it runs past the ring or the slots are
+ * not back to back: a bug in the caller. For the backends' h2d_async and
+ * d2h_async.
+ */
+unsigned backend_slot_span(const struct device *dev, unsigned slot, size_t n);
+
 #endif

@@ -868,21 +868,14 @@ static int cuda_check_slot(const struct device *dev, const char *op, unsigned sl
 			 dev->config.staging_slot_bytes);
 }
 
-/*
- * The slots a copy of n bytes from slot's start covers (backend.h: a copy
- * may span neighbouring slots where the ring holds them back to back), or 0
- * with err: a bug in the caller.
- */
+/* The slots a copy of n bytes from slot's start covers (backend_slot_span), or 0 with err. */
 static unsigned cuda_slot_span(const struct device *dev, const char *op, unsigned slot, size_t n,
 			       struct gpuq_error *err)
 {
-	size_t each = dev->config.staging_slot_bytes;
-	size_t k = n <= each ? 1 : (n + each - 1) / each;
-	bool back_to_back = k == 1 || (char *)dev->staging[1] - (char *)dev->staging[0] == (ptrdiff_t)each;
-	if (slot < dev->config.staging_slots && k <= dev->config.staging_slots - slot && back_to_back)
-		return (unsigned)k;
-	(void)cuda_check_slot(dev, op, slot, n, err);
-	return 0;
+	unsigned k = backend_slot_span(dev, slot, n);
+	if (k == 0)
+		(void)cuda_check_slot(dev, op, slot, n, err);
+	return k;
 }
 
 /* Marks each slot of a span busy until the copy just queued on stream ends. */

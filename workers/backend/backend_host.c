@@ -546,9 +546,8 @@ static int host_slot_copy(struct device *dev, enum host_engine_kind kind, void *
 {
 	struct host_device *h = dev->impl;
 	struct host_op op = { .dst = dst, .src = src, .n = n };
-	size_t each = dev->config.staging_slot_bytes;
-	size_t span = n <= each ? 1 : (n + each - 1) / each; /* backend.h: a copy may span slots */
-	if (slot >= dev->config.staging_slots || span > dev->config.staging_slots - slot)
+	unsigned span = backend_slot_span(dev, slot, n);
+	if (span == 0)
 		return gpuq_fail(err, GPUQ_E_INTERNAL,
 				 "host device %d: %zu bytes from slot %u of %u: out of range",
 				 dev->index, n, slot, dev->config.staging_slots);
