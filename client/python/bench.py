@@ -15,7 +15,9 @@
    ``cudaMemcpy`` rows of the daemon's ``bench_copy`` job, its D2D
    ``cudaMemcpy`` row (``bench_d2d``), and the host's own speed at making a
    new array and writing it with the client's copy threads (the ceiling of
-   ``get_array()`` into a new array: fresh pages cost). Aims: put of a
+   ``get_array()`` into a new array: fresh pages cost), that of ``np.empty``
+   and that of an array on a huge page boundary, as ``get_array()`` makes
+   them (gpuq/host_arrays.py). Aims: put of a
    numpy array and get into an existing one >= 0.7 of pinned; get into a
    new array >= 0.9 of the new-array ceiling; CUDA tensors >= 0.9 of D2D.
 
@@ -152,18 +154,23 @@ def median_gbps(nbytes: int, repeats: int, call: Callable[[], Any],
     return nbytes / statistics.median(times) / 1e9
 
 
-def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0, slot: int = 0) -> float:
+def new_array_ceiling(nbytes: int, repeats: int, threads: int = 0, slot: int = 0,
+                      aligned: bool = False) -> float:
     """Making a new float32 array of ``nbytes`` and writing every byte of it as the
     ring's copies out do: one task per slot-sized chunk, from a resident
     source of one staging slot, on copy threads like the client's. What
-    ``get_array()`` into a new array does besides waiting for the DMA."""
+    ``get_array()`` into a new array does besides waiting for the DMA.
+    ``aligned``: the array made as ``get_array()`` makes it, its data on a
+    huge page boundary (gpuq/host_arrays.py); else plain ``np.empty``."""
     from gpuq.copier import Copier
+    from gpuq.host_arrays import empty_aligned
     from gpuq.staging import DEFAULT_SLOT_BYTES, copy_threads
     copier = Copier(threads or copy_threads())
     src = np.ones(min(nbytes, slot or DEFAULT_SLOT_BYTES), np.uint8)
+    empty = empty_aligned if aligned else np.empty
 
     def make() -> Any:
-        out = np.empty(nbytes // 4, np.float32).view(np.uint8)
+        out = empty(nbytes // 4, np.float32).view(np.uint8)
         tasks = [copier.submit(np.copyto, out[base:base + len(src)],
                                src[:min(len(src), nbytes - base)])
                  for base in range(0, nbytes, len(src))]
@@ -217,11 +224,14 @@ def copy_rows(args: argparse.Namespace, client: gpuq.Client, nbytes: int,
                  median_gbps(nbytes, r, lambda: client.get_array(name, out=out)),
                  "pinned", pinned_d2h))
     ring_timing("get_array(out=)", client)
-    ceiling = new_array_ceiling(nbytes, r, client.staging.threads, client.staging.slot_bytes)
+    ring = (client.staging.threads, client.staging.slot_bytes)
+    ceiling = new_array_ceiling(nbytes, r, *ring)
     rows.append(("D2H", "new array, written by threads", ceiling, "pinned", pinned_d2h))
-    rows.append(("D2H", "get_array (new array)",
-                 median_gbps(nbytes, r, lambda: client.get_array(name)),
-                 "new array", ceiling))
+    aligned = new_array_ceiling(nbytes, r, *ring, aligned=True)
+    rows.append(("D2H", "the same, on huge page bounds", aligned, "new array", ceiling))
+    new = median_gbps(nbytes, r, lambda: client.get_array(name))
+    rows.append(("D2H", "get_array (new array)", new, "new array", ceiling))
+    rows.append(("D2H", "the same, of the bounds row", new, "bounds", aligned))
     if not np.array_equal(out, src):
         raise SystemExit("get_array did not give back the bytes put_array stored")
     torch = torch_cuda()

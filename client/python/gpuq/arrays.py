@@ -27,6 +27,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 from . import memfd, share
+from .host_arrays import empty_aligned
 from .dispatch import Call
 from .dtypes import SIZES, gpuq_dtype, numpy_dtype
 from .errors import BadRequest, Exists, GpuqError, NotFound
@@ -359,7 +360,7 @@ def _get_array_plan(api: "Api", spec: str, name: str, device: Optional[int], out
         try:
             ready = yield from api._staging._ready_plan(api, int(buf["device"]))
             if ready:
-                target = np.empty(want, dt)
+                target = empty_aligned(want, dt)
                 flat = target.reshape(-1).view(np.uint8)
                 yield from api._staging.get_plan(api, label, flat, job)
                 return target

@@ -13,6 +13,7 @@ import pytest
 
 import gpuq
 import gpuq.staging as staging_mod
+from gpuq.host_arrays import HUGE_PAGE, empty_aligned
 from gpuq.staging import MIN_STAGED_BYTES
 
 
@@ -49,6 +50,34 @@ def test_a_large_array_goes_through_the_ring_bit_exact(private_daemon, slots, sl
         assert np.array_equal(c.get_array("big"), b)
         assert "MiB" in repr(c.staging)
         c.free("big")
+
+
+def test_a_new_array_from_the_ring_starts_on_a_huge_page(private_daemon):
+    """Each slot-sized copy then faults one huge page of its own (host_arrays.py)."""
+    d = private_daemon()
+    with d.client(staging_slots=2, staging_slot_bytes=1 << 20, copy_threads=2) as c:
+        _room(c)
+        a = np.random.default_rng(3).random((3, 1 << 20), dtype=np.float32)
+        c.put_array("huge", a)
+        back = c.get_array("huge")
+        assert c.staging.region is not None  # it came through the ring
+        assert back.ctypes.data % HUGE_PAGE == 0
+        assert back.shape == a.shape and back.flags.c_contiguous and back.flags.writeable
+        assert np.array_equal(back, a)
+        c.free("huge")
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 1 << 20), np.float32), (5 << 20, np.uint8),
+                                         ((7, 9), np.float64), (0, np.int32)])
+def test_empty_aligned_is_np_empty_on_a_huge_page_bound_from_one_huge_page(shape, dtype):
+    a = empty_aligned(shape, dtype)
+    want = np.empty(shape, dtype)
+    assert a.shape == want.shape and a.dtype == want.dtype and a.flags.c_contiguous
+    assert a.flags.writeable
+    if a.nbytes >= HUGE_PAGE:
+        assert a.ctypes.data % HUGE_PAGE == 0
+        a[...] = 7  # all of it is the caller's
+        assert (a == 7).all()
 
 
 def test_without_room_to_pin_the_plain_path_says_why(private_daemon):
