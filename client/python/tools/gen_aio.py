@@ -186,8 +186,7 @@ def render(name: str, constants: List[str]) -> str:
             text += f" = {p.default!r}" if p.annotation is not p.empty else f"={p.default!r}"
         params.append(text)
     ret = f" -> {sig.return_annotation}" if sig.return_annotation is not sig.empty else ""
-    doc = inspect.getdoc(func) or ""
-    doc = (func.__doc__ or "").replace('\\', '\\\\')
+    doc = _indented_doc(func.__doc__ or "").replace('\\', '\\\\')
     head = (f"    async def {name}({', '.join(params)}){ret}:\n"
             f'        """{doc}"""\n')
     direct = one_request(func)
@@ -203,6 +202,16 @@ CONSTANTS = """
 # (nothing changes a Call once it is made): such a method makes no request of
 # its own.
 """
+
+
+def _indented_doc(raw: str) -> str:
+    """A method's docstring as its source writes it: Python 3.13 strips the
+    indentation from ``__doc__`` that earlier versions keep, so the lines are
+    dedented here and indented again as a method body's."""
+    body = "        "
+    lines = inspect.cleandoc(raw).split("\n")
+    doc = "\n".join([lines[0]] + [body + line if line else line for line in lines[1:]])
+    return doc + "\n" + body if raw.rstrip(" ").endswith("\n") else doc
 
 
 def generate() -> str:
