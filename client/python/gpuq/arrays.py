@@ -27,10 +27,10 @@ import warnings
 from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 from . import memfd, share
-from .host_arrays import empty_aligned
 from .dispatch import Call
 from .dtypes import SIZES, gpuq_dtype, numpy_dtype
 from .errors import BadRequest, Exists, GpuqError, NotFound
+from .host_arrays import empty_aligned
 from .job import Job, timeout_ms
 from .staging import MIN_STAGED_BYTES
 
