@@ -357,17 +357,18 @@ static bool dma_outranked(const struct sched *s, const struct sched_job *job, en
 	return false;
 }
 
+/* Whether the device is shared: more than one job in flight, or one was a moment ago. */
+static bool dma_shared(const struct sched *s)
+{
+	return s->ninflight > 1 || monotonic_seconds() - s->shared_until < SCHED_DMA_ALONE_S;
+}
+
 /*
  * How many bytes a direction may have queued now: more once one job has had
  * the device to itself a while. Bytes, not DMAs: a region's DMA moves
  * several slots' worth, and what waits behind it is its bytes; and larger
  * slots do not make the queue longer in time than the default slots' does.
  */
-static bool dma_shared(const struct sched *s)
-{
-	return s->ninflight > 1 || monotonic_seconds() - s->shared_until < SCHED_DMA_ALONE_S;
-}
-
 static uint64_t dma_queue_limit(const struct sched *s)
 {
 	bool shared = dma_shared(s);
