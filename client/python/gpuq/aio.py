@@ -424,8 +424,12 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
             call = next(plan)
             while True:
                 if call is YIELD:
-                    await asyncio.sleep(0)
-                    call = plan.send(None)
+                    try:
+                        await asyncio.sleep(0)
+                    except BaseException as exc:  # cancelled: the plan cleans up
+                        call = plan.throw(exc)
+                    else:
+                        call = plan.send(None)
                     continue
                 if not call.await_reply:
                     try:

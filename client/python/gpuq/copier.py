@@ -94,8 +94,31 @@ class Copier:
             else:
                 task._finish(None)
 
+    def drain(self) -> None:
+        """Blocks until every task given so far has run. Each thread takes one
+        task at a time, in order, so once every thread is inside one of the
+        barrier tasks given last, none of the earlier ones is still running."""
+        if not self._running or self._pid != os.getpid():
+            return
+        barrier = threading.Barrier(len(self._running) + 1)
+        for _ in self._running:
+            self._tasks.put((_meet, barrier, None, CopyTask()))
+        try:
+            barrier.wait()
+        except BaseException:
+            barrier.abort()  # interrupted here: the threads must not wait for this one
+            raise
+
     def close(self) -> None:
         """Ends the threads once the tasks already given have run (does not wait)."""
         for _ in self._running:
             self._tasks.put(None)
         self._running = []
+
+
+def _meet(barrier: threading.Barrier, _: Any) -> None:
+    """A :meth:`Copier.drain` task: holds its thread until every thread holds one."""
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass  # the drain was interrupted

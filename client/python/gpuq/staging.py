@@ -91,6 +91,8 @@ _POLL_S = 50e-6
 #: How long a ring transfer waits so before it lets an AsyncClient's event loop turn.
 _YIELD_S = 2e-3
 _names = itertools.count(1)
+#: ``posted`` that no transfer reaches: gpuqd fails a ring job that reads it.
+_NO_CHUNK = (1 << 64) - 1
 
 
 def copy_threads() -> int:
@@ -148,6 +150,9 @@ class Staging:
         self.timing: Dict[str, float] = {}
         self._warned = False
         self._paused = 0.0  # seconds of _pause since the plan last yielded
+        #: The transfer under way, or the one broken off before it could be settled
+        #: (see :meth:`_guarded`); None between transfers.
+        self._left: Optional[_Left] = None
 
     def __repr__(self) -> str:
         jobs = "one job per transfer" if self.rings else f"{self._group()} per job"
@@ -158,7 +163,10 @@ class Staging:
     # Making the ring ------------------------------------------------------------
 
     def _ready_plan(self, api: "Api", device: int) -> Plan:
-        """Makes the ring if it is not there: True when it can be used."""
+        """Settles what a transfer broken off left (:meth:`_settle_plan`), then makes
+        the ring if it is not there: True when it can be used."""
+        if self._left is not None:
+            yield from self._settle_plan(api)
         if self.region is not None:
             return True
         if self.unavailable is not None:
@@ -310,17 +318,90 @@ class Staging:
         """Puts ``data`` (a flat uint8 array) into buffer ``label`` from byte 0 through
         the ring; ``fields`` go with the (first) job (``shape``). Returns the
         (last) job's :class:`Job`. The ring must be ready and held."""
-        if self.rings:
-            return (yield from self._ring_put_plan(api, label, data, fields, job))
-        return (yield from self._group_put_plan(api, label, data, fields, job))
+        plan = (self._ring_put_plan if self.rings else self._group_put_plan)(
+            api, label, data, fields, job)
+        return (yield from self._guarded(api, plan))
 
     def get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
         """Fills ``out`` (a flat uint8 array) from buffer ``label``'s bytes from 0
         through the ring. Returns the (last) job's :class:`Job`. The ring must
         be ready and held."""
-        if self.rings:
-            return (yield from self._ring_get_plan(api, label, out, job))
-        return (yield from self._group_get_plan(api, label, out, job))
+        plan = (self._ring_get_plan if self.rings else self._group_get_plan)(
+            api, label, out, job)
+        return (yield from self._guarded(api, plan))
+
+    # A transfer broken off ------------------------------------------------------
+
+    def _guarded(self, api: "Api", plan: Plan) -> Plan:
+        """Runs one transfer's ``plan``. When it ends in any other way than its own
+        return (an error, a job that failed, Ctrl-C, a cancelled task), nothing
+        of it may touch the ring afterwards: its copies are waited for and its
+        jobs stopped (:meth:`_settle_plan`) before the exception goes on. A plan
+        being closed may not send anything: its ring job is then made to fail
+        at once through the counters, and the next transfer settles the rest."""
+        self._left = _Left()
+        try:
+            result = yield from plan
+        except GeneratorExit:
+            self._copier.drain()
+            self._fail_ring_job()
+            raise
+        except BaseException:
+            yield from self._settle_plan(api)
+            raise
+        self._left = None
+        return result
+
+    def _submit_plan(self, api: "Api", op: str, fields: Dict[str, Any],
+                     priority: Optional[str]) -> Plan:
+        """Submits one job of the transfer, detached, and keeps it in :attr:`_left`.
+        Until its reply is here the job is in doubt: it may run with no one
+        to stop it by its id (a refusal, a :class:`GpuqError`, says there is none)."""
+        left = self._left
+        assert left is not None
+        left.in_doubt = True
+        try:
+            done = yield from api._job_plan(op, fields, priority=priority, detach=True)
+        except GpuqError:
+            left.in_doubt = False
+            raise
+        left.jobs.append(done)
+        left.in_doubt = False
+        return done
+
+    def _settle_plan(self, api: "Api") -> Plan:
+        """Makes sure nothing of the transfer in :attr:`_left` touches the ring again:
+        waits for its copies, then cancels and waits for each of its jobs. A
+        job in doubt has no id to cancel: it is made to fail through the
+        counters, and the ring is given up (``region_free`` waits for every
+        job that uses the region; the next transfer makes a new ring). Broken
+        off itself, this leaves :attr:`_left` to the next transfer."""
+        left = self._left
+        assert left is not None
+        self._copier.drain()
+        if self.region is None:  # gone with its connection: nothing can touch a new one
+            self._left = None
+            return
+        if left.in_doubt:
+            self._fail_ring_job()
+            region, self._left = self.region, None
+            self._unmap()
+            try:
+                yield from api._job_plan("region_free", {"name": region.name})
+            except Exception:
+                pass  # then it goes with the connection
+            return
+        while left.jobs:
+            yield from _stop(left.jobs[0])
+            left.jobs.pop(0)
+        self._left = None
+
+    def _fail_ring_job(self) -> None:
+        """Fails a ring job that this thread can no longer stop by its id: a
+        ``posted`` above the transfer's chunks fails it at gpuqd's next look
+        at the counters (docs/protocol.md, "Rings")."""
+        if self.rings and self._counters is not None:
+            self._counters[_POSTED] = _NO_CHUNK
 
     def _ring_fields(self, label: str, nbytes: int) -> Dict[str, Any]:
         """A ring transfer's request fields: the whole buffer range, the slots, the counters."""
@@ -370,43 +451,33 @@ class Staging:
         # which the first DMA waits for (the rest start once it is submitted).
         copies = [copy(j) for j in range(min(count, ahead, self.threads))]
         t = clock()
-        try:
-            done = yield from api._job_plan(op, fields, priority=job.get("priority"),
-                                            detach=True)
-        except BaseException:
-            _finish(copies)
-            raise
+        done = yield from self._submit_plan(api, op, fields, job.get("priority"))
         clock("submit_s", t)
         self.timing["jobs"] = 1
         posted, last_moved = 0, 0.0
-        try:
-            while posted < count:
-                ready = min(count, int(counters[_MOVED]) + ahead)
-                while len(copies) < ready:
-                    copies.append(copy(len(copies)))
-                if not last_moved and len(copies) == count:
-                    last_moved = clock()  # what follows overlaps no DMA
-                before = posted
-                while posted < len(copies) and copies[posted].done():
-                    copies[posted].wait()  # raises what the copy raised
-                    posted += 1
-                if posted > before:
-                    counters[_POSTED] = posted
-                    if before == 0 and op == "put":
-                        clock("first_copy_s", t0)  # a put's first copy: no DMA overlaps it
-                elif counters[_STATUS] == 2:
-                    break  # the job failed: its wait says why
-                elif self._pause(copies, posted, clock):
-                    yield YIELD
-            if op == "get" and last_moved:
-                clock("first_copy_s", last_moved)  # a get's last copies: likewise
-            t = clock()
-            yield from done._wait_plan(job.get("timeout"), None)
-            clock("daemon_wait_s", t)
-        except Exception:
-            _finish(copies)
-            yield from _stop(done)
-            raise
+        while posted < count:
+            ready = min(count, int(counters[_MOVED]) + ahead)
+            while len(copies) < ready:
+                copies.append(copy(len(copies)))
+            if not last_moved and len(copies) == count:
+                last_moved = clock()  # what follows overlaps no DMA
+            before = posted
+            while posted < len(copies) and copies[posted].done():
+                copies[posted].wait()  # raises what the copy raised
+                posted += 1
+            if posted > before:
+                counters[_POSTED] = posted
+                if before == 0 and op == "put":
+                    clock("first_copy_s", t0)  # a put's first copy: no DMA overlaps it
+            elif counters[_STATUS] == 2:
+                break  # the job failed: its wait says why
+            elif self._pause(copies, posted, clock):
+                yield YIELD
+        if op == "get" and last_moved:
+            clock("first_copy_s", last_moved)  # a get's last copies: likewise
+        t = clock()
+        yield from done._wait_plan(job.get("timeout"), None)
+        clock("daemon_wait_s", t)
         return done
 
     def _pause(self, copies: List[CopyTask], posted: int, clock: Any) -> bool:
@@ -456,35 +527,29 @@ class Staging:
                 off, n = chunks[j]
                 copies.append(self._start_copy(self._slot(j, n), data[off:off + n]))
 
-        try:
-            t0 = clock()
-            last = None
-            for first, n in self._groups(len(chunks)):
-                yield from start_until(first + n + window)
-                t = clock()
-                for j in range(first, first + n):
-                    copies[j].wait()
-                clock("copy_wait_s", t)
-                if first == 0:
-                    clock("first_copy_s", t0)
-                t = clock()
-                req = dict(fields if first == 0 else {}, buffer=label,
-                           **self._range(chunks, (first, n)))
-                last = yield from api._job_plan("put", req, priority=job.get("priority"),
-                                                detach=True)
-                clock("submit_s", t)
-                submitted.append(last)
-                self.timing["jobs"] += 1
-                for j in range(first, first + n):
-                    readers[j % slots] = last
+        t0 = clock()
+        last = None
+        for first, n in self._groups(len(chunks)):
+            yield from start_until(first + n + window)
             t = clock()
-            for done in submitted:
-                yield from done._wait_plan(wait, None)
-            clock("daemon_wait_s", t)
-        except Exception:
-            _finish(copies)
-            yield from _drain(submitted)
-            raise
+            for j in range(first, first + n):
+                copies[j].wait()
+            clock("copy_wait_s", t)
+            if first == 0:
+                clock("first_copy_s", t0)
+            t = clock()
+            req = dict(fields if first == 0 else {}, buffer=label,
+                       **self._range(chunks, (first, n)))
+            last = yield from self._submit_plan(api, "put", req, job.get("priority"))
+            clock("submit_s", t)
+            submitted.append(last)
+            self.timing["jobs"] += 1
+            for j in range(first, first + n):
+                readers[j % slots] = last
+        t = clock()
+        for done in submitted:
+            yield from done._wait_plan(wait, None)
+        clock("daemon_wait_s", t)
         return last
 
     def _group_get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
@@ -518,35 +583,29 @@ class Staging:
             clock("copy_wait_s", t)
             t = clock()
             req = dict(buffer=label, **self._range(chunks, groups[g]))
-            jobs.append((yield from api._job_plan("get", req, priority=job.get("priority"),
-                                                  detach=True)))
+            jobs.append((yield from self._submit_plan(api, "get", req, job.get("priority"))))
             clock("submit_s", t)
             self.timing["jobs"] += 1
 
         last = None
-        try:
-            # Three groups before the first wait (the first is one slot), the rest
-            # of the first ring's worth once the first group's copies out have
-            # started: each submission is a round trip the copies need not wait for.
-            while len(jobs) < min(3, len(groups)):
-                yield from submit(len(jobs))
-            for g, (first, n) in enumerate(groups):
-                t = clock()
-                last = yield from jobs[g]._wait_plan(wait, None)
-                clock("daemon_wait_s", t)
-                for i in range(first, first + n):
-                    off, size = chunks[i]
-                    copies.append(self._start_copy(out[off:off + size], self._slot(i, size)))
-                while len(jobs) < len(groups) and (len(jobs) <= g + 2 or slots_free(len(jobs))):
-                    yield from submit(len(jobs))
+        # Three groups before the first wait (the first is one slot), the rest
+        # of the first ring's worth once the first group's copies out have
+        # started: each submission is a round trip the copies need not wait for.
+        while len(jobs) < min(3, len(groups)):
+            yield from submit(len(jobs))
+        for g, (first, n) in enumerate(groups):
             t = clock()
-            for c in copies:
-                c.wait()
-            clock("first_copy_s", t)
-        except Exception:
-            _finish(copies)
-            yield from _drain([j for j in jobs if not j.finished])
-            raise
+            last = yield from jobs[g]._wait_plan(wait, None)
+            clock("daemon_wait_s", t)
+            for i in range(first, first + n):
+                off, size = chunks[i]
+                copies.append(self._start_copy(out[off:off + size], self._slot(i, size)))
+            while len(jobs) < len(groups) and (len(jobs) <= g + 2 or slots_free(len(jobs))):
+                yield from submit(len(jobs))
+        t = clock()
+        for c in copies:
+            c.wait()
+        clock("first_copy_s", t)
         return last
 
 
@@ -556,38 +615,32 @@ def _copy(dst: Any, src: Any) -> None:
     np.copyto(dst, src)
 
 
-def _finish(copies: List[CopyTask]) -> None:
-    """After a failure: waits for the copies already given to the threads, so that
-    none writes a slot the next transfer uses; their own errors are dropped."""
-    for c in copies:
-        try:
-            c.wait()
-        except Exception:
-            pass
-
-
-def _drain(jobs: List[Any]) -> Plan:
-    """After a failure: waits for the jobs still in flight, so that no slot is
-    reused while gpuqd still reads or writes it; their own errors are dropped
-    (the first failure is the one raised)."""
-    for j in jobs:
-        if j is None:
-            continue
-        try:
-            yield from j._wait_plan(None, None)
-        except Exception:
-            pass
-
-
-def _stop(job: Any) -> Plan:
-    """After a failure here: cancels a ring's job, which would otherwise wait for
-    counters this thread no longer raises, and waits for it, so that no slot
-    is reused while gpuqd still reads or writes it."""
+def _stop(job: "Job") -> Plan:
+    """Cancels a job of a transfer broken off (a ring's would wait for counters
+    no one raises any more) and waits for it, so that no slot is reused while
+    gpuqd still reads or writes it. Its own error is dropped: the transfer's
+    first failure is the one raised."""
+    if job.finished:
+        return
     try:
         yield from job._cancel_plan()
     except Exception:
         pass
-    yield from _drain([job])
+    try:
+        yield from job._wait_plan(None, None)
+    except Exception:
+        pass
+
+
+class _Left:
+    """A transfer's jobs (the ones it knows the ids of), and whether one more is in
+    doubt (sent, its reply not come); kept until the transfer ends or is settled."""
+
+    __slots__ = ("jobs", "in_doubt")
+
+    def __init__(self) -> None:
+        self.jobs: List["Job"] = []
+        self.in_doubt = False
 
 
 class _NoRoom(Exception):

@@ -147,13 +147,15 @@ class _CopySpy:
     """Stands in for the ring's copy task: counts tasks, their sizes, and how many
     ran at once (the first lingers until a second has begun, up to 10 s, so
     that copies in flight together always meet), and raises in the task
-    numbered ``fail_at``. Tasks after ``linger_after``
+    numbered ``fail_at`` (``error``, a RuntimeError unless given). Tasks after ``linger_after``
     linger, so that a caller that did not wait for the copies in flight
     would find them still running (with 3 copy threads, tasks 7 and 8 are
     under way when chunk 6's copy or submission fails)."""
 
-    def __init__(self, fail_at: int = -1, linger_after: int = 1 << 30) -> None:
+    def __init__(self, fail_at: int = -1, linger_after: int = 1 << 30,
+                 error: type = RuntimeError) -> None:
         self.linger_after = linger_after
+        self.error = error
         self.lock = threading.Lock()
         self.sizes: list = []
         self.live = 0
@@ -174,7 +176,7 @@ class _CopySpy:
                 self.second.set()
             time.sleep(0.3 if index > self.linger_after else 0.01)
             if index == self.fail_at:
-                raise RuntimeError(f"copy task {index} failed")
+                raise self.error(f"copy task {index} failed")
             np.copyto(dst, src)
         finally:
             with self.lock:
@@ -456,4 +458,150 @@ def test_a_forked_child_gets_copy_threads_of_its_own():
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+    copier.close()
+
+
+# A transfer broken off: Ctrl-C, a cancelled task, a plan closed ----------------------
+
+def _unfinished(c) -> list:
+    return [j for j in c.jobs() if not j.finished]
+
+
+@pytest.mark.parametrize("rings", [True, False], ids=["ring", "groups"])
+@pytest.mark.parametrize("op", ["put", "get"])
+def test_ctrl_c_in_a_transfer_leaves_no_job_or_copy_behind(private_daemon, monkeypatch,
+                                                          rings, op):
+    """Before, a ring job outlived its Ctrl-C: the buffer's other jobs waited for it
+    (up to --transfer-idle-timeout), and the next transfer, sharing the
+    ring's counters with it, read its failure as its own and stalled."""
+    d = private_daemon()
+    with _ring_client(d, rings=rings) as c:
+        a = np.random.default_rng(6).random((12 << 20) // 8)
+        b = np.random.default_rng(7).random((12 << 20) // 8)
+        c.put_array("cut", a)
+        # Copy 5 raises KeyboardInterrupt, and so does this thread's wait for it, as
+        # a Ctrl-C there would; the copies after it are still running then.
+        spy = _CopySpy(fail_at=5, linger_after=5, error=KeyboardInterrupt)
+        monkeypatch.setattr(staging_mod, "_copy", spy)
+        with pytest.raises(KeyboardInterrupt):
+            if op == "put":
+                c.put_array("cut", b)
+            else:
+                c.get_array("cut", out=np.empty_like(a))
+        assert spy.live == 0  # no copy still writes a slot
+        assert _unfinished(c) == []
+        if rings:
+            assert c.jobs()[-1].state == "cancelled"
+        monkeypatch.undo()
+        # The ring serves the next transfer as if nothing happened.
+        assert c.put_array("next", b).result["path"] == "ring"
+        assert np.array_equal(c.get_array("next"), b)
+        if op == "get":
+            assert np.array_equal(c.get_array("cut"), a)
+        c.free("cut")
+        c.free("next")
+
+
+@pytest.mark.parametrize("rings", [True, False], ids=["ring", "groups"])
+def test_ctrl_c_while_a_transfer_is_submitted_gives_the_ring_up(private_daemon,
+                                                                monkeypatch, rings):
+    """A job whose reply never came has no id to cancel: its ring job is failed
+    through the counters and the region freed, which waits for it; the
+    next transfer makes a new ring."""
+    d = private_daemon()
+    with _ring_client(d, rings=rings) as c:
+        a = np.random.default_rng(8).random((12 << 20) // 8)
+        c.put_array("doubt", np.zeros_like(a))
+        old = c.staging.region.name
+        call = c._call
+
+        def interrupted(request):
+            reply = call(request)
+            if request.op == "put" and request.fields.get("region"):
+                raise KeyboardInterrupt  # the job exists; its reply is lost
+            return reply
+        monkeypatch.setattr(c, "_call", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            c.put_array("doubt", a)
+        monkeypatch.undo()
+        assert c.staging.region is None
+        assert _unfinished(c) == []
+        orphan = [j for j in c.jobs() if j.op == "put"][-1]
+        if rings:
+            assert orphan.state == "failed" and "posted" in str(orphan.error)
+        freed = [j for j in c.jobs() if j.op == "region_free"]
+        assert freed and freed[-1].state == "done"
+        assert c.put_array("doubt", a).result["path"] == "ring"
+        assert c.staging.region.name != old
+        assert np.array_equal(c.get_array("doubt"), a)
+        c.free("doubt")
+
+
+def test_a_ring_transfer_closed_mid_way_fails_its_job_and_the_next_one_settles(
+        private_daemon, monkeypatch):
+    """A plan closed at a yield (its driver gone) may not send anything: it waits for
+    its copies and fails its ring job through the counters at once; the next
+    transfer waits for that job before it uses the ring."""
+    from gpuq import arrays
+    from gpuq.dispatch import YIELD
+    d = private_daemon()
+    with _ring_client(d) as c:
+        a = np.random.default_rng(9).random((12 << 20) // 8)
+        spy = _CopySpy(linger_after=4)
+        monkeypatch.setattr(staging_mod, "_copy", spy)
+        plan = arrays.put_array_plan(c, "closed", a, None, {})
+        call = next(plan)
+        while call is not YIELD:  # the ring waits on lingering copies: it yields
+            reply = c._call(call)
+            call = c._advance(plan, reply)
+        job = c.staging._left.jobs[0]
+        plan.close()
+        assert spy.live == 0
+        with pytest.raises(gpuq.BadRequest, match="posted"):
+            c.wait(job.id)
+        monkeypatch.undo()
+        assert c.put_array("closed", a).result["path"] == "ring"
+        assert c.staging._left is None
+        assert np.array_equal(c.get_array("closed"), a)
+        c.free("closed")
+
+
+def test_an_async_transfer_cancelled_cancels_its_job(private_daemon, monkeypatch):
+    d = private_daemon()
+    with _ring_client(d):  # skips where gpuqd may not pin five 1 MiB slots
+        pass
+    a = np.random.default_rng(10).random((12 << 20) // 8)
+    spy = _CopySpy(linger_after=2)
+    monkeypatch.setattr(staging_mod, "_copy", spy)
+
+    async def main():
+        async with gpuq.AsyncClient(d.socket, staging_slots=5, staging_slot_bytes=1 << 20,
+                                    copy_threads=3) as c:
+            task = asyncio.ensure_future(c.put_array("acut", a))
+            while not (c.staging._left and c.staging._left.jobs):
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert spy.live == 0
+            assert [j.state for j in await c.jobs() if j.op == "put"][-1] == "cancelled"
+            monkeypatch.undo()
+            assert (await c.put_array("acut", a)).result["path"] == "ring"
+            assert np.array_equal(await c.get_array("acut"), a)
+            await c.free("acut")
+    asyncio.run(main())
+
+
+def test_copy_threads_drain_waits_for_every_task_given():
+    from gpuq.copier import Copier
+    copier = Copier(3)
+    copier.drain()  # no threads yet: nothing to wait for
+    ran = []
+
+    def slow(i, _):
+        time.sleep(0.05 if i % 2 else 0.0)
+        ran.append(i)
+    tasks = [copier.submit(slow, i, None) for i in range(10)]
+    copier.drain()
+    assert sorted(ran) == list(range(10)) and all(t.done() for t in tasks)
     copier.close()
