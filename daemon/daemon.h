@@ -101,6 +101,13 @@ void op_fill(struct request *req, void *args);
 extern const struct args_spec op_put_args, op_get_args;
 void op_transfer(struct request *req, void *args);
 /*
+ * A connection's end: a put or get through a ring in one of its ephemeral
+ * regions can never move again (the region goes with the connection, and
+ * with it whoever raised the counters), so it is cancelled now rather than
+ * hold its buffer until --transfer-idle-timeout.
+ */
+void rings_drop_conn(struct daemon *d, struct conn *c);
+/*
  * The benchmarks (request.c lets root, the admin group and those a quota
  * rule grants it call them): op_bench_copy.c, op_bench_d2d.c,
  * op_bench_sched.c, op_bench_alloc.c, and bench_chain in op_chain.c.

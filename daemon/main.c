@@ -214,13 +214,14 @@ static void run_loop(struct daemon *d)
  * What a connection's end lets go of, in this order (server.h says when
  * each kind runs). Its ephemeral buffers are orphaned at once; the rest
  * waits for the close callback, outside every walk over waiters and leases
- * that the code which closed it may be in: its waiters are detached, its
- * ephemeral regions orphaned, then its leases end (which may let an
- * orphaned buffer go).
+ * that the code which closed it may be in: its waiters are detached, the
+ * rings in its ephemeral regions cancelled and those regions orphaned, then
+ * its leases end (which may let an orphaned buffer go).
  */
 static const struct conn_hook conn_hooks[] = {
 	{ CONN_CLOSING, buffers_drop_conn },
 	{ CONN_CLOSED, waiters_drop_conn },
+	{ CONN_CLOSED, rings_drop_conn },
 	{ CONN_CLOSED, regions_drop_conn },
 	{ CONN_CLOSED, leases_drop_conn },
 };

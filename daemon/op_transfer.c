@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/log.h"
 #include "workers/transfer/transfer.h"
 
 /* The one descriptor a put/get carries, checked for the access it needs. */
@@ -118,6 +119,30 @@ static void finish_get(struct daemon *d, struct job *job)
 
 static const struct job_kind kind_put = { "put", finish_put, render_transfer };
 static const struct job_kind kind_get = { "get", finish_get, render_transfer };
+
+static bool is_ring_of(const struct job *job, const struct conn *c)
+{
+	return (job->kind == &kind_put || job->kind == &kind_get) &&
+	       job->work.transfer.ring_counters && job->region &&
+	       job->region->conn_serial == c->serial;
+}
+
+void rings_drop_conn(struct daemon *d, struct conn *c)
+{
+	for (struct job *j = d->jobs.oldest, *next; j; j = next) {
+		next = j->newer;
+		if (job_is_finished(j) || !is_ring_of(j, c))
+			continue;
+		log_info("job %llu: cancelling the %s through ring region %s of uid %d: the "
+			 "connection that made the region closed, and no one raises its counters now",
+			 (unsigned long long)j->id, j->kind->op, j->region->name, (int)j->owner);
+		if (job_unqueue(d, j))
+			cancel_unqueued(d, j, "cancelled while queued: its ring's region went with the "
+					      "connection that made it");
+		else
+			job_cancel_running(d, j);
+	}
+}
 
 struct transfer_args {
 	bool put;                 /* put: from the descriptor to the buffer; get: back */

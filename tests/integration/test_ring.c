@@ -3,8 +3,9 @@
  * handed over chunk by chunk through counters in the region. The test is
  * the client: it writes or reads the slots and the `posted` counter while
  * the job runs. Bit-exact transfers longer than the ring, every refusal of
- * the request, a counter that goes wrong, a client that posts nothing, and
- * the status counter of a job that ends before it runs.
+ * the request, a counter that goes wrong, a client that posts nothing, the
+ * status counter of a job that ends before it runs, and a ring whose
+ * ephemeral region went with its connection.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -38,17 +39,23 @@ struct ring {
 	char text[64]; /* the `region` field: NAME[4096:END] */
 };
 
-static void ring_make(struct gpuq_client *c, const char *name, uint64_t slot, unsigned slots,
-		      struct ring *r)
+static void ring_make_in(struct gpuq_client *c, const char *name, uint64_t slot, unsigned slots,
+			 bool ephemeral, struct ring *r)
 {
 	struct gpuq_error err;
 	uint64_t bytes = 4 * KIB + slot * slots;
-	CHECKF(gpuq_region_create(c, name, bytes, 0, false, &r->region, &err) == 0,
+	CHECKF(gpuq_region_create(c, name, bytes, 0, ephemeral, &r->region, &err) == 0,
 	       "region_create %s: %s", name, err.message);
 	r->slot = slot;
 	r->slots = slots;
 	r->counter = (_Atomic uint64_t *)r->region.ptr;
 	snprintf(r->text, sizeof r->text, "%s[%u:%llu]", name, 4 * KIB, (unsigned long long)bytes);
+}
+
+static void ring_make(struct gpuq_client *c, const char *name, uint64_t slot, unsigned slots,
+		      struct ring *r)
+{
+	ring_make_in(c, name, slot, slots, false, r);
 }
 
 static void ring_reset(struct ring *r)
@@ -326,6 +333,42 @@ TEST(ring_client_that_posts_nothing_times_out_and_a_cancelled_ring_says_so)
 	gpuq_region_unmap(&r.region);
 	gpuq_region_unmap(&q.region);
 	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/*
+ * A ring in an ephemeral region goes with the connection that made it:
+ * once that connection closes no one raises its counters, so its jobs are
+ * cancelled at once, the running one and the one queued behind it, and the
+ * buffer is free for other clients' jobs, long before the idle timeout.
+ */
+TEST(ring_in_an_ephemeral_region_is_cancelled_when_its_connection_closes)
+{
+	struct daemon_proc d;
+	struct ring r, q;
+	require_backend();
+	daemon_start(&d, "--transfer-idle-timeout", "20000", NULL);
+	struct gpuq_client *maker = client_open(&d), *other = client_open(&d);
+	require_memlock(maker, MIB);
+	ring_make_in(maker, "gone", 64 * KIB, 2, true, &r);
+	ring_make_in(maker, "gone2", 64 * KIB, 2, true, &q);
+	do_alloc(other, "b", 0, 4 * 64 * KIB);
+	unsigned char *data = random_data(64 * KIB, 31);
+	uint64_t running = ring_start(maker, true, "b", &r, false);
+	uint64_t queued = ring_start(maker, true, "b", &q, false); /* behind the first, on b */
+	memcpy(slot_of(&r, 0), data, 64 * KIB);
+	atomic_store(&r.counter[POSTED], 1);
+	CHECK(wait_moved(&r, 1)); /* running, one chunk of four moved */
+	gpuq_close(maker);
+	expect_job_error(other, running, GPUQ_E_CANCELLED, "cancelled after 65536 bytes");
+	expect_job_error(other, queued, GPUQ_E_CANCELLED, "went with the connection");
+	CHECK_EQ(atomic_load(&r.counter[STATUS]), 2);
+	CHECK_EQ(atomic_load(&q.counter[STATUS]), 2);
+	do_checksum(other, "b"); /* the buffer's next job runs */
+	free(data);
+	gpuq_region_unmap(&r.region);
+	gpuq_region_unmap(&q.region);
+	gpuq_close(other);
 	daemon_stop(&d);
 }
 
