@@ -22,6 +22,7 @@ from .api import Plan, ProgressHandler, _job_call
 from .client import ClientBase, _own_body
 from .connection import ConnectionBase, _copy_error
 from .dispatch import DROPPED, YIELD, Call
+from .forked import AsyncForkedConnection
 from .job import Job
 
 __all__ = ["AsyncClient", "AsyncConnection"]
@@ -337,9 +338,14 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
     """
 
     _connection_class = AsyncConnection
+    _forked_connection_class = AsyncForkedConnection
     # The reconnect under way, which every request that lost the connection
     # awaits: one new connection for all of them (set_reconnect).
     _reconnecting: Optional["asyncio.Task[bool]"] = None
+
+    def _forked(self) -> None:
+        super()._forked()
+        self._reconnecting = None  # a task of the parent's event loop
 
     async def _call(self, call: Call) -> Dict[str, Any]:
         """One request on the connection, reconnecting as :meth:`set_reconnect` says.

@@ -8,9 +8,10 @@ from typing import Any, Dict, Iterator, Optional
 
 from .api import Api, Plan, ProgressHandler, _job_call
 from .arrays import drop_mappings
-from .connection import Connection
+from .connection import Connection, ConnectionBase
 from .dispatch import YIELD, Call
 from .errors import ProtocolError
+from .forked import ForkedConnection, track
 from .job import Job
 from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, Staging
 from .wire import default_socket
@@ -39,6 +40,7 @@ class ClientBase(Api):
     """What both clients hold: the socket path and a connection to it."""
 
     _connection_class: Any = Connection
+    _forked_connection_class: Any = ForkedConnection
 
     def __init__(self, socket: Optional[str] = None, *,
                  timeout: float = DEFAULT_TIMEOUT, staging_slots: int = DEFAULT_SLOTS,
@@ -48,6 +50,22 @@ class ClientBase(Api):
         self.socket = socket or default_socket()
         self._conn = self._connection_class(self.socket, timeout)
         self._conn._d.on_notice = self._notice
+        self._reconnect_lock = threading.Lock()
+        track(self)
+
+    def _forked(self) -> None:
+        """In a child forked from the process that made this client (forked.py):
+        leaves the parent its connection, ring, leases and mappings, closing
+        this process's copy of the socket (not shutting it down: that would end
+        the parent's connection too, and the daemon must see the parent's own
+        close), and connects anew at the next request."""
+        old = self._conn
+        self._conn = self._forked_connection_class(self, old.timeout)
+        if isinstance(old, ConnectionBase):
+            old.abandon()
+        s = self._staging
+        self._staging = Staging(s.slots, s.slot_bytes, s.threads, s.group, s.use_rings)
+        self._held, self._mappings, self._stale_mappings = {}, {}, []
         self._reconnect_lock = threading.Lock()
 
     #: Seconds to try connecting again after the connection is lost (0: never);

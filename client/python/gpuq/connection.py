@@ -93,6 +93,13 @@ class ConnectionBase:
     def closed(self) -> bool:
         return self._closed is not None
 
+    def abandon(self) -> None:
+        """In a child forked from the process that made it: closes this process's
+        copy of the socket, and nothing else (forked.py). A shutdown() would
+        end the connection for the parent too."""
+        self._closed = "left to the process this one was forked from"
+        self._sock.close()
+
     def _check_open(self) -> None:
         if self._closed is not None:
             raise ConnectionError(f"the connection to gpuqd at {self.path} is closed "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -227,3 +228,126 @@ def test_asyncio_frames_the_socket_cuts_short_go_whole_and_in_turn(fake):
         assert (reply["first"], reply["length"], reply["whole"]) == (pad[0], len(pad), True)
     assert all(reply["length"] == 0 for reply in out[big:])
     assert len(srv.requests) == big + 4
+
+
+def _in_child(work) -> int:
+    """Runs ``work()`` in a forked child; its pid. The child's exit code says whether
+    it passed; what it raised comes back through :func:`_reap`."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(r)
+            work()
+            code = 0
+        except BaseException as exc:
+            os.write(w, repr(exc).encode()[:4000])
+        finally:
+            os._exit(code)
+    os.close(w)
+    _children[pid] = r
+    return pid
+
+
+_children: dict = {}
+
+
+def _reap(pid: int) -> None:
+    r = _children.pop(pid)
+    _, status = os.waitpid(pid, 0)
+    why = os.read(r, 4096).decode()
+    os.close(r)
+    assert os.waitstatus_to_exitcode(status) == 0, why
+
+
+def test_a_forked_child_connects_anew_beside_its_parent(daemon, name):
+    """The child's requests never share the parent's connection (both talk at once
+    here, each getting its own replies), and it makes a staging ring of its own."""
+    with gpuq.Client(daemon.socket, timeout=10, staging_slots=2, staging_slot_bytes=1 << 20,
+                     copy_threads=2) as c:
+        a = np.arange((5 << 20) // 4, dtype=np.int32)  # staged: 4 MiB or more
+        c.put_array(f"{name}p", a)
+        ring = c.staging.region.name if c.staging.region is not None else None
+
+        def child():
+            for _ in range(200):
+                job = c.noop()
+                assert c.status(job.id).id == job.id
+            assert np.array_equal(c.get_array(f"{name}p"), a)
+            c.put_array(f"{name}c", a + 1)
+            assert ring is None or c.staging.region.name != ring
+        pid = _in_child(child)
+        for _ in range(200):
+            job = c.noop()
+            assert c.status(job.id).id == job.id
+        assert np.array_equal(c.get_array(f"{name}p"), a)
+        _reap(pid)
+        assert np.array_equal(c.get_array(f"{name}c"), a + 1)
+        assert c.reconnects == 0
+        c.free(f"{name}p")
+        c.free(f"{name}c")
+
+
+def test_a_forked_child_closing_its_client_leaves_the_parent_connected(daemon):
+    """A shutdown() of the socket they share would end the parent's connection too."""
+    with gpuq.Client(daemon.socket, timeout=10) as c:
+        c.ping()
+
+        def child():
+            c.ping()
+            c.close()
+        _reap(_in_child(child))
+        assert c.ping()["version"] == 1 and not c.closed
+
+
+_PARENT = """
+import os, sys
+sys.path.insert(0, sys.argv[2])
+import gpuq
+c = gpuq.Client(sys.argv[1], timeout=10)
+c.alloc(sys.argv[3], bytes=4096, ephemeral=True)
+if os.fork() == 0:  # the child outlives its parent, holding nothing of its connection
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)  # the test reads the parent's output to its end
+    os.dup2(null, 2)
+    os.read(0, 1)
+    os._exit(0)
+print("made", flush=True)
+os._exit(0)  # no close(): the connection ends with the process's descriptor
+"""
+
+
+def test_the_parents_connection_ends_with_the_parent_not_its_child(daemon, name):
+    """A child holding a copy of the parent's socket would keep the parent's
+    connection open after the parent is gone: its ephemeral buffer would stay."""
+    import subprocess
+    import sys
+    package = os.path.dirname(os.path.dirname(gpuq.__file__))
+    r, w = os.pipe()
+    run = subprocess.run([sys.executable, "-c", _PARENT, daemon.socket, package, f"{name}e"],
+                         stdin=r, capture_output=True, text=True, timeout=60)
+    os.close(r)
+    try:
+        assert run.stdout.strip() == "made", run.stderr
+        with daemon.client() as other:
+            deadline = time.monotonic() + 30
+            while any(b["name"] == f"{name}e" for b in other.buffers()):
+                assert time.monotonic() < deadline, "the parent's connection outlived it"
+                time.sleep(0.02)
+    finally:
+        os.close(w)  # the child reads end of file and exits
+
+
+def test_an_async_client_forked_connects_anew_in_the_childs_loop(daemon):
+    c = gpuq.AsyncClient(daemon.socket, timeout=10)
+    pid_here = asyncio.run(c.ping())["pid"]
+
+    def child():
+        async def main():
+            assert (await c.ping())["pid"] == pid_here
+            assert (await c.noop()).state == "done"
+            await c.aclose()
+        asyncio.run(main())
+    _reap(_in_child(child))
+    c.close()
