@@ -138,6 +138,10 @@ class Api(ComputeOps):
     def _drive(self, plan: Plan) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _lease_abandoned(self, reply: Dict[str, Any]) -> None:  # pragma: no cover - abstract
+        """Gives back the lease of an attach whose caller stopped waiting (client.py)."""
+        raise NotImplementedError
+
     def _uid(self) -> int:
         """Whose buffers ``put_array``/``get_array`` look for: this process's."""
         return os.geteuid()
@@ -631,7 +635,8 @@ class Api(ComputeOps):
     def _attach_plan(self, buffer: str, mode: str, timeout: Optional[float],
                      fields: Dict[str, Any]) -> Plan:
         req = dict(fields, buffer=buffer, mode=mode, wait=True, timeout_ms=timeout_ms(timeout))
-        reply = yield Call("attach", req, (), waits=True, wait_s=timeout)
+        reply = yield Call("attach", req, (), waits=True, wait_s=timeout,
+                           on_abandoned=self._lease_abandoned)
         fds = reply.get("_fds") or []
         try:
             att = share.Attachment(reply["job"]["result"], fds[0])

@@ -535,7 +535,7 @@ def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float]) -> 
     access ``mode`` needs; the descriptor that came is then closed unused."""
     reply = yield Call("attach", {"buffer": label, "mode": mode, "wait": True,
                                   "timeout_ms": timeout_ms(timeout)},
-                       (), waits=True, wait_s=timeout)
+                       (), waits=True, wait_s=timeout, on_abandoned=api._lease_abandoned)
     fds = reply.get("_fds") or []
     result = reply["job"]["result"]
     try:

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, Optional
 from .api import Api, Plan, ProgressHandler, _job_call
 from .arrays import drop_mappings
 from .connection import Connection, ConnectionBase
-from .dispatch import YIELD, Call
+from .dispatch import YIELD, Call, close_fds
 from .errors import ProtocolError
 from .forked import ForkedConnection, track
 from .job import Job
@@ -52,6 +52,19 @@ class ClientBase(Api):
         self._conn._d.on_notice = self._notice
         self._reconnect_lock = threading.Lock()
         track(self)
+
+    def _lease_abandoned(self, reply: Dict[str, Any]) -> None:
+        """An attach's ``on_abandoned`` (dispatch.Call): gpuqd granted a lease to a
+        caller who had stopped waiting (Ctrl-C, a cancelled task, the deadline).
+        Nobody here holds it, and the buffer's jobs would wait for it as long as
+        this connection lives, so it is released at once, on a connection and
+        a thread of its own: this runs on whichever thread reads, which must
+        not block, and a release takes the holder's uid, not its connection."""
+        close_fds(reply)
+        result = (reply.get("job") or {}).get("result") or {}
+        if reply.get("ok") and result.get("lease") is not None:
+            threading.Thread(target=_release_apart, name="gpuq-release", daemon=True,
+                             args=(self.socket, int(result["lease"]), self.timeout)).start()
 
     def _forked(self) -> None:
         """In a child forked from the process that made this client (forked.py):
@@ -175,6 +188,20 @@ class ClientBase(Api):
         if not reply.get("ok"):
             return plan.throw(self._refusal(reply))
         return plan.send(reply)
+
+
+def _release_apart(socket: str, lease: int, timeout: float) -> None:
+    """Releases ``lease`` over a connection of its own (see _lease_abandoned)."""
+    try:
+        conn = Connection(socket, timeout)
+    except ConnectionError:
+        return  # gpuqd is gone, and the lease with the connection that held it
+    try:
+        conn.call(Call("release", {"lease": lease}))
+    except (ConnectionError, TimeoutError):
+        pass  # the connection that holds it ends the lease when it closes
+    finally:
+        conn.close()
 
 
 class Client(ClientBase):

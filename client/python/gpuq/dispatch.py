@@ -22,6 +22,7 @@ main thread whatever its workers do): no frame at all within another
 from __future__ import annotations
 
 import array
+import os
 import select
 import socket
 import time
@@ -56,6 +57,10 @@ class Call:
     what it answers is never known, so only a request whose refusal changes
     nothing for the caller may be sent so (the release of a lease that a
     copy of the client's own held: a lease not held any more is what it asks).
+    ``on_abandoned``: called with the reply when it comes after the caller
+    stopped waiting for it (Ctrl-C, a cancelled task, the client's deadline),
+    for a reply that grants something (an ``attach``'s lease) that must then
+    be given back; without it such a reply is let go.
     """
 
     op: str
@@ -65,12 +70,22 @@ class Call:
     wait_s: Optional[float] = None
     on_event: Optional[EventHandler] = None
     await_reply: bool = True
+    on_abandoned: Optional[EventHandler] = None
 
 
 #: What a plan yields, instead of a request, to let other work on its thread
 #: run: nothing for Client (its plan blocks its own thread anyway); one turn of
 #: the event loop for AsyncClient. Its reply is None.
 YIELD = Call("")
+
+
+def close_fds(frame: Dict[str, Any]) -> None:
+    """Closes the descriptors a reply brought (``_fds``), for a reply let go."""
+    for fd in frame.pop("_fds", None) or ():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class _Dropped:
@@ -80,7 +95,7 @@ class _Dropped:
     __slots__ = ()
 
     def set_result(self, reply: Dict[str, Any]) -> None:
-        pass
+        close_fds(reply)
 
     def event(self, event: Dict[str, Any]) -> None:
         pass
@@ -90,6 +105,19 @@ class _Dropped:
 
 
 DROPPED = _Dropped()
+
+
+class _Abandoned(_Dropped):
+    """The slot of a request with ``on_abandoned`` once its caller stopped waiting:
+    its reply goes to that handler, on whichever thread reads (it must not block)."""
+
+    __slots__ = ("handler",)
+
+    def __init__(self, handler: EventHandler) -> None:
+        self.handler = handler
+
+    def set_result(self, reply: Dict[str, Any]) -> None:
+        self.handler(reply)
 
 
 def _rights(anc: List[Tuple[int, int, bytes]]) -> List[int]:
@@ -113,6 +141,9 @@ class Dispatcher:
         # Used under the connection's lock (sync) or on its loop (asyncio) only.
         self._packer = new_packer()
         self.pending: Dict[int, Any] = {}
+        # Pending ids whose call has an ``on_abandoned`` handler: forget() then
+        # leaves an _Abandoned slot in their place.
+        self._abandon: Dict[int, EventHandler] = {}
         self.waits: Set[int] = set()  # pending ids that wait for a job
         self.ops: Dict[int, str] = {}  # pending ids' ops, for messages
         self._last_id = 0  # ids are taken under the connection's lock or on its loop
@@ -147,13 +178,22 @@ class Dispatcher:
         self.ops[rid] = call.op
         if call.waits:
             self.waits.add(rid)
+        if call.on_abandoned is not None:
+            self._abandon[rid] = call.on_abandoned
         return rid, frame
 
     def forget(self, rid: int) -> Any:
-        """Takes request ``rid`` off the books (answered, failed or given up); its slot."""
+        """Takes request ``rid`` off the books (answered, failed or given up); its slot.
+        One given up before its reply came whose call has ``on_abandoned`` stays
+        on the books, its reply bound for that handler."""
         self.waits.discard(rid)
+        slot = self.pending.pop(rid, None)
+        handler = self._abandon.pop(rid, None) if self._abandon else None
+        if handler is not None and slot is not None:
+            self.pending[rid] = _Abandoned(handler)
+            return slot
         self.ops.pop(rid, None)
-        return self.pending.pop(rid, None)
+        return slot
 
     def deadline(self, call: Call, now: float) -> Optional[float]:
         """When to give up on the reply to ``call`` (``None``: only liveness applies)."""
@@ -200,10 +240,16 @@ class Dispatcher:
                     del self.ops[rid]  # ops and pending hold the same ids
                     if self.waits:
                         self.waits.discard(rid)
+                    handler = self._abandon.pop(rid, None) if self._abandon else None
                     try:
                         slot.set_result(frame)
-                    except InvalidStateError:
-                        pass  # see the module's doc
+                    except InvalidStateError:  # given up as it came (the module's doc)
+                        if handler is not None:
+                            handler(frame)
+                        else:
+                            close_fds(frame)
+                else:
+                    close_fds(frame)  # a reply no one waits for any more
         return None
 
     def receive(self, sock: socket.socket) -> Tuple[bool, Optional[BaseException]]:
@@ -321,6 +367,7 @@ class Dispatcher:
         self.pending.clear()
         self.waits.clear()
         self.ops.clear()
+        self._abandon.clear()
         for slot in slots:
             try:
                 slot.set_exception(make_error())

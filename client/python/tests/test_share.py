@@ -240,3 +240,84 @@ def test_an_attachment_the_client_holds_serves_its_device_copies_until_released(
     finally:
         if any(b["name"] == name for b in client.buffers()):
             client.free(name)
+
+
+def _behind_a_stalled_put(c, name):
+    """A shareable buffer ``name`` with a put from a pipe nobody feeds yet on it:
+    an attach waits behind it. Returns the put's job and the pipe's write end."""
+    import os
+    c.alloc(name, bytes=1 << 16, shareable=True)
+    r, w = os.pipe()
+    try:
+        return c.put(r, name, detach=True), w
+    finally:
+        os.close(r)  # the daemon has its own
+
+
+def _attach_waiting(client) -> bool:
+    return any(j.op == "attach" and not j.finished for j in client.jobs())
+
+
+def _until_no_lease(leases, deadline_s=30.0):
+    deadline = time.monotonic() + deadline_s
+    while leases():
+        assert time.monotonic() < deadline, "the lease granted after the caller gave up stayed"
+        time.sleep(0.02)
+
+
+def test_an_attach_given_up_gives_back_the_lease_granted_later(daemon, name):
+    """Ctrl-C while an attach waits: gpuqd grants its lease when the jobs before it
+    end, and before this nobody knew it was held, so the buffer's jobs waited
+    for it as long as the connection lived. Its descriptor is closed too."""
+    import os
+    import signal
+    import threading
+    with daemon.client(timeout=10) as c:
+        stall, w = _behind_a_stalled_put(c, name)
+        fds = len(os.listdir("/proc/self/fd"))
+        main = threading.get_ident()
+
+        def interrupt():  # once the attach is queued, the main thread waits for it
+            with daemon.client() as other:
+                while not _attach_waiting(other):
+                    time.sleep(0.01)
+            signal.pthread_kill(main, signal.SIGINT)
+        threading.Thread(target=interrupt).start()
+        with pytest.raises(KeyboardInterrupt):
+            c.attach(name)
+        os.write(w, bytes(1 << 16))
+        os.close(w)
+        stall.wait()  # its reads bring the attach's late reply: the lease goes back
+        _until_no_lease(c.leases)
+        for t in threading.enumerate():
+            if t.name == "gpuq-release":
+                t.join(10)
+        assert c.checksum(name, timeout=10).state == "done"
+        assert len(os.listdir("/proc/self/fd")) <= fds
+        c.free(name)
+
+
+def test_an_async_attach_cancelled_gives_back_the_lease_granted_later(daemon, name):
+    import asyncio
+    import os
+
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket, timeout=10) as c:
+            with daemon.client() as sync:
+                stall, w = _behind_a_stalled_put(sync, name)
+                task = asyncio.ensure_future(c.attach(name))
+                while not _attach_waiting(sync):
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                os.write(w, bytes(1 << 16))
+                os.close(w)
+                stall.wait()
+                deadline = time.monotonic() + 30
+                while await c.leases():  # the loop reads the late reply meanwhile
+                    assert time.monotonic() < deadline, "the lease stayed"
+                    await asyncio.sleep(0.02)
+                assert (await c.checksum(name, timeout=10)).state == "done"
+                await c.free(name)
+    asyncio.run(main())
