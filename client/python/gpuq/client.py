@@ -11,7 +11,7 @@ from .arrays import drop_mappings
 from .connection import Connection, ConnectionBase
 from .dispatch import YIELD, Call, close_fds
 from .errors import ProtocolError
-from .forked import ForkedConnection, track
+from .forked import ForkedConnection, on_fork
 from .job import Job
 from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, Staging
 from .wire import default_socket
@@ -51,7 +51,7 @@ class ClientBase(Api):
         self._conn = self._connection_class(self.socket, timeout)
         self._conn._d.on_notice = self._notice
         self._reconnect_lock = threading.Lock()
-        track(self)
+        on_fork(self._forked)
 
     def _lease_abandoned(self, reply: Dict[str, Any]) -> None:
         """An attach's ``on_abandoned`` (dispatch.Call): gpuqd granted a lease to a
@@ -73,13 +73,21 @@ class ClientBase(Api):
         the parent's connection too, and the daemon must see the parent's own
         close), and connects anew at the next request."""
         old = self._conn
-        self._conn = self._forked_connection_class(self, old.timeout)
+        self._conn = self._forked_connection_class(self.socket, old.timeout,
+                                                   self._connect_in_child)
         if isinstance(old, ConnectionBase):
             old.abandon()
         s = self._staging
         self._staging = Staging(s.slots, s.slot_bytes, s.threads, s.group, s.use_rings)
         self._held, self._mappings, self._stale_mappings = {}, {}, []
         self._reconnect_lock = threading.Lock()
+
+    def _connect_in_child(self) -> Any:
+        """The connection of a forked child's client, made at its first request."""
+        conn = self._connection_class(self.socket, self._conn.timeout)
+        conn._d.on_notice = self._notice
+        self._conn = conn
+        return conn
 
     #: Seconds to try connecting again after the connection is lost (0: never);
     #: see :meth:`set_reconnect`.

@@ -19,23 +19,21 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Dict
+from typing import Any, Callable, Dict, List
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .client import ClientBase
-    from .dispatch import Call
-
-__all__ = ["ForkedConnection", "AsyncForkedConnection", "track"]
+__all__ = ["ForkedConnection", "AsyncForkedConnection", "on_fork"]
 
 
 class ForkedConnection:
-    """What a client forked from another process holds until its first request,
-    which makes the client's own connection (as its constructor would) and
-    goes on it."""
+    """What a client holds in a forked child until its first request: that request
+    makes the client's own connection (``connect()``, which also hands it to
+    the client) and goes on it."""
 
-    def __init__(self, client: "ClientBase", timeout: float) -> None:
-        self._client = client
+    def __init__(self, path: str, timeout: float, connect: Callable[[], Any]) -> None:
+        self.path = path
         self._timeout = timeout
+        self._connect = connect
+        self._conn: Any = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -49,20 +47,17 @@ class ForkedConnection:
 
     def _connected(self) -> Any:
         with self._lock:
-            client = self._client
             if self._closed:
-                raise ConnectionError(f"the connection to gpuqd at {client.socket} is closed "
+                raise ConnectionError(f"the connection to gpuqd at {self.path} is closed "
                                       "(closed by the client); make a new client")
-            if client._conn is self:
-                conn = client._connection_class(client.socket, self._timeout)
-                conn._d.on_notice = client._notice
-                client._conn = conn
-            return client._conn
+            if self._conn is None:
+                self._conn = self._connect()
+            return self._conn
 
-    def call(self, call: "Call") -> Dict[str, Any]:
+    def call(self, call: Any) -> Dict[str, Any]:
         return self._connected().call(call)
 
-    def post(self, call: "Call") -> None:
+    def post(self, call: Any) -> None:
         self._connected().post(call)
 
     def close(self, why: str = "closed by the client") -> None:
@@ -72,24 +67,30 @@ class ForkedConnection:
 class AsyncForkedConnection(ForkedConnection):
     """The same for an AsyncClient: it connects in its first request's event loop."""
 
-    async def call(self, call: "Call") -> Dict[str, Any]:  # type: ignore[override]
+    async def call(self, call: Any) -> Dict[str, Any]:  # type: ignore[override]
         return await self._connected().call(call)
 
-    async def post(self, call: "Call") -> None:  # type: ignore[override]
+    async def post(self, call: Any) -> None:  # type: ignore[override]
         await self._connected().post(call)
 
 
-_clients: "weakref.WeakSet[ClientBase]" = weakref.WeakSet()
+_hooks: List["weakref.WeakMethod[Callable[[], None]]"] = []
+_hooks_lock = threading.Lock()
 
 
-def track(client: "ClientBase") -> None:
-    """Lets ``client`` go of its parent's connection in a forked child (module doc)."""
-    _clients.add(client)
+def on_fork(hook: Callable[[], None]) -> None:
+    """Calls the bound method ``hook`` in every child forked after this, for as long
+    as its object lives (held weakly)."""
+    with _hooks_lock:
+        _hooks[:] = [h for h in _hooks if h() is not None]
+        _hooks.append(weakref.WeakMethod(hook))
 
 
 def _after_fork_in_child() -> None:
-    for client in list(_clients):
-        client._forked()
+    for ref in list(_hooks):
+        hook = ref()
+        if hook is not None:
+            hook()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
