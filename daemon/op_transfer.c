@@ -129,6 +129,8 @@ static bool is_ring_of(const struct job *job, const struct conn *c)
 
 void rings_drop_conn(struct daemon *d, struct conn *c)
 {
+	if (d->stopping) /* the shutdown ends every job itself, the workers first */
+		return;
 	for (struct job *j = d->jobs.oldest, *next; j; j = next) {
 		next = j->newer;
 		if (job_is_finished(j) || !is_ring_of(j, c))
