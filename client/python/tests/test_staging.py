@@ -605,3 +605,42 @@ def test_copy_threads_drain_waits_for_every_task_given():
     copier.drain()
     assert sorted(ran) == list(range(10)) and all(t.done() for t in tasks)
     copier.close()
+
+
+_KILLED = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import numpy as np, gpuq, gpuq.staging as st
+copy = st._copy
+st._copy = lambda dst, src: (time.sleep(0.05), copy(dst, src))  # a transfer that lasts
+a = np.ones((12 << 20) // 4, np.float32)
+with gpuq.Client(sys.argv[1], staging_slots=5, staging_slot_bytes=1 << 20, copy_threads=2) as c:
+    c.put_array(sys.argv[3], np.zeros_like(a))
+    print("ready", flush=True)
+    c.put_array(sys.argv[3], a)
+"""
+
+
+def test_a_client_killed_mid_transfer_does_not_hold_its_buffer(private_daemon, name):
+    """Its ring job (the ring is its connection's ephemeral region) is cancelled as
+    the connection closes, not left to --transfer-idle-timeout (60 s here)."""
+    import os
+    import subprocess
+    import sys
+    d = private_daemon()
+    with _ring_client(d) as c:  # skips where gpuqd may not pin five 1 MiB slots
+        package = os.path.dirname(os.path.dirname(gpuq.__file__))
+        p = subprocess.Popen([sys.executable, "-c", _KILLED, d.socket, package, name],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            deadline = time.monotonic() + 30
+            while not any(j.op == "put" and j.state == "running" for j in c.jobs()):
+                assert time.monotonic() < deadline, "the killed client's put never ran"
+                time.sleep(0.01)
+        finally:
+            p.kill()
+            p.wait()
+        assert c.checksum(name, timeout=20).state == "done"
+        assert [j.state for j in c.jobs() if j.op == "put"][-1] == "cancelled"
+        c.free(name)
