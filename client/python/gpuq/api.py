@@ -21,6 +21,7 @@ that the protocol names ``*_ms`` keep their names and unit.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import (Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
@@ -140,6 +141,10 @@ class Api(ComputeOps):
 
     def _lease_abandoned(self, reply: Dict[str, Any]) -> None:  # pragma: no cover - abstract
         """Gives back the lease of an attach whose caller stopped waiting (client.py)."""
+        raise NotImplementedError
+
+    def _region_abandoned(self, reply: Dict[str, Any]) -> None:  # pragma: no cover - abstract
+        """Frees the region of a region_create whose caller stopped waiting (client.py)."""
         raise NotImplementedError
 
     def _uid(self) -> int:
@@ -585,12 +590,17 @@ class Api(ComputeOps):
         return self._drive(self._region_create_plan(name, nbytes, device, ephemeral, timeout))
 
     def _region_create_plan(self, name: str, nbytes: int, device: int, ephemeral: bool,
-                            timeout: Optional[float]) -> Plan:
+                            timeout: Optional[float], free_if_abandoned: bool = False) -> Plan:
+        """``free_if_abandoned``: a region made after the caller stopped waiting (Ctrl-C
+        while it was pinned) is freed, not left to the connection (the staging ring's)."""
         fd = memfd.create(nbytes, name)
         try:
-            yield from self._job_plan("region_create", dict(name=name, bytes=nbytes,
-                                                            device=device, ephemeral=ephemeral),
-                                      fds=(fd,), timeout=timeout)
+            call = _job_call("region_create", dict(name=name, bytes=nbytes, device=device,
+                                                   ephemeral=ephemeral),
+                             (fd,), None, False, timeout, None)
+            if free_if_abandoned:
+                call = replace(call, on_abandoned=self._region_abandoned)
+            yield call
             region = share.Region(name, fd, nbytes)
             region._client = self
         except BaseException:

@@ -63,8 +63,16 @@ class ClientBase(Api):
         close_fds(reply)
         result = (reply.get("job") or {}).get("result") or {}
         if reply.get("ok") and result.get("lease") is not None:
-            threading.Thread(target=_release_apart, name="gpuq-release", daemon=True,
-                             args=(self.socket, int(result["lease"]), self.timeout)).start()
+            _apart(self.socket, self.timeout, Call("release", {"lease": int(result["lease"])}))
+
+    def _region_abandoned(self, reply: Dict[str, Any]) -> None:
+        """The ring's region_create's ``on_abandoned``: a region pinned after its
+        caller stopped waiting would stay pinned, unused, as long as the
+        connection lives (the next transfer makes another ring); it is freed
+        the same way."""
+        result = (reply.get("job") or {}).get("result") or {}
+        if reply.get("ok") and result.get("name"):
+            _apart(self.socket, self.timeout, Call("region_free", {"name": result["name"]}))
 
     def _forked(self) -> None:
         """In a child forked from the process that made this client (forked.py):
@@ -198,16 +206,22 @@ class ClientBase(Api):
         return plan.send(reply)
 
 
-def _release_apart(socket: str, lease: int, timeout: float) -> None:
-    """Releases ``lease`` over a connection of its own (see _lease_abandoned)."""
+def _apart(socket: str, timeout: float, call: Call) -> None:
+    """Sends ``call`` on a connection and a thread of their own, for a handler that
+    runs on whichever thread reads and must not block (see _lease_abandoned)."""
+    threading.Thread(target=_send_apart, name="gpuq-apart", daemon=True,
+                     args=(socket, timeout, call)).start()
+
+
+def _send_apart(socket: str, timeout: float, call: Call) -> None:
     try:
         conn = Connection(socket, timeout)
     except ConnectionError:
-        return  # gpuqd is gone, and the lease with the connection that held it
+        return  # gpuqd is gone, and with it what the connection held
     try:
-        conn.call(Call("release", {"lease": lease}))
+        conn.call(call)
     except (ConnectionError, TimeoutError):
-        pass  # the connection that holds it ends the lease when it closes
+        pass  # what the first connection holds ends when it closes
     finally:
         conn.close()
 

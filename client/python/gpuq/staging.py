@@ -175,7 +175,8 @@ class Staging:
             count, size = yield from self._size_plan(api)
             name = f"gpuq-stage-{os.getpid()}-{next(_names)}"
             self.region = yield from api._region_create_plan(name, _HEADER + count * size,
-                                                             device, True, None)
+                                                             device, True, None,
+                                                             free_if_abandoned=True)
             self.slot_count, self.slot_bytes = count, size
             self._ring = self.region.array("u1")
             self._counters = self.region.array("<u8", count=3)

@@ -290,7 +290,7 @@ def test_an_attach_given_up_gives_back_the_lease_granted_later(daemon, name):
         stall.wait()  # its reads bring the attach's late reply: the lease goes back
         _until_no_lease(c.leases)
         for t in threading.enumerate():
-            if t.name == "gpuq-release":
+            if t.name == "gpuq-apart":
                 t.join(10)
         assert c.checksum(name, timeout=10).state == "done"
         assert len(os.listdir("/proc/self/fd")) <= fds

@@ -644,3 +644,38 @@ def test_a_client_killed_mid_transfer_does_not_hold_its_buffer(private_daemon, n
         assert c.checksum(name, timeout=20).state == "done"
         assert [j.state for j in c.jobs() if j.op == "put"][-1] == "cancelled"
         c.free(name)
+
+
+def test_ctrl_c_while_the_ring_is_made_frees_the_region_made_after(private_daemon,
+                                                                   monkeypatch, name):
+    """The ring's region_create given up before its reply (Ctrl-C while gpuqd pins
+    it): the region gpuqd makes is freed when that reply comes, not left
+    pinned as long as the connection lives beside the next transfer's ring."""
+    import threading
+    d = private_daemon()
+    with _ring_client(d) as c:
+        conn = c._conn
+        lead = conn._lead
+
+        def interrupted(slot, deadline):  # sent, and given up before its reply is read
+            if "region_create" in conn._d.ops.values():
+                monkeypatch.undo()
+                raise KeyboardInterrupt
+            return lead(slot, deadline)
+        monkeypatch.setattr(conn, "_lead", interrupted)
+        a = np.random.default_rng(11).random((6 << 20) // 8)
+        with pytest.raises(KeyboardInterrupt):
+            c.put_array(name, a)
+        assert c.staging.region is None
+        c.ping()  # reads the late reply: the region goes
+        for t in threading.enumerate():
+            if t.name == "gpuq-apart":
+                t.join(10)
+        deadline = time.monotonic() + 30
+        while c.regions()["regions"]:
+            assert time.monotonic() < deadline, "the ring's first region stayed"
+            time.sleep(0.02)
+        assert c.put_array(name, a).result["path"] == "ring"
+        assert len(c.regions()["regions"]) == 1  # the new ring's alone
+        assert np.array_equal(c.get_array(name), a)
+        c.free(name)
