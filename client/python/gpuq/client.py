@@ -48,8 +48,7 @@ class ClientBase(Api):
                  copy_threads: Optional[int] = None) -> None:
         super().__init__(Staging(staging_slots, staging_slot_bytes, copy_threads))
         self.socket = socket or default_socket()
-        self._conn = self._connection_class(self.socket, timeout)
-        self._conn._d.on_notice = self._notice
+        self._conn = self._connect(timeout)
         self._reconnect_lock = threading.Lock()
         on_fork(self._forked)
 
@@ -90,12 +89,17 @@ class ClientBase(Api):
         self._held, self._mappings, self._stale_mappings = {}, {}, []
         self._reconnect_lock = threading.Lock()
 
+    def _connect(self, timeout: float) -> Any:
+        """A new connection to the socket, its events for no request routed to
+        :meth:`_notice`; ConnectionError while nothing listens there."""
+        conn = self._connection_class(self.socket, timeout)
+        conn._d.on_notice = self._notice
+        return conn
+
     def _connect_in_child(self) -> Any:
         """The connection of a forked child's client, made at its first request."""
-        conn = self._connection_class(self.socket, self._conn.timeout)
-        conn._d.on_notice = self._notice
-        self._conn = conn
-        return conn
+        self._conn = self._connect(self._conn.timeout)
+        return self._conn
 
     #: Seconds to try connecting again after the connection is lost (0: never);
     #: see :meth:`set_reconnect`.
@@ -133,7 +137,7 @@ class ClientBase(Api):
     def _try_connect(self) -> Any:
         """A new connection to the socket, or None while nothing listens there."""
         try:
-            return self._connection_class(self.socket, self._conn.timeout)
+            return self._connect(self._conn.timeout)
         except ConnectionError:
             return None
 
@@ -148,7 +152,6 @@ class ClientBase(Api):
         """Serves on ``conn`` from now on, leaving behind what went with the old one."""
         self._staging.close()  # its regions went with the old connection
         drop_mappings(self, None, unmap=False)
-        conn._d.on_notice = self._notice
         # The old one is not closed here: a thread may still be leaving its read,
         # and its descriptor's number must not be reused under it (it goes with
         # the object).
