@@ -1,8 +1,10 @@
 /*
  * What outlives what: an ordinary buffer outlives every connection (a
  * killed client's buffers stay until freed); an ephemeral one goes with the
- * connection that made it, once no job holds it; and a get that fails on a
- * full filesystem says so and leaves the file as long as it was.
+ * connection that made it, once no job holds it; a freed buffer's bytes do
+ * not outlive it (a new buffer reads as zeros, whoever had the memory
+ * before); and a get that fails on a full filesystem says so and leaves the
+ * file as long as it was.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,12 +13,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
+#include "tests/integration/lease_util.h"
 
 static struct gpuq_reply *alloc_ephemeral(struct gpuq_client *c, const char *name, bool ephemeral)
 {
@@ -153,6 +157,89 @@ static struct gpuq_reply *get_into(struct gpuq_client *c, int fd)
 	mp_put_u64(&req, "fds", 1);
 	mp_put_bool(&req, "wait", true);
 	return call(c, &req, &fd, 1);
+}
+
+/* Sizes that the memory's allocators reuse: heap chunks, slab ranges, whole slabs. */
+static const uint64_t reused_sizes[] = { 4096, 65536 + 8, 3 * 1024 * 1024 + 5 };
+#define NREUSED (sizeof reused_sizes / sizeof reused_sizes[0])
+
+struct secrets {
+	const struct daemon_proc *d;
+	bool shareable;
+};
+
+/* Another user's data, in buffers that are then freed: their memory goes back for reuse. */
+static void leave_freed_secrets(void *arg)
+{
+	const struct secrets *s = arg;
+	struct gpuq_client *c = client_open(s->d);
+	for (size_t i = 0; i < NREUSED; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "secret%zu", i);
+		if (s->shareable)
+			lease_alloc_shareable(c, name, reused_sizes[i], false);
+		else
+			do_alloc(c, name, 0, reused_sizes[i]);
+		do_fill_random(c, name, 40 + i);
+		do_free(c, name);
+	}
+	gpuq_close(c);
+}
+
+/* Reads `name` back whole and checks that every byte is zero. */
+static void check_reads_as_zeros(struct gpuq_client *c, const char *name, uint64_t bytes)
+{
+	int fd = memfd_create("gpuq-zero-check", MFD_CLOEXEC);
+	CHECK(fd >= 0);
+	CHECK_EQ(do_get(c, name, fd), bytes);
+	size_t n;
+	unsigned char *got = fd_slurp(fd, &n);
+	CHECK_EQ(n, bytes);
+	size_t nonzero = 0, first = n;
+	for (size_t i = 0; i < n; i++) {
+		if (got[i] && nonzero++ == 0)
+			first = i;
+	}
+	CHECKF(nonzero == 0, "new buffer %s (%llu bytes) holds %zu bytes of what was there before, "
+	       "the first at %zu", name, (unsigned long long)bytes, nonzero, first);
+	free(got);
+	close(fd);
+}
+
+static void new_buffers_read_as_zeros(const char *memory, bool shareable)
+{
+	struct daemon_proc d;
+	/* the other user reaches the socket through the group that as_user gives it */
+	daemon_start(&d, "--buffer-memory", memory, "--socket-group", "nogroup", NULL);
+	struct secrets s = { &d, shareable };
+	as_user(65534, NULL, 0, leave_freed_secrets, &s);
+	struct gpuq_client *c = client_open(&d);
+	for (size_t i = 0; i < NREUSED; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "new%zu", i);
+		if (shareable)
+			lease_alloc_shareable(c, name, reused_sizes[i], false);
+		else
+			do_alloc(c, name, 0, reused_sizes[i]);
+		check_reads_as_zeros(c, name, reused_sizes[i]);
+	}
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+TEST(a_new_buffer_from_the_pool_shows_nothing_of_a_freed_one)
+{
+	new_buffers_read_as_zeros("pool", false);
+}
+
+TEST(a_new_buffer_from_a_slab_shows_nothing_of_a_freed_one)
+{
+	new_buffers_read_as_zeros(test_backend_is_cuda() ? "auto" : "vmm", false);
+}
+
+TEST(a_new_shareable_buffer_shows_nothing_of_a_freed_one)
+{
+	new_buffers_read_as_zeros(test_backend_is_cuda() ? "auto" : "vmm", true);
 }
 
 static off_t size_of(int fd)

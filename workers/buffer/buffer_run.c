@@ -6,6 +6,7 @@
  * backend alike.
  */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "workers/buffer/buffer_run.h"
 
@@ -57,6 +58,29 @@ static int alloc_once(struct device *dev, struct work *work)
 }
 
 /*
+ * A new buffer reads as zeros. Its memory may have held a freed buffer's
+ * bytes, anyone's (the pool and the slabs hand memory out again), and
+ * those must not show through to the new owner. A failure gives the
+ * memory back, since no buffer will hold it.
+ */
+static int zero_new_buffer(struct device *dev, struct work *work)
+{
+	static const struct fill_spec zeros = { .pattern = FILL_ZERO, .dtype = GPUQ_DTYPE_BYTES };
+	if (dev->ops->mem.fill(dev, work->dptr, work->length, &zeros, &work->error) == 0)
+		return 0;
+	char why[sizeof work->error.message];
+	snprintf(why, sizeof why, "%s", work->error.message);
+	struct gpuq_error ignored;
+	if (work->result.share_fd >= 0) {
+		close(work->result.share_fd);
+		work->result.share_fd = -1;
+	}
+	dev->ops->mem.release(dev, work->dptr, &ignored);
+	work->dptr = NULL;
+	return gpuq_fail(&work->error, work->error.code, "zeroing the new buffer: %s", why);
+}
+
+/*
  * An allocation, waiting up to wait_memory_ms for memory that other jobs
  * release (each release lets every waiting allocation try again, the more
  * urgent first, since the scheduler resumes jobs in that order).
@@ -71,7 +95,7 @@ int buffer_run_alloc(struct device *dev, struct work *work)
 	for (;;) {
 		m.epoch = sched_memory_epoch(dev);
 		if (alloc_once(dev, work) == 0)
-			return 0;
+			return zero_new_buffer(dev, work);
 		if (work->error.code != GPUQ_E_OUT_OF_MEMORY || work->wait_memory_ms == 0 ||
 		    !sched_in_job())
 			return -1;
