@@ -1037,6 +1037,82 @@ TEST(copy_progress_events_reach_a_client_that_asked)
 	daemon_stop(&d);
 }
 
+/* A child that reads nothing for pause_us, then everything; returns the write end. */
+static int pipe_late_sink(size_t n, unsigned pause_us, pid_t *child)
+{
+	int p[2];
+	CHECK(pipe(p) == 0);
+	*child = fork();
+	CHECK(*child >= 0);
+	if (*child == 0) {
+		close(p[1]);
+		usleep(pause_us);
+		char buf[65536];
+		size_t k = 0;
+		ssize_t r;
+		while ((r = read(p[0], buf, sizeof buf)) > 0)
+			k += (size_t)r;
+		_exit(k == n ? 0 : 1);
+	}
+	close(p[0]);
+	return p[1];
+}
+
+struct get_events {
+	uint64_t count, most_bytes;
+	bool eta_with_bytes;
+};
+
+static void on_get_event(const msgpack_object *ev, void *arg)
+{
+	struct get_events *e = arg;
+	struct gpuq_error err;
+	uint64_t bytes = 0;
+	msg_get_u64(ev, "bytes", &bytes, &err);
+	e->count++;
+	if (bytes > e->most_bytes)
+		e->most_bytes = bytes;
+	if (bytes > 0 && msg_map_get(ev, "eta_s"))
+		e->eta_with_bytes = true;
+}
+
+/*
+ * A get of one staging slot into a pipe whose reader waits 1.6 s: the pipe
+ * took its first bytes at once, and the events say so while the rest waits
+ * (they said 0, with no eta_s, until a whole slot had gone out).
+ */
+TEST(a_get_into_a_stalled_pipe_shows_the_bytes_written_so_far)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t n = 256 * 1024; /* within one 2 MiB slot, more than a pipe holds */
+	do_alloc(c, "gp", 0, n);
+	do_fill_random(c, "gp", 9);
+	pid_t child;
+	int out = pipe_late_sink(n, 1600000, &child);
+	struct get_events e = { 0 };
+	gpuq_set_event_handler(c, on_get_event, &e);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "get");
+	mp_put_str(&req, "buffer", "gp");
+	mp_put_bool(&req, "wait", true);
+	mp_put_bool(&req, "progress", true);
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(c, &req, &out, 1);
+	close(out);
+	expect_ok(r, "get into a stalled pipe");
+	CHECKF(e.count >= 1, "no progress event in a %.1f s get", reply_f64(r, "job.run_s"));
+	CHECKF(e.most_bytes > 0 && e.most_bytes < n,
+	       "the events said at most %llu of %zu bytes while the pipe's reader waited",
+	       (unsigned long long)e.most_bytes, n);
+	CHECK(e.eta_with_bytes);
+	gpuq_reply_free(r);
+	reap_ok(child, "late reader");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 struct states {
 	uint64_t request_id, queued, running;
 	bool bad;

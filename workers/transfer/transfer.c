@@ -226,6 +226,9 @@ static int stream_write(struct xfer *x, const void *buf, size_t n)
 		if (w > 0) {
 			put += (size_t)w;
 			x->moved_at = monotonic_seconds();
+			/* A slow reader sees progress before its slot is written out. */
+			atomic_store_explicit(&x->work->progress_bytes, x->done + put,
+					      memory_order_relaxed);
 		} else if (w == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
 			return gpuq_fail(x->err, GPUQ_E_IO, "writing the destination after %llu bytes: %s",
 					 (unsigned long long)(x->done + put),
