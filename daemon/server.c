@@ -23,7 +23,9 @@
 
 #define ACCEPT_PAUSE_MS 100 /* at the descriptor limit: how long to stop accepting */
 #define FD_LOG_EVERY_S 10.0 /* at most one line about it per this many seconds */
-#define SCAN_MS 1000        /* how often incomplete frames are checked for --frame-timeout */
+/* Incomplete frames are checked for --frame-timeout every eighth of it, 10 ms to a second. */
+#define SCAN_MIN_MS 10
+#define SCAN_MAX_MS 1000
 
 /* How many connections are open, and the uid that holds the most of them. */
 static unsigned server_census(const struct server *s, uid_t *top_uid, unsigned *top)
@@ -198,7 +200,17 @@ static void server_on_listen(uv_poll_t *handle, int status, int events)
 	}
 }
 
-/* Closes connections whose incomplete frame has waited past --frame-timeout. */
+/* How often to scan, so that a frame is closed at most an eighth of its timeout late. */
+static uint64_t scan_interval_ms(unsigned frame_timeout_ms)
+{
+	uint64_t ms = frame_timeout_ms ? frame_timeout_ms / 8 : SCAN_MAX_MS;
+	return ms < SCAN_MIN_MS ? SCAN_MIN_MS : ms > SCAN_MAX_MS ? SCAN_MAX_MS : ms;
+}
+
+/*
+ * Closes connections whose incomplete frame has waited past --frame-timeout,
+ * and follows a reload of it from the next scan on.
+ */
 static void server_on_scan(uv_timer_t *timer)
 {
 	struct server *s = timer->data;
@@ -208,6 +220,7 @@ static void server_on_scan(uv_timer_t *timer)
 		next = c->next;
 		conn_check_frame_timeout(c, now, timeout_ms);
 	}
+	uv_timer_set_repeat(timer, scan_interval_ms(timeout_ms));
 }
 
 /* 0 if nothing lives at path (a stale socket is removed); -1 otherwise. */
@@ -317,9 +330,10 @@ static int server_start_accepting(struct server *s, int fd, char *msg, size_t ms
 	}
 	s->accept_timer.data = s->scan_timer.data = s;
 	s->timers = true;
+	uint64_t scan_every = scan_interval_ms(s->daemon->opt.frame_timeout_ms);
 	rc = uv_poll_start(&s->listen_poll, UV_READABLE, server_on_listen);
 	if (rc == 0)
-		rc = uv_timer_start(&s->scan_timer, server_on_scan, SCAN_MS, SCAN_MS);
+		rc = uv_timer_start(&s->scan_timer, server_on_scan, scan_every, scan_every);
 	if (rc < 0) {
 		snprintf(msg, msgsize, "uv_poll on %s: %s", s->path, uv_strerror(rc));
 		server_stop_listening(s);
