@@ -208,10 +208,16 @@ static int transfer_check_ring(struct request *req, void *args, struct gpuq_erro
 	if (!a->region_named)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'ring' needs 'region': the region whose range holds the ring's slots");
-	if (msg_get_u64_in(a->ring_obj, "slot_bytes", 8, UINT64_MAX, &a->ring.slot_bytes, err) < 0 ||
-	    msg_get_u64(a->ring_obj, "counters", &a->ring.counters, err) < 0)
+	/* 1: given; 0: absent or nil (the protocol's absent), which slot_bytes
+	 * 0 would have let through to a division by zero */
+	int has_slot = msg_get_u64_in(a->ring_obj, "slot_bytes", 8, UINT64_MAX,
+				      &a->ring.slot_bytes, err);
+	if (has_slot < 0)
 		return -1;
-	if (!msg_map_get(a->ring_obj, "slot_bytes") || !msg_map_get(a->ring_obj, "counters"))
+	int has_counters = msg_get_u64(a->ring_obj, "counters", &a->ring.counters, err);
+	if (has_counters < 0)
+		return -1;
+	if (!has_slot || !has_counters)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'ring' needs 'slot_bytes' and 'counters' (uint)");
 	if (a->ring.slot_bytes % 8 != 0)

@@ -71,9 +71,20 @@ static unsigned char *slot_of(const struct ring *r, uint64_t k)
 
 /*
  * Begins a put or get through a ring (detached): buffer, region and the
- * ring map; a negative slot_bytes or counters leaves that key out. The
- * caller may add fields before sending it.
+ * ring map; a slot_bytes or counters of RING_ABSENT leaves that key out,
+ * RING_NIL sends it as nil. The caller may add fields before sending it.
  */
+#define RING_ABSENT (-1)
+#define RING_NIL (-2)
+
+static void ring_put_field(struct mp_map *ring, const char *key, int64_t v)
+{
+	if (v == RING_NIL)
+		mp_put_nil(ring, key);
+	else if (v != RING_ABSENT)
+		mp_put_u64(ring, key, (uint64_t)v);
+}
+
 static void ring_begin(struct gpuq_client *c, struct mp_map *req, bool put, const char *buffer,
 		       const char *region, int64_t slot_bytes, int64_t counters)
 {
@@ -83,10 +94,8 @@ static void ring_begin(struct gpuq_client *c, struct mp_map *req, bool put, cons
 	if (region)
 		mp_put_str(req, "region", region);
 	mp_map_init(&ring);
-	if (slot_bytes >= 0)
-		mp_put_u64(&ring, "slot_bytes", (uint64_t)slot_bytes);
-	if (counters >= 0)
-		mp_put_u64(&ring, "counters", (uint64_t)counters);
+	ring_put_field(&ring, "slot_bytes", slot_bytes);
+	ring_put_field(&ring, "counters", counters);
 	mp_put_map(req, "ring", &ring);
 }
 
@@ -224,8 +233,17 @@ TEST(ring_refusals_name_the_problem)
 	ring_make(c, "q", 64 * KIB, 4, &r); /* 4 KiB of counters, then [4096, 266240) */
 	do_alloc(c, "b", 0, MIB);
 	expect_refused(ring_request(c, true, "b", NULL, 64 * KIB, 0), "field 'ring' needs 'region'");
-	expect_refused(ring_request(c, true, "b", r.text, -1, 0), "needs 'slot_bytes' and 'counters'");
-	expect_refused(ring_request(c, false, "b", r.text, 64 * KIB, -1), "needs 'slot_bytes' and 'counters'");
+	expect_refused(ring_request(c, true, "b", r.text, RING_ABSENT, 0),
+		       "needs 'slot_bytes' and 'counters'");
+	expect_refused(ring_request(c, false, "b", r.text, 64 * KIB, RING_ABSENT),
+		       "needs 'slot_bytes' and 'counters'");
+	/* nil is absent: a nil slot_bytes divided by zero and killed gpuqd; nil counters read 0 */
+	expect_refused(ring_request(c, true, "b", r.text, RING_NIL, 0),
+		       "needs 'slot_bytes' and 'counters'");
+	expect_refused(ring_request(c, false, "b", r.text, RING_NIL, 0),
+		       "needs 'slot_bytes' and 'counters'");
+	expect_refused(ring_request(c, true, "b", r.text, 64 * KIB, RING_NIL),
+		       "needs 'slot_bytes' and 'counters'");
 	expect_refused(ring_request(c, true, "b", r.text, 4, 0), "slot_bytes");
 	expect_refused(ring_request(c, true, "b", r.text, 64 * KIB + 4, 0), "not a multiple of 8");
 	expect_refused(ring_request(c, true, "b", "q[4096:200000]", 64 * KIB, 0),
