@@ -90,11 +90,13 @@ void op_reset_device(struct request *req, void *args)
 	char why[160];
 	worker_snapshot(&d->pool, device, &s);
 	snprintf(why, sizeof why, "a reset asked by uid %d", (int)req->conn->uid);
-	jobs_cancel_running_on(d, device);
+	/* Asked first: from then on the worker starts nothing, so that no job
+	 * queued behind a cancelled one runs on buffers the reset is about to lose. */
 	if (worker_ask_reset(&d->pool, device, why, &err) < 0) {
 		reply_error(req, &err);
 		return;
 	}
+	jobs_cancel_running_on(d, device);
 	log_warn("gpu %d: %s", device, why);
 	struct mp_map body;
 	mp_map_init(&body);

@@ -348,3 +348,4 @@ TEST(reset_device_is_an_administrators_and_cancels_what_runs)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+

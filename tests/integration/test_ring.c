@@ -391,6 +391,95 @@ TEST(ring_in_an_ephemeral_region_is_cancelled_when_its_connection_closes)
 	daemon_stop(&d);
 }
 
+/* A checksum of buffer, not waited for: queued behind whatever holds the buffer. */
+static uint64_t submit_checksum(struct gpuq_client *c, const char *buffer)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "checksum");
+	mp_put_str(&req, "buffer", buffer);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "checksum");
+	uint64_t job = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	return job;
+}
+
+/* Waits (up to 5 s) until job runs. */
+static void wait_running(struct gpuq_client *c, uint64_t job)
+{
+	char state[16] = "";
+	for (int i = 0; i < 5000 && strcmp(state, "running") != 0; i++) {
+		struct gpuq_reply *r = job_request(c, "status", job, 0);
+		expect_ok(r, "status");
+		reply_str(r, "job.state", state, sizeof state);
+		gpuq_reply_free(r);
+		if (strcmp(state, "running") != 0)
+			usleep(1000);
+	}
+	CHECKF(strcmp(state, "running") == 0, "job %llu is %s, not running", (unsigned long long)job,
+	       state);
+}
+
+/* Waits (up to 10 s) until device 0 runs jobs again after a reset. */
+static void wait_serving(struct gpuq_client *c)
+{
+	struct gpuq_error err = { 0 };
+	for (int i = 0; i < 1000; i++) {
+		struct mp_map req;
+		struct gpuq_reply *r;
+		gpuq_request_begin(c, &req, "noop");
+		mp_put_bool(&req, "wait", true);
+		if (gpuq_call(c, &req, NULL, 0, &r, &err) == 0) {
+			gpuq_reply_error(r, &err);
+			gpuq_reply_free(r);
+		}
+		if (err.code == GPUQ_OK)
+			return;
+		usleep(10000);
+	}
+	CHECKF(false, "device 0 does not serve after its reset: %s", err.message);
+}
+
+/*
+ * reset_device cancels the running ring job (which ends at once: it only
+ * waits for its client), and the checksum queued behind it on the same
+ * buffer must not start in the moment before the reset: it fails as the
+ * reset's. The cancel used to come before the reset was asked for, and the
+ * worker could start the checksum in between, so that its client got the
+ * checksum of a buffer lost a moment later. Rounds, since that was a race.
+ */
+TEST(ring_cancelled_by_a_reset_lets_no_job_queued_behind_it_start)
+{
+	struct daemon_proc d;
+	struct ring r;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	require_memlock(c, MIB);
+	ring_make(c, "rr", 64 * KIB, 2, &r);
+	for (unsigned round = 1; round <= 8; round++) {
+		char name[16];
+		snprintf(name, sizeof name, "b%u", round);
+		do_alloc(c, name, 0, 4 * 64 * KIB);
+		uint64_t ring_job = ring_start(c, true, name, &r, false);
+		wait_running(c, ring_job);
+		uint64_t sum = submit_checksum(c, name);
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "reset_device");
+		mp_put_u64(&req, "device", 0);
+		struct gpuq_reply *x = call(c, &req, NULL, 0);
+		expect_ok(x, "reset_device");
+		gpuq_reply_free(x);
+		expect_job_error(c, ring_job, GPUQ_E_CANCELLED, "");
+		expect_job_error(c, sum, GPUQ_E_DEVICE_ERROR, "before this job started");
+		wait_serving(c);
+		do_free(c, name);
+	}
+	gpuq_region_unmap(&r.region);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 /* Chunks of `chunk` bytes of fd (as long as `want`) that already hold want's bytes there. */
 static unsigned chunks_landed(int fd, const unsigned char *want, uint64_t n, uint64_t chunk)
 {
