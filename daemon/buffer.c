@@ -167,21 +167,40 @@ struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name
 	return NULL;
 }
 
-/* "w0, w1, grads" (the owner's buffers on device, or everywhere for -1). */
+static bool listed(const struct buffer *b, uid_t owner, int device)
+{
+	return b->owner == owner && (device < 0 || b->device == device);
+}
+
+/*
+ * "w0@0, w1@0, grads@1" (the owner's buffers on device, or everywhere for
+ * -1). A list too long for out ends after a whole name with "and N more",
+ * room for which is kept while more names follow.
+ */
 static void list_names(struct buffer_table *t, uid_t owner, int device, char *out, size_t size)
 {
+	const size_t more_room = sizeof " and 4294967295 more";
+	unsigned left = 0, more = 0;
 	size_t used = 0;
+	for (struct buffer *b = t->head; b; b = b->next)
+		left += listed(b, owner, device);
 	out[0] = '\0';
-	for (struct buffer *b = t->head; b && used + 1 < size; b = b->next) {
-		if (b->owner != owner || (device >= 0 && b->device != device))
+	for (struct buffer *b = t->head; b; b = b->next) {
+		if (!listed(b, owner, device))
 			continue;
-		int n = snprintf(out + used, size - used, "%s%s@%d", used ? ", " : "", b->name,
-				 b->device);
-		if (n < 0 || (size_t)n >= size - used)
-			break;
+		left--;
+		char one[BUFFER_NAME_MAX + 16];
+		int n = snprintf(one, sizeof one, "%s%s@%d", used ? ", " : "", b->name, b->device);
+		if (more || used + (size_t)n + (left ? more_room : 0) >= size) {
+			more++;
+			continue;
+		}
+		memcpy(out + used, one, (size_t)n + 1);
 		used += (size_t)n;
 	}
-	if (!out[0])
+	if (more)
+		snprintf(out + used, size - used, " and %u more", more);
+	else if (!used)
 		snprintf(out, size, "none");
 }
 

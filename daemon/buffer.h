@@ -144,7 +144,8 @@ struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name
 /*
  * Resolves a reference for owner: device -1 means "wherever it is", which
  * must be exactly one place. not_found lists the owner's buffers on that
- * device; an ambiguous name lists the devices holding it.
+ * device (as many as fit, then how many more); an ambiguous name lists the
+ * devices holding it.
  */
 struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *name,
 			      int device, struct gpuq_error *err);

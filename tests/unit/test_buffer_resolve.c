@@ -1,0 +1,87 @@
+/* Unit tests for daemon/buffer.c's buffer_resolve: what not_found says. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/harness.h"
+
+#include "daemon/buffer.h"
+
+static void add(struct buffer_table *t, const char *name, int device, uid_t owner)
+{
+	CHECK(buffer_add(t, name, device, owner, GPUQ_DTYPE_BYTES, 64, 64));
+}
+
+static void empty(struct buffer_table *t)
+{
+	while (t->head)
+		buffer_remove(t, t->head);
+}
+
+/* The not_found message of resolving name (owner 1000) on device. */
+static const char *missing(struct buffer_table *t, const char *name, int device)
+{
+	static struct gpuq_error err;
+	CHECKF(!buffer_resolve(t, 1000, name, device, &err), "'%s' was found", name);
+	CHECK_EQ(err.code, GPUQ_E_NOT_FOUND);
+	return err.message;
+}
+
+TEST(buffer_resolve_lists_the_owners_buffers)
+{
+	struct buffer_table t = { 0 };
+	CHECK_STR(missing(&t, "fz", -1), "buffer 'fz' not found (your buffers: none)");
+	add(&t, "a", 0, 1000);
+	add(&t, "b", 1, 1000);
+	add(&t, "theirs", 0, 1001);
+	CHECK_STR(missing(&t, "fz", -1), "buffer 'fz' not found (your buffers: b@1, a@0)");
+	CHECK_STR(missing(&t, "b", 0), "buffer 'b' not found on device 0 (your buffers there: a@0)");
+	empty(&t);
+}
+
+/*
+ * A list too long for the message ends "... and N more", after a whole
+ * name: it had stopped mid-entry, at a dangling ", ", without saying how
+ * many it left out.
+ */
+TEST(buffer_resolve_cuts_a_long_list_cleanly)
+{
+	struct buffer_table t = { 0 };
+	char name[BUFFER_NAME_MAX + 1];
+	for (int i = 0; i < 40; i++) {
+		snprintf(name, sizeof name, "buffer-number-%02d", i);
+		add(&t, name, 0, 1000);
+	}
+	for (int device = -1; device <= 0; device++) {
+		const char *m = missing(&t, "fz", device);
+		const char *list = strstr(m, ": ");
+		CHECKF(list, "\"%s\"", m);
+		unsigned listed = 1, more = 0;
+		for (const char *p = list + 2; (p = strstr(p, ", ")); p += 2)
+			listed++;
+		const char *tail = strstr(m, "@0 and ");
+		CHECKF(tail && sscanf(tail, "@0 and %u more)", &more) == 1, "\"%s\"", m);
+		CHECKF(strstr(tail, " more)") && strcmp(strstr(tail, " more)"), " more)") == 0,
+		       "\"%s\" does not end with the count", m);
+		CHECKF(listed + more == 40, "\"%s\": %u listed and %u more", m, listed, more);
+		CHECKF(!strstr(m, ", )") && !strstr(m, ",  "), "\"%s\"", m);
+		CHECKF(strstr(m, "buffer-number-39@0, buffer-number-38@0"), "\"%s\"", m);
+	}
+	empty(&t);
+}
+
+/* A list that fits whole is not cut, though it leaves no room for "and N more". */
+TEST(buffer_resolve_lists_whole_what_fits)
+{
+	struct buffer_table t = { 0 };
+	char name[BUFFER_NAME_MAX + 1];
+	/* 12 entries of 18 characters and 11 separators: 238 of the list's 255 */
+	for (int i = 0; i < 12; i++) {
+		snprintf(name, sizeof name, "buffer-number-%02d", i);
+		add(&t, name, 0, 1000);
+	}
+	const char *m = missing(&t, "fz", -1);
+	CHECKF(!strstr(m, "more"), "\"%s\"", m);
+	CHECKF(strstr(m, ": buffer-number-11@0, ") && strstr(m, ", buffer-number-00@0)"), "\"%s\"", m);
+	empty(&t);
+}
