@@ -38,7 +38,7 @@ struct buffer *args_resolve(struct request *req, uid_t owner, const char *name, 
 {
 	if (device >= 0 && args_device_check(req, (uint64_t)device, err) < 0)
 		return NULL; /* not "not found on device 99", as if there were one */
-	return buffer_resolve(&req->d->buffers, owner, name, device, err);
+	return buffer_resolve(&req->d->buffers, owner, req->conn->uid, name, device, err);
 }
 
 int args_device(struct request *req, const char *key, bool required, int *device,

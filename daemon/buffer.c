@@ -204,8 +204,17 @@ static void list_names(struct buffer_table *t, uid_t owner, int device, char *ou
 		snprintf(out, size, "none");
 }
 
-static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, const char *name,
-				       struct gpuq_error *err)
+/* Whose buffers a not_found lists: "your", or "uid 1000's" when root looked in another's. */
+static void whose(uid_t owner, uid_t caller, char *out, size_t size)
+{
+	if (owner == caller)
+		snprintf(out, size, "your");
+	else
+		snprintf(out, size, "uid %u's", (unsigned)owner);
+}
+
+static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, uid_t caller,
+				       const char *name, struct gpuq_error *err)
 {
 	struct buffer *found = NULL;
 	char where[256] = "";
@@ -229,23 +238,25 @@ static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, cons
 			  where);
 		return NULL;
 	}
-	char names[256];
+	char names[256], who[24];
 	list_names(t, owner, -1, names, sizeof names);
-	gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found (your buffers: %s)", name, names);
+	whose(owner, caller, who, sizeof who);
+	gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found (%s buffers: %s)", name, who, names);
 	return NULL;
 }
 
-struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *name,
+struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, uid_t caller, const char *name,
 			      int device, struct gpuq_error *err)
 {
 	if (device < 0)
-		return resolve_anywhere(t, owner, name, err);
+		return resolve_anywhere(t, owner, caller, name, err);
 	struct buffer *b = buffer_find(t, owner, name, device);
 	if (!b) {
-		char names[256];
+		char names[256], who[24];
 		list_names(t, owner, device, names, sizeof names);
-		gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found on device %d (your buffers there: %s)",
-			  name, device, names);
+		whose(owner, caller, who, sizeof who);
+		gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found on device %d (%s buffers there: %s)",
+			  name, device, who, names);
 	}
 	return b;
 }

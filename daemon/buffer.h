@@ -144,10 +144,11 @@ struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name
 /*
  * Resolves a reference for owner: device -1 means "wherever it is", which
  * must be exactly one place. not_found lists the owner's buffers on that
- * device (as many as fit, then how many more); an ambiguous name lists the
+ * device (as many as fit, then how many more), as "your buffers" when the
+ * caller is the owner, else as uid N's; an ambiguous name lists the
  * devices holding it.
  */
-struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, const char *name,
+struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, uid_t caller, const char *name,
 			      int device, struct gpuq_error *err);
 
 /* A new buffer in state ALLOCATING, or NULL when memory runs out. */

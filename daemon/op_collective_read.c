@@ -190,7 +190,7 @@ static int devices_holding(struct task_read *tr, const char *name, struct gpuq_e
 			p->devices[p->n++] = dev;
 	if (p->n > 0)
 		return 0;
-	buffer_resolve(&d->buffers, p->owner, name, -1, err); /* lists yours */
+	buffer_resolve(&d->buffers, p->owner, tr->req->conn->uid, name, -1, err); /* for its message */
 	return -1;
 }
 
@@ -233,7 +233,8 @@ static struct buffer *resolve_on(struct task_read *tr, const char *name, int dev
 				 struct gpuq_error *err)
 {
 	enum coll_prim prim = tr->task->layout.prim;
-	struct buffer *b = buffer_resolve(&tr->req->d->buffers, tr->plan->owner, name, device, err);
+	struct buffer *b = buffer_resolve(&tr->req->d->buffers, tr->plan->owner, tr->req->conn->uid,
+					  name, device, err);
 	if (!b || buffer_check_usable(b, err) < 0)
 		return NULL;
 	if (!coll_dtype_supported(prim, b->dtype)) {

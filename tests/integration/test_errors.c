@@ -48,6 +48,37 @@ TEST(unknown_op_and_missing_fields)
 	daemon_stop(&d);
 }
 
+/* A checksum of buffer in owner's namespace (root may name any). */
+static struct gpuq_reply *checksum_of(struct gpuq_client *c, const char *buffer, uint64_t owner)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "checksum");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_u64(&req, "owner", owner);
+	return call(c, &req, NULL, 0);
+}
+
+/* not_found lists the buffers of the namespace searched: another uid's are not "yours". */
+TEST(not_found_names_whose_buffers_it_lists)
+{
+	if (geteuid() != 0)
+		SKIP("needs root to name another uid's buffers");
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "mine", 0, 16);
+	expect(checksum_of(c, "nothere", 1000), GPUQ_E_NOT_FOUND,
+	       "buffer 'nothere' not found (uid 1000's buffers: none)");
+	expect(checksum_of(c, "nothere@0", 1000), GPUQ_E_NOT_FOUND,
+	       "buffer 'nothere' not found on device 0 (uid 1000's buffers there: none)");
+	expect(checksum_of(c, "nothere", 0), GPUQ_E_NOT_FOUND,
+	       "buffer 'nothere' not found (your buffers: mine@0)");
+	expect(checksum_of(c, "nothere@0", 0), GPUQ_E_NOT_FOUND,
+	       "buffer 'nothere' not found on device 0 (your buffers there: mine@0)");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 /* True if list ("a, b, c") holds name as one of its entries. */
 static bool list_has(const char *list, const char *name)
 {

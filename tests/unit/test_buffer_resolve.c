@@ -22,7 +22,7 @@ static void empty(struct buffer_table *t)
 static const char *missing(struct buffer_table *t, const char *name, int device)
 {
 	static struct gpuq_error err;
-	CHECKF(!buffer_resolve(t, 1000, name, device, &err), "'%s' was found", name);
+	CHECKF(!buffer_resolve(t, 1000, 1000, name, device, &err), "'%s' was found", name);
 	CHECK_EQ(err.code, GPUQ_E_NOT_FOUND);
 	return err.message;
 }
@@ -36,6 +36,20 @@ TEST(buffer_resolve_lists_the_owners_buffers)
 	add(&t, "theirs", 0, 1001);
 	CHECK_STR(missing(&t, "fz", -1), "buffer 'fz' not found (your buffers: b@1, a@0)");
 	CHECK_STR(missing(&t, "b", 0), "buffer 'b' not found on device 0 (your buffers there: a@0)");
+	empty(&t);
+}
+
+/* Root naming uid 1000's buffers hears of uid 1000's, not of "your" buffers. */
+TEST(buffer_resolve_names_another_owner)
+{
+	struct buffer_table t = { 0 };
+	struct gpuq_error err;
+	add(&t, "a", 0, 1000);
+	add(&t, "root's", 0, 0);
+	CHECK(!buffer_resolve(&t, 1000, 0, "fz", -1, &err));
+	CHECK_STR(err.message, "buffer 'fz' not found (uid 1000's buffers: a@0)");
+	CHECK(!buffer_resolve(&t, 1000, 0, "fz", 1, &err));
+	CHECK_STR(err.message, "buffer 'fz' not found on device 1 (uid 1000's buffers there: none)");
 	empty(&t);
 }
 
