@@ -168,6 +168,7 @@ static int decode_number(struct request *req, const char *key, struct args_numbe
 	if (rc <= 0)
 		return rc;
 	n->is_int = msg_get_i64(req->map, key, &n->i, &not_int) > 0;
+	n->is_u64 = !n->is_int && msg_get_u64(req->map, key, &n->u, &not_int) > 0;
 	return 1;
 }
 

@@ -62,6 +62,8 @@ struct args_number {
 	double f;
 	bool is_int; /* an integer that fits in int64_t: i holds it exactly */
 	int64_t i;
+	bool is_u64; /* an integer above INT64_MAX: u holds it exactly */
+	uint64_t u;
 };
 
 struct args_devices {

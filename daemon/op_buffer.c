@@ -6,6 +6,7 @@
  */
 #include <fcntl.h>
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -287,14 +288,27 @@ void op_checksum(struct request *req, void *args)
 	job_submit(req, job);
 }
 
+/* n as the request gave it: an integer exactly, a float in its shortest form. */
+static void number_text(const struct args_number *n, char *out, size_t size)
+{
+	if (n->is_int)
+		snprintf(out, size, "%" PRId64, n->i);
+	else if (n->is_u64)
+		snprintf(out, size, "%" PRIu64, n->u);
+	else
+		gpuq_format_number(out, size, n->f, false);
+}
+
 /*
  * A float fill value as one element of dtype: finite, and not so large that
  * it rounds to infinity there (an f16 holds at most 65504).
  */
-static int fill_float(double v, enum gpuq_dtype dtype, uint64_t *bits, struct gpuq_error *err)
+static int fill_float(const struct args_number *n, enum gpuq_dtype dtype, uint64_t *bits,
+		      struct gpuq_error *err)
 {
 	static const double max[] = { [GPUQ_DTYPE_F16] = 65504.0, [GPUQ_DTYPE_BF16] = 0x1.fep+127,
 				      [GPUQ_DTYPE_F32] = FLT_MAX, [GPUQ_DTYPE_F64] = DBL_MAX };
+	double v = n->f;
 	if (!isfinite(v))
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %g; give a finite number", v);
 	bool overflows = dtype != GPUQ_DTYPE_F64 && gpuq_f32_overflows(v);
@@ -302,10 +316,14 @@ static int fill_float(double v, enum gpuq_dtype dtype, uint64_t *bits, struct gp
 		overflows = (gpuq_f32_to_f16_bits((float)v) & 0x7C00u) == 0x7C00u;
 	else if (!overflows && dtype == GPUQ_DTYPE_BF16)
 		overflows = (gpuq_f32_to_bf16_bits((float)v) & 0x7F80u) == 0x7F80u;
-	if (overflows)
+	if (overflows) {
+		char text[32], limit[32];
+		number_text(n, text, sizeof text);
+		gpuq_format_number(limit, sizeof limit, max[dtype], dtype != GPUQ_DTYPE_F64);
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "field 'value': %g is out of %s's range (its largest finite value is %g)", v,
-				 gpuq_dtype_name(dtype), max[dtype]);
+				 "field 'value': %s is out of %s's range (its largest finite value is %s)",
+				 text, gpuq_dtype_name(dtype), limit);
+	}
 	switch (dtype) {
 	case GPUQ_DTYPE_F16: *bits = gpuq_f32_to_f16_bits((float)v); break;
 	case GPUQ_DTYPE_BF16: *bits = gpuq_f32_to_bf16_bits((float)v); break;
@@ -315,26 +333,34 @@ static int fill_float(double v, enum gpuq_dtype dtype, uint64_t *bits, struct gp
 	return 0;
 }
 
+static int does_not_fit(const struct args_number *n, enum gpuq_dtype dtype,
+			struct gpuq_error *err)
+{
+	char text[32];
+	number_text(n, text, sizeof text);
+	return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %s does not fit in %s", text,
+			 gpuq_dtype_name(dtype));
+}
+
 /* The `value` field as one element of dtype, little-endian; range-checked. */
 static int fill_value(const struct args_number *n, enum gpuq_dtype dtype, uint64_t *bits,
 		      struct gpuq_error *err)
 {
 	double v = n->f;
 	if (gpuq_dtype_is_float(dtype))
-		return fill_float(v, dtype, bits, err);
+		return fill_float(n, dtype, bits, err);
 	int64_t i = n->i;
 	if (!n->is_int) {
 		/* A float holding a whole number will do; anything else does not fit. */
-		if (v != floor(v) || v < -9223372036854775808.0 || v >= 9223372036854775808.0)
-			return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %g does not fit in %s",
-					 v, gpuq_dtype_name(dtype));
+		if (n->is_u64 || v != floor(v) || v < -9223372036854775808.0 ||
+		    v >= 9223372036854775808.0)
+			return does_not_fit(n, dtype, err);
 		i = (int64_t)v;
 	}
 	bool small = dtype == GPUQ_DTYPE_BYTES || dtype == GPUQ_DTYPE_U8;
 	if ((small && (i < 0 || i > 255)) ||
 	    (dtype == GPUQ_DTYPE_I32 && (i < INT32_MIN || i > INT32_MAX)))
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "field 'value': %lld does not fit in %s",
-				 (long long)i, gpuq_dtype_name(dtype));
+		return does_not_fit(n, dtype, err);
 	*bits = (uint64_t)i;
 	return 0;
 }

@@ -96,7 +96,7 @@ static void json_hex(FILE *f, const char *s, size_t n)
 /*
  * The shortest %g form that reads back as the same value (a float32 need
  * only round-trip as a float). Non-finite values have no JSON form: null.
- * Assumes the C locale's decimal point, as the CLI never sets another.
+ * The CLI never sets a locale with another decimal point.
  */
 static void json_number(FILE *f, double d, bool f32)
 {
@@ -105,13 +105,7 @@ static void json_number(FILE *f, double d, bool f32)
 		return;
 	}
 	char buf[40];
-	int prec = f32 ? 6 : 15, max = f32 ? 9 : 17;
-	for (;; prec++) {
-		snprintf(buf, sizeof buf, "%.*g", prec, d);
-		double back = strtod(buf, NULL);
-		if (prec == max || (f32 ? (float)back == (float)d : back == d))
-			break;
-	}
+	gpuq_format_number(buf, sizeof buf, d, f32);
 	fputs(buf, f);
 }
 

@@ -5,6 +5,7 @@
 #include "protocol/protocol.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const errc_names[] = {
@@ -124,6 +125,17 @@ bool gpuq_f32_overflows(double v)
 {
 	/* FLT_MAX + 2^103, half an ulp above it, rounds to even: up, to infinity */
 	return (v < 0 ? -v : v) >= 0x1.ffffffp+127;
+}
+
+void gpuq_format_number(char *out, size_t size, double v, bool f32)
+{
+	int max = f32 ? 9 : 17;
+	for (int prec = f32 ? 6 : 15;; prec++) {
+		snprintf(out, size, "%.*g", prec, v);
+		double back = strtod(out, NULL);
+		if (prec >= max || (f32 ? (float)back == (float)v : back == v))
+			return;
+	}
 }
 
 const char *gpuq_job_state_name(enum gpuq_job_state state)

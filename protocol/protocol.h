@@ -104,6 +104,12 @@ bool gpuq_dtype_is_float(enum gpuq_dtype dtype);
  * constants that do are out of range (docs/protocol.md).
  */
 bool gpuq_f32_overflows(double v);
+/*
+ * v as the shortest %g text that reads back as v (as a float when f32: at
+ * most 9 digits, else 17), so that two numbers in a message never read
+ * the same, as %g's six digits may. Assumes the C locale's decimal point.
+ */
+void gpuq_format_number(char *out, size_t size, double v, bool f32);
 
 /* Job states as they travel ("queued", ...). */
 #define GPUQ_JOB_STATES(X)                                                     \

@@ -403,3 +403,49 @@ TEST(fill_values_out_of_range)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+static struct gpuq_reply *fill_value_f64(struct gpuq_client *c, const char *buffer, double v)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "fill");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_str(&req, "pattern", "value");
+	mp_put_f64(&req, "value", v);
+	mp_put_bool(&req, "wait", true);
+	return call(c, &req, NULL, 0);
+}
+
+/*
+ * A fill value out of range is printed as given, and a dtype's limit as
+ * it is: with %g's six digits, 3.4028236e38 and f32's 3.4028235e38 read
+ * the same, and 2^63 as 9.22337e+18.
+ */
+TEST(fill_range_errors_print_numbers_whole)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	const char *types[] = { "i64", "i32", "f16", "bf16", "f32" };
+	for (int i = 0; i < 5; i++)
+		do_alloc_typed(c, types[i], 0, types[i], 16);
+	expect(fill_value_u64(c, "i64", 1ull << 63), GPUQ_E_BAD_REQUEST,
+	       "field 'value': 9223372036854775808 does not fit in i64");
+	expect(fill_value_u64(c, "i64", UINT64_MAX), GPUQ_E_BAD_REQUEST,
+	       "field 'value': 18446744073709551615 does not fit in i64");
+	expect(fill_value_f64(c, "i64", 0x1p63), GPUQ_E_BAD_REQUEST,
+	       "field 'value': 9.223372036854776e+18 does not fit in i64");
+	expect(fill_value_f64(c, "i32", 0.1), GPUQ_E_BAD_REQUEST,
+	       "field 'value': 0.1 does not fit in i32");
+	expect(fill_value_f64(c, "i32", 2147483648.5), GPUQ_E_BAD_REQUEST,
+	       "field 'value': 2147483648.5 does not fit in i32");
+	expect(fill_value_f64(c, "f32", 3.4028236e38), GPUQ_E_BAD_REQUEST,
+	       "field 'value': 3.4028236e+38 is out of f32's range (its largest finite value is "
+	       "3.4028235e+38)");
+	expect(fill_value_f64(c, "bf16", 3.3961776e38), GPUQ_E_BAD_REQUEST,
+	       "field 'value': 3.3961776e+38 is out of bf16's range (its largest finite value is "
+	       "3.3895314e+38)");
+	expect(fill_value_f64(c, "f16", 65520.25), GPUQ_E_BAD_REQUEST,
+	       "field 'value': 65520.25 is out of f16's range (its largest finite value is 65504)");
+	gpuq_close(c);
+	daemon_stop(&d);
+}

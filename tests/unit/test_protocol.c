@@ -1,4 +1,6 @@
 /* Unit tests for protocol/protocol.c: enum names, errors, size parsing. */
+#include <float.h>
+
 #include "tests/harness.h"
 
 #include "protocol/protocol.h"
@@ -208,4 +210,26 @@ TEST(format_uuid_as_nvidia_smi_prints_it)
 	CHECK_STR(text, "GPU-01234567-89ab-cdef-fedc-ba9876543210");
 	gpuq_format_uuid(small, sizeof small, bytes); /* cut, never overrun */
 	CHECK_STR(small, "GPU-0123456");
+}
+
+static void check_number(double v, bool f32, const char *want)
+{
+	char text[32];
+	gpuq_format_number(text, sizeof text, v, f32);
+	CHECK_STR(text, want);
+}
+
+/* The shortest text that reads back as the value: as %g's where that is enough. */
+TEST(format_number_reads_back_as_the_value)
+{
+	check_number(0.1, false, "0.1");
+	check_number(65504, true, "65504");
+	check_number(-2.5, false, "-2.5");
+	check_number(0x1p63, false, "9.223372036854776e+18");
+	check_number(3.4028236e38, false, "3.4028236e+38");
+	check_number(FLT_MAX, true, "3.4028235e+38");
+	check_number(0x1.fep+127, true, "3.3895314e+38"); /* bf16's largest */
+	check_number(DBL_MAX, false, "1.7976931348623157e+308");
+	check_number((float)(1.0 / 3), true, "0.33333334");
+	check_number(1.0 / 3, false, "0.3333333333333333");
 }
