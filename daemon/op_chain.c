@@ -131,12 +131,16 @@ static int read_op(const msgpack_object *o, unsigned pos, enum gpuq_dtype dtype,
 		if (read_op_arg(&args[i], pos, op->kind, i + 1, slot[i], err) < 0)
 			return -1;
 		/* constants are rounded to float but for f64 chains: one that overflows is refused */
-		if (dtype != GPUQ_DTYPE_F64 && gpuq_f32_overflows(*slot[i]))
+		if (dtype != GPUQ_DTYPE_F64 && gpuq_f32_overflows(*slot[i])) {
+			char text[32], limit[32];
+			gpuq_format_number(text, sizeof text, *slot[i], false);
+			gpuq_format_number(limit, sizeof limit, FLT_MAX, true);
 			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-					 "op %u '%s': argument %u is %g, beyond float's range (%g), in which "
+					 "op %u '%s': argument %u is %s, beyond float's range (%s), in which "
 					 "%s chains take their constants",
-					 pos, chain_op_name(op->kind), i + 1, *slot[i], (double)FLT_MAX,
+					 pos, chain_op_name(op->kind), i + 1, text, limit,
 					 gpuq_dtype_name(dtype));
+		}
 	}
 	return 0;
 }

@@ -340,8 +340,14 @@ TEST(chain_expr_refuses_what_the_op_list_refuses)
 	expect_refused(run_chain(c, "x", "mul 1e300", "fused", 1, NULL), GPUQ_E_BAD_REQUEST,
 		       "op 1 'mul': argument 1 is 1e+300, beyond float's range");
 	expect_refused(expr_call(c, "run", "y = x * 1e300", &o), GPUQ_E_BAD_REQUEST,
-		       "expression column 9: the number 1e+300 is beyond float's range (3.40282e+38), "
+		       "expression column 9: the number 1e+300 is beyond float's range (3.4028235e+38), "
 		       "in which f32 expressions take their constants");
+	/* just beyond: both numbers whole, as %g's six digits printed them the same */
+	expect_refused(run_chain(c, "x", "mul 3.4028236e38", "fused", 1, NULL), GPUQ_E_BAD_REQUEST,
+		       "op 1 'mul': argument 1 is 3.4028236e+38, beyond float's range (3.4028235e+38)");
+	expect_refused(expr_call(c, "run", "y = x * 3.4028236e38", &o), GPUQ_E_BAD_REQUEST,
+		       "expression column 9: the number 3.4028236e+38 is beyond float's range "
+		       "(3.4028235e+38)");
 	expect_refused(expr_call(c, "run", "y = clamp(x, -1e39, 1)", &o), GPUQ_E_BAD_REQUEST,
 		       "expression column 14: the number -1e+39 is beyond float's range");
 	expect_refused(expr_call(c, "reduce_expr", "sum(x * 1e300)", &o), GPUQ_E_BAD_REQUEST,

@@ -673,11 +673,15 @@ static int bind_check_consts(const struct chain_expr *x, struct chain_expr_error
 	for (unsigned n = 0; n < g->nnodes; n++) {
 		const struct kernels_expr_node *nd = &g->node[n];
 		double v = nd->kind == KERNELS_EXPR_CONST ? g->c[nd->arg[0]] : 0;
-		if (chain_prog_is_float(nd->type) && gpuq_f32_overflows(v))
-			return fail_at(e, x->node_col[n],
-				       "the number %g is beyond float's range (%g), in which %s "
-				       "expressions take their constants",
-				       v, (double)FLT_MAX, gpuq_dtype_name((enum gpuq_dtype)nd->type));
+		if (!chain_prog_is_float(nd->type) || !gpuq_f32_overflows(v))
+			continue;
+		char text[32], limit[32];
+		gpuq_format_number(text, sizeof text, v, false);
+		gpuq_format_number(limit, sizeof limit, FLT_MAX, true);
+		return fail_at(e, x->node_col[n],
+			       "the number %s is beyond float's range (%s), in which %s "
+			       "expressions take their constants",
+			       text, limit, gpuq_dtype_name((enum gpuq_dtype)nd->type));
 	}
 	return 0;
 }
