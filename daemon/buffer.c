@@ -167,45 +167,37 @@ struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name
 	return NULL;
 }
 
-static bool listed(const struct buffer *b, uid_t owner, int device)
+void buffer_names_begin(struct buffer_names *l, char *out, size_t size, unsigned total)
 {
-	return b->owner == owner && (device < 0 || b->device == device);
+	*l = (struct buffer_names){ .out = out, .size = size, .left = total };
+	out[0] = '\0';
 }
 
-/*
- * "w0@0, w1@0, grads@1" (the owner's buffers on device, or everywhere for
- * -1). A list too long for out ends after a whole name with "and N more",
- * room for which is kept while more names follow.
- */
-static void list_names(struct buffer_table *t, uid_t owner, int device, char *out, size_t size)
+void buffer_names_add(struct buffer_names *l, const char *name, int device)
 {
 	const size_t more_room = sizeof " and 4294967295 more";
-	unsigned left = 0, more = 0;
-	size_t used = 0;
-	for (struct buffer *b = t->head; b; b = b->next)
-		left += listed(b, owner, device);
-	out[0] = '\0';
-	for (struct buffer *b = t->head; b; b = b->next) {
-		if (!listed(b, owner, device))
-			continue;
-		left--;
-		char one[BUFFER_NAME_MAX + 16];
-		int n = snprintf(one, sizeof one, "%s%s@%d", used ? ", " : "", b->name, b->device);
-		if (more || used + (size_t)n + (left ? more_room : 0) >= size) {
-			more++;
-			continue;
-		}
-		memcpy(out + used, one, (size_t)n + 1);
-		used += (size_t)n;
+	char one[BUFFER_NAME_MAX + 16];
+	int n = device < 0 ? snprintf(one, sizeof one, "%s%s", l->used ? ", " : "", name)
+			   : snprintf(one, sizeof one, "%s%s@%d", l->used ? ", " : "", name, device);
+	if (l->left)
+		l->left--;
+	if (l->more || n < 0 || l->used + (size_t)n + (l->left ? more_room : 0) >= l->size) {
+		l->more++;
+		return;
 	}
-	if (more)
-		snprintf(out + used, size - used, " and %u more", more);
-	else if (!used)
-		snprintf(out, size, "none");
+	memcpy(l->out + l->used, one, (size_t)n + 1);
+	l->used += (size_t)n;
 }
 
-/* Whose buffers a not_found lists: "your", or "uid 1000's" when root looked in another's. */
-static void whose(uid_t owner, uid_t caller, char *out, size_t size)
+void buffer_names_end(struct buffer_names *l)
+{
+	if (l->more)
+		snprintf(l->out + l->used, l->size - l->used, " and %u more", l->more);
+	else if (!l->used)
+		snprintf(l->out, l->size, "none");
+}
+
+void buffer_whose(uid_t owner, uid_t caller, char *out, size_t size)
 {
 	if (owner == caller)
 		snprintf(out, size, "your");
@@ -213,34 +205,60 @@ static void whose(uid_t owner, uid_t caller, char *out, size_t size)
 		snprintf(out, size, "uid %u's", (unsigned)owner);
 }
 
+static bool listed(const struct buffer *b, uid_t owner, int device)
+{
+	return b->owner == owner && (device < 0 || b->device == device);
+}
+
+/* "w0@0, w1@0, grads@1": the owner's buffers on device, or everywhere for -1. */
+static void list_names(struct buffer_table *t, uid_t owner, int device, char *out, size_t size)
+{
+	unsigned total = 0;
+	for (struct buffer *b = t->head; b; b = b->next)
+		total += listed(b, owner, device);
+	struct buffer_names l;
+	buffer_names_begin(&l, out, size, total);
+	for (struct buffer *b = t->head; b; b = b->next)
+		if (listed(b, owner, device))
+			buffer_names_add(&l, b->name, b->device);
+	buffer_names_end(&l);
+}
+
+/* "w0@0, w0@1": the devices where owner has a buffer called name (matches of them). */
+static void list_devices(struct buffer_table *t, uid_t owner, const char *name, unsigned matches,
+			 char *out, size_t size)
+{
+	struct buffer_names l;
+	buffer_names_begin(&l, out, size, matches);
+	for (struct buffer *b = t->head; b; b = b->next)
+		if (b->owner == owner && strcmp(b->name, name) == 0)
+			buffer_names_add(&l, name, b->device);
+	buffer_names_end(&l);
+}
+
 static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, uid_t caller,
 				       const char *name, struct gpuq_error *err)
 {
 	struct buffer *found = NULL;
-	char where[256] = "";
-	size_t used = 0;
-	int matches = 0;
+	unsigned matches = 0;
 	for (struct buffer *b = t->head; b; b = b->next) {
-		if (b->owner != owner || strcmp(b->name, name) != 0)
-			continue;
-		found = b;
-		matches++;
-		int n = snprintf(where + used, sizeof where - used, "%s%s@%d", used ? ", " : "",
-				 name, b->device);
-		if (n > 0 && (size_t)n < sizeof where - used)
-			used += (size_t)n;
+		if (b->owner == owner && strcmp(b->name, name) == 0) {
+			found = b;
+			matches++;
+		}
 	}
 	if (matches == 1)
 		return found;
+	char names[256], who[24];
 	if (matches > 1) {
+		list_devices(t, owner, name, matches, names, sizeof names);
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 			  "buffer '%s' exists on several devices (%s); name one as NAME@GPU", name,
-			  where);
+			  names);
 		return NULL;
 	}
-	char names[256], who[24];
 	list_names(t, owner, -1, names, sizeof names);
-	whose(owner, caller, who, sizeof who);
+	buffer_whose(owner, caller, who, sizeof who);
 	gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found (%s buffers: %s)", name, who, names);
 	return NULL;
 }
@@ -254,7 +272,7 @@ struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, uid_t caller,
 	if (!b) {
 		char names[256], who[24];
 		list_names(t, owner, device, names, sizeof names);
-		whose(owner, caller, who, sizeof who);
+		buffer_whose(owner, caller, who, sizeof who);
 		gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found on device %d (%s buffers there: %s)",
 			  name, device, who, names);
 	}

@@ -151,6 +151,24 @@ struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name
 struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, uid_t caller, const char *name,
 			      int device, struct gpuq_error *err);
 
+/*
+ * The names a not_found lists ("w0@0, w1@0, grads@1", or regions' "r0,
+ * r1"), in out: each that fits whole, then "and N more" for the rest, room
+ * for which is kept while more follow; "none" for none. total: how many
+ * buffer_names_add will be given.
+ */
+struct buffer_names {
+	char *out;
+	size_t size, used;
+	unsigned left, more;
+};
+void buffer_names_begin(struct buffer_names *l, char *out, size_t size, unsigned total);
+/* name, with @device unless device is -1 */
+void buffer_names_add(struct buffer_names *l, const char *name, int device);
+void buffer_names_end(struct buffer_names *l);
+/* Whose names a not_found lists: "your", or "uid 1000's" when root looked in another's. */
+void buffer_whose(uid_t owner, uid_t caller, char *out, size_t size);
+
 /* A new buffer in state ALLOCATING, or NULL when memory runs out. */
 struct buffer *buffer_add(struct buffer_table *t, const char *name, int device, uid_t owner,
 			  enum gpuq_dtype dtype, uint64_t count, uint64_t bytes);

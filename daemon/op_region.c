@@ -196,7 +196,7 @@ struct region_args {
 static int region_args_resolve(struct request *req, void *args, struct gpuq_error *err)
 {
 	struct region_args *a = args;
-	a->region = region_resolve(&req->d->regions, a->owner, a->name, err);
+	a->region = region_resolve(&req->d->regions, a->owner, req->conn->uid, a->name, err);
 	return a->region && region_check_usable(a->region, err) == 0 ? 0 : -1;
 }
 
@@ -323,7 +323,7 @@ static struct region *region_ref_resolve(struct request *req, const char *text,
 			  text);
 		return NULL;
 	}
-	struct region *r = region_resolve(&req->d->regions, owner, ref->name, err);
+	struct region *r = region_resolve(&req->d->regions, owner, req->conn->uid, ref->name, err);
 	if (r && region_check_usable(r, err) < 0)
 		return NULL;
 	return r;

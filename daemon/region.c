@@ -34,24 +34,24 @@ struct region *region_find(struct region_table *t, uid_t owner, const char *name
 	return NULL;
 }
 
-struct region *region_resolve(struct region_table *t, uid_t owner, const char *name,
+struct region *region_resolve(struct region_table *t, uid_t owner, uid_t caller, const char *name,
 			      struct gpuq_error *err)
 {
 	struct region *found = region_find(t, owner, name);
 	if (found)
 		return found;
-	char names[256] = "";
-	size_t used = 0;
-	for (struct region *r = t->head; r; r = r->next) {
-		if (r->owner != owner)
-			continue;
-		int n = snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "", r->name);
-		if (n < 0 || (size_t)n >= sizeof names - used)
-			break;
-		used += (size_t)n;
-	}
-	gpuq_fail(err, GPUQ_E_NOT_FOUND, "region '%s' not found (your regions: %s)", name,
-		  used ? names : "none");
+	unsigned total = 0;
+	for (struct region *r = t->head; r; r = r->next)
+		total += r->owner == owner;
+	char names[256], who[24];
+	struct buffer_names l;
+	buffer_names_begin(&l, names, sizeof names, total);
+	for (struct region *r = t->head; r; r = r->next)
+		if (r->owner == owner)
+			buffer_names_add(&l, r->name, -1);
+	buffer_names_end(&l);
+	buffer_whose(owner, caller, who, sizeof who);
+	gpuq_fail(err, GPUQ_E_NOT_FOUND, "region '%s' not found (%s regions: %s)", name, who, names);
 	return NULL;
 }
 

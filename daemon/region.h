@@ -60,8 +60,12 @@ const char *region_state_name(enum region_state state);
 
 /* The region of owner called name, or NULL. */
 struct region *region_find(struct region_table *t, uid_t owner, const char *name);
-/* The same, or NULL with not_found listing the owner's regions. */
-struct region *region_resolve(struct region_table *t, uid_t owner, const char *name,
+/*
+ * The same, or NULL with not_found listing the owner's regions (as many as
+ * fit, then how many more), as "your regions" when the caller is the
+ * owner, else as uid N's.
+ */
+struct region *region_resolve(struct region_table *t, uid_t owner, uid_t caller, const char *name,
 			      struct gpuq_error *err);
 /* A new region in state PINNING, owning fd; NULL when memory runs out (fd is not closed). */
 struct region *region_add(struct region_table *t, const char *name, int device, uid_t owner,

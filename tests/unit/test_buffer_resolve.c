@@ -1,4 +1,4 @@
-/* Unit tests for daemon/buffer.c's buffer_resolve: what not_found says. */
+/* Unit tests for what not_found says: buffer.c's buffer_resolve, region.c's region_resolve. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,6 +6,7 @@
 #include "tests/harness.h"
 
 #include "daemon/buffer.h"
+#include "daemon/region.h"
 
 static void add(struct buffer_table *t, const char *name, int device, uid_t owner)
 {
@@ -98,4 +99,55 @@ TEST(buffer_resolve_lists_whole_what_fits)
 	CHECKF(!strstr(m, "more"), "\"%s\"", m);
 	CHECKF(strstr(m, ": buffer-number-11@0, ") && strstr(m, ", buffer-number-00@0)"), "\"%s\"", m);
 	empty(&t);
+}
+
+/* A name on more devices than the message holds whole ends as a long list does. */
+TEST(buffer_resolve_cuts_the_devices_of_an_ambiguous_name)
+{
+	struct buffer_table t = { 0 };
+	char name[BUFFER_NAME_MAX + 1];
+	memset(name, 'n', BUFFER_NAME_MAX);
+	name[BUFFER_NAME_MAX] = '\0';
+	for (int device = 0; device < 8; device++)
+		add(&t, name, device, 1000);
+	struct gpuq_error err;
+	CHECK(!buffer_resolve(&t, 1000, 1000, name, -1, &err));
+	CHECK_EQ(err.code, GPUQ_E_BAD_REQUEST);
+	CHECKF(strstr(err.message, "@7, ") && strstr(err.message, "@5 and 5 more); name one as NAME@GPU"),
+	       "\"%s\"", err.message);
+	empty(&t);
+}
+
+static void add_region(struct region_table *t, const char *name, uid_t owner)
+{
+	CHECK(region_add(t, name, 0, owner, 4096, -1));
+}
+
+/* Regions' not_found: the list cut as buffers' is, and whose regions it lists. */
+TEST(region_resolve_lists_whole_names_and_whose)
+{
+	struct region_table t = { 0 };
+	struct gpuq_error err;
+	CHECK(!region_resolve(&t, 1000, 1000, "fz", &err));
+	CHECK_STR(err.message, "region 'fz' not found (your regions: none)");
+	add_region(&t, "r0", 1000);
+	add_region(&t, "r1", 1000);
+	CHECK(!region_resolve(&t, 1000, 0, "fz", &err));
+	CHECK_STR(err.message, "region 'fz' not found (uid 1000's regions: r1, r0)");
+	char name[BUFFER_NAME_MAX + 1];
+	for (int i = 2; i < 40; i++) {
+		snprintf(name, sizeof name, "region-number-%02d", i);
+		add_region(&t, name, 1000);
+	}
+	CHECK(!region_resolve(&t, 1000, 1000, "fz", &err));
+	CHECKF(strstr(err.message, "(your regions: region-number-39, ") &&
+		       strstr(err.message, " more)") && !strstr(err.message, ", )"),
+	       "\"%s\"", err.message);
+	unsigned listed = 1, more = 0;
+	for (const char *p = strstr(err.message, ": "); (p = strstr(p + 2, ", "));)
+		listed++;
+	CHECKF(sscanf(strstr(err.message, " and "), " and %u more)", &more) == 1 && listed + more == 40,
+	       "\"%s\"", err.message);
+	while (t.head)
+		region_remove(&t, t.head);
 }
