@@ -110,6 +110,10 @@ check alloc_name_at_device_lands_there 0 gpuq free at@1
 check alloc_name_at_device_disagrees_is_2 2 gpuq alloc at@1 --bytes 4K --device 0
 expect alloc_name_at_device_disagrees_says_so "says device 1 but --device says 0" err
 check fill_random 0 gpuq fill w random 7
+# an integer beyond 64 bits is refused, not rounded to a float that an integer buffer takes
+check fill_value_beyond_64_bits_is_2 2 gpuq fill w value -- -9223372036854775809
+expect fill_value_beyond_64_bits_says_so "beyond every integer dtype" err
+check fill_value_beyond_u64_is_2 2 gpuq fill w value 18446744073709551616
 check checksum_json 0 gpuq --json checksum w
 expect checksum_json_key '"checksum"' out
 head -c 1048576 /dev/urandom > "$dir/data"

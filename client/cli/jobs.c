@@ -261,6 +261,15 @@ struct fill_arg {
 	double d;
 };
 
+/* An optional '-', then decimal digits only. */
+static bool is_integer_literal(const char *s)
+{
+	if (*s == '-')
+		s++;
+	size_t digits = strspn(s, "0123456789");
+	return digits > 0 && s[digits] == '\0';
+}
+
 static int parse_fill_value(const struct cli *cli, const char *s, struct fill_arg *a)
 {
 	char *end;
@@ -277,6 +286,10 @@ static int parse_fill_value(const struct cli *cli, const char *s, struct fill_ar
 		a->kind = FILL_ARG_UINT;
 		return 0;
 	}
+	/* Sent as a float, it would round to a value an integer buffer takes (-2^63 - 1 to -2^63). */
+	if (is_integer_literal(s))
+		return cli_usage(cli, "V '%s' is beyond every integer dtype (-2^63 to 2^64-1); for a "
+				      "float buffer write it as a float, such as 1.8e19", s);
 	a->d = strtod(s, &end);
 	if (!*s || *end)
 		return cli_usage(cli, "V '%s' is not a number (an integer, or a float "
