@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Dict, List, Mapping, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import msgpack
 
-from .errors import ProtocolError
+from .errors import BadRequest, ProtocolError
 
 __all__ = ["PROTOCOL_VERSION", "MAX_FDS", "MAX_REPLY_FRAME", "default_socket",
            "encode_request", "encode_frame", "FrameReader"]
@@ -95,10 +95,41 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any],
             message[key] = value
     if fds:
         message["fds"] = fds
-    if packer is None:
-        return encode_frame(message)
-    payload = packer.pack(message)
+    try:
+        if packer is None:
+            return encode_frame(message)
+        payload = packer.pack(message)
+    except OverflowError:  # the packer starts afresh: the connection goes on
+        raise BadRequest(_beyond_64_bits(message), "bad_request") from None
     return len(payload).to_bytes(HEADER, "big") + payload
+
+
+_INT_MIN, _INT_END = -(2**63), 2**64
+
+
+def _beyond_64_bits(message: Mapping[str, Any]) -> str:
+    """What msgpack could not carry, worded as gpuqd words a field out of range."""
+    def find(value: Any, path: str) -> Optional[Tuple[str, int]]:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return None if _INT_MIN <= value < _INT_END else (path, value)
+        if isinstance(value, Mapping):
+            items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+        else:
+            return None
+        for where, item in items:
+            found = find(item, where)
+            if found is not None:
+                return found
+        return None
+
+    for key, value in message.items():
+        found = find(value, key)
+        if found is not None:
+            return (f"field '{found[0]}': {found[1]} is beyond the protocol's integers "
+                    "(-2^63 to 2^64-1)")
+    return "a field holds an integer beyond the protocol's (-2^63 to 2^64-1)"
 
 
 # The packed map of a request with only v, id and op (ping, jobs, the listings),

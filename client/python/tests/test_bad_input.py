@@ -114,3 +114,14 @@ def test_bad_input_through_the_client(client, name, witness):
     with pytest.raises(gpuq.BadRequest, match="op 1"):
         client.run(name, "frob")
     assert client.ping()["version"] == 1  # the same connection goes on
+
+
+@pytest.mark.parametrize("value", [-(2**63) - 1, 2**64, 2**200])
+def test_an_integer_beyond_64_bits_is_a_bad_request_naming_its_field(client, name, witness, value):
+    """msgpack cannot carry it: the client says which field, as gpuqd would, and
+    the connection (and its packer) go on."""
+    with pytest.raises(gpuq.BadRequest, match=f"field 'value': {value} is beyond"):
+        client.fill(name, "value", value=value)
+    with pytest.raises(gpuq.BadRequest, match=r"field 'ops\[0\]\[1\]'"):
+        client.run(name, [["add", value]])
+    assert client.ping()["version"] == 1
