@@ -75,7 +75,8 @@ static int zero_new_buffer(struct device *dev, struct work *work)
 		close(work->result.share_fd);
 		work->result.share_fd = -1;
 	}
-	dev->ops->mem.release(dev, work->dptr, &ignored);
+	if (dev->ops->mem.release(dev, work->dptr, &ignored) == 0)
+		sched_memory_released(dev);
 	work->dptr = NULL;
 	return gpuq_fail(&work->error, work->error.code, "zeroing the new buffer: %s", why);
 }
