@@ -48,23 +48,34 @@ void waiters_drop_conn(struct daemon *d, struct conn *c)
 		waiter_unlink(c->waiters);
 }
 
-/* The record goes along, so that the client knows which job to wait for again. */
+/*
+ * The record goes along, so that the client knows which job to wait for
+ * again; but an attach is given up with its request, and the reply says
+ * that instead.
+ */
 static void waiter_on_timeout(uv_timer_t *timer)
 {
 	struct waiter *w = timer->data;
+	struct job *job = w->job;
+	struct conn *c = w->conn;
+	struct daemon *d = c->server->daemon;
+	uint64_t request_id = w->request_id;
 	struct gpuq_error err;
 	struct mp_map body, record;
 	gpuq_fail(&err, GPUQ_E_TIMEOUT,
 		  "job %llu is still %s; it goes on (gpuq wait %llu to wait again)",
-		  (unsigned long long)w->job->id, gpuq_job_state_name(job_current_state(w->job)),
-		  (unsigned long long)w->job->id);
+		  (unsigned long long)job->id, gpuq_job_state_name(job_current_state(job)),
+		  (unsigned long long)job->id);
+	waiter_unlink(w); /* first: a job given up answers its waiters, and this one gets the timeout */
+	if (job->lease)
+		lease_attach_timed_out(d, job, c, request_id, &err);
 	mp_map_init(&body);
 	mp_map_init(&record);
-	job_render(w->job, false, &record);
+	job_render(job, false, &record);
 	mp_put_map(&body, "job", &record);
 	error_render(&err, &body);
-	reply_to(w->conn, w->request_id, false, &body);
-	waiter_unlink(w);
+	reply_to(c, request_id, false, &body);
+	job_evict_history(&d->jobs);
 }
 
 static int waiter_add(struct daemon *d, struct conn *c, uint64_t request_id, struct job *job,

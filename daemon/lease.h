@@ -23,6 +23,8 @@
 struct buffer;
 struct conn;
 struct daemon;
+struct gpuq_error;
+struct job;
 
 enum lease_state {
 	LEASE_WAITING, /* its attach job is queued: earlier jobs on the buffer come first */
@@ -57,6 +59,15 @@ struct lease *lease_find(struct lease_table *t, uint64_t id);
 void leases_drop_conn(struct daemon *d, struct conn *c);
 /* Device index was reset: the leases on its buffers end (their holders are told). */
 void leases_drop_device(struct daemon *d, int device);
+/*
+ * An attach job's request request_id on c stopped waiting (its timeout_ms
+ * ran out; err holds the reply's `timeout`, "it goes on"): if that is the
+ * attach's own request, the attach is given up, its lease ended and the
+ * job cancelled, and err says so instead. A `wait` of another request's
+ * leaves the attach going on.
+ */
+void lease_attach_timed_out(struct daemon *d, struct job *job, const struct conn *c,
+			    uint64_t request_id, struct gpuq_error *err);
 
 /*
  * A re-exec: the lease `from` says (id, write, uid, pid, conn_serial, since), which

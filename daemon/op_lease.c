@@ -161,6 +161,30 @@ static void finish_attach(struct daemon *d, struct job *job)
 	free(l);
 }
 
+/*
+ * The attach request's own timeout_ms ran out: its client has stopped
+ * waiting, so no lease will be granted. The lease ends now rather than at
+ * the grant it would get, so that `leases` stops listing it and the jobs
+ * queued behind it wait no longer for it, and the attach job ends cancelled
+ * (at once while queued; one already admitted, by finish_attach).
+ */
+void lease_attach_timed_out(struct daemon *d, struct job *job, const struct conn *c,
+			    uint64_t request_id, struct gpuq_error *err)
+{
+	struct lease *l = job->lease;
+	if (!l || l->conn != c || l->request_id != request_id)
+		return; /* a `wait` of another request's: the attach goes on for its own */
+	const char *state = gpuq_job_state_name(job_current_state(job));
+	lease_end(d, l);
+	if (job_unqueue(d, job))
+		cancel_unqueued(d, job, "given up while queued: its client stopped waiting "
+					"(timeout_ms), and no lease is granted then");
+	gpuq_fail(err, GPUQ_E_TIMEOUT,
+		  "attach job %llu on buffer '%s@%d' was still %s at timeout_ms and is given up: its "
+		  "lease is not granted (attach again, with a longer timeout_ms, for one)",
+		  (unsigned long long)job->id, job->brief.name, job->brief.device, state);
+}
+
 static const struct job_kind kind_attach = { "attach", finish_attach, render_attach };
 
 /* Only a shareable buffer of the caller's (root: anyone's) may be attached. */

@@ -254,6 +254,59 @@ TEST(attach_refusals)
 	daemon_stop(&d);
 }
 
+/* The state in job's record, from `status`. */
+static void job_state(struct gpuq_client *c, uint64_t job, char *state, size_t size)
+{
+	struct gpuq_reply *r = job_request(c, "status", job, 0);
+	reply_str(r, "job.state", state, size);
+	gpuq_reply_free(r);
+}
+
+/*
+ * An attach whose timeout_ms runs out is given up, as protocol.md says: its
+ * reply says so (not "wait again"), its lease is gone from `leases` at once
+ * and its job ends cancelled, and a job queued behind it waits only for the
+ * lease that is held.
+ */
+TEST(an_attach_that_times_out_is_given_up)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a;
+	char state[16];
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *late = client_open(&d);
+	lease_alloc_shareable(holder, "s", MIB, false);
+	lease_attach(holder, "s", true, &a);
+	struct mp_map req;
+	gpuq_request_begin(late, &req, "attach");
+	mp_put_str(&req, "buffer", "s");
+	mp_put_u64(&req, "timeout_ms", 300);
+	struct gpuq_reply *r = call(late, &req, NULL, 0);
+	expect_error(r, GPUQ_E_TIMEOUT, "is given up: its lease is not granted");
+	struct gpuq_error err;
+	gpuq_reply_error(r, &err);
+	CHECKF(!strstr(err.message, "wait again"), "the reply suggests waiting: %s", err.message);
+	uint64_t attach = reply_u64(r, "job.job");
+	reply_str(r, "job.state", state, sizeof state);
+	CHECK_STR(state, "cancelled");
+	gpuq_reply_free(r);
+	CHECK_EQ(lease_count(late), 1); /* the holder's alone */
+	r = job_request(late, "wait", attach, 0);
+	expect_error(r, GPUQ_E_CANCELLED, "its client stopped waiting");
+	gpuq_reply_free(r);
+	uint64_t fill = lease_submit(late, "fill", "s");
+	lease_expect_behind(late, fill, a.lease);
+	release(holder, &a);
+	expect_done(late, fill);
+	job_state(late, attach, state, sizeof state);
+	CHECK_STR(state, "cancelled");
+	CHECK_EQ(lease_count(late), 0);
+	gpuq_close(late);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
 TEST(an_attached_ephemeral_buffer_stays_until_its_lease_ends)
 {
 	struct daemon_proc d;
