@@ -363,14 +363,17 @@ void buffer_unhold(struct buffer *b)
 		buffer_destroy(b);
 }
 
-unsigned buffer_mark_lost(struct buffer_table *t, int device)
+unsigned buffer_mark_lost(struct buffer_table *t, int device, const char *why)
 {
 	unsigned n = 0;
 	for (struct buffer *b = t->head; b; b = b->next) {
-		if (b->device != device || b->state == BUFFER_ALLOCATING)
-			continue; /* an allocation still queued gets memory of the new context */
+		/* an allocation still queued gets memory of the new context; one lost before keeps its cause */
+		if (b->device != device || b->state == BUFFER_ALLOCATING || b->state == BUFFER_LOST)
+			continue;
 		b->state = BUFFER_LOST;
 		b->dptr = NULL;
+		free(b->lost_why);
+		b->lost_why = strdup(why); /* NULL: the refusal's words for an unknown cause */
 		n++;
 	}
 	return n;
@@ -408,8 +411,8 @@ int buffer_check_usable(const struct buffer *b, struct gpuq_error *err)
 				 b->device, b->lost_why);
 	if (b->state == BUFFER_LOST)
 		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR,
-				 "buffer '%s@%d' was lost when gpu %d was reset after a fault (`gpuq devices` "
-				 "says why); free it and allocate it again",
+				 "buffer '%s@%d' was lost when gpu %d was reset, or a restart could not take "
+				 "its memory over; free it and allocate it again",
 				 b->name, b->device, b->device);
 	return 0;
 }

@@ -48,7 +48,7 @@ struct buffer {
 	int slab_fd;
 	/* Set when it was read back from the record suspect: why (state `suspect`); a fill or a whole put clears it. */
 	char *suspect;
-	/* Set when a restart could not take it over (state `lost`): why; NULL when a device reset lost it. */
+	/* State `lost`: how ("when gpu 1 was reset after ...", "in the re-exec (...)"); NULL: unknown. */
 	char *lost_why;
 	enum buffer_state state;
 	double created; /* CLOCK_MONOTONIC seconds */
@@ -189,8 +189,12 @@ void buffer_unhold(struct buffer *b);
 uint64_t buffer_bytes_on(const struct buffer_table *t, int device);
 /* Buffers listed on device (lost ones included). */
 unsigned buffer_count_on(const struct buffer_table *t, int device);
-/* Device was reset: its buffers name no memory any more. Returns how many were marked lost. */
-unsigned buffer_mark_lost(struct buffer_table *t, int device);
+/*
+ * Device was reset: its buffers name no memory any more, and their refusals
+ * say `why` ("when gpu 1 was reset after ..."). Returns how many were
+ * marked lost (those lost before keep their own cause).
+ */
+unsigned buffer_mark_lost(struct buffer_table *t, int device, const char *why);
 
 /* 0 if jobs may use b now; -1 with `busy` saying why not. */
 int buffer_check_usable(const struct buffer *b, struct gpuq_error *err);

@@ -42,7 +42,9 @@ void device_on_reset(int index, void *arg)
 		durable_touch(d);
 		return;
 	}
-	unsigned lost = buffer_mark_lost(&d->buffers, index);
+	char why[400];
+	snprintf(why, sizeof why, "when gpu %d was reset after %s", index, s.last_reset);
+	unsigned lost = buffer_mark_lost(&d->buffers, index, why);
 	durable_touch(d);
 	/*
 	 * After the buffers are marked lost: an orphaned ephemeral buffer whose
@@ -89,7 +91,8 @@ void op_reset_device(struct request *req, void *args)
 	struct worker_snapshot s;
 	char why[160];
 	worker_snapshot(&d->pool, device, &s);
-	snprintf(why, sizeof why, "a reset asked by uid %d", (int)req->conn->uid);
+	/* The reset's cause, as `devices` (last_reset), its health and its lost buffers word it. */
+	snprintf(why, sizeof why, "an administrator's request (uid %d)", (int)req->conn->uid);
 	/* Asked first: from then on the worker starts nothing, so that no job
 	 * queued behind a cancelled one runs on buffers the reset is about to lose. */
 	if (worker_ask_reset(&d->pool, device, why, &err) < 0) {
@@ -97,7 +100,7 @@ void op_reset_device(struct request *req, void *args)
 		return;
 	}
 	jobs_cancel_running_on(d, device);
-	log_warn("gpu %d: %s", device, why);
+	log_warn("gpu %d is to be reset after %s", device, why);
 	struct mp_map body;
 	mp_map_init(&body);
 	mp_put_u64(&body, "device", (uint64_t)device);

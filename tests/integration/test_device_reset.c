@@ -87,6 +87,19 @@ static void inject_fault(struct gpuq_client *c, int device)
 	gpuq_reply_free(r);
 }
 
+static void reset_device(struct gpuq_client *c, int device, enum gpuq_errc want)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "reset_device");
+	mp_put_u64(&req, "device", (uint64_t)device);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	if (want == GPUQ_OK)
+		expect_ok(r, "reset_device");
+	else
+		expect_error(r, want, NULL);
+	gpuq_reply_free(r);
+}
+
 static void expect_buffer_error(struct gpuq_client *c, const char *op, const char *buffer,
 				enum gpuq_errc code, const char *says)
 {
@@ -201,7 +214,8 @@ TEST(device_reset_after_a_fault_serves_again_and_reports_lost_buffers)
 	}
 	gpuq_reply_free(r);
 	CHECKF(lost, "buffer 'before' is not listed as lost");
-	expect_buffer_error(c, "checksum", "before", GPUQ_E_DEVICE_ERROR, "was lost when gpu 0 was reset");
+	expect_buffer_error(c, "checksum", "before", GPUQ_E_DEVICE_ERROR,
+			    "was lost when gpu 0 was reset after a sticky fault: ");
 	do_free(c, "before");
 	/* new work on the reset device: alloc, put, run, checksum, all-reduce */
 	do_alloc(c, "after", 0, 1 << 20);
@@ -251,17 +265,43 @@ TEST(device_reset_after_a_fault_serves_again_and_reports_lost_buffers)
 	daemon_stop(&d);
 }
 
-static void reset_device(struct gpuq_client *c, int device, enum gpuq_errc want)
+/*
+ * A lost buffer's refusal says which reset lost it: a fault's or the one an
+ * administrator asked for; a later reset leaves a buffer lost before with
+ * its own cause.
+ */
+TEST(a_lost_buffer_says_which_reset_lost_it)
 {
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "reset_device");
-	mp_put_u64(&req, "device", (uint64_t)device);
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	if (want == GPUQ_OK)
-		expect_ok(r, "reset_device");
-	else
-		expect_error(r, want, NULL);
-	gpuq_reply_free(r);
+	fixture_daemon_binary = "tests/gpuqd-faults";
+	struct daemon_proc d;
+	char asked[128];
+	if (geteuid() != 0)
+		SKIP("asks for a reset, which only root and the admin group may");
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "faulted", 0, 4096);
+	inject_fault(c, 0);
+	double took = wait_reset(c, 0, 1, now_s());
+	if (took == REEXECUTED) { /* the buffer came through the re-exec: not lost */
+		gpuq_close(c);
+		daemon_stop(&d);
+		SKIP("device 0 came back by re-executing gpuqd, which keeps its buffers");
+	}
+	if (took < 0)
+		cannot_recover_in_process(&d, c, "faulted");
+	do_alloc(c, "asked", 0, 4096);
+	reset_device(c, 0, GPUQ_OK);
+	wait_reset(c, 0, 2, now_s());
+	expect_buffer_error(c, "checksum", "faulted", GPUQ_E_DEVICE_ERROR,
+			    "was lost when gpu 0 was reset after a sticky fault: ");
+	snprintf(asked, sizeof asked,
+		 "buffer 'asked@0' was lost when gpu 0 was reset after an administrator's request "
+		 "(uid %d); free it", (int)geteuid());
+	expect_buffer_error(c, "checksum", "asked", GPUQ_E_DEVICE_ERROR, asked);
+	do_free(c, "faulted");
+	do_free(c, "asked");
+	gpuq_close(c);
+	daemon_stop(&d);
 }
 
 TEST(device_past_its_reset_limit_stays_unhealthy_until_an_operator_resets_it)
@@ -329,7 +369,10 @@ TEST(reset_device_is_an_administrators_and_cancels_what_runs)
 	mp_put_u64(&req, "timeout_ms", 10000);
 	expect_error(call(c, &req, NULL, 0), GPUQ_E_CANCELLED, NULL);
 	wait_reset(c, 0, 1, t0);
-	expect_buffer_error(c, "checksum", "w", GPUQ_E_DEVICE_ERROR, "lost");
+	char why[128]; /* not "after a fault": the refusal says which cause it was */
+	snprintf(why, sizeof why, "was lost when gpu 0 was reset after an administrator's request (uid %d);",
+		 (int)geteuid());
+	expect_buffer_error(c, "checksum", "w", GPUQ_E_DEVICE_ERROR, why);
 	reset_device(c, 99, GPUQ_E_NOT_FOUND);
 	if (geteuid() == 0) {
 		pid_t pid = fork();

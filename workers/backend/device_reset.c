@@ -60,7 +60,7 @@ static void fail_queued_with_buffers(struct worker *w, const char *cause)
 		failed = q->next;
 		q->next = NULL;
 		gpuq_fail(&q->error, GPUQ_E_DEVICE_ERROR,
-			  "gpu %d was reset (%.300s) before this job started: the buffers it names are lost",
+			  "gpu %d was reset after %.300s, before this job started: the buffers it names are lost",
 			  w->dev.index, cause);
 		worker_finish_work(w, q);
 	}
