@@ -30,30 +30,41 @@ static bool name_char_ok(char c)
 	       c == '_' || c == '.' || c == '-';
 }
 
-int buffer_name_check(const char *name, struct gpuq_error *err)
+/* The naming rule of buffers and regions; what ("buffer", "region") says whose name it is. */
+static int name_check(const char *what, const char *name, struct gpuq_error *err)
 {
 	size_t len = strlen(name);
 	if (len == 0 || len > BUFFER_NAME_MAX)
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "buffer name '%s' must be 1 to %d characters long", name,
-				 BUFFER_NAME_MAX);
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "%s name '%s' must be 1 to %d characters long",
+				 what, name, BUFFER_NAME_MAX);
 	if (name[0] == '.' || name[0] == '-')
-		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "buffer name '%s' must not start with '.' or '-'", name);
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "%s name '%s' must not start with '.' or '-'",
+				 what, name);
 	for (size_t i = 0; i < len; i++) {
 		if (name_char_ok(name[i]))
 			continue;
 		/* the whole character where it is one (replies escape what is not UTF-8) */
 		size_t n = utf8_sequence((const unsigned char *)name + i, len - i);
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-				 "buffer name '%s' has '%.*s' at byte %zu; use A-Z a-z 0-9 _ . -", name,
-				 (int)(n ? n : 1), name + i, i);
+				 "%s name '%s' has '%.*s' at byte %zu; use A-Z a-z 0-9 _ . -", what,
+				 name, (int)(n ? n : 1), name + i, i);
 	}
 	return 0;
 }
 
-int buffer_ref_parse(const char *ref, const char *field, char name[BUFFER_NAME_MAX + 1],
-		     int *device, struct gpuq_error *err)
+int buffer_name_check(const char *name, struct gpuq_error *err)
+{
+	return name_check("buffer", name, err);
+}
+
+int region_name_check(const char *name, struct gpuq_error *err)
+{
+	return name_check("region", name, err);
+}
+
+/* NAME or NAME@GPU, NAME checked as what's ("buffer", "region"). */
+static int ref_parse(const char *what, const char *ref, const char *field,
+		     char name[BUFFER_NAME_MAX + 1], int *device, struct gpuq_error *err)
 {
 	const char *at = strrchr(ref, '@');
 	size_t len = at ? (size_t)(at - ref) : strlen(ref);
@@ -72,7 +83,13 @@ int buffer_ref_parse(const char *ref, const char *field, char name[BUFFER_NAME_M
 					 field, ref);
 		*device = (int)d;
 	}
-	return buffer_name_check(name, err);
+	return name_check(what, name, err);
+}
+
+int buffer_ref_parse(const char *ref, const char *field, char name[BUFFER_NAME_MAX + 1],
+		     int *device, struct gpuq_error *err)
+{
+	return ref_parse("buffer", ref, field, name, device, err);
 }
 
 /* One bound of a range: "" (absent) or a size. 1 when given, 0 absent, -1 malformed. */
@@ -123,8 +140,8 @@ static int parse_range(const char *ref, const char *range, const char *field,
 	return 0;
 }
 
-int buffer_ref_parse_range(const char *ref, const char *field, struct buffer_ref *out,
-			   struct gpuq_error *err)
+static int ref_parse_range(const char *what, const char *ref, const char *field,
+			   struct buffer_ref *out, struct gpuq_error *err)
 {
 	char head[BUFFER_NAME_MAX + 32];
 	const char *range = strchr(ref, '[');
@@ -136,9 +153,21 @@ int buffer_ref_parse_range(const char *ref, const char *field, struct buffer_ref
 				 field, BUFFER_NAME_MAX);
 	memcpy(head, ref, len);
 	head[len] = '\0';
-	if (buffer_ref_parse(head, field, out->name, &out->device, err) < 0)
+	if (ref_parse(what, head, field, out->name, &out->device, err) < 0)
 		return -1;
 	return range ? parse_range(ref, range, field, out, err) : 0;
+}
+
+int buffer_ref_parse_range(const char *ref, const char *field, struct buffer_ref *out,
+			   struct gpuq_error *err)
+{
+	return ref_parse_range("buffer", ref, field, out, err);
+}
+
+int region_ref_parse_range(const char *ref, const char *field, struct buffer_ref *out,
+			   struct gpuq_error *err)
+{
+	return ref_parse_range("region", ref, field, out, err);
 }
 
 int buffer_range_check(const struct buffer *b, uint64_t offset, bool has_length,

@@ -101,6 +101,8 @@ const char *buffer_state_name(enum buffer_state state);
 
 /* 0 if name is a valid buffer name, else -1 with a bad_request saying why. */
 int buffer_name_check(const char *name, struct gpuq_error *err);
+/* The same for a region's name (regions are named as buffers are), worded as a region's. */
+int region_name_check(const char *name, struct gpuq_error *err);
 
 /*
  * Splits "NAME" or "NAME@GPU" into name and device (-1 when absent).
@@ -128,6 +130,9 @@ struct buffer_ref {
 
 /* Splits ref as above; -1 with a bad_request naming `field` when malformed. */
 int buffer_ref_parse_range(const char *ref, const char *field, struct buffer_ref *out,
+			   struct gpuq_error *err);
+/* The same for a reference to a region (put's and get's `region`): its name errors say so. */
+int region_ref_parse_range(const char *ref, const char *field, struct buffer_ref *out,
 			   struct gpuq_error *err);
 
 /*

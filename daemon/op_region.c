@@ -113,7 +113,7 @@ struct region_create_args {
 static int region_create_check_name(struct request *req, void *args, struct gpuq_error *err)
 {
 	(void)req;
-	return buffer_name_check(((struct region_create_args *)args)->name, err);
+	return region_name_check(((struct region_create_args *)args)->name, err);
 }
 
 static int region_create_check_bytes(struct request *req, void *args, struct gpuq_error *err)
@@ -315,7 +315,7 @@ static struct region *region_ref_resolve(struct request *req, const char *text,
 					 struct buffer_ref *ref, struct gpuq_error *err)
 {
 	uid_t owner;
-	if (buffer_ref_parse_range(text, "region", ref, err) < 0 || args_owner(req, &owner, err) < 0)
+	if (region_ref_parse_range(text, "region", ref, err) < 0 || args_owner(req, &owner, err) < 0)
 		return NULL;
 	if (ref->device >= 0) {
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST,

@@ -168,6 +168,8 @@ TEST(region_refusals_name_the_problem)
 	expect_refused(create_raw(c, "x", 1000, loose), GPUQ_E_BAD_REQUEST, "multiple of the page size");
 	expect_refused(create_raw(c, "x", 2 * MIB, loose), GPUQ_E_BAD_REQUEST, "fewer than the");
 	expect_refused(create_raw(c, "x", MIB, -1), GPUQ_E_BAD_REQUEST, "exactly one descriptor");
+	expect_refused(create_raw(c, ".x", MIB, loose), GPUQ_E_BAD_REQUEST,
+		       "region name '.x' must not start with '.' or '-'");
 	close(loose);
 	make_region(c, "r", MIB, &r);
 	int fd = dup(r.fd);
@@ -184,6 +186,8 @@ TEST(region_refusals_name_the_problem)
 	expect_refused(region_xfer(c, false, "r[4096:]", "b", true), GPUQ_E_BAD_REQUEST,
 		       "outside region");
 	expect_refused(region_xfer(c, true, "r@0", "b", true), GPUQ_E_BAD_REQUEST, "names a device");
+	expect_refused(region_xfer(c, true, "-r[0:8]", "b", true), GPUQ_E_BAD_REQUEST,
+		       "region name '-r' must not start");
 	struct mp_map req;
 	gpuq_request_begin(c, &req, "put");
 	mp_put_str(&req, "buffer", "b");

@@ -86,6 +86,30 @@ TEST(buffer_ref_malformed)
 	parse_bad("w0[4K:100]", "[4096:4196]");
 }
 
+/* Regions are named as buffers are, and their name errors call the name a region's. */
+TEST(region_names_are_worded_as_regions)
+{
+	struct buffer_ref r;
+	struct gpuq_error err;
+	CHECK(region_ref_parse_range("-r[1:2]", "region", &r, &err) < 0);
+	CHECKF(strstr(err.message, "region name '-r' must not start with '.' or '-'"), "%s", err.message);
+	CHECK(region_ref_parse_range("r@x", "region", &r, &err) < 0);
+	CHECKF(strstr(err.message, "field 'region'"), "%s", err.message);
+	CHECK(region_name_check(".x", &err) < 0);
+	CHECKF(strstr(err.message, "region name '.x' must not start"), "%s", err.message);
+	CHECK(region_name_check("", &err) < 0);
+	CHECKF(strstr(err.message, "region name '' must be 1 to"), "%s", err.message);
+	CHECK(region_name_check("a b", &err) < 0);
+	CHECKF(strstr(err.message, "region name 'a b' has ' ' at byte 1"), "%s", err.message);
+	CHECK(region_name_check("ring.0", &err) == 0);
+	CHECK(buffer_name_check(".x", &err) < 0);
+	CHECKF(strstr(err.message, "buffer name '.x'"), "%s", err.message);
+	r = (struct buffer_ref){ 0 };
+	CHECK(region_ref_parse_range("in[4K:]", "region", &r, &err) == 0);
+	CHECK_STR(r.name, "in");
+	CHECK_EQ(r.offset, 4096);
+}
+
 TEST(buffer_range_check_bounds)
 {
 	struct buffer b = { .name = "w", .device = 1, .bytes = 1000 };
