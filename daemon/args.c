@@ -10,7 +10,7 @@
 #include "daemon/args.h"
 #include "daemon/daemon.h"
 
-int args_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
+int args_owner(struct request *req, const char *things, uid_t *owner, struct gpuq_error *err)
 {
 	uint64_t o;
 	*owner = req->conn->uid;
@@ -19,7 +19,7 @@ int args_owner(struct request *req, uid_t *owner, struct gpuq_error *err)
 		return rc;
 	if (req->conn->uid != 0 && o != (uint64_t)req->conn->uid)
 		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
-				 "only root may name another owner's buffers (you are uid %d)",
+				 "only root may name another owner's %s (you are uid %d)", things,
 				 (int)req->conn->uid);
 	*owner = (uid_t)o;
 	return 1;
@@ -126,7 +126,7 @@ int args_buffer(struct request *req, const char *key, bool with_range, unsigned 
 		rc = buffer_ref_parse_range(text, key, &out->ref, err);
 	else
 		rc = buffer_ref_parse(text, key, out->ref.name, &out->ref.device, err);
-	if (rc < 0 || args_owner(req, &owner, err) < 0)
+	if (rc < 0 || args_owner(req, "buffers", &owner, err) < 0)
 		return -1;
 	out->b = args_resolve(req, owner, out->ref.name, out->ref.device, err);
 	if (!out->b || buffer_usable(out->b, flags, err) < 0) {
@@ -195,7 +195,8 @@ static int decode_field(struct request *req, const struct args_field *f, void *s
 	case ARGS_MAP: return msg_get_map(req->map, f->key, slot, err);
 	case ARGS_PRESENT: return *(bool *)slot = given(req->map, f->key);
 	case ARGS_ENUM: return decode_enum(req, f, slot, err);
-	case ARGS_OWNER: return args_owner(req, slot, err);
+	case ARGS_OWNER:
+		return args_owner(req, f->flags & ARGS_OF_REGIONS ? "regions" : "buffers", slot, err);
 	case ARGS_DEVICE: return args_device(req, f->key, false, slot, err);
 	case ARGS_DEVICES: return args_devices(req, f->key, slot, err);
 	case ARGS_BUFFER: return args_buffer(req, f->key, true, f->flags, slot, err);

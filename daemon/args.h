@@ -57,6 +57,7 @@ enum args_type {
 #define ARGS_ANY_STATE 0x2u  /* ARGS_BUFFER*: resolved whatever its state (not checked usable) */
 #define ARGS_LOST_OK 0x4u    /* ARGS_BUFFER*: usable, or lost to a device reset */
 #define ARGS_KEY_NAMED 0x8u  /* ARGS_BUFFER*: a refusal other than bad_request starts "field 'KEY': " */
+#define ARGS_OF_REGIONS 0x10u /* ARGS_OWNER: it names regions, not buffers (its refusal says so) */
 
 struct args_number {
 	double f;
@@ -138,7 +139,8 @@ int args_spec_check(const struct args_spec *spec, struct gpuq_error *err);
  * The resolutions args_decode makes, for callers that still read a field
  * by hand. Each returns 1 when the field is given, 0 when absent, -1 with err.
  */
-int args_owner(struct request *req, uid_t *owner, struct gpuq_error *err);
+/* things: what the owner's namespace holds here ("buffers", "regions"), for the refusal */
+int args_owner(struct request *req, const char *things, uid_t *owner, struct gpuq_error *err);
 int args_device(struct request *req, const char *key, bool required, int *device,
 		struct gpuq_error *err);
 int args_devices(struct request *req, const char *key, struct args_devices *out,

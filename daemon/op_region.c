@@ -203,7 +203,8 @@ static int region_args_resolve(struct request *req, void *args, struct gpuq_erro
 static const struct args_field region_fields[] = {
 	{ "name", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct region_args, name),
 	  .missing = "field 'name' (a region's name) is required" },
-	{ "owner", ARGS_OWNER, 0, ARGS_AT(struct region_args, owner), .then = region_args_resolve },
+	{ "owner", ARGS_OWNER, ARGS_OF_REGIONS, ARGS_AT(struct region_args, owner),
+	  .then = region_args_resolve },
 };
 const struct args_spec op_region_free_args = ARGS_SPEC(struct region_args, region_fields, NULL);
 const struct args_spec op_region_open_args = ARGS_SPEC(struct region_args, region_fields, NULL);
@@ -315,7 +316,8 @@ static struct region *region_ref_resolve(struct request *req, const char *text,
 					 struct buffer_ref *ref, struct gpuq_error *err)
 {
 	uid_t owner;
-	if (region_ref_parse_range(text, "region", ref, err) < 0 || args_owner(req, &owner, err) < 0)
+	if (region_ref_parse_range(text, "region", ref, err) < 0 ||
+	    args_owner(req, "regions", &owner, err) < 0)
 		return NULL;
 	if (ref->device >= 0) {
 		gpuq_fail(err, GPUQ_E_BAD_REQUEST,

@@ -215,7 +215,8 @@ static void stranger_checks(const struct daemon_proc *d)
 	gpuq_request_begin(c, &req, "region_open");
 	mp_put_str(&req, "name", "mine");
 	mp_put_u64(&req, "owner", 0);
-	expect_refused(call(c, &req, NULL, 0), GPUQ_E_PERMISSION_DENIED, "only root");
+	expect_refused(call(c, &req, NULL, 0), GPUQ_E_PERMISSION_DENIED,
+		       "only root may name another owner's regions (you are uid 65534)");
 	gpuq_request_begin(c, &req, "regions");
 	struct gpuq_reply *rep = call(c, &req, NULL, 0);
 	CHECK_EQ(reply_path(rep, "regions")->via.array.size, 0);
