@@ -115,6 +115,8 @@ static void durable_copy_buffer(const struct buffer *b, const struct written *w,
 	out->conn_serial = b->conn_serial;
 	if (b->suspect)
 		snprintf(out->suspect, sizeof out->suspect, "%s", b->suspect);
+	if (b->state == BUFFER_LOST && b->lost_why)
+		snprintf(out->lost, sizeof out->lost, "%s", b->lost_why);
 	durable_copy_shape(&b->shape, out->shape, sizeof out->shape);
 	out->writers = durable_writers_of(b, w, n);
 }

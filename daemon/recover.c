@@ -321,13 +321,20 @@ static void recover_place(struct recover *r, struct buffer *b, const struct stat
 	const struct device_adopt *a = recover_find(r, rb->device, rb->slab);
 	char why[200];
 	b->state = BUFFER_LOST;
+	if (strcmp(rb->state, "lost") == 0) {
+		/*
+		 * Lost before (a device reset, an earlier re-exec): a slab of its id
+		 * now is another buffer's, made since (a reset's new heap numbers
+		 * its slabs from 1 again), and must not become a view of it.
+		 */
+		b->lost_why = rb->lost[0] ? strdup(rb->lost) : NULL;
+		return;
+	}
 	if (!a || !a->base) {
-		if (strcmp(rb->state, "lost") == 0)
-			return; /* a device reset lost it before: its refusal says so */
 		const char *cause = recover_lost_cause(a, rb);
 		log_error("buffer '%s@%d' is lost %s: %s", rb->name, rb->device, recover_event(r), cause);
 		if (asprintf(&b->lost_why, "%s (%s)", recover_event(r), cause) < 0)
-			b->lost_why = NULL; /* the device reset's wording then: still lost, still refused */
+			b->lost_why = NULL; /* the words for an unknown cause then: still lost, still refused */
 		return;
 	}
 	b->state = BUFFER_READY;

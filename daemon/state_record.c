@@ -50,6 +50,7 @@ static const struct rec_field buffer_fields[] = {
 	REC_FIELD_ADDED(struct state_buffer, "conn", REC_U64, conn_serial),
 	REC_FIELD(struct state_buffer, "state", REC_STR, state),
 	REC_FIELD_ADDED(struct state_buffer, "suspect", REC_STR, suspect),
+	REC_FIELD_ADDED(struct state_buffer, "lost", REC_STR, lost),
 	REC_FIELD_ADDED(struct state_buffer, "shape", REC_STR, shape),
 	REC_FIELD(struct state_buffer, "writers", REC_U32, writers),
 };

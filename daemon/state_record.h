@@ -69,6 +69,7 @@ struct state_buffer {
 	uint64_t conn_serial; /* an ephemeral buffer's connection (its serial survives a re-exec) */
 	char state[16];       /* buffer_state_name's word, or "suspect" */
 	char suspect[200];    /* state "suspect": why */
+	char lost[400];       /* state "lost": how, as its refusals word it ("when gpu 1 was reset after ...") */
 	char shape[200];      /* the shape a client gave it, "2,3,4" ("": none) */
 	/*
 	 * Jobs that were writing it when the record was written (from their

@@ -336,7 +336,64 @@ TEST(restart_loses_a_pool_buffer_and_says_why)
 	expect_error(r, GPUQ_E_DEVICE_ERROR, "buffer 'p@0' was lost in the re-exec (its memory was in "
 					     "the memory pool, which no restart takes over)");
 	gpuq_reply_free(r);
+	CHECK(kill(d.pid, SIGUSR2) == 0); /* a second re-exec keeps what the first said */
+	await_restarts(c, 2);
+	gpuq_request_begin(c, &req, "checksum");
+	mp_put_str(&req, "buffer", "p");
+	mp_put_bool(&req, "wait", true);
+	r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_DEVICE_ERROR, "buffer 'p@0' was lost in the re-exec (its memory was in "
+					     "the memory pool, which no restart takes over)");
+	gpuq_reply_free(r);
 	do_free(c, "p");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/*
+ * A buffer that a device reset lost stays lost through a re-exec, with its
+ * cause: the reset's new slabs reuse the lost one's slab id, and the
+ * record's offset in it must not make the lost buffer a view of another
+ * buffer's memory.
+ */
+TEST(restart_keeps_a_buffer_lost_to_a_reset_lost_and_says_why)
+{
+	struct daemon_proc d;
+	char state[16], why[128];
+	if (geteuid() != 0)
+		SKIP("asks for a reset, which only root and the admin group may");
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "old", 0, 4096);
+	do_fill_random(c, "old", 2);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "reset_device");
+	mp_put_u64(&req, "device", 0);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "reset_device");
+	gpuq_reply_free(r);
+	buffer_state(c, "old", state, sizeof state, NULL, 0);
+	for (int i = 0; i < 500 && strcmp(state, "lost") != 0; i++, usleep(10000))
+		buffer_state(c, "old", state, sizeof state, NULL, 0);
+	CHECK_STR(state, "lost");
+	do_alloc(c, "new", 0, 4096); /* a new slab of the new context, with the lost one's id */
+	do_fill_random(c, "new", 3);
+	uint64_t sum = do_checksum(c, "new");
+	CHECK(kill(d.pid, SIGUSR2) == 0);
+	await_restarts(c, 1);
+	buffer_state(c, "old", state, sizeof state, NULL, 0);
+	CHECK_STR(state, "lost");
+	gpuq_request_begin(c, &req, "checksum");
+	mp_put_str(&req, "buffer", "old");
+	mp_put_bool(&req, "wait", true);
+	r = call(c, &req, NULL, 0);
+	snprintf(why, sizeof why, "buffer 'old@0' was lost when gpu 0 was reset after an "
+		 "administrator's request (uid %d)", (int)geteuid());
+	expect_error(r, GPUQ_E_DEVICE_ERROR, why);
+	gpuq_reply_free(r);
+	CHECK_EQ(do_checksum(c, "new"), sum);
+	do_free(c, "old");
+	do_free(c, "new");
 	gpuq_close(c);
 	daemon_stop(&d);
 }

@@ -18,7 +18,7 @@
 #include "tests/harness.h"
 #include "workers/backend/host_patterns.h"
 
-static struct state_buffer test_buffers[2] = {
+static struct state_buffer test_buffers[3] = {
 	{ .name = "weights", .owner = 1000, .device = 0, .dtype = GPUQ_DTYPE_BF16, .count = 1u << 20,
 	  .bytes = 2u << 20, .slab = 3, .slab_offset = 4096, .shareable = false, .ephemeral = false,
 	  .state = "ready", .writers = 0, .slab_bytes = 32u << 20, .slab_fd = 23, .shape = "1024,1024" },
@@ -26,6 +26,9 @@ static struct state_buffer test_buffers[2] = {
 	  .bytes = 77, .slab = 0, .slab_offset = 0, .shareable = true, .ephemeral = true,
 	  .state = "suspect", .writers = 2, .slab_fd = -1, .conn_serial = 9,
 	  .suspect = "a job writing it was cut short by a restart" },
+	{ .name = "gone", .owner = 1000, .device = 1, .dtype = GPUQ_DTYPE_F32, .count = 2, .bytes = 8,
+	  .slab = 1, .slab_offset = 64, .state = "lost", .slab_fd = -1,
+	  .lost = "when gpu 1 was reset after an administrator's request (uid 0)" },
 };
 static struct state_region test_regions[1] = {
 	{ .name = "in", .owner = 1000, .device = 1, .bytes = 1u << 21, .fd = 17, .ephemeral = true,
@@ -44,7 +47,7 @@ static struct state_snapshot test_snapshot(void)
 {
 	struct state_snapshot s = { .backend = "host", .devices = 2, .recoveries = 3,
 				    .job_ids_below = (1ull << 40) + 7,
-				    .buffers = test_buffers, .nbuffers = 2,
+				    .buffers = test_buffers, .nbuffers = 3,
 				    .regions = test_regions, .nregions = 1,
 				    .leases = test_leases, .nleases = 1,
 				    .quotas = test_quotas, .nquotas = 2 };
@@ -92,8 +95,8 @@ TEST(state_record_round_trip)
 	CHECK_EQ(back.devices, 2);
 	CHECK_EQ(back.recoveries, 3);
 	CHECK_EQ(back.job_ids_below, (1ull << 40) + 7);
-	CHECK_EQ(back.nbuffers, 2);
-	for (size_t i = 0; i < 2; i++) {
+	CHECK_EQ(back.nbuffers, 3);
+	for (size_t i = 0; i < 3; i++) {
 		const struct state_buffer *a = &test_buffers[i], *b = &back.buffers[i];
 		CHECK_STR(b->name, a->name);
 		CHECK_STR(b->state, a->state);
@@ -111,6 +114,7 @@ TEST(state_record_round_trip)
 		CHECK_EQ(b->slab_fd, a->slab_fd);
 		CHECK_EQ(b->conn_serial, a->conn_serial);
 		CHECK_STR(b->suspect, a->suspect);
+		CHECK_STR(b->lost, a->lost);
 		CHECK_STR(b->shape, a->shape);
 	}
 	char why[128];
@@ -364,6 +368,7 @@ TEST(state_record_without_the_added_fields_reads_them_as_zero)
 	CHECK_EQ(back.buffers[0].slab_bytes, 0); /* so a re-exec does not take it over */
 	CHECK_EQ(back.buffers[0].conn_serial, 0);
 	CHECK_STR(back.buffers[0].suspect, "");
+	CHECK_STR(back.buffers[0].lost, "");
 	CHECK_EQ(back.nregions, 1);
 	CHECK_EQ(back.regions[0].conn_serial, 0); /* an ephemeral region of no known connection: it goes */
 	CHECK_EQ(back.nleases, 1);
@@ -402,7 +407,7 @@ TEST(state_record_adopt_continues_after_the_newest_generation)
 	CHECK_EQ(read_snapshot(held, &back), 3);
 	CHECK_EQ(back.nregions, 0);
 	CHECK_EQ(back.nleases, 0);
-	CHECK_EQ(back.nbuffers, 2);
+	CHECK_EQ(back.nbuffers, 3);
 	state_snapshot_free(&back);
 	s = test_snapshot();
 	write_snapshot(a, &s); /* 4 */
