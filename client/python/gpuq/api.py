@@ -638,7 +638,9 @@ class Api(ComputeOps):
         :class:`~gpuq.share.Attachment` is a device pointer in this process's
         CUDA context, with ``__cuda_array_interface__`` (``cupy.asarray(a)``);
         on the host backend ``a.array()`` is a numpy array over it. gpuqd's
-        jobs on the buffer wait until :meth:`release`.
+        jobs on the buffer wait until :meth:`release`. ``timeout`` (seconds)
+        bounds the wait: when it runs out the attach is given up, no lease is
+        granted, and :class:`~gpuq.Timeout` is raised.
         """
         return self._drive(self._attach_plan(buffer, mode, timeout, fields))
 

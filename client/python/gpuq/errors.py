@@ -121,7 +121,8 @@ class Cancelled(GpuqError):
 
 
 class Timeout(GpuqError, TimeoutError):
-    """A wait ran out before the job finished; the job goes on (``timeout``).
+    """A wait ran out before the job finished; the job goes on (``timeout``),
+    except an ``attach``, which is given up with its lease.
 
     ``error.job`` is the job as it stood: wait for it again, or cancel it.
     """

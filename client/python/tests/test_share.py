@@ -321,3 +321,20 @@ def test_an_async_attach_cancelled_gives_back_the_lease_granted_later(daemon, na
                 assert (await c.checksum(name, timeout=10)).state == "done"
                 await c.free(name)
     asyncio.run(main())
+
+
+def test_an_attach_whose_timeout_runs_out_is_given_up(daemon, name):
+    """attach(timeout=) behind a put that stalls: Timeout, and no lease is left,
+    neither waiting nor granted once the put ends."""
+    import os
+    with daemon.client(timeout=10) as c:
+        stall, w = _behind_a_stalled_put(c, name)
+        with pytest.raises(gpuq.Timeout, match="given up"):
+            c.attach(name, timeout=0.3)
+        assert c.leases() == []
+        os.write(w, bytes(1 << 16))
+        os.close(w)
+        stall.wait()
+        assert c.leases() == []
+        assert c.checksum(name, timeout=10).state == "done"
+        c.free(name)
