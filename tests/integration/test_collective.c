@@ -365,6 +365,9 @@ TEST(cancel_stops_a_waiting_allreduce_and_holds_buffers_until_it_ends)
 	char state[16];
 	coll_job_state(c, freeing, state, sizeof state);
 	CHECKF(strcmp(state, "queued") == 0, "the free is %s while the all-reduce holds g@0", state);
+	r = job_request(c, "status", job, 0);
+	double ran = reply_f64(r, "job.run_s"); /* rank 0's wait so far */
+	gpuq_reply_free(r);
 	gpuq_request_begin(c, &req, "cancel");
 	mp_put_u64(&req, "job", job);
 	r = call(c, &req, NULL, 0);
@@ -372,6 +375,10 @@ TEST(cancel_stops_a_waiting_allreduce_and_holds_buffers_until_it_ends)
 	gpuq_reply_free(r);
 	close(p[1]);
 	coll_expect_error(coll_wait(c, job, 10000), GPUQ_E_CANCELLED, "allreduce cancelled (rank 0");
+	r = job_request(c, "status", job, 0);
+	CHECKF(reply_f64(r, "job.run_s") >= ran, "the job ran %.3f s in all, after %.3f s so far",
+	       reply_f64(r, "job.run_s"), ran);
+	gpuq_reply_free(r);
 	gpuq_reply_free(coll_wait(c, freeing, 10000)); /* released by the cancelled job: freed now */
 	coll_alloc(c, "g", 0, GPUQ_DTYPE_F32, 512);
 	coll_fill(c, "g", 0, 3);
