@@ -121,7 +121,7 @@ class AsyncConnection(ConnectionBase):
                     except (BlockingIOError, InterruptedError):
                         sent = 0
                     except OSError as exc:
-                        raise self._send_failed(exc) from exc
+                        raise self._send_failed(exc, 0) from exc
                     if sent != len(frame):  # the socket's buffer was full
                         self._sending = True
                         await self._send_held(memoryview(frame)[sent:], ())
@@ -188,7 +188,7 @@ class AsyncConnection(ConnectionBase):
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
-            raise self._send_failed(exc) from exc
+            raise self._send_failed(exc, 0) from exc
         if sent == len(data):
             return None
         self._sending = True
@@ -225,15 +225,14 @@ class AsyncConnection(ConnectionBase):
                     except (BlockingIOError, InterruptedError):
                         await self._writable()
             except OSError as exc:
-                raise self._send_failed(exc) from exc
+                raise self._send_failed(exc, sent) from exc
         finally:
             self._hand_over()
 
-    def _send_failed(self, exc: OSError) -> ConnectionError:
+    def _send_failed(self, exc: OSError, sent: int) -> ConnectionError:
         """Closes the connection after a send failed (with the daemon's last words
         when they are already here); the error to raise."""
-        why = ConnectionError(f"cannot send to gpuqd at {self.path}: "
-                              f"{exc.strerror or exc}")
+        why = self._cannot_send(exc, sent)
         self._break((self._d.salvage(self._sock) if self._closed is None else None) or why)
         return why
 

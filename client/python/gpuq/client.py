@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from .api import Api, Plan, ProgressHandler, _job_call
 from .arrays import drop_mappings
-from .connection import Connection, ConnectionBase
+from .connection import Connection, ConnectionBase, NotSent
 from .dispatch import YIELD, Call, close_fds
 from .errors import ProtocolError
 from .forked import ForkedConnection, on_fork
@@ -113,7 +113,9 @@ class ClientBase(Api):
         a request that reads and changes nothing (``RETRY_SAFE``: ping, status,
         buffers, wait...). Any other request in flight raises ConnectionError
         saying it was not sent again, as a job may have run; the client is
-        connected again for the next call. Requests in flight together (from
+        connected again for the next call. A request that finds the
+        connection gone as it is sent (idle through a restart) reached no
+        gpuqd, and goes on the new connection, whatever it is. Requests in flight together (from
         threads, or tasks of an AsyncClient) share one new connection, and each
         safe one is sent again once. What belonged to the old connection (the
         staging ring's regions, ephemeral buffers, leases) is not carried over:
@@ -160,8 +162,9 @@ class ClientBase(Api):
 
     def _check_resend(self, call: Call, lost: BaseException) -> None:
         """Raises, for a request in flight when the connection was lost, unless it
-        is safe to send again (it reads and changes nothing, and moves no descriptor)."""
-        if call.op in RETRY_SAFE and not call.fds:
+        is safe to send again: it never went out (the connection was found gone
+        as it was sent), or it reads and changes nothing and moves no descriptor."""
+        if isinstance(lost, NotSent) or (call.op in RETRY_SAFE and not call.fds):
             return
         raise ConnectionError(
             f"gpuqd at {self.socket} went away with a {call.op} request in flight and "

@@ -73,6 +73,11 @@ class _Slot:
         self.error = error
 
 
+class NotSent(ConnectionError):
+    """The connection was found gone before any byte of a request went out: no
+    gpuqd saw the request, so it may go on a new connection, a job too."""
+
+
 class ConnectionBase:
     """What both connections hold: the socket, its dispatcher, and whether it is closed."""
 
@@ -102,8 +107,13 @@ class ConnectionBase:
 
     def _check_open(self) -> None:
         if self._closed is not None:
-            raise ConnectionError(f"the connection to gpuqd at {self.path} is closed "
-                                  f"({self._closed}); make a new client")
+            raise NotSent(f"the connection to gpuqd at {self.path} is closed "
+                          f"({self._closed}); make a new client")
+
+    def _cannot_send(self, exc: OSError, sent: int) -> ConnectionError:
+        """The error of a send that failed, NotSent when no byte of the frame went."""
+        kind = NotSent if sent == 0 else ConnectionError
+        return kind(f"cannot send to gpuqd at {self.path}: {exc.strerror or exc}")
 
 
 class Connection(ConnectionBase):
@@ -228,13 +238,16 @@ class Connection(ConnectionBase):
         closes the connection, with the daemon's reason when it gave one.
         """
         with self._send_lock:
+            sent = 0
             try:
-                sent = socket.send_fds(self._sock, [data], list(fds)) if fds else 0
+                if fds:
+                    sent = socket.send_fds(self._sock, [data], list(fds))
+                else:
+                    sent = self._sock.send(data)
                 if sent < len(data):
-                    self._sock.sendall(memoryview(data)[sent:] if sent else data)
+                    self._sock.sendall(memoryview(data)[sent:])
             except OSError as exc:
-                why = ConnectionError(f"cannot send to gpuqd at {self.path}: "
-                                      f"{exc.strerror or exc}")
+                why = self._cannot_send(exc, sent)
                 self._break(self._salvage() or why)
                 raise why from exc
 

@@ -48,6 +48,20 @@ def test_reads_go_again_on_a_new_connection(private_daemon):
         assert c.reconnects == 1
 
 
+def test_a_job_sent_after_an_idle_restart_goes_on_the_new_connection(private_daemon):
+    """The client sat idle while gpuqd restarted: its next request finds the old
+    connection gone as it sends (nothing of it left), so it never reached any
+    gpuqd and goes on the new connection, a job as much as a read."""
+    d = private_daemon()
+    with d.client() as c:
+        c.set_reconnect(20)
+        c.ping()
+        crash_and_restart(d)
+        assert c.noop().state == "done"
+        assert c.reconnects == 1
+        assert [j.op for j in c.jobs()] == ["noop"]  # sent once, to the new gpuqd
+
+
 def test_a_job_in_flight_is_not_sent_again(stalled):
     s = stalled()
     c = s.daemon.client()
@@ -142,10 +156,11 @@ def test_async_reads_go_again_on_a_new_connection(private_daemon):
             assert c.reconnects == 1
             assert (await c.noop()).state == "done"  # served as before on it
             crash_and_restart(d)
-            with pytest.raises(ConnectionError, match="not sent again"):
-                await c.noop()  # a job: it may have run, so it does not go again
+            # idle through the restart: the noop never reached the old gpuqd, so it goes
+            assert (await c.noop()).state == "done"
             assert c.reconnects == 2
             assert (await c.ping())["pid"] == d.proc.pid
+            assert [j.op for j in await c.jobs()] == ["noop"]
 
     asyncio.run(main())
 
