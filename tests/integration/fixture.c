@@ -579,15 +579,30 @@ uint64_t start_running_transfer(struct gpuq_client *c, const char *op, const cha
 	expect_ok(r, op);
 	uint64_t id = reply_u64(r, "job.job");
 	gpuq_reply_free(r);
+	wait_job_running(c, id);
+	return id;
+}
+
+void wait_job_running(struct gpuq_client *c, uint64_t job)
+{
 	char state[16] = "queued";
 	for (int i = 0; i < 2000 && strcmp(state, "queued") == 0; i++) {
-		job_state_of(c, id, state, sizeof state);
+		job_state_of(c, job, state, sizeof state);
 		if (strcmp(state, "queued") == 0)
 			usleep(1000);
 	}
-	CHECKF(strcmp(state, "running") == 0, "the %s (job %llu) is %s, not running", op,
-	       (unsigned long long)id, state);
-	return id;
+	CHECKF(strcmp(state, "running") == 0, "job %llu is %s, not running",
+	       (unsigned long long)job, state);
+}
+
+void do_reset_device(struct gpuq_client *c, int device)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "reset_device");
+	mp_put_u64(&req, "device", (uint64_t)device);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "reset_device");
+	gpuq_reply_free(r);
 }
 
 uint64_t start_stalled_put(struct gpuq_client *c, const char *buffer, int p[2])

@@ -130,6 +130,10 @@ uint64_t do_get(struct gpuq_client *c, const char *buffer, int fd);
  * start running within 2 s). fd stays the caller's.
  */
 uint64_t start_running_transfer(struct gpuq_client *c, const char *op, const char *buffer, int fd);
+/* Waits (up to 2 s) until job runs, and fails the test if it does not. */
+void wait_job_running(struct gpuq_client *c, uint64_t job);
+/* reset_device of device, which must be accepted (root and the admin group). */
+void do_reset_device(struct gpuq_client *c, int device);
 /*
  * Starts a put into buffer from a pipe that nobody writes, so that it runs
  * until the test writes or closes p[1]; returns its job id once the worker

@@ -367,11 +367,8 @@ TEST(restart_keeps_a_buffer_lost_to_a_reset_lost_and_says_why)
 	do_alloc(c, "old", 0, 4096);
 	do_fill_random(c, "old", 2);
 	struct mp_map req;
-	gpuq_request_begin(c, &req, "reset_device");
-	mp_put_u64(&req, "device", 0);
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "reset_device");
-	gpuq_reply_free(r);
+	struct gpuq_reply *r;
+	do_reset_device(c, 0);
 	buffer_state(c, "old", state, sizeof state, NULL, 0);
 	for (int i = 0; i < 500 && strcmp(state, "lost") != 0; i++, usleep(10000))
 		buffer_state(c, "old", state, sizeof state, NULL, 0);

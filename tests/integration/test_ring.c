@@ -404,22 +404,6 @@ static uint64_t submit_checksum(struct gpuq_client *c, const char *buffer)
 	return job;
 }
 
-/* Waits (up to 5 s) until job runs. */
-static void wait_running(struct gpuq_client *c, uint64_t job)
-{
-	char state[16] = "";
-	for (int i = 0; i < 5000 && strcmp(state, "running") != 0; i++) {
-		struct gpuq_reply *r = job_request(c, "status", job, 0);
-		expect_ok(r, "status");
-		reply_str(r, "job.state", state, sizeof state);
-		gpuq_reply_free(r);
-		if (strcmp(state, "running") != 0)
-			usleep(1000);
-	}
-	CHECKF(strcmp(state, "running") == 0, "job %llu is %s, not running", (unsigned long long)job,
-	       state);
-}
-
 /* Waits (up to 10 s) until device 0 runs jobs again after a reset. */
 static void wait_serving(struct gpuq_client *c)
 {
@@ -462,14 +446,9 @@ TEST(ring_cancelled_by_a_reset_lets_no_job_queued_behind_it_start)
 		snprintf(name, sizeof name, "b%u", round);
 		do_alloc(c, name, 0, 4 * 64 * KIB);
 		uint64_t ring_job = ring_start(c, true, name, &r, false);
-		wait_running(c, ring_job);
+		wait_job_running(c, ring_job);
 		uint64_t sum = submit_checksum(c, name);
-		struct mp_map req;
-		gpuq_request_begin(c, &req, "reset_device");
-		mp_put_u64(&req, "device", 0);
-		struct gpuq_reply *x = call(c, &req, NULL, 0);
-		expect_ok(x, "reset_device");
-		gpuq_reply_free(x);
+		do_reset_device(c, 0);
 		expect_job_error(c, ring_job, GPUQ_E_CANCELLED, "");
 		expect_job_error(c, sum, GPUQ_E_DEVICE_ERROR, "before this job started");
 		wait_serving(c);
