@@ -84,7 +84,10 @@ int gpuq_call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfd
  *   - sends again a request that never left, whatever it is;
  *   - sends again one that was in flight only when it reads and changes
  *     nothing and carries no descriptor: ping, devices, buffers, jobs,
- *     status, wait, stats, quota, metrics, regions, leases;
+ *     status, wait, stats, quota, metrics, regions, leases; a status or
+ *     wait (which name a job by its id) only to a gpuqd that took the old
+ *     one over (its ping counts recoveries): one started afresh numbers its
+ *     jobs from 1 again, so the id may name one of its own (GPUQ_E_IO);
  *   - fails any other in flight (a job may have run) with GPUQ_E_IO saying
  *     so, the client connected again for the next call.
  * gpuq_send, gpuq_recv and gpuq_send_raw never reconnect. What belonged to

@@ -71,6 +71,11 @@ struct gpuq_client {
 	 */
 	bool lost;
 	unsigned reconnect_ms, reconnects;
+	/*
+	 * The gpuqd of the latest reconnect took the one that went away over
+	 * (its ping counts recoveries), so that job ids name the same jobs.
+	 */
+	bool took_over;
 	char begun_op[24];
 	/* Descriptors received and not yet claimed by the reply frame they came with. */
 	int rfds[RECV_MAX_FDS];
@@ -711,8 +716,17 @@ static bool reconnect_answered(struct gpuq_client *c)
 	int rc = gpuq_call(c, &req, NULL, 0, &r, &err);
 	c->reconnect_ms = window;
 	bool ok = rc == 0 && gpuq_reply_ok(r);
+	const msgpack_object *recoveries = ok ? gpuq_reply_get(r, "recoveries") : NULL;
+	c->took_over = recoveries && recoveries->type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+		       recoveries->via.u64 > 0;
 	gpuq_reply_free(r);
 	return ok;
+}
+
+/* wait and status name a job by its id: a read, but of one gpuqd's jobs. */
+static bool names_a_job(const char *op)
+{
+	return strcmp(op, "wait") == 0 || strcmp(op, "status") == 0;
 }
 
 /*
@@ -778,6 +792,15 @@ int gpuq_call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfd
 				  "gpuqd answers there again; it is not sent again, as it may have "
 				  "run (gpuq jobs shows what did)",
 				  c->path, (unsigned long long)id, op[0] ? op : "?");
+			break;
+		}
+		if (sent && names_a_job(op) && !c->took_over) {
+			gpuq_fail(err, GPUQ_E_IO,
+				  "gpuqd at %s went away with a %s in flight, and the gpuqd that "
+				  "answers there now was started afresh (it took nothing over): the "
+				  "job went with the old one, and the %s is not asked again, as the "
+				  "new gpuqd numbers its own jobs from 1 and may have one of that id",
+				  c->path, op, op);
 			break;
 		}
 	}

@@ -383,11 +383,11 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
                 conn = self._try_connect()
                 if conn is not None:
                     try:
-                        await conn.call(Call("ping"))
+                        ping = await conn.call(Call("ping"))
                     except (ConnectionError, TimeoutError) as exc:
                         self._unanswered(conn, exc)
                     else:
-                        self._adopt(conn)
+                        self._adopt(conn, ping)
                         return True
                 await asyncio.sleep(pause)
             return False

@@ -26,6 +26,9 @@ DEFAULT_TIMEOUT = 30.0
 #: A job never is: it may have run in the gpuqd that went away.
 RETRY_SAFE = frozenset({"ping", "devices", "buffers", "jobs", "status", "wait", "stats",
                         "quota", "metrics", "regions", "leases"})
+#: Of those, the ones that name a job by its id: sent again only to a gpuqd that
+#: took the old one over, since one started afresh numbers its jobs from 1 again.
+NAMES_A_JOB = frozenset({"status", "wait"})
 
 
 def _own_body(reply: Dict[str, Any]) -> Dict[str, Any]:
@@ -106,12 +109,17 @@ class ClientBase(Api):
     reconnect_s: float = 0.0
     #: New connections made after losing one.
     reconnects: int = 0
+    #: Whether the gpuqd of the latest reconnect took the old one's state over
+    #: (its ping counts ``recoveries``), so that job ids name the same jobs.
+    _took_over: bool = False
 
     def set_reconnect(self, window_s: float) -> None:
         """Reconnects when the connection ends (gpuqd restarted, or crashed and came
         back under systemd), trying for up to ``window_s`` seconds, and sends again
         a request that reads and changes nothing (``RETRY_SAFE``: ping, status,
-        buffers, wait...). Any other request in flight raises ConnectionError
+        buffers, wait...; status and wait only to a gpuqd that took the old
+        one over, as job ids start from 1 again in one started afresh). Any
+        other request in flight raises ConnectionError
         saying it was not sent again, as a job may have run; the client is
         connected again for the next call. A request that finds the
         connection gone as it is sent (idle through a restart) reached no
@@ -150,8 +158,10 @@ class ClientBase(Api):
         gone), or that does not answer yet. Closed; the caller tries again."""
         conn.close(f"not answered ({error})")
 
-    def _adopt(self, conn: Any) -> None:
-        """Serves on ``conn`` from now on, leaving behind what went with the old one."""
+    def _adopt(self, conn: Any, ping: Dict[str, Any]) -> None:
+        """Serves on ``conn``, whose gpuqd answered ``ping``, from now on, leaving
+        behind what went with the old one."""
+        self._took_over = bool(ping.get("recoveries"))
         self._staging.close()  # its regions went with the old connection
         drop_mappings(self, None, unmap=False)
         # The old one is not closed here: a thread may still be leaving its read,
@@ -164,8 +174,17 @@ class ClientBase(Api):
         """Raises, for a request in flight when the connection was lost, unless it
         is safe to send again: it never went out (the connection was found gone
         as it was sent), or it reads and changes nothing and moves no descriptor."""
-        if isinstance(lost, NotSent) or (call.op in RETRY_SAFE and not call.fds):
+        if isinstance(lost, NotSent):
             return
+        if call.op in RETRY_SAFE and not call.fds:
+            if call.op not in NAMES_A_JOB or self._took_over:
+                return
+            raise ConnectionError(
+                f"gpuqd at {self.socket} went away with a {call.op} request in flight, "
+                f"and the gpuqd that answers there now was started afresh (it took "
+                f"nothing over): the job went with the old one, and the {call.op} is not "
+                f"asked again, as the new gpuqd numbers its jobs from 1 and may have one "
+                f"of that id") from lost
         raise ConnectionError(
             f"gpuqd at {self.socket} went away with a {call.op} request in flight and "
             f"answers there again; it is not sent again, as it may have run "
@@ -277,11 +296,11 @@ class Client(ClientBase):
             conn = self._try_connect()
             if conn is not None:
                 try:
-                    conn.call(Call("ping"))
+                    ping = conn.call(Call("ping"))
                 except (ConnectionError, TimeoutError) as exc:
                     self._unanswered(conn, exc)
                 else:
-                    self._adopt(conn)
+                    self._adopt(conn, ping)
                     return
             time.sleep(pause)
         raise lost
