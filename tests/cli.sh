@@ -212,6 +212,23 @@ check attach_not_shareable_is_1 1 gpuq attach f@1
 expect attach_not_shareable_says_so "not shareable" err
 check leases_none 0 gpuq leases
 expect leases_none_says_so "no leases" out
+# an attach held by another: --timeout gives the second attach up in gpuqd too,
+# so no lease is granted to it once the first goes
+check alloc_shareable 0 gpuq alloc sh --bytes 64K --shareable
+"$BUILD/gpuq" --socket "$sock" attach sh > "$dir/holder.out" 2>&1 &
+holder=$!
+i=0
+until grep -q "held until interrupted" "$dir/holder.out" || [ $i -ge 200 ]; do
+	i=$((i + 1))
+	sleep 0.05
+done
+check attach_timeout_is_1 1 gpuq --timeout 300 attach sh
+expect attach_timeout_says_given_up "is given up" err
+kill -TERM "$holder"
+wait "$holder"
+check attach_timeout_leaves_no_lease 0 gpuq leases
+expect attach_timeout_leaves_no_lease_says_so "no leases" out
+check free_shareable 0 gpuq free sh
 # quota: limits beside usage, sizes for people, unlimited spelled out; --json as the reply; --uid
 check quota 0 gpuq quota
 expect quota_has_memory_rows "^device-memory gpu0 " out

@@ -188,6 +188,9 @@ int cmd_attach(struct cli *cli)
 	if (rc)
 		return rc;
 	gpuq_set_event_handler(cli->client, on_lease_event, NULL);
+	/* libgpuq tells gpuqd, which gives the attach up then */
+	gpuq_set_timeout(cli->client, cli->has_timeout && cli->timeout_ms > 0
+					      ? (unsigned)cli->timeout_ms : 0);
 	if (gpuq_buffer_attach(cli->client, cli->args[0], !cli->read_only, &a, &err) < 0)
 		return share_failed(&err);
 	fprintf(cli->out, "lease %" PRIu64 ": %s (%s) %s at %p (%s), mapped in %.3f ms; "

@@ -120,6 +120,7 @@ void gpuq_set_max_frame(struct gpuq_client *c, size_t max_frame);
  * arrives later is returned by a later gpuq_recv for its id.
  */
 void gpuq_set_timeout(struct gpuq_client *c, unsigned timeout_ms);
+unsigned gpuq_get_timeout(const struct gpuq_client *c);
 
 bool gpuq_reply_ok(const struct gpuq_reply *r);
 /* Fills err from the reply's error map (code GPUQ_OK if ok). */
@@ -179,6 +180,9 @@ int gpuq_region_free(struct gpuq_client *c, const char *name, struct gpuq_error 
  * on the buffer is complete (cudaStreamSynchronize): release unmaps here,
  * then tells gpuqd. A lease also ends when the connection closes, or when
  * root or the admin group breaks it (an event frame `lease_broken` says so).
+ * Under gpuq_set_timeout the attach waits at most that long: gpuqd is told
+ * (timeout_ms) and gives it up then, granting no lease, and the call fails
+ * with GPUQ_E_TIMEOUT.
  */
 struct gpuq_attachment {
 	void *ptr;          /* device pointer (CUdeviceptr), or host memory with host */

@@ -215,6 +215,11 @@ void gpuq_set_timeout(struct gpuq_client *c, unsigned timeout_ms)
 	c->timeout_ms = timeout_ms;
 }
 
+unsigned gpuq_get_timeout(const struct gpuq_client *c)
+{
+	return c->timeout_ms;
+}
+
 uint64_t gpuq_request_begin(struct gpuq_client *c, struct mp_map *req, const char *op)
 {
 	uint64_t id = c->next_id++;

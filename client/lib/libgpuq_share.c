@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -194,6 +195,30 @@ static int release_lease(struct gpuq_client *c, uint64_t lease, struct gpuq_erro
 	return 0;
 }
 
+/* How much longer than its timeout_ms an attach waits for gpuqd's reply that it gave up. */
+#define ATTACH_REPLY_GRACE_MS 5000
+
+/*
+ * The attach request, under the client's timeout: gpuqd is told it, so that
+ * it gives the attach up in time. Were only this side to stop waiting,
+ * gpuqd would grant the lease later to a caller that never learnt its id,
+ * and the buffer's writers would wait for it as long as the connection
+ * lives; so this side waits a little longer, for that reply.
+ */
+static int attach_call(struct gpuq_client *c, struct mp_map *req, struct gpuq_reply **r,
+		       struct gpuq_error *err)
+{
+	unsigned timeout = gpuq_get_timeout(c);
+	if (timeout) {
+		mp_put_u64(req, "timeout_ms", timeout);
+		gpuq_set_timeout(c, timeout < UINT_MAX - ATTACH_REPLY_GRACE_MS
+					    ? timeout + ATTACH_REPLY_GRACE_MS : UINT_MAX);
+	}
+	int rc = share_call(c, req, NULL, 0, r, err);
+	gpuq_set_timeout(c, timeout);
+	return rc;
+}
+
 int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
 		       struct gpuq_attachment *out, struct gpuq_error *err)
 {
@@ -207,7 +232,7 @@ int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_writ
 	mp_put_str(&req, "buffer", buffer);
 	mp_put_str(&req, "mode", read_write ? "read-write" : "read");
 	mp_put_bool(&req, "wait", true);
-	if (share_call(c, &req, NULL, 0, &r, err) < 0)
+	if (attach_call(c, &req, &r, err) < 0)
 		return -1;
 	double start = now_s();
 	int fd = gpuq_reply_take_fd(r, 0);

@@ -307,6 +307,37 @@ TEST(an_attach_that_times_out_is_given_up)
 	daemon_stop(&d);
 }
 
+/*
+ * gpuq_buffer_attach under gpuq_set_timeout: the library's own timeout used
+ * to leave the attach queued in gpuqd, which granted the lease once the
+ * holder let go, to a caller that had given up (and never learnt the
+ * lease's id), so the buffer's writers waited as long as it stayed
+ * connected. gpuqd is told the timeout, and gives the attach up.
+ */
+TEST(a_library_attach_that_times_out_leaves_no_lease)
+{
+	struct daemon_proc d;
+	struct gpuq_attachment a, b;
+	struct gpuq_error err;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *holder = client_open(&d), *late = client_open(&d);
+	lease_alloc_shareable(holder, "s", MIB, false);
+	lease_attach(holder, "s", true, &a);
+	gpuq_set_timeout(late, 300);
+	CHECK(gpuq_buffer_attach(late, "s", true, &b, &err) < 0);
+	CHECKF(err.code == GPUQ_E_TIMEOUT && strstr(err.message, "given up"), "%s: %s",
+	       gpuq_errc_name(err.code), err.message);
+	gpuq_set_timeout(late, 0);
+	release(holder, &a);
+	uint64_t fill = lease_submit(holder, "fill", "s"); /* behind no lease */
+	expect_done(holder, fill);
+	CHECK_EQ(lease_count(late), 0);
+	gpuq_close(late);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
 TEST(an_attached_ephemeral_buffer_stays_until_its_lease_ends)
 {
 	struct daemon_proc d;
