@@ -100,8 +100,9 @@ def lookup_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
 
 def cached_lookup_plan(api: "Api", name: str, device: Optional[int]) -> Plan:
     """As :func:`lookup_plan`, but what ``buffers`` said last time when this client
-    has asked already: ``(row, cached)``. A transfer that fails with a cached
-    row forgets it and tries once more with a fresh one (see :func:`_retrying`)."""
+    has asked already: ``(row, cached)``. A transfer with a cached row that is
+    refused as a stale row would be forgets it and tries once more with a
+    fresh one (see :func:`_retrying`)."""
     row = api._rows.get((name, device))
     if row is not None:
         return row, True
@@ -125,16 +126,27 @@ def forget(api: "Api", name: str) -> None:
 def _retrying(api: "Api", name: str, make: Any) -> Plan:
     """Runs the plan ``make(used)`` gives, ``used`` a list its lookups append whether
     they answered from the cache to; when it fails after a cached answer, forgets
-    the buffer and runs it once more, looking afresh (the buffer may have been
-    freed and made anew, by this process or another, since it was cached)."""
+    the buffer, and when the failure may be the cached row's, runs it once more,
+    looking afresh (the buffer may have been freed and made anew, by this process
+    or another, since it was cached)."""
     used: List[bool] = []
     try:
         return (yield from make(used))
-    except GpuqError:
+    except GpuqError as exc:
         forget(api, name)
-        if not any(used):
+        if not any(used) or not _stale_row_refusal(exc):
             raise
     return (yield from make([]))
+
+
+def _stale_row_refusal(exc: GpuqError) -> bool:
+    """Whether ``exc`` is what a stale row gives, so that trying again is safe: a
+    request refused before any job existed (no ``job``), as a buffer that is gone
+    (``not_found``) or holds another dtype or size (``bad_request``, this
+    client's or gpuqd's) is refused. A job that was accepted is never sent
+    again: one that failed, was cancelled or is still running when its wait
+    ran out (:class:`Timeout`) stays the call's answer."""
+    return exc.job is None and isinstance(exc, (NotFound, BadRequest))
 
 
 def _lookup_fresh_plan(api: "Api", name: str, device: Optional[int]) -> Plan:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -263,4 +265,28 @@ def test_free_through_this_client_forgets_the_buffer(daemon, name):
         c.put_array(name, np.arange(4, dtype=np.int32))
         back = c.get_array(name)
         assert back.dtype == np.int32 and np.array_equal(back, np.arange(4))
+        c.free(name)
+
+
+def test_a_transfer_that_fails_after_a_remembered_row_is_not_sent_again(daemon, name):
+    """The retry after a remembered row is for a stale row (a buffer freed or made
+    anew elsewhere), refused before any job: a put_array or get_array whose job
+    timed out raises that job's Timeout, at its own timeout, and sends nothing
+    more (it sent the job again, which ran later too, and waited twice)."""
+    with daemon.client() as c:
+        c.alloc(name, (4,), np.float32, shareable=True)
+        c.put_array(name, np.ones(4, np.float32))  # the row is remembered
+        puts, gets = _count_ops(c, "put"), _count_ops(c, "get")
+        with c.attach(name):  # a lease: jobs on the buffer queue behind it
+            start = time.monotonic()
+            with pytest.raises(gpuq.Timeout) as put:
+                c.put_array(name, np.full(4, 2, np.float32), timeout=0.5)
+            with pytest.raises(gpuq.Timeout) as get:
+                c.get_array(name, timeout=0.5)
+            took = time.monotonic() - start
+        assert len(puts) == 1 and len(gets) == 1, (puts, gets)
+        assert took < 1.8, took  # each waited once
+        assert put.value.job.wait(timeout=10).state == "done"
+        assert get.value.job.wait(timeout=10).state == "done"
+        assert c.get_array(name).tolist() == [2.0] * 4
         c.free(name)
