@@ -220,11 +220,13 @@ class AsyncMethods:
         The dtype is the buffer's (``bytes`` reads as ``uint8``, ``bf16`` as
         ml_dtypes' ``bfloat16`` when installed, else ``uint16``), or
         ``dtype`` (any spelling, or a numpy dtype gpuq lacks) to read its
-        bytes as another. The shape is ``shape``, else the one gpuqd keeps
-        for the buffer, else 1-D. ``out``: fill this array instead and
-        return it: a writable C-contiguous numpy array (or torch CPU tensor)
-        of that dtype and size, or on a GPU a torch CUDA tensor or CuPy array
-        of its size (a device-to-device copy from a shareable buffer).
+        bytes as another; bytes are stored in the machine's order, so a
+        dtype of the other order (``">u4"``) gets them byteswapped into it.
+        The shape is ``shape``, else the one gpuqd keeps for the buffer, else
+        1-D. ``out``: fill this array instead and return it: a writable
+        C-contiguous numpy array (or torch CPU tensor) of that dtype (in
+        either byte order) and size, or on a GPU a torch CUDA tensor or CuPy
+        array of its size (a device-to-device copy from a shareable buffer).
         Large reads go through the pinned staging ring (see :meth:`put_array`).
         """
         return await _call(Api.get_array, self, buffer, out, dtype=dtype, shape=shape, priority=priority, timeout=timeout, on_progress=on_progress)

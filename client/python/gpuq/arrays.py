@@ -347,7 +347,7 @@ def get_array_plan(api: "Api", spec: str, out: Any, dtype: Any, shape: Any,
 
 def _get_array_plan(api: "Api", spec: str, name: str, device: Optional[int], out: Any,
                     dtype: Any, shape: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
-    np = _np()
+    _np()  # its ImportError says how to install it
     buf, cached = yield from cached_lookup_plan(api, name, device)
     used.append(cached)
     if buf is None:
@@ -365,9 +365,25 @@ def _get_array_plan(api: "Api", spec: str, name: str, device: Optional[int], out
         given = out
         view = _check_out(_torch_to_numpy(out)[0] if _module(out) == "torch" else out,
                           dt, count, label)
-        yield from _get_bytes_plan(api, label, view, int(buf["device"]), job)
+        if view.dtype.isnative:
+            yield from _get_bytes_plan(api, label, view, int(buf["device"]), job)
+        else:  # the bytes are stored in the machine's order: swapped into out's
+            native = view.view(_native(view.dtype))
+            yield from _get_bytes_plan(api, label, native, int(buf["device"]), job)
+            view[...] = native.copy()
         return given
     want = _shape(api, label, buf, count, shape)
+    if not dt.isnative:  # read in the machine's order, as stored, then converted
+        target = yield from _get_new_plan(api, label, buf, want, _native(dt), job)
+        return target.astype(dt)
+    return (yield from _get_new_plan(api, label, buf, want, dt, job))
+
+
+def _get_new_plan(api: "Api", label: str, buf: Dict[str, Any], want: Tuple[int, ...],
+                  dt: Any, job: Dict[str, Any]) -> Plan:
+    """A whole buffer's bytes as a new array of shape ``want`` and dtype ``dt``."""
+    np = _np()
+    nbytes = int(buf["bytes"])
     if nbytes >= MIN_STAGED_BYTES and api._staging.try_acquire():
         try:
             ready = yield from api._staging._ready_plan(api, int(buf["device"]))
@@ -381,6 +397,11 @@ def _get_array_plan(api: "Api", spec: str, name: str, device: Optional[int], out
     target = memfd.memfd_array(want, dt)
     yield from _get_bytes_plan(api, label, target, int(buf["device"]), job)
     return target
+
+
+def _native(dt: Any) -> Any:
+    """``dt`` in the machine's byte order (every field of a structured one)."""
+    return dt if dt.isnative else dt.newbyteorder("=")
 
 
 def _read_as(dtype: Any) -> Any:
@@ -435,7 +456,9 @@ def _shape(api: "Api", label: str, buf: Dict[str, Any], count: int,
 
 
 def _check_out(out: Any, dt: Any, count: int, label: str) -> Any:
-    if not hasattr(out, "dtype") or out.dtype != dt or out.size != count:
+    """``out`` when it fits: ``count`` elements of ``dt``, in either byte order."""
+    if (not hasattr(out, "dtype") or _native(out.dtype) != _native(dt)
+            or out.size != count):
         got = (f"a {out.dtype} array of {out.size}" if hasattr(out, "dtype")
                else f"a {type(out).__name__}")
         raise BadRequest(f"out= must be a {dt.name} array of {count} elements for buffer "

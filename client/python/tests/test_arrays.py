@@ -108,6 +108,34 @@ def test_non_contiguous_and_big_endian_arrays(client, name):
         client.free(name)
 
 
+@pytest.mark.parametrize("kind,as_bytes", [
+    ("<i4", False), (">i4", False), ("<f8", False), (">f8", False),
+    ("<i4", True), (">i4", True), (">f8", True), ("<u4", True), (">u4", True),
+    (">c8", True)])
+def test_byte_orders_round_trip(client, name, kind, as_bytes):
+    """Every array is stored in the machine's byte order, raw bytes too, and read
+    back in the order asked for: get_array(dtype=a.dtype) gives a's values in
+    a's dtype, as a new array or into out= (a big-endian dtype read the stored
+    bytes unswapped: [0 16777216 ...] for arange)."""
+    a = np.arange(-3, 6).astype(kind)
+    native = a.dtype.newbyteorder("=")
+    client.put_array(name, a, dtype="bytes" if as_bytes else None)
+    try:
+        back = client.get_array(name, dtype=a.dtype)
+        assert back.dtype == a.dtype and back.tolist() == a.tolist()
+        assert client.get_array(name, dtype=native).tolist() == a.tolist()
+        stored = client.get_array(name)
+        assert stored.tobytes() == a.astype(native).tobytes()  # the machine's order
+        out = np.zeros(a.shape, a.dtype)
+        assert client.get_array(name, out=out, dtype=a.dtype) is out
+        assert out.tolist() == a.tolist()
+        if not as_bytes:  # out= of the buffer's dtype in either order
+            out = np.zeros(a.shape, a.dtype)
+            assert client.get_array(name, out=out) is out and out.tolist() == a.tolist()
+    finally:
+        client.free(name)
+
+
 def test_an_existing_buffer_must_match(client, name):
     client.alloc(name, count=10, dtype="f32")
     try:
