@@ -204,6 +204,10 @@ def _prepare(arr: Any, dtype: Any) -> Tuple[Any, str]:
     if _module(arr) == "torch":
         arr, forced = _torch_to_numpy(arr)
     arr = np.asarray(arr)
+    if arr.dtype.hasobject:
+        raise BadRequest(f"the array holds Python objects (dtype {arr.dtype}), whose bytes "
+                         "are pointers into this process: store numbers (convert it with "
+                         "astype())")
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if dtype is None:
@@ -240,6 +244,27 @@ def _product(shape: Sequence[int]) -> int:
     for n in shape:
         total *= int(n)
     return total
+
+
+#: The most dimensions gpuqd keeps of a buffer's shape (docs/protocol.md, alloc).
+MAX_DIMS = 8
+
+
+def _bytes_shape(shape: Sequence[int], itemsize: int, elem: int) -> List[int]:
+    """The shape gpuqd keeps for an array of ``shape`` with ``itemsize``-byte elements
+    stored as raw bytes in a buffer of ``elem``-byte elements: its shape in the
+    buffer's elements, as numpy's ``view`` gives it (a (2, 3) complex64 array
+    in a buffer of bytes: (2, 24)), so that ``get_array(dtype=np.complex64)``
+    in any process reads (2, 3) from it (:func:`_read_shape`); 1-D where its
+    last axis is not a whole number of the buffer's elements, or where it has
+    more dimensions than gpuqd keeps."""
+    dims = [int(n) for n in shape]
+    last = (dims[-1] if dims else 1) * itemsize
+    if len(dims) > MAX_DIMS or last % elem:
+        return [_product(dims) * itemsize // elem]
+    if itemsize == elem:
+        return dims
+    return dims[:-1] + [last // elem]
 
 
 # put_array ------------------------------------------------------------------------
@@ -282,15 +307,18 @@ def _put_array_plan(api: "Api", spec: str, name: str, device: Optional[int], arr
             return done
         arr = _device_to_host(arr)
     arr, gd = _prepare(arr, dtype)
-    shape = [int(n) for n in arr.shape] if gd != "bytes" or arr.itemsize == 1 else None
+    shape = ([int(n) for n in arr.shape] if gd != "bytes"
+             else _bytes_shape(arr.shape, arr.itemsize, SIZES["bytes"]))
     size: Dict[str, Any] = ({"bytes": arr.nbytes} if gd == "bytes"
                             else {"count": arr.size, "dtype": gd})
     buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job, used)
     _check_fit(buf, arr.nbytes, arr.size, gd)
+    if gd == "bytes":  # in the elements of the buffer they go into
+        shape = _bytes_shape(arr.shape, arr.itemsize, SIZES.get(str(buf.get("dtype")), 1))
     label = f"{name}@{buf['device']}"
-    extra = {"shape": shape} if shape is not None and buf.get("shape") != shape else {}
+    extra = {"shape": shape} if buf.get("shape") != shape else {}
     result = yield from _put_bytes_plan(api, label, arr, int(buf["device"]), extra, job)
-    api._shapes[label] = arr.shape
+    api._shapes[label] = tuple(shape)
     if extra:  # gpuqd keeps the shape now
         remember(api, name, device, dict(buf, shape=shape))
     return result
@@ -442,16 +470,35 @@ def _get_bytes_plan(api: "Api", label: str, target: Any, device: int,
 
 def _shape(api: "Api", label: str, buf: Dict[str, Any], count: int,
            shape: Any) -> Tuple[int, ...]:
-    """The shape of a new array: asked for, else the daemon's, else this client's, else 1-D."""
+    """The shape of a new array of ``count`` elements: asked for, else the one gpuqd
+    keeps (:func:`_read_shape`), else (a daemon that keeps none) the one this
+    client put, else 1-D."""
     if shape is not None:
         shape_t = (shape,) if isinstance(shape, int) else tuple(int(n) for n in shape)
         if _product(shape_t) != count:
             raise BadRequest(f"shape {shape_t} holds {_product(shape_t)} elements; buffer "
                              f"'{label}' holds {count}")
         return shape_t
-    for kept in (buf.get("shape"), api._shapes.get(label)):
-        if kept is not None and _product(kept) == count:
-            return tuple(int(n) for n in kept)
+    kept = buf.get("shape")
+    if kept is None:
+        kept = api._shapes.get(label)
+    if kept is None:
+        return (count,)
+    return _read_shape(tuple(int(n) for n in kept), int(buf["bytes"]), count)
+
+
+def _read_shape(kept: Tuple[int, ...], nbytes: int, count: int) -> Tuple[int, ...]:
+    """A buffer of ``nbytes`` whose shape is ``kept`` (in its own elements) read as
+    ``count`` elements: that shape when they are its own, else with its last
+    axis's bytes in the new elements, as numpy's ``view`` ((2, 24) bytes as
+    complex64: (2, 3)), else 1-D."""
+    whole = _product(kept)
+    if whole == count:
+        return kept
+    if kept and whole:
+        last = kept[-1] * (nbytes // whole)  # bytes
+        if last % (nbytes // count) == 0:
+            return kept[:-1] + (last // (nbytes // count),)
     return (count,)
 
 
@@ -491,8 +538,10 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
     count = _product(shape)
     nbytes = count * SIZES[_device_dtype(arr)]
     size: Dict[str, Any] = {"bytes": nbytes} if gd == "bytes" else {"count": count, "dtype": gd}
-    buf = yield from _find_or_alloc_plan(api, name, device, size,
-                                         shape if gd != "bytes" else None, True, job, used)
+    buf = yield from _find_or_alloc_plan(
+        api, name, device, size,
+        shape if gd != "bytes" else _bytes_shape(shape, SIZES[_device_dtype(arr)], 1),
+        True, job, used)
     _check_fit(buf, nbytes, count, gd)
     if not buf.get("shareable"):
         return None

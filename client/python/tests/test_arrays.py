@@ -77,6 +77,58 @@ def test_other_numpy_dtypes_go_as_bytes(client, name, dtype):
         client.free(name)
 
 
+@pytest.mark.parametrize("dtype", [object, [("n", "i4"), ("o", object)]])
+def test_arrays_of_python_objects_are_refused_as_bytes(client, name, dtype):
+    """Their bytes are pointers into this process: refused before anything is sent."""
+    a = np.array([(1, "a"), (2, "b")], dtype=dtype)
+    sent = _count_ops(client, "buffers") + _count_ops(client, "alloc")
+    for kw in ({"dtype": "bytes"}, {}):
+        with pytest.raises(gpuq.BadRequest, match="Python objects"):
+            client.put_array(name, a, **kw)
+    assert sent == []
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (4,), (1, 2, 1, 2, 1, 2, 1, 2),
+                                   (1, 2, 1, 2, 1, 2, 1, 2, 1)])
+def test_the_shape_of_raw_bytes_is_kept_by_the_daemon(client, name, daemon, shape):
+    """A complex64 array stored as bytes comes back with its shape in any process:
+    gpuqd keeps its bytes' shape, as numpy's view(np.uint8) has it (it kept
+    none, and only the client that put it knew the shape)."""
+    a = (np.arange(int(np.prod(shape))) * (1 + 2j)).astype(np.complex64).reshape(shape)
+    raw = a.view(np.uint8).shape  # (2, 24)
+    client.put_array(name, a, dtype="bytes")
+    try:
+        if len(shape) > 8:  # more dimensions than gpuqd keeps: 1-D, for every process
+            assert client.get_array(name, dtype=np.complex64).shape == (a.size,)
+            return
+        with daemon.client() as other:
+            for c in (client, other):
+                back = c.get_array(name, dtype=np.complex64)
+                assert back.shape == a.shape and np.array_equal(back, a)
+                assert c.get_array(name).shape == raw  # bytes, as uint8
+                assert c.get_array(name, dtype=np.float32).shape == a.view(np.float32).shape
+            assert other.buffer(name).shape == raw
+    finally:
+        client.free(name)
+
+
+def test_raw_bytes_go_into_a_buffer_of_another_dtype(client, name, daemon):
+    """Into a buffer of f32: the shape gpuqd keeps is in f32 elements (a uint8
+    array's was sent in bytes, and refused as the wrong count)."""
+    client.alloc(name, (3, 4), np.float32)
+    try:
+        raw = np.arange(48, dtype=np.uint8)
+        client.put_array(name, raw, dtype="bytes")
+        assert np.array_equal(client.get_array(name, dtype=np.uint8), raw)
+        c = (np.arange(6) * 1j).astype(np.complex64).reshape(2, 3)
+        client.put_array(name, c, dtype="bytes")
+        with daemon.client() as other:
+            assert other.buffer(name).shape == (2, 6)
+            back = other.get_array(name, dtype=np.complex64)
+            assert back.shape == (2, 3) and np.array_equal(back, c)
+    finally:
+        client.free(name)
+
 def test_shape_is_kept_by_the_daemon(client, name, daemon):
     a = random_bits("float32", 2 * 3 * 5, seed=1).reshape(2, 3, 5)
     client.put_array(f"{name}@0", a)
