@@ -269,13 +269,15 @@ def _bytes_shape(shape: Sequence[int], itemsize: int, elem: int) -> List[int]:
 
 # put_array ------------------------------------------------------------------------
 
-def _find_or_alloc_plan(api: "Api", name: str, device: Optional[int], size: Dict[str, Any],
-                        shape: Optional[List[int]], shareable: bool,
-                        job: Dict[str, Any], used: List[bool]) -> Plan:
+def _find_or_alloc_plan(api: "Api", spec: str, name: str, device: Optional[int],
+                        size: Dict[str, Any], shape: Optional[List[int]], shareable: bool,
+                        job: Dict[str, Any], used: List[bool], create: bool) -> Plan:
     buf, cached = yield from cached_lookup_plan(api, name, device)
     used.append(cached)
     if buf is not None:
         return buf
+    if not create:
+        raise (yield from _not_found(api, spec))
     forget(api, name)
     try:
         done = yield from api._job_plan("alloc", dict(name=name, device=device, shape=shape,
@@ -292,17 +294,19 @@ def _find_or_alloc_plan(api: "Api", name: str, device: Optional[int], size: Dict
 
 
 def put_array_plan(api: "Api", spec: str, arr: Any, dtype: Any,
-                   job: Dict[str, Any]) -> Plan:
-    """Finds or allocates the buffer, checks that the array fits it, and puts it."""
+                   job: Dict[str, Any], create: bool = True) -> Plan:
+    """Finds or allocates the buffer (``create``; else NotFound when there is none),
+    checks that the array fits it, and puts it."""
     name, device = split_name(spec)
     return (yield from _retrying(api, name, lambda used: _put_array_plan(
-        api, spec, name, device, arr, dtype, job, used)))
+        api, spec, name, device, arr, dtype, job, used, create)))
 
 
 def _put_array_plan(api: "Api", spec: str, name: str, device: Optional[int], arr: Any,
-                    dtype: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
+                    dtype: Any, job: Dict[str, Any], used: List[bool], create: bool) -> Plan:
     if is_device_array(arr):
-        done = yield from _device_put_plan(api, spec, name, device, arr, dtype, job, used)
+        done = yield from _device_put_plan(api, spec, name, device, arr, dtype, job, used,
+                                           create)
         if done is not None:
             return done
         arr = _device_to_host(arr)
@@ -311,7 +315,8 @@ def _put_array_plan(api: "Api", spec: str, name: str, device: Optional[int], arr
              else _bytes_shape(arr.shape, arr.itemsize, SIZES["bytes"]))
     size: Dict[str, Any] = ({"bytes": arr.nbytes} if gd == "bytes"
                             else {"count": arr.size, "dtype": gd})
-    buf = yield from _find_or_alloc_plan(api, name, device, size, shape, False, job, used)
+    buf = yield from _find_or_alloc_plan(api, spec, name, device, size, shape, False, job,
+                                         used, create)
     _check_fit(buf, arr.nbytes, arr.size, gd)
     if gd == "bytes":  # in the elements of the buffer they go into
         shape = _bytes_shape(arr.shape, arr.itemsize, SIZES.get(str(buf.get("dtype")), 1))
@@ -530,7 +535,7 @@ def _device_dtype(arr: Any) -> str:
 
 
 def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], arr: Any,
-                     dtype: Any, job: Dict[str, Any], used: List[bool]) -> Plan:
+                     dtype: Any, job: Dict[str, Any], used: List[bool], create: bool) -> Plan:
     """A device array into a shareable buffer with one device-to-device copy; None
     when the buffer exists and is not shareable (the caller goes through the host)."""
     gd = gpuq_dtype(dtype) if dtype is not None else _device_dtype(arr)
@@ -539,9 +544,9 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
     nbytes = count * SIZES[_device_dtype(arr)]
     size: Dict[str, Any] = {"bytes": nbytes} if gd == "bytes" else {"count": count, "dtype": gd}
     buf = yield from _find_or_alloc_plan(
-        api, name, device, size,
+        api, spec, name, device, size,
         shape if gd != "bytes" else _bytes_shape(shape, SIZES[_device_dtype(arr)], 1),
-        True, job, used)
+        True, job, used, create)
     _check_fit(buf, nbytes, count, gd)
     if not buf.get("shareable"):
         return None

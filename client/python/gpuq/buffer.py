@@ -5,7 +5,9 @@ snapshot of the buffer's row in ``buffers`` (name, device, dtype, shape,
 size) plus methods that call the client for it: ``get``, ``put``,
 ``free``, ``attach``. The shape is the one gpuqd keeps for the buffer
 (``shape`` on alloc and put), so a buffer made by another process reads
-back as the array it was given.
+back as the array it was given; its own ``put`` updates it. ``put`` never
+allocates: a buffer that is gone is :class:`~gpuq.NotFound`, and once
+freed through ``free`` the object refuses every use.
 
 Zero-copy access goes through an attachment (a lease: gpuqd's jobs on the
 buffer wait while it is held), so it is scoped::
@@ -21,10 +23,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
+from . import arrays
 from .dtypes import SIZES, numpy_dtype
+from .errors import NotFound, Timeout
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import Api
+    from .api import Api, ProgressHandler
     from .job import Job
 
 __all__ = ["Buffer", "human_bytes"]
@@ -42,8 +46,9 @@ def human_bytes(n: int) -> str:
 
 class Buffer:
     """One of your buffers: ``name``, ``device``, ``dtype`` (numpy), ``gpuq_dtype``,
-    ``shape``, ``size`` (elements), ``nbytes``, ``shareable``, and ``ref``
-    (``NAME@GPU``, what requests name it by)."""
+    ``shape``, ``size`` (elements), ``nbytes``, ``shareable``, ``ref``
+    (``NAME@GPU``, what requests name it by), and ``freed`` (freed through
+    this object, which then refuses further use)."""
 
     def __init__(self, client: "Api", row: Mapping[str, Any],
                  job: Optional["Job"] = None) -> None:
@@ -63,6 +68,7 @@ class Buffer:
         self.shape: Tuple[int, ...] = (tuple(int(n) for n in shape) if shape is not None
                                        else (self.size,))
         self.shareable: bool = bool(row.get("shareable", False))
+        self.freed: bool = False
 
     @property
     def ref(self) -> str:
@@ -88,25 +94,62 @@ class Buffer:
         except ImportError:  # pragma: no cover - without numpy
             dtype = self.gpuq_dtype
         return (f"<gpuq.Buffer {self.ref} {dtype} shape={self.shape} "
-                f"{human_bytes(self.nbytes)}>")
+                f"{human_bytes(self.nbytes)}{' freed' if self.freed else ''}>")
 
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 1
 
+    def _live(self) -> None:
+        """Refuses the use of a buffer freed through this object (raised at the call,
+        on the async client too, before anything is sent)."""
+        if self.freed:
+            raise NotFound(f"buffer '{self.ref}' was freed through this Buffer object; "
+                           "alloc or put_array makes a new one")
+
     def get(self, out: Any = None, **kwargs: Any) -> Any:
         """The buffer as an array (:meth:`gpuq.Client.get_array`)."""
+        self._live()
         return self._client.get_array(self.ref, out, **kwargs)
 
-    def put(self, array: Any, **kwargs: Any) -> "Job":
-        """Stores an array of its dtype and size (:meth:`gpuq.Client.put_array`)."""
-        return self._client.put_array(self.ref, array, **kwargs)
+    def put(self, array: Any, *, dtype: Any = None, priority: Optional[str] = None,
+            timeout: Optional[float] = None,
+            on_progress: Optional["ProgressHandler"] = None) -> "Job":
+        """Stores an array of its dtype and size (:meth:`gpuq.Client.put_array`), and
+        takes the array's shape as its own. The buffer must exist: one that is
+        gone is :class:`~gpuq.NotFound`, not allocated again."""
+        self._live()
+        return self._client._drive(self._put_plan(array, dtype, dict(
+            priority=priority, timeout=timeout, on_progress=on_progress)))
+
+    def _put_plan(self, array: Any, dtype: Any, job: Dict[str, Any]) -> "arrays.Plan":
+        client = self._client
+        done = yield from arrays.put_array_plan(client, self.ref, array, dtype, job,
+                                                create=False)
+        row = client._rows.get((self.name, self.device))
+        if row is not None and row.get("shape") is not None:  # the shape gpuqd keeps now
+            self.row["shape"] = list(row["shape"])
+            self.shape = tuple(int(n) for n in row["shape"])
+        return done
 
     def free(self, **kwargs: Any) -> "Job":
-        """Frees it (:meth:`gpuq.Client.free`)."""
-        return self._client.free(self.ref, **kwargs)
+        """Frees it (:meth:`gpuq.Client.free`); the object then refuses further use."""
+        self._live()
+        return self._client._drive(self._free_plan(kwargs))
+
+    def _free_plan(self, kwargs: Dict[str, Any]) -> "arrays.Plan":
+        job = {key: kwargs.pop(key) for key in ("priority", "detach", "timeout", "on_progress")
+               if key in kwargs}
+        try:
+            done = yield from self._client._free_plan(self.ref, kwargs, job)
+        except Timeout:  # accepted: the free goes on
+            self.freed = True
+            raise
+        self.freed = True
+        return done
 
     def attach(self, mode: str = "read-write", **kwargs: Any) -> Any:
         """Maps it here under a lease (:meth:`gpuq.Client.attach`); use ``with``.
         The :class:`~gpuq.share.Attachment` has ``__dlpack__`` and
         ``__cuda_array_interface__`` on a GPU, ``array()`` on the host backend."""
+        self._live()
         return self._client.attach(self.ref, mode=mode, **kwargs)

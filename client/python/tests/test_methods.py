@@ -4,6 +4,7 @@ user expects, dtypes take every spelling, buffers are objects."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 import warnings
@@ -150,6 +151,51 @@ def test_buffer_objects(client, name):
     with pytest.raises(gpuq.NotFound, match="your buffers"):
         client.get_array(name)
 
+
+def test_a_freed_buffer_object_refuses_further_use(client, name):
+    """Freed through it, a Buffer refuses every use, saying so, and its repr says
+    freed (its put allocated the buffer again, and its get was NotFound)."""
+    buf = client.alloc(name, (3, 4), np.float32, shareable=True)
+    buf.free()
+    assert buf.freed and repr(buf).endswith(" freed>")
+    for use in (lambda: buf.put(np.ones((3, 4), np.float32)), buf.get, buf.attach,
+                buf.free):
+        with pytest.raises(gpuq.NotFound, match="was freed through this Buffer"):
+            use()
+    assert name not in {b["name"] for b in client.buffers()}
+
+
+def test_a_buffer_object_does_not_allocate_its_buffer_again(client, daemon, name):
+    """Freed another way (another Buffer, the client, another process), its put is
+    NotFound as its get is: it allocated the buffer again."""
+    buf = client.alloc(name, (3, 4), np.float32)
+    with daemon.client() as other:
+        other.free(name)
+    with pytest.raises(gpuq.NotFound, match=name):
+        buf.put(np.ones((3, 4), np.float32))
+    assert name not in {b["name"] for b in client.buffers()}
+
+
+def test_a_buffer_object_follows_its_own_puts(client, daemon, name):
+    buf = client.alloc(name, (3, 4), np.float32)
+    try:
+        buf.put(np.ones(12, np.float32))
+        assert buf.shape == (12,) == client.buffer(name).shape and len(buf) == 12
+        buf.put(np.ones((2, 6), np.float32))
+        assert buf.shape == (2, 6) and buf.row["shape"] == [2, 6]
+    finally:
+        buf.free()
+
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket) as ac:
+            abuf = await ac.alloc(name, (3, 4), np.float32)
+            await abuf.put(np.ones(12, np.float32))
+            assert abuf.shape == (12,)
+            await abuf.free()
+            assert abuf.freed
+            with pytest.raises(gpuq.NotFound, match="freed"):
+                await abuf.get()
+    asyncio.run(main())
 
 def test_the_older_argument_order_still_works(client, name):
     with pytest.warns(DeprecationWarning, match=r"put_array\(name, array\)"):
