@@ -31,7 +31,7 @@ from .dtypes import gpuq_dtype
 from .ops import ComputeOps
 from .staging import Staging
 from .dispatch import Call
-from .errors import GpuqError, error_from_map
+from .errors import BadRequest, GpuqError, error_from_map
 from .job import Job, timeout_ms
 
 __all__ = ["Api", "Plan", "parse_ops"]
@@ -387,6 +387,10 @@ class Api(ComputeOps):
         gd = gpuq_dtype(dtype) if dtype is not None else None
         if dims is not None and gd is None:
             raise ValueError("a shape needs a dtype: alloc(name, shape, np.float32)")
+        if count == 0 or bytes == 0:
+            what = (f"shape {tuple(dims)} holds no elements" if dims is not None
+                    else "count=0" if count == 0 else "bytes=0")
+            raise BadRequest(f"alloc '{name}': {what}, and buffers cannot be empty")
         return self._drive(self._alloc_plan(dict(
             fields, name=name, bytes=bytes, count=count, dtype=gd, shape=dims, device=device,
             wait_memory_ms=wait_memory_ms, ephemeral=ephemeral, shareable=shareable),

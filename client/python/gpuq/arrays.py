@@ -246,6 +246,13 @@ def _product(shape: Sequence[int]) -> int:
     return total
 
 
+def _refuse_empty(shape: Sequence[int]) -> None:
+    """BadRequest, before anything is sent, for an array with no elements."""
+    if _product(shape) == 0:
+        raise BadRequest(f"the array is empty (shape {tuple(int(n) for n in shape)}), and "
+                         "gpuq buffers cannot be empty: they hold at least one element")
+
+
 #: The most dimensions gpuqd keeps of a buffer's shape (docs/protocol.md, alloc).
 MAX_DIMS = 8
 
@@ -311,6 +318,7 @@ def _put_array_plan(api: "Api", spec: str, name: str, device: Optional[int], arr
             return done
         arr = _device_to_host(arr)
     arr, gd = _prepare(arr, dtype)
+    _refuse_empty(arr.shape)
     shape = ([int(n) for n in arr.shape] if gd != "bytes"
              else _bytes_shape(arr.shape, arr.itemsize, SIZES["bytes"]))
     size: Dict[str, Any] = ({"bytes": arr.nbytes} if gd == "bytes"
@@ -540,6 +548,7 @@ def _device_put_plan(api: "Api", spec: str, name: str, device: Optional[int], ar
     when the buffer exists and is not shareable (the caller goes through the host)."""
     gd = gpuq_dtype(dtype) if dtype is not None else _device_dtype(arr)
     shape = [int(n) for n in arr.shape]
+    _refuse_empty(shape)
     count = _product(shape)
     nbytes = count * SIZES[_device_dtype(arr)]
     size: Dict[str, Any] = {"bytes": nbytes} if gd == "bytes" else {"count": count, "dtype": gd}

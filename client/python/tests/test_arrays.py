@@ -264,9 +264,16 @@ def test_names_for_arrays(client, name):
             client.free(f"{name}@1")
 
 
-def test_an_empty_array_is_refused_by_the_daemon(client, name):
-    with pytest.raises(gpuq.BadRequest):
-        client.put_array(name, np.zeros(0, np.float32))
+def test_an_empty_array_is_refused(client, name):
+    """Before anything is sent, saying why (gpuqd said "field 'count': 0 is out of range")."""
+    sent = _count_ops(client, "buffers") + _count_ops(client, "alloc")
+    for empty in (np.zeros(0, np.float32), np.zeros((3, 0)), np.zeros((2, 0), np.complex64)):
+        with pytest.raises(gpuq.BadRequest, match=r"is empty \(shape .*cannot be empty"):
+            client.put_array(name, empty, dtype="bytes" if empty.dtype.kind == "c" else None)
+    for shape, kw in (((0,), {}), ((4, 0), {}), (None, {"count": 0}), (None, {"bytes": 0})):
+        with pytest.raises(gpuq.BadRequest, match="cannot be empty"):
+            client.alloc(name, shape, "f4" if shape or "count" in kw else None, **kw)
+    assert sent == []
     assert gpuq.memfd_array(0).shape == (0,)
 
 
