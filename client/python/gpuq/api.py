@@ -570,8 +570,9 @@ class Api(ComputeOps):
         ``dtype`` (any spelling, or a numpy dtype gpuq lacks) to read its
         bytes as another; bytes are stored in the machine's order, so a
         dtype of the other order (``">u4"``) gets them byteswapped into it.
-        The shape is ``shape``, else the one gpuqd keeps for the buffer (read
-        as another dtype, its last axis in that dtype's elements, as numpy's
+        The shape is ``shape`` (one dimension may be -1, as in numpy's
+        ``reshape``), else the one gpuqd keeps for the buffer (read as
+        another dtype, its last axis in that dtype's elements, as numpy's
         ``view`` has it), else 1-D. ``out``: fill this array instead and return it: a writable
         C-contiguous numpy array (or torch CPU tensor) of that dtype (in
         either byte order) and size, or on a GPU a torch CUDA tensor or CuPy

@@ -488,6 +488,15 @@ def _shape(api: "Api", label: str, buf: Dict[str, Any], count: int,
     client put, else 1-D."""
     if shape is not None:
         shape_t = (shape,) if isinstance(shape, int) else tuple(int(n) for n in shape)
+        if shape_t.count(-1) > 1 or any(n < -1 for n in shape_t):
+            raise BadRequest(f"shape {shape_t}: its dimensions are 0 or more, and one may be "
+                             "-1, inferred from the buffer's size (as numpy's reshape)")
+        if -1 in shape_t:
+            known = _product([n for n in shape_t if n != -1])
+            if not known or count % known:
+                raise BadRequest(f"shape {shape_t} does not fit buffer '{label}': its {count} "
+                                 f"elements are not a multiple of {known}")
+            shape_t = tuple(count // known if n == -1 else n for n in shape_t)
         if _product(shape_t) != count:
             raise BadRequest(f"shape {shape_t} holds {_product(shape_t)} elements; buffer "
                              f"'{label}' holds {count}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -143,6 +144,23 @@ def test_shape_is_kept_by_the_daemon(client, name, daemon):
     finally:
         client.free(name)
     assert f"{name}@0" not in client._shapes
+
+
+def test_a_shape_may_leave_one_dimension_to_infer(client, name):
+    """-1 as numpy's reshape takes it (it was refused: "shape (2, -1) holds -2 elements")."""
+    client.put_array(name, np.arange(12, dtype=np.float32))
+    try:
+        assert client.get_array(name, shape=(2, -1)).shape == (2, 6)
+        assert client.get_array(name, shape=(-1, 3, 2)).shape == (2, 3, 2)
+        assert client.get_array(name, shape=-1).shape == (12,)
+        for bad, why in (((5, -1), "its 12 elements are not a multiple of 5"),
+                         ((0, -1), "its 12 elements are not a multiple of 0"),
+                         ((-1, -1), "one may be -1"), ((2, -6), "one may be -1"),
+                         ((5, 2), "holds 10 elements")):
+            with pytest.raises(gpuq.BadRequest, match=re.escape(why)):
+                client.get_array(name, shape=bad)
+    finally:
+        client.free(name)
 
 
 def test_non_contiguous_and_big_endian_arrays(client, name):
