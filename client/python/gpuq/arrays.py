@@ -525,15 +525,21 @@ def _read_shape(kept: Tuple[int, ...], nbytes: int, count: int) -> Tuple[int, ..
 
 
 def _check_out(out: Any, dt: Any, count: int, label: str) -> Any:
-    """``out`` when it fits: ``count`` elements of ``dt``, in either byte order."""
+    """``out`` when it fits: ``count`` elements of ``dt``, in either byte order, in
+    writable C-ordered memory; else BadRequest saying which of those it is not."""
     if (not hasattr(out, "dtype") or _native(out.dtype) != _native(dt)
             or out.size != count):
-        got = (f"a {out.dtype} array of {out.size}" if hasattr(out, "dtype")
+        got = (f"{out.size} {out.dtype} elements" if hasattr(out, "dtype")
                else f"a {type(out).__name__}")
-        raise BadRequest(f"out= must be a {dt.name} array of {count} elements for buffer "
+        raise BadRequest(f"out= must be an array of {count} {dt.name} elements for buffer "
                          f"'{label}', not {got}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise BadRequest("out= must be a writable C-contiguous array")
+    if not out.flags.writeable:
+        raise BadRequest("out= is read-only: get_array writes into it; pass a writable "
+                         "array")
+    if not out.flags.c_contiguous:
+        raise BadRequest("out= is not C-contiguous (a Fortran-ordered array, or a view that "
+                         "steps over elements): get_array fills one block of memory; pass "
+                         "a C-contiguous array, or copy the one get_array returns into it")
     return out
 
 

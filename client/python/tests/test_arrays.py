@@ -235,6 +235,17 @@ def test_out_arrays(client, name):
                     np.empty((1001, 2), np.int64)[:, 0]):
             with pytest.raises(gpuq.BadRequest, match="out="):
                 client.get_array(name, out=bad)
+        # Each refusal says which rule the array broke.
+        read_only = np.empty(1001, np.int64)
+        read_only.flags.writeable = False
+        for bad, why in ((read_only, "out= is read-only"),
+                         (np.empty((1001, 2), np.int64)[:, 0], "out= is not C-contiguous"),
+                         (np.empty((7, 143), np.int64, order="F"), "out= is not C-contiguous"),
+                         (np.empty(1001, np.int32), "array of 1001 int64 elements for buffer "
+                                                    f"'{name}@0', not 1001 int32 elements"),
+                         ([0] * 1001, "not a list")):
+            with pytest.raises(gpuq.BadRequest, match=re.escape(why)):
+                client.get_array(name, out=bad)
     finally:
         client.free(name)
 
