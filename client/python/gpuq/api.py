@@ -552,6 +552,9 @@ class Api(ComputeOps):
         Large ordinary arrays go through this client's pinned staging ring
         (gpuq/staging.py), at close to pinned speed; the returned :class:`Job`
         is then the last chunk's, its ``result`` the whole transfer's.
+        ``timeout`` (seconds) bounds the wait for the transfer: past it
+        :class:`~gpuq.Timeout`; a transfer through the ring is then cancelled
+        (its job cannot go on without this client), any other goes on.
         The older order ``put_array(array, name)`` still works, with a
         DeprecationWarning.
         """
@@ -573,11 +576,12 @@ class Api(ComputeOps):
         The shape is ``shape`` (one dimension may be -1, as in numpy's
         ``reshape``), else the one gpuqd keeps for the buffer (read as
         another dtype, its last axis in that dtype's elements, as numpy's
-        ``view`` has it), else 1-D. ``out``: fill this array instead and return it: a writable
-        C-contiguous numpy array (or torch CPU tensor) of that dtype (in
-        either byte order) and size, or on a GPU a torch CUDA tensor or CuPy
+        ``view`` has it), else 1-D. ``out``: fill this array instead and
+        return it: a writable C-contiguous numpy array (or torch CPU tensor)
+        of that dtype (in either byte order) and size, or on a GPU a torch CUDA tensor or CuPy
         array of its size (a device-to-device copy from a shareable buffer).
-        Large reads go through the pinned staging ring (see :meth:`put_array`).
+        Large reads go through the pinned staging ring (see :meth:`put_array`,
+        also for ``timeout``).
         """
         return self._drive(arrays.get_array_plan(self, buffer, out, dtype, shape, dict(
             priority=priority, timeout=timeout, on_progress=on_progress)))

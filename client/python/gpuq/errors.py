@@ -122,7 +122,9 @@ class Cancelled(GpuqError):
 
 class Timeout(GpuqError, TimeoutError):
     """A wait ran out before the job finished; the job goes on (``timeout``),
-    except an ``attach``, which is given up with its lease.
+    except an ``attach``, which is given up with its lease, and a
+    ``put_array``/``get_array`` through the staging ring, which is cancelled
+    (its job cannot go on without the client).
 
     ``error.job`` is the job as it stood: wait for it again, or cancel it.
     """

@@ -39,6 +39,16 @@ The ring is made on first use, sized to fit what gpuqd may still pin
 (its ``RLIMIT_MEMLOCK``, the ``host_pinned`` quota); when no ring can be
 made the transfer takes the plain path, and :attr:`Staging.unavailable`
 says why (a warning says it once).
+
+A ring transfer reads no socket while the counters move. Once gpuqd's
+counter has stood still for :data:`_POLL_FOR_S`, this thread stops polling
+it and waits on gpuqd instead: ``wait`` requests for the ring job, each
+bounded by the stall so far (at most :data:`_WAIT_MAX_S`). So a job queued
+behind others costs no CPU, and the call's ``timeout`` and the
+connection's liveness ping (dispatch.py) apply as to any wait for a job.
+The job cannot go on without this thread, so a transfer whose ``timeout``
+runs out cancels it (:meth:`Staging._guarded`) and raises
+:class:`~gpuq.Timeout`.
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Tuple
 
 from .copier import Copier, CopyTask
 from .dispatch import YIELD, Call
-from .errors import GpuqError
+from .errors import GpuqError, Timeout
+from .job import timeout_ms
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import Api
@@ -90,6 +101,17 @@ _POSTED, _MOVED, _STATUS = 0, 1, 2
 _POLL_S = 50e-6
 #: How long a ring transfer waits so before it lets an AsyncClient's event loop turn.
 _YIELD_S = 2e-3
+#: How long gpuqd's counter may stand still before this thread stops polling it
+#: and waits on gpuqd. gpuqd itself looks at the counters every 10 ms once the
+#: client has been slow for 2 ms (transfer_ring.c), so a loaded host stalls a
+#: moving transfer for that long now and then. A wait on gpuqd then would make
+#: this thread slow to post in turn, and gpuqd sleep in turn: at 2 ms here,
+#: 64 MiB puts on the host backend ran 3-4x slower. Stalls ten times that
+#: long are a job that has not started (or stopped), where a wait costs nothing.
+_POLL_FOR_S = 0.05
+#: The longest of those waits: a job that moves again after a stall is noticed
+#: within as long again as the stall lasted, and at most this much later.
+_WAIT_MAX_S = 0.1
 _names = itertools.count(1)
 #: ``posted`` that no transfer reaches: gpuqd fails a ring job that reads it.
 _NO_CHUNK = (1 << 64) - 1
@@ -321,7 +343,7 @@ class Staging:
         (last) job's :class:`Job`. The ring must be ready and held."""
         plan = (self._ring_put_plan if self.rings else self._group_put_plan)(
             api, label, data, fields, job)
-        return (yield from self._guarded(api, plan))
+        return (yield from self._guarded(api, plan, job.get("timeout")))
 
     def get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
         """Fills ``out`` (a flat uint8 array) from buffer ``label``'s bytes from 0
@@ -329,18 +351,19 @@ class Staging:
         be ready and held."""
         plan = (self._ring_get_plan if self.rings else self._group_get_plan)(
             api, label, out, job)
-        return (yield from self._guarded(api, plan))
+        return (yield from self._guarded(api, plan, job.get("timeout")))
 
     # A transfer broken off ------------------------------------------------------
 
-    def _guarded(self, api: "Api", plan: Plan) -> Plan:
-        """Runs one transfer's ``plan``. When it ends in any other way than its own
-        return (an error, a job that failed, Ctrl-C, a cancelled task), nothing
-        of it may touch the ring afterwards: its copies are waited for and its
-        jobs stopped (:meth:`_settle_plan`) before the exception goes on. A plan
+    def _guarded(self, api: "Api", plan: Plan, timeout: Optional[float]) -> Plan:
+        """Runs one transfer's ``plan``, within ``timeout`` seconds (None: no limit).
+        When it ends in any other way than its own return (an error, a job
+        that failed, its timeout, Ctrl-C, a cancelled task), nothing of it may
+        touch the ring afterwards: its copies are waited for and its jobs
+        stopped (:meth:`_settle_plan`) before the exception goes on. A plan
         being closed may not send anything: its ring job is then made to fail
         at once through the counters, and the next transfer settles the rest."""
-        self._left = _Left()
+        self._left = _Left(timeout)
         try:
             result = yield from plan
         except GeneratorExit:
@@ -443,7 +466,8 @@ class Staging:
         it: ``copy(j)`` starts chunk j's copy once ``moved`` + ``ahead`` > j
         (put: its slot is free; get: its bytes are there), and ``posted`` rises
         as the copies end, in order. Returns the job once it has ended."""
-        counters = self._counters
+        counters, left = self._counters, self._left
+        assert left is not None
         clock = self._clock()
         counters[:] = 0
         t0 = clock()
@@ -456,8 +480,10 @@ class Staging:
         clock("submit_s", t)
         self.timing["jobs"] = 1
         posted, last_moved = 0, 0.0
+        seen, still_since = (-1, -1), 0.0  # (moved, posted) last looked at, and since when
         while posted < count:
-            ready = min(count, int(counters[_MOVED]) + ahead)
+            moved = int(counters[_MOVED])
+            ready = min(count, moved + ahead)
             while len(copies) < ready:
                 copies.append(copy(len(copies)))
             if not last_moved and len(copies) == count:
@@ -472,14 +498,92 @@ class Staging:
                     clock("first_copy_s", t0)  # a put's first copy: no DMA overlaps it
             elif counters[_STATUS] == 2:
                 break  # the job failed: its wait says why
-            elif self._pause(copies, posted, clock):
-                yield YIELD
+            else:  # nothing changed: the oldest copy's turn, or gpuqd's
+                now = clock()
+                if (moved, posted) != seen:
+                    seen, still_since = (moved, posted), now
+                if left.deadline is not None and now >= left.deadline:
+                    raise self._timed_out(done)
+                if posted == len(copies) and now - still_since >= _POLL_FOR_S:
+                    failed = yield from self._stall_plan(done, now - still_since)
+                    clock("daemon_wait_s", now)
+                    if failed:
+                        break
+                elif self._pause(copies, posted, clock):
+                    yield YIELD
         if op == "get" and last_moved:
             clock("first_copy_s", last_moved)  # a get's last copies: likewise
         t = clock()
-        yield from done._wait_plan(job.get("timeout"), None)
+        yield from self._await_plan(done)
         clock("daemon_wait_s", t)
         return done
+
+    def _stall_plan(self, done: "Job", stalled: float) -> Plan:
+        """gpuqd has moved nothing for ``stalled`` seconds, and the next move is its
+        own: waits on it with a ``wait`` for the ring job, bounded by as long
+        again (the job may be queued behind others, or gpuqd stopped), by
+        :data:`_WAIT_MAX_S` and by what is left of the transfer's timeout
+        (:class:`~gpuq.Timeout` when nothing is). The request has no limit of
+        the client's own (``wait_s``): gpuqd answers when the job ends or at
+        ``timeout_ms``, and a gpuqd that answers nothing meanwhile is found by
+        the liveness ping as for any wait for a job, which closes the
+        connection. True once the job has failed (its wait says how); one
+        that is done may still have slots to be copied out (a get's last)."""
+        left = self._left
+        assert left is not None
+        seconds = min(stalled, _WAIT_MAX_S)
+        if left.deadline is not None:
+            seconds = min(seconds, left.deadline - time.perf_counter())
+            if seconds <= 0:
+                raise self._timed_out(done)
+        try:
+            reply = yield Call("wait", {"job": done.id, "timeout_ms": timeout_ms(seconds)},
+                               waits=True)
+        except GpuqError as exc:
+            self._check_same_connection()
+            if exc.job is None:
+                raise
+            done.record = exc.job.record  # how it stands, for a timeout's message
+            return done.finished  # else gpuqd's timeout_ms ran out: the job goes on
+        self._check_same_connection()
+        done.record = dict(reply["job"])
+        return False
+
+    def _check_same_connection(self) -> None:
+        """After a wait mid-transfer: ConnectionError if the client connected anew
+        meanwhile (set_reconnect), which ended the ring (:meth:`close`) and its
+        job with the old connection, and sent the wait again (it reads and
+        changes nothing) to a gpuqd that never had the job."""
+        if self.region is None:
+            raise ConnectionError("the connection to gpuqd was lost during a transfer "
+                                  "through the staging ring; its job and the ring went "
+                                  "with it")
+
+    def _await_plan(self, done: "Job") -> Plan:
+        """Waits for one of the transfer's jobs to end, within what is left of its
+        timeout; one that does not is the transfer's :meth:`_timed_out`."""
+        left = self._left
+        assert left is not None
+        wait = None if left.deadline is None else max(0.0, left.deadline - time.perf_counter())
+        try:
+            return (yield from done._wait_plan(wait, None))
+        except Timeout:
+            if done.finished:  # the job's own failure (gpuqd's idle timeout)
+                raise
+            raise self._timed_out(done) from None
+
+    def _timed_out(self, done: "Job") -> Timeout:
+        """The transfer's timeout ran out with ``done`` not ended: the job cannot go on
+        without this thread (a ring's waits for its counters), so it is
+        cancelled (:meth:`_guarded` does it as this propagates)."""
+        left = self._left
+        assert left is not None
+        waiting = done.record.get("waiting")
+        how = f"{done.state}, {waiting}" if waiting else done.state
+        return Timeout(f"{done.op} job {done.id} through the staging ring had not ended at "
+                       f"timeout={left.timeout:g} s ({how}); it is cancelled, since a "
+                       "transfer through the ring cannot go on without its client",
+                       job=done, reply=done.record)
 
     def _pause(self, copies: List[CopyTask], posted: int, clock: Any) -> bool:
         """Nothing moved: waits a little for the oldest copy, or for gpuqd's counter.
@@ -514,7 +618,6 @@ class Staging:
         copies: List[CopyTask] = []  # chunk j's copy, for every chunk started
         submitted: List["Job"] = []
         clock = self._clock()
-        wait = job.get("timeout")
 
         def start_until(end: int) -> Plan:
             """Starts the copies of every chunk before ``end``, each once its slot is free."""
@@ -523,7 +626,7 @@ class Staging:
                 reader = readers[j % slots]
                 if reader is not None and not reader.finished:
                     t = clock()
-                    yield from reader._wait_plan(wait, None)
+                    yield from self._await_plan(reader)
                     clock("daemon_wait_s", t)
                 off, n = chunks[j]
                 copies.append(self._start_copy(self._slot(j, n), data[off:off + n]))
@@ -549,7 +652,7 @@ class Staging:
                 readers[j % slots] = last
         t = clock()
         for done in submitted:
-            yield from done._wait_plan(wait, None)
+            yield from self._await_plan(done)
         clock("daemon_wait_s", t)
         return last
 
@@ -569,7 +672,6 @@ class Staging:
         copies: List[CopyTask] = []  # chunk i's copy out, for every chunk started
         jobs: List["Job"] = []  # group g's job, for every group submitted
         clock = self._clock()
-        wait = job.get("timeout")
 
         def slots_free(g: int) -> bool:
             first, n = groups[g]
@@ -596,7 +698,7 @@ class Staging:
             yield from submit(len(jobs))
         for g, (first, n) in enumerate(groups):
             t = clock()
-            last = yield from jobs[g]._wait_plan(wait, None)
+            last = yield from self._await_plan(jobs[g])
             clock("daemon_wait_s", t)
             for i in range(first, first + n):
                 off, size = chunks[i]
@@ -634,14 +736,18 @@ def _stop(job: "Job") -> Plan:
 
 
 class _Left:
-    """A transfer's jobs (the ones it knows the ids of), and whether one more is in
-    doubt (sent, its reply not come); kept until the transfer ends or is settled."""
+    """A transfer's jobs (the ones it knows the ids of), whether one more is in
+    doubt (sent, its reply not come), and its ``timeout`` (seconds, None for
+    none) and the ``deadline`` that makes (``time.perf_counter()``, the ring's
+    stopwatch); kept until the transfer ends or is settled."""
 
-    __slots__ = ("jobs", "in_doubt")
+    __slots__ = ("jobs", "in_doubt", "timeout", "deadline")
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: Optional[float] = None) -> None:
         self.jobs: List["Job"] = []
         self.in_doubt = False
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.perf_counter() + timeout
 
 
 class _NoRoom(Exception):

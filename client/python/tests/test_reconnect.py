@@ -119,6 +119,46 @@ def test_threads_that_lose_the_connection_together_share_one_new_one(stalled):
     c.close()
 
 
+def test_a_ring_transfer_cut_by_a_restart_says_the_connection_was_lost(private_daemon):
+    """A transfer through the staging ring waits on gpuqd with ``wait`` requests
+    when its job stands still (here queued behind a lease). One lost with the
+    connection goes again to the new gpuqd, which never had the job: that
+    answer would be another job's, or not_found; the transfer says what
+    happened instead, and the next one makes a ring on the new connection."""
+    np = pytest.importorskip("numpy")
+    d = private_daemon()
+    a = np.arange((12 << 20) // 4, dtype=np.float32)
+    holder = d.client(staging_slots=0)
+    holder.alloc("cut", a.shape, a.dtype, shareable=True)
+    holder.attach("cut")  # the transfer's job stays queued
+    c = d.client(staging_slots=5, staging_slot_bytes=1 << 20, copy_threads=2)
+    c.set_reconnect(20)
+    got: list = []
+
+    def get() -> None:
+        try:
+            got.append(c.get_array("cut"))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            got.append(exc)
+
+    t = threading.Thread(target=get, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and \
+            not any(j.op == "get" and j.state == "queued" for j in holder.jobs()):
+        time.sleep(0.01)
+    time.sleep(0.2)  # past the ring's first polls: it waits on gpuqd
+    crash_and_restart(d)
+    t.join(30)
+    assert got and isinstance(got[0], ConnectionError), got
+    assert "staging ring" in str(got[0])
+    assert c.reconnects == 1
+    assert c.put_array("again", a).result["path"] == "ring"
+    assert np.array_equal(c.get_array("again"), a)
+    c.close()
+    holder.close()
+
+
 # AsyncClient.set_reconnect: the same promise, for requests in flight together.
 
 async def _until_queued(s, op: str) -> None:

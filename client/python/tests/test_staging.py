@@ -183,10 +183,10 @@ class _CopySpy:
                 self.live -= 1
 
 
-def _ring_client(d, slots: int = 5, threads: int = 3, rings: bool = True):
+def _ring_client(d, slots: int = 5, threads: int = 3, rings: bool = True, **kw):
     """A client whose ring has several 1 MiB slots and copies several at once;
     a transfer is one ring job, or (``rings`` False) a job per group of slots."""
-    c = d.client(staging_slots=slots, staging_slot_bytes=1 << 20, copy_threads=threads)
+    c = d.client(staging_slots=slots, staging_slot_bytes=1 << 20, copy_threads=threads, **kw)
     if _room(c) * 3 // 4 < (slots << 20) + 4096:
         c.close()
         pytest.skip(f"gpuqd may not pin {slots} slots of 1 MiB here")
@@ -679,3 +679,149 @@ def test_ctrl_c_while_the_ring_is_made_frees_the_region_made_after(private_daemo
         assert len(c.regions()["regions"]) == 1  # the new ring's alone
         assert np.array_equal(c.get_array(name), a)
         c.free(name)
+
+
+# Time limits: a ring transfer's waits on gpuqd --------------------------------------
+
+class _Call:
+    """``fn()`` run on a thread of its own, so that a call that hangs fails the test
+    instead of hanging it."""
+
+    def __init__(self, fn) -> None:
+        self.caught = []
+
+        def run() -> None:
+            try:
+                fn()
+                self.caught.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                self.caught.append(exc)
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def outcome(self, seconds: float, unstick) -> BaseException:
+        """What the call raised (None: it returned); when it has not returned within
+        ``seconds`` (it hangs), ``unstick()`` lets it end and the test fails."""
+        self.thread.join(seconds)
+        if self.thread.is_alive():
+            unstick()
+            self.thread.join(30)
+            pytest.fail(f"the call had not returned after {seconds} s")
+        return self.caught[0]
+
+
+def _bounded(fn, seconds: float, unstick) -> BaseException:
+    """What ``fn()`` raised, within ``seconds`` (see :class:`_Call`)."""
+    return _Call(fn).outcome(seconds, unstick)
+
+
+def _log_waits_on_gpuqd(c, monkeypatch) -> list:
+    """The ring loop's waits for gpuqd, in order: ``"poll"`` for each look at its
+    counter (not the waits for copies), the op of each request sent."""
+    log = []
+    pause = c.staging._pause
+    call = c._call
+
+    def polled(copies, posted, clock):
+        if posted == len(copies):
+            log.append("poll")
+        return pause(copies, posted, clock)
+
+    def sent(request):
+        log.append(request.op)
+        return call(request)
+    monkeypatch.setattr(c.staging, "_pause", polled)
+    monkeypatch.setattr(c, "_call", sent)
+    return log
+
+
+@pytest.mark.parametrize("op", ["put", "get"])
+def test_a_ring_transfer_behind_a_lease_times_out_and_is_cancelled(private_daemon,
+                                                                   monkeypatch, op):
+    """Before, the ring's loop polled gpuqd's counter every 50 us for ever: a
+    transfer queued behind another client's lease ignored timeout= and
+    burnt a CPU until the lease ended."""
+    d = private_daemon()
+    a = np.random.default_rng(12).random((12 << 20) // 8)
+    with d.client(staging_slots=0) as holder, _ring_client(d) as c:
+        holder.alloc("held", a.shape, a.dtype, shareable=True)
+        holder.put_array("held", a)
+        att = holder.attach("held")  # the lease: jobs on the buffer wait
+        log = _log_waits_on_gpuqd(c, monkeypatch)
+        if op == "put":
+            def call():
+                c.put_array("held", a[::-1].copy(), timeout=0.5)
+        else:
+            def call():
+                c.get_array("held", timeout=0.5)
+        error = _bounded(call, 20, lambda: holder.release(att))
+        assert isinstance(error, gpuq.Timeout), error
+        assert "timeout=0.5" in str(error) and "cancelled" in str(error)
+        # The ring job is cancelled (it cannot go on without this client), and
+        # waited for: nothing of the transfer is left in gpuqd.
+        assert error.job.op == op and error.job.state == "cancelled"
+        assert _unfinished(c) == []
+        # It waited on gpuqd (wait requests, each bounded), not by polling the
+        # counter: only the stall's first moments were polled.
+        first = log.index("wait")
+        assert log.count("wait") >= 2 and "poll" not in log[first:], log
+        holder.release(att)
+        monkeypatch.undo()
+        assert c.put_array("held", a).result["path"] == "ring"
+        assert np.array_equal(c.get_array("held"), a)
+        c.free("held")
+
+
+def test_an_async_ring_transfer_behind_a_lease_times_out(private_daemon):
+    d = private_daemon()
+    with _ring_client(d):  # skips where gpuqd may not pin five 1 MiB slots
+        pass
+    a = np.random.default_rng(13).random((12 << 20) // 8)
+    holder = d.client(staging_slots=0)
+    holder.alloc("aheld", a.shape, a.dtype, shareable=True)
+    holder.put_array("aheld", a)
+    att = holder.attach("aheld")
+
+    async def main():
+        async with gpuq.AsyncClient(d.socket, staging_slots=5, staging_slot_bytes=1 << 20,
+                                    copy_threads=3) as c:
+            with pytest.raises(gpuq.Timeout) as caught:
+                await c.get_array("aheld", timeout=0.5)
+            assert caught.value.job.state == "cancelled"
+            assert [j for j in await c.jobs() if not j.finished] == []
+            holder.release(att)
+            assert np.array_equal(await c.get_array("aheld"), a)
+    try:
+        error = _bounded(lambda: asyncio.run(main()), 20, lambda: holder.release(att))
+        assert error is None, error
+    finally:
+        holder.close()
+
+
+def test_a_ring_transfer_notices_a_daemon_that_stops_answering(private_daemon):
+    """As any wait for a job: a ping after the client's timeout of silence, and the
+    connection closed when that goes unanswered. Before, a transfer through
+    the ring waited for the stopped daemon for as long as it was stopped."""
+    import signal
+    d = private_daemon()
+    a = np.random.default_rng(14).random((12 << 20) // 8)
+    with d.client(staging_slots=0) as holder, _ring_client(d, timeout=0.5) as c:
+        holder.alloc("stop", a.shape, a.dtype, shareable=True)
+        holder.put_array("stop", a)
+        att = holder.attach("stop")  # the transfer's job stays queued
+        call = _Call(lambda: c.get_array("stop"))
+        try:
+            deadline = time.monotonic() + 20
+            while not any(j.op == "get" and j.state == "queued" for j in holder.jobs()):
+                assert time.monotonic() < deadline, "the transfer's job never came"
+                time.sleep(0.01)
+            d.proc.send_signal(signal.SIGSTOP)
+            error = call.outcome(20, lambda: (d.proc.send_signal(signal.SIGCONT),
+                                              holder.release(att)))
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        assert isinstance(error, ConnectionError), error
+        assert "did not answer a ping" in str(error)
+        assert c.closed
+        holder.release(att)
+        holder.free("stop")
