@@ -199,7 +199,8 @@ class ClientBase(Api):
     @property
     def staging(self) -> Staging:
         """The pinned ring large ordinary arrays travel through (made on first use;
-        ``unavailable`` says why there is none)."""
+        ``unavailable`` says why there is none, ``retry_at`` when a transfer
+        tries to make it again)."""
         return self._staging
 
     @property

@@ -38,7 +38,11 @@ replaced them (docs/PERFORMANCE.md).
 The ring is made on first use, sized to fit what gpuqd may still pin
 (its ``RLIMIT_MEMLOCK``, the ``host_pinned`` quota); when no ring can be
 made the transfer takes the plain path, and :attr:`Staging.unavailable`
-says why (a warning says it once).
+says why (a warning says it once). Transfers then take the plain path
+without asking gpuqd until :attr:`Staging.retry_at`, a second later at
+first and twice as long after each failure in a row, up to about a minute
+(memory freed meanwhile, by this process or another, is not announced), or
+until the client connects anew; then one tries again.
 
 A ring transfer reads no socket while the counters move. Once gpuqd's
 counter has stood still for :data:`_POLL_FOR_S`, this thread stops polling
@@ -54,6 +58,7 @@ runs out cancels it (:meth:`Staging._guarded`) and raises
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 import time
@@ -112,6 +117,11 @@ _POLL_FOR_S = 0.05
 #: The longest of those waits: a job that moves again after a stall is noticed
 #: within as long again as the stall lasted, and at most this much later.
 _WAIT_MAX_S = 0.1
+#: After the ring could not be made, transfers take the plain path for this long
+#: before one tries again: a try costs round trips (and gpuqd a refused pin),
+#: so not every transfer pays for one. Doubled by each failure in a row.
+_RETRY_S = 1.0
+_RETRY_MAX_S = 64.0
 _names = itertools.count(1)
 #: ``posted`` that no transfer reaches: gpuqd fails a ring job that reads it.
 _NO_CHUNK = (1 << 64) - 1
@@ -154,6 +164,10 @@ class Staging:
         self.region: Optional["Region"] = None
         self.slot_count = 0
         self.unavailable: Optional[str] = None if slots else "staging is off (slots=0)"
+        #: When (``time.monotonic()``) a transfer tries again to make the ring that
+        #: could not be made (:attr:`unavailable`); until then, the plain path.
+        self.retry_at = 0.0 if slots else math.inf
+        self._retry_s = _RETRY_S
         self._lock = threading.Lock()
         self._copier = Copier(self.threads)
         self._ring: Any = None  # the region as one uint8 array
@@ -191,7 +205,7 @@ class Staging:
             yield from self._settle_plan(api)
         if self.region is not None:
             return True
-        if self.unavailable is not None:
+        if self.unavailable is not None and time.monotonic() < self.retry_at:
             return False
         try:
             count, size = yield from self._size_plan(api)
@@ -204,7 +218,14 @@ class Staging:
             self._counters = self.region.array("<u8", count=3)
             ping = yield Call("ping", {})
             self.rings = self.use_rings and "ring" in (ping.get("features") or ())
+            self.unavailable, self._retry_s = None, _RETRY_S
             return True
+        except ConnectionError:
+            # The connection's end, not the ring's: this transfer takes the plain
+            # path (on the new connection, with set_reconnect); the next tries the
+            # ring again.
+            self._unmap()
+            return False
         except (_NoRoom, GpuqError, OSError) as exc:
             self._give_up(f"no pinned staging ring ({exc}); ordinary arrays go "
                           "through a memfd copy at a fraction of pinned speed")
@@ -242,8 +263,12 @@ class Staging:
         return count, min(self.slot_bytes, budget // count // _PAGE * _PAGE)
 
     def _give_up(self, why: str) -> None:
+        """No ring for now: the plain path until :attr:`retry_at`, which each failure
+        in a row puts twice as far off."""
         self._unmap()
         self.unavailable = why
+        self.retry_at = time.monotonic() + self._retry_s
+        self._retry_s = min(2 * self._retry_s, _RETRY_MAX_S)
         if not self._warned:
             self._warned = True
             warnings.warn(f"gpuq: {why}", RuntimeWarning, stacklevel=6)
@@ -257,9 +282,13 @@ class Staging:
 
     def close(self) -> None:
         """Unmaps the ring here (gpuqd frees its ephemeral region with the connection)
-        and ends the copy threads."""
+        and ends the copy threads. A ring that could not be made is tried again
+        at the next transfer: that is on a new connection (a reconnect), maybe
+        to a new gpuqd."""
         self._unmap()
         self._copier.close()
+        if self.slots:
+            self.retry_at, self._retry_s = 0.0, _RETRY_S
 
     # Pieces of a transfer ------------------------------------------------------
 

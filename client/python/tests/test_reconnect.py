@@ -159,6 +159,36 @@ def test_a_ring_transfer_cut_by_a_restart_says_the_connection_was_lost(private_d
     holder.close()
 
 
+def test_a_ring_that_could_not_be_made_is_tried_again_on_the_new_connection(private_daemon,
+                                                                          monkeypatch):
+    """Before, the client stayed on the plain path after the restart, though the new
+    gpuqd had room; a ring refused is tried again at the next transfer on a new
+    connection, without waiting for its retry to be due (an hour here)."""
+    np = pytest.importorskip("numpy")
+    import warnings
+    import gpuq.staging
+    monkeypatch.setattr(gpuq.staging, "_RETRY_S", 3600.0, raising=False)
+    d = private_daemon()
+    c = d.client()
+    c.set_reconnect(20)
+    info = c.regions()
+    if info.get("memlock_limit") is None:
+        pytest.skip("gpuqd's RLIMIT_MEMLOCK is unlimited here: nothing to exhaust")
+    room = info["memlock_limit"] - int(info.get("pinned_bytes") or 0)
+    c.region_create("hog", (room - (512 << 10)) // 4096 * 4096)  # goes with this gpuqd
+    a = np.arange((5 << 20) // 4, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert c.put_array("before", a).result["path"] != "ring"
+    assert c.staging.unavailable is not None
+    crash_and_restart(d)
+    c.ping()
+    assert c.reconnects == 1
+    assert c.put_array("after", a).result["path"] == "ring"
+    assert c.staging.unavailable is None
+    c.close()
+
+
 # AsyncClient.set_reconnect: the same promise, for requests in flight together.
 
 async def _until_queued(s, op: str) -> None:

@@ -83,12 +83,7 @@ def test_empty_aligned_is_np_empty_on_a_huge_page_bound_from_one_huge_page(shape
 def test_without_room_to_pin_the_plain_path_says_why(private_daemon):
     d = private_daemon()
     with d.client() as c:
-        info = c.regions()
-        limit = info.get("memlock_limit")
-        if limit is None:
-            pytest.skip("gpuqd's RLIMIT_MEMLOCK is unlimited here: nothing to exhaust")
-        hog = (limit - int(info.get("pinned_bytes") or 0) - (512 << 10)) // 4096 * 4096
-        region = c.region_create("hog", hog) if hog > 0 else None
+        region = _hog(c)
         try:
             a = np.arange(MIN_STAGED_BYTES // 4 + 7, dtype=np.int32)
             with warnings.catch_warnings(record=True) as caught:
@@ -103,6 +98,100 @@ def test_without_room_to_pin_the_plain_path_says_why(private_daemon):
             if region is not None:
                 region.unmap()
                 c.region_free("hog")
+
+
+def _hog(c, name: str = "hog"):
+    """A region that leaves gpuqd too little to pin for a ring (skips where its
+    RLIMIT_MEMLOCK is unlimited), or None where there is too little already."""
+    info = c.regions()
+    limit = info.get("memlock_limit")
+    if limit is None:
+        pytest.skip("gpuqd's RLIMIT_MEMLOCK is unlimited here: nothing to exhaust")
+    size = (limit - int(info.get("pinned_bytes") or 0) - (512 << 10)) // 4096 * 4096
+    return c.region_create(name, size) if size > 0 else None
+
+
+class _Clock:
+    """Stands in for staging.py's ``time``: ``monotonic()`` is what the test sets,
+    so that it says when a retry is due without waiting for it."""
+
+    perf_counter = staticmethod(time.perf_counter)
+    sleep = staticmethod(time.sleep)
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_ring_that_could_not_be_made_is_tried_again_later(private_daemon, monkeypatch):
+    """Before, a client whose ring could not be made took the plain path until it
+    was closed, though the memory was free again; now a transfer tries again a
+    second later, then after twice as long at each failure, and the others in
+    between do not ask gpuqd."""
+    d = private_daemon()
+    with d.client() as c:
+        hog = _hog(c)
+        if hog is None:
+            pytest.skip("gpuqd may pin too little here for a ring, whatever is freed")
+        clock = _Clock()
+        monkeypatch.setattr(staging_mod, "time", clock)
+        tries = []
+        size = c.staging._size_plan
+
+        def counted(api):
+            tries.append(clock.now)
+            return (yield from size(api))
+        monkeypatch.setattr(c.staging, "_size_plan", counted)
+        a = np.arange(MIN_STAGED_BYTES // 4 + 7, dtype=np.int32)
+
+        def path() -> str:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return c.put_array("again", a).result["path"]
+        assert path() != "ring" and len(tries) == 1
+        assert "no pinned staging ring" in c.staging.unavailable
+        assert c.staging.retry_at == clock.now + 1
+        clock.now += 0.5
+        assert path() != "ring" and len(tries) == 1  # not due yet: no request for it
+        assert np.array_equal(c.get_array("again"), a) and len(tries) == 1
+        clock.now += 0.5
+        assert path() != "ring" and len(tries) == 2  # due, and still no room
+        assert c.staging.retry_at == clock.now + 2  # twice as long after two in a row
+        hog.unmap()
+        c.region_free("hog")
+        clock.now += 1
+        assert path() != "ring" and len(tries) == 2
+        clock.now += 1
+        assert path() == "ring" and len(tries) == 3
+        assert c.staging.unavailable is None
+        assert np.array_equal(c.get_array("again"), a) and len(tries) == 3
+        c.free("again")
+
+
+def test_a_connection_lost_while_the_ring_is_made_does_not_give_the_ring_up(
+        private_daemon, monkeypatch):
+    """That transfer takes the plain path (on the new connection, with
+    set_reconnect); the next one makes the ring: the connection's end says
+    nothing of the room to pin one."""
+    d = private_daemon()
+    with d.client() as c:
+        _room(c)
+        size = c.staging._size_plan
+
+        def lost(api):
+            monkeypatch.setattr(c.staging, "_size_plan", size)
+            raise ConnectionError("as if the connection ended here")
+            yield  # a plan
+        monkeypatch.setattr(c.staging, "_size_plan", lost)
+        a = np.arange(MIN_STAGED_BYTES // 4 + 7, dtype=np.int32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no warning of a ring given up
+            assert c.put_array("lost", a).result["path"] != "ring"
+        assert c.staging.unavailable is None and c.staging.region is None
+        assert c.put_array("lost", a).result["path"] == "ring"
+        c.free("lost")
 
 
 def test_another_threads_transfer_takes_the_plain_path_meanwhile(private_daemon):
