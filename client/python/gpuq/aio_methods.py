@@ -227,8 +227,9 @@ class AsyncMethods:
         another dtype, its last axis in that dtype's elements, as numpy's
         ``view`` has it), else 1-D. ``out``: fill this array instead and
         return it: a writable C-contiguous numpy array (or torch CPU tensor)
-        of that dtype (in either byte order) and size, or on a GPU a torch CUDA tensor or CuPy
-        array of its size (a device-to-device copy from a shareable buffer).
+        of that dtype (in either byte order) and size, or on a GPU a torch
+        CUDA tensor or CuPy array of its size (a device-to-device copy from a
+        shareable buffer).
         Large reads go through the pinned staging ring (see :meth:`put_array`,
         also for ``timeout``).
         """
