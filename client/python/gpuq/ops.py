@@ -86,9 +86,12 @@ class ComputeOps:
         """Reduces an expression over buffers to one number, computed on their device.
 
         ``"sum(abs(x - y))"``, ``"dot(a, b)"``, ``"norm2(x)"``, ``"mean(x)"``,
-        ``"min(x)"``, ``"max(x)"``, ``"count_nonzero(x > 0)"``,
+        ``"min(x)"``, ``"max(x)"``, ``"count_nonzero(relu(x))"`` (the
+        positive elements: the expressions have no comparisons),
         ``"argmax(x)"``: sums and means are floats (added in double in a
         fixed order: the same bits every run), counts and indices ints.
+        The expression is ``run``'s right-hand side (docs/protocol.md,
+        ``reduce_expr``: the grammar).
         ``count``: the first N elements only. For the job record, use
         ``client.job("reduce_expr", expr=...)``. The NCCL collective is
         :meth:`reduce_collective`.

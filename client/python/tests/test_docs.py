@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+import gpuq
+
 from conftest import REPO
 
 
@@ -47,3 +49,48 @@ def test_the_tours_torch_blocks():
     if importlib.util.find_spec("torch") is None:
         pytest.skip(f"torch is not installed here: the tour's {len(blocks)} torch blocks "
                     "did not run (the GPU machine's tests run them)")
+
+
+def docstring_examples():
+    """The expressions and op chains that the docstrings of expr, reduce, run and
+    parse_ops (and the ops module's) show in double backquotes, as a string alone
+    ("sum(x)") or as one a method is called with (c.reduce("sum(x)")):
+    (method, text) pairs, the method being what the text is written for: a
+    chain (``|``) is run's ops, a statement (``=``) expr's, the rest reduce's."""
+    import gpuq.api
+    import gpuq.ops
+    docs = [gpuq.Client.expr.__doc__, gpuq.Client.reduce.__doc__, gpuq.Client.run.__doc__,
+            gpuq.api.parse_ops.__doc__, gpuq.ops.__doc__]
+    found = []
+    for doc in docs:
+        for span in re.findall(r"``(.*?)``", doc or "", re.S):
+            example = re.fullmatch(r'(?:[\w.]*\b(?:reduce|expr|run)\()?"([^"]*)"\)?', span)
+            if example:
+                text = example[1]
+                method = "run" if "|" in text else "expr" if "=" in text else "reduce"
+                found.append((method, " ".join(text.split())))
+    return found
+
+
+def test_the_docstrings_expressions_are_accepted(private_daemon):
+    """docs/python.md's examples run in the tour above; the docstrings' are not
+    executed code, so each expression and chain they show is run here, over
+    float buffers named as they name them, and must be accepted (the grammar
+    is docs/protocol.md's, which has no comparisons, for one)."""
+    import numpy as np
+    examples = docstring_examples()
+    kinds = {m for m, _ in examples}
+    assert kinds == {"run", "expr", "reduce"} and len(examples) >= 12, examples
+    with private_daemon().client() as c:
+        for n, name in enumerate("xyab"):
+            c.put_array(name, np.linspace(-1, 1, 64, dtype=np.float32) + n)
+        for method, text in examples:
+            try:
+                if method == "run":
+                    c.run("x", text)
+                elif method == "expr":
+                    c.expr(text)
+                else:
+                    c.reduce(text)
+            except gpuq.GpuqError as e:
+                pytest.fail(f"the docstring's {method} example {text!r} is refused: {e}")
