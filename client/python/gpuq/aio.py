@@ -17,9 +17,10 @@ import time
 from asyncio import InvalidStateError
 from typing import Any, Deque, Dict, Optional, Sequence, Union
 
+from . import share
 from .aio_methods import AsyncMethods
 from .api import Plan, ProgressHandler, _job_call
-from .client import ClientBase, _own_body
+from .client import ClientBase, _apart, _own_body
 from .connection import ConnectionBase, _copy_error
 from .dispatch import DROPPED, YIELD, Call
 from .forked import AsyncForkedConnection
@@ -393,6 +394,24 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
             return False
         finally:
             self._reconnecting = None
+
+    def _let_go(self, held: Union["share.Attachment", "share.Region"]) -> None:
+        """What a plain ``with`` on this client's attachment or region does before
+        its TypeError (share.py): it cannot await, so it unmaps here and ends
+        the lease, or frees the region, without waiting, on a connection and a
+        thread of their own as an abandoned attach's lease is given back
+        (client._apart: a release or region_free takes its holder's uid, not
+        its connection), so that the mistake leaks nothing."""
+        if isinstance(held, share.Attachment):
+            if not held.ptr:
+                return  # released already
+            self._held.pop(held.lease, None)
+            held.unmap()
+            call = Call("release", {"lease": held.lease})
+        else:
+            held.unmap()
+            call = Call("region_free", {"name": held.name})
+        _apart(self.socket, self.timeout, call)
 
     async def aclose(self) -> None:
         self.close()

@@ -5,6 +5,8 @@ body runs its plan on the async client's ``_drive``; signatures and
 docstrings are theirs. The methods whose body is one ``_request_kw`` or
 ``_job_kw`` send that request on the connection themselves, as
 AsyncClient's ``_request_kw`` and ``_job_kw`` would (tools/gen_aio.py says why).
+``attach`` and ``region_create`` return that coroutine as a share.Scoped,
+which ``async with`` takes too.
 """
 # flake8: noqa
 # mypy: disable-error-code="override"
@@ -78,7 +80,7 @@ class AsyncMethods:
         """
         return await _call(Api.allreduce, self, buffer, devices=devices, reduce=reduce, out=out, count=count, collective_timeout_ms=collective_timeout_ms, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
 
-    async def attach(self, buffer: str, *, mode: str = 'read-write', timeout: Optional[float] = None, **fields: Any) -> 'share.Attachment':
+    def attach(self, buffer: str, *, mode: str = 'read-write', timeout: Optional[float] = None, **fields: Any) -> 'share.Scoped[share.Attachment]':
         """Maps a shareable buffer here and holds a lease on it (``mode``: ``read-write`` or ``read``).
 
         Waits until the jobs before it on the buffer are done. On a GPU the
@@ -89,7 +91,7 @@ class AsyncMethods:
         bounds the wait: when it runs out the attach is given up, no lease is
         granted, and :class:`~gpuq.Timeout` is raised.
         """
-        return await _call(Api.attach, self, buffer, mode=mode, timeout=timeout, **fields)
+        return share.Scoped(_call(Api.attach, self, buffer, mode=mode, timeout=timeout, **fields), 'attach')
 
     async def bench_alloc(self, *, device: Optional[int] = None, sizes: Optional[Sequence[int]] = None, repeats: Optional[int] = None, timeout: Optional[float] = None, **fields: Any) -> Dict[str, Any]:
         """Alloc and free latency, from the pool and from exportable slabs in one run:
@@ -392,7 +394,7 @@ class AsyncMethods:
         result in rank r's ``out`` (in place: block r of ``buffer``)."""
         return await _call(Api.reduce_scatter, self, buffer, out, devices=devices, reduce=reduce, count=count, collective_timeout_ms=collective_timeout_ms, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
 
-    async def region_create(self, name: str, nbytes: int, *, device: int = 0, ephemeral: bool = False, timeout: Optional[float] = None) -> 'share.Region':
+    def region_create(self, name: str, nbytes: int, *, device: int = 0, ephemeral: bool = False, timeout: Optional[float] = None) -> 'share.Scoped[share.Region]':
         """Makes a host region of ``nbytes`` (a multiple of 4096) that gpuqd pins once.
 
         A sealed memfd is made here, handed to gpuqd (which maps it, places
@@ -402,7 +404,7 @@ class AsyncMethods:
         region=...)`` then move bytes by DMA alone. ``ephemeral``: gpuqd
         frees it when this connection closes.
         """
-        return await _call(Api.region_create, self, name, nbytes, device=device, ephemeral=ephemeral, timeout=timeout)
+        return share.Scoped(_call(Api.region_create, self, name, nbytes, device=device, ephemeral=ephemeral, timeout=timeout), 'region_create')
 
     async def region_free(self, name: str, *, timeout: Optional[float] = None, **fields: Any) -> Job:
         """Lets gpuqd unpin a region, after the jobs that use it."""

@@ -12,6 +12,13 @@ driver (``libcuda.so.1`` with ctypes; CuPy and PyTorch take it through
 device="cuda")``); on the host backend, as a numpy array over the memfd the
 buffer lives in. It holds a lease: gpuqd's jobs on the buffer wait until
 :meth:`Attachment.release` (read leases let jobs that only read go on).
+
+Both are context managers: ``with client.attach("kv") as a:`` releases the
+attachment at the block's end, ``with client.region_create(...) as r:``
+frees the region. On an AsyncClient, whose release cannot happen in a sync
+``__exit__``, it is ``async with client.attach("kv") as a:``: the async
+client's ``attach`` and ``region_create`` return a :class:`Scoped`, which is
+awaited for the object or taken by ``async with`` as it is.
 """
 
 from __future__ import annotations
@@ -20,13 +27,86 @@ import ctypes
 import mmap
 import os
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Coroutine, Dict, Generator, NoReturn, Optional, Tuple, TypeVar
 
-__all__ = ["Region", "Attachment", "DTYPES"]
+__all__ = ["Region", "Attachment", "Scoped", "DTYPES"]
 
 #: The protocol's dtypes as numpy type strings (``bytes`` is u8).
 DTYPES = {"bytes": "|u1", "u8": "|u1", "i32": "<i4", "i64": "<i8", "f16": "<f2",
           "bf16": "<u2", "f32": "<f4", "f64": "<f8"}
+
+
+def _refuse_sync_with(held: Any, what: str, name: str, undo: str) -> None:
+    """A plain ``with`` on an AsyncClient's attachment or region: its ``__exit__``
+    could not await the release or region_free, so the block would leak the lease
+    or the region (and leave a coroutine never awaited). Refused in ``__enter__``
+    with TypeError, after the client gives back what it was given (it cannot
+    await here either: AsyncClient._let_go)."""
+    from .aio import AsyncClient  # here: aio imports this module
+    if isinstance(held._client, AsyncClient):
+        held._client._let_go(held)
+        raise TypeError(f"an AsyncClient's {what} takes `async with`, not `with` (the "
+                        f"{undo} at the block's end must be awaited): `async with "
+                        f"client.{name}(...) as x:`; this one's {undo} is sent now")
+
+
+_T = TypeVar("_T")
+
+
+class Scoped(Coroutine[Any, Any, _T]):
+    """What AsyncClient's ``attach`` and ``region_create`` return: a coroutine (for
+    ``await``, ``asyncio.create_task``, ``gather``) of the
+    :class:`Attachment` or :class:`Region`, which ``async with`` takes as it is,
+    releasing the attachment or freeing the region at the block's end::
+
+        async with client.attach("kv") as a:
+            ...
+        a = await client.attach("kv")      # and later: await client.release(a)
+
+    A plain ``with`` is a TypeError saying so, raised before anything is sent.
+    """
+
+    def __init__(self, coro: Coroutine[Any, Any, _T], what: str) -> None:
+        self._coro = coro
+        self._what = what
+        self._value: Any = None
+
+    def __repr__(self) -> str:
+        return f"<gpuq.share.Scoped {self._what}>"
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - the old signature
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, _T]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> _T:
+        value = await self._coro
+        self._value = value
+        entered: Any = value
+        await entered.__aenter__()  # an Attachment's or a Region's: itself
+        return value
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._value.__aexit__(*exc)
+
+    def __enter__(self) -> NoReturn:
+        self._coro.close()  # never sent: nothing to give back
+        raise TypeError(f"AsyncClient.{self._what}() takes `async with`, not `with` "
+                        f"(what the block's end does must be awaited): `async with "
+                        f"client.{self._what}(...) as x:`, or `x = await "
+                        f"client.{self._what}(...)`; nothing was sent")
+
+    def __exit__(self, *exc: Any) -> None:  # pragma: no cover - __enter__ raised
+        pass
 
 
 class Region:
@@ -51,11 +131,13 @@ class Region:
         return f"<gpuq.Region {self.name!r} {self.bytes} bytes {state}>"
 
     def __enter__(self) -> "Region":
+        _refuse_sync_with(self, "region", "region_create", "region_free")
         return self
 
     def __exit__(self, *exc: Any) -> None:
         """Unmaps it here and, for a region this client made, frees it in gpuqd
-        (after the jobs that use it). Not for an AsyncClient's: use ``async with``."""
+        (after the jobs that use it). Not for an AsyncClient's: use ``async with``
+        (``with`` raises TypeError, having freed it)."""
         self.unmap()
         if self._client is not None:
             self._client.region_free(self.name)
@@ -237,12 +319,13 @@ class Attachment:
         return "read-write" if self.writable else "read"
 
     def __enter__(self) -> "Attachment":
+        _refuse_sync_with(self, "attachment", "attach", "release")
         return self
 
     def __exit__(self, *exc: Any) -> None:
         """Waits for this process's work on the device (:meth:`synchronize`), then
         releases it (unmaps here, ends the lease). Not for an AsyncClient's: use
-        ``async with``."""
+        ``async with`` (``with`` raises TypeError, having released it)."""
         if self.ptr:
             self.synchronize()
         if self.ptr and self._client is not None:

@@ -338,3 +338,87 @@ def test_an_attach_whose_timeout_runs_out_is_given_up(daemon, name):
         assert c.leases() == []
         assert c.checksum(name, timeout=10).state == "done"
         c.free(name)
+
+
+def test_an_async_clients_attachment_goes_in_async_with(daemon, name):
+    """On an AsyncClient, attach (and Buffer.attach) returns what ``async with``
+    takes as it is and what ``await`` takes, and a task too; the block's end
+    releases the lease, so a free after it does not wait."""
+    import asyncio
+
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket, timeout=10) as c:
+            k = await c.alloc(name, (4,), np.float32, shareable=True)
+            async with c.attach(name) as a:
+                assert isinstance(a, gpuq.Attachment) and a.lease > 0
+                a.array()[:] = 1.5
+                assert [row["lease"] for row in await c.leases()] == [a.lease]
+            assert a.ptr == 0 and await c.leases() == []
+            async with k.attach(mode="read") as a:
+                assert a.mode == "read" and a.array().tolist() == [1.5] * 4
+            async with await c.attach(name) as a:  # the older spelling
+                assert a.lease > 0
+            a = await asyncio.create_task(c.attach(name))
+            await c.release(a)
+            assert await c.leases() == []
+            await asyncio.wait_for(k.free(), 10)
+    asyncio.run(main())
+
+
+def test_a_plain_with_on_an_async_clients_attachment_is_refused(daemon, name):
+    """A sync ``with`` cannot await the release: it raises TypeError saying to use
+    ``async with``, and leaks no lease (the buffer's free does not wait for ever)
+    and no coroutine never awaited."""
+    import asyncio
+    import gc
+    import warnings
+
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket, timeout=10) as c:
+            k = await c.alloc(name, (4,), np.float32, shareable=True)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                with pytest.raises(TypeError, match="async with"):
+                    with c.attach(name):  # not sent at all
+                        pass
+                assert await c.leases() == []
+                with pytest.raises(TypeError, match="async with"):
+                    with k.attach():
+                        pass
+                with pytest.raises(TypeError, match="async with"):
+                    with await c.attach(name):  # granted: given back
+                        pass
+                gc.collect()
+            assert [str(w.message) for w in seen] == []
+            deadline = time.monotonic() + 10
+            while await c.leases():
+                assert time.monotonic() < deadline, "the lease stayed"
+                await asyncio.sleep(0.02)
+            assert c._held == {}
+            await asyncio.wait_for(k.free(), 10)
+    asyncio.run(main())
+
+
+def test_an_async_clients_region_goes_in_async_with(daemon, name):
+    """region_create is scoped as attach is: ``async with`` frees the region at the
+    block's end; a plain ``with`` is refused and frees what it was given."""
+    import asyncio
+
+    with daemon.client() as sync:
+        _require_memlock(sync, 1 << 16)
+
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket, timeout=10) as c:
+            async with c.region_create(name, 4096) as r:
+                assert isinstance(r, gpuq.share.Region) and r.array("u1").size == 4096
+                assert [x["name"] for x in (await c.regions())["regions"]] == [name]
+            assert r.view is not None and (await c.regions())["regions"] == []
+            with pytest.raises(TypeError, match="async with"):
+                with await c.region_create(name, 4096):
+                    pass
+            deadline = time.monotonic() + 10
+            while (await c.regions())["regions"]:
+                assert time.monotonic() < deadline, "the region stayed"
+                await asyncio.sleep(0.02)
+    asyncio.run(main())
+

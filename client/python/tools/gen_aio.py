@@ -16,6 +16,10 @@ AsyncClient._call does. Awaiting the sync body would go through it,
 ``_request_kw`` and ``_call`` before the connection's ``call``: two
 coroutines more, each made and resumed on every request.
 
+``attach`` and ``region_create`` (SCOPED) are plain methods that return
+share.Scoped around that coroutine, so that ``async with`` takes their result
+as it is, as ``with`` takes the sync client's.
+
 Run it after adding or changing a method (the tests check the file is
 current):
 
@@ -42,6 +46,8 @@ body runs its plan on the async client's ``_drive``; signatures and
 docstrings are theirs. The methods whose body is one ``_request_kw`` or
 ``_job_kw`` send that request on the connection themselves, as
 AsyncClient's ``_request_kw`` and ``_job_kw`` would (tools/gen_aio.py says why).
+``attach`` and ``region_create`` return that coroutine as a share.Scoped,
+which ``async with`` takes too.
 """
 # flake8: noqa
 # mypy: disable-error-code="override"
@@ -77,6 +83,14 @@ class AsyncMethods:
 
 # The senders of api.py whose one-line callers are written out (see the module doc).
 SENDERS = ("_request_kw", "_job_kw")
+
+# The methods whose result is scoped by a context manager (an attachment is
+# released, a region freed, at the block's end): a sync ``__exit__`` cannot
+# await that, so on the async client they return share.Scoped, which is
+# awaited as the coroutine is and taken by ``async with`` as it is
+# (``async with client.attach("kv") as a``). Plain methods, not coroutine
+# functions: the one thing they do is wrap the coroutine.
+SCOPED = ("attach", "region_create")
 
 
 def public_methods() -> List[str]:
@@ -187,6 +201,12 @@ def render(name: str, constants: List[str]) -> str:
         params.append(text)
     ret = f" -> {sig.return_annotation}" if sig.return_annotation is not sig.empty else ""
     doc = _indented_doc(func.__doc__ or "").replace('\\', '\\\\')
+    if name in SCOPED:
+        inner = str(sig.return_annotation).strip("'\"")
+        return (f"    def {name}({', '.join(params)}) -> 'share.Scoped[{inner}]':\n"
+                f'        """{doc}"""\n'
+                f"        return share.Scoped(_call(Api.{name}, {', '.join(call)}), "
+                f"{name!r})\n")
     head = (f"    async def {name}({', '.join(params)}){ret}:\n"
             f'        """{doc}"""\n')
     direct = one_request(func)
