@@ -15,7 +15,7 @@ import collections
 import socket
 import time
 from asyncio import InvalidStateError
-from typing import Any, Deque, Dict, Optional, Sequence, Union
+from typing import Any, Deque, Dict, Generator, Optional, Sequence, Union
 
 from . import share
 from .aio_methods import AsyncMethods
@@ -320,6 +320,20 @@ class AsyncConnection(ConnectionBase):
         self._sock.close()
 
 
+class _Done:
+    """An awaitable already done, of None (what AsyncClient.close returns)."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator function: awaited, it ends at once
+
+    def __repr__(self) -> str:
+        return "<closed>"
+
+
+_DONE = _Done()
+
+
 class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
     """The asyncio twin of :class:`gpuq.Client`: the same methods, as coroutine
     functions (``async def``, aio_methods.py) returning what the sync client's return.
@@ -413,7 +427,18 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
             call = Call("region_free", {"name": held.name})
         _apart(self.socket, self.timeout, call)
 
+    def close(self) -> "_Done":  # type: ignore[override]
+        """Closes the connection at once, as :meth:`gpuq.Client.close` does, and
+        returns an awaitable already done: ``await client.close()`` reads as
+        every other call of the async client does, while ``client.close()``
+        not awaited (sync code, a finalizer) closes all the same. (A coroutine
+        function would close nothing until awaited.) :meth:`aclose` is the
+        same, as a coroutine function."""
+        super().close()
+        return _DONE
+
     async def aclose(self) -> None:
+        """Closes the connection (:meth:`close`)."""
         self.close()
 
     async def __aenter__(self) -> "AsyncClient":

@@ -100,6 +100,26 @@ def test_asyncio_job_methods_and_errors(daemon, name):
     asyncio.run(main())
 
 
+def test_an_async_clients_close_is_done_at_once_and_may_be_awaited(daemon):
+    """close() closes at once, as Client's does, so a caller that does not await it
+    (sync code, a finalizer) still closes; ``await client.close()`` works too, as
+    every other method of the async client is awaited, and so does aclose()."""
+    async def main():
+        c = gpuq.AsyncClient(daemon.socket)
+        await c.ping()
+        done = c.close()
+        assert c.closed
+        assert await done is None
+        assert await c.close() is None  # twice is fine
+        c = gpuq.AsyncClient(daemon.socket)
+        await c.aclose()
+        assert c.closed
+    asyncio.run(main())
+    c = gpuq.AsyncClient(daemon.socket)
+    c.close()  # outside any event loop: nothing to await, nothing left pending
+    assert c.closed
+
+
 def test_asyncio_one_request_methods_answer_as_the_sync_ones(daemon, client, name):
     """The methods that send one request on the connection themselves (ping, noop,
     checksum, lease_break...: aio_methods.py) return and raise what Client's do."""
