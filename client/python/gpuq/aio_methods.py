@@ -435,8 +435,13 @@ class AsyncMethods:
         del reply["id"], reply["ok"]
         return reply
 
-    async def release(self, attachment: 'share.Attachment') -> Dict[str, Any]:
-        """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on)."""
+    async def release(self, attachment: Union['share.Attachment', int]) -> Dict[str, Any]:
+        """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on).
+
+        ``attachment`` may be a lease id too (``leases()``'s ``lease``): this
+        client's attachment of that lease is unmapped first, and any other
+        lease of yours just ends (one whose attachment was dropped, say).
+        """
         return await _call(Api.release, self, attachment)
 
     async def request(self, op: str, *, fds: Sequence[int] = (), **fields: Any) -> Dict[str, Any]:

@@ -20,6 +20,7 @@ that the protocol names ``*_ms`` keep their names and unit.
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import replace
 from typing import (Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence,
@@ -676,8 +677,25 @@ class Api(ComputeOps):
             for fd in fds:
                 os.close(fd)
 
-    def release(self, attachment: "share.Attachment") -> Dict[str, Any]:
-        """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on)."""
+    def release(self, attachment: Union["share.Attachment", int]) -> Dict[str, Any]:
+        """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on).
+
+        ``attachment`` may be a lease id too (``leases()``'s ``lease``): this
+        client's attachment of that lease is unmapped first, and any other
+        lease of yours just ends (one whose attachment was dropped, say).
+        """
+        if not isinstance(attachment, share.Attachment):
+            try:
+                if isinstance(attachment, bool):
+                    raise TypeError
+                lease = operator.index(attachment)
+            except TypeError:
+                raise TypeError(f"release takes an Attachment or a lease id (an int), not "
+                                f"{attachment!r}") from None
+            held = self._held.get(lease)
+            if held is None:
+                return self._request_kw("release", lease=lease)
+            attachment = held
         self._held.pop(attachment.lease, None)
         attachment.unmap()
         return self._request_kw("release", lease=attachment.lease)

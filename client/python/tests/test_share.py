@@ -422,3 +422,24 @@ def test_an_async_clients_region_goes_in_async_with(daemon, name):
                 await asyncio.sleep(0.02)
     asyncio.run(main())
 
+
+def test_release_takes_a_lease_id(daemon, name):
+    """release(N) with a lease id from leases(): an attachment this client holds is
+    unmapped and released; a lease of yours whose attachment is another
+    client's (or was dropped) just ends. Anything else is a TypeError."""
+    try:
+        with daemon.client() as c, daemon.client() as other:
+            c.alloc(name, count=4, dtype="f32", shareable=True)
+            att = c.attach(name)
+            assert [row["lease"] for row in c.leases()] == [att.lease]
+            c.release(c.leases()[0]["lease"])
+            assert c.leases() == [] and att.ptr == 0 and c._held == {}
+            theirs = other.attach(name, mode="read")
+            c.release(np.int64(theirs.lease))
+            assert c.leases() == []
+            for wrong in ("1", 1.0, True, None):
+                with pytest.raises(TypeError, match="Attachment or a lease id"):
+                    c.release(wrong)
+    finally:  # the leases went with the connections
+        with daemon.client() as c:
+            c.free(name, timeout=10)
