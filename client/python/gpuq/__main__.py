@@ -13,7 +13,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from . import Client, GpuqError, Job, __version__
-from .buffer import human_bytes
+from .buffer import Buffer, human_bytes
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -32,6 +32,11 @@ def _size(text: str) -> int:
 
 def _show_job(job: Job) -> str:
     r = job.result or {}
+    if job.op == "alloc" and job.state == "done":  # as gpuq prints it
+        dtype = r.get("dtype") or "bytes"
+        return (f"alloc {r.get('name')}@{r.get('device', job.record.get('device', 0))}: "
+                f"{human_bytes(int(r.get('bytes') or 0))}"
+                + (f" ({r.get('count')} x {dtype})" if dtype != "bytes" else ""))
     detail = ", ".join(f"{k} {v}" for k, v in r.items() if not isinstance(v, (dict, list)))
     return f"job {job.id} {job.op} {job.state}" + (f": {detail}" if detail else "")
 
@@ -117,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("buffer")
         _job_options(s)
     s = sub.add_parser("fill", help="zero | value V | iota | random SEED")
+    # V may be -2.5e-1 or -inf, as gpuq takes it: argparse reads only -2 and -0.5 as
+    # numbers rather than options.
+    s._negative_number_matcher = re.compile(r"^-(\d|\.\d|inf|nan)", re.IGNORECASE)
     s.add_argument("buffer")
     s.add_argument("pattern", choices=["zero", "value", "iota", "random"])
     s.add_argument("arg", nargs="?", help="the value, or the seed")
@@ -141,11 +149,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fill_args(a: argparse.Namespace) -> Dict[str, Any]:
+    """fill's value or seed; ValueError worded as gpuq's usage errors."""
     if a.pattern == "value":
-        return {"value": float(a.arg) if any(c in a.arg for c in ".eEn") else int(a.arg)}
+        for kind in (int, float):
+            try:
+                return {"value": kind(a.arg)}
+            except ValueError:
+                pass
+        raise ValueError(f"V '{a.arg}' is not a number (an integer, or a float such as "
+                         "0.5 or 1e-3)")
     if a.pattern == "random":
-        return {"seed": int(a.arg)}
+        try:
+            seed = int(a.arg)
+        except ValueError:
+            seed = -1
+        if not 0 <= seed < 1 << 64:
+            raise ValueError(f"SEED '{a.arg}' is not a number (0 to 2^64-1)")
+        return {"seed": seed}
     return {}
+
+
+def _alloc_job(made: Any) -> Any:
+    """alloc's Job (shown as gpuq shows an alloc, and its record for --json), not the
+    Buffer alloc returns unless detached."""
+    return made.job if isinstance(made, Buffer) and made.job is not None else made
 
 
 def _run(c: Client, a: argparse.Namespace) -> Any:
@@ -156,11 +183,11 @@ def _run(c: Client, a: argparse.Namespace) -> Any:
         "status": lambda: c.status(a.job),
         "wait": lambda: c.wait(a.job, timeout=a.timeout),
         "cancel": lambda: {"cancel_requested": c.cancel(a.job)},
-        "alloc": lambda: c.alloc(a.name, nbytes=a.nbytes, count=a.count, dtype=a.dtype,
-                                 device=a.device, **_job_kw(a)),
+        "alloc": lambda: _alloc_job(c.alloc(a.name, nbytes=a.nbytes, count=a.count,
+                                            dtype=a.dtype, device=a.device, **_job_kw(a))),
         "free": lambda: c.free(a.buffer, **_job_kw(a)),
         "checksum": lambda: c.checksum(a.buffer, **_job_kw(a)),
-        "fill": lambda: c.fill(a.buffer, a.pattern, **_fill_args(a), **_job_kw(a)),
+        "fill": lambda: c.fill(a.buffer, a.pattern, **a.fill, **_job_kw(a)),
         "put": lambda: c.put(sys.stdin.fileno() if a.file == "-" else a.file, a.buffer,
                              verify=a.verify or None, **_job_kw(a)),
         "get": lambda: c.get(a.buffer, sys.stdout.fileno() if a.file == "-" else a.file,
@@ -170,11 +197,13 @@ def _run(c: Client, a: argparse.Namespace) -> Any:
     return commands[a.command]()
 
 
-def _render(out: Any, as_json: bool) -> str:
+def _render(out: Any, as_json: bool, command: str = "") -> str:
     plain = out.record if isinstance(out, Job) else (
         [j.record if isinstance(j, Job) else j for j in out] if isinstance(out, list) else out)
     if as_json:
         return json.dumps(plain, indent=None, default=str)
+    if isinstance(out, list) and not out:
+        return f"no {command}"  # "no buffers", as gpuq says it
     if isinstance(out, Job):
         return _show_job(out)
     if isinstance(out, str):
@@ -212,6 +241,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "fill" and args.pattern in ("value", "random") and args.arg is None:
         parser.error(f"fill {args.pattern} needs {'a value' if args.pattern == 'value' else 'a seed'}")
+    if args.command == "fill":
+        try:
+            args.fill = _fill_args(args)
+        except ValueError as exc:
+            parser.error(f"fill: {exc}")
     if args.command == "plot":
         return _plot(args.result, args.output)
     try:
@@ -226,7 +260,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"python -m gpuq {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    text = _render(out, args.json)
+    text = _render(out, args.json, args.command)
     if text and not (args.command == "get" and args.file == "-"):
         print(text)
     elif text:

@@ -59,3 +59,30 @@ def test_unreachable_exits_3_and_names_the_socket(tmp_path):
     path = str(tmp_path / "none.sock")
     run = cli(path, "ping")
     assert run.returncode == 3 and path.encode() in run.stderr
+
+
+def test_output_and_errors_read_as_the_clis(private_daemon):
+    """As gpuq prints them: an empty list says so ("no buffers", not "[]"), alloc
+    says what it made ("alloc NAME@GPU: SIZE (COUNT x DTYPE)", not a Python
+    repr; --json the alloc's job record), and a fill value or seed that is not
+    a number is a usage error saying so, not int()'s complaint."""
+    s = private_daemon().socket
+    run = cli(s, "buffers")
+    assert run.returncode == 0 and run.stdout == b"no buffers\n"
+    assert cli(s, "--json", "buffers").stdout == b"[]\n"
+    run = cli(s, "alloc", "q", "--bytes", "64K")
+    assert run.returncode == 0 and run.stdout == b"alloc q@0: 64 KiB\n"
+    run = cli(s, "alloc", "f@0", "--count", "16", "--dtype", "f32")
+    assert run.returncode == 0 and run.stdout == b"alloc f@0: 64 B (16 x f32)\n"
+    record = json.loads(cli(s, "--json", "alloc", "j", "--bytes", "4K").stdout)
+    assert record["op"] == "alloc" and record["result"]["bytes"] == 4096
+    run = cli(s, "fill", "f", "value", "abc")
+    assert run.returncode == 2 and b"V 'abc' is not a number (an integer, or a float" \
+        in run.stderr and b"int()" not in run.stderr
+    run = cli(s, "fill", "f", "random", "x")
+    assert run.returncode == 2 and b"SEED 'x' is not a number" in run.stderr
+    assert cli(s, "fill", "f", "value", "-2.5e-1").returncode == 0  # a value, not an option
+    run = cli(s, "fill", "f", "value", "-inf")  # sent, and refused by gpuqd
+    assert run.returncode == 1 and b"finite" in run.stderr
+    assert cli(s, "fill", "q", "value", "7").returncode == 0
+    assert b"q" in cli(s, "buffers").stdout
