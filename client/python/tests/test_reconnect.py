@@ -151,7 +151,9 @@ def test_a_ring_transfer_cut_by_a_restart_says_the_connection_was_lost(private_d
     crash_and_restart(d)
     t.join(30)
     assert got and isinstance(got[0], ConnectionError), got
-    assert "staging ring" in str(got[0])
+    # the wait is not asked of the new gpuqd (started afresh), or its answer is
+    # not taken: either way the transfer says the connection went
+    assert "staging ring" in str(got[0]) or "not asked again" in str(got[0]), got
     assert c.reconnects == 1
     assert c.put_array("again", a).result["path"] == "ring"
     assert np.array_equal(c.get_array("again"), a)
