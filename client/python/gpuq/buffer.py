@@ -148,8 +148,9 @@ class Buffer:
         return done
 
     def attach(self, mode: str = "read-write", **kwargs: Any) -> Any:
-        """Maps it here under a lease (:meth:`gpuq.Client.attach`); use ``with``.
-        The :class:`~gpuq.share.Attachment` has ``__dlpack__`` and
+        """Maps it here under a lease (:meth:`gpuq.Client.attach`); use ``with``
+        (``async with`` for a Buffer of an AsyncClient). The
+        :class:`~gpuq.share.Attachment` has ``__dlpack__`` and
         ``__cuda_array_interface__`` on a GPU, ``array()`` on the host backend."""
         self._live()
         return self._client.attach(self.ref, mode=mode, **kwargs)
