@@ -71,7 +71,9 @@ uint64_t gpuq_request_begin(struct gpuq_client *c, struct mp_map *req, const cha
  * later gpuq_recv/gpuq_call for their ids; event frames (key "event") are
  * passed to the event callback, if one is set, and dropped otherwise.
  * Returns 0 with *reply set (the caller frees it), or -1 with err on a
- * transport failure (daemon gone, bad frame from the daemon).
+ * transport failure (daemon gone, bad frame from the daemon). fds holds
+ * nfds open descriptors (NULL when nfds is 0); one that cannot be sent is
+ * GPUQ_E_BAD_REQUEST before anything goes, and the connection serves on.
  */
 int gpuq_call(struct gpuq_client *c, struct mp_map *req, const int *fds, int nfds,
 	      struct gpuq_reply **reply, struct gpuq_error *err);

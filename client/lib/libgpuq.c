@@ -14,6 +14,7 @@
 #include "client/lib/gpuq.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -309,6 +310,25 @@ static int refusal_waiting(struct gpuq_client *c, struct gpuq_error *err)
 	return rc;
 }
 
+/*
+ * The descriptors a request carries must be open: sendmsg would refuse them
+ * (EBADF) only once the frame is on its way, and a connection whose frame
+ * went out without them is out of step for good.
+ */
+static int check_fds(const int *fds, int nfds, struct gpuq_error *err)
+{
+	if (nfds > 0 && !fds)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST, "%d descriptors to send, but fds is NULL",
+				 nfds);
+	for (int i = 0; i < nfds; i++) {
+		if (fcntl(fds[i], F_GETFD) < 0)
+			return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+					 "descriptor %d (number %d of the request's %d) cannot be sent: %s",
+					 fds[i], i + 1, nfds, strerror(errno));
+	}
+	return 0;
+}
+
 static int send_all(struct gpuq_client *c, const uint8_t *data, size_t len,
 		    const int *fds, int nfds, struct gpuq_error *err)
 {
@@ -319,6 +339,8 @@ static int send_all(struct gpuq_client *c, const uint8_t *data, size_t len,
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "cannot send %d descriptors with one request (at most %d)",
 				 nfds, MAX_SEND_FDS);
+	if (check_fds(fds, nfds, err) < 0)
+		return -1;
 	while (off < len) {
 		struct iovec iov = { (void *)(data + off), len - off };
 		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };

@@ -449,3 +449,38 @@ TEST(fill_range_errors_print_numbers_whole)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/*
+ * libgpuq checks a request's descriptors before it sends: a closed one
+ * made sendmsg fail once the frame was on its way, and the connection was
+ * broken for good (every later call failed the same way) though nothing
+ * had reached gpuqd; a NULL array with a count crashed the caller.
+ */
+TEST(a_descriptor_that_cannot_be_sent_is_refused_and_the_client_goes_on)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 4096);
+	int closed = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	CHECK(closed >= 0);
+	close(closed);
+	struct gpuq_reply *r;
+	struct gpuq_error err;
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", "w");
+	mp_put_u64(&req, "fds", 1);
+	CHECK(gpuq_call(c, &req, &closed, 1, &r, &err) < 0);
+	CHECKF(err.code == GPUQ_E_BAD_REQUEST && strstr(err.message, "cannot be sent"), "%s: %s",
+	       gpuq_errc_name(err.code), err.message);
+	gpuq_request_begin(c, &req, "put");
+	mp_put_str(&req, "buffer", "w");
+	mp_put_u64(&req, "fds", 2);
+	CHECK(gpuq_call(c, &req, NULL, 2, &r, &err) < 0);
+	CHECKF(err.code == GPUQ_E_BAD_REQUEST && strstr(err.message, "fds is NULL"), "%s",
+	       err.message);
+	CHECK_EQ(do_checksum(c, "w"), do_checksum(c, "w")); /* the same connection serves on */
+	gpuq_close(c);
+	daemon_stop(&d);
+}
