@@ -122,6 +122,17 @@ check get_stdout 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get w - > \"$dir/ba
 check round_trip_equal 0 cmp "$dir/data" "$dir/back"
 check get_to_file 0 gpuq get w "$dir/back2"
 check round_trip_file_equal 0 cmp "$dir/data" "$dir/back2"
+# a get that fails before it writes leaves an existing FILE as it was, and
+# makes none; one that succeeds over a longer FILE leaves the bytes alone
+echo precious > "$dir/keep"
+check get_missing_buffer_is_1 1 gpuq get nosuch "$dir/keep"
+check get_missing_buffer_keeps_the_file 0 grep -qx precious "$dir/keep"
+check get_bad_range_is_1 1 gpuq get 'w[0:99999999]' "$dir/keep"
+check get_bad_range_keeps_the_file 0 grep -qx precious "$dir/keep"
+check get_missing_buffer_makes_no_file 1 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" get nosuch \"$dir/none\"; test -e \"$dir/none\""
+head -c 2000000 /dev/zero > "$dir/longer"
+check get_over_a_longer_file 0 gpuq get w "$dir/longer"
+check get_over_a_longer_file_is_cut 0 cmp "$dir/data" "$dir/longer"
 # --verify, a range, the path in the summary; no progress bar off a terminal
 check put_verify 0 gpuq put "$dir/data" w --verify
 expect put_verify_summary "staged, verified" out

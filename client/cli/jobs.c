@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client/cli/cli.h"
@@ -227,6 +228,24 @@ static int get_to_stdout(struct cli *cli)
 	return transfer(cli, "get", cli->args[0], STDOUT_FILENO);
 }
 
+/*
+ * After a get into a regular file: what was there past the bytes written
+ * goes (gpuqd leaves the descriptor's offset at their end), as if the file
+ * had been truncated first.
+ */
+static int cut_to_what_was_written(const char *path, int fd)
+{
+	struct stat st;
+	off_t end = lseek(fd, 0, SEEK_CUR);
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || end < 0 || st.st_size <= end)
+		return CLI_OK;
+	if (ftruncate(fd, end) == 0)
+		return CLI_OK;
+	fprintf(stderr, "gpuq get: cannot cut '%s' to the %lld bytes written: %s\n", path,
+		(long long)end, strerror(errno));
+	return CLI_REFUSED;
+}
+
 int cmd_get(struct cli *cli)
 {
 	const char *path = cli->args[1];
@@ -238,13 +257,23 @@ int cmd_get(struct cli *cli)
 		return transfer(cli, "get", cli->args[0], -1);
 	if (strncmp(path, REGION, strlen(REGION)) == 0)
 		return region_transfer(cli, "get", cli->args[0], path + strlen(REGION));
-	/* Read and write where allowed: gpuqd can then map the file and write it in parallel. */
-	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	/*
+	 * Read and write where allowed: gpuqd can then map the file and write it
+	 * in parallel. Not truncated first: a get that fails before it writes
+	 * (a mistyped name, a stopped gpuqd) must not have emptied the file.
+	 */
+	struct stat st;
+	bool existed = stat(path, &st) == 0;
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
 	if (fd < 0 && errno == EACCES)
-		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+		fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
 	if (fd < 0)
 		return open_failed(cli, path, "writing");
 	rc = transfer(cli, "get", cli->args[0], fd);
+	if (rc == CLI_OK)
+		rc = cut_to_what_was_written(path, fd);
+	else if (!existed)
+		unlink(path); /* the file this get made, and wrote nothing good to */
 	close(fd);
 	return rc;
 }
