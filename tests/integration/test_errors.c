@@ -484,3 +484,20 @@ TEST(a_descriptor_that_cannot_be_sent_is_refused_and_the_client_goes_on)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/* A job that is not there: on a fresh gpuqd the message said "ids so far: 1-0". */
+TEST(a_missing_job_is_worded_for_a_fresh_daemon_and_a_busy_one)
+{
+	struct daemon_proc d;
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	struct gpuq_reply *r = job_request(c, "status", 5, 0);
+	expect_error(r, GPUQ_E_NOT_FOUND, "job 5 not found (no job was submitted yet)");
+	gpuq_reply_free(r);
+	do_alloc(c, "w", 0, 64);
+	r = job_request(c, "status", 5, 0);
+	expect_error(r, GPUQ_E_NOT_FOUND, "job 5 not found (the newest job is 1;");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
