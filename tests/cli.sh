@@ -239,6 +239,20 @@ kill -TERM "$holder"
 wait "$holder"
 check attach_timeout_leaves_no_lease 0 gpuq leases
 expect attach_timeout_leaves_no_lease_says_so "no leases" out
+# a held lease that root breaks: the holder exits 1, not 0 as when interrupted
+if [ "$(id -u)" = 0 ]; then
+	"$BUILD/gpuq" --socket "$sock" attach sh > "$dir/holder.out" 2>&1 &
+	holder=$!
+	i=0
+	until grep -q "held until interrupted" "$dir/holder.out" || [ $i -ge 200 ]; do
+		i=$((i + 1))
+		sleep 0.05
+	done
+	lease=$(sed -n 's/^lease \([0-9]*\):.*/\1/p' "$dir/holder.out")
+	check lease_break 0 gpuq lease break "$lease"
+	wait "$holder"
+	verdict attach_broken_exits_1 $? 1
+fi
 check free_shareable 0 gpuq free sh
 # quota: limits beside usage, sizes for people, unlimited spelled out; --json as the reply; --uid
 check quota 0 gpuq quota

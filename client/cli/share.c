@@ -169,12 +169,13 @@ int cmd_lease(struct cli *cli)
 static void on_lease_event(const msgpack_object *event, void *arg)
 {
 	char kind[32], why[256];
-	(void)arg;
+	bool *broken = arg;
 	field_str(event, "event", kind, sizeof kind, "?");
 	if (strcmp(kind, "lease_broken") != 0)
 		return;
 	fprintf(stderr, "gpuq attach: lease %" PRIu64 " broken: %s\n", field_u64(event, "lease", 0),
 		field_str(event, "reason", why, sizeof why, "?"));
+	*broken = true;
 	cli_hold_stop();
 }
 
@@ -187,7 +188,8 @@ int cmd_attach(struct cli *cli)
 	int rc = connect_cli(cli);
 	if (rc)
 		return rc;
-	gpuq_set_event_handler(cli->client, on_lease_event, NULL);
+	bool broken = false; /* by lease_break or a device reset: a script tells it from its own stop */
+	gpuq_set_event_handler(cli->client, on_lease_event, &broken);
 	/* libgpuq tells gpuqd, which gives the attach up then */
 	gpuq_set_timeout(cli->client, cli->has_timeout && cli->timeout_ms > 0
 					      ? (unsigned)cli->timeout_ms : 0);
@@ -202,5 +204,5 @@ int cmd_attach(struct cli *cli)
 		return CLI_UNREACHABLE;
 	if (gpuq_buffer_release(cli->client, &a, &err) < 0 && err.code != GPUQ_E_NOT_FOUND)
 		return share_failed(&err);
-	return CLI_OK;
+	return broken ? CLI_REFUSED : CLI_OK;
 }
