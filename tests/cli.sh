@@ -226,13 +226,18 @@ expect leases_none_says_so "no leases" out
 # an attach held by another: --timeout gives the second attach up in gpuqd too,
 # so no lease is granted to it once the first goes
 check alloc_shareable 0 gpuq alloc sh --bytes 64K --shareable
-"$BUILD/gpuq" --socket "$sock" attach sh > "$dir/holder.out" 2>&1 &
-holder=$!
-i=0
-until grep -q "held until interrupted" "$dir/holder.out" || [ $i -ge 200 ]; do
-	i=$((i + 1))
-	sleep 0.05
-done
+# hold_attach BUF: gpuq attach BUF in the background (not through the gpuq
+# function, so that $holder is gpuq itself), once its lease is held
+hold_attach() {
+	"$BUILD/gpuq" --socket "$sock" attach "$1" > "$dir/holder.out" 2>&1 &
+	holder=$!
+	i=0
+	until grep -q "held until interrupted" "$dir/holder.out" || [ $i -ge 200 ]; do
+		i=$((i + 1))
+		sleep 0.05
+	done
+}
+hold_attach sh
 check attach_timeout_is_1 1 gpuq --timeout 300 attach sh
 expect attach_timeout_says_given_up "is given up" err
 kill -TERM "$holder"
@@ -241,13 +246,7 @@ check attach_timeout_leaves_no_lease 0 gpuq leases
 expect attach_timeout_leaves_no_lease_says_so "no leases" out
 # a held lease that root breaks: the holder exits 1, not 0 as when interrupted
 if [ "$(id -u)" = 0 ]; then
-	"$BUILD/gpuq" --socket "$sock" attach sh > "$dir/holder.out" 2>&1 &
-	holder=$!
-	i=0
-	until grep -q "held until interrupted" "$dir/holder.out" || [ $i -ge 200 ]; do
-		i=$((i + 1))
-		sleep 0.05
-	done
+	hold_attach sh
 	lease=$(sed -n 's/^lease \([0-9]*\):.*/\1/p' "$dir/holder.out")
 	check lease_break 0 gpuq lease break "$lease"
 	wait "$holder"
