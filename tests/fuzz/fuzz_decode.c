@@ -12,7 +12,8 @@
  * to back, headers claiming 2^32-1 entries or bytes, deep nesting, a 4 GiB
  * frame, and requests with duplicate keys (at the root, in a nested map,
  * integer keys), distinct keys of one length, strings that are not UTF-8
- * (also after ASCII) and an owner beyond 32 bits.
+ * (also after ASCII), an owner beyond 32 bits, a ring whose slot_bytes and
+ * counters are nil, and fill values at the edges of f32, i64 and u64.
  *
  * Besides "does not crash", it checks these and abort()s when one fails, so
  * that libFuzzer keeps the input:
@@ -24,11 +25,15 @@
  *    and msg_get_u64_in never returns a value outside its range;
  *  - every string of a frame (and the raw input), written back with
  *    mp_put_strn as a reply would be, decodes as valid UTF-8, unchanged
- *    when it was valid, and utf8_escape agrees with utf8_valid.
+ *    when it was valid, and utf8_escape agrees with utf8_valid;
+ *  - every number of a frame, printed as messages print it
+ *    (gpuq_format_number), reads back as itself (as a double and a float);
+ *  - a ring map's nil slot_bytes or counters reads as absent.
  * A crashing input found here becomes a regression test in
  * tests/unit/test_msg.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +129,77 @@ static void check_texts(const msgpack_object *o)
 	}
 }
 
+/*
+ * Every float and integer of a frame, as a message prints it
+ * (gpuq_format_number): the text reads back as the same number, as a double
+ * and as the float it rounds to, so that two numbers in a message never
+ * read the same.
+ */
+static void check_number(double v)
+{
+	char text[40];
+	if (!isfinite(v))
+		return; /* messages print those as inf and nan themselves */
+	gpuq_format_number(text, sizeof text, v, false);
+	if (strtod(text, NULL) != v)
+		abort();
+	float f = (float)v;
+	if (!isfinite(f))
+		return;
+	gpuq_format_number(text, sizeof text, f, true);
+	if ((float)strtod(text, NULL) != f)
+		abort();
+}
+
+static void check_numbers(const msgpack_object *o)
+{
+	switch (o->type) {
+	case MSGPACK_OBJECT_FLOAT32:
+	case MSGPACK_OBJECT_FLOAT64:
+		check_number(o->via.f64);
+		break;
+	case MSGPACK_OBJECT_POSITIVE_INTEGER:
+		check_number((double)o->via.u64);
+		break;
+	case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+		check_number((double)o->via.i64);
+		break;
+	case MSGPACK_OBJECT_ARRAY:
+		for (uint32_t i = 0; i < o->via.array.size; i++)
+			check_numbers(&o->via.array.ptr[i]);
+		break;
+	case MSGPACK_OBJECT_MAP:
+		for (uint32_t i = 0; i < o->via.map.size; i++)
+			check_numbers(&o->via.map.ptr[i].val);
+		break;
+	default:
+		break;
+	}
+}
+
+/*
+ * A nested map's fields are read as the root's are: nil is absent (nothing
+ * stored, 0 returned), as a ring's slot_bytes must be (a nil one once passed
+ * a presence check and divided by zero).
+ */
+static void check_nested_nil(const msgpack_object *root)
+{
+	struct gpuq_error err;
+	const msgpack_object *ring;
+	if (msg_get_map(root, "ring", &ring, &err) != 1)
+		return;
+	static const char *const keys[] = { "slot_bytes", "counters" };
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+		const msgpack_object *o = msg_map_get(ring, keys[i]);
+		uint64_t v = 12345;
+		int rc = msg_get_u64_in(ring, keys[i], 8, UINT64_MAX, &v, &err);
+		if (o && o->type == MSGPACK_OBJECT_NIL && (rc != 0 || v != 12345))
+			abort();
+		if (rc == 1 && v < 8)
+			abort();
+	}
+}
+
 /* The request-level checks every decoded request goes through in gpuqd. */
 static void check_request_rules(const msgpack_object *root)
 {
@@ -140,6 +216,8 @@ static void check_request_rules(const msgpack_object *root)
 			abort();
 	}
 	check_texts(root);
+	check_numbers(root);
+	check_nested_nil(root);
 }
 
 /* A decoded map, put whole into a new map, must decode again. */

@@ -1041,3 +1041,34 @@ TEST(msg_get_u64_in_names_the_field_and_range)
 	msg_free(&msg);
 	msgpack_sbuffer_destroy(&sb);
 }
+
+/*
+ * In a nested map as at the root, nil is absent: the getters return 0 and
+ * store nothing, so that a caller tells a given field by what they return,
+ * not by looking for the key (which a ring's nil slot_bytes once passed, to
+ * a division by zero in gpuqd).
+ */
+TEST(msg_nil_in_a_nested_map_reads_as_absent)
+{
+	struct mp_map m, ring;
+	msgpack_sbuffer sb;
+	struct msg msg;
+	struct gpuq_error err;
+	const msgpack_object *nested;
+	uint64_t v = 12345;
+	mp_map_init(&m);
+	mp_map_init(&ring);
+	mp_put_nil(&ring, "slot_bytes");
+	mp_put_u64(&ring, "counters", 0);
+	mp_put_map(&m, "ring", &ring);
+	msgpack_sbuffer_init(&sb);
+	mp_map_finish(&m, &sb);
+	CHECK(msg_decode(&msg, sb.data, sb.size, &msg_request_limits, &err) == 0);
+	CHECK(msg_get_map(msg.root, "ring", &nested, &err) == 1);
+	CHECK(msg_map_get(nested, "slot_bytes") != NULL); /* the key is there ... */
+	CHECK(msg_get_u64_in(nested, "slot_bytes", 8, UINT64_MAX, &v, &err) == 0); /* ... absent */
+	CHECK_EQ(v, 12345);
+	CHECK(msg_get_u64(nested, "counters", &v, &err) == 1 && v == 0);
+	msg_free(&msg);
+	msgpack_sbuffer_destroy(&sb);
+}
