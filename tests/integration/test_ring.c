@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
+#include "tests/integration/lease_util.h"
 #include "workers/backend/host_patterns.h"
 
 #define KIB 1024u
@@ -391,19 +392,6 @@ TEST(ring_in_an_ephemeral_region_is_cancelled_when_its_connection_closes)
 	daemon_stop(&d);
 }
 
-/* A checksum of buffer, not waited for: queued behind whatever holds the buffer. */
-static uint64_t submit_checksum(struct gpuq_client *c, const char *buffer)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "checksum");
-	mp_put_str(&req, "buffer", buffer);
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "checksum");
-	uint64_t job = reply_u64(r, "job.job");
-	gpuq_reply_free(r);
-	return job;
-}
-
 /* Waits (up to 10 s) until device 0 runs jobs again after a reset. */
 static void wait_serving(struct gpuq_client *c)
 {
@@ -447,7 +435,7 @@ TEST(ring_cancelled_by_a_reset_lets_no_job_queued_behind_it_start)
 		do_alloc(c, name, 0, 4 * 64 * KIB);
 		uint64_t ring_job = ring_start(c, true, name, &r, false);
 		wait_job_running(c, ring_job);
-		uint64_t sum = submit_checksum(c, name);
+		uint64_t sum = lease_submit(c, "checksum", name); /* queued behind the ring job */
 		do_reset_device(c, 0);
 		expect_job_error(c, ring_job, GPUQ_E_CANCELLED, "");
 		expect_job_error(c, sum, GPUQ_E_DEVICE_ERROR, "before this job started");
