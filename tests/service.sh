@@ -284,6 +284,22 @@ check fault_reexec_then_sigkill_keeps_the_faulted_devices_buffer cmp "$dir/mid" 
 kill -TERM "$supervisor"
 wait "$supervisor"
 
+# --- the one carved slab, kept empty (out of the store) and serving again, is
+# stored again: a buffer carved from it survives a SIGKILL ---
+start_under_store k 1 64
+first=$(pid_after_start 1)
+gpuq alloc once --bytes 1048576 > /dev/null
+gpuq free once > /dev/null # slab 1 is kept empty: out of the store
+gpuq alloc again --bytes 1048576 > /dev/null
+gpuq put "$dir/mid" again > /dev/null
+check kept_carved_slab_serving_again_is_stored_again count_is 'FDSTORE=1 | FDNAME=gpuq-slab-0-1 \[1 fds\]' "$store" 2
+kill -KILL "$first"
+second=$(pid_after_start 2)
+gpuq get again "$dir/k.back" > /dev/null 2>&1
+check sigkill_keeps_a_buffer_carved_from_a_kept_slab cmp "$dir/mid" "$dir/k.back"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
 # --- a store smaller than gpuqd's slabs: one warning, and the stand-in drops the rest ---
 start_under_store q 0 2
 for b in q1 q2 q3; do gpuq --timeout 20000 alloc "$b" --bytes 20000000 > /dev/null; done

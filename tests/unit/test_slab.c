@@ -383,6 +383,22 @@ TEST(slab_keeper_holds_what_buffers_use)
 	CHECK(strcmp(k.events[6], "release 3-1") == 0);
 	CHECK(strcmp(k.events[7], "release 3-2") == 0);
 
+	/* The one carved slab kept empty serves again: the keeper holds it again. */
+	k.n = 0;
+	h = fake_heap(&f, 256 * MIB, 0);
+	slab_heap_set_keeper(h, &keeper, 3);
+	struct slab_place g = must_alloc(h, 1 * MIB, 0); /* carved slab 1 */
+	CHECK_EQ(slab_free(h, g.ptr, NULL), 0);          /* kept empty: out of the keeper */
+	struct slab_place r = must_alloc(h, 1 * MIB, 0); /* carved from the kept slab 1 */
+	CHECK_EQ(r.slab, 1);
+	CHECK_EQ(k.n, 3);
+	CHECK(strcmp(k.events[1], "release 3-1") == 0);
+	CHECK(strcmp(k.events[2], "hold 3-1") == 0);
+	struct slab_place r2 = must_alloc(h, 1 * MIB, 0); /* slab 1 in use and held: nothing said */
+	CHECK_EQ(k.n, 3);
+	(void)r2;
+	slab_heap_destroy(h, false);
+
 	k.n = 0;
 	h = fake_heap(&f, 256 * MIB, 0);
 	slab_heap_set_keeper(h, &keeper, 0);

@@ -312,7 +312,11 @@ static int heap_carve_existing(struct slab_heap *h, uint64_t need, uint64_t aske
 			continue;
 		for (size_t k = 0; k < s->next; k++)
 			if (!s->ext[k].used && s->ext[k].len >= need) {
-				return slab_carve_at(s, k, need, asked, out) ? 1 : -1;
+				if (!slab_carve_at(s, k, need, asked, out))
+					return -1;
+				if (!s->held)
+					slab_hold(h, s); /* a kept slab serves again */
+				return 1;
 			}
 	}
 	return 0;
