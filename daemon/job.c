@@ -33,6 +33,7 @@ void job_table_destroy(struct job_table *t)
 	}
 	memset(t->buckets, 0, sizeof t->buckets);
 	t->oldest = t->newest = NULL;
+	t->first_finished = t->last_finished = NULL;
 }
 
 static struct job **bucket_of(struct job_table *t, uint64_t id)
@@ -237,19 +238,34 @@ void job_mark_finished(struct job_table *t, struct job *job)
 		job->state = GPUQ_JOB_FAILED;
 	t->active--;
 	t->finished_count++;
+	job->finished_after = NULL;
+	if (t->last_finished)
+		t->last_finished->finished_after = job;
+	else
+		t->first_finished = job;
+	t->last_finished = job;
 }
 
 void job_evict_history(struct job_table *t)
 {
-	struct job *j = t->oldest;
+	struct job *before = NULL; /* the job finished before j that stays */
+	struct job *j = t->first_finished;
 	while (j && t->finished_count > t->history_max) {
-		struct job *newer = j->newer;
-		if (job_is_finished(j) && !j->waiters) {
+		struct job *after = j->finished_after;
+		if (j->waiters) { /* evicted once its waiters are answered */
+			before = j;
+		} else {
+			if (before)
+				before->finished_after = after;
+			else
+				t->first_finished = after;
+			if (t->last_finished == j)
+				t->last_finished = before;
 			job_unlink(t, j);
 			t->finished_count--;
 			job_free(j);
 		}
-		j = newer;
+		j = after;
 	}
 }
 

@@ -116,7 +116,8 @@ struct job {
 	struct gpuq_error error;
 	struct waiter *waiters;
 	struct job *hash_next;
-	struct job *older, *newer;
+	struct job *older, *newer; /* the table's list, in submission order */
+	struct job *finished_after; /* the history's list, in the order jobs finished */
 };
 
 /* A job's works: its gang parts, or its one work. */
@@ -155,6 +156,12 @@ struct job_hooks {
 struct job_table {
 	struct job *buckets[JOB_BUCKETS];
 	struct job *oldest, *newest;
+	/*
+	 * Finished jobs in the order they finished: the history keeps the last
+	 * history_max to finish, whenever they were submitted (a long job that
+	 * ends after many later short ones is the newest to finish).
+	 */
+	struct job *first_finished, *last_finished;
 	uint64_t next_id;
 	unsigned finished_count;
 	unsigned history_max;
@@ -213,8 +220,8 @@ bool job_is_finished(const struct job *job);
 
 /*
  * Records the outcome of the job's work (state from its error), stamps the
- * end time, lets its kept request go and evicts the oldest finished jobs
- * beyond the history bound.
+ * end time and lets its kept request go; job_evict_history then evicts the
+ * jobs that finished first beyond the history bound.
  * The job itself is evicted last, never before its waiters are answered.
  */
 void job_mark_finished(struct job_table *t, struct job *job);

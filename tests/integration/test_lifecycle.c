@@ -195,6 +195,39 @@ TEST(job_history_is_bounded)
 	daemon_stop(&d);
 }
 
+/* The history keeps the jobs that finished last: a long job that ends after later short ones is kept. */
+TEST(job_history_keeps_the_last_to_finish)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--job-history", "3", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 16);
+	int p[2];
+	uint64_t put = start_stalled_put(c, "w", p);
+	uint64_t first_noop = 0;
+	for (int i = 0; i < 5; i++) {
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "noop");
+		mp_put_bool(&req, "wait", true);
+		struct gpuq_reply *r = call(c, &req, NULL, 0);
+		expect_ok(r, "noop");
+		if (i == 0)
+			first_noop = reply_u64(r, "job.job");
+		gpuq_reply_free(r);
+	}
+	close(p[1]); /* the put ends, after the noops */
+	gpuq_reply_free(job_request(c, "wait", put, 0));
+	struct gpuq_reply *r = job_request(c, "status", put, 0);
+	expect_ok(r, "status of the job that finished last");
+	gpuq_reply_free(r);
+	r = job_request(c, "status", first_noop + 2, 0); /* the third noop: 4th to last to finish */
+	expect_error(r, GPUQ_E_NOT_FOUND, NULL);
+	gpuq_reply_free(r);
+	expect_state(c, first_noop + 4, "done");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(sigterm_cancels_stuck_jobs_and_exits_cleanly)
 {
 	struct daemon_proc d;
