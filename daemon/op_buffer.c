@@ -197,17 +197,30 @@ static const struct args_field alloc_fields[] = {
 };
 const struct args_spec op_alloc_args = ARGS_SPEC(struct alloc_args, alloc_fields, NULL);
 
+/* alloc of a name taken: `exists`, saying what to do about the buffer as it stands. */
+static void refuse_existing(const struct buffer *old, struct gpuq_error *err)
+{
+	if (old->state == BUFFER_FREEING) {
+		gpuq_fail(err, GPUQ_E_EXISTS,
+			  "buffer '%s' on device %d is being freed (job %llu); wait for that job, "
+			  "then allocate it again",
+			  old->name, old->device, (unsigned long long)old->last_job);
+		return;
+	}
+	bool raw = old->dtype == GPUQ_DTYPE_BYTES; /* "16 bytes", not "16 bytes of bytes" */
+	gpuq_fail(err, GPUQ_E_EXISTS,
+		  "buffer '%s' already exists on device %d (%llu bytes%s%s); free it or pick another name",
+		  old->name, old->device, (unsigned long long)old->bytes, raw ? "" : " of ",
+		  raw ? "" : gpuq_dtype_name(old->dtype));
+}
+
 void op_alloc(struct request *req, void *args)
 {
 	const struct alloc_args *a = args;
 	struct gpuq_error err;
 	struct buffer *old = buffer_find(&req->d->buffers, req->conn->uid, a->name, a->device);
 	if (old) {
-		bool raw = old->dtype == GPUQ_DTYPE_BYTES; /* "16 bytes", not "16 bytes of bytes" */
-		gpuq_fail(&err, GPUQ_E_EXISTS,
-			  "buffer '%s' already exists on device %d (%llu bytes%s%s); free it or pick another name",
-			  a->name, a->device, (unsigned long long)old->bytes, raw ? "" : " of ",
-			  raw ? "" : gpuq_dtype_name(old->dtype));
+		refuse_existing(old, &err);
 		reply_error(req, &err);
 		return;
 	}

@@ -191,6 +191,22 @@ TEST(alloc_refusals)
 	mp_put_str(&req, "name", "w");
 	mp_put_u64(&req, "bytes", 64);
 	expect(call(c, &req, NULL, 0), GPUQ_E_EXISTS, "already exists on device 0 (64 bytes); free");
+	/* A name whose free is queued (behind a stalled put): wait for that free, not "free it". */
+	int p[2];
+	start_stalled_put(c, "w", p);
+	gpuq_request_begin(c, &req, "free");
+	mp_put_str(&req, "buffer", "w");
+	struct gpuq_reply *freed = call(c, &req, NULL, 0);
+	expect_ok(freed, "free queued behind the put");
+	char words[128];
+	snprintf(words, sizeof words, "buffer 'w' on device 0 is being freed (job %llu); wait for that job",
+		 (unsigned long long)reply_u64(freed, "job.job"));
+	gpuq_reply_free(freed);
+	gpuq_request_begin(c, &req, "alloc");
+	mp_put_str(&req, "name", "w");
+	mp_put_u64(&req, "bytes", 64);
+	expect(call(c, &req, NULL, 0), GPUQ_E_EXISTS, words);
+	close(p[1]);
 	/* Sizes of dtype bytes in plain words: "0 bytes is not a positive size". */
 	gpuq_request_begin(c, &req, "alloc");
 	mp_put_str(&req, "name", "z");
