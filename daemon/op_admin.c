@@ -171,6 +171,13 @@ void op_restart(struct request *req, void *args)
 	struct gpuq_error err;
 	char reason[64];
 	snprintf(reason, sizeof reason, "asked by uid %d", (int)req->conn->uid);
+	if (a->binary[0] && req->conn->uid != 0 && req->conn->uid != geteuid()) {
+		gpuq_fail(&err, GPUQ_E_PERMISSION_DENIED,
+			  "only root may name the binary a restart runs (it runs as gpuqd, with every "
+			  "buffer); the admin group restarts gpuqd's own binary: leave binary out");
+		reply_error(req, &err);
+		return;
+	}
 	if (restart_request(d, a->binary[0] ? a->binary : NULL, reason, &err) != 0) {
 		reply_error(req, &err);
 		return;

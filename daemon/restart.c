@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,6 +63,40 @@ int restart_init(struct daemon *d, char **argv)
 	return 0;
 }
 
+/*
+ * A binary named in the request runs as gpuqd, with every buffer's
+ * descriptor: it must be a file that only root or gpuqd's own user can
+ * change, in a directory others cannot swap it in (sticky ones aside).
+ */
+static int restart_binary_trusted(const char *path, struct gpuq_error *err)
+{
+	struct stat st, dir;
+	char parent[PATH_MAX];
+	snprintf(parent, sizeof parent, "%s", path);
+	char *slash = strrchr(parent, '/');
+	if (!slash)
+		snprintf(parent, sizeof parent, ".");
+	else if (slash == parent)
+		parent[1] = '\0';
+	else
+		*slash = '\0';
+	if (stat(path, &st) != 0 || stat(parent, &dir) != 0)
+		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "'%s': %s", path, strerror(errno));
+	bool owner_ok = st.st_uid == 0 || st.st_uid == geteuid();
+	if (!owner_ok || (st.st_mode & (S_IWGRP | S_IWOTH)))
+		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+				 "'%s' is owned by uid %d with mode %03o: gpuqd runs only a binary that "
+				 "root or its own user owns and that no group or other user may write",
+				 path, (int)st.st_uid, (unsigned)(st.st_mode & 0777));
+	bool dir_owner_ok = dir.st_uid == 0 || dir.st_uid == geteuid();
+	if (!(dir.st_mode & S_ISVTX) && (!dir_owner_ok || (dir.st_mode & (S_IWGRP | S_IWOTH))))
+		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
+				 "'%s' lies in %s, which uid %d owns with mode %03o: another user could "
+				 "replace it before gpuqd runs it; install it where only root may write",
+				 path, parent, (int)dir.st_uid, (unsigned)(dir.st_mode & 0777));
+	return 0;
+}
+
 /* The binary to run: the one named, or this one (its path, even once replaced on disk). */
 static int restart_binary(const char *binary, char *out, size_t size, struct gpuq_error *err)
 {
@@ -82,7 +117,7 @@ static int restart_binary(const char *binary, char *out, size_t size, struct gpu
 		return gpuq_fail(err, GPUQ_E_NOT_FOUND,
 				 "'%s' is not an executable file (%s); name the gpuqd binary to run",
 				 out, errno ? strerror(errno) : "not a regular file");
-	return 0;
+	return binary ? restart_binary_trusted(out, err) : 0;
 }
 
 /* Waits for pid up to RESTART_CHECK_S, polling; kills it past that. 0 with *status, or -1. */
@@ -101,38 +136,101 @@ static int restart_reap(pid_t pid, int *status)
 }
 
 /*
+ * Runs argv (argv[0] the binary) with record_fd as descriptor 3 when it is
+ * not -1, its stdout gone and its stderr's first line kept in said (size
+ * n), and waits for it up to RESTART_CHECK_S: 0 with *status, else -1
+ * with err.
+ */
+static int restart_run_check(char **argv, int record_fd, int *status, char *said, size_t n,
+			     struct gpuq_error *err)
+{
+	said[0] = '\0';
+	int out = memfd_create("gpuq-restart-check", MFD_CLOEXEC);
+	if (out < 0)
+		return gpuq_fail(err, GPUQ_E_IO, "memfd_create for '%s': %s", argv[0], strerror(errno));
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	if (record_fd >= 0)
+		posix_spawn_file_actions_adddup2(&fa, record_fd, 3); /* dup2 clears close-on-exec */
+	posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+	posix_spawn_file_actions_adddup2(&fa, out, 2);
+	pid_t pid;
+	int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (rc != 0) {
+		close(out);
+		return gpuq_fail(err, GPUQ_E_IO, "cannot run '%s': %s", argv[0], strerror(rc));
+	}
+	rc = restart_reap(pid, status);
+	ssize_t got = pread(out, said, n - 1, 0);
+	close(out);
+	said[got > 0 ? got : 0] = '\0';
+	said[strcspn(said, "\n")] = '\0';
+	if (rc != 0)
+		return gpuq_fail(err, GPUQ_E_TIMEOUT,
+				 "'%s %s' did not answer within %d s (killed); is it gpuqd? "
+				 "gpuqd keeps serving", argv[0], argv[1] ? argv[1] : "", RESTART_CHECK_S);
+	return 0;
+}
+
+/*
  * Runs `binary --check-record 3` on the record as it stands now: 0 when
  * the binary says it can take it over, else -1 with err. Waits for it
  * (a binary reading a record exits at once; the loop pauses meanwhile),
  * up to RESTART_CHECK_S.
  */
-static int restart_check(struct daemon *d, const char *binary, struct gpuq_error *err)
+static int restart_check_record(struct daemon *d, const char *binary, struct gpuq_error *err)
 {
 	int fd = durable_record_fd(d);
 	if (fd < 0 || durable_flush(d) != 0)
 		return gpuq_fail(err, GPUQ_E_INTERNAL,
 				 "gpuqd has no durable state record to hand over (the log says why)");
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, fd, 3); /* dup2 clears close-on-exec */
 	char *argv[] = { (char *)binary, "--check-record", "3", NULL };
-	pid_t pid;
-	int rc = posix_spawn(&pid, binary, &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	if (rc != 0)
-		return gpuq_fail(err, GPUQ_E_IO, "cannot run '%s': %s", binary, strerror(rc));
 	int status = 0;
-	if (restart_reap(pid, &status) != 0)
-		return gpuq_fail(err, GPUQ_E_TIMEOUT,
-				 "'%s --check-record' did not answer within %d s (killed); is it gpuqd? "
-				 "gpuqd keeps serving", binary, RESTART_CHECK_S);
+	char said[256];
+	if (restart_run_check(argv, fd, &status, said, sizeof said, err) != 0)
+		return -1;
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
 		return 0;
 	return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			 "'%s' cannot take over this gpuqd's state record (--check-record %s %d: "
-			 "its log says why); gpuqd keeps serving",
+			 "'%s' cannot take over this gpuqd's state record (--check-record %s %d%s%s); "
+			 "gpuqd keeps serving",
 			 binary, WIFEXITED(status) ? "exited" : "died of signal",
-			 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+			 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), said[0] ? ": " : "",
+			 said);
+}
+
+/*
+ * Runs `binary ARGS... --check-config` with the arguments the new image
+ * will get: a configuration file that would stop it from starting (edited
+ * since gpuqd read it) refuses the restart, rather than end gpuqd.
+ */
+static int restart_check_config(struct daemon *d, const char *binary, struct gpuq_error *err)
+{
+	char **kept = d->restart.argv;
+	int argc = 0;
+	while (kept[argc])
+		argc++;
+	char **argv = calloc((size_t)argc + 2, sizeof *argv);
+	if (!argv)
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "no memory to check the configuration");
+	argv[0] = (char *)binary;
+	for (int i = 1; i < argc; i++)
+		argv[i] = kept[i];
+	argv[argc > 0 ? argc : 1] = "--check-config";
+	int status = 0;
+	char said[256];
+	int rc = restart_run_check(argv, -1, &status, said, sizeof said, err);
+	free(argv);
+	if (rc != 0 || (WIFEXITED(status) && WEXITSTATUS(status) == 0))
+		return rc;
+	return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+			 "the new image would not start: '%s --check-config' with gpuqd's arguments "
+			 "%s %d%s%s; mend the configuration (gpuqd --check-config lists what is wrong); "
+			 "gpuqd keeps serving",
+			 binary, WIFEXITED(status) ? "exited" : "died of signal",
+			 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), said[0] ? ": " : "",
+			 said);
 }
 
 /* The jobs the drain waits for: those running (held ones wait for the next image). */
@@ -157,7 +255,8 @@ int restart_request(struct daemon *d, const char *binary, const char *reason,
 		return gpuq_fail(err, GPUQ_E_BUSY, "a restart is already under way (%s, %.1f s ago)",
 				 r->reason, monotonic_seconds() - r->since);
 	errno = 0;
-	if (restart_binary(binary, path, sizeof path, err) != 0 || restart_check(d, path, err) != 0)
+	if (restart_binary(binary, path, sizeof path, err) != 0 ||
+	    restart_check_record(d, path, err) != 0 || restart_check_config(d, path, err) != 0)
 		return -1;
 	snprintf(r->binary, sizeof r->binary, "%s", path);
 	snprintf(r->reason, sizeof r->reason, "%s", reason);

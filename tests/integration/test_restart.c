@@ -447,3 +447,97 @@ TEST(restart_gives_up_on_a_binary_that_does_not_answer)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/*
+ * A binary named in a restart runs as gpuqd with every buffer: one that
+ * another user could change (its mode, its directory's) is refused, and
+ * gpuqd serves on.
+ */
+TEST(restart_refuses_a_binary_others_could_change)
+{
+	struct daemon_proc d;
+	char path[320], dir[300];
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 1 * MIB);
+	const char *build = getenv("GPUQ_BUILD") ? getenv("GPUQ_BUILD") : "build";
+	char real[PATH_MAX], body[PATH_MAX + 32];
+	CHECK(realpath(build, real) != NULL);
+	snprintf(body, sizeof body, "exec '%s/gpuqd' \"$@\"", real);
+	script(&d, "gpuqd-writable", body, path, sizeof path);
+	CHECK(chmod(path, 0757) == 0);
+	struct gpuq_reply *r = restart_call(c, path);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "with mode 757: gpuqd runs only a binary that");
+	gpuq_reply_free(r);
+	snprintf(dir, sizeof dir, "%s/open", d.dir);
+	CHECK(mkdir(dir, 0755) == 0 && chmod(dir, 0777) == 0);
+	snprintf(path, sizeof path, "%s/gpuqd", dir);
+	write_file(path, "#!/bin/sh\nexit 0\n");
+	CHECK(chmod(path, 0755) == 0);
+	r = restart_call(c, path);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "another user could replace it");
+	gpuq_reply_free(r);
+	CHECK_EQ(ping_restarts(c, NULL), 0);
+	CHECK(has_buffer(c, "w", NULL));
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+struct restart_as_admin {
+	const struct daemon_proc *d;
+	const char *binary;
+};
+
+static void admin_names_a_binary(void *arg)
+{
+	const struct restart_as_admin *a = arg;
+	struct gpuq_client *c = client_open(a->d);
+	struct gpuq_reply *r = restart_call(c, a->binary);
+	expect_error(r, GPUQ_E_PERMISSION_DENIED, "only root may name the binary a restart runs");
+	gpuq_reply_free(r);
+	gpuq_close(c);
+}
+
+/* The admin group restarts gpuqd's own binary; naming another is root's. */
+TEST(restart_binary_is_roots_to_name)
+{
+	struct daemon_proc d;
+	start_with_config(&d, "[gpuqd]\nadmin-group = 4243\n", NULL);
+	struct restart_as_admin a = { &d, "/bin/true" };
+	gid_t admin = 4243;
+	as_user(65533, &admin, 1, admin_names_a_binary, &a);
+	struct gpuq_client *c = client_open(&d);
+	CHECK_EQ(ping_restarts(c, NULL), 0);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/*
+ * The configuration file, edited since gpuqd read it, would stop the new
+ * image from starting: the restart is refused saying why, and gpuqd
+ * serves on with its buffers.
+ */
+TEST(restart_refuses_a_configuration_the_new_image_would_refuse)
+{
+	struct daemon_proc d;
+	start_with_config(&d, "[gpuqd]\nlog-level = info\n", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 1 * MIB);
+	do_fill_random(c, "w", 3);
+	uint64_t sum = do_checksum(c, "w");
+	config_file("[gpuqd]\nlog-level = verbose\n");
+	struct gpuq_reply *r = restart_call(c, NULL);
+	expect_error(r, GPUQ_E_BAD_REQUEST, "the new image would not start");
+	expect_error(r, GPUQ_E_BAD_REQUEST, "log-level"); /* the file's first error, named */
+	gpuq_reply_free(r);
+	CHECK_EQ(ping_restarts(c, NULL), 0);
+	CHECK_EQ(do_checksum(c, "w"), sum);
+	config_file("[gpuqd]\nlog-level = info\n"); /* mended: the restart goes through */
+	r = restart_call(c, NULL);
+	expect_ok(r, "restart once the configuration is mended");
+	gpuq_reply_free(r);
+	await_restarts(c, 1);
+	CHECK_EQ(do_checksum(c, "w"), sum);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
