@@ -157,15 +157,22 @@ int read_wait_options(struct request *req, struct wait_options *o, struct gpuq_e
 	return 0;
 }
 
-/* The request's `priority`: high, normal (absent) or low, within what the caller's quota allows. */
+/*
+ * The request's `priority`: high, normal or low, within what the caller's
+ * quota allows; absent, normal or the quota's cap if less urgent.
+ */
 static int read_priority(struct request *req, int *priority, struct gpuq_error *err)
 {
 	char name[16];
-	enum gpuq_priority p = GPUQ_PRIORITY_NORMAL;
+	enum gpuq_priority p;
 	int rc = msg_get_str(req->map, "priority", name, sizeof name, err);
 	if (rc < 0)
 		return -1;
-	if (rc > 0 && gpuq_priority_from_name(name, strlen(name), &p) < 0)
+	if (rc == 0) {
+		*priority = quota_default_priority(req->d, req->conn);
+		return 0;
+	}
+	if (gpuq_priority_from_name(name, strlen(name), &p) < 0)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'priority': '%s' is not a priority (high, normal, low)", name);
 	*priority = (int)p;

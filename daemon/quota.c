@@ -499,6 +499,17 @@ int quota_check_benchmarks(struct daemon *d, const struct conn *c, const char *o
 		      (int)c->uid);
 }
 
+int quota_default_priority(struct daemon *d, const struct conn *c)
+{
+	const struct quota_rule *rules[MAX_GOVERNING];
+	int n = rules_for(d, c, LIMIT_PRIORITY, rules);
+	int priority = GPUQ_PRIORITY_NORMAL;
+	for (int i = 0; i < n; i++)
+		if (rules[i]->max_priority > priority)
+			priority = rules[i]->max_priority;
+	return priority;
+}
+
 int quota_check_priority(struct daemon *d, const struct conn *c, int priority,
 			 struct gpuq_error *err)
 {

@@ -137,6 +137,12 @@ int quota_check_benchmarks(struct daemon *d, const struct conn *c, const char *o
  */
 int quota_check_job(struct daemon *d, const struct conn *c, const struct job *job,
 		    struct gpuq_error *err);
+/*
+ * The priority of a job that asks for none: normal, or the least urgent
+ * max-priority of the caller's rules when that is less urgent (a user
+ * capped at low gets low, not a refusal).
+ */
+int quota_default_priority(struct daemon *d, const struct conn *c);
 /* A job asks for priority: 0, or -1 with permission_denied naming the max-priority rule. */
 int quota_check_priority(struct daemon *d, const struct conn *c, int priority,
 			 struct gpuq_error *err);

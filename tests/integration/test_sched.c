@@ -1015,6 +1015,44 @@ TEST(sched_quota_caps_the_priority_a_user_may_ask_for)
 	unlink(path);
 }
 
+static void capped_at_low_asks_for_nothing(void *arg)
+{
+	const struct daemon_proc *d = arg;
+	struct gpuq_client *c = client_open(d);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "noop");
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "a noop that asks for no priority, under max-priority low");
+	char priority[16];
+	reply_str(r, "job.priority", priority, sizeof priority);
+	CHECK_STR(priority, "low");
+	gpuq_reply_free(r);
+	gpuq_request_begin(c, &req, "noop");
+	mp_put_str(&req, "priority", "normal"); /* asked for explicitly: refused */
+	expect_error(call(c, &req, NULL, 0), GPUQ_E_PERMISSION_DENIED, "max-priority low");
+	gpuq_close(c);
+}
+
+/* A user capped at low whose jobs ask for no priority gets low, not a refusal of every job. */
+TEST(sched_quota_cap_is_the_default_priority_of_a_capped_user)
+{
+	struct daemon_proc d;
+	start_with_config(&d, "[default]\nmax-priority = low\n", NULL);
+	as_user(65534, NULL, 0, capped_at_low_asks_for_nothing, &d);
+	struct gpuq_client *root = client_open(&d); /* root: normal by default */
+	struct mp_map req;
+	gpuq_request_begin(root, &req, "noop");
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(root, &req, NULL, 0);
+	char priority[16];
+	reply_str(r, "job.priority", priority, sizeof priority);
+	CHECK_STR(priority, "normal");
+	gpuq_reply_free(r);
+	gpuq_close(root);
+	daemon_stop(&d);
+}
+
 /* One owner floods a device; another's few jobs still get every other turn. */
 static void flood(const struct daemon_proc *d, int jobs, const char *buffer, uint64_t *last)
 {
