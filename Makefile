@@ -107,6 +107,7 @@ $(BUILD)/tests/itest: $(call obj,$(ITEST_SRC) tests/harness.c workers/backend/ho
 # chain kernels compiled with NVRTC as gpuqd compiles and loads them.
 SELFTEST_C_SRC := workers/chain/chain_codegen.c workers/chain/chain_prelude.c workers/chain/chain_nvrtc.c \
 	workers/chain/chain_module.c workers/chain/chain_prog.c workers/chain/chain_eval.c workers/chain/chain_expr.c \
+	workers/log.c \
 	protocol/protocol.c
 $(BUILD)/tests/kernels_selftest: $(BUILD)/obj/tests/gpu/kernels_selftest.o $(call obj,$(KERNELS_SRC)) \
 		$(call obj,$(SELFTEST_C_SRC))

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "daemon/job.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/server.h"
 #include "workers/clock.h"
 

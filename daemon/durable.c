@@ -13,7 +13,7 @@
 #include "daemon/daemon.h"
 #include "daemon/fd_store.h"
 #include "daemon/lease.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/state_record.h"
 
 /* A buffer range some unfinished job writes: where (device, base) is the buffer's identity. */

@@ -25,7 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
+#include "workers/log.h"
 
 /* A notification that the service manager does not take in this long fails (logged), never hangs a worker. */
 #define FD_STORE_SEND_TIMEOUT_S 1

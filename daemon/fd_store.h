@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "workers/buffer/slab.h"
 
 /* --fd-store: auto is on when the service manager says the store's size ($FDSTORE > 0). */

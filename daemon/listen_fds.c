@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "daemon/fd_store.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 
 static void unset_listen_env(void)
 {

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/recover_regions.h"
 #include "workers/transfer/copy_pool.h"
 

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/replay.h"
 
 const struct args_spec op_metrics_args = ARGS_NONE;

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "protocol/dtype.h"
 
 static void render_noop(const struct job *job, struct mp_map *out)

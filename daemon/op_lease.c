@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 
 const char *lease_state_name(enum lease_state state)
 {

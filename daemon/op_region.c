@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 
 static void render_region_create(const struct job *job, struct mp_map *out)
 {

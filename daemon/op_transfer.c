@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "workers/transfer/transfer.h"
 
 /* The one descriptor a put/get carries, checked for the access it needs. */

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "daemon/fd_store.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "workers/backend/backend.h"
 #include "workers/transfer/copy_store.h"
 

@@ -15,7 +15,7 @@
 #include "daemon/daemon.h"
 #include "daemon/fd_store.h"
 #include "daemon/listen_fds.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/recover_regions.h"
 #include "daemon/replay.h"
 #include "daemon/state_record.h"

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/state_record.h"
 
 /*

@@ -13,7 +13,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "workers/clock.h"
 
 const char *region_state_name(enum region_state state)

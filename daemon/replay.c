@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 
 /*
  * The hand-over is gpuqd's own: as many jobs as were queued, each request up

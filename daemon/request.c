@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 
 /*
  * Who may call an op. Every op is open to whoever may connect unless its

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/recover.h"
 #include "daemon/replay.h"
 

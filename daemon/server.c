@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 
 #define ACCEPT_PAUSE_MS 100 /* at the descriptor limit: how long to stop accepting */
 #define FD_LOG_EVERY_S 10.0 /* at most one line about it per this many seconds */

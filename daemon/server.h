@@ -16,7 +16,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/parked_fds.h"
 #include "daemon/quota.h"
 #include "protocol/frame.h"

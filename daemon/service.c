@@ -15,7 +15,7 @@
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/listen_fds.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 
 #define TICK_MS 1000
 

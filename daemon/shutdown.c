@@ -9,7 +9,7 @@
  */
 #include "daemon/daemon.h"
 #include "daemon/job_life.h"
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "daemon/progress.h"
 #include "daemon/server.h"
 #include "daemon/service.h"

@@ -9,6 +9,7 @@
  * the main thread again from the async callback on.
  */
 #include "workers/worker.h"
+#include "workers/log.h"
 #include "workers/clock.h"
 #include "workers/backend/device_reset.h"
 #include "workers/transfer/map_cache.h"
@@ -199,7 +200,7 @@ static void worker_adopt(struct worker *w)
 		}
 	}
 	if (w->dev.ops->device.refresh_info(&w->dev, &err) != 0) /* the free memory the adopted slabs took */
-		fprintf(stderr, "gpuqd: [gpu %d] %s (after adopting its slabs)\n", w->dev.index, err.message);
+		log_warn("[gpu %d] %s (after adopting its slabs)", w->dev.index, err.message);
 }
 
 /*

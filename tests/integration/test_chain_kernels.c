@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/integration/chain_util.h"
@@ -232,4 +233,37 @@ TEST(chain_kernels_without_nvrtc_or_disk)
 	char names[4][256];
 	CHECK_EQ(cache_files(&tmps, names, 4), 0);
 	cache_remove();
+}
+
+/*
+ * A kernel cache gpuqd refuses (writable by others) is said in gpuqd's
+ * log, as a warning with its prefix, and not at --log-level error.
+ */
+TEST(chain_kernels_cache_refusal_is_a_logged_warning)
+{
+	struct daemon_proc d;
+	cache_make();
+	CHECK(chmod(cache, 0777) == 0);
+	for (int quiet = 0; quiet < 2; quiet++) {
+		if (quiet)
+			daemon_start(&d, "--kernel-cache", cache, "--log-level", "error", NULL);
+		else
+			daemon_start(&d, "--kernel-cache", cache, NULL);
+		struct gpuq_client *c = client_open(&d);
+		talloc(c, "x", &tdtype_f32, N, 0);
+		talloc(c, "y", &tdtype_f32, N, 0);
+		need_compiling(c);
+		char warned[64];
+		snprintf(warned, sizeof warned, "gpuqd[%d]: warn: [gpu 0] kernel cache: ", (int)d.pid);
+		int lines = daemon_log_count(&d, "kernel cache");
+		if (quiet) {
+			CHECKF(lines == 0, "%d kernel cache lines at --log-level error", lines);
+		} else {
+			CHECKF(lines > 0 && daemon_log_count(&d, warned) == lines,
+			       "%d kernel cache lines, %d of them \"%s...\"", lines,
+			       daemon_log_count(&d, warned), warned);
+		}
+		stop(&d, c);
+	}
+	rmdir(cache);
 }

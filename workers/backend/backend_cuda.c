@@ -40,6 +40,7 @@
 #include <cuda_runtime_api.h>
 
 #include "protocol/hash.h"
+#include "workers/log.h"
 #include "kernels/kernels.h"
 #include "protocol/protocol.h"
 #include "workers/backend/backend.h"
@@ -536,7 +537,7 @@ static void cuda_slab_destroy(void *ctx, struct slab_mem *mem, bool lost)
 	if (lost)
 		cuda_vmm_destroy_lost(&a);
 	else if (cuda_vmm_destroy(dev, &a, &err) != 0)
-		fprintf(stderr, "gpuqd: %s (giving a slab back)\n", err.message);
+		log_warn("%s (giving a slab back)", err.message);
 	if (mem->fd >= 0)
 		close(mem->fd);
 }
@@ -556,7 +557,7 @@ static int cuda_open_slabs(struct device *dev, struct cuda_state *st, struct gpu
 		return gpuq_fail(err, GPUQ_E_DEVICE_ERROR, "--buffer-memory vmm: %s; use --buffer-memory pool",
 				 why.message);
 	if (!ok && want == BUFFER_MEMORY_AUTO)
-		fprintf(stderr, "gpuqd: [gpu %d] buffers come from the memory pool: %s\n", dev->index,
+		log_info("[gpu %d] buffers come from the memory pool: %s", dev->index,
 			why.message);
 	st->use_slabs = ok && want != BUFFER_MEMORY_POOL;
 	struct slab_backend be = { .granularity = granularity,

@@ -4,6 +4,7 @@
  * reporting behind cuda_check.h's macros. Worker thread of the device only.
  */
 #include "workers/backend/cuda_util.h"
+#include "workers/log.h"
 
 #include <stdio.h>
 
@@ -48,7 +49,7 @@ int cuda_fail(struct device *dev, struct gpuq_error *err, cudaError_t e, const c
 void cuda_log_teardown_error(const struct device *dev, cudaError_t e, const char *call,
 			     const char *file, int line)
 {
-	fprintf(stderr, "gpuqd: [gpu %d] %s failed during teardown: %s (%s) at %s:%d\n",
+	log_warn("[gpu %d] %s failed during teardown: %s (%s) at %s:%d",
 		dev->index, call, cudaGetErrorString(e), cudaGetErrorName(e), file, line);
 	(void)cudaGetLastError();
 }

@@ -3,6 +3,7 @@
  * only; the NVRTC library itself is the process's (chain_nvrtc.c).
  */
 #include "workers/chain/chain_jit.h"
+#include "workers/log.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -194,10 +195,10 @@ static int jit_from_disk(struct device *dev, const struct jit_target *t, const c
 		return 0;
 	case CHAIN_DISK_REJECTED:
 		chain_counter_add(dev, CHAIN_COUNTER_kernel_disk_rejects, 1);
-		fprintf(stderr, "gpuqd: [gpu %d] kernel cache: %s; compiling it again\n", dev->index, why);
+		log_warn("[gpu %d] kernel cache: %s; compiling it again", dev->index, why);
 		return 1;
 	case CHAIN_DISK_ERROR:
-		fprintf(stderr, "gpuqd: [gpu %d] kernel cache: %s; compiling instead\n", dev->index, why);
+		log_warn("[gpu %d] kernel cache: %s; compiling instead", dev->index, why);
 		return 1;
 	case CHAIN_DISK_MISS:
 		break;
@@ -215,8 +216,8 @@ static int jit_compile(struct device *dev, const struct jit_target *t, const cha
 	chain_codegen_headers(names, texts);
 	if (chain_nvrtc_compile(body, CHAIN_CODEGEN_HEADERS, names, texts, t->arch, t->ptx,
 				math == CHAIN_MATH_FAST, img, why, sizeof why) < 0) {
-		fprintf(stderr, "gpuqd: [gpu %d] the generated chain kernel did not compile (a bug "
-			"in gpuqd): %s\n", dev->index, why);
+		log_error("[gpu %d] the generated chain kernel did not compile (a bug in gpuqd): %s",
+			  dev->index, why);
 		snprintf(note, n, "the compiled kernel failed to build: %.260s", why);
 		return 1;
 	}
@@ -224,8 +225,8 @@ static int jit_compile(struct device *dev, const struct jit_target *t, const cha
 	const char *dir = dev->config.kernel_cache_dir;
 	if (dir[0] && chain_diskcache_store(dir, t->disk_name, key, len, t->toolkit, img,
 					    CHAIN_DISKCACHE_MAX_FILES, why, sizeof why) < 0)
-		fprintf(stderr, "gpuqd: [gpu %d] kernel cache: %s (the kernel runs; it is not kept "
-			"on disk)\n", dev->index, why);
+		log_warn("[gpu %d] kernel cache: %s (the kernel runs; it is not kept on disk)",
+			 dev->index, why);
 	return 0;
 }
 

@@ -4,6 +4,7 @@
  * the runtime hands out for it, so nothing links libcuda.
  */
 #include "workers/chain/chain_module.h"
+#include "workers/log.h"
 
 #include <cuda.h>
 #include <pthread.h>
@@ -113,7 +114,7 @@ void chain_module_unload(struct chain_module *m, int device_index)
 	CUresult rc = drv.cuModuleUnload((CUmodule)m->module);
 	if (rc != CUDA_SUCCESS) {
 		char text[160];
-		fprintf(stderr, "gpuqd: [gpu %d] cuModuleUnload failed during teardown: %s\n",
+		log_warn("[gpu %d] cuModuleUnload failed during teardown: %s",
 			device_index, chain_module_error((cudaError_t)rc, text, sizeof text));
 	}
 	m->module = m->function = NULL;

@@ -37,6 +37,7 @@
 #include <cuda_runtime_api.h>
 
 #include "workers/clock.h"
+#include "workers/log.h"
 #include "workers/collective/collective_cuda.h"
 #include "workers/backend/cuda_check.h"
 #include "workers/backend/nccl_check.h"
@@ -85,7 +86,7 @@ int nccl_fail(struct device *dev, struct gpuq_error *err, ncclResult_t r, const 
 void nccl_log_teardown_error(const struct device *dev, ncclResult_t r, const char *call,
 			     const char *file, int line)
 {
-	fprintf(stderr, "gpuqd: [gpu %d] %s failed during teardown: %s (%s) at %s:%d\n",
+	log_warn("[gpu %d] %s failed during teardown: %s (%s) at %s:%d",
 		dev->index, call, ncclGetErrorString(r), nccl_result_name(r), file, line);
 }
 
@@ -362,9 +363,8 @@ static bool cuda_coll_finalize(struct device *dev, struct cuda_comm *c)
 		if (state == ncclSuccess)
 			return true;
 		if (monotonic_seconds() > deadline) {
-			fprintf(stderr,
-				"gpuqd: [gpu %d] ncclCommFinalize did not finish within %.0f s; "
-				"aborting the communicator\n",
+			log_warn("[gpu %d] ncclCommFinalize did not finish within %.0f s; "
+				 "aborting the communicator",
 				dev->index, COLL_FINALIZE_S);
 			return false;
 		}

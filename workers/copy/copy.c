@@ -12,6 +12,7 @@
  * (or never started, which it then never will: the source has failed).
  */
 #include "workers/copy/copy.h"
+#include "workers/log.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -526,8 +527,8 @@ static void staged_src_release(struct device *dev, struct copy_spec *s, void *ri
 	peer_sync_unlock(&s->sync);
 	if (safe)
 		return;
-	fprintf(stderr, "gpuqd: [gpu %d] host-staged copy: the destination still holds the ring; "
-			"leaving its %zu bytes to it: %s\n",
+	log_warn("[gpu %d] host-staged copy: the destination still holds the ring; "
+		 "leaving its %zu bytes to it: %s",
 		dev->index, dev->peer_ring_bytes, err.message);
 	if (dev->peer_ring == ring) {
 		dev->peer_ring = NULL;

@@ -1,4 +1,4 @@
-#include "daemon/log.h"
+#include "workers/log.h"
 #include "workers/clock.h"
 
 #include <pthread.h>
