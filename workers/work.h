@@ -123,6 +123,14 @@ struct work {
 	void *_Atomic sched; /* the struct sched running it, once admitted (for sched_notify) */
 	_Atomic int waiting;          /* enum sched_wait */
 	_Atomic uint64_t waiting_job; /* the job it waits behind, where there is one */
+	/*
+	 * Admission's note of a queued work it found kept out (sched_queue.c):
+	 * `blocker` is the earlier work whose presence, as it is now, keeps
+	 * this one out (NULL: none known), and admission passes over this work
+	 * until the blocker changes. The works a work keeps out so are its
+	 * `held_back` list, linked through held_next and held_prev.
+	 */
+	struct work *blocker, *held_back, *held_next, *held_prev;
 
 	/* Shared. */
 	atomic_bool cancel;

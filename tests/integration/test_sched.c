@@ -368,6 +368,72 @@ TEST(sched_urgent_jobs_go_first)
 	daemon_stop(&d);
 }
 
+static uint64_t start_fill_zero(struct gpuq_client *c, const char *buffer, const char *priority)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "fill");
+	mp_put_str(&req, "buffer", buffer);
+	mp_put_str(&req, "pattern", "zero");
+	if (priority)
+		mp_put_str(&req, "priority", priority);
+	return submit(c, &req, NULL, 0);
+}
+
+/* The job's waiting_reason into reason ("" when it has none), and its waiting_job (0: none). */
+static uint64_t reason_of(struct gpuq_client *c, uint64_t job, char *reason, size_t size)
+{
+	struct gpuq_reply *r = job_request(c, "status", job, 0);
+	expect_ok(r, "status");
+	reason[0] = '\0';
+	if (reply_path(r, "job.waiting_reason"))
+		reply_str(r, "job.waiting_reason", reason, size);
+	uint64_t behind = reply_path(r, "job.waiting_job") ? reply_u64(r, "job.waiting_job") : 0;
+	gpuq_reply_free(r);
+	return behind;
+}
+
+/*
+ * A user's jobs queued on one buffer behind a stalled put (however many)
+ * do not keep that user's job on another buffer out while the device has
+ * room: it starts before a later, less urgent job on a third buffer, and
+ * each blocked job says which job it is behind.
+ */
+TEST(sched_jobs_blocked_on_a_buffer_let_the_same_users_other_jobs_pass)
+{
+	enum { BLOCKED = 24 };
+	struct daemon_proc d;
+	daemon_start(&d, "--max-inflight=4", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "x", 0, 4096);
+	do_alloc(c, "y1", 0, 4096);
+	do_alloc(c, "y2", 0, 4096);
+	int p[2];
+	uint64_t put = start_stalled_put(c, "x", p);
+	uint64_t fills[BLOCKED];
+	for (int i = 0; i < BLOCKED; i++)
+		fills[i] = start_fill_zero(c, "x", NULL);
+	uint64_t normal = start_fill_zero(c, "y1", NULL);
+	uint64_t low = start_fill_zero(c, "y2", "low");
+	wait_ok(c, low, "the low fill on y2");
+	char state[16], reason[32];
+	state_of(c, normal, state, sizeof state);
+	reason_of(c, normal, reason, sizeof reason);
+	CHECKF(strcmp(state, "queued") != 0,
+	       "the normal fill on y1 is queued (waiting_reason '%s') after a later low one ran", reason);
+	for (int i = 0; i < BLOCKED; i++) {
+		uint64_t behind = reason_of(c, fills[i], reason, sizeof reason);
+		CHECK_STR(reason, "buffer");
+		CHECK_EQ(behind, i ? fills[i - 1] : put);
+	}
+	close(p[1]);
+	wait_ok(c, put, "the put");
+	for (int i = 0; i < BLOCKED; i++)
+		wait_ok(c, fills[i], "a fill on x");
+	wait_ok(c, normal, "the normal fill on y1");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 /*
  * DMA turns. The host backend's DMA engines, like a GPU's copy engines,
  * stay with one stream while it has a copy ready and ignore priorities, so

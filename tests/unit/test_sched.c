@@ -251,6 +251,68 @@ TEST(sched_removed_work_unblocks_what_waited_for_it)
 	CHECK(sched_queued_first(&b.q) == NULL);
 }
 
+/*
+ * Works that wait only for the order on one buffer never keep their
+ * owner's work on another buffer out, however many of them there are, and
+ * a less urgent job never starts first. Then the chain on the first buffer
+ * drains in submission order, each behind the one before it.
+ */
+TEST(sched_any_number_of_works_blocked_on_a_buffer_let_their_owners_other_works_pass)
+{
+	enum { BLOCKED = 40 };
+	struct bench b;
+	bench_init(&b, 4);
+	struct work *put = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	CHECK(next(&b) == put); /* a put from a stalled pipe: it holds buffer_a */
+	struct work *fills[BLOCKED];
+	for (int i = 0; i < BLOCKED; i++)
+		fills[i] = add(&b, WORK_FILL, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	struct work *normal = add(&b, WORK_FILL, 1, GPUQ_PRIORITY_NORMAL, buffer_b, 0, 32, true);
+	struct work *low = add(&b, WORK_FILL, 1, GPUQ_PRIORITY_LOW, buffer_b, 32, 32, true);
+	CHECK(next(&b) == normal);
+	CHECK(next(&b) == low);
+	CHECK(next(&b) == NULL);
+	for (int i = 0; i < BLOCKED; i++) {
+		CHECK_EQ(atomic_load(&fills[i]->waiting), SCHED_WAIT_BUFFER);
+		CHECK_EQ(atomic_load(&fills[i]->waiting_job), i ? fills[i - 1]->job_id : put->job_id);
+	}
+	finish(&b, normal, 0.001);
+	finish(&b, low, 0.001);
+	finish(&b, put, 0.001);
+	for (int i = 0; i < BLOCKED; i++) {
+		CHECK(next(&b) == fills[i]);
+		CHECK(next(&b) == NULL); /* the next fill waits for this one's tail */
+		finish(&b, fills[i], 0.001);
+	}
+	CHECK(sched_queued_first(&b.q) == NULL);
+}
+
+/*
+ * A work refused for one reason and then for another says the one that
+ * holds now: the get waits behind the put, then (the put done, a less
+ * served owner's work started) for room in flight, not behind the put.
+ */
+TEST(sched_a_waiting_reason_follows_what_holds_the_work_now)
+{
+	struct bench b;
+	bench_init(&b, 2);
+	struct work *earlier = add(&b, WORK_NOOP, 2, GPUQ_PRIORITY_NORMAL, NULL, 0, 0, false);
+	struct work *put = add(&b, WORK_PUT, 1, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, true);
+	struct work *get = add(&b, WORK_GET, 2, GPUQ_PRIORITY_NORMAL, buffer_a, 0, 64, false);
+	struct work *other = add(&b, WORK_GET, 3, GPUQ_PRIORITY_NORMAL, buffer_b, 0, 64, false);
+	CHECK(next(&b) == earlier); /* owner 2's, in flight from now on */
+	CHECK(next(&b) == put);
+	CHECK(next(&b) == NULL); /* two in flight: the limit */
+	CHECK_EQ(atomic_load(&get->waiting), SCHED_WAIT_BUFFER);
+	CHECK_EQ(atomic_load(&other->waiting), SCHED_WAIT_INFLIGHT);
+	b.now += 1.0;
+	finish(&b, put, 0.001);
+	CHECK(next(&b) == other); /* owner 3 has used the device least */
+	CHECK(next(&b) == NULL);
+	CHECK_EQ(atomic_load(&get->waiting), SCHED_WAIT_INFLIGHT);
+	CHECK_EQ(atomic_load(&get->waiting_job), 0);
+}
+
 /* ---- fibers ---- */
 
 struct steps {

@@ -14,9 +14,6 @@
 
 #include "workers/clock.h"
 
-/* How deep admission looks into one owner's queue for a work that may pass those before it. */
-#define SCHED_SCAN_DEPTH 8
-
 static bool work_is_gang(const struct work *w)
 {
 	return w->gang_size > 1;
@@ -201,39 +198,140 @@ static enum sched_wait blocked(struct work *w, enum sched_wait why, const struct
 	return why;
 }
 
+/* ---- works kept out, and what keeps them out ---- */
+
+/*
+ * w is kept out for as long as e stays as it is: admission passes over w
+ * until e starts, issues its tail, ends or is taken back. So a queue of
+ * works blocked behind one stalled job costs admission nothing per round.
+ */
+static void park_behind(struct work *w, struct work *e)
+{
+	w->blocker = e;
+	w->held_prev = NULL;
+	w->held_next = e->held_back;
+	if (e->held_back)
+		e->held_back->held_prev = w;
+	e->held_back = w;
+}
+
+static void unpark(struct work *w)
+{
+	if (!w->blocker)
+		return;
+	if (w->held_prev)
+		w->held_prev->held_next = w->held_next;
+	else
+		w->blocker->held_back = w->held_next;
+	if (w->held_next)
+		w->held_next->held_prev = w->held_prev;
+	w->blocker = w->held_next = w->held_prev = NULL;
+}
+
+/*
+ * e changed: what it kept out is looked at again at the next admission.
+ * Until then nothing is known to hold those works, so they read `queue`
+ * (admission gives each its reason as soon as it looks).
+ */
+static void release_held_back(struct work *e)
+{
+	struct work *w = e->held_back;
+	e->held_back = NULL;
+	while (w) {
+		struct work *next = w->held_next;
+		w->blocker = w->held_next = w->held_prev = NULL;
+		blocked(w, SCHED_WAIT_QUEUE, NULL);
+		w = next;
+	}
+}
+
+static void order_links_clear(struct work *w)
+{
+	w->blocker = w->held_back = w->held_next = w->held_prev = NULL;
+}
+
+/*
+ * What the earlier work e means for w: SCHED_NOT_WAITING when w may start
+ * whatever e does, or when w's lane can wait for e's tail on the device
+ * (*tail is then e's tail event); else why w waits for e. The answer
+ * depends on e's state and on nothing else that can change while w is
+ * queued, which is what lets park_behind keep it.
+ */
+static enum sched_wait order_against(const struct work *w, const struct work *e, void **tail)
+{
+	*tail = NULL;
+	if (e->sched_state == SCHED_WORK_HELD) /* a client's lease: no device work to wait for */
+		return sched_works_conflict(e, w) ? SCHED_WAIT_LEASE : SCHED_NOT_WAITING;
+	if (sched_work_exclusive(e) || sched_work_exclusive(w))
+		return SCHED_WAIT_EXCLUSIVE;
+	if (work_is_gang(w) && work_is_gang(e))
+		return SCHED_WAIT_GANG;
+	if (w->kind == WORK_CHAIN && e->kind == WORK_CHAIN)
+		return SCHED_WAIT_CHAIN; /* the chain state (plans, events, result slots) is the device's */
+	if (!sched_works_conflict(e, w))
+		return SCHED_NOT_WAITING;
+	if (sched_work_lane_ordered(w) && sched_work_lane_ordered(e) &&
+	    e->sched_state == SCHED_WORK_TAIL && e->tail_event) {
+		*tail = e->tail_event;
+		return SCHED_NOT_WAITING;
+	}
+	return SCHED_WAIT_BUFFER;
+}
+
+/* The earliest client's lease before w that keeps it out, or NULL. */
+static struct work *first_lease_before(const struct sched_queues *q, const struct work *w)
+{
+	for (struct work *e = q->ledger_head; e && e != w; e = e->ledger_next)
+		if (e->sched_state == SCHED_WORK_HELD && sched_works_conflict(e, w))
+			return e;
+	return NULL;
+}
+
+/*
+ * w is kept out by e (for why): it is parked behind e and says so, unless
+ * a lease keeps it out too. Then it names the earliest such lease and
+ * waits on it: a lease is what its user can act on (gpuq leases,
+ * release), and it lasts.
+ */
+static enum sched_wait kept_out(struct sched_queues *q, struct work *w, struct work *e,
+				enum sched_wait why)
+{
+	struct work *lease = q->holds ? first_lease_before(q, w) : NULL;
+	if (lease) {
+		e = lease;
+		why = SCHED_WAIT_LEASE;
+	}
+	park_behind(w, e);
+	return blocked(w, why, e);
+}
+
 /*
  * Whether w may start now, given every earlier unfinished work on the
- * device (the ledger before it). On success the tail events w's lane must
- * wait for are in deps.
+ * device (the ledger before it), looked at from the nearest back: a work
+ * kept out is kept out by the nearest such work (the job just before it
+ * on its buffer, the gang just before it) or a lease, and parked behind
+ * it. On success the tail events w's lane must wait for are in deps, and
+ * w reads `queue` until it starts (priority, turns or room in flight
+ * decide).
  */
 static enum sched_wait admissible(struct sched_queues *q, struct work *w,
 				  const struct sched_load *load, struct sched_deps *deps)
 {
-	bool gang = work_is_gang(w), exclusive = sched_work_exclusive(w);
-	bool lane = sched_work_lane_ordered(w);
+	unpark(w);
 	deps->count = 0;
-	for (struct work *e = q->ledger_head; e && e != w; e = e->ledger_next) {
-		if (e->sched_state == SCHED_WORK_HELD) {
-			if (sched_works_conflict(e, w)) /* a client's lease: no device work to wait for */
-				return blocked(w, SCHED_WAIT_LEASE, e);
-			continue;
-		}
-		if (sched_work_exclusive(e) || exclusive)
-			return blocked(w, SCHED_WAIT_EXCLUSIVE, e);
-		if (gang && work_is_gang(e))
-			return blocked(w, SCHED_WAIT_GANG, e);
-		if (w->kind == WORK_CHAIN && e->kind == WORK_CHAIN)
-			return blocked(w, SCHED_WAIT_CHAIN, e); /* the chain state (plans, events, result slots) is the device's */
-		if (!sched_works_conflict(e, w))
-			continue;
-		bool device_side = lane && sched_work_lane_ordered(e) &&
-				   e->sched_state == SCHED_WORK_TAIL && e->tail_event;
-		if (!device_side || deps->count == SCHED_MAX_DEPS)
-			return blocked(w, SCHED_WAIT_BUFFER, e);
-		deps->events[deps->count++] = e->tail_event;
+	for (struct work *e = w->ledger_prev; e; e = e->ledger_prev) {
+		void *tail;
+		enum sched_wait why = order_against(w, e, &tail);
+		if (why != SCHED_NOT_WAITING)
+			return kept_out(q, w, e, why);
+		if (tail && deps->count == SCHED_MAX_DEPS)
+			return blocked(w, SCHED_WAIT_BUFFER, e); /* not parked: an earlier tail's end frees a place */
+		if (tail)
+			deps->events[deps->count++] = tail;
 	}
-	if (exclusive && load->inflight > 0)
+	if (sched_work_exclusive(w) && load->inflight > 0)
 		return blocked(w, SCHED_WAIT_EXCLUSIVE, NULL);
+	blocked(w, SCHED_WAIT_QUEUE, NULL);
 	return SCHED_NOT_WAITING;
 }
 
@@ -247,6 +345,7 @@ int sched_enqueue(struct sched_queues *q, struct work *w)
 	w->seq = q->next_seq++;
 	w->sched_state = SCHED_WORK_QUEUED;
 	w->tail_event = NULL;
+	order_links_clear(w);
 	atomic_store(&w->waiting, SCHED_WAIT_QUEUE);
 	atomic_store(&w->waiting_job, 0);
 	w->next = NULL;
@@ -304,6 +403,8 @@ static void owner_queue_unlink(struct sched_queues *q, struct work *w)
 void sched_remove(struct sched_queues *q, struct work *w)
 {
 	owner_queue_unlink(q, w);
+	unpark(w);
+	release_held_back(w);
 	ledger_unlink(q, w);
 	w->sched_state = SCHED_WORK_FINISHED;
 	atomic_store(&w->waiting, SCHED_NOT_WAITING);
@@ -318,6 +419,7 @@ void sched_retire(struct sched_queues *q, struct work *w, double started, double
 		o->inflight_since -= started;
 		o->served += now - started;
 	}
+	release_held_back(w);
 	ledger_unlink(q, w);
 	w->sched_state = SCHED_WORK_FINISHED;
 	admission_wanted(q);
@@ -328,6 +430,8 @@ bool sched_hold(struct sched_queues *q, struct work *w, struct work *hold)
 	if (atomic_load(&hold->cancel))
 		return false;
 	hold->sched_state = SCHED_WORK_HELD;
+	order_links_clear(hold);
+	q->holds++;
 	hold->ledger_prev = w;
 	hold->ledger_next = w->ledger_next;
 	if (w->ledger_next)
@@ -343,6 +447,8 @@ bool sched_hold_last(struct sched_queues *q, struct work *hold)
 	if (atomic_load(&hold->cancel))
 		return false;
 	hold->sched_state = SCHED_WORK_HELD;
+	order_links_clear(hold);
+	q->holds++;
 	ledger_append(q, hold);
 	return true;
 }
@@ -352,6 +458,8 @@ void sched_unhold(struct sched_queues *q, struct work *hold)
 	atomic_store(&hold->cancel, true);
 	if (hold->sched_state != SCHED_WORK_HELD)
 		return;
+	release_held_back(hold);
+	q->holds--;
 	ledger_unlink(q, hold);
 	hold->sched_state = SCHED_WORK_FINISHED;
 	admission_wanted(q);
@@ -361,6 +469,7 @@ void sched_mark_tail(struct sched_queues *q, struct work *w)
 {
 	if (w->sched_state == SCHED_WORK_ADMITTED) {
 		w->sched_state = SCHED_WORK_TAIL;
+		release_held_back(w);
 		admission_wanted(q);
 	}
 }
@@ -396,41 +505,57 @@ static bool inflight_room(const struct sched_load *load, int level)
 	return as_urgent < load->max_inflight && load->inflight < 2 * load->max_inflight;
 }
 
-/* The first admissible work of oq within the scan depth, or NULL. */
+/*
+ * The owner's first work that may start, or NULL. Works parked behind an
+ * earlier one are passed over unexamined, however many there are, so that
+ * a stalled job does not keep its owner's independent works out.
+ */
 static struct work *queue_candidate(struct sched_queues *q, struct sched_owner_queue *oq,
 				    const struct sched_load *load, struct sched_deps *deps)
 {
-	unsigned k = 0;
-	for (struct work *w = oq->head; w && k < SCHED_SCAN_DEPTH; w = w->next, k++) {
-		if (admissible(q, w, load, deps) == SCHED_NOT_WAITING)
+	for (struct work *w = oq->head; w; w = w->next)
+		if (!w->blocker && admissible(q, w, load, deps) == SCHED_NOT_WAITING)
 			return w;
-	}
 	return NULL;
+}
+
+/*
+ * The level's work to start next, by fair share between its owners; NULL
+ * when none may start. With no room in flight at this level, every
+ * owner's candidate is told so (inflight) and *held is set.
+ */
+static struct work *level_pick(struct sched_queues *q, int level, const struct sched_load *load,
+			       struct sched_deps *deps, double now, bool *held)
+{
+	bool room = inflight_room(load, level);
+	struct work *best = NULL;
+	struct sched_owner *best_owner = NULL;
+	struct sched_deps trial;
+	for (struct sched_owner_queue *oq = q->levels[level]; oq; oq = oq->next) {
+		struct sched_owner *o = oq->head ? owner_find(q, oq->uid) : NULL;
+		struct work *w = o ? queue_candidate(q, oq, load, &trial) : NULL;
+		if (w && !room) {
+			blocked(w, SCHED_WAIT_INFLIGHT, NULL);
+			*held = true;
+			continue;
+		}
+		if (!w || (best && !candidate_before(w, o, best, best_owner, now)))
+			continue;
+		best = w;
+		best_owner = o;
+		*deps = trial;
+	}
+	return best;
 }
 
 struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
 			struct sched_deps *deps, double now)
 {
 	for (int level = 0; level < GPUQ_PRIORITIES; level++) {
-		struct work *best = NULL;
-		struct sched_owner *best_owner = NULL;
-		struct sched_deps trial;
-		for (struct sched_owner_queue *oq = q->levels[level]; oq; oq = oq->next) {
-			struct sched_owner *o = oq->head ? owner_find(q, oq->uid) : NULL;
-			struct work *w = o ? queue_candidate(q, oq, load, &trial) : NULL;
-			if (!w || (best && !candidate_before(w, o, best, best_owner, now)))
-				continue;
-			best = w;
-			best_owner = o;
-			*deps = trial;
-		}
-		if (!best)
-			continue;
-		if (!inflight_room(load, level)) {
-			blocked(best, SCHED_WAIT_INFLIGHT, NULL);
-			return NULL;
-		}
-		return best;
+		bool held = false;
+		struct work *best = level_pick(q, level, load, deps, now, &held);
+		if (best || held)
+			return best;
 	}
 	return NULL;
 }
@@ -438,6 +563,7 @@ struct work *sched_pick(struct sched_queues *q, const struct sched_load *load,
 void sched_admit_work(struct sched_queues *q, struct work *w, double now)
 {
 	owner_queue_unlink(q, w);
+	release_held_back(w);
 	struct sched_owner *o = owner_find(q, w->owner_uid);
 	if (o) {
 		o->inflight++;

@@ -73,6 +73,7 @@ struct sched_queues {
 	struct work *ledger_head, *ledger_tail;
 	uint64_t next_seq;
 	unsigned queued;
+	unsigned holds; /* leases in the ledger (SCHED_WORK_HELD) */
 	struct sched_owner owners[SCHED_MAX_OWNERS];
 	atomic_bool dirty; /* something changed that may let a queued work start (read without the lock) */
 };
