@@ -435,6 +435,48 @@ TEST(sched_jobs_blocked_on_a_buffer_let_the_same_users_other_jobs_pass)
 }
 
 /*
+ * With twice --max-inflight in flight (urgent jobs took the extra room),
+ * the next urgent job waits for room in flight and says so, as it does
+ * below that.
+ */
+TEST(sched_a_job_held_at_twice_the_inflight_limit_says_inflight)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--max-inflight=2", NULL);
+	struct gpuq_client *c = client_open(&d);
+	const char *priorities_of[5] = { "low", "low", "high", "high", "high" };
+	int pipes[5][2];
+	uint64_t puts[5];
+	char names[5][8];
+	for (int i = 0; i < 5; i++) { /* first: an alloc would wait for room in flight too */
+		snprintf(names[i], sizeof names[i], "b%d", i);
+		do_alloc(c, names[i], 0, 4096);
+	}
+	for (int i = 0; i < 5; i++) {
+		CHECK(pipe(pipes[i]) == 0);
+		puts[i] = start_put_fd(c, names[i], pipes[i][0], priorities_of[i]);
+		close(pipes[i][0]);
+		if (i < 4)
+			wait_job_running(c, puts[i]);
+	}
+	char state[16], reason[32] = "";
+	for (int tries = 0; tries < 200 && strcmp(reason, "inflight") != 0; tries++) {
+		if (tries)
+			usleep(10000);
+		reason_of(c, puts[4], reason, sizeof reason);
+	}
+	state_of(c, puts[4], state, sizeof state);
+	CHECK_STR(state, "queued");
+	CHECK_STR(reason, "inflight");
+	for (int i = 0; i < 5; i++)
+		close(pipes[i][1]);
+	for (int i = 0; i < 5; i++)
+		wait_ok(c, puts[i], "a put");
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/*
  * DMA turns. The host backend's DMA engines, like a GPU's copy engines,
  * stay with one stream while it has a copy ready and ignore priorities, so
  * a transfer that keeps its queue full shuts out every other's copies. A

@@ -364,7 +364,10 @@ static void job_start(struct sched *s, struct work *work, const struct sched_dep
 
 /*
  * Admits what may start now, under the worker's lock, then starts it
- * outside. Returns whether anything started.
+ * outside. Returns whether anything started. sched_pick never lets more
+ * than twice max_inflight be in flight, which is how many job records
+ * there are, so it is asked even when every record is taken: then it
+ * starts nothing and tells the work it would start why (inflight).
  */
 static bool sched_admit(struct sched *s)
 {
@@ -372,7 +375,7 @@ static bool sched_admit(struct sched *s)
 	enum { BATCH = 16 };
 	struct work *started[BATCH];
 	struct sched_deps deps[BATCH];
-	unsigned n = 0, room = s->nfree_jobs < BATCH ? s->nfree_jobs : BATCH;
+	unsigned n = 0;
 	if (!atomic_load(&w->queues.dirty) || s->hooks.reset_due(w))
 		return false; /* a reset first waits for the jobs in flight to end */
 	pthread_mutex_lock(&w->lock);
@@ -380,7 +383,7 @@ static bool sched_admit(struct sched *s)
 	struct sched_load load = { .inflight = s->ninflight, .max_inflight = s->max_inflight };
 	memcpy(load.inflight_by_level, s->inflight_by_level, sizeof load.inflight_by_level);
 	double now = monotonic_seconds();
-	while (n < room) {
+	while (n < BATCH) {
 		struct work *work = sched_pick(&w->queues, &load, &deps[n], now);
 		if (!work)
 			break;
@@ -390,7 +393,7 @@ static bool sched_admit(struct sched *s)
 		load.inflight_by_level[sched_level_of(work)]++;
 		started[n++] = work;
 	}
-	if (n == room && w->queues.queued)
+	if (n == BATCH && w->queues.queued)
 		atomic_store(&w->queues.dirty, true); /* look again next round */
 	pthread_mutex_unlock(&w->lock);
 	for (unsigned i = 0; i < n; i++)
