@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/config.h"
 #include "daemon/daemon.h"
@@ -412,6 +413,22 @@ static void close_if_open(uv_handle_t *h)
 		uv_close(h, NULL);
 }
 
+/*
+ * A stopped gpuqd's last metrics would be exported as if it served
+ * (healthy devices, buffers) for as long as the file stays: it goes, so
+ * that the collector reports the metrics absent.
+ */
+static void remove_textfile(struct daemon *d)
+{
+	const char *path = d->opt.metrics_textfile;
+	if (!path[0])
+		return;
+	if (unlink(path) == 0)
+		log_info("removed %s: gpuqd stops serving", path);
+	else if (errno != ENOENT)
+		log_warn("cannot remove the metrics textfile %s: %s", path, strerror(errno));
+}
+
 void service_close(struct daemon *d)
 {
 	struct service *s = &d->svc;
@@ -421,6 +438,7 @@ void service_close(struct daemon *d)
 		close_if_open((uv_handle_t *)&s->watchdog);
 		close_if_open((uv_handle_t *)&s->textfile);
 		close_if_open((uv_handle_t *)&s->stop);
+		remove_textfile(d);
 	}
 	notify_close(&s->notify);
 	quota_set_free(&s->quotas);

@@ -379,6 +379,7 @@ gpuq metrics > "$dir/metrics.txt"
 check cli_metrics_prints_the_exposition grep -q "^# TYPE gpuq_job_latency_seconds histogram" "$dir/metrics.txt"
 kill -TERM "$mp"
 wait "$mp"
+check textfile_goes_when_gpuqd_stops test ! -e "$prom"
 
 # --- make install / uninstall, and the units ---
 dest="$dir/root"
