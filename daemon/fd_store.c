@@ -205,6 +205,12 @@ void fd_store_keep(struct fd_store *s)
 	atomic_store(&s->keep, true);
 }
 
+unsigned fd_store_over_limit(struct fd_store *s)
+{
+	unsigned held = atomic_load(&s->held);
+	return s->fd >= 0 && s->max && held > s->max ? held - s->max : 0;
+}
+
 void fd_store_count_held(struct fd_store *s, unsigned n)
 {
 	atomic_fetch_add(&s->held, n);

@@ -66,6 +66,8 @@ int fd_store_remove(struct fd_store *s, const char *name);
  * removes the rest. Call before the workers stop.
  */
 void fd_store_keep(struct fd_store *s);
+/* Descriptors held beyond $FDSTORE (which the store drops): 0 when within it, or unsaid. */
+unsigned fd_store_over_limit(struct fd_store *s);
 /* n descriptors this image took over are in the store already (counted against $FDSTORE). */
 void fd_store_count_held(struct fd_store *s, unsigned n);
 /* The name of device's slab id, into buf (size n). */

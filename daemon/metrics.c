@@ -237,6 +237,10 @@ static void render_engines(struct daemon *d, struct metrics_text *t,
 	       "Descriptors gpuqd failed to hand to, or remove from, the service manager's store.");
 	emit(t, "gpuq_store_failures_total %llu\n",
 	     (unsigned long long)atomic_load(&d->fd_store.failures));
+	header(t, "gpuq_store_over_limit", "gauge",
+	       "Descriptors gpuqd holds beyond the store's FileDescriptorStoreMax=: the store drops "
+	       "them, and a crash loses their buffers.");
+	emit(t, "gpuq_store_over_limit %u\n", fd_store_over_limit(&d->fd_store));
 	header(t, "gpuq_device_resets_total", "counter",
 	       "Times each device was reset (after a fault, or asked) and opened again.");
 	for (int i = 0; i < d->pool.count; i++)

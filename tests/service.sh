@@ -306,6 +306,8 @@ for b in q1 q2 q3; do gpuq --timeout 20000 alloc "$b" --bytes 20000000 > /dev/nu
 wait_until grep -q 'store full' "$store"
 check store_full_warns_once count_is "warn: the service manager's descriptor store keeps 2 descriptors" "$dir/q.log" 1
 check store_full_is_what_the_stand_in_saw grep -q 'FDNAME=gpuq-slab-0-2 \[1 fds\] \[ignored: store full\]' "$store"
+gpuq metrics > "$dir/q.metrics"
+check store_full_counts_what_is_over_the_limit grep -q '^gpuq_store_over_limit 2$' "$dir/q.metrics"
 kill -TERM "$supervisor"
 wait "$supervisor"
 
