@@ -408,6 +408,12 @@ unsigned buffer_mark_lost(struct buffer_table *t, int device, const char *why)
 	return n;
 }
 
+void buffer_free_failed(struct buffer *b)
+{
+	if (b->state == BUFFER_FREEING)
+		b->state = BUFFER_READY;
+}
+
 unsigned buffer_count_on(const struct buffer_table *t, int device)
 {
 	unsigned n = 0;

@@ -193,6 +193,12 @@ void buffer_unhold(struct buffer *b);
 /* Bytes held by buffers on device. */
 uint64_t buffer_bytes_on(const struct buffer_table *t, int device);
 /* Buffers listed on device (lost ones included). */
+/*
+ * A free of b failed: b serves again as it was, unless a device reset
+ * marked it lost meanwhile (the free was queued, or refused because of
+ * that reset): its memory is gone, and it stays lost, never READY.
+ */
+void buffer_free_failed(struct buffer *b);
 unsigned buffer_count_on(const struct buffer_table *t, int device);
 /*
  * Device was reset: its buffers name no memory any more, and their refusals

@@ -58,11 +58,10 @@ static void finish_alloc(struct daemon *d, struct job *job)
 static void finish_free(struct daemon *d, struct job *job)
 {
 	struct buffer *b = job->buffer;
-	if (job->work.error.code == GPUQ_OK) {
+	if (job->work.error.code == GPUQ_OK)
 		buffer_remove(&d->buffers, b); /* the struct goes once every job lets go of it */
-	} else {
-		b->state = BUFFER_READY;
-	}
+	else
+		buffer_free_failed(b);
 }
 
 static const struct job_kind kind_noop = { "noop", NULL, render_noop };
