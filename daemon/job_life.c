@@ -339,29 +339,51 @@ static bool job_writes_buffer(struct job *job, const struct buffer *b)
 }
 
 /*
+ * Whether w, which failed once it had started, may have written some of
+ * its bytes: a put once it issued a DMA into the buffer; any other (a run
+ * cancelled between passes, a copy) once it started.
+ */
+static bool work_may_have_written(struct work *w)
+{
+	if (w->started_at <= 0)
+		return false;
+	if (w->kind == WORK_PUT)
+		return atomic_load(&w->dma_issued);
+	return true;
+}
+
+/*
  * A job cut short may have written part of its bytes: a restart's drain
  * cancelled it (it ends `restarted`, not `cancelled`: it may be submitted
- * again), or its device failed under it once it had started (device_error:
- * a fault, whose re-exec keeps the device's buffers). The buffers it was
- * writing are suspect from now on, in this image and the next.
+ * again), its device failed under it once it had started (device_error:
+ * a fault, whose re-exec keeps the device's buffers), or it failed or was
+ * cancelled part way (a put whose source ended early or whose client
+ * died, a cancelled run or copy). The buffers it was writing are suspect
+ * from now on, in this image and the next, until a write of every byte:
+ * no reader takes a torn buffer for a sound one.
  */
 static void job_mark_cut_short(struct daemon *d, struct job *job)
 {
-	const char *why = NULL;
-	for (int i = 0; i < job_nworks(job); i++) {
+	char why[400] = "";
+	for (int i = 0; i < job_nworks(job) && !why[0]; i++) {
 		struct work *w = job_work(job, i);
 		if (d->restart.active && w->error.code == GPUQ_E_CANCELLED) {
 			gpuq_fail(&w->error, GPUQ_E_RESTARTED,
 				  "gpuqd restarted while the job ran (--restart-drain ran out); submit it again");
-			why = "a job writing it was cut short by a restart (--restart-drain); its bytes "
-			      "may be partly written";
-		} else if (w->error.code == GPUQ_E_DEVICE_ERROR && w->started_at > 0 && !why) {
-			why = "a job writing it failed on its device (device_error); its bytes may be "
-			      "partly written";
+			snprintf(why, sizeof why, "a job writing it was cut short by a restart "
+				 "(--restart-drain); its bytes may be partly written");
+		} else if (w->error.code == GPUQ_E_DEVICE_ERROR && w->started_at > 0) {
+			snprintf(why, sizeof why, "a job writing it failed on its device (device_error); "
+				 "its bytes may be partly written");
+		} else if (w->error.code != GPUQ_OK && work_may_have_written(w)) {
+			snprintf(why, sizeof why, "job %llu (%s) writing it ended early (%s: %.200s); its "
+				 "bytes may be partly written",
+				 (unsigned long long)job->id, job->kind->op,
+				 gpuq_errc_name(w->error.code), w->error.message);
 		}
 	}
 	struct buffer *written[2] = { job->buffer, job->buffer2 };
-	for (int i = 0; why && i < 2; i++)
+	for (int i = 0; why[0] && i < 2; i++)
 		if (job_writes_buffer(job, written[i]))
 			buffer_mark_suspect(written[i], why);
 }

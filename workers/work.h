@@ -89,6 +89,11 @@ struct work {
 	 */
 	_Atomic uint64_t progress_bytes;
 	_Atomic uint64_t progress_total;
+	/*
+	 * PUT: a DMA into the buffer was issued, so a put that fails from now
+	 * on may have written part of it (the main thread marks it suspect).
+	 */
+	atomic_bool dma_issued;
 
 	/*
 	 * Scheduling, set by the main thread before submission: the priority

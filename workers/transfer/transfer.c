@@ -57,6 +57,7 @@ void xfer_progress(struct xfer *x)
 void xfer_dma_issued(struct xfer *x)
 {
 	struct transfer_timeline *t = x->work->transfer.timeline;
+	atomic_store_explicit(&x->work->dma_issued, true, memory_order_relaxed);
 	if (!t)
 		return;
 	t->last_dma_s = monotonic_seconds() - x->started;
