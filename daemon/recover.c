@@ -309,6 +309,8 @@ static const struct device_adopt *recover_find(const struct recover *r, int devi
 /* Why rb's memory could not be taken over, its plan entry being a (NULL: none). */
 static const char *recover_lost_cause(const struct device_adopt *a, const struct state_buffer *rb)
 {
+	if (strcmp(rb->state, "allocating") == 0)
+		return "its alloc had not finished: it never held data";
 	if (a)
 		return a->why[0] ? a->why : "its device did not open, or is not among this gpuqd's devices";
 	return rb->slab == 0 ? "its memory was in the memory pool, which no restart takes over"

@@ -300,6 +300,20 @@ check sigkill_keeps_a_buffer_carved_from_a_kept_slab cmp "$dir/mid" "$dir/k.back
 kill -TERM "$supervisor"
 wait "$supervisor"
 
+# --- an alloc still waiting for memory when gpuqd dies: listed lost, saying so ---
+start_under_store a 1 64 --host-mem 64M --host-devices 1
+first=$(pid_after_start 1)
+gpuq alloc full --bytes 48M > /dev/null
+gpuq --json alloc waiting --bytes 32M --wait-memory 60000 --detach > "$dir/a.job"
+waiting_for_memory() { gpuq jobs | grep -q ' alloc  *running .* memory'; }
+wait_until waiting_for_memory
+kill -KILL "$first"
+second=$(pid_after_start 2)
+gpuq checksum waiting > "$dir/a.out" 2>&1
+check sigkill_alloc_in_flight_is_lost_saying_why grep -q "was lost after gpuqd died (its alloc had not finished: it never held data)" "$dir/a.out"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
 # --- a store smaller than gpuqd's slabs: one warning, and the stand-in drops the rest ---
 start_under_store q 0 2
 for b in q1 q2 q3; do gpuq --timeout 20000 alloc "$b" --bytes 20000000 > /dev/null; done
