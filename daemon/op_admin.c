@@ -93,6 +93,18 @@ void op_reset_device(struct request *req, void *args)
 	worker_snapshot(&d->pool, device, &s);
 	/* The reset's cause, as `devices` (last_reset), its health and its lost buffers word it. */
 	snprintf(why, sizeof why, "an administrator's request (uid %d)", (int)req->conn->uid);
+	/*
+	 * A restart's drain ends in an execve that would cut a reset short
+	 * (its slabs already out of the descriptor store, its buffers not yet
+	 * marked lost): the reset waits for the new image.
+	 */
+	if (d->restart.active) {
+		gpuq_fail(&err, GPUQ_E_BUSY, "gpuqd is restarting (%s, %.1f s ago); ask for the reset "
+			  "of gpu %d once it serves again", d->restart.reason,
+			  monotonic_seconds() - d->restart.since, device);
+		reply_error(req, &err);
+		return;
+	}
 	/* Asked first: from then on the worker starts nothing, so that no job
 	 * queued behind a cancelled one runs on buffers the reset is about to lose. */
 	if (worker_ask_reset(&d->pool, device, why, &err) < 0) {

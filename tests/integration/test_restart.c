@@ -541,3 +541,39 @@ TEST(restart_refuses_a_configuration_the_new_image_would_refuse)
 	gpuq_close(c);
 	daemon_stop(&d);
 }
+
+/*
+ * A reset asked for while a restart drains is refused (busy), not taken
+ * and then cut short by the execve: its device's slabs would have left
+ * the descriptor store while its buffers stayed listed ready.
+ */
+TEST(restart_drain_refuses_a_device_reset)
+{
+	struct daemon_proc d;
+	int p[2];
+	daemon_start(&d, "--restart-drain", "30000", NULL);
+	struct gpuq_client *c = client_open(&d);
+	do_alloc(c, "w", 0, 1 * MIB);
+	do_alloc(c, "kept", 0, 1 * MIB);
+	do_fill_random(c, "kept", 4);
+	uint64_t sum = do_checksum(c, "kept");
+	start_stalled_put(c, "w", p); /* the drain waits for it */
+	restart_ok(c);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "reset_device");
+	mp_put_u64(&req, "device", 0);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_BUSY, "gpuqd is restarting");
+	gpuq_reply_free(r);
+	close(p[1]); /* the put ends: the drain, then the re-exec */
+	await_restarts(c, 1);
+	gpuq_request_begin(c, &req, "devices");
+	r = call(c, &req, NULL, 0);
+	expect_ok(r, "devices");
+	CHECK_EQ(reply_u64(r, "devices.0.resets"), 0);
+	gpuq_reply_free(r);
+	CHECK_EQ(do_checksum(c, "kept"), sum);
+	do_reset_device(c, 0); /* once it serves again, the reset is taken */
+	gpuq_close(c);
+	daemon_stop(&d);
+}
