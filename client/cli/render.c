@@ -427,6 +427,7 @@ void render_cancel(FILE *f, const msgpack_object *reply)
 	else if (strcmp(state, "cancelled") == 0)
 		fprintf(f, "job %" PRIu64 " cancelled\n", job);
 	else
-		fprintf(f, "job %" PRIu64 " is %s: it stops at its next chunk "
-			   "(`gpuq wait %" PRIu64 "` waits for that)\n", job, state, job);
+		fprintf(f, "job %" PRIu64 " is %s: it stops at its next chunk, or ends first "
+			   "if it is not cut into chunks (`gpuq wait %" PRIu64 "` waits for that)\n",
+			job, state, job);
 }

@@ -152,6 +152,26 @@ struct gpuq_reply *run_chain_kernel(struct gpuq_client *c, const char *buffer, c
 	return call(c, &req, NULL, 0);
 }
 
+uint64_t run_chain_detached(struct gpuq_client *c, const char *buffer, const char *chain,
+			    const char *mode, uint64_t repeat, const char *out)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "run");
+	mp_put_str(&req, "buffer", buffer);
+	put_ops(&req, chain);
+	if (mode)
+		mp_put_str(&req, "mode", mode);
+	if (repeat)
+		mp_put_u64(&req, "repeat", repeat);
+	if (out)
+		mp_put_str(&req, "out", out);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "run (not waited for)");
+	uint64_t job = reply_u64(r, "job.job");
+	gpuq_reply_free(r);
+	return job;
+}
+
 void run_ok(struct gpuq_client *c, const char *buffer, const char *chain, const char *mode,
 	    uint64_t repeat, const char *out)
 {

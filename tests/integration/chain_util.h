@@ -56,6 +56,9 @@ struct gpuq_reply *run_chain(struct gpuq_client *c, const char *buffer, const ch
 struct gpuq_reply *run_chain_kernel(struct gpuq_client *c, const char *buffer, const char *chain,
 				    const char *mode, uint64_t repeat, const char *out,
 				    const char *kernel);
+/* The same without waiting: submits it and returns the job. */
+uint64_t run_chain_detached(struct gpuq_client *c, const char *buffer, const char *chain,
+			    const char *mode, uint64_t repeat, const char *out);
 /* The same, failing the test unless the job is done. */
 void run_ok(struct gpuq_client *c, const char *buffer, const char *chain, const char *mode,
 	    uint64_t repeat, const char *out);

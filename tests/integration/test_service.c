@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/integration/chain_util.h"
 #include "tests/integration/fixture.h"
 
 static struct gpuq_reply *alloc(struct gpuq_client *c, const char *name, int device, uint64_t bytes)
@@ -616,6 +617,35 @@ TEST(job_deadline_cancels_a_job_that_runs_too_long)
 	expect_metric(t, "gpuq_stuck_jobs 0\n");
 	free(t);
 	CHECK(daemon_log_count(&d, "past job-deadline 1 s; cancelling it") > 0);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
+/*
+ * A fused run far longer than its deadline (hours of host work) stops at a
+ * chunk boundary when the deadline cancels it, so no worker is stuck and
+ * the watchdog is never withheld for it.
+ */
+TEST(job_deadline_cancels_a_long_fused_run_before_its_grace_runs_out)
+{
+	struct daemon_proc d;
+	daemon_start(&d, "--job-deadline", "1", "--job-deadline-grace", "2", "--host-mem", "256M",
+		     NULL);
+	struct gpuq_client *c = client_open(&d);
+	const size_t count = test_backend_is_cuda() ? (64u << 20) : (1u << 20);
+	talloc(c, "x", &tdtype_f32, count, 0);
+	tfill_value(c, "x", 0);
+	uint64_t id = run_chain_detached(c, "x", "sin | cos", "fused", 1000000, NULL);
+	struct gpuq_reply *r = job_request(c, "wait", id, 30000);
+	expect_error(r, GPUQ_E_CANCELLED, "run cancelled");
+	CHECK(reply_f64(r, "job.run_s") >= 1.0);
+	gpuq_reply_free(r);
+	char *t = metrics_text(c);
+	expect_metric(t, "gpuq_job_deadline_cancels_total 1\n");
+	expect_metric(t, "gpuq_stuck_jobs 0\n");
+	free(t);
+	CHECK(daemon_log_count(&d, "past job-deadline 1 s; cancelling it") > 0);
+	CHECK(daemon_log_count(&d, "stuck") == 0);
 	gpuq_close(c);
 	daemon_stop(&d);
 }

@@ -173,6 +173,83 @@ uint64_t chain_kernels(const struct chain_spec *spec)
 	return (uint64_t)spec->nops * spec->repeat;
 }
 
+/* A chunk's cost per element and repeat: the ops a pass runs, or the program's operations and casts. */
+static uint64_t chunk_cost(const struct chain_spec *spec)
+{
+	uint64_t ops = 0;
+	if (spec->mode != CHAIN_FUSED)
+		return spec->nops ? spec->nops : 1;
+	for (unsigned n = 0; n < spec->prog.nnodes; n++)
+		ops += spec->prog.node[n].kind == KERNELS_EXPR_OP ||
+		       spec->prog.node[n].kind == KERNELS_EXPR_CAST;
+	return ops ? ops : 1;
+}
+
+void chain_chunks_plan(const struct chain_spec *spec, uint64_t work, struct chain_chunks *k)
+{
+	uint64_t count = spec->count, repeat = spec->repeat ? spec->repeat : 1;
+	uint64_t cost = chunk_cost(spec), per_repeat = count * cost;
+	k->repeat = repeat;
+	k->elems = count;
+	if (count == 0 || chain_spec_is_reduce(spec) || per_repeat <= work / repeat) {
+		k->eblocks = 1;
+		k->n = 1;
+		return;
+	}
+	if (per_repeat <= work) {
+		k->repeat = work / per_repeat;
+	} else {
+		k->repeat = 1;
+		if (spec->mode == CHAIN_FUSED) {
+			uint64_t e = work / cost / CHAIN_CHUNK_ELEMS_ALIGN * CHAIN_CHUNK_ELEMS_ALIGN;
+			k->elems = e > CHAIN_CHUNK_ELEMS_ALIGN ? e : CHAIN_CHUNK_ELEMS_ALIGN;
+			if (k->elems > count)
+				k->elems = count;
+		}
+	}
+	k->eblocks = (count + k->elems - 1) / k->elems;
+	k->n = (repeat + k->repeat - 1) / k->repeat * k->eblocks;
+}
+
+void chain_chunk_spec(const struct chain_spec *spec, const struct chain_chunks *k, uint64_t i,
+		      struct chain_spec *out)
+{
+	uint64_t rb = i / k->eblocks, e0 = i % k->eblocks * k->elems;
+	*out = *spec;
+	out->repeat = spec->repeat - rb * k->repeat < k->repeat ? spec->repeat - rb * k->repeat
+								  : k->repeat;
+	out->count = spec->count - e0 < k->elems ? spec->count - e0 : k->elems;
+	for (unsigned v = 0; v < spec->prog.nvars; v++) {
+		if (spec->prog.var_flags[v] & KERNELS_EXPR_BCAST)
+			continue;
+		char *at = (char *)spec->store[v] +
+			   e0 * gpuq_dtype_size((enum gpuq_dtype)spec->prog.var_dtype[v]);
+		out->var[v] = at;
+		out->store[v] = at;
+	}
+	if (spec->has_ops) {
+		out->out = (char *)spec->out + e0 * gpuq_dtype_size(spec->dtype);
+		out->in = out->out;
+	}
+}
+
+bool chain_chunks_copy_first(const struct chain_spec *spec)
+{
+	return spec->has_ops && spec->in != spec->out;
+}
+
+int chain_chunks_cancelled(struct gpuq_error *err, const struct chain_spec *spec,
+			   const struct chain_chunks *k, uint64_t done)
+{
+	return gpuq_fail(err, GPUQ_E_CANCELLED,
+			 "run cancelled after %llu of %llu chunks (a chunk is at most %llu of the "
+			 "%llu repeats over %llu of the %llu elements); the buffers it writes hold "
+			 "the chunks that ran",
+			 (unsigned long long)done, (unsigned long long)k->n,
+			 (unsigned long long)k->repeat, (unsigned long long)spec->repeat,
+			 (unsigned long long)k->elems, (unsigned long long)spec->count);
+}
+
 uint64_t chain_bytes(const struct chain_spec *spec)
 {
 	if (spec->mode == CHAIN_FUSED)

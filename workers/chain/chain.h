@@ -49,7 +49,35 @@
 /* The most timed replays a benchmark asks of one chain. */
 #define CHAIN_MAX_REPS 64
 
+/*
+ * Chunks. A run's work is elements x ops x repeat (element-ops; for fused
+ * runs ops counts the program's operations and casts). A run of more than a
+ * chunk's worth is launched chunk by chunk (chain_chunks_plan) and checks
+ * its cancel flag between chunks, so that a cancel, and a deadline's,
+ * stops it within about two chunks. A chunk is whole repeats over the whole
+ * buffer; where one repeat is more than a chunk, a fused run splits it into
+ * ranges of elements (graph and eager runs keep whole passes). Each
+ * element's value after a chunk is what the next reads back exactly (every
+ * node is rounded to its type), so chunks give the bytes of one launch.
+ * CUDA's bound (2^34) is tens of milliseconds of an H200's f32 math and
+ * under about 0.3 s of its slowest f64 op (pow); the host's (2^22) is under
+ * about 0.15 s of the host backend's slowest, f64 on one core. Reductions
+ * run whole: their repeat is 1 and their order of additions is fixed.
+ */
+#define CHAIN_CHUNK_WORK_CUDA (1ull << 34)
+#define CHAIN_CHUNK_WORK_HOST (1ull << 22)
+/* Element ranges of a split repeat are multiples of this (16-byte aligned for every dtype). */
+#define CHAIN_CHUNK_ELEMS_ALIGN 65536
+
 enum chain_mode { CHAIN_FUSED, CHAIN_GRAPH, CHAIN_EAGER, CHAIN_MODES };
+
+/* How a run is cut into chunks: chunk i is repeat block i / eblocks over element block i % eblocks. */
+struct chain_chunks {
+	uint64_t repeat;  /* repeats a chunk (the last repeat block may have fewer) */
+	uint64_t elems;   /* elements a chunk (the last element block may have fewer) */
+	uint64_t eblocks; /* element blocks a repeat block */
+	uint64_t n;       /* chunks in all; 1: the run is one launch, as it always was */
+};
 
 /* Which fused kernel a run asks for: compiled when it can be had (auto), or one of them. */
 enum chain_kernel { CHAIN_KERNEL_AUTO, CHAIN_KERNEL_COMPILED, CHAIN_KERNEL_INTERPRETED, CHAIN_KERNELS };
@@ -106,7 +134,7 @@ struct chain_spec {
 	const void *in;
 	void *out;             /* == in for in place */
 	unsigned reps;   /* replays, each timed (the benchmark); 0 means 1 */
-	const atomic_bool *cancel; /* set by chain_run: eager stops launching at a pass boundary */
+	const atomic_bool *cancel; /* set by chain_run: runs stop at a chunk (eager: a pass) boundary */
 	/* Output: the worker's until completion. */
 	struct chain_result result;
 };
@@ -181,6 +209,23 @@ uint64_t chain_bytes(const struct chain_spec *spec);
 /* A reduction's number from its partial: the sum, mean, norm, ... as a double. */
 double chain_reduce_finish(unsigned kind, const struct kernels_partial *p, uint64_t count);
 
+/* How spec is cut into chunks of at most work element-ops (CHAIN_CHUNK_WORK_*). */
+void chain_chunks_plan(const struct chain_spec *spec, uint64_t work, struct chain_chunks *k);
+/*
+ * Chunk i of a chunked spec (k->n > 1), into out: its repeats over its
+ * elements, every buffer in place (the caller first copies an op list's
+ * input to its out, so that every chunk reads where it writes), broadcast
+ * operands as they are. Chunk 0 of a run with one element block is what a
+ * chunked plan captures.
+ */
+void chain_chunk_spec(const struct chain_spec *spec, const struct chain_chunks *k, uint64_t i,
+		      struct chain_spec *out);
+/* Whether the chunked spec must first copy its input to its output (an op list out of place). */
+bool chain_chunks_copy_first(const struct chain_spec *spec);
+/* Fails err with `cancelled`, saying how far the run got: done of k->n chunks. */
+int chain_chunks_cancelled(struct gpuq_error *err, const struct chain_spec *spec,
+			   const struct chain_chunks *k, uint64_t done);
+
 /* Any thread: the device's counters, and adding to one (the worker). */
 uint64_t chain_counter_get(const struct device *dev, enum chain_counter c);
 void chain_counter_add(struct device *dev, enum chain_counter c, uint64_t n);
@@ -248,8 +293,9 @@ int chain_cache_get(struct device *dev, struct chain_state *cs, struct chain_spe
 		    void **plan, struct gpuq_error *err);
 
 /*
- * Worker thread: checks spec, runs it on the device's backend (eager runs
- * stop launching at a pass boundary once *cancel is set) and counts it.
+ * Worker thread: checks spec, runs it on the device's backend (a run stops
+ * at its next chunk boundary once *cancel is set, an eager one at its next
+ * pass: `cancelled`) and counts it.
  */
 int chain_execute(struct device *dev, struct chain_spec *spec, const atomic_bool *cancel,
 		  struct gpuq_error *err);

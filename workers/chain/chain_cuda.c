@@ -24,7 +24,11 @@
  * synchronises the device). Retargeting to other buffers captures the chain again
  * and applies it with cudaGraphExecUpdate, which keeps the executable graph
  * (and its upload) and changes only the kernel parameters. Eager runs
- * launch the per-op kernels directly and use no plan.
+ * launch the per-op kernels directly and use no plan. A run of more than
+ * CHAIN_CHUNK_WORK_CUDA runs in chunks (workers/chain/chain.h): its plan's
+ * graph holds the first chunk and is replayed for each chunk of that
+ * shape, the others launched directly, at most two in flight, the cancel
+ * flag looked at between them.
  *
  * Replays and baselines run on the job's lane (the scheduler's stream for
  * the job, backend.h); only stream capture uses the chain code's own
@@ -52,6 +56,7 @@ struct chain_cuda {
 	cudaStream_t stream;
 	unsigned nevents; /* pairs made so far */
 	cudaEvent_t start[CHAIN_MAX_REPS], stop[CHAIN_MAX_REPS];
+	cudaEvent_t chunk_done[2]; /* the last two chunks' ends: at most two chunks are in flight */
 	unsigned long long *sink; /* the read kernel's device word */
 	/* Reduction plans' results: one pinned slot each (used[i]), for every plan the cache can hold. */
 	struct kernels_partial *results;
@@ -152,10 +157,24 @@ static cudaError_t chain_enqueue(const struct device *dev, const struct chain_sp
 	return cudaSuccess;
 }
 
-/* Captures spec's kernels into a new graph (the caller destroys it). */
-static int cuda_capture(struct device *dev, struct chain_cuda *cc, const struct chain_spec *spec,
+/*
+ * Captures spec's kernels into a new graph (the caller destroys it): the
+ * whole run, or for a run in chunks its first chunk (whole repeats over
+ * every element, in place), which the run replays for each chunk of that
+ * shape. Either is a function of the plan's key, so a retargeted plan
+ * holds the same shape.
+ */
+static int cuda_capture(struct device *dev, struct chain_cuda *cc, const struct chain_spec *whole,
 			const struct cuda_plan *plan, cudaGraph_t *graph, struct gpuq_error *err)
 {
+	struct chain_chunks k;
+	struct chain_spec first;
+	const struct chain_spec *spec = whole;
+	chain_chunks_plan(whole, CHAIN_CHUNK_WORK_CUDA, &k);
+	if (k.n > 1 && whole->mode != CHAIN_EAGER) {
+		chain_chunk_spec(whole, &k, 0, &first);
+		spec = &first;
+	}
 	CUDA_TRY(dev, err, cudaStreamBeginCapture(cc->stream, cudaStreamCaptureModeThreadLocal));
 	cudaError_t launched = chain_enqueue(dev, spec, plan, cc->stream, NULL, NULL);
 	cudaGraph_t g = NULL;
@@ -358,6 +377,11 @@ static struct chain_cuda *cuda_chain_state(struct device *dev, struct gpuq_error
 	if (!cc->stream)
 		CUDA_TRY_GOTO(dev, err, cudaStreamCreateWithFlags(&cc->stream, cudaStreamNonBlocking),
 			      fail);
+	for (int i = 0; i < 2; i++)
+		if (!cc->chunk_done[i])
+			CUDA_TRY_GOTO(dev, err, cudaEventCreateWithFlags(&cc->chunk_done[i],
+									 cudaEventDisableTiming),
+				      fail);
 	cc->ready = true;
 	return cc;
 fail:
@@ -395,16 +419,63 @@ static int cuda_times(struct device *dev, struct chain_cuda *cc, unsigned n, dou
 }
 
 /*
- * Enqueues n timed replays: each the graph, or the eager kernels. Returns
- * 0, or -1 with err; *stopped when a cancel stopped the eager launches.
+ * One replay of a run in chunks (k->n > 1, fused or graph): the input
+ * copied to the output first when out of place, then each chunk in place,
+ * from the plan's graph when the chunk has the shape it captured (whole
+ * repeats over every element), else launched directly. Before each chunk
+ * it waits for the chunk two back, so that at most two are in flight, and
+ * then looks at the cancel flag: *done is the chunks enqueued (k->n unless
+ * a cancel stopped it).
+ */
+static int cuda_chunks(struct device *dev, struct chain_cuda *cc, const struct chain_spec *spec,
+		       const struct cuda_plan *plan, const struct chain_chunks *k, cudaStream_t lane,
+		       uint64_t *done, struct gpuq_error *err)
+{
+	struct chain_spec c;
+	if (chain_chunks_copy_first(spec))
+		CUDA_TRY(dev, err, cudaMemcpyAsync(spec->out, spec->in,
+						   spec->count * gpuq_dtype_size(spec->dtype),
+						   cudaMemcpyDeviceToDevice, lane));
+	for (uint64_t i = 0; i < k->n; i++) {
+		if (i >= 2 && cuda_wait_event(dev, cc->chunk_done[i % 2],
+					      "waiting for a chain chunk (cudaEventQuery)", err) != 0)
+			return -1;
+		if (i > 0 && spec->cancel && atomic_load(spec->cancel)) {
+			*done = i;
+			return 0;
+		}
+		chain_chunk_spec(spec, k, i, &c);
+		if (k->eblocks == 1 && c.repeat == k->repeat) {
+			CUDA_TRY(dev, err, cudaGraphLaunch(plan->exec, lane));
+		} else {
+			cudaError_t e = chain_enqueue(dev, &c, plan, lane, NULL, NULL);
+			if (e != cudaSuccess)
+				return CUDA_FAIL(dev, err, e, "the chain's chunk (direct launch)");
+		}
+		CUDA_TRY(dev, err, cudaEventRecord(cc->chunk_done[i % 2], lane));
+	}
+	*done = k->n;
+	return 0;
+}
+
+/*
+ * Enqueues n timed replays: each the graph, its chunks, or the eager
+ * kernels. Returns 0, or -1 with err; *stopped when a cancel stopped the
+ * eager launches or the chunks (*done: the chunks enqueued).
  */
 static int cuda_replays(struct device *dev, struct chain_cuda *cc, const struct chain_spec *spec,
-			cudaGraphExec_t exec, unsigned n, bool *stopped, struct gpuq_error *err)
+			const struct cuda_plan *plan, const struct chain_chunks *k, unsigned n,
+			bool *stopped, uint64_t *done, struct gpuq_error *err)
 {
 	cudaStream_t lane = cuda_current_stream(dev);
+	cudaGraphExec_t exec = plan ? plan->exec : NULL;
 	for (unsigned r = 0; r < n && !*stopped; r++) {
 		CUDA_TRY(dev, err, cudaEventRecord(cc->start[r], lane));
-		if (exec) {
+		if (exec && k->n > 1) {
+			if (cuda_chunks(dev, cc, spec, plan, k, lane, done, err) != 0)
+				return -1;
+			*stopped = *done < k->n;
+		} else if (exec) {
 			CUDA_TRY(dev, err, cudaGraphLaunch(exec, lane));
 		} else {
 			cudaError_t e = chain_enqueue(dev, spec, NULL, lane, spec->cancel, stopped);
@@ -434,22 +505,27 @@ int chain_cuda_run(struct device *dev, struct chain_spec *spec, struct gpuq_erro
 	if (!cc)
 		return -1;
 	unsigned n = spec->reps ? spec->reps : 1;
-	cudaGraphExec_t exec = NULL;
 	struct cuda_plan *plan = NULL;
+	struct chain_chunks k;
+	chain_chunks_plan(spec, CHAIN_CHUNK_WORK_CUDA, &k);
 	if (spec->mode != CHAIN_EAGER) {
 		if (chain_cache_get(dev, dev->chain, spec, (void **)&plan, err) != 0)
 			return -1;
-		exec = plan->exec;
 	}
 	if (cuda_events(dev, cc, n, err) != 0)
 		return -1;
 	bool stopped = false;
-	int rc = cuda_drain(dev, cc, cuda_replays(dev, cc, spec, exec, n, &stopped, err), err);
+	uint64_t done = 0;
+	int rc = cuda_drain(dev, cc,
+			    cuda_replays(dev, cc, spec, plan, &k, n, &stopped, &done, err), err);
 	if (rc != 0)
 		return -1;
-	if (stopped)
+	if (stopped && spec->mode == CHAIN_EAGER)
 		return gpuq_fail(err, GPUQ_E_CANCELLED,
-				 "run cancelled: the eager launches stopped at a pass boundary");
+				 "run cancelled: the eager launches stopped at a pass boundary; the "
+				 "buffer it writes holds the passes that ran");
+	if (stopped)
+		return chain_chunks_cancelled(err, spec, &k, done);
 	spec->result.kernels = chain_kernels(spec);
 	if (plan && plan->host_result)
 		spec->result.value = *plan->host_result; /* the stream is idle: the copy is done */
@@ -542,6 +618,9 @@ void chain_cuda_close(struct device *dev)
 			CUDA_LOG(dev, cudaEventDestroy(cc->start[i]));
 			CUDA_LOG(dev, cudaEventDestroy(cc->stop[i]));
 		}
+		for (int i = 0; i < 2; i++)
+			if (cc->chunk_done[i])
+				CUDA_LOG(dev, cudaEventDestroy(cc->chunk_done[i]));
 		if (cc->stream) {
 			CUDA_LOG(dev, cudaStreamSynchronize(cc->stream));
 			CUDA_LOG(dev, cudaStreamDestroy(cc->stream));

@@ -12,7 +12,8 @@
  * the CUDA backend does, but evaluates the program itself (it has no GPU to
  * load the kernel on). So CI tests the cache's hits, updates, misses and
  * evictions, and the compile, disk and memory paths of the kernels, up to
- * the load.
+ * the load. Runs of more than CHAIN_CHUNK_WORK_HOST run in chunks as on
+ * CUDA (workers/chain/chain.h), the cancel flag looked at between them.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,12 +30,17 @@ static double host_apply(enum gpuq_dtype t, const struct kernels_chain_op *op, d
 	return chain_eval_op((unsigned)t, op->kind, x, op->a, op->b);
 }
 
-/* Eager and graph: a pass over the buffer per op, the first from in. */
-static bool host_passes(const struct chain_spec *spec)
+/*
+ * Eager and graph: a pass over the buffer per op, the first from in. A
+ * cancel stops eager runs between passes, graph runs between chunks (every
+ * k->repeat passes). Returns the passes run when stopped, else repeat.
+ */
+static uint64_t host_passes(const struct chain_spec *spec, const struct chain_chunks *k)
 {
 	for (uint64_t p = 0; p < spec->repeat; p++) {
-		if (p > 0 && spec->mode == CHAIN_EAGER && spec->cancel && atomic_load(spec->cancel))
-			return false;
+		bool boundary = spec->mode == CHAIN_EAGER || p % k->repeat == 0;
+		if (p > 0 && boundary && spec->cancel && atomic_load(spec->cancel))
+			return p;
 		for (unsigned i = 0; i < spec->nops; i++) {
 			const void *src = p == 0 && i == 0 ? spec->in : spec->out;
 			for (uint64_t j = 0; j < spec->count; j++)
@@ -43,7 +49,7 @@ static bool host_passes(const struct chain_spec *spec)
 							    chain_eval_load(spec->dtype, src, j)));
 		}
 	}
-	return true;
+	return spec->repeat;
 }
 
 /* Fused: the whole program on each element in turn, or its reduction. */
@@ -120,12 +126,33 @@ static const struct chain_plan_ops host_plan_ops = {
 	.kernel_info = host_plan_kernel,
 };
 
+/*
+ * Fused, in chunks: the input copied to the output first when out of
+ * place, then each chunk in place, a cancel looked at between them.
+ * Returns the chunks run when stopped, else k->n.
+ */
+static uint64_t host_fused_chunks(const struct chain_spec *spec, const struct chain_chunks *k)
+{
+	struct chain_spec c;
+	if (chain_chunks_copy_first(spec))
+		memmove(spec->out, spec->in, spec->count * gpuq_dtype_size(spec->dtype));
+	for (uint64_t i = 0; i < k->n; i++) {
+		if (i > 0 && spec->cancel && atomic_load(spec->cancel))
+			return i;
+		chain_chunk_spec(spec, k, i, &c);
+		host_fused(&c);
+	}
+	return k->n;
+}
+
 /* One run's replays, as the compute engine runs them (the device's "kernels"). */
 struct host_replays {
 	struct chain_spec *spec;
+	struct chain_chunks chunks;
 	unsigned n;
 	double t[CHAIN_MAX_REPS];
 	bool stopped;
+	uint64_t done; /* chunks (eager: passes) run when stopped */
 	/* the baseline copy's */
 	void *dst;
 	const void *src;
@@ -135,12 +162,20 @@ struct host_replays {
 static void host_chain_replays(void *arg)
 {
 	struct host_replays *r = arg;
+	const struct chain_chunks *k = &r->chunks;
 	for (unsigned i = 0; i < r->n && !r->stopped; i++) {
 		double start = monotonic_seconds();
-		if (r->spec->mode == CHAIN_FUSED)
+		if (r->spec->mode == CHAIN_FUSED && k->n == 1) {
 			host_fused(r->spec);
-		else
-			r->stopped = !host_passes(r->spec);
+		} else if (r->spec->mode == CHAIN_FUSED) {
+			r->done = host_fused_chunks(r->spec, k);
+			r->stopped = r->done < k->n;
+		} else {
+			r->done = host_passes(r->spec, k);
+			r->stopped = r->done < r->spec->repeat;
+			if (r->spec->mode == CHAIN_GRAPH)
+				r->done /= k->repeat;
+		}
 		r->t[i] = monotonic_seconds() - start;
 	}
 }
@@ -152,14 +187,19 @@ int chain_host_run(struct device *dev, struct chain_spec *spec, struct gpuq_erro
 	void *plan;
 	if (!cs)
 		return -1;
+	chain_chunks_plan(spec, CHAIN_CHUNK_WORK_HOST, &r.chunks);
 	spec->result.cache = CHAIN_CACHE_NONE;
 	if (spec->mode != CHAIN_EAGER && chain_cache_get(dev, cs, spec, &plan, err) != 0)
 		return -1;
 	if (host_backend_compute(dev, host_chain_replays, &r, err) != 0)
 		return -1;
-	if (r.stopped)
+	if (r.stopped && spec->mode == CHAIN_EAGER)
 		return gpuq_fail(err, GPUQ_E_CANCELLED,
-				 "run cancelled: the eager passes stopped at a pass boundary");
+				 "run cancelled after %llu of %llu passes: the eager passes stopped at a "
+				 "pass boundary; the buffer it writes holds the passes that ran",
+				 (unsigned long long)r.done, (unsigned long long)spec->repeat);
+	if (r.stopped)
+		return chain_chunks_cancelled(err, spec, &r.chunks, r.done);
 	spec->result.kernels = chain_kernels(spec);
 	spec->result.kernel.host_evaluated = true; /* every mode: no graph, no kernel ran */
 	spec->result.device_s = chain_median(r.t, r.n);

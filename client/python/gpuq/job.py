@@ -110,8 +110,9 @@ class Job:
     def cancel(self) -> bool:
         """Asks the daemon to cancel the job; False when it had already finished.
 
-        A queued job is cancelled at once, a running one at its next chunk;
-        ``wait`` then raises :class:`~gpuq.Cancelled`.
+        A queued job is cancelled at once, a running one at its next chunk
+        (a job not cut into chunks, such as a fill, ends first); ``wait``
+        then raises :class:`~gpuq.Cancelled` unless it had ended.
         """
         return self._client._drive(self._cancel_plan())
 
