@@ -34,6 +34,15 @@ check() {
 	verdict "$name" $? "$want"
 }
 
+# expect_not NAME PATTERN FILE: the last command's output does not match PATTERN.
+expect_not() {
+	if grep -q -- "$2" "$dir/$3"; then
+		verdict "$1" 1 0
+	else
+		verdict "$1" 0 0
+	fi
+}
+
 # expect NAME PATTERN FILE: the last command's output matches PATTERN.
 expect() {
 	if grep -q -- "$2" "$dir/$3"; then
@@ -471,6 +480,29 @@ finished crash_hold 3
 expect crash_hold_says_the_buffer_went "the buffer went with the connection" err
 check crash_hold_no_reconnect 1 grep -q reconnected "$dir/crash_hold.err"
 exec 7>&-
+kill -TERM "$rdaemon"
+wait "$rdaemon"
+
+# admin restart succeeds only when the same gpuqd (a re-exec keeps its pid)
+# counts one more restart: a new image that dies at start-up fails, after an
+# earlier good restart too, and so does one that another gpuqd replaced.
+# dying-gpuqd passes the restart's checks and exits when run as the daemon.
+printf '#!/bin/sh\ncase "$*" in *--check-record*|*--check-config*) exec "%s" "$@" ;; esac\nexit 1\n' \
+	"$(cd "$BUILD" && pwd)/gpuqd" > "$dir/dying-gpuqd"
+chmod 0755 "$dir/dying-gpuqd"
+rstart
+check dying_restart_first_is_0 0 rgpuq admin restart
+check dying_restart_is_3 3 rgpuq admin restart --binary "$dir/dying-gpuqd" --timeout 2000
+expect dying_restart_says_none_answered "gpuqd .* restart 1 .*: no gpuqd answered at $rsock within 2 s" err
+expect_not dying_restart_not_said_restarted "gpuqd restarted" out
+{ wait "$rdaemon"; } 2> /dev/null
+rstart
+old_rdaemon=$rdaemon
+bg replaced_restart admin restart --binary "$dir/dying-gpuqd"
+{ wait "$old_rdaemon"; } 2> /dev/null # once the new image exited
+rstart
+finished replaced_restart 1
+expect replaced_restart_names_both_pids "a new gpuqd (pid $rdaemon, not $old_rdaemon" err
 kill -TERM "$rdaemon"
 wait "$rdaemon"
 

@@ -331,7 +331,11 @@ const struct cli_cmd cli_commands[] = {
 	  "and see a pause, and the queued jobs run then, under their ids (those that\n"
 	  "passed a file or pipe fail with `restarted`). A binary that cannot take over\n"
 	  "is refused and the running gpuqd serves on. Waits until gpuqd serves\n"
-	  "again (--timeout MS, default 60 s) and prints how long it took.\n",
+	  "again (--timeout MS, default 60 s): until the same gpuqd (a re-exec keeps\n"
+	  "its pid) counts one more restart, and prints how long it took. Fails\n"
+	  "when none does: exit 3 when no gpuqd answers (the new image did not\n"
+	  "serve), 1 when another gpuqd answers (a new pid) or the count did not\n"
+	  "move in time; the message says what it saw.\n",
 	  OPT_BINARY, 1, 1, { "ACTION" }, cmd_admin },
 	{ "reset-device", "GPU", "reset one GPU and serve it again (root and the admin group)",
 	  "Cancels the GPU's running jobs, resets the device (cudaDeviceReset) once\n"

@@ -120,44 +120,115 @@ int cmd_reset_device(struct cli *cli)
 	return healthy ? CLI_OK : CLI_REFUSED;
 }
 
-/* The restarts ping counts and gpuqd's pid: -1 when no reply can be had. */
-static int ping_restarts(struct cli *cli, uint64_t *restarts, uint64_t *pid)
+/* What one ping of admin restart's wait saw of gpuqd. */
+struct restart_seen {
+	bool answered;     /* a gpuqd answered the ping */
+	uint64_t pid;      /* its pid and restart count, when it answered */
+	uint64_t restarts;
+};
+
+/*
+ * Pings gpuqd, connecting again for up to window_ms if the connection went
+ * (a new image that died, a gpuqd started again in its place). Quiet: the
+ * wait says what it saw once it ends.
+ */
+static void restart_ping(struct cli *cli, unsigned window_ms, struct restart_seen *seen)
 {
-	struct gpuq_reply *r;
+	struct gpuq_reply *r = NULL;
+	struct gpuq_error err;
 	struct mp_map req;
-	int rc = cli_begin(cli, &req, "ping");
-	if (rc || (rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
-		return -1;
-	rc = gpuq_reply_ok(r) ? 0 : -1;
-	*restarts = field_u64(r->root, "restarts", 0);
-	*pid = field_u64(r->root, "pid", 0);
+
+	gpuq_set_reconnect(cli->client, window_ms ? window_ms : 1);
+	gpuq_set_timeout(cli->client, window_ms ? window_ms : 1);
+	gpuq_request_begin(cli->client, &req, "ping");
+	seen->answered = gpuq_call(cli->client, &req, NULL, 0, &r, &err) == 0 && gpuq_reply_ok(r);
+	if (seen->answered) {
+		seen->restarts = field_u64(r->root, "restarts", 0);
+		seen->pid = field_u64(r->root, "pid", 0);
+	}
 	gpuq_reply_free(r);
-	return rc;
 }
 
-/* admin restart [--binary PATH]: asks, then pings on the same connection until gpuqd counts it. */
-static int admin_restart(struct cli *cli)
+/*
+ * Asks for the restart: gpuqd's pid and restart count before it in *before.
+ * 0, or the exit status of a refusal (printed) or a lost connection.
+ */
+static int restart_request(struct cli *cli, struct restart_seen *before)
 {
 	struct mp_map req;
-	uint64_t before, restarts = 0, pid = 0;
-	int rc = cli_begin(cli, &req, "restart");
+	int rc = cli_begin(cli, &req, "ping");
 	if (rc)
+		return rc;
+	struct gpuq_reply *r;
+	if ((rc = cli_call(cli, &req, NULL, 0, &r)) != 0)
+		return rc;
+	before->pid = field_u64(r->root, "pid", 0);
+	gpuq_reply_free(r);
+	if ((rc = cli_begin(cli, &req, "restart")) != 0)
 		return rc;
 	if (cli->binary)
 		mp_put_str(&req, "binary", cli->binary);
-	double start = seconds_now(), limit = cli->has_timeout ? cli->timeout_ms / 1e3 : 60;
-	if ((rc = call_counting(cli, &req, "restarts", &before)) != 0)
-		return rc;
-	while (ping_restarts(cli, &restarts, &pid) == 0 && restarts == before &&
-	       seconds_now() - start < limit)
-		usleep(20000);
-	if (restarts == before) {
-		fprintf(stderr, "gpuq admin restart: gpuqd did not serve again within %.0f s; its log "
-				"says why\n", limit);
+	return call_counting(cli, &req, "restarts", &before->restarts);
+}
+
+/*
+ * Why the wait for the restart failed, from what the last ping saw; returns
+ * the exit status. A new image that never served leaves no gpuqd (3); one
+ * that was replaced leaves another process (1); one still draining has not
+ * counted the restart yet (1).
+ */
+static int restart_failed(const struct cli *cli, const struct restart_seen *before,
+			  const struct restart_seen *seen, double limit)
+{
+	fprintf(stderr, "gpuq admin restart: gpuqd (pid %llu, restart %llu before this one): ",
+		(unsigned long long)before->pid, (unsigned long long)before->restarts);
+	if (!seen->answered) {
+		fprintf(stderr, "no gpuqd answered at %s within %.0f s (--timeout); the new image did "
+				"not serve, and its buffers went with it unless a descriptor store "
+				"keeps them; gpuqd's log says why\n", cli->socket ? cli->socket :
+				gpuq_default_socket(), limit);
+		return CLI_UNREACHABLE;
+	}
+	if (seen->pid != before->pid) {
+		fprintf(stderr, "a new gpuqd (pid %llu, not %llu; restart count %llu) answers instead: "
+				"the re-exec did not serve and gpuqd was started again, keeping only "
+				"what a descriptor store held; the old image's log says why\n",
+			(unsigned long long)seen->pid, (unsigned long long)before->pid,
+			(unsigned long long)seen->restarts);
 		return CLI_REFUSED;
 	}
+	fprintf(stderr, "it still counts %llu restarts after %.0f s (--timeout): it has not "
+			"re-executed yet (its --restart-drain, or a job that does not stop); `gpuq "
+			"ping` shows when it has\n", (unsigned long long)seen->restarts, limit);
+	return CLI_REFUSED;
+}
+
+/*
+ * admin restart [--binary PATH]: asks, then pings until the same gpuqd (a
+ * re-exec keeps its pid) counts one more restart, for up to --timeout
+ * (default 60 s). A gpuqd of another pid will never be that one: it ends
+ * the wait at once.
+ */
+static int admin_restart(struct cli *cli)
+{
+	struct restart_seen before = { .answered = true }, seen = { 0 };
+	double limit = cli->has_timeout && cli->timeout_ms > 0 ? cli->timeout_ms / 1e3 : 60;
+	double start = seconds_now();
+	int rc = restart_request(cli, &before);
+	if (rc)
+		return rc;
+	for (;;) {
+		double left = limit - (seconds_now() - start);
+		restart_ping(cli, left > 0 ? (unsigned)(left * 1e3) : 0, &seen);
+		if (seen.answered && seen.pid == before.pid && seen.restarts > before.restarts)
+			break;
+		if ((seen.answered && seen.pid != before.pid) || seconds_now() - start >= limit)
+			return restart_failed(cli, &before, &seen, limit);
+		usleep(20000);
+	}
 	fprintf(cli->out, "gpuqd restarted (restart %llu, pid %llu): serving again after %.3f s\n",
-		(unsigned long long)restarts, (unsigned long long)pid, seconds_now() - start);
+		(unsigned long long)seen.restarts, (unsigned long long)seen.pid,
+		seconds_now() - start);
 	return CLI_OK;
 }
 
