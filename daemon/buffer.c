@@ -265,6 +265,30 @@ static void list_devices(struct buffer_table *t, uid_t owner, const char *name, 
 	buffer_names_end(&l);
 }
 
+/*
+ * For root, who names another user's buffer with the request's `owner`:
+ * where the name was not found in owner's buffers (on device, or anywhere
+ * for -1) but another uid has one of that name, "; uid 65534 has 'w@0':
+ * ...", saying how to name it. Empty for any other caller (a user may not
+ * learn of others' buffers) and when no one else has the name.
+ */
+static void other_owner_hint(struct buffer_table *t, uid_t owner, uid_t caller, const char *name,
+			     int device, char *out, size_t size)
+{
+	out[0] = '\0';
+	if (caller != 0)
+		return;
+	for (struct buffer *b = t->head; b; b = b->next) {
+		if (b->owner == owner || strcmp(b->name, name) != 0 ||
+		    (device >= 0 && b->device != device))
+			continue;
+		snprintf(out, size, "; uid %u has '%s@%d': name it with the request's `owner` %u "
+			 "(gpuq --owner %u)", (unsigned)b->owner, name, b->device,
+			 (unsigned)b->owner, (unsigned)b->owner);
+		return;
+	}
+}
+
 static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, uid_t caller,
 				       const char *name, struct gpuq_error *err)
 {
@@ -286,9 +310,12 @@ static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, uid_
 			  names);
 		return NULL;
 	}
+	char hint[200];
 	list_names(t, owner, -1, names, sizeof names);
 	buffer_whose(owner, caller, who, sizeof who);
-	gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found (%s buffers: %s)", name, who, names);
+	other_owner_hint(t, owner, caller, name, -1, hint, sizeof hint);
+	gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found (%s buffers: %s)%s", name, who,
+		  names, hint);
 	return NULL;
 }
 
@@ -299,11 +326,13 @@ struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, uid_t caller,
 		return resolve_anywhere(t, owner, caller, name, err);
 	struct buffer *b = buffer_find(t, owner, name, device);
 	if (!b) {
-		char names[256], who[24];
+		char names[256], who[24], hint[200];
 		list_names(t, owner, device, names, sizeof names);
 		buffer_whose(owner, caller, who, sizeof who);
-		gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found on device %d (%s buffers there: %s)",
-			  name, device, who, names);
+		other_owner_hint(t, owner, caller, name, device, hint, sizeof hint);
+		gpuq_fail(err, GPUQ_E_NOT_FOUND,
+			  "buffer '%s' not found on device %d (%s buffers there: %s)%s", name,
+			  device, who, names, hint);
 	}
 	return b;
 }

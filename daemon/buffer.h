@@ -150,8 +150,9 @@ struct buffer *buffer_find(struct buffer_table *t, uid_t owner, const char *name
  * Resolves a reference for owner: device -1 means "wherever it is", which
  * must be exactly one place. not_found lists the owner's buffers on that
  * device (as many as fit, then how many more), as "your buffers" when the
- * caller is the owner, else as uid N's; an ambiguous name lists the
- * devices holding it.
+ * caller is the owner, else as uid N's, and tells root (caller 0) of
+ * another uid's buffer of that name and how to name it (`owner`); an
+ * ambiguous name lists the devices holding it.
  */
 struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, uid_t caller, const char *name,
 			      int device, struct gpuq_error *err);

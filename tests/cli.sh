@@ -281,6 +281,27 @@ else
 	skipped=$((skipped + 1))
 	echo "skip cli/quota_other_uid_refused: skipped: needs root and setpriv"
 fi
+# Root names another user's buffer with --owner (the request's `owner`); without
+# it, not_found says that uid has a buffer of that name and how to name it.
+if command -v setpriv > /dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && [ -n "$other_group" ]; then
+	check owner_other_alloc 0 setpriv --reuid 65534 --regid 65534 --clear-groups \
+		"$BUILD/gpuq" --socket "$sock" alloc leftover --bytes 8K --device 0
+	check owner_missing_is_1 1 gpuq free leftover@0
+	expect owner_missing_names_the_owner \
+		"not found on device 0 (your buffers there: .*); uid 65534 has 'leftover@0': name it with the request's \`owner\` 65534 (gpuq --owner 65534)" err
+	check owner_fill_by_uid 0 gpuq fill leftover@0 value 7 --owner 65534
+	check owner_checksum_by_name 0 gpuq checksum leftover --owner "$(getent passwd 65534 | cut -d: -f1)"
+	check owner_free 0 gpuq free leftover@0 --owner 65534
+	check owner_freed 1 gpuq checksum leftover@0 --owner 65534
+	check owner_other_user_is_1 1 setpriv --reuid 65534 --regid 65534 --clear-groups \
+		"$BUILD/gpuq" --socket "$sock" checksum w --owner 0
+	expect owner_other_user_says_why "only root may name another owner's buffers" err
+else
+	skipped=$((skipped + 9))
+	echo "skip cli/owner_*: skipped: needs root and setpriv"
+fi
+check owner_unknown_user_is_2 2 gpuq free w --owner no-such-user-here
+check owner_not_on_alloc_is_2 2 gpuq alloc x --bytes 1K --owner 0
 check bench_dispatch 0 gpuq bench dispatch --clients 1 --requests 200
 expect bench_has_echo "echo" out
 # gpuq bench sched, small: every part measured (fairness needs root, else says why it is

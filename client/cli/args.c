@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,7 @@ enum {
 	LONG_ONCE,
 	LONG_UID,
 	LONG_BINARY,
+	LONG_OWNER,
 };
 
 /* Accepted before the command and after it. */
@@ -106,6 +108,7 @@ static const struct {
 	{ { "once", no_argument, NULL, LONG_ONCE }, OPT_TOP },
 	{ { "uid", required_argument, NULL, LONG_UID }, OPT_UID },
 	{ { "binary", required_argument, NULL, LONG_BINARY }, OPT_BINARY },
+	{ { "owner", required_argument, NULL, LONG_OWNER }, OPT_OWNER },
 };
 #define N_COMMAND (sizeof(command_options) / sizeof(command_options[0]))
 
@@ -168,6 +171,26 @@ static int parse_uint_opt(const struct cli *cli, const char *opt, const char *s,
 	if (cli_parse_uint(s, out) < 0)
 		return cli_usage(cli, "--%s '%s' is not %s", opt, s, what);
 	*has = true;
+	return 0;
+}
+
+/*
+ * --owner UID|USER: a uid as it is, or a user name looked up here (the
+ * protocol's `owner` is a uid). Whether the caller may name another owner
+ * is the daemon's to say.
+ */
+static int parse_owner_opt(struct cli *cli, const char *arg)
+{
+	if (cli_parse_uint(arg, &cli->owner) == 0) {
+		cli->has_owner = true;
+		return 0;
+	}
+	const struct passwd *pw = getpwnam(arg);
+	if (!pw)
+		return cli_usage(cli, "--owner '%s' is neither a uid nor a user name known here",
+				 arg);
+	cli->owner = (uint64_t)pw->pw_uid;
+	cli->has_owner = true;
 	return 0;
 }
 
@@ -279,6 +302,8 @@ static int parse_command_opt(struct cli *cli, int c, const char *arg)
 	case LONG_BINARY:
 		cli->binary = arg;
 		return 0;
+	case LONG_OWNER:
+		return parse_owner_opt(cli, arg);
 	case LONG_KERNEL:
 		cli->kernel = arg;
 		return 0;

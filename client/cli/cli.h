@@ -76,6 +76,7 @@ enum cli_opt {
 /* Bits past 31, which an enum constant cannot hold in C11. */
 #define OPT_UID (1ull << 32) /* --uid N: quota's user (root and the admin group) */
 #define OPT_BINARY (1ull << 33) /* --binary PATH: admin restart's gpuqd binary */
+#define OPT_OWNER (1ull << 34) /* --owner UID|USER: whose buffers the names mean (root) */
 
 struct cli;
 
@@ -129,6 +130,8 @@ struct cli {
 	const char *binary;         /* --binary: NULL, gpuqd's own */
 	bool has_uid;
 	uint64_t uid;               /* --uid */
+	bool has_owner;
+	uint64_t owner;             /* --owner, as a uid: the request's `owner` */
 	unsigned job_states;        /* --running, --queued, --failed: enum cli_job_state bits */
 	const char *save_json;      /* bench --save-json FILE */
 	/* Where a bench writes its JSON result: stdout with --json, the

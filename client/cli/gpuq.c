@@ -14,6 +14,8 @@
 static int cmd_reduce_either(struct cli *cli);
 
 #define JOB_OPTS (OPT_DETACH | OPT_PRIORITY)
+/* A job on buffers named by the caller: root may name another owner's (--owner). */
+#define BUF_JOB_OPTS (JOB_OPTS | OPT_OWNER)
 #define COLL_OPTS (OPT_DEVICES | OPT_REDOP | OPT_OUT | OPT_COUNT | OPT_COLL_TIMEOUT | OPT_ROOT)
 
 const struct cli_cmd cli_commands[] = {
@@ -47,7 +49,7 @@ const struct cli_cmd cli_commands[] = {
 	{ "free", "BUF", "free a buffer",
 	  "Frees buffer BUF once the jobs already queued or running on it have\n"
 	  "finished; no new job may use it meanwhile.\n",
-	  JOB_OPTS, 1, 1, { "BUF" }, cmd_free },
+	  BUF_JOB_OPTS, 1, 1, { "BUF" }, cmd_free },
 	{ "region", "create NAME --bytes SIZE [--device N] [--ephemeral] | free NAME",
 	  "make or free a host region: memory gpuqd pins once",
 	  "create: makes a memfd of SIZE (a multiple of 4 KiB) and hands it to gpuqd,\n"
@@ -107,7 +109,7 @@ const struct cli_cmd cli_commands[] = {
 	  "directly). On a terminal a progress bar shows on stderr; the summary\n"
 	  "says bytes, time, GB/s and the path taken. FILE 'scratch:' is no file:\n"
 	  "gpuqd makes up random bytes (to measure the path without a file).\n",
-	  JOB_OPTS | OPT_OFFSET | OPT_LENGTH | OPT_VERIFY | OPT_PATH, 2, 2, { "FILE", "BUF" },
+	  BUF_JOB_OPTS | OPT_OFFSET | OPT_LENGTH | OPT_VERIFY | OPT_PATH, 2, 2, { "FILE", "BUF" },
 	  cmd_put },
 	{ "get", "BUF FILE [--offset N] [--length N] [--verify] [--path P]",
 	  "copy a buffer into a file (or stdout)",
@@ -118,18 +120,18 @@ const struct cli_cmd cli_commands[] = {
 	  "and --json cannot be used. --verify hashes the device range first and\n"
 	  "the bytes as they are written, and compares. --path as for put.\n"
 	  "FILE 'scratch:' drops the bytes (to measure the path without a file).\n",
-	  JOB_OPTS | OPT_OFFSET | OPT_LENGTH | OPT_VERIFY | OPT_PATH, 2, 2, { "BUF", "FILE" },
+	  BUF_JOB_OPTS | OPT_OFFSET | OPT_LENGTH | OPT_VERIFY | OPT_PATH, 2, 2, { "BUF", "FILE" },
 	  cmd_get },
 	{ "fill", "BUF zero | value V | iota | random SEED",
 	  "fill a buffer with a pattern",
 	  "Fills BUF on its device: zero; value V (an integer or a float, converted\n"
 	  "to BUF's dtype); iota (element i is i); random SEED (reproducible from\n"
 	  "SEED: random bits for integer buffers, [0, 1) for float ones).\n",
-	  JOB_OPTS, 2, 3, { "BUF", "PATTERN", "ARG" }, cmd_fill },
+	  BUF_JOB_OPTS, 2, 3, { "BUF", "PATTERN", "ARG" }, cmd_fill },
 	{ "checksum", "BUF", "hash a buffer's bytes on its device",
 	  "Prints BUF's 64-bit checksum, the same on every backend for the same\n"
 	  "bytes.\n",
-	  JOB_OPTS, 1, 1, { "BUF" }, cmd_checksum },
+	  BUF_JOB_OPTS, 1, 1, { "BUF" }, cmd_checksum },
 	{ "jobs", "[--last N] [--running] [--queued] [--failed]", "list your jobs, newest first (every user's for root)",
 	  "Lists jobs, newest first; `gpuq status JOB` shows one in full. --last N\n"
 	  "keeps the N newest; --running, --queued and --failed keep the jobs in\n"
@@ -166,7 +168,7 @@ const struct cli_cmd cli_commands[] = {
 	  "one. The summary says which path was taken; `gpuq devices` shows every\n"
 	  "pair's. --verify compares checksums of both ranges,\n"
 	  "each computed on its GPU. A cancel stops the copy at its next chunk.\n",
-	  JOB_OPTS | OPT_ENGINE | OPT_VERIFY | OPT_PATH, 2, 2, { "SRC", "DST" }, cmd_copy },
+	  BUF_JOB_OPTS | OPT_ENGINE | OPT_VERIFY | OPT_PATH, 2, 2, { "SRC", "DST" }, cmd_copy },
 	{ "run", "EXPR | BUF CHAIN [--mode fused|graph|eager] [--repeat N] [--out BUF2] "
 	  "[--kernel auto|compiled|interpreted] [--math ieee|fast] [--device N]",
 	  "run an expression over buffers, or a chain of ops on one, on their device",
@@ -191,7 +193,7 @@ const struct cli_cmd cli_commands[] = {
 	  "and on disk), or when none can be had an interpreting one, and says which\n"
 	  "(--kernel insists on one). --math fast: CUDA's fast intrinsics (compiled\n"
 	  "kernels only; gpuq(1) lists their errors). `gpuq stats` shows the caches.\n",
-	  JOB_OPTS | OPT_MODE | OPT_REPEAT | OPT_OUT | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 2,
+	  BUF_JOB_OPTS | OPT_MODE | OPT_REPEAT | OPT_OUT | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 2,
 	  { "EXPR|BUF", "CHAIN" }, cmd_run },
 	{ "stats", "[--device N]", "show each device's job and kernel-chain counters",
 	  "Prints the backend and where compiled kernels are kept, then a row per\n"
@@ -228,27 +230,27 @@ const struct cli_cmd cli_commands[] = {
 	  "gpuqd's --collective-timeout, 30 s); the communicator is then dropped.\n"
 	  "The other collectives: reduce-scatter, all-gather, broadcast, reduce,\n"
 	  "sendrecv, all-to-all, group.\n",
-	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	  BUF_JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
 	{ "reduce-scatter", "NAME [--devices LIST|all] [--op OP] [--out NAME2] [--count N]",
 	  "reduce NAME across GPUs, leaving block r of the result on rank r",
 	  "NCCL's reduce-scatter: every rank's NAME holds n blocks of --count N\n"
 	  "elements (default: NAME's count / n); block r of the reduction (--op,\n"
 	  "default sum) goes to rank r's NAME2 (--out, N elements), or in place to\n"
 	  "block r of its NAME. --devices, --collective-timeout as for allreduce.\n",
-	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	  BUF_JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
 	{ "all-gather", "NAME [--devices LIST|all] [--out NAME2] [--count N]",
 	  "gather every rank's NAME into every rank's NAME2",
 	  "NCCL's all-gather: rank r's NAME (--count N elements, default its count)\n"
 	  "becomes block r of NAME2 (--out, n x N elements) on every rank. In place\n"
 	  "(no --out) NAME holds the n blocks and rank r's own is block r of it\n"
 	  "(N defaults to its count / n). Any dtype, bytes too.\n",
-	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	  BUF_JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
 	{ "broadcast", "NAME --root N [--devices LIST|all] [--out NAME2] [--count N]",
 	  "copy root rank N's NAME to every rank",
 	  "NCCL's broadcast: --count elements (default the root's count) of NAME on\n"
 	  "rank N (--root: an index into --devices, default 0) go to NAME on every\n"
 	  "rank, or to NAME2 (--out; then only the root needs NAME). Any dtype.\n",
-	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	  BUF_JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
 	{ "reduce", "EXPR [--count N] [--kernel K] [--math M] [--device N] | NAME --root N [--op OP] "
 	  "[--devices LIST|all] [--out NAME2] [--count N]",
 	  "reduce an expression to one number, or NAME across GPUs onto a root rank",
@@ -264,7 +266,7 @@ const struct cli_cmd cli_commands[] = {
 	  "With a buffer NAME: NCCL's reduce: NAME of every rank, reduced with --op\n"
 	  "(default sum), goes to NAME on rank N (--root, default 0), or to its\n"
 	  "NAME2 (--out: only the root needs it).\n",
-	  JOB_OPTS | COLL_OPTS | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 1, { "EXPR|NAME" },
+	  BUF_JOB_OPTS | COLL_OPTS | OPT_KERNEL | OPT_MATH | OPT_DEVICE, 1, 1, { "EXPR|NAME" },
 	  cmd_reduce_either },
 	{ "sendrecv", "SRC DST [--count N] [--devices LIST]",
 	  "send a buffer range from one GPU to another (NCCL send/recv)",
@@ -272,14 +274,14 @@ const struct cli_cmd cli_commands[] = {
 	  "to DST on another GPU with ncclSend and ncclRecv, --count elements\n"
 	  "(default: SRC's range). The communicator is that of the two GPUs\n"
 	  "(ascending), or of --devices, which must list both.\n",
-	  JOB_OPTS | OPT_COUNT | OPT_DEVICES | OPT_COLL_TIMEOUT, 2, 2, { "SRC", "DST" },
+	  BUF_JOB_OPTS | OPT_COUNT | OPT_DEVICES | OPT_COLL_TIMEOUT, 2, 2, { "SRC", "DST" },
 	  cmd_sendrecv },
 	{ "all-to-all", "NAME --out NAME2 [--devices LIST|all] [--count N]",
 	  "exchange blocks: block j of rank r's NAME to block r of rank j's NAME2",
 	  "NCCL's all-to-all, from grouped send/recv: every rank's NAME and NAME2\n"
 	  "(--out, required: it cannot run in place) hold n blocks of --count N\n"
 	  "elements (default NAME's count / n). Any dtype.\n",
-	  JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
+	  BUF_JOB_OPTS | COLL_OPTS, 1, 1, { "NAME" }, cmd_collective },
 	{ "group", "--devices LIST 'OP ARGS' ...",
 	  "run several collectives as one NCCL group (one job)",
 	  "Each argument is one collective as its command takes it, quoted:\n"
@@ -287,7 +289,7 @@ const struct cli_cmd cli_commands[] = {
 	  "(options: --out, --op, --root, --count). All run on the ranks of\n"
 	  "--devices between ncclGroupStart and ncclGroupEnd, as one job; none may\n"
 	  "write a range another uses. An all-to-all of n GPUs is n x n sendrecvs.\n",
-	  JOB_OPTS | OPT_DEVICES | OPT_COLL_TIMEOUT, 1, 64, { "OP" }, cmd_group },
+	  BUF_JOB_OPTS | OPT_DEVICES | OPT_COLL_TIMEOUT, 1, 64, { "OP" }, cmd_group },
 	{ "metrics", "", "print gpuqd's metrics (Prometheus text format)",
 	  "Prints the daemon's metrics in the Prometheus text exposition format:\n"
 	  "jobs by op and result, job latency histograms, bytes moved by path,\n"
@@ -365,7 +367,9 @@ static const char global_help[] =
 	"of 1024 (also KiB, MiB...); KB, MB, GB are powers of 1000. Job commands (noop alloc free put get copy fill checksum run and\n"
 	"the collectives) wait for the job and print what it did; --detach prints\n"
 	"the job id at once, and --priority high|normal|low says how urgent the job\n"
-	"is (default normal).\n"
+	"is (default normal). Root names another user's buffers with --owner UID|USER\n"
+	"on the commands that take a BUF (free put get fill checksum copy run reduce\n"
+	"and the collectives): `gpuq free w@0 --owner 1000`.\n"
 	"\n"
 	"When gpuqd restarts under a command (it crashed and a new gpuqd serves the\n"
 	"socket, or a re-exec could not keep the connection), gpuq connects again\n"
@@ -450,6 +454,10 @@ void cli_print_command_help(FILE *f, const struct cli_cmd *cmd)
 			   "`gpuq wait JOB` waits for it later. --timeout MS bounds the wait.\n"
 			   "--priority high|normal|low: the job's priority on its GPU (default\n"
 			   "normal; a quota rule may cap it).\n");
+	if (cmd->opts & OPT_OWNER)
+		fprintf(f, "--owner UID|USER (root only): the buffer names are that user's, as\n"
+			   "`gpuq buffers` lists them with their OWNER (gpuq free w@0 --owner 1000);\n"
+			   "anyone else is refused unless UID is their own.\n");
 	fprintf(f, "\nThe global options (--socket, --json, --timeout) work here too;\n"
 		   "gpuq --help lists them and the exit status.\n");
 }

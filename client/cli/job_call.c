@@ -23,6 +23,8 @@ int cli_job_begin(struct cli *cli, struct mp_map *req, const char *op)
 
 	if (rc == 0 && cli->priority)
 		mp_put_str(req, "priority", cli->priority);
+	if (rc == 0 && cli->has_owner) /* only the commands whose ops take `owner` accept --owner */
+		mp_put_u64(req, "owner", cli->owner);
 	if (rc || cli->detach)
 		return rc;
 	mp_put_bool(req, "wait", true);

@@ -99,6 +99,8 @@ int put_make_missing(struct cli *cli, const char *spec, int fd)
 	char name[256];
 	long device;
 	int rc = CLI_OK;
+	if (cli->has_owner)
+		return CLI_OK; /* another owner's buffer: root does not make one for them */
 	if (strchr(spec, '[') || cli->has_offset || cli->has_length || fstat(fd, &st) < 0 ||
 	    !S_ISREG(st.st_mode) || split_ref(spec, name, sizeof name, &device) < 0)
 		return CLI_OK; /* not a whole file into a plain name: the put itself answers */

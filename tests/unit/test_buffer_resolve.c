@@ -55,6 +55,30 @@ TEST(buffer_resolve_names_another_owner)
 }
 
 /*
+ * Root not finding a name among its buffers (or uid N's) hears that another
+ * uid has one of that name, and how to name it; a user never hears of
+ * another's buffers.
+ */
+TEST(buffer_resolve_tells_root_of_another_owners_buffer)
+{
+	struct buffer_table t = { 0 };
+	struct gpuq_error err;
+	add(&t, "leftover", 0, 65534);
+	CHECK(!buffer_resolve(&t, 0, 0, "leftover", 0, &err));
+	CHECK_STR(err.message, "buffer 'leftover' not found on device 0 (your buffers there: none); "
+			       "uid 65534 has 'leftover@0': name it with the request's `owner` 65534 "
+			       "(gpuq --owner 65534)");
+	CHECK(!buffer_resolve(&t, 0, 0, "leftover", -1, &err));
+	CHECK_STR(err.message, "buffer 'leftover' not found (your buffers: none); uid 65534 has "
+			       "'leftover@0': name it with the request's `owner` 65534 (gpuq --owner 65534)");
+	CHECK(!buffer_resolve(&t, 0, 0, "leftover", 1, &err));
+	CHECK_STR(err.message, "buffer 'leftover' not found on device 1 (your buffers there: none)");
+	CHECK_STR(missing(&t, "leftover", 0),
+		  "buffer 'leftover' not found on device 0 (your buffers there: none)");
+	empty(&t);
+}
+
+/*
  * A list too long for the message ends "... and N more", after a whole
  * name: it had stopped mid-entry, at a dangling ", ", without saying how
  * many it left out.
