@@ -28,10 +28,14 @@ static void print_count(const char *name, uint64_t n)
 		printf(" %s %llu", name, (unsigned long long)n);
 }
 
-static void print_rule(const struct quota_rule *r)
+/*
+ * The keys a rule sets that are not connection holds, each as "KEY VALUE"
+ * in the file's own words; whether it printed any. Every key quota.c
+ * reads belongs here or in the holds, so that --check-config shows all.
+ */
+static bool print_rule_limits(const struct quota_rule *r)
 {
 	char devices[256];
-	printf("  %s (%s):", r->label, r->where);
 	if (r->has_memory)
 		printf(" device-memory %llu bytes", (unsigned long long)r->device_memory);
 	if (r->has_pinned)
@@ -40,10 +44,20 @@ static void print_rule(const struct quota_rule *r)
 		printf(" queued-jobs %llu", (unsigned long long)r->queued_jobs);
 	if (r->has_devices)
 		printf(" devices %s", quota_devices_text(r->devices, devices, sizeof devices));
+	if (r->has_priority)
+		printf(" max-priority %s", gpuq_priority_name((enum gpuq_priority)r->max_priority));
+	if (r->has_weight)
+		printf(" weight %g", r->weight);
 	if (r->has_benchmarks)
 		printf(" benchmarks %s", r->benchmarks ? "yes" : "no");
-	bool any = r->has_memory || r->has_pinned || r->has_jobs || r->has_devices ||
-		   r->has_benchmarks;
+	return r->has_memory || r->has_pinned || r->has_jobs || r->has_devices ||
+	       r->has_priority || r->has_weight || r->has_benchmarks;
+}
+
+static void print_rule(const struct quota_rule *r)
+{
+	printf("  %s (%s):", r->label, r->where);
+	bool any = print_rule_limits(r);
 	for (int k = 0; k < HOLD_KINDS; k++) {
 		if (r->has_hold[k])
 			print_count(quota_hold_name((enum quota_hold)k), r->hold[k]);

@@ -361,12 +361,13 @@ check journal_error_prefix grep -q "^<3>error: cannot serve $dir/no/such/dir/x.s
 good="$dir/good.conf"
 bad="$dir/bad.conf"
 logs="$dir/out $dir/err"
-printf '[gpuqd]\nqueue-depth = 16\n\n[default]\ndevice-memory = 8G\n[group:0]\ndevices = 0-1\n' > "$good"
+printf '[gpuqd]\nqueue-depth = 16\n\n[default]\ndevice-memory = 8G\n[group:0]\ndevices = 0-1\n[user:root]\nmax-priority = low\nweight = 3\n' > "$good"
 printf '[gpuqd]\nqueue-depth = many\nshoe-size = 9\n[user:no-such-user-gpuq]\nqueued-jobs = 1\n' > "$bad"
 "$gpuqd" --check-config --config "$good" > "$dir/out" 2> "$dir/err"
 check check_config_ok_exits_0 test $? -eq 0
 check check_config_ok_says_so grep -q "^$good: ok" "$dir/out"
 check check_config_lists_rules grep -q "\[group:0\] ($good:6): devices 0-1" "$dir/out"
+check check_config_lists_every_key grep -q "\[user:root\] ($good:8): max-priority low weight 3\$" "$dir/out"
 "$gpuqd" --check-config --config "$bad" > "$dir/out" 2> "$dir/err"
 check check_config_errors_exit_1 test $? -eq 1
 check check_config_file_line_message grep -q "^$bad:2: queue-depth takes 1 to 1048576, not 'many'" "$dir/err"
