@@ -116,5 +116,21 @@ while read -r key; do
 	else fail "readme_has_quota_$key" "README.md's quota paragraph does not name \`$key\`"; fi
 done < "$dir/quota-keys"
 
+# gpuqd.8 says what gpuqd does (as README.md and protocol.md do): SIGUSR2
+# replays queued jobs, SIGTERM under a descriptor store leaves the buffers
+# there, and a fault that needs a new process makes gpuqd re-execute itself.
+# Their text as one line: a font macro's words stay, its quotes go.
+flat() { sed -e 's/^\.[BIR]* //' -e '/^\./d' -e 's/"//g' | tr -s ' \n' '  '; }
+sed -n '/^\.SH SIGNALS/,/^\.SH SYSTEMD/p' "$dir/gpuqd.8" | flat > "$dir/gpuqd.8.signals"
+flat < "$dir/gpuqd.8" > "$dir/gpuqd.8.flat"
+while IFS='|' read -r name file phrase; do
+	if grep -qF "$phrase" "$dir/$file"; then ok "gpuqd.8_$name"
+	else fail "gpuqd.8_$name" "docs/gpuqd.8 does not say '$phrase'"; fi
+done <<'PHRASES'
+sigusr2_replays_queued_jobs|gpuqd.8.signals|queued ones are replayed by the new image
+sigterm_keeps_the_store|gpuqd.8.signals|the buffers stay in the store and the next start takes them over
+reset_limit_reexecutes|gpuqd.8.flat|gpuqd re-executes itself (as gpuq admin restart does
+PHRASES
+
 echo "RESULT docs: $passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]
