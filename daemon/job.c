@@ -23,6 +23,28 @@ void job_table_init(struct job_table *t, unsigned history_max)
 	t->history_max = history_max;
 }
 
+void job_table_skip_ids(struct job_table *t, uint64_t first)
+{
+	if (first > t->next_id)
+		t->next_id = t->skipped_to = first;
+}
+
+void job_not_found(const struct job_table *t, uint64_t id, struct gpuq_error *err)
+{
+	unsigned long long n = (unsigned long long)id;
+	if (t->next_id == 1)
+		gpuq_fail(err, GPUQ_E_NOT_FOUND, "job %llu not found (no job was submitted yet)", n);
+	else if (t->next_id == t->skipped_to)
+		gpuq_fail(err, GPUQ_E_NOT_FOUND,
+			  "job %llu not found (no job was submitted since gpuqd came back after it "
+			  "died; the ids of this run start at %llu, those of the gpuqd that died are "
+			  "gone)", n, (unsigned long long)t->skipped_to);
+	else
+		gpuq_fail(err, GPUQ_E_NOT_FOUND,
+			  "job %llu not found (the newest job is %llu; the last %u finished jobs are "
+			  "kept)", n, (unsigned long long)(t->next_id - 1), t->history_max);
+}
+
 void job_table_destroy(struct job_table *t)
 {
 	struct job *j = t->oldest;

@@ -163,6 +163,7 @@ struct job_table {
 	 */
 	struct job *first_finished, *last_finished;
 	uint64_t next_id;
+	uint64_t skipped_to; /* the first id after a skip past a dead gpuqd's ids; 0: none */
 	unsigned finished_count;
 	unsigned history_max;
 	unsigned active; /* queued or running (held ones too) */
@@ -179,6 +180,14 @@ struct job_table {
 };
 
 void job_table_init(struct job_table *t, unsigned history_max);
+/* Ids go on from first (above every id a gpuqd that died gave out). Main thread only. */
+void job_table_skip_ids(struct job_table *t, uint64_t first);
+/*
+ * Fills err with not_found for an id that names no job, saying what ids
+ * there are: none yet, none since a skip (never "the newest job" then: the
+ * id below the skip was not given out), or the newest and the history kept.
+ */
+void job_not_found(const struct job_table *t, uint64_t id, struct gpuq_error *err);
 /* Frees every job; waiters must already be gone. */
 void job_table_destroy(struct job_table *t);
 

@@ -35,15 +35,10 @@ static int job_args_resolve(struct request *req, void *args, struct gpuq_error *
 {
 	struct job_args *a = args;
 	struct job *job = job_find(&req->d->jobs, a->id);
-	uint64_t newest = req->d->jobs.next_id - 1;
-	if (!job && newest == 0)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND, "job %llu not found (no job was submitted yet)",
-				 (unsigned long long)a->id);
-	if (!job)
-		return gpuq_fail(err, GPUQ_E_NOT_FOUND,
-				 "job %llu not found (the newest job is %llu; the last %u finished jobs are kept)",
-				 (unsigned long long)a->id, (unsigned long long)newest,
-				 req->d->jobs.history_max);
+	if (!job) {
+		job_not_found(&req->d->jobs, a->id, err);
+		return -1;
+	}
 	if (!quota_may_see(req->d, req->conn, job->owner))
 		return gpuq_fail(err, GPUQ_E_PERMISSION_DENIED,
 				 "job %llu belongs to uid %d (rule: a job is its owner's, root's and the admin group's)",

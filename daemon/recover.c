@@ -279,8 +279,8 @@ void recover_begin(struct daemon *d)
 	if (r->record_fd >= 0)
 		recover_take_record(r);
 	/* After a death, ids go on above every one the dead gpuqd gave out (durable.c's blocks). */
-	if (r->snap && r->from_store && r->snap->job_ids_below > d->jobs.next_id)
-		d->jobs.next_id = r->snap->job_ids_below;
+	if (r->snap && r->from_store)
+		job_table_skip_ids(&d->jobs, r->snap->job_ids_below);
 	if (r->snap && strcmp(r->snap->backend, d->ops->name) != 0) {
 		log_error("%s with the %s backend, but the record is the %s backend's; its buffers are "
 			  "not taken over", r->from_store ? "restarted" : "re-executed", d->ops->name,
