@@ -217,6 +217,7 @@ int durable_snapshot(struct daemon *d, struct state_snapshot *s)
 	s->devices = d->pool.count;
 	s->recoveries = d->recover.recoveries;
 	s->job_ids_below = d->durable.ids_reserved;
+	s->stopped = d->durable.stopped;
 	if (durable_copy_buffers(d, s) != 0 || durable_copy_regions(d, s) != 0 ||
 	    durable_copy_leases(d, s) != 0 || durable_copy_quota(s) != 0) {
 		state_snapshot_free(s);
@@ -370,7 +371,8 @@ void durable_close(struct daemon *d)
 	struct durable *du = &d->durable;
 	if (!du->started)
 		return;
-	if (du->dirty && du->record)
+	du->stopped = true; /* so that the next start from the store says gpuqd stopped, not died */
+	if (du->record)
 		durable_write(d);
 	uv_close((uv_handle_t *)&du->flush, NULL);
 	du->started = false;

@@ -32,6 +32,7 @@ struct durable {
 	struct state_record *record; /* NULL: none could be made (logged), or not started */
 	uv_prepare_t flush;
 	bool dirty, started;
+	bool stopped; /* the last generation, written as gpuqd stops cleanly */
 	uint64_t failures; /* writes that failed (each logged, at most once per 10 s) */
 	uint64_t ids_reserved; /* job ids below it may be given out: what the record says */
 };

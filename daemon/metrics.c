@@ -231,7 +231,8 @@ static void render_engines(struct daemon *d, struct metrics_text *t,
 	       "Times gpuqd re-executed itself in place (restart, SIGUSR2), its buffers kept.");
 	emit(t, "gpuq_restarts_total %u\n", d->restart.count);
 	header(t, "gpuq_store_recoveries_total", "counter",
-	       "Times gpuqd died and came back with its buffers from the service manager's descriptor store.");
+	       "Times gpuqd came back with its buffers from the service manager's descriptor store "
+	       "(after dying, or a stop under the store).");
 	emit(t, "gpuq_store_recoveries_total %llu\n", (unsigned long long)d->recover.recoveries);
 	header(t, "gpuq_store_failures_total", "counter",
 	       "Descriptors gpuqd failed to hand to, or remove from, the service manager's store.");

@@ -157,10 +157,12 @@ static int recover_plan(struct recover *r, int devices)
 
 static const struct device_adopt *recover_find(const struct recover *r, int device, uint32_t slab);
 
-/* The event recovered from, for the log: a re-exec, or a death under the descriptor store. */
+/* The event recovered from, for the log: a re-exec, a death or a stop under the descriptor store. */
 static const char *recover_event(const struct recover *r)
 {
-	return r->from_store ? "after gpuqd died" : "in the re-exec";
+	if (!r->from_store)
+		return "in the re-exec";
+	return r->after_stop ? "after gpuqd stopped" : "after gpuqd died";
 }
 
 /*
@@ -259,13 +261,15 @@ static void recover_take_record(struct recover *r)
 		return;
 	}
 	r->recoveries = r->snap->recoveries + r->from_store;
+	r->after_stop = r->from_store && r->snap->stopped;
 	r->record = state_record_adopt(fd, &err);
 	if (!r->record)
 		log_error("the state record cannot be written on (%s); gpuqd writes a new one",
 			  err.message);
 	if (r->from_store)
-		log_info("gpuqd died; the service manager's store holds record generation %llu: "
-			 "%zu buffers", (unsigned long long)generation, r->snap->nbuffers);
+		log_info("%s; the service manager's store holds record generation %llu: "
+			 "%zu buffers", r->after_stop ? "gpuqd stopped" : "gpuqd died",
+			 (unsigned long long)generation, r->snap->nbuffers);
 	else
 		log_info("re-exec %u: record generation %llu names %zu buffers", r->restarts,
 			 (unsigned long long)generation, r->snap->nbuffers);
@@ -417,8 +421,9 @@ void recover_buffers(struct daemon *d)
 	r->lost = lost;
 	if (r->from_store) {
 		log_info("recovered %u buffers (%u suspect, %u lost) from the service manager's "
-			 "descriptor store; %zu regions and %zu leases ended with the process that died",
-			 ready, suspect, lost, r->snap->nregions, r->snap->nleases);
+			 "descriptor store; %zu regions and %zu leases ended with the process that %s",
+			 ready, suspect, lost, r->snap->nregions, r->snap->nleases,
+			 r->after_stop ? "stopped" : "died");
 	} else {
 		log_info("re-exec %u: %u buffers taken over (%u of them suspect), %u lost", r->restarts,
 			 ready, suspect, lost);

@@ -52,6 +52,7 @@ struct state_record;
 struct recover {
 	bool active; /* GPUQ_INHERIT was given */
 	bool from_store; /* no re-exec: gpuqd died, and the service manager's store had its record */
+	bool after_stop; /* from the store, after a clean stop rather than a death */
 	bool stored; /* what the previous image handed over is in the service manager's store already */
 	struct state_record *record; /* the record taken over, for durable_start; NULL: none */
 	int record_fd, listen_fd;

@@ -141,6 +141,7 @@ void state_snapshot_encode(const struct state_snapshot *s, msgpack_sbuffer *out)
 	mp_put_i64(&root, "devices", s->devices);
 	mp_put_u64(&root, "recoveries", s->recoveries);
 	mp_put_u64(&root, "job_ids_below", s->job_ids_below);
+	mp_put_bool(&root, "stopped", s->stopped);
 	for (size_t l = 0; l < sizeof rec_lists / sizeof rec_lists[0]; l++) {
 		const struct rec_list *list = &rec_lists[l];
 		const char *entries = *(char *const *)((const char *)s + list->at_list);
@@ -257,7 +258,8 @@ static int rec_get_root(const msgpack_object *root, struct state_snapshot *s,
 		return -1;
 	s->devices = (int)devices;
 	if (msg_get_u64(root, "recoveries", &s->recoveries, err) < 0 || /* added later: absent reads as 0 */
-	    msg_get_u64(root, "job_ids_below", &s->job_ids_below, err) < 0)
+	    msg_get_u64(root, "job_ids_below", &s->job_ids_below, err) < 0 ||
+	    msg_get_bool(root, "stopped", &s->stopped, err) < 0)
 		return -1;
 	for (size_t l = 0; l < sizeof rec_lists / sizeof rec_lists[0]; l++)
 		if (rec_get_list(root, &rec_lists[l], s, err) != 0)

@@ -113,6 +113,7 @@ struct state_snapshot {
 	int devices;
 	uint64_t recoveries; /* times gpuqd came back from the descriptor store after dying (0 when absent) */
 	uint64_t job_ids_below; /* every job id given out so far is below it (0 when absent) */
+	bool stopped; /* written as gpuqd stopped cleanly, not died (false when absent) */
 	struct state_buffer *buffers;
 	size_t nbuffers;
 	struct state_region *regions;

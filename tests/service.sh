@@ -232,7 +232,7 @@ check sigkill_freed_buffers_stay_freed sh -c "! grep -q '^gone' '$dir/f.buffers'
 check sigkill_record_is_not_stored_again count_is 'FDSTORE=1 | FDNAME=gpuq-record' "$store" 1
 gpuq ping > "$dir/f.ping"
 gpuq metrics > "$dir/f.metrics"
-check sigkill_recovery_counted_in_ping grep -q 'descriptor store after dying 1 time,' "$dir/f.ping"
+check sigkill_recovery_counted_in_ping grep -q 'descriptor store 1 time (after dying, or a stop under the store), buffers kept' "$dir/f.ping"
 check sigkill_recovery_counted_in_metrics grep -q '^gpuq_store_recoveries_total 1$' "$dir/f.metrics"
 # What the store holds that no buffer names: a slab name of ours (removed
 # from the store) and another name (closed, and said so in the log).
@@ -261,6 +261,7 @@ check recoveries_counted_across_a_reexec grep -q '"recoveries": *3' "$dir/f.devi
 kill -TERM "$fourth"
 fifth=$(pid_after_start 5)
 came_back clean_stop_leaves_the_buffers_in_the_store "$fourth" "$fifth"
+check clean_stop_is_not_called_a_death grep -q "gpuqd\[$fifth\]: info: gpuqd stopped; the service manager's store holds record" "$dir/f.log"
 kill -TERM "$supervisor"
 wait "$supervisor"
 

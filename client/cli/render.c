@@ -30,8 +30,9 @@ void render_ping(FILE *f, const msgpack_object *reply)
 		field_u64(reply, "pid", 0));
 	uint64_t recoveries = field_u64(reply, "recoveries", 0);
 	if (recoveries)
-		fprintf(f, "came back from the service manager's descriptor store after dying %" PRIu64
-			" time%s, buffers kept\n", recoveries, recoveries == 1 ? "" : "s");
+		fprintf(f, "came back from the service manager's descriptor store %" PRIu64
+			" time%s (after dying, or a stop under the store), buffers kept\n", recoveries,
+			recoveries == 1 ? "" : "s");
 }
 
 static void device_row(struct table *t, const msgpack_object *d)

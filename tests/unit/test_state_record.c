@@ -46,7 +46,7 @@ static struct state_quota test_quotas[2] = {
 static struct state_snapshot test_snapshot(void)
 {
 	struct state_snapshot s = { .backend = "host", .devices = 2, .recoveries = 3,
-				    .job_ids_below = (1ull << 40) + 7,
+				    .job_ids_below = (1ull << 40) + 7, .stopped = true,
 				    .buffers = test_buffers, .nbuffers = 3,
 				    .regions = test_regions, .nregions = 1,
 				    .leases = test_leases, .nleases = 1,
@@ -95,6 +95,7 @@ TEST(state_record_round_trip)
 	CHECK_EQ(back.devices, 2);
 	CHECK_EQ(back.recoveries, 3);
 	CHECK_EQ(back.job_ids_below, (1ull << 40) + 7);
+	CHECK(back.stopped);
 	CHECK_EQ(back.nbuffers, 3);
 	for (size_t i = 0; i < 3; i++) {
 		const struct state_buffer *a = &test_buffers[i], *b = &back.buffers[i];
@@ -377,6 +378,7 @@ TEST(state_record_without_the_added_fields_reads_them_as_zero)
 	CHECK_EQ(back.regions[0].created_ms, 0);
 	CHECK_EQ(back.recoveries, 0);
 	CHECK_EQ(back.job_ids_below, 0); /* a record from before it: ids go on from where they would */
+	CHECK(!back.stopped);                /* and it reads as a death */
 	state_snapshot_free(&back);
 }
 
