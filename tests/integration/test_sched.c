@@ -447,7 +447,7 @@ TEST(sched_a_job_held_at_twice_the_inflight_limit_says_inflight)
 	const char *priorities_of[5] = { "low", "low", "high", "high", "high" };
 	int pipes[5][2];
 	uint64_t puts[5];
-	char names[5][8];
+	char names[5][16];
 	for (int i = 0; i < 5; i++) { /* first: an alloc would wait for room in flight too */
 		snprintf(names[i], sizeof names[i], "b%d", i);
 		do_alloc(c, names[i], 0, 4096);
