@@ -250,13 +250,13 @@ class AsyncMethods:
         """
         return await _call(Api.job, self, op, fds=fds, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
 
-    async def jobs(self) -> List[Job]:
+    async def jobs(self, **fields: Any) -> List[Job]:
         """Your jobs (everyone's for root and the admin group), newest last, without results."""
-        return await _call(Api.jobs, self)
+        return await _call(Api.jobs, self, **fields)
 
-    async def lease_break(self, lease: int) -> Dict[str, Any]:
+    async def lease_break(self, lease: int, **fields: Any) -> Dict[str, Any]:
         """Ends a lease (root and the admin group); its holder gets a ``lease_broken`` event."""
-        call = Call("lease_break", {"lease": lease})
+        call = Call("lease_break", {"lease": lease, **fields})
         conn = self._conn
         try:
             reply = await conn.call(call)
@@ -267,18 +267,18 @@ class AsyncMethods:
         del reply["id"], reply["ok"]
         return reply
 
-    async def leases(self) -> List[Dict[str, Any]]:
+    async def leases(self, **fields: Any) -> List[Dict[str, Any]]:
         """Leases on the caller's buffers and its own (every lease for root and the admin group)."""
-        return await _call(Api.leases, self)
+        return await _call(Api.leases, self, **fields)
 
-    async def metrics(self) -> str:
+    async def metrics(self, **fields: Any) -> str:
         """The Prometheus text that ``gpuq metrics`` prints."""
-        return await _call(Api.metrics, self)
+        return await _call(Api.metrics, self, **fields)
 
-    async def my_quota(self) -> Dict[str, Any]:
+    async def my_quota(self, **fields: Any) -> Dict[str, Any]:
         """What this user may use and uses now: a map of ``limits`` and ``used``
         (docs/protocol.md, ``quota``; ``None`` in limits is unlimited)."""
-        return await _call(Api.my_quota, self)
+        return await _call(Api.my_quota, self, **fields)
 
     async def noop(self, device: Optional[int] = None, *, devices: Optional[Sequence[int]] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """An empty job through a device's worker (``devices``: a gang, one part on each).
@@ -306,10 +306,10 @@ class AsyncMethods:
             raise self._refusal(reply)
         return Job(self, reply["job"])  # type: ignore[arg-type]
 
-    async def ping(self) -> Dict[str, Any]:
+    async def ping(self, **fields: Any) -> Dict[str, Any]:
         """The daemon's ``server``, protocol ``version``, ``backend``, ``devices``,
         ``uptime_s`` and ``pid``."""
-        call = _PING
+        call = Call("ping", {**fields}) if fields else _PING
         conn = self._conn
         try:
             reply = await conn.call(call)
@@ -422,9 +422,9 @@ class AsyncMethods:
         """Maps an existing region of the caller's (gpuqd sends its memfd)."""
         return await _call(Api.region_open, self, name, **fields)
 
-    async def regions(self) -> Dict[str, Any]:
+    async def regions(self, **fields: Any) -> Dict[str, Any]:
         """The caller's regions (every user's for root), ``pinned_bytes`` and ``memlock_limit``."""
-        call = _REGIONS
+        call = Call("regions", {**fields}) if fields else _REGIONS
         conn = self._conn
         try:
             reply = await conn.call(call)
@@ -454,12 +454,12 @@ class AsyncMethods:
         """
         return await _call(Api.request, self, op, fds=fds, **fields)
 
-    async def reset_device(self, device: int) -> Dict[str, Any]:
+    async def reset_device(self, device: int, **fields: Any) -> Dict[str, Any]:
         """Resets one device and serves it again, as gpuqd does by itself after a
         fault (root and the admin group only): its running jobs are cancelled and
         its buffers lost. Returns at once: ``device``, ``reset_requested``,
         ``resets`` (the count before this one); :meth:`devices` shows the reset."""
-        call = Call("reset_device", {"device": device})
+        call = Call("reset_device", {"device": device, **fields})
         conn = self._conn
         try:
             reply = await conn.call(call)
@@ -470,7 +470,7 @@ class AsyncMethods:
         del reply["id"], reply["ok"]
         return reply
 
-    async def restart(self, binary: Optional[str] = None) -> Dict[str, Any]:
+    async def restart(self, binary: Optional[str] = None, **fields: Any) -> Dict[str, Any]:
         """Re-executes the daemon in place (root and the admin group only), its
         own binary or ``binary`` (an upgrade), keeping every buffer and this
         connection: requests sent meanwhile are answered after a pause.
@@ -479,7 +479,7 @@ class AsyncMethods:
         ids (those that passed a file or pipe fail instead). Returns at once:
         ``restarting``, ``binary``, ``jobs_active``, ``restart_drain_ms``,
         ``restarts`` (the count before this one); :meth:`ping` counts it."""
-        call = Call("restart", {"binary": binary})
+        call = Call("restart", {"binary": binary, **fields})
         conn = self._conn
         try:
             reply = await conn.call(call)
@@ -505,10 +505,10 @@ class AsyncMethods:
         """Sends ``src`` (``NAME@GPU``, optionally with a range) to ``dst`` over NCCL."""
         return await _call(Api.sendrecv, self, src, dst, devices=devices, count=count, collective_timeout_ms=collective_timeout_ms, priority=priority, detach=detach, timeout=timeout, on_progress=on_progress, **fields)
 
-    async def shutdown(self) -> Dict[str, Any]:
+    async def shutdown(self, **fields: Any) -> Dict[str, Any]:
         """Stops the daemon as SIGTERM does (root and the admin group only):
         ``stopping``, ``jobs_active``, ``shutdown_timeout_ms``."""
-        call = _SHUTDOWN
+        call = Call("shutdown", {**fields}) if fields else _SHUTDOWN
         conn = self._conn
         try:
             reply = await conn.call(call)

@@ -238,10 +238,10 @@ class Api(ComputeOps):
 
     # Answered by the main thread ---------------------------------------------
 
-    def ping(self) -> Dict[str, Any]:
+    def ping(self, **fields: Any) -> Dict[str, Any]:
         """The daemon's ``server``, protocol ``version``, ``backend``, ``devices``,
         ``uptime_s`` and ``pid``."""
-        return self._request_kw("ping")
+        return self._request_kw("ping", **fields)
 
     def devices(self, **fields: Any) -> List[Dict[str, Any]]:
         """One map per device: name, memory, health, queue, peer access and paths, counters."""
@@ -267,16 +267,16 @@ class Api(ComputeOps):
         root and the admin group get every uid with a rule or usage, or ``uid``'s."""
         return self._drive(self._key_plan("quota", "users", dict(fields, uid=uid)))
 
-    def metrics(self) -> str:
+    def metrics(self, **fields: Any) -> str:
         """The Prometheus text that ``gpuq metrics`` prints."""
-        return self._drive(self._key_plan("metrics", "text", {}))
+        return self._drive(self._key_plan("metrics", "text", fields))
 
-    def shutdown(self) -> Dict[str, Any]:
+    def shutdown(self, **fields: Any) -> Dict[str, Any]:
         """Stops the daemon as SIGTERM does (root and the admin group only):
         ``stopping``, ``jobs_active``, ``shutdown_timeout_ms``."""
-        return self._request_kw("shutdown")
+        return self._request_kw("shutdown", **fields)
 
-    def restart(self, binary: Optional[str] = None) -> Dict[str, Any]:
+    def restart(self, binary: Optional[str] = None, **fields: Any) -> Dict[str, Any]:
         """Re-executes the daemon in place (root and the admin group only), its
         own binary or ``binary`` (an upgrade), keeping every buffer and this
         connection: requests sent meanwhile are answered after a pause.
@@ -285,14 +285,14 @@ class Api(ComputeOps):
         ids (those that passed a file or pipe fail instead). Returns at once:
         ``restarting``, ``binary``, ``jobs_active``, ``restart_drain_ms``,
         ``restarts`` (the count before this one); :meth:`ping` counts it."""
-        return self._request_kw("restart", binary=binary)
+        return self._request_kw("restart", binary=binary, **fields)
 
-    def reset_device(self, device: int) -> Dict[str, Any]:
+    def reset_device(self, device: int, **fields: Any) -> Dict[str, Any]:
         """Resets one device and serves it again, as gpuqd does by itself after a
         fault (root and the admin group only): its running jobs are cancelled and
         its buffers lost. Returns at once: ``device``, ``reset_requested``,
         ``resets`` (the count before this one); :meth:`devices` shows the reset."""
-        return self._request_kw("reset_device", device=device)
+        return self._request_kw("reset_device", device=device, **fields)
 
     def _key_plan(self, op: str, key: str, fields: Mapping[str, Any]) -> Plan:
         reply = yield from self._request_plan(op, fields)
@@ -300,12 +300,12 @@ class Api(ComputeOps):
 
     # Jobs and their records ----------------------------------------------------
 
-    def jobs(self) -> List[Job]:
+    def jobs(self, **fields: Any) -> List[Job]:
         """Your jobs (everyone's for root and the admin group), newest last, without results."""
-        return self._drive(self._jobs_plan())
+        return self._drive(self._jobs_plan(fields))
 
-    def _jobs_plan(self) -> Plan:
-        reply = yield from self._request_plan("jobs", {})
+    def _jobs_plan(self, fields: Mapping[str, Any]) -> Plan:
+        reply = yield from self._request_plan("jobs", fields)
         return [Job(self, record) for record in reply.get("jobs", [])]
 
     def status(self, job: JobRef) -> Job:
@@ -640,9 +640,9 @@ class Api(ComputeOps):
         """Lets gpuqd unpin a region, after the jobs that use it."""
         return self._job_kw("region_free", name=name, timeout=timeout, **fields)
 
-    def regions(self) -> Dict[str, Any]:
+    def regions(self, **fields: Any) -> Dict[str, Any]:
         """The caller's regions (every user's for root), ``pinned_bytes`` and ``memlock_limit``."""
-        return self._request_kw("regions")
+        return self._request_kw("regions", **fields)
 
     def attach(self, buffer: str, *, mode: str = "read-write",
                timeout: Optional[float] = None, **fields: Any) -> "share.Attachment":
@@ -700,10 +700,10 @@ class Api(ComputeOps):
         attachment.unmap()
         return self._request_kw("release", lease=attachment.lease)
 
-    def leases(self) -> List[Dict[str, Any]]:
+    def leases(self, **fields: Any) -> List[Dict[str, Any]]:
         """Leases on the caller's buffers and its own (every lease for root and the admin group)."""
-        return self._drive(self._key_plan("leases", "leases", {}))
+        return self._drive(self._key_plan("leases", "leases", fields))
 
-    def lease_break(self, lease: int) -> Dict[str, Any]:
+    def lease_break(self, lease: int, **fields: Any) -> Dict[str, Any]:
         """Ends a lease (root and the admin group); its holder gets a ``lease_broken`` event."""
-        return self._request_kw("lease_break", lease=lease)
+        return self._request_kw("lease_break", lease=lease, **fields)

@@ -300,12 +300,12 @@ class ComputeOps:
 
     # Quotas ------------------------------------------------------------------
 
-    def my_quota(self) -> Dict[str, Any]:
+    def my_quota(self, **fields: Any) -> Dict[str, Any]:
         """What this user may use and uses now: a map of ``limits`` and ``used``
         (docs/protocol.md, ``quota``; ``None`` in limits is unlimited)."""
-        return self._drive(self._my_quota_plan())
+        return self._drive(self._my_quota_plan(fields))
 
-    def _my_quota_plan(self) -> "Plan":
-        reply = yield from self._request_plan("quota", {})
+    def _my_quota_plan(self, fields: Mapping[str, Any]) -> "Plan":
+        reply = yield from self._request_plan("quota", fields)
         users: List[Dict[str, Any]] = reply.get("users") or []
         return users[0] if users else {}

@@ -352,3 +352,54 @@ def test_shutdown_stops_the_daemon(private_daemon):
         assert reply["stopping"] is True and reply["jobs_active"] == 0
         assert reply["shutdown_timeout_ms"] > 0
     assert d.proc.wait(20) == 0
+
+
+#: Methods of one request each, and what each needs besides ``**fields``.
+ONE_REQUEST_METHODS = {
+    "ping": ((), "ping"), "devices": ((), "devices"), "buffers": ((), "buffers"),
+    "stats": ((), "stats"), "quota": ((), "quota"), "my_quota": ((), "quota"),
+    "metrics": ((), "metrics"), "jobs": ((), "jobs"), "leases": ((), "leases"),
+    "regions": ((), "regions"), "lease_break": ((123456,), "lease_break"),
+    "shutdown": ((), "shutdown"), "restart": ((), "restart"),
+    "reset_device": ((0,), "reset_device"),
+}
+
+
+def test_every_one_request_method_sends_extra_fields(client):
+    """docs/python.md: "Every named method also takes **fields, sent as they are"
+    (the requests are only looked at here, never sent: shutdown stays unsent)."""
+    seen = []
+
+    def looking(c):
+        seen.append((c.op, dict(c.fields)))
+        raise gpuq.NotFound("not sent (the test looks at the request)")
+    call = client._conn.call
+    client._conn.call = looking
+    try:
+        for method, (args, op) in ONE_REQUEST_METHODS.items():
+            seen.clear()
+            with pytest.raises(gpuq.NotFound, match="not sent"):
+                getattr(client, method)(*args, owner=0, newer_field="x")
+            assert [(o, f.get("owner"), f.get("newer_field")) for o, f in seen] == \
+                [(op, 0, "x")], method
+    finally:
+        client._conn.call = call
+
+
+def test_the_async_one_request_methods_send_extra_fields(daemon):
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket) as ac:
+            sent = []
+            call = ac._conn.call
+
+            async def looking(c):
+                sent.append((c.op, dict(c.fields)))
+                return await call(c)
+            ac._conn.call = looking
+            for method in ("ping", "regions", "leases", "jobs", "metrics", "my_quota"):
+                await getattr(ac, method)(newer_field="x")
+            return sent
+    sent = asyncio.run(main())
+    assert [(op, f.get("newer_field")) for op, f in sent] == [
+        ("ping", "x"), ("regions", "x"), ("leases", "x"), ("jobs", "x"), ("metrics", "x"),
+        ("quota", "x")]

@@ -106,8 +106,8 @@ def one_request(func: Any) -> Optional[Tuple[str, ast.Call]]:
     """``(sender, call)`` when ``func``'s body, after its docstring, is only
     ``return self.SENDER("op", NAME=VALUE, ...)`` for a sender of SENDERS, its
     values using only ``func``'s parameters (they are the generated method's);
-    else None. ``_request_kw``'s must name every field (no ``**``), as they
-    become a dict display."""
+    else None. ``_request_kw``'s fields become a dict display (``**fields``
+    included)."""
     node = ast.parse(textwrap.dedent(inspect.getsource(func))).body[0]
     assert isinstance(node, ast.FunctionDef)
     body = node.body
@@ -124,8 +124,7 @@ def one_request(func: Any) -> Optional[Tuple[str, ast.Call]]:
             or not isinstance(call.args[0].value, str)):
         return None
     # Named "self" or "op", a keyword would be a TypeError of the sender's.
-    if any(k.arg in ("self", "op") or (k.arg is None and call.func.attr == "_request_kw")
-           for k in call.keywords):
+    if any(k.arg in ("self", "op") for k in call.keywords):
         return None
     params = set(inspect.signature(func).parameters)
     names = {n.id for k in call.keywords for n in ast.walk(k.value)
@@ -143,17 +142,21 @@ def constant_name(op: str) -> str:
 def render_one_request(sender: str, call: ast.Call, constants: List[str]) -> str:
     """The body of a method that is one ``_request_kw`` or ``_job_kw`` call: what
     AsyncClient's of that name do, on the connection directly. A request
-    without fields is made once, at import: its line is added to ``constants``."""
+    without fields is made once, at import: its line is added to ``constants``
+    (and used when the method's ``**fields`` are empty, if it has them)."""
     first = call.args[0]
     assert isinstance(first, ast.Constant)
     op = json.dumps(first.value)
     if sender == "_request_kw":
-        fields = ", ".join(f"{json.dumps(k.arg)}: {ast.unparse(k.value)}"
-                           for k in call.keywords)
+        fields = ", ".join(f"{json.dumps(k.arg)}: {ast.unparse(k.value)}" if k.arg is not None
+                           else f"**{ast.unparse(k.value)}" for k in call.keywords)
         make = f"Call({op}, {{{fields}}})"
-        if not call.keywords and first.value.isidentifier():
-            constants.append(f"{constant_name(first.value)} = {make}\n")
-            make = constant_name(first.value)
+        named = [k for k in call.keywords if k.arg is not None]
+        if not named and first.value.isidentifier():
+            constants.append(f"{constant_name(first.value)} = Call({op}, {{}})\n")
+            rest = [ast.unparse(k.value) for k in call.keywords]
+            make = (f"{make} if {' or '.join(rest)} else {constant_name(first.value)}"
+                    if rest else constant_name(first.value))
         result = ('        del reply["id"], reply["ok"]\n'
                   "        return reply\n")
     else:
