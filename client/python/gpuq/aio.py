@@ -420,7 +420,8 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
             if not held.ptr:
                 return  # released already
             self._held.pop(held.lease, None)
-            held.unmap()
+            held.unmap("released when a plain `with` on it was refused (an AsyncClient's "
+                       "attachment takes `async with`)")
             call = Call("release", {"lease": held.lease})
         else:
             held.unmap()

@@ -697,7 +697,7 @@ class Api(ComputeOps):
                 return self._request_kw("release", lease=lease)
             attachment = held
         self._held.pop(attachment.lease, None)
-        attachment.unmap()
+        attachment.unmap("released by client.release() (as the end of its `with` block does)")
         return self._request_kw("release", lease=attachment.lease)
 
     def leases(self, **fields: Any) -> List[Dict[str, Any]]:

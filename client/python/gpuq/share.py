@@ -307,6 +307,8 @@ class Attachment:
         self._key: Any = None
         # A torch tensor over the mapping, made at its first copy (arrays.py).
         self._torch_mem: Any = None
+        # Once unmapped: what ended it, for the error of every later use.
+        self._gone = ""
 
     def __repr__(self) -> str:
         where = "host" if self.host else f"cuda:{self.device}"
@@ -319,6 +321,7 @@ class Attachment:
         return "read-write" if self.writable else "read"
 
     def __enter__(self) -> "Attachment":
+        self._live()
         _refuse_sync_with(self, "attachment", "attach", "release")
         return self
 
@@ -334,6 +337,7 @@ class Attachment:
             self.unmap()
 
     async def __aenter__(self) -> "Attachment":
+        self._live()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -349,6 +353,7 @@ class Attachment:
         (``cuCtxSynchronize`` on its primary context, which torch and CuPy use):
         gpuqd cannot see into this process's streams, so a lease must not end
         while a kernel still writes the buffer. Nothing on the host backend."""
+        self._live()
         if self.host:
             return
         drv = _Driver
@@ -364,6 +369,7 @@ class Attachment:
 
     def __dlpack_device__(self) -> Tuple[int, int]:
         """DLPack's device: (kDLCPU, 0) on the host backend, (kDLCUDA, ordinal) on a GPU."""
+        self._live()
         return (1, 0) if self.host else (2, self.device)
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
@@ -375,6 +381,7 @@ class Attachment:
         since the capsule must come from a library that owns a CUDA stream
         model. The memory is valid until :meth:`release`.
         """
+        self._live()
         if self.host:
             return self.array().__dlpack__(stream=stream)
         try:
@@ -399,6 +406,7 @@ class Attachment:
     def array(self) -> Any:
         """The host backend's stand-in: a numpy array over the buffer (no copy)."""
         import numpy as np
+        self._live()
         if self._map is None:
             raise TypeError("a GPU attachment is device memory: use __cuda_array_interface__ "
                             "(cupy.asarray, torch.as_tensor) or ptr")
@@ -409,11 +417,24 @@ class Attachment:
     def __cuda_array_interface__(self) -> Dict[str, Any]:
         if self.host:
             raise AttributeError("the host backend's attachment is host memory (array())")
+        self._live()
         return {"shape": (self.count,), "typestr": DTYPES[self.dtype],
                 "data": (self.ptr, not self.writable), "version": 3}
 
-    def unmap(self) -> None:
-        """Drops this process's mapping (release does it first)."""
+    def _live(self) -> None:
+        """Refuses any use of the memory once it is unmapped here, saying what did it
+        (ValueError, as Python's own closed files and mmaps refuse)."""
+        if not self.ptr:
+            raise ValueError(f"the attachment of '{self.buffer}' (lease {self.lease}) was "
+                             f"{self._gone or 'unmapped here'}: its memory is no longer "
+                             "mapped in this process; attach the buffer again to use it")
+
+    def unmap(self, why: str = "") -> None:
+        """Drops this process's mapping (release does it first); the lease stays
+        until released. ``why``: what ended it, for the errors of later uses."""
+        if self.ptr and not self._gone:
+            self._gone = why or ("unmapped here by unmap() (its lease stays until "
+                                 "client.release(lease))")
         self._torch_mem = None
         if self._map is not None:
             _close_map(self._map)

@@ -444,3 +444,54 @@ def test_release_takes_a_lease_id(daemon, name):
     finally:  # the leases went with the connections
         with daemon.client() as c:
             c.free(name, timeout=10)
+
+
+def _uses_of_an_attachment(att):
+    """Every use of an attachment's memory, by name (each should refuse once it is gone)."""
+    uses = {"array": att.array if att.host else None,
+            "__dlpack__": att.__dlpack__, "__dlpack_device__": att.__dlpack_device__,
+            "synchronize": att.synchronize, "with": lambda: att.__enter__()}
+    if not att.host:
+        uses["__cuda_array_interface__"] = lambda: att.__cuda_array_interface__
+    return {k: v for k, v in uses.items() if v is not None}
+
+
+def test_a_released_attachment_says_it_was_released_and_by_what(client, name):
+    """Not "a GPU attachment is device memory" (the host backend's array() after
+    release said so): every use says the attachment is gone, and what ended it."""
+    client.alloc(name, (8,), np.float32, shareable=True)
+    try:
+        with client.attach(name) as att:
+            if att.host:
+                att.array()[:] = 1
+        for use, call in _uses_of_an_attachment(att).items():
+            with pytest.raises(ValueError, match=r"released by client\.release\(\)") as e:
+                call()
+            assert f"'{name}@0'" in str(e.value) and f"lease {att.lease}" in str(e.value), use
+        att = client.attach(name)
+        client.release(att.lease)  # by its lease id
+        with pytest.raises(ValueError, match=r"released by client\.release\(\)"):
+            att.__dlpack_device__()
+        att = client.attach(name)
+        att.unmap()  # the lease goes on
+        with pytest.raises(ValueError, match=r"unmapped here by unmap\(\).*lease"):
+            att.__dlpack__()
+        client.release(att)
+    finally:
+        client.free(name)
+
+
+def test_an_attachment_given_back_by_a_plain_with_says_so(daemon, name):
+    import asyncio
+
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket, timeout=10) as c:
+            await c.alloc(name, (4,), np.float32, shareable=True)
+            att = await c.attach(name)
+            with pytest.raises(TypeError, match="async with"):
+                with att:
+                    pass
+            with pytest.raises(ValueError, match="released .*plain `with`"):
+                att.__dlpack_device__()
+            await c.free(name)
+    asyncio.run(main())
