@@ -17,10 +17,16 @@ buffer wait while it is held), so it is scoped::
 
 On the async client ``get``, ``put``, ``free`` and ``attach`` return
 awaitables, as the client's methods do.
+
+Pickled (to another process), a Buffer is its row and attributes, bound
+to no client: its methods then raise RuntimeError saying to take
+``client.buffer(buf.ref)`` of a client there. ``copy.copy`` and
+``copy.deepcopy`` keep the client.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from . import arrays
@@ -52,7 +58,8 @@ class Buffer:
 
     def __init__(self, client: "Api", row: Mapping[str, Any],
                  job: Optional["Job"] = None) -> None:
-        self._client = client
+        # None once unpickled (_unpickled), which _live refuses.
+        self._client: "Api" = client
         self.row: Dict[str, Any] = dict(row)
         self.job = job
         self.name: str = str(row["name"])
@@ -69,6 +76,16 @@ class Buffer:
                                        else (self.size,))
         self.shareable: bool = bool(row.get("shareable", False))
         self.freed: bool = False
+
+    def __reduce__(self) -> Any:
+        return (_unpickled, (dict(self.__dict__, _client=None),))
+
+    def __copy__(self) -> "Buffer":
+        return _unpickled(dict(self.__dict__))
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "Buffer":
+        return _unpickled({k: v if k == "_client" else copy.deepcopy(v, memo)
+                           for k, v in self.__dict__.items()})
 
     @property
     def ref(self) -> str:
@@ -105,6 +122,10 @@ class Buffer:
         if self.freed:
             raise NotFound(f"buffer '{self.ref}' was freed through this Buffer object; "
                            "alloc or put_array makes a new one")
+        if self._client is None:
+            raise RuntimeError(f"this Buffer of '{self.ref}' came through pickle and belongs "
+                               f"to no client: use client.buffer('{self.ref}') of a client "
+                               "of this process")
 
     def get(self, out: Any = None, **kwargs: Any) -> Any:
         """The buffer as an array (:meth:`gpuq.Client.get_array`)."""
@@ -154,3 +175,10 @@ class Buffer:
         ``__cuda_array_interface__`` on a GPU, ``array()`` on the host backend."""
         self._live()
         return self._client.attach(self.ref, mode=mode, **kwargs)
+
+
+def _unpickled(state: Dict[str, Any]) -> Buffer:
+    """A Buffer with these attributes (``_client`` among them), made without a lookup."""
+    buf = Buffer.__new__(Buffer)
+    buf.__dict__.update(state)
+    return buf

@@ -225,6 +225,13 @@ class ClientBase(Api):
         state = "closed" if self.closed else "open"
         return f"<gpuq.{type(self).__name__} {self.socket} {state}>"
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Refused, for pickle and copy alike: a client is this process's connection."""
+        raise TypeError(f"a gpuq.{type(self).__name__} is this process's connection to gpuqd "
+                        "and cannot be pickled or copied: make a gpuq.Client() in the other "
+                        "process (a forked child may use this one), and send it buffer "
+                        "names and job ids")
+
     def _advance(self, plan: Plan, reply: Dict[str, Any]) -> Call:
         """Hands a reply to a plan (raised into it when not ``ok``); its next request."""
         if not reply.get("ok"):

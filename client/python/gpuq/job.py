@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, Mapping, Optional
 
@@ -47,11 +48,36 @@ class Job:
 
     On an :class:`~gpuq.AsyncClient`, ``wait``, ``refresh`` and ``cancel``
     return awaitables.
+
+    Pickled (a worker's result or error on its way to a
+    ``ProcessPoolExecutor``'s parent), a job is its record: it arrives bound
+    to no client, its attributes as they were; ``client.wait(job)``,
+    ``client.status(job)`` or ``client.cancel(job)`` in the other process
+    act on it. ``copy.copy`` and ``copy.deepcopy`` keep the client.
     """
 
-    def __init__(self, client: "Api", record: Mapping[str, Any]) -> None:
+    def __init__(self, client: Optional["Api"], record: Mapping[str, Any]) -> None:
         self._client = client
         self.record: Dict[str, Any] = dict(record)
+
+    def __reduce__(self) -> Any:
+        return (Job, (None, self.record))
+
+    def __copy__(self) -> "Job":
+        return Job(self._client, self.record)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "Job":
+        return Job(self._client, copy.deepcopy(self.record, memo))
+
+    def _bound(self) -> "Api":
+        """The client this job's methods go through; a job that came through
+        pickle has none, and RuntimeError says what to call instead."""
+        if self._client is None:
+            raise RuntimeError(f"job {self.record.get('job')} came through pickle and "
+                               "belongs to no client: use a client of this process, "
+                               "client.wait(job), client.status(job) or "
+                               "client.cancel(job)")
+        return self._client
 
     @property
     def id(self) -> int:
@@ -101,11 +127,11 @@ class Job:
         raised and the job goes on. ``on_progress`` is called with each
         progress event (docs/protocol.md, "Progress events") meanwhile.
         """
-        return self._client._drive(self._wait_plan(timeout, on_progress))
+        return self._bound()._drive(self._wait_plan(timeout, on_progress))
 
     def refresh(self) -> "Job":
         """Asks the daemon for the job's record as it stands now (``status``)."""
-        return self._client._drive(self._refresh_plan())
+        return self._bound()._drive(self._refresh_plan())
 
     def cancel(self) -> bool:
         """Asks the daemon to cancel the job; False when it had already finished.
@@ -114,7 +140,7 @@ class Job:
         (a job not cut into chunks, such as a fill, ends first); ``wait``
         then raises :class:`~gpuq.Cancelled` unless it had ended.
         """
-        return self._client._drive(self._cancel_plan())
+        return self._bound()._drive(self._cancel_plan())
 
     def _wait_plan(self, timeout: Optional[float],
                    on_progress: Optional[ProgressHandler]) -> Generator[Call, Any, "Job"]:

@@ -130,6 +130,11 @@ class Region:
         state = "mapped" if self._map is not None else "unmapped"
         return f"<gpuq.Region {self.name!r} {self.bytes} bytes {state}>"
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"a gpuq Region is a mapping of this process and cannot be pickled "
+                        f"or copied: send its name ('{self.name}') and region_open it in "
+                        "the other process")
+
     def __enter__(self) -> "Region":
         _refuse_sync_with(self, "region", "region_create", "region_free")
         return self
@@ -315,6 +320,11 @@ class Attachment:
         state = "released" if not self.ptr else self.mode
         return (f"<gpuq.Attachment {self.buffer} {self.dtype} x {self.count} on {where}, "
                 f"lease {self.lease} {state}>")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"a gpuq Attachment is a mapping and a lease of this process and "
+                        f"cannot be pickled or copied: send the buffer's name "
+                        f"('{self.buffer}') and attach it in the other process")
 
     @property
     def mode(self) -> str:

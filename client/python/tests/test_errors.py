@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import gpuq
@@ -191,3 +192,93 @@ def test_bad_frame_from_the_client_closes_only_that_connection(daemon, client, n
             other.ping()
     assert client.checksum(name).result["checksum"] == before
     client.free(name)
+
+
+def test_errors_pickle_with_their_job_as_data(client):
+    """A worker's error reaches a ProcessPoolExecutor's parent by pickle: its class,
+    code, message, reply and job (id and record) arrive; the job is bound to no
+    client there (the parent's client.wait(job) takes it)."""
+    import pickle
+    job = client.noop()
+    classes = list(gpuq.ERRORS.values()) + [gpuq.GpuqError]
+    for cls in classes:
+        code = cls.code or "new_in_v2"
+        err = cls("the message", code=code, job=job, reply={"ok": False, "job": job.record})
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is cls and back.code == code and str(back) == "the message"
+        assert back.message == "the message" and back.reply == err.reply
+        assert back.job.id == job.id and back.job.record == job.record
+        assert back.job.state == "done" and back.job._client is None
+    plain = pickle.loads(pickle.dumps(gpuq.NotFound("no job here")))
+    assert plain.job is None and plain.code == "not_found"
+
+
+def test_a_timeout_crosses_to_another_process_and_its_job_is_waited_for_there(daemon, name):
+    import pickle
+    with daemon.client() as c, daemon.client() as parent:
+        c.alloc(name, (4,), "f32", shareable=True)
+        try:
+            att = c.attach(name)
+            with pytest.raises(gpuq.Timeout) as caught:
+                c.fill(name, "zero", timeout=0.1)
+            back = pickle.loads(pickle.dumps(caught.value))
+            assert isinstance(back, gpuq.Timeout) and back.job.id == caught.value.job.id
+            with pytest.raises(RuntimeError, match=r"client\.wait\(job\)"):
+                back.job.wait()
+            c.release(att)
+            assert parent.wait(back.job, timeout=10).state == "done"
+            assert parent.status(back.job).state == "done"
+        finally:
+            c.free(name)
+
+
+def test_jobs_and_buffers_pickle_as_data_and_the_rest_refuses_clearly(client, name):
+    import copy
+    import pickle
+    buf = client.alloc(name, (2, 3), "f32")
+    try:
+        job = client.noop()
+        for kept in (copy.copy(job), copy.deepcopy(job)):  # in process: still bound
+            assert kept.refresh().state == "done"
+        back = pickle.loads(pickle.dumps(job))
+        assert back.id == job.id and back.record == job.record and back.state == "done"
+        for use in (back.wait, back.refresh, back.cancel):
+            with pytest.raises(RuntimeError, match=r"no client.*client\.wait\(job\)"):
+                use()
+        assert client.wait(back).state == "done"
+        assert copy.deepcopy(buf).get().shape == (2, 3)
+        b = pickle.loads(pickle.dumps(buf))
+        assert (b.ref, b.shape, b.dtype, b.nbytes, b.job.id) == \
+            (buf.ref, buf.shape, buf.dtype, buf.nbytes, buf.job.id)
+        assert repr(b) == repr(buf)
+        for use in (b.get, lambda: b.put(np.zeros((2, 3), np.float32)), b.free, b.attach):
+            with pytest.raises(RuntimeError, match=re.escape(f"client.buffer('{buf.ref}')")):
+                use()
+        assert client.buffer(b.ref).get().shape == (2, 3)
+        for thing, says in ((client, r"gpuq\.Client\(\) in the other process"),):
+            for how in (pickle.dumps, copy.copy, copy.deepcopy):
+                with pytest.raises(TypeError, match=says):
+                    how(thing)
+    finally:
+        client.free(name)
+
+
+def test_attachments_and_regions_refuse_pickle_and_copy_saying_what_to_send(client, name):
+    import copy
+    import pickle
+    client.alloc(name, (4,), "f32", shareable=True)
+    try:
+        with client.attach(name) as att:
+            for how in (pickle.dumps, copy.copy, copy.deepcopy):
+                with pytest.raises(TypeError, match=f"send the buffer's name .'{name}@0'"):
+                    how(att)
+        region = client.region_create(name + "r", 4096, ephemeral=True)
+        try:
+            for how in (pickle.dumps, copy.copy, copy.deepcopy):
+                with pytest.raises(TypeError, match=f"send its name .'{name}r'"):
+                    how(region)
+        finally:
+            client.region_free(region.name)
+            region.unmap()
+    finally:
+        client.free(name)
