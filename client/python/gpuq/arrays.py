@@ -15,8 +15,11 @@ How bytes travel, fastest first: an array that lives in a memfd
 (:func:`gpuq.memfd_array`) is passed as it is; a large ordinary array goes
 through the client's pinned staging ring, copied chunk by chunk by several
 threads while the daemon moves the previous chunk (staging.py); anything
-else is copied into a fresh memfd. numpy, torch and CuPy are imported only
-when an array of theirs is met.
+else is copied into a fresh memfd. New arrays that ``get_array`` returns
+hold no descriptor: a small one is an ordinary array, copied out of a
+memfd closed at once; a large one not carried by the ring is a mapping of
+the memfd gpuqd wrote, whose descriptor is closed (memfd.map_array).
+numpy, torch and CuPy are imported only when an array of theirs is met.
 """
 
 from __future__ import annotations
@@ -378,6 +381,12 @@ def _summary(last: Any, nbytes: int, seconds: float, staging: Any) -> Any:
 
 # get_array ------------------------------------------------------------------------
 
+#: New arrays of this many bytes or more that the staging ring does not carry
+#: are a mapping of the memfd gpuqd wrote (no copy here; one mapping each, of
+#: the 65530 Linux allows a process by default); smaller ones are copied out
+#: of it into an ordinary array, which costs under 0.1 ms.
+MAP_FROM_BYTES = 1 << 20
+
 def get_array_plan(api: "Api", spec: str, out: Any, dtype: Any, shape: Any,
                    job: Dict[str, Any]) -> Plan:
     """Reads a whole buffer into a new array, or into ``out``."""
@@ -435,9 +444,22 @@ def _get_new_plan(api: "Api", label: str, buf: Dict[str, Any], want: Tuple[int, 
                 return target
         finally:
             api._staging.release()
-    target = memfd.memfd_array(want, dt)
-    yield from _get_bytes_plan(api, label, target, int(buf["device"]), job)
-    return target
+    if nbytes < MAP_FROM_BYTES:
+        # An ordinary array, filled from a memfd that is closed at once: a kept
+        # result holds no descriptor, for one copy of under 1 MiB.
+        target = np.empty(want, dt)
+        yield from _get_bytes_plan(api, label, target, int(buf["device"]), job)
+        return target
+    # Larger, without the ring (busy with another thread's transfer, off, or
+    # under its 4 MiB): the memfd gpuqd writes, mapped once it has, its
+    # descriptor closed, so the array holds none and its bytes are not copied
+    # again here.
+    fd = memfd.create(nbytes, "gpuq-array")
+    try:
+        yield from api._job_plan("get", {"buffer": label, "length": nbytes}, fds=(fd,), **job)
+        return memfd.map_array(fd, want, dt)
+    finally:
+        os.close(fd)
 
 
 def _native(dt: Any) -> Any:

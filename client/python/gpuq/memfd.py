@@ -10,17 +10,24 @@ the client side.
 Every memfd made here is sealed against shrinking (``F_SEAL_SHRINK``): a
 mapping of it can never fault past a truncated end, and gpuqd may register
 it with the device (the ``registered`` path).
+
+Arrays of :func:`memfd_array` keep their memfd open (two descriptors: the
+memfd and the mmap object's copy of it), so that they travel as they are.
+Arrays ``get_array`` returns hold none (:func:`map_array`): a process may
+keep any number of them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
 import weakref
 from typing import Any, Optional, Sequence, Tuple, Union
 
-__all__ = ["MemfdMap", "create", "from_bytes", "read_into", "memfd_array", "find", "open_range"]
+__all__ = ["MemfdMap", "create", "from_bytes", "read_into", "memfd_array", "map_array", "find",
+           "open_range"]
 
 Shape = Union[int, Sequence[int]]
 
@@ -93,9 +100,11 @@ def memfd_array(shape: Shape, dtype: Any = "float32") -> Any:
     """A numpy array of zeros in a memfd: ``put_array`` and ``get_array(out=)`` move it
     without copying it on the client side.
 
-    Arrays that ``get_array`` returns are made the same way. Views of such
-    an array (slices, reshapes) keep the benefit as long as they are
-    C-contiguous. An empty shape gives an ordinary empty array.
+    Views of such an array (slices, reshapes) keep the benefit as long as
+    they are C-contiguous. Each holds two descriptors while it lives (its
+    memfd, and the mmap object's copy); arrays that ``get_array`` returns
+    hold none, and travel as ordinary arrays do. An empty shape gives an
+    ordinary empty array.
     """
     import numpy as np
     dt = np.dtype(dtype)
@@ -107,6 +116,59 @@ def memfd_array(shape: Shape, dtype: Any = "float32") -> Any:
         return np.empty(shape_t, dt)
     mm = map_memfd(create(count * dt.itemsize, "gpuq-array"), count * dt.itemsize)
     return np.frombuffer(mm, dt, count=count).reshape(shape_t)
+
+
+_libc: Optional[ctypes.CDLL] = None
+
+
+def _mmap_calls() -> ctypes.CDLL:
+    """libc's ``mmap`` and ``munmap`` (Python's mmap objects keep a descriptor)."""
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int, ctypes.c_long]
+        lib.munmap.restype = ctypes.c_int
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc = lib
+    return _libc
+
+
+class _Mapping:
+    """A shared read-write mapping of a memfd that holds no descriptor: the memory
+    (and the memfd's pages) stay until this object goes, which numpy arrays over
+    it (``__array_interface__``) keep alive as their base."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        lib = _mmap_calls()
+        addr = lib.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mapping a memfd of {size} bytes: {os.strerror(err)}")
+        self.__array_interface__ = {"shape": (size,), "typestr": "|u1",
+                                    "data": (addr, False), "version": 3}
+        # Not at exit: an array over it may still be read then (the process's
+        # end unmaps it anyway).
+        weakref.finalize(self, lib.munmap, addr, size).atexit = False
+
+
+def map_array(fd: int, shape: Shape, dtype: Any) -> Any:
+    """A numpy array over the whole memfd ``fd`` (of exactly its bytes), mapped
+    shared, that holds no descriptor: the caller closes ``fd`` when it likes.
+
+    What ``get_array`` returns for a large buffer the staging ring does not
+    carry: gpuqd wrote the memfd, so the array is those pages, with no copy
+    here; the memory goes when the array (and every view of it) does.
+    """
+    import numpy as np
+    dt = np.dtype(dtype)
+    shape_t: Tuple[int, ...] = (shape,) if isinstance(shape, int) else tuple(shape)
+    count = 1
+    for n in shape_t:
+        count *= n
+    flat = np.asarray(_Mapping(fd, count * dt.itemsize))
+    return flat.view(dt).reshape(shape_t)
 
 
 def find(array: Any) -> Optional[Tuple[MemfdMap, int]]:

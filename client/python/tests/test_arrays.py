@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -259,7 +260,8 @@ def test_memfd_arrays_travel_without_a_client_side_copy(client, name, monkeypatc
     monkeypatch.setattr(memfd, "from_bytes", no_copy)
     client.put_array(name, shared[1000:2000])  # a view at an offset into the memfd
     try:
-        back = client.get_array(name)
+        back = gpuq.memfd_array(1000, np.float32)
+        assert client.get_array(name, out=back) is back
         assert memfd.find(back) is not None
         assert back.tolist() == list(range(1000, 2000))
         back *= 2
@@ -406,3 +408,68 @@ def test_a_transfer_that_fails_after_a_remembered_row_is_not_sent_again(daemon, 
         assert get.value.job.wait(timeout=10).state == "done"
         assert c.get_array(name).tolist() == [2.0] * 4
         c.free(name)
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_arrays_get_array_returns_hold_no_descriptor(daemon, name):
+    """A kept result of get_array is an ordinary array or a bare mapping: ~500 kept
+    small results used to hold two descriptors each (a memfd mapping), enough to
+    reach RLIMIT_NOFILE's usual 1024. Every path: small, the staging ring, a large
+    get without the ring (a mapping of the memfd gpuqd wrote, its descriptor
+    closed: no copy here), Buffer.get, a dtype of the other byte order."""
+    small = np.arange(100, dtype=np.float32)
+    large = np.arange(5 << 18, dtype=np.float32)  # 5 MiB: the ring's size
+    mid = np.arange(1 << 18, dtype=np.int64)  # 2 MiB: a mapping, under the ring's size
+    with daemon.client() as c, daemon.client(staging_slots=0) as plain:
+        c.put_array(name, small)
+        c.put_array(name + "L", large)
+        c.put_array(name + "M", mid)
+        try:
+            for cl in (c, plain):  # warm: the ring, the lookups
+                cl.get_array(name), cl.get_array(name + "L")
+            before = _open_fds()
+            kept = [c.get_array(name) for _ in range(20)]
+            kept += [c.get_array(name, dtype=">f4") for _ in range(5)]
+            kept += [c.buffer(name).get() for _ in range(5)]
+            kept += [c.get_array(name + "L"), plain.get_array(name + "L")]
+            kept += [c.get_array(name + "M") for _ in range(3)]
+            assert _open_fds() == before
+            for arr in kept[:30]:
+                assert np.array_equal(arr, small) and memfd.find(arr) is None
+            for arr in kept[30:]:
+                assert np.array_equal(arr, large if arr.dtype == np.float32 else mid) and memfd.find(arr) is None
+                assert arr.flags.writeable and arr.flags.c_contiguous
+
+            def copied(*a, **kw):
+                raise AssertionError("a large get copied its bytes once more")
+            real = memfd.read_into
+            memfd.read_into = copied
+            try:
+                again = plain.get_array(name + "L")
+            finally:
+                memfd.read_into = real
+            again[:2] = -1  # a private array: the next get does not see it
+            assert plain.get_array(name + "L")[0] == 0.0
+            del kept, again
+        finally:
+            c.free(name)
+            c.free(name + "L")
+            c.free(name + "M")
+
+
+def test_async_get_array_results_hold_no_descriptor(daemon, name):
+    import asyncio
+
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket) as ac:
+            await ac.put_array(name, np.arange(10, dtype=np.int64))
+            await ac.get_array(name)
+            before = _open_fds()
+            kept = await asyncio.gather(*(ac.get_array(name) for _ in range(20)))
+            assert _open_fds() == before
+            assert all(a.tolist() == list(range(10)) for a in kept)
+            await ac.free(name)
+    asyncio.run(main())
