@@ -828,3 +828,29 @@ void restart_and_await(struct gpuq_client *c, uint64_t want)
 	restart_ok(c);
 	await_restarts(c, want);
 }
+
+void buffer_state(struct gpuq_client *c, const char *name, char *state, size_t n, char *why,
+		  size_t wn)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "buffers");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "buffers");
+	const msgpack_object *list = reply_path(r, "buffers");
+	snprintf(state, n, "absent");
+	if (why)
+		why[0] = '\0';
+	for (uint32_t i = 0; i < list->via.array.size; i++) {
+		char path[64], got[80];
+		snprintf(path, sizeof path, "buffers.%u.name", i);
+		reply_str(r, path, got, sizeof got);
+		if (strcmp(got, name) != 0)
+			continue;
+		snprintf(path, sizeof path, "buffers.%u.state", i);
+		reply_str(r, path, state, n);
+		snprintf(path, sizeof path, "buffers.%u.suspect", i);
+		if (why && strcmp(state, "suspect") == 0)
+			reply_str(r, path, why, wn);
+	}
+	gpuq_reply_free(r);
+}

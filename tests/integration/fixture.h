@@ -109,6 +109,12 @@ uint64_t device_mem_free(struct gpuq_client *c, int device);
 uint64_t quota_used(struct gpuq_client *c, const char *what);
 /* Whether the caller has a buffer called name; *ephemeral (may be NULL) says how it was made. */
 bool has_buffer(struct gpuq_client *c, const char *name, bool *ephemeral);
+/*
+ * name's state in `buffers` ("absent" when not listed) into state, and,
+ * when why is not NULL, a suspect one's reason into why ("" when none).
+ */
+void buffer_state(struct gpuq_client *c, const char *name, char *state, size_t n, char *why,
+		  size_t wn);
 /* Waits up to 3 s for the caller's buffer name to be gone; false if it stays. */
 bool buffer_goes(struct gpuq_client *c, const char *name);
 

@@ -50,26 +50,6 @@ static float expect_cut_short(struct gpuq_client *c, const char *name, size_t co
 	return most;
 }
 
-/* name's state in `buffers` ("absent" when not listed) into state. */
-static void state_of(struct gpuq_client *c, const char *name, char *state, size_t n)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "buffers");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "buffers");
-	const msgpack_object *list = reply_path(r, "buffers");
-	snprintf(state, n, "absent");
-	for (uint32_t i = 0; i < list->via.array.size; i++) {
-		char path[64], got[80];
-		snprintf(path, sizeof path, "buffers.%u.name", i);
-		reply_str(r, path, got, sizeof got);
-		snprintf(path, sizeof path, "buffers.%u.state", i);
-		if (strcmp(got, name) == 0)
-			reply_str(r, path, state, n);
-	}
-	gpuq_reply_free(r);
-}
-
 /* Runs `add 1` repeat times on zeros (into out when given), cancels it while it runs. */
 static void cancel_long_run(const char *mode, uint64_t repeat, bool out_of_place)
 {
@@ -100,10 +80,10 @@ static void cancel_long_run(const char *mode, uint64_t repeat, bool out_of_place
 	}
 	CHECK(most < (float)repeat);
 	char state[16];
-	state_of(c, out_of_place ? "y" : "x", state, sizeof state); /* partly written */
+	buffer_state(c, out_of_place ? "y" : "x", state, sizeof state, NULL, 0); /* partly written */
 	CHECK_STR(state, "suspect");
 	if (out_of_place) {
-		state_of(c, "x", state, sizeof state); /* only read */
+		buffer_state(c, "x", state, sizeof state, NULL, 0); /* only read */
 		CHECK_STR(state, "ready");
 	}
 	gpuq_close(c);

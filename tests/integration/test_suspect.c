@@ -15,32 +15,6 @@
 
 #define MIB (1024ull * 1024)
 
-/* name's `state` in `buffers` into state, and its `suspect` reason into why ("" when none). */
-static void buffer_row(struct gpuq_client *c, const char *name, char *state, size_t n,
-		       char *why, size_t wn)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "buffers");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "buffers");
-	const msgpack_object *list = reply_path(r, "buffers");
-	snprintf(state, n, "absent");
-	why[0] = '\0';
-	for (uint32_t i = 0; i < list->via.array.size; i++) {
-		char path[64], got[80];
-		snprintf(path, sizeof path, "buffers.%u.name", i);
-		reply_str(r, path, got, sizeof got);
-		if (strcmp(got, name) != 0)
-			continue;
-		snprintf(path, sizeof path, "buffers.%u.state", i);
-		reply_str(r, path, state, n);
-		snprintf(path, sizeof path, "buffers.%u.suspect", i);
-		if (strcmp(state, "suspect") == 0)
-			reply_str(r, path, why, wn);
-	}
-	gpuq_reply_free(r);
-}
-
 /* A put of exactly `length` bytes from the pipe p[0] (closed here), running: its job id. */
 static uint64_t put_from_pipe(struct gpuq_client *c, const char *buffer, uint64_t length, int p[2])
 {
@@ -75,13 +49,13 @@ TEST(suspect_after_a_put_whose_source_ended_early)
 	expect_error(r, GPUQ_E_IO, "the source ended after");
 	gpuq_reply_free(r);
 	char state[16], why[400], want[64];
-	buffer_row(c, "x", state, sizeof state, why, sizeof why);
+	buffer_state(c, "x", state, sizeof state, why, sizeof why);
 	CHECK_STR(state, "suspect");
 	snprintf(want, sizeof want, "job %llu (put) writing it ended early (io_error: ",
 		 (unsigned long long)put);
 	CHECKF(strstr(why, want), "suspect reason: %s", why);
 	do_fill_random(c, "x", 2); /* a write of every byte: sound again */
-	buffer_row(c, "x", state, sizeof state, why, sizeof why);
+	buffer_state(c, "x", state, sizeof state, why, sizeof why);
 	CHECK_STR(state, "ready");
 	gpuq_close(c);
 	daemon_stop(&d);
@@ -103,7 +77,7 @@ TEST(suspect_not_after_a_put_cancelled_before_it_wrote)
 	gpuq_reply_free(r);
 	close(p[1]);
 	char state[16], why[400];
-	buffer_row(c, "x", state, sizeof state, why, sizeof why);
+	buffer_state(c, "x", state, sizeof state, why, sizeof why);
 	CHECK_STR(state, "ready");
 	CHECK_EQ(do_checksum(c, "x"), sum);
 	gpuq_close(c);
