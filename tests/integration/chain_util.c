@@ -132,20 +132,27 @@ struct gpuq_reply *run_chain(struct gpuq_client *c, const char *buffer, const ch
 	return run_chain_kernel(c, buffer, chain, mode, repeat, out, NULL);
 }
 
+/* A `run` request of chain on buffer; mode, repeat (0) and out are left out when not given. */
+static void begin_run(struct gpuq_client *c, struct mp_map *req, const char *buffer,
+		      const char *chain, const char *mode, uint64_t repeat, const char *out)
+{
+	gpuq_request_begin(c, req, "run");
+	mp_put_str(req, "buffer", buffer);
+	put_ops(req, chain);
+	if (mode)
+		mp_put_str(req, "mode", mode);
+	if (repeat)
+		mp_put_u64(req, "repeat", repeat);
+	if (out)
+		mp_put_str(req, "out", out);
+}
+
 struct gpuq_reply *run_chain_kernel(struct gpuq_client *c, const char *buffer, const char *chain,
 				    const char *mode, uint64_t repeat, const char *out,
 				    const char *kernel)
 {
 	struct mp_map req;
-	gpuq_request_begin(c, &req, "run");
-	mp_put_str(&req, "buffer", buffer);
-	put_ops(&req, chain);
-	if (mode)
-		mp_put_str(&req, "mode", mode);
-	if (repeat)
-		mp_put_u64(&req, "repeat", repeat);
-	if (out)
-		mp_put_str(&req, "out", out);
+	begin_run(c, &req, buffer, chain, mode, repeat, out);
 	if (kernel)
 		mp_put_str(&req, "kernel", kernel);
 	mp_put_bool(&req, "wait", true);
@@ -156,15 +163,7 @@ uint64_t run_chain_detached(struct gpuq_client *c, const char *buffer, const cha
 			    const char *mode, uint64_t repeat, const char *out)
 {
 	struct mp_map req;
-	gpuq_request_begin(c, &req, "run");
-	mp_put_str(&req, "buffer", buffer);
-	put_ops(&req, chain);
-	if (mode)
-		mp_put_str(&req, "mode", mode);
-	if (repeat)
-		mp_put_u64(&req, "repeat", repeat);
-	if (out)
-		mp_put_str(&req, "out", out);
+	begin_run(c, &req, buffer, chain, mode, repeat, out);
 	struct gpuq_reply *r = call(c, &req, NULL, 0);
 	expect_ok(r, "run (not waited for)");
 	uint64_t job = reply_u64(r, "job.job");
