@@ -31,7 +31,7 @@ from .buffer import Buffer
 from .dtypes import gpuq_dtype
 from .ops import ComputeOps
 from .staging import Staging
-from .dispatch import Call
+from .dispatch import Call, close_all
 from .errors import BadRequest, GpuqError, error_from_map
 from .job import Job, timeout_ms
 
@@ -142,6 +142,10 @@ class Api(ComputeOps):
 
     def _lease_abandoned(self, reply: Dict[str, Any]) -> None:  # pragma: no cover - abstract
         """Gives back the lease of an attach whose caller stopped waiting (client.py)."""
+        raise NotImplementedError
+
+    def _release_apart(self, lease: int) -> None:  # pragma: no cover - abstract
+        """Ends ``lease`` on a connection and a thread of their own (client.py)."""
         raise NotImplementedError
 
     def _region_abandoned(self, reply: Dict[str, Any]) -> None:  # pragma: no cover - abstract
@@ -617,6 +621,7 @@ class Api(ComputeOps):
             yield call
             region = share.Region(name, fd, nbytes)
             region._client = self
+            call.claimed = True  # its caller stores it as it is returned
         except BaseException:
             os.close(fd)
             raise
@@ -661,21 +666,25 @@ class Api(ComputeOps):
     def _attach_plan(self, buffer: str, mode: str, timeout: Optional[float],
                      fields: Dict[str, Any]) -> Plan:
         req = dict(fields, buffer=buffer, mode=mode, wait=True, timeout_ms=timeout_ms(timeout))
-        reply = yield Call("attach", req, (), waits=True, wait_s=timeout,
-                           on_abandoned=self._lease_abandoned)
+        call = Call("attach", req, (), waits=True, wait_s=timeout,
+                    on_abandoned=self._lease_abandoned)
+        reply = yield call
         fds = reply.get("_fds") or []
         try:
             att = share.Attachment(reply["job"]["result"], fds[0])
             att.record = dict(reply["job"])
             att._client = self
+            close_all(fds)  # before the claim: nothing is left to call after it
             self._held[att.lease] = att
+            call.claimed = True  # in hand: no call between these two lines
             return att
         except BaseException:
+            call.claimed = True  # released here
             yield Call("release", {"lease": reply["job"]["result"]["lease"]})
             raise
         finally:
-            for fd in fds:
-                os.close(fd)
+            if fds:  # no call once claimed and closed
+                close_all(fds)
 
     def release(self, attachment: Union["share.Attachment", int]) -> Dict[str, Any]:
         """Unmaps an attachment here, then ends its lease (gpuqd's jobs on it go on).
@@ -694,11 +703,29 @@ class Api(ComputeOps):
                                 f"{attachment!r}") from None
             held = self._held.get(lease)
             if held is None:
-                return self._request_kw("release", lease=lease)
+                return self._drive(self._release_plan(None, lease))
             attachment = held
-        self._held.pop(attachment.lease, None)
-        attachment.unmap("released by client.release() (as the end of its `with` block does)")
-        return self._request_kw("release", lease=attachment.lease)
+        return self._drive(self._release_plan(attachment, attachment.lease))
+
+    def _release_plan(self, attachment: Optional["share.Attachment"], lease: int) -> Plan:
+        """Unmaps ``attachment`` (None: none here), then ends ``lease``. Broken off
+        (Ctrl-C) before its release surely went out, it sends it again apart
+        (:meth:`_release_apart`), so that no lease is left held by nobody (a
+        release of a lease already ended is refused, and changes nothing)."""
+        call = Call("release", {"lease": lease})
+        try:
+            self._held.pop(lease, None)
+            if attachment is not None:
+                attachment.unmap("released by client.release() (as the end of its `with` "
+                                 "block does)")
+            reply = yield call
+        except (GpuqError, ConnectionError):
+            raise  # gpuqd answered, or is gone with what it held
+        except BaseException:  # GeneratorExit too: its driver was interrupted
+            if call.reply is None:  # set as the reply comes (a sync client's)
+                self._release_apart(lease)
+            raise
+        return _body(reply)
 
     def leases(self, **fields: Any) -> List[Dict[str, Any]]:
         """Leases on the caller's buffers and its own (every lease for root and the admin group)."""

@@ -668,9 +668,10 @@ def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float]) -> 
     costs about as much as a 256 MiB copy on the H200) and reused while gpuqd's
     reply names the same buffer (its ``generation``), size and device, with the
     access ``mode`` needs; the descriptor that came is then closed unused."""
-    reply = yield Call("attach", {"buffer": label, "mode": mode, "wait": True,
-                                  "timeout_ms": timeout_ms(timeout)},
-                       (), waits=True, wait_s=timeout, on_abandoned=api._lease_abandoned)
+    call = Call("attach", {"buffer": label, "mode": mode, "wait": True,
+                           "timeout_ms": timeout_ms(timeout)},
+                (), waits=True, wait_s=timeout, on_abandoned=api._lease_abandoned)
+    reply = yield call
     fds = reply.get("_fds") or []
     result = reply["job"]["result"]
     try:
@@ -687,8 +688,11 @@ def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float]) -> 
                 api._mappings[label] = att
             else:
                 api._stale_mappings.append(att)
-        return int(result["lease"]), dict(reply["job"]), att
+        leased = int(result["lease"]), dict(reply["job"]), att
+        call.claimed = True  # the caller's try takes it with no call in between
+        return leased
     except BaseException:
+        call.claimed = True  # released here
         yield Call("release", {"lease": result["lease"]})
         raise
     finally:

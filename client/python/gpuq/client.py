@@ -65,7 +65,12 @@ class ClientBase(Api):
         close_fds(reply)
         result = (reply.get("job") or {}).get("result") or {}
         if reply.get("ok") and result.get("lease") is not None:
-            _apart(self.socket, self.timeout, Call("release", {"lease": int(result["lease"])}))
+            self._release_apart(int(result["lease"]))
+
+    def _release_apart(self, lease: int) -> None:
+        """Ends ``lease`` on a connection and a thread of their own, from a handler
+        that must not block, or a release broken off (Api._release_plan)."""
+        _apart(self.socket, self.timeout, Call("release", {"lease": lease}))
 
     def _region_abandoned(self, reply: Dict[str, Any]) -> None:
         """The ring's region_create's ``on_abandoned``: a region pinned after its
@@ -239,6 +244,14 @@ class ClientBase(Api):
         return plan.send(reply)
 
 
+def _give_up(call: Call) -> None:
+    """Hands the reply of ``call``, if it came and its plan did not claim what it
+    grants, to the call's ``on_abandoned``."""
+    if call.on_abandoned is not None and call.reply is not None and not call.claimed:
+        call.claimed = True
+        call.on_abandoned(call.reply)
+
+
 def _apart(socket: str, timeout: float, call: Call) -> None:
     """Sends ``call`` on a connection and a thread of their own, for a handler that
     runs on whichever thread reads and must not block (see _lease_abandoned)."""
@@ -338,7 +351,14 @@ class Client(ClientBase):
         return Job(self, reply["job"])
 
     def _drive(self, plan: Plan) -> Any:
-        """Runs a plan, blocking on each of its requests in turn."""
+        """Runs a plan, blocking on each of its requests in turn.
+
+        A plan left by an exception (Ctrl-C above all, which may come at any
+        point: as the reply is read, handed up, or taken in by the plan) may
+        leave a reply that grants something in no one's hands: its call's
+        ``on_abandoned`` then gets it (the reply not yet come gets it as it
+        comes: Connection._leave)."""
+        call = YIELD
         try:
             call = next(plan)
             while True:
@@ -360,6 +380,8 @@ class Client(ClientBase):
                 else:
                     call = self._advance(plan, reply)
         except StopIteration as stop:
-            return stop.value
-        finally:
+            return stop.value  # the plan is over: nothing is called after it returned
+        except BaseException:
+            _give_up(call)
             plan.close()
+            raise

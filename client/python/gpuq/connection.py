@@ -11,15 +11,31 @@ when needed. A thread's progress events are queued on its slot and its
 Every wait is bounded: the reader polls in slices of at most a quarter of
 the client's timeout, so deadlines and the liveness ping (dispatch.py) are
 looked at even when nothing arrives.
+
+Ctrl-C: Python raises KeyboardInterrupt in the main thread, which may be the
+reader, between two bytecodes: as a function is entered, after any call
+returns (its result then lost), at a loop's jump back; never inside C code
+nor between statements that call nothing (CPython 3.10 and later). So:
+the lock is a plain lock taken only by ``with`` (threading.Condition's
+methods are Python code that an interrupt splits, leaving the lock held or
+released twice); a thread sleeps on a lock of its own, woken by
+:meth:`Connection._wake_all`; what a read brought is kept across an
+interrupt (Dispatcher.read and take), so that the next reader resumes the
+frame; a thread left by an exception gives the reader's turn to a waiting
+one, and its request's reply goes to its ``on_abandoned``
+(:meth:`Connection._leave`); and a send records what went, so that an
+interrupted frame is finished before the exception goes on.
 """
 
 from __future__ import annotations
 
+import _thread
+import array
 import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from .dispatch import DROPPED, Call, Dispatcher
 from .errors import GpuqError
@@ -54,17 +70,25 @@ def _reason(exc: BaseException) -> str:
 
 class _Slot:
     """Where the reader leaves one request's reply, events or failure (named as an
-    asyncio future's methods, as dispatch.py's slots are)."""
+    asyncio future's methods, as dispatch.py's slots are). The reply is left
+    on the Call too (``Call.reply``), for Client._drive to give it to the
+    call's ``on_abandoned`` if an interrupt keeps it from its caller.
+    ``done``: the reply was taken and the reader's turn given back, so the
+    call has nothing left to square as it returns."""
 
-    __slots__ = ("reply", "events", "error")
+    __slots__ = ("call", "reply", "events", "error", "done")
 
-    def __init__(self) -> None:
+    def __init__(self, call: Call) -> None:
+        self.call = call
         self.reply: Optional[Dict[str, Any]] = None
         self.events: List[Dict[str, Any]] = []
         self.error: Optional[BaseException] = None
+        self.done = False
 
     def set_result(self, reply: Dict[str, Any]) -> None:
+        """Handing the same reply again (an interrupted reader's) changes nothing."""
         self.reply = reply
+        self.call.reply = reply
 
     def event(self, event: Dict[str, Any]) -> None:
         self.events.append(event)
@@ -117,7 +141,7 @@ class ConnectionBase:
 
 
 class Connection(ConnectionBase):
-    """One connection to gpuqd; :meth:`call` may be used from many threads at once.
+    """One connection to gpuq; :meth:`call` may be used from many threads at once.
 
     The socket is a blocking one whose limits are the kernel's own
     (``SO_SNDTIMEO``, ``SO_RCVTIMEO``) rather than Python's, which would
@@ -131,100 +155,78 @@ class Connection(ConnectionBase):
         _set_timeo(self._sock, socket.SO_SNDTIMEO, timeout)
         self._rcvtimeo = -1.0  # the SO_RCVTIMEO set now (-1: not yet)
         self._quarter = max(0.001, round(timeout / 4, 3))  # the slice without a deadline
-        self._cond = threading.Condition(threading.Lock())
+        # Taken only by ``with`` on the lock itself (the module's doc says why).
+        self._lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._reading = False
-        # The slot of the call that took the reader's turn as it sent (_lead).
-        self._leader: Optional[_Slot] = None
-        self._leader_thread = 0
-        # Threads in the condition's wait (under the lock): none, no notify needed.
-        self._sleepers = 0
+        self._reader = 0  # the thread whose turn it is to read (its ident), 0: nobody's
+        # The locks that threads waiting for a reply or the reader's turn sleep on.
+        self._sleepers: Set[Any] = set()
 
     def call(self, call: Call) -> Dict[str, Any]:
         """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
-        slot = _Slot()
+        slot = _Slot(call)
         d = self._d
-        with self._cond:
-            if self._closed is not None:
-                self._check_open()
-            rid, frame = d.add(call, slot)
-            # Alone on the connection (the common case), this thread reads at once,
-            # without handing the reader's turn round through _next_step.
-            lead = not self._reading
-            if lead:
-                self._reading = True
-                self._leader = slot
-                self._leader_thread = threading.get_ident()
-        settled = False  # the reply is here and the books are square (_lead)
-        try:  # the slot goes in before the frame goes out: the reply may come at once
+        me = threading.get_ident()
+        rid = 0
+        try:
+            with self._lock:
+                if self._closed is not None:
+                    self._check_open()
+                rid = d.new_id()
+                _, frame = d.add(call, slot, rid)  # before the frame goes out: the reply may come at once
+                if not self._reader:  # alone on the connection (the common case): it reads at once
+                    self._reader = me
             try:
                 self._send(frame, call.fds)
             except ConnectionError:
                 if slot.error is not None:  # the daemon said why it closed
                     raise slot.error from None
                 raise
-            deadline = d.deadline(call, time.monotonic())
-            if lead:
-                reply = self._lead(slot, deadline)
-                if reply is not None:
-                    settled = True
-                    return reply
-            return self._await(rid, slot, deadline, call.on_event)
+            return self._await(rid, slot, d.deadline(call, time.monotonic()), me)
         finally:
-            if not settled:
-                with self._cond:
-                    if self._leader is slot:  # the send failed before _lead ran
-                        self._release_reader()
-                    d.forget(rid)
+            if not slot.done:
+                self._leave(rid, slot, me)
 
     def post(self, call: Call) -> None:
         """Sends ``call`` without waiting for its reply (``Call.await_reply`` False):
         whichever thread reads next lets the reply go."""
-        with self._cond:
+        with self._lock:
             if self._closed is not None:
                 self._check_open()
             _, frame = self._d.add(call, DROPPED)
         self._send(frame, call.fds)
 
-    def _lead(self, slot: _Slot, deadline: Optional[float]) -> Optional[Dict[str, Any]]:
-        """Reads as the reader until ``slot`` has its reply, an event or an error,
-        then gives the reader's turn back (waking the others).
+    def _leave(self, rid: int, slot: _Slot, me: int) -> None:
+        """What a call left by an exception (Ctrl-C, its deadline, the connection's
+        end) leaves behind: the reader's turn, handed on to a waiting thread,
+        and its request, whose reply is let go or goes to ``on_abandoned``."""
+        with self._lock:
+            if self._reader == me:
+                self._give_turn()
+            if rid and slot.reply is None:
+                self._d.forget(rid)
 
-        Returns the reply when it came and no event before it: the reader's
-        turn was given back under the same lock as the reply was routed, and
-        routing it took the request off the books, so nothing is left to do.
-        Otherwise None, and _await carries on.
-        """
-        try:
-            while slot.reply is None and not slot.events and slot.error is None:
-                if self._closed is not None or (deadline is not None and
-                                                time.monotonic() >= deadline):
-                    break  # _await raises what applies
-                if self._read_once(deadline, slot):
-                    return slot.reply
-        except BaseException:
-            with self._cond:
-                if self._leader is slot:  # not given back already by _read_once
-                    self._release_reader()
-            raise
-        with self._cond:
-            self._release_reader()
-        return None
-
-    def _release_reader(self) -> None:
-        """Called under the lock by the thread that reads."""
-        self._leader = None
-        self._reading = False
+    def _give_turn(self) -> None:
+        """Called under the lock by the thread that reads: one that waits takes it."""
+        self._reader = 0
         if self._sleepers:
-            self._cond.notify_all()
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Called under the lock. Each sleeper's lock is in one set at a time and
+        released once; a sleeper an interrupt keeps from waking wakes at the
+        end of its slice."""
+        sleepers, self._sleepers = self._sleepers, set()
+        for waiter in sleepers:
+            waiter.release()
 
     def close(self, why: str = "closed by the client") -> None:
-        with self._cond:
+        with self._lock:
             if self._closed is None:
                 self._closed = why
                 self._d.fail_all(lambda: ConnectionError(
                     f"the connection to gpuqd at {self.path} was {why}"))
-                self._cond.notify_all()
+                self._wake_all()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -235,84 +237,118 @@ class Connection(ConnectionBase):
         """Sends one whole frame, the descriptors on its first byte.
 
         A frame cut short leaves the stream out of step, so any failure
-        closes the connection, with the daemon's reason when it gave one.
+        closes the connection, with the daemon's reason when it gave one;
+        an interrupt (Ctrl-C) in the middle of a frame lets it finish first.
+        What each send took is kept in a list as the send returns (see
+        Dispatcher.read): an interrupt as it returns loses no count.
         """
         with self._send_lock:
-            sent = 0
+            sent: List[int] = []
             try:
                 if fds:
-                    sent = socket.send_fds(self._sock, [data], list(fds))
+                    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    sent.extend(map(self._sock.sendmsg, ([data],), (rights,)))
                 else:
-                    sent = self._sock.send(data)
-                if sent < len(data):
-                    self._sock.sendall(memoryview(data)[sent:])
+                    sent.extend(map(self._sock.send, (data,)))
+                self._send_rest(data, sent)
             except OSError as exc:
-                why = self._cannot_send(exc, sent)
+                why = self._cannot_send(exc, sum(sent))
                 self._break(self._salvage() or why)
                 raise why from exc
+            except BaseException:
+                if 0 < sum(sent) < len(data):
+                    self._finish_frame(data, sent)
+                raise
+
+    def _send_rest(self, data: bytes, sent: List[int]) -> None:
+        view = memoryview(data)
+        while sum(sent) < len(data):
+            sent.extend(map(self._sock.send, (view[sum(sent):],)))
+
+    def _finish_frame(self, data: bytes, sent: List[int]) -> None:
+        """After an interrupt in the middle of a frame: the rest of it, or the end."""
+        try:
+            self._send_rest(data, sent)
+        except BaseException as exc:
+            self._break(ConnectionError(
+                f"a request to gpuqd at {self.path} was cut short as it was sent "
+                f"({type(exc).__name__}); the connection is closed"))
 
     def _salvage(self) -> Optional[BaseException]:
-        with self._cond:
-            mine = self._leader is not None and self._leader_thread == threading.get_ident()
-            if (self._reading and not mine) or self._closed is not None:
+        with self._lock:
+            if (self._reader and self._reader != threading.get_ident()) or \
+                    self._closed is not None:
                 return None  # the reader will see what the daemon sent
             return self._d.salvage(self._sock)
 
     def _await(self, rid: int, slot: _Slot, deadline: Optional[float],
-               on_event: Optional[Callable[[Dict[str, Any]], None]]) -> Dict[str, Any]:
+               me: int) -> Dict[str, Any]:
+        """The reply to request ``rid``, read by this thread while it is its turn,
+        else by another; ``slot``'s events are handed to its ``on_event`` here."""
+        on_event = slot.call.on_event
         while True:
-            events, lead = self._next_step(rid, slot, deadline)
-            if slot.reply is not None and not events:
-                return slot.reply
+            if self._reader == me and slot.reply is None and not slot.events and \
+                    slot.error is None and self._closed is None and \
+                    (deadline is None or time.monotonic() < deadline):
+                self._read_once(deadline, slot)
+                if slot.done:
+                    return slot.reply  # type: ignore[return-value]
+                continue
+            events = self._next_step(rid, slot, deadline, me)
+            if events is None:
+                continue  # this thread's turn to read
+            if not events:
+                return slot.reply  # type: ignore[return-value]
             for event in events:
                 if on_event is not None:
                     on_event(event)
-            if lead:
-                try:
-                    self._read_once(deadline)
-                finally:
-                    with self._cond:
-                        self._reading = False
-                        self._cond.notify_all()
 
-    def _next_step(self, rid: int, slot: _Slot,
-                   deadline: Optional[float]) -> Tuple[List[Dict[str, Any]], bool]:
-        """Waits until this thread has events to handle, its reply, or the reader's turn."""
-        with self._cond:
-            while True:
-                if slot.events:
-                    events, slot.events = slot.events, []
-                    return events, False
-                if slot.reply is not None:
-                    return [], False
-                if slot.error is not None:
-                    raise slot.error
+    def _next_step(self, rid: int, slot: _Slot, deadline: Optional[float],
+                   me: int) -> Optional[List[Dict[str, Any]]]:
+        """Waits until ``slot`` has events (returned), its reply (``[]``, the request
+        done with), or it is this thread's turn to read (None). A thread
+        that stops reading gives the turn back, so that another takes it."""
+        waiter = None
+        while True:
+            with self._lock:
+                if waiter is not None:
+                    self._sleepers.discard(waiter)
+                if slot.events or slot.reply is not None or slot.error is not None:
+                    if self._reader == me:
+                        self._give_turn()
+                    if slot.events:
+                        events, slot.events = slot.events, []
+                        return events
+                    if slot.error is not None:
+                        raise slot.error
+                    slot.done = True
+                    return []
                 self._check_open()
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     raise self._d.late_error(rid)
-                if not self._reading:
-                    self._reading = True
-                    return [], True
-                self._sleepers += 1
-                try:
-                    self._cond.wait(self._slice(deadline, now))
-                finally:
-                    self._sleepers -= 1
+                if not self._reader:
+                    self._reader = me
+                if self._reader == me:
+                    return None
+                waiter = _thread.allocate_lock()
+                waiter.acquire()
+                self._sleepers.add(waiter)
+            waiter.acquire(True, self._slice(deadline, now))
 
     def _slice(self, deadline: Optional[float], now: float) -> float:
         step = self.timeout / 4
         return step if deadline is None else max(0.0, min(step, deadline - now))
 
-    def _read_once(self, deadline: Optional[float], lead: Optional[_Slot] = None) -> bool:
+    def _read_once(self, deadline: Optional[float], slot: _Slot) -> None:
         """Reads what arrives within one slice and routes it (the reader only).
 
         The read blocks outside the lock (other threads send meanwhile) for
         at most the slice, the socket's SO_RCVTIMEO, which is set again only
-        when the slice changes (near a deadline). ``lead``: the reading
-        thread's own slot; when what was read is its reply and no event came
-        before it, the reader's turn is given back at once, under the lock
-        the reply was routed under, and True returned (one lock, not two).
+        when the slice changes (near a deadline). When what was read is the
+        reading thread's own reply (``slot``'s) and no event came before it,
+        the reader's turn is given back at once, under the lock the reply
+        was routed under, and ``slot.done`` set (one lock, not two).
         """
         left = None if deadline is None else deadline - time.monotonic()
         limit = (self._quarter if left is None or left > self._quarter + 0.001
@@ -320,25 +356,23 @@ class Connection(ConnectionBase):
         if limit != self._rcvtimeo:
             _set_timeo(self._sock, socket.SO_RCVTIMEO, limit)
             self._rcvtimeo = limit
-        size, fds, fatal = self._d.read(self._sock)
-        if size is None and fatal is None:
+        came, fatal = self._d.read(self._sock)
+        if not came and fatal is None:
             self._check_liveness()
-            return False
-        answered = False
-        if size is not None:
-            with self._cond:
-                _, fatal = self._d.take(size, fds)
+            return
+        if came:
+            with self._lock:
+                fatal = self._d.take()
+                if slot.reply is not None and not slot.events and slot.error is None:
+                    self._reader = 0
+                    slot.done = True
                 if self._sleepers:
-                    self._cond.notify_all()
-                if lead is not None and lead.reply is not None and not lead.events:
-                    self._release_reader()
-                    answered = True
+                    self._wake_all()
         if fatal is not None:
             self._break(fatal)
-        return answered
 
     def _check_liveness(self) -> None:
-        with self._cond:
+        with self._lock:
             verdict = self._d.liveness(time.monotonic())
             frame = self._d.ping_frame(time.monotonic()) if verdict == "ping" else None
         if verdict == "dead":
@@ -351,12 +385,12 @@ class Connection(ConnectionBase):
 
     def _break(self, error: BaseException) -> None:
         """Closes the connection, failing every pending request with ``error``."""
-        with self._cond:
+        with self._lock:
             if self._closed is not None:
                 return
             self._closed = f"closed: {error}"
             self._d.fail_all(lambda: _copy_error(error))
-            self._cond.notify_all()
+            self._wake_all()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -33,12 +33,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from .errors import BadFrame, GpuqError, ReplyTimeout, error_from_map
 from .wire import MAX_FDS, MAX_REPLY_FRAME, FrameReader, encode_request, new_packer
 
-__all__ = ["Call", "DROPPED", "Dispatcher", "READ_CHUNK", "YIELD"]
+__all__ = ["Call", "DROPPED", "Dispatcher", "READ_CHUNK", "YIELD", "close_all"]
 
 READ_CHUNK = 1 << 18
 # Room for the most descriptors a reply brings (SCM_RIGHTS), as socket.recv_fds asks.
 _FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * 4)
-_NO_FDS: Tuple[int, ...] = ()  # what a reply without descriptors brings
 
 EventHandler = Callable[[Dict[str, Any]], None]
 
@@ -60,7 +59,9 @@ class Call:
     ``on_abandoned``: called with the reply when it comes after the caller
     stopped waiting for it (Ctrl-C, a cancelled task, the client's deadline),
     for a reply that grants something (an ``attach``'s lease) that must then
-    be given back; without it such a reply is let go.
+    be given back; without it such a reply is let go. A plan that yields
+    such a call sets its ``claimed`` once what the reply grants is its own
+    (Client._drive gives an unclaimed reply to ``on_abandoned``).
     """
 
     op: str
@@ -71,6 +72,12 @@ class Call:
     on_event: Optional[EventHandler] = None
     await_reply: bool = True
     on_abandoned: Optional[EventHandler] = None
+    # Set as the reply comes, on the sync client: a reply an interrupt kept from
+    # its caller goes to ``on_abandoned`` unless the caller ``claimed`` it
+    # (took what it grants in hand); see Client._drive.
+    reply: Optional[Dict[str, Any]] = field(default=None, init=False, repr=False,
+                                            compare=False)
+    claimed: bool = field(default=False, init=False, repr=False, compare=False)
 
 
 #: What a plan yields, instead of a request, to let other work on its thread
@@ -81,9 +88,15 @@ YIELD = Call("")
 
 def close_fds(frame: Dict[str, Any]) -> None:
     """Closes the descriptors a reply brought (``_fds``), for a reply let go."""
-    for fd in frame.pop("_fds", None) or ():
+    close_all(frame.pop("_fds", None) or [])
+
+
+def close_all(fds: List[int]) -> None:
+    """Closes the descriptors in ``fds``, taking each off the list first: called
+    again after an interrupt, it closes none twice."""
+    while fds:
         try:
-            os.close(fd)
+            os.close(fds.pop())
         except OSError:
             pass
 
@@ -152,6 +165,11 @@ class Dispatcher:
         self.ping_sent = 0.0
         # Descriptors received (SCM_RIGHTS) and not yet claimed by the reply they came with.
         self.fds: List[int] = []
+        # What the reads brought and take() has not routed yet, kept across a
+        # KeyboardInterrupt in the reader: the read whose bytes are still in the
+        # read buffer (recvmsg's result, at most one), and the frames decoded.
+        self._unread: List[Tuple[Any, ...]] = []
+        self.frames: List[Dict[str, Any]] = []
         # Every read lands here: recvmsg into a new bytes object of READ_CHUNK would
         # cost an mmap, an mremap and an munmap per reply (it is above malloc's
         # mmap threshold), more than the round trip's own two syscalls.
@@ -162,8 +180,14 @@ class Dispatcher:
         # on whichever thread reads: it must not block.
         self.on_notice: Optional[EventHandler] = None
 
-    def add(self, call: Call, slot: Any) -> Tuple[int, bytes]:
-        """Parks ``slot`` under a fresh id; returns the id and the frame of ``call``.
+    def new_id(self) -> int:
+        """A fresh request id (taken under the connection's lock or on its loop)."""
+        self._last_id += 1
+        return self._last_id
+
+    def add(self, call: Call, slot: Any, rid: int = 0) -> Tuple[int, bytes]:
+        """Parks ``slot`` under id ``rid`` (a fresh one when 0); returns the id and the
+        frame of ``call``.
 
         Raises ValueError for too many descriptors, TypeError for a field
         msgpack cannot carry; nothing is parked then.
@@ -172,7 +196,7 @@ class Dispatcher:
         if fds > MAX_FDS:
             raise ValueError(f"a request carries at most {MAX_FDS} descriptors, "
                              f"not {fds}")
-        rid = self._last_id = self._last_id + 1
+        rid = rid or self.new_id()
         frame = encode_request(call.op, rid, call.fields, fds, self._packer)
         self.pending[rid] = slot
         self.ops[rid] = call.op
@@ -203,63 +227,121 @@ class Dispatcher:
             return None
         return now + call.wait_s + self.timeout
 
-    def route(self, frames: List[Dict[str, Any]], now: float) -> Optional[GpuqError]:
-        """Hands each frame to its slot. Returns the error that ends the connection, if any.
+    def take(self) -> Optional[BaseException]:
+        """Routes what the reads brought: the read the inbox holds (:meth:`read`), then
+        each frame complete, in order. Returns the error that ends the connection,
+        if one came: the daemon closed it, or sent what cannot be read.
+
+        Called by one thread at a time (the connection's reader, under its lock),
+        and safe against a KeyboardInterrupt anywhere in it: each step is done
+        first and recorded after, by statements that call nothing (between
+        those Python never raises it), so an interrupted step is taken again,
+        whole, by the next call; a frame is never lost nor read from its middle.
+        """
+        try:
+            if self._unread:
+                fatal = self._unpack()
+                if fatal is not None:
+                    return fatal
+            self._split()
+        except ConnectionError as exc:  # ProtocolError
+            return exc
+        self.last_heard = time.monotonic()
+        while self.frames:
+            fatal = self._route_first()
+            if fatal is not None:
+                return fatal
+        return None
+
+    def _unpack(self) -> Optional[BaseException]:
+        """Moves the read the inbox holds out of the read buffer: its descriptors to
+        :attr:`fds`, its bytes to :attr:`frames` (one whole frame, decoded in
+        place) or to the frame reader's ``buf``."""
+        size, anc = self._unread[0][0], self._unread[0][1]
+        fds = _rights(anc) if anc else []
+        whole = self.reader.whole_frame(self._chunk, self._chunk_view, size) if size else None
+        # Recorded without a call in between: all of it, or none.
+        self.fds += fds
+        if whole is not None:
+            self.frames += [whole]
+        else:
+            self.reader.buf += self._chunk_view[:size]
+        del self._unread[:]
+        return None if size else self.eof_error()
+
+    def _split(self) -> None:
+        """Moves each frame the frame reader holds whole to :attr:`frames`."""
+        while True:
+            first = self.reader.first_frame()
+            if first is None:
+                return
+            self.frames += [first[0]]  # recorded without a call in between
+            del self.reader.buf[:first[1]]
+
+    def _route_first(self) -> Optional[GpuqError]:
+        """Hands the first of :attr:`frames` to its slot, then takes it off the list
+        (an interrupt in between hands it again: handing a reply to its slot
+        twice changes nothing). Returns the error that ends the connection.
 
         A reply with id 0 answers a frame the daemon could not read; this
         client only sends well-formed frames, so it is a ``bad_frame`` (or
         worse) and the daemon is about to close the connection.
         """
-        self.last_heard = now
-        for frame in frames:
-            rid = frame.get("id")
-            if "event" in frame:
-                slot = self.pending.get(rid) if rid is not None else None
-                if slot is not None:
-                    handler = getattr(slot, "event", None)  # a future has none
-                    if handler is not None:
-                        handler(frame)
-                elif self.on_notice is not None:
-                    self.on_notice(frame)
-                continue
-            if "fds" in frame and isinstance(frame["fds"], int):
-                # A reply with descriptors (attach, region_open) claims them in
-                # arrival order: they came with its frame's first byte.
-                count = frame["fds"]
-                frame["_fds"], self.fds = self.fds[:count], self.fds[count:]
-            if rid is not None and rid == self.ping_id:
-                self.ping_id = None
-            elif rid == 0 or rid is None:
-                err = frame.get("error")
-                return error_from_map(err, reply=frame) if err is not None else BadFrame(
-                    f"gpuqd sent a reply without an id: {frame!r}", reply=frame)
-            else:
-                # What forget() does, without the call: this runs for every reply.
-                slot = self.pending.pop(rid, None)
-                if slot is not None:
-                    del self.ops[rid]  # ops and pending hold the same ids
-                    if self.waits:
-                        self.waits.discard(rid)
-                    handler = self._abandon.pop(rid, None) if self._abandon else None
-                    try:
-                        slot.set_result(frame)
-                    except InvalidStateError:  # given up as it came (the module's doc)
-                        if handler is not None:
-                            handler(frame)
-                        else:
-                            close_fds(frame)
-                else:
-                    close_fds(frame)  # a reply no one waits for any more
+        frame = self.frames[0]
+        rid = frame.get("id")
+        if "event" in frame:
+            slot = self.pending.get(rid) if rid is not None else None
+            if slot is not None:
+                handler = getattr(slot, "event", None)  # a future has none
+                if handler is not None:
+                    handler(frame)
+            elif self.on_notice is not None:
+                self.on_notice(frame)
+            del self.frames[0]
+            return None
+        if "fds" in frame and isinstance(frame["fds"], int) and "_fds" not in frame:
+            # A reply with descriptors (attach, region_open) claims them in
+            # arrival order: they came with its frame's first byte.
+            count = frame["fds"]
+            frame["_fds"], self.fds = self.fds[:count], self.fds[count:]
+        if rid is not None and rid == self.ping_id:
+            self.ping_id = None
+        elif rid == 0 or rid is None:
+            err = frame.get("error")
+            return error_from_map(err, reply=frame) if err is not None else BadFrame(
+                f"gpuqd sent a reply without an id: {frame!r}", reply=frame)
+        elif rid in self.pending:
+            self._answer(rid, self.pending[rid], frame)
+        else:
+            close_fds(frame)  # a reply no one waits for any more
+        del self.frames[0]
         return None
+
+    def _answer(self, rid: int, slot: Any, frame: Dict[str, Any]) -> None:
+        """Hands reply ``frame`` to ``slot``, then takes request ``rid`` off the books."""
+        try:
+            slot.set_result(frame)
+        except InvalidStateError:  # given up as it came (the module's doc)
+            handler = self._abandon.get(rid)
+            if handler is not None:
+                handler(frame)
+            else:
+                close_fds(frame)
+        # Recorded without a call in between (what forget() does, inline).
+        if rid in self._abandon:
+            del self._abandon[rid]
+        if rid in self.waits:
+            self.waits -= {rid}
+        del self.ops[rid]  # ops and pending hold the same ids
+        del self.pending[rid]
 
     def receive(self, sock: socket.socket) -> Tuple[bool, Optional[BaseException]]:
         """Reads once from ``sock`` (readable, or non-blocking) and routes what came.
 
         Returns whether there may be more to read at once (the read filled
         its chunk), and the error that ends the connection if one came: the
-        daemon closed it or sent what cannot be read. :meth:`read`'s read,
-        written out (the asyncio connection's reader runs this once per
-        reply), then :meth:`take`.
+        daemon closed it or sent what cannot be read. (The asyncio
+        connection's reader runs this once per reply.)
         """
         try:
             size, anc, _, _ = sock.recvmsg_into(self._into, _FDS_SPACE,
@@ -268,25 +350,31 @@ class Dispatcher:
             return False, None
         except OSError as exc:
             return False, self._read_error(exc)
-        return self.take(size, _rights(anc) if anc else _NO_FDS)
+        self._unread += [(size, anc)]
+        return size == READ_CHUNK, self.take()
 
-    def read(self, sock: socket.socket
-             ) -> Tuple[Optional[int], List[int], Optional[BaseException]]:
-        """One read from ``sock``, no bookkeeping (it may block, outside any lock):
-        how many bytes came (0: the daemon closed the connection) and the
-        descriptors that came with them, or None and the error that ends the
-        connection (None too when nothing came in time). The bytes are in the
-        connection's one read buffer: :meth:`take` them before the next read
-        (the connection has one reader at a time)."""
+    def read(self, sock: socket.socket) -> Tuple[bool, Optional[BaseException]]:
+        """One read from ``sock`` into the inbox, unless it still holds one that
+        :meth:`take` has not taken (an interrupted reader's). It may block, and
+        is done outside any lock, by the connection's one reader. Returns
+        whether anything is there to take, and the error that ends the
+        connection (None too when nothing came in time).
+
+        The read is made inside ``list.extend``, so that its result is kept
+        even when a KeyboardInterrupt comes as it returns: Python raises one
+        only between bytecodes, and a call made from C code (map's) returns
+        into C code; the bytes it read are in the read buffer, and the
+        inbox says how many."""
+        if self._unread:
+            return True, None
         try:
-            size, anc, _, _ = sock.recvmsg_into(self._into, _FDS_SPACE,
-                                                socket.MSG_CMSG_CLOEXEC)
-            fds = _rights(anc) if anc else []
+            self._unread.extend(map(sock.recvmsg_into, (self._into,), (_FDS_SPACE,),
+                                    (socket.MSG_CMSG_CLOEXEC,)))
         except (BlockingIOError, InterruptedError, socket.timeout):
-            return None, [], None
+            return False, None
         except OSError as exc:
-            return None, [], self._read_error(exc)
-        return size, fds, None
+            return False, self._read_error(exc)
+        return True, None
 
     def _read_error(self, exc: OSError) -> ConnectionError:
         """The error that ends the connection after a read failed with ``exc``."""
@@ -294,19 +382,6 @@ class Dispatcher:
             return self.eof_error(" (reset)")
         return ConnectionError(f"reading from gpuqd at {self.path} failed: "
                                f"{exc.strerror or exc}")
-
-    def take(self, size: int, fds: Sequence[int]) -> Tuple[bool, Optional[BaseException]]:
-        """Routes what :meth:`read` returned; as :meth:`receive`."""
-        if fds:
-            self.fds.extend(fds)
-        if not size:
-            return False, self.eof_error()
-        try:
-            fatal = self.route(self.reader.feed_from(self._chunk, self._chunk_view, size),
-                               time.monotonic())
-        except ConnectionError as exc:  # ProtocolError
-            return False, exc
-        return size == READ_CHUNK, fatal
 
     def salvage(self, sock: socket.socket) -> Optional[BaseException]:
         """After a send failed: the daemon's last words, if they are already here.
@@ -368,6 +443,11 @@ class Dispatcher:
         self.waits.clear()
         self.ops.clear()
         self._abandon.clear()
+        for frame in self.frames:  # read, never routed, and never will be
+            close_fds(frame)
+        del self.frames[:]
+        close_fds({"_fds": self.fds})
+        self.fds = []
         for slot in slots:
             try:
                 slot.set_exception(make_error())

@@ -339,12 +339,35 @@ class Attachment:
         """Waits for this process's work on the device (:meth:`synchronize`), then
         releases it (unmaps here, ends the lease). Not for an AsyncClient's: use
         ``async with`` (``with`` raises TypeError, having released it)."""
-        if self.ptr:
+        if not self.ptr:
+            return
+        try:
             self.synchronize()
-        if self.ptr and self._client is not None:
-            self._client.release(self)
-        elif self.ptr:
-            self.unmap()
+            if self._client is not None:
+                self._client.release(self)
+            else:
+                self.unmap()
+        except Exception:
+            raise  # the device failed (the work may still use the buffer), or gpuqd refused
+        except BaseException:
+            self._release_interrupted()
+            raise
+
+    def _release_interrupted(self) -> None:
+        """After Ctrl-C in ``__exit__`` before the release took the attachment in hand
+        (it is still among the client's): waits for the device again (the Ctrl-C
+        may have come before that wait), then unmaps it and ends its lease on a
+        connection of its own, so that no lease is left held by nobody."""
+        client = self._client
+        if client is None or client._held.get(self.lease) is not self:
+            return  # the release under way sees to it (Api._release_plan)
+        try:
+            self.synchronize()
+        except Exception:
+            return  # the device failed: the lease stays, as after any such error
+        del client._held[self.lease]
+        self.unmap()
+        client._release_apart(self.lease)
 
     async def __aenter__(self) -> "Attachment":
         self._live()

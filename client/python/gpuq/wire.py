@@ -161,29 +161,46 @@ class FrameReader:
     cannot be trusted after it, so the connection must be closed. Strings
     that are not valid UTF-8 are decoded with replacement characters rather
     than failing the connection.
+
+    A connection does not call ``feed``: it takes the steps one at a time
+    (:meth:`whole_frame`, then ``buf``, :meth:`first_frame`), so that a
+    KeyboardInterrupt between two of them loses nothing (dispatch.py). The
+    methods only look; what a step changes, its caller writes in ``buf``
+    itself: the bytes of a frame not yet complete, kept across reads.
     """
 
     def __init__(self, max_frame: int = MAX_REPLY_FRAME) -> None:
         self.max_frame = max_frame
-        self._buf = bytearray()
+        self.buf = bytearray()
 
     def feed(self, data: Union[bytes, memoryview]) -> List[Dict[str, Any]]:
         """The maps completed by ``data``, decoded before this returns (``data`` may
         be a view of a buffer that the next read overwrites)."""
-        if not self._buf and len(data) >= HEADER:
-            # The common case, one whole frame per read: decoded in place.
-            size = int.from_bytes(data[:HEADER], "big")
-            if len(data) == HEADER + size and size <= self.max_frame:
-                return [self._decode(data[HEADER:])]
-        return self._feed(data)
+        return self.feed_from(bytearray(data), memoryview(data), len(data))
 
     def feed_from(self, buf: bytearray, view: memoryview,
                   length: int) -> List[Dict[str, Any]]:
         """What ``feed(view[:length])`` returns, for ``length`` bytes read into
-        ``buf`` (``view`` is a memoryview of it). Every reply a connection reads
-        comes this way, so a whole frame is decoded from one slice of ``view``
-        rather than feed's three (each is a new object), without _decode's call."""
-        if not self._buf and length >= HEADER:
+        ``buf`` (``view`` is a memoryview of it)."""
+        whole = self.whole_frame(buf, view, length)
+        if whole is not None:
+            return [whole]
+        self.buf += view[:length]
+        maps: List[Dict[str, Any]] = []
+        while True:
+            first = self.first_frame()
+            if first is None:
+                return maps
+            maps.append(first[0])
+            del self.buf[:first[1]]
+
+    def whole_frame(self, buf: bytearray, view: memoryview,
+                    length: int) -> Optional[Dict[str, Any]]:
+        """The map, when the ``length`` bytes read into ``buf`` (``view`` a memoryview
+        of it) are one whole frame and nothing is kept from before: the common
+        case, decoded from one slice of ``view`` with no copy. Else None: the
+        bytes go on ``buf``, and :meth:`first_frame` takes the frames out."""
+        if not self.buf and length >= HEADER:
             size = _LENGTH.unpack_from(buf)[0]
             if length == HEADER + size and size <= self.max_frame:
                 try:
@@ -192,28 +209,25 @@ class FrameReader:
                 except Exception as exc:  # msgpack raises several unrelated classes
                     raise _not_msgpack(exc) from exc
                 if isinstance(obj, dict):
-                    return [obj]
+                    return obj
                 raise _not_a_map(obj)
-        return self._feed(view[:length])
+        return None
 
-    def _feed(self, data: Union[bytes, memoryview]) -> List[Dict[str, Any]]:
-        """feed's way for frames split across reads or several in one."""
-        self._buf += data
-        maps: List[Dict[str, Any]] = []
-        while len(self._buf) >= HEADER:
-            size = int.from_bytes(self._buf[:HEADER], "big")
-            if size > self.max_frame:
-                raise ProtocolError(f"gpuqd sent a frame of {size} bytes, above the "
-                                    f"{self.max_frame} this client accepts")
-            if len(self._buf) < HEADER + size:
-                break
-            payload = bytes(self._buf[HEADER:HEADER + size])
-            del self._buf[:HEADER + size]
-            maps.append(self._decode(payload))
-        return maps
+    def first_frame(self) -> Optional[Tuple[Dict[str, Any], int]]:
+        """The map of the first frame ``buf`` holds whole, and how many bytes of ``buf``
+        it takes (the caller deletes them), or None while it is incomplete."""
+        if len(self.buf) < HEADER:
+            return None
+        size = _LENGTH.unpack_from(self.buf)[0]
+        if size > self.max_frame:
+            raise ProtocolError(f"gpuqd sent a frame of {size} bytes, above the "
+                                f"{self.max_frame} this client accepts")
+        if len(self.buf) < HEADER + size:
+            return None
+        return self._decode(self.buf[HEADER:HEADER + size]), HEADER + size
 
     @staticmethod
-    def _decode(payload: Union[bytes, memoryview]) -> Dict[str, Any]:
+    def _decode(payload: Union[bytes, bytearray, memoryview]) -> Dict[str, Any]:
         try:
             obj = msgpack.unpackb(payload, raw=False, unicode_errors="replace",
                                   strict_map_key=False)
