@@ -607,6 +607,7 @@ int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
 	}
 	struct timespec deadline = deadline_after(CLOCK_REALTIME, timeout_ms / 1e3);
 	int stuck = 0;
+	bool joined[GPUQ_MAX_DEVICES] = { false };
 	for (int i = 0; i < pool->count; i++) {
 		struct worker *w = &pool->workers[i];
 		if (!w->thread_started)
@@ -616,14 +617,24 @@ int worker_pool_stop(struct worker_pool *pool, unsigned timeout_ms)
 			continue;
 		}
 		w->thread_started = false;
+		joined[i] = true;
+	}
+	/*
+	 * Work finished during the stop is handed over now, not lost, and a
+	 * reset done meanwhile is told (its hook reads the worker's snapshot):
+	 * before the workers' locks go.
+	 */
+	pool_on_async(&pool->async);
+	for (int i = 0; i < pool->count; i++) {
+		struct worker *w = &pool->workers[i];
+		if (!joined[i])
+			continue;
 		sched_free(w->sched);
 		w->sched = NULL;
 		sched_queues_destroy(&w->queues);
 		pthread_mutex_destroy(&w->lock);
 		pthread_cond_destroy(&w->wake);
 	}
-	/* Work finished during the stop is handed over now, not lost. */
-	pool_on_async(&pool->async);
 	uv_close((uv_handle_t *)&pool->async, NULL);
 	if (stuck == 0)
 		free(pool->workers);
