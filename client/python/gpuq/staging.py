@@ -570,6 +570,8 @@ class Staging:
                                waits=True)
         except GpuqError as exc:
             self._check_same_connection()
+            if self._ended_before_a_reexec(done, exc):
+                return False  # done: its last slots may still be copied out (a get's)
             if exc.job is None:
                 raise
             done.record = exc.job.record  # how it stands, for a timeout's message
@@ -577,6 +579,19 @@ class Staging:
         self._check_same_connection()
         done.record = dict(reply["job"])
         return False
+
+    def _ended_before_a_reexec(self, done: "Job", exc: GpuqError) -> bool:
+        """A wait for the ring job answered ``not_found``: the job ended as gpuqd
+        re-executed itself (restart, SIGUSR2), whose new image keeps the
+        connection and the ring's region but no job record. The ring's status
+        counter, in that region, says how it ended: True when it succeeded
+        (``done`` then reads ``done``); a failure stays the not_found, whose
+        message says the record is gone."""
+        counters = self._counters
+        if exc.code != "not_found" or counters is None or int(counters[_STATUS]) != 1:
+            return False
+        done.record = dict(done.record, state="done")
+        return True
 
     def _check_same_connection(self) -> None:
         """After a wait mid-transfer: ConnectionError if the client connected anew
@@ -600,6 +615,10 @@ class Staging:
             if done.finished:  # the job's own failure (gpuqd's idle timeout)
                 raise
             raise self._timed_out(done) from None
+        except GpuqError as exc:
+            if not self._ended_before_a_reexec(done, exc):
+                raise
+            return done
 
     def _timed_out(self, done: "Job") -> Timeout:
         """The transfer's timeout ran out with ``done`` not ended: the job cannot go on

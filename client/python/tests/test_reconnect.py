@@ -294,3 +294,40 @@ def test_async_a_reexec_keeps_the_connection(stalled):
             assert (await c.buffer("w")).nbytes == 1 << 16  # kept through the re-exec
 
     asyncio.run(main())
+
+
+def test_a_ring_get_whose_job_ended_before_a_reexec_succeeds(private_daemon, monkeypatch):
+    """A ring transfer whose job ended as gpuqd re-executed itself (SIGUSR2) asks
+    the new image, which keeps the connection and the ring but no job record,
+    for that job: not_found. The ring's status counter says it succeeded, so
+    the transfer does, with the buffer's bytes, and sends nothing again (it took
+    the not_found for a stale ring and sent the get again, and a get_array under
+    load could fail with it)."""
+    np = pytest.importorskip("numpy")
+    from gpuq import staging
+    d = private_daemon()
+    a = np.arange((12 << 20) // 4, dtype=np.float32)
+    c = d.client(staging_slots=5, staging_slot_bytes=1 << 20, copy_threads=2)
+    c.put_array("ring", a)
+    before = c.ping().get("restarts", 0)
+    original = staging.Staging._await_plan
+
+    def reexec_first(self, done):
+        monkeypatch.setattr(staging.Staging, "_await_plan", original)  # once
+        watcher = d.client(staging_slots=0)
+        while watcher.status(done.id).state != "done":  # the job ends in the old image
+            time.sleep(0.005)
+        d.proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 20
+        while watcher.ping().get("restarts", 0) == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watcher.close()
+        return (yield from original(self, done))
+
+    monkeypatch.setattr(staging.Staging, "_await_plan", reexec_first)
+    got = c.get_array("ring")
+    assert c.ping()["restarts"] == before + 1 and c.reconnects == 0
+    assert np.array_equal(got, a)
+    gets = [j for j in c.jobs() if j.op == "get"]  # this image's: none was sent again
+    assert gets == [], [(j.id, j.state) for j in gets]
+    c.close()
