@@ -33,11 +33,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from .errors import BadFrame, GpuqError, ReplyTimeout, error_from_map
 from .wire import MAX_FDS, MAX_REPLY_FRAME, FrameReader, encode_request, new_packer
 
-__all__ = ["Call", "DROPPED", "Dispatcher", "READ_CHUNK", "YIELD", "close_all"]
+__all__ = ["Call", "DROPPED", "Dispatcher", "FDS_SPACE", "READ_CHUNK", "YIELD", "close_all"]
 
 READ_CHUNK = 1 << 18
 # Room for the most descriptors a reply brings (SCM_RIGHTS), as socket.recv_fds asks.
-_FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * 4)
+FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * 4)
 
 EventHandler = Callable[[Dict[str, Any]], None]
 
@@ -159,31 +159,32 @@ class Dispatcher:
         self._abandon: Dict[int, EventHandler] = {}
         self.waits: Set[int] = set()  # pending ids that wait for a job
         self.ops: Dict[int, str] = {}  # pending ids' ops, for messages
-        self._last_id = 0  # ids are taken under the connection's lock or on its loop
+        self.last_id = 0  # ids are taken under the connection's lock or on its loop
         self.last_heard = 0.0
         self.ping_id: Optional[int] = None
         self.ping_sent = 0.0
         # Descriptors received (SCM_RIGHTS) and not yet claimed by the reply they came with.
         self.fds: List[int] = []
         # What the reads brought and take() has not routed yet, kept across a
-        # KeyboardInterrupt in the reader: the read whose bytes are still in the
-        # read buffer (recvmsg's result, at most one), and the frames decoded.
-        self._unread: List[Tuple[Any, ...]] = []
+        # KeyboardInterrupt in the reader: the inbox, the read whose bytes are
+        # still in the read buffer (recvmsg's result, at most one; the sync
+        # connection reads into it itself), and the frames decoded.
+        self.inbox: List[Tuple[Any, ...]] = []
         self.frames: List[Dict[str, Any]] = []
         # Every read lands here: recvmsg into a new bytes object of READ_CHUNK would
         # cost an mmap, an mremap and an munmap per reply (it is above malloc's
         # mmap threshold), more than the round trip's own two syscalls.
         self._chunk = bytearray(READ_CHUNK)
         self._chunk_view = memoryview(self._chunk)
-        self._into = [self._chunk]
+        self.into = [self._chunk]
         # Called with each event frame no pending request waits for (``lease_broken``),
         # on whichever thread reads: it must not block.
         self.on_notice: Optional[EventHandler] = None
 
     def new_id(self) -> int:
         """A fresh request id (taken under the connection's lock or on its loop)."""
-        self._last_id += 1
-        return self._last_id
+        self.last_id += 1
+        return self.last_id
 
     def add(self, call: Call, slot: Any, rid: int = 0) -> Tuple[int, bytes]:
         """Parks ``slot`` under id ``rid`` (a fresh one when 0); returns the id and the
@@ -228,7 +229,8 @@ class Dispatcher:
         return now + call.wait_s + self.timeout
 
     def take(self) -> Optional[BaseException]:
-        """Routes what the reads brought: the read the inbox holds (:meth:`read`), then
+        """Routes what the reads brought: the read the :attr:`inbox` holds (the sync
+        connection's read, Connection._read_once), then
         each frame complete, in order. Returns the error that ends the connection,
         if one came: the daemon closed it, or sent what cannot be read.
 
@@ -237,37 +239,86 @@ class Dispatcher:
         first and recorded after, by statements that call nothing (between
         those Python never raises it), so an interrupted step is taken again,
         whole, by the next call; a frame is never lost nor read from its middle.
+
+        Every reply goes through here, so the steps are written out in one
+        frame rather than a function each (a round trip is a few dozen Python
+        calls; each one more costs about 1% of it).
         """
         try:
-            if self._unread:
-                fatal = self._unpack()
-                if fatal is not None:
-                    return fatal
-            self._split()
+            if self.inbox:
+                # The read the inbox holds, out of the read buffer: its descriptors
+                # to fds, its bytes to frames (one whole frame, decoded in place,
+                # the common case) or to the frame reader's buf.
+                size, anc = self.inbox[0][0], self.inbox[0][1]
+                fds = _rights(anc) if anc else []
+                whole = self.reader.whole_frame(self._chunk, self._chunk_view,
+                                                size) if size else None
+                # Recorded without a call in between: all of it, or none.
+                self.fds += fds
+                if whole is not None:
+                    self.frames += [whole]
+                else:
+                    self.reader.buf += self._chunk_view[:size]
+                del self.inbox[:]
+                if not size:
+                    return self.eof_error()
+            if self.reader.buf:  # what a whole frame read leaves it: nothing
+                self._split()
         except ConnectionError as exc:  # ProtocolError
             return exc
         self.last_heard = time.monotonic()
-        while self.frames:
-            fatal = self._route_first()
-            if fatal is not None:
-                return fatal
+        frames = self.frames
+        while frames:
+            # The first frame goes to its slot, then off the list (an interrupt in
+            # between hands it again: handing a reply to its slot twice changes
+            # nothing).
+            frame = frames[0]
+            rid = frame.get("id")
+            if "event" in frame:
+                slot = self.pending.get(rid) if rid is not None else None
+                if slot is not None:
+                    handler = getattr(slot, "event", None)  # a future has none
+                    if handler is not None:
+                        handler(frame)
+                elif self.on_notice is not None:
+                    self.on_notice(frame)
+                del frames[0]
+                continue
+            if "fds" in frame and isinstance(frame["fds"], int) and "_fds" not in frame:
+                # A reply with descriptors (attach, region_open) claims them in
+                # arrival order: they came with its frame's first byte.
+                count = frame["fds"]
+                frame["_fds"], self.fds = self.fds[:count], self.fds[count:]
+            if rid is not None and rid == self.ping_id:
+                self.ping_id = None
+            elif rid == 0 or rid is None:
+                # It answers a frame the daemon could not read; this client only
+                # sends well-formed frames, so it is a ``bad_frame`` (or worse)
+                # and the daemon is about to close the connection.
+                err = frame.get("error")
+                return error_from_map(err, reply=frame) if err is not None else BadFrame(
+                    f"gpuqd sent a reply without an id: {frame!r}", reply=frame)
+            elif rid in self.pending:
+                # Handed to its slot, then request rid taken off the books.
+                try:
+                    self.pending[rid].set_result(frame)
+                except InvalidStateError:  # given up as it came (the module's doc)
+                    handler = self._abandon.get(rid)
+                    if handler is not None:
+                        handler(frame)
+                    else:
+                        close_fds(frame)
+                # Recorded without a call in between (what forget() does, inline).
+                if rid in self._abandon:
+                    del self._abandon[rid]
+                if rid in self.waits:
+                    self.waits -= {rid}
+                del self.ops[rid]  # ops and pending hold the same ids
+                del self.pending[rid]
+            else:
+                close_fds(frame)  # a reply no one waits for any more
+            del frames[0]
         return None
-
-    def _unpack(self) -> Optional[BaseException]:
-        """Moves the read the inbox holds out of the read buffer: its descriptors to
-        :attr:`fds`, its bytes to :attr:`frames` (one whole frame, decoded in
-        place) or to the frame reader's ``buf``."""
-        size, anc = self._unread[0][0], self._unread[0][1]
-        fds = _rights(anc) if anc else []
-        whole = self.reader.whole_frame(self._chunk, self._chunk_view, size) if size else None
-        # Recorded without a call in between: all of it, or none.
-        self.fds += fds
-        if whole is not None:
-            self.frames += [whole]
-        else:
-            self.reader.buf += self._chunk_view[:size]
-        del self._unread[:]
-        return None if size else self.eof_error()
 
     def _split(self) -> None:
         """Moves each frame the frame reader holds whole to :attr:`frames`."""
@@ -278,63 +329,6 @@ class Dispatcher:
             self.frames += [first[0]]  # recorded without a call in between
             del self.reader.buf[:first[1]]
 
-    def _route_first(self) -> Optional[GpuqError]:
-        """Hands the first of :attr:`frames` to its slot, then takes it off the list
-        (an interrupt in between hands it again: handing a reply to its slot
-        twice changes nothing). Returns the error that ends the connection.
-
-        A reply with id 0 answers a frame the daemon could not read; this
-        client only sends well-formed frames, so it is a ``bad_frame`` (or
-        worse) and the daemon is about to close the connection.
-        """
-        frame = self.frames[0]
-        rid = frame.get("id")
-        if "event" in frame:
-            slot = self.pending.get(rid) if rid is not None else None
-            if slot is not None:
-                handler = getattr(slot, "event", None)  # a future has none
-                if handler is not None:
-                    handler(frame)
-            elif self.on_notice is not None:
-                self.on_notice(frame)
-            del self.frames[0]
-            return None
-        if "fds" in frame and isinstance(frame["fds"], int) and "_fds" not in frame:
-            # A reply with descriptors (attach, region_open) claims them in
-            # arrival order: they came with its frame's first byte.
-            count = frame["fds"]
-            frame["_fds"], self.fds = self.fds[:count], self.fds[count:]
-        if rid is not None and rid == self.ping_id:
-            self.ping_id = None
-        elif rid == 0 or rid is None:
-            err = frame.get("error")
-            return error_from_map(err, reply=frame) if err is not None else BadFrame(
-                f"gpuqd sent a reply without an id: {frame!r}", reply=frame)
-        elif rid in self.pending:
-            self._answer(rid, self.pending[rid], frame)
-        else:
-            close_fds(frame)  # a reply no one waits for any more
-        del self.frames[0]
-        return None
-
-    def _answer(self, rid: int, slot: Any, frame: Dict[str, Any]) -> None:
-        """Hands reply ``frame`` to ``slot``, then takes request ``rid`` off the books."""
-        try:
-            slot.set_result(frame)
-        except InvalidStateError:  # given up as it came (the module's doc)
-            handler = self._abandon.get(rid)
-            if handler is not None:
-                handler(frame)
-            else:
-                close_fds(frame)
-        # Recorded without a call in between (what forget() does, inline).
-        if rid in self._abandon:
-            del self._abandon[rid]
-        if rid in self.waits:
-            self.waits -= {rid}
-        del self.ops[rid]  # ops and pending hold the same ids
-        del self.pending[rid]
-
     def receive(self, sock: socket.socket) -> Tuple[bool, Optional[BaseException]]:
         """Reads once from ``sock`` (readable, or non-blocking) and routes what came.
 
@@ -344,39 +338,16 @@ class Dispatcher:
         connection's reader runs this once per reply.)
         """
         try:
-            size, anc, _, _ = sock.recvmsg_into(self._into, _FDS_SPACE,
+            size, anc, _, _ = sock.recvmsg_into(self.into, FDS_SPACE,
                                                 socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError, socket.timeout):
             return False, None
         except OSError as exc:
-            return False, self._read_error(exc)
-        self._unread += [(size, anc)]
+            return False, self.read_error(exc)
+        self.inbox += [(size, anc)]
         return size == READ_CHUNK, self.take()
 
-    def read(self, sock: socket.socket) -> Tuple[bool, Optional[BaseException]]:
-        """One read from ``sock`` into the inbox, unless it still holds one that
-        :meth:`take` has not taken (an interrupted reader's). It may block, and
-        is done outside any lock, by the connection's one reader. Returns
-        whether anything is there to take, and the error that ends the
-        connection (None too when nothing came in time).
-
-        The read is made inside ``list.extend``, so that its result is kept
-        even when a KeyboardInterrupt comes as it returns: Python raises one
-        only between bytecodes, and a call made from C code (map's) returns
-        into C code; the bytes it read are in the read buffer, and the
-        inbox says how many."""
-        if self._unread:
-            return True, None
-        try:
-            self._unread.extend(map(sock.recvmsg_into, (self._into,), (_FDS_SPACE,),
-                                    (socket.MSG_CMSG_CLOEXEC,)))
-        except (BlockingIOError, InterruptedError, socket.timeout):
-            return False, None
-        except OSError as exc:
-            return False, self._read_error(exc)
-        return True, None
-
-    def _read_error(self, exc: OSError) -> ConnectionError:
+    def read_error(self, exc: OSError) -> ConnectionError:
         """The error that ends the connection after a read failed with ``exc``."""
         if isinstance(exc, ConnectionResetError):
             return self.eof_error(" (reset)")
@@ -415,7 +386,7 @@ class Dispatcher:
 
     def ping_frame(self, now: float) -> bytes:
         """The frame of a liveness ping; its reply is consumed by :meth:`route`."""
-        self.ping_id = self._last_id = self._last_id + 1
+        self.ping_id = self.last_id = self.last_id + 1
         self.ping_sent = now
         return encode_request("ping", self.ping_id, {}, 0, self._packer)
 

@@ -744,14 +744,14 @@ def test_ctrl_c_while_the_ring_is_made_frees_the_region_made_after(private_daemo
     d = private_daemon()
     with _ring_client(d) as c:
         conn = c._conn
-        wait = conn._await
+        read = conn._read_once
 
-        def interrupted(rid, slot, deadline, me):  # sent, and given up before its reply is read
+        def interrupted(deadline, slot):  # sent, and given up before its reply is read
             if "region_create" in conn._d.ops.values():
                 monkeypatch.undo()
                 raise KeyboardInterrupt
-            return wait(rid, slot, deadline, me)
-        monkeypatch.setattr(conn, "_await", interrupted)
+            return read(deadline, slot)
+        monkeypatch.setattr(conn, "_read_once", interrupted)
         a = np.random.default_rng(11).random((6 << 20) // 8)
         with pytest.raises(KeyboardInterrupt):
             c.put_array(name, a)
