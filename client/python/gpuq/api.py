@@ -148,6 +148,10 @@ class Api(ComputeOps):
         """Ends ``lease`` on a connection and a thread of their own (client.py)."""
         raise NotImplementedError
 
+    def _region_free_apart(self, name: str) -> None:  # pragma: no cover - abstract
+        """Frees region ``name`` on a connection and a thread of their own (client.py)."""
+        raise NotImplementedError
+
     def _region_abandoned(self, reply: Dict[str, Any]) -> None:  # pragma: no cover - abstract
         """Frees the region of a region_create whose caller stopped waiting (client.py)."""
         raise NotImplementedError

@@ -72,6 +72,13 @@ class ClientBase(Api):
         that must not block, or a release broken off (Api._release_plan)."""
         _apart(self.socket, self.timeout, Call("release", {"lease": lease}))
 
+    def _region_free_apart(self, name: str) -> None:
+        """Frees region ``name`` on a connection and a thread of their own: a
+        ``with`` block's free broken off (Ctrl-C, a cancelled task) before it
+        surely went out would leave the region pinned in gpuqd, past this
+        process's end. One that did go out makes this one a refusal."""
+        _apart(self.socket, self.timeout, Call("region_free", {"name": name}))
+
     def _region_abandoned(self, reply: Dict[str, Any]) -> None:
         """The ring's region_create's ``on_abandoned``: a region pinned after its
         caller stopped waiting would stay pinned, unused, as long as the

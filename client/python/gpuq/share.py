@@ -143,17 +143,31 @@ class Region:
         """Unmaps it here and, for a region this client made, frees it in gpuqd
         (after the jobs that use it). Not for an AsyncClient's: use ``async with``
         (``with`` raises TypeError, having freed it)."""
-        self.unmap()
-        if self._client is not None:
-            self._client.region_free(self.name)
+        try:
+            self.unmap()
+            if self._client is not None:
+                self._client.region_free(self.name)
+        except Exception:
+            raise  # gpuqd answered, or is gone with what it pinned
+        except BaseException:  # Ctrl-C: the free may not have gone out
+            if self._client is not None:
+                self._client._region_free_apart(self.name)
+            raise
 
     async def __aenter__(self) -> "Region":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        self.unmap()
-        if self._client is not None:
-            await self._client.region_free(self.name)
+        try:
+            self.unmap()
+            if self._client is not None:
+                await self._client.region_free(self.name)
+        except Exception:
+            raise
+        except BaseException:  # cancelled: the free may not have gone out
+            if self._client is not None:
+                self._client._region_free_apart(self.name)
+            raise
 
     def array(self, dtype: Any = "u1", count: Optional[int] = None, offset: int = 0) -> Any:
         """A numpy array over the region's bytes from ``offset`` (no copy)."""

@@ -236,3 +236,37 @@ def test_ctrl_c_as_an_attachment_is_released_leaves_no_lease_held(daemon, name):
                 c.release(lease)
             _no_lease_left(c, name, f"{at} {interrupt.where}")
         c.free(name)
+
+
+def _region_left(c: gpuq.Client, name: str) -> bool:
+    """Whether gpuqd still lists region ``name``, after the frees sent apart
+    (their own connections and threads) have had their time."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not any(r["name"] == name for r in c.regions()["regions"]):
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_ctrl_c_as_a_region_is_freed_leaves_it_not_pinned(daemon, name):
+    """A region outlives its process: a ``with`` block's free broken off before
+    it surely went out is sent apart, so that gpuqd does not keep its pages
+    pinned for nobody. Only the exit's very start runs no code of the
+    client's; region_free(name) ends it then."""
+    host_only()
+    with daemon.client(timeout=5) as c:
+        for at in range(1, ROUNDS_MAX):
+            region = c.region_create(name, 1 << 16)
+            interrupt = Interrupt(at)
+            try:
+                with interrupt:
+                    region.__exit__(None, None, None)
+            except KeyboardInterrupt:
+                pass
+            if not interrupt.fired:
+                assert not _region_left(c, name)
+                break
+            if _region_left(c, name):
+                assert interrupt.where == ("call", "__exit__"), (at, interrupt.where)
+                c.region_free(name)
