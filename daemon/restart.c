@@ -137,14 +137,16 @@ static int restart_reap(pid_t pid, int *status)
 
 /*
  * Runs argv (argv[0] the binary) with record_fd as descriptor 3 when it is
- * not -1, its stdout gone and its stderr's first line kept in said (size
- * n), and waits for it up to RESTART_CHECK_S: 0 with *status, else -1
- * with err.
+ * not -1, its stdout gone, and waits for it up to RESTART_CHECK_S: 0 when
+ * it exited 0; 1 when it did not, how (size n) then saying so with the
+ * first line of its stderr ("exited 65: ..."); -1 with err when it could
+ * not be run or did not answer.
  */
-static int restart_run_check(char **argv, int record_fd, int *status, char *said, size_t n,
+static int restart_run_check(char **argv, int record_fd, char *how, size_t n,
 			     struct gpuq_error *err)
 {
-	said[0] = '\0';
+	char said[256] = "";
+	int status = 0;
 	int out = memfd_create("gpuq-restart-check", MFD_CLOEXEC);
 	if (out < 0)
 		return gpuq_fail(err, GPUQ_E_IO, "memfd_create for '%s': %s", argv[0], strerror(errno));
@@ -161,8 +163,8 @@ static int restart_run_check(char **argv, int record_fd, int *status, char *said
 		close(out);
 		return gpuq_fail(err, GPUQ_E_IO, "cannot run '%s': %s", argv[0], strerror(rc));
 	}
-	rc = restart_reap(pid, status);
-	ssize_t got = pread(out, said, n - 1, 0);
+	rc = restart_reap(pid, &status);
+	ssize_t got = pread(out, said, sizeof said - 1, 0);
 	close(out);
 	said[got > 0 ? got : 0] = '\0';
 	said[strcspn(said, "\n")] = '\0';
@@ -170,7 +172,12 @@ static int restart_run_check(char **argv, int record_fd, int *status, char *said
 		return gpuq_fail(err, GPUQ_E_TIMEOUT,
 				 "'%s %s' did not answer within %d s (killed); is it gpuqd? "
 				 "gpuqd keeps serving", argv[0], argv[1] ? argv[1] : "", RESTART_CHECK_S);
-	return 0;
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+		return 0;
+	snprintf(how, n, "%s %d%s%s", WIFEXITED(status) ? "exited" : "died of signal",
+		 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), said[0] ? ": " : "",
+		 said);
+	return 1;
 }
 
 /*
@@ -186,18 +193,13 @@ static int restart_check_record(struct daemon *d, const char *binary, struct gpu
 		return gpuq_fail(err, GPUQ_E_INTERNAL,
 				 "gpuqd has no durable state record to hand over (the log says why)");
 	char *argv[] = { (char *)binary, "--check-record", "3", NULL };
-	int status = 0;
-	char said[256];
-	if (restart_run_check(argv, fd, &status, said, sizeof said, err) != 0)
-		return -1;
-	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
-		return 0;
+	char how[320];
+	int rc = restart_run_check(argv, fd, how, sizeof how, err);
+	if (rc <= 0)
+		return rc;
 	return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
-			 "'%s' cannot take over this gpuqd's state record (--check-record %s %d%s%s); "
-			 "gpuqd keeps serving",
-			 binary, WIFEXITED(status) ? "exited" : "died of signal",
-			 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), said[0] ? ": " : "",
-			 said);
+			 "'%s' cannot take over this gpuqd's state record (--check-record %s); "
+			 "gpuqd keeps serving", binary, how);
 }
 
 /*
@@ -218,19 +220,15 @@ static int restart_check_config(struct daemon *d, const char *binary, struct gpu
 	for (int i = 1; i < argc; i++)
 		argv[i] = kept[i];
 	argv[argc > 0 ? argc : 1] = "--check-config";
-	int status = 0;
-	char said[256];
-	int rc = restart_run_check(argv, -1, &status, said, sizeof said, err);
+	char how[320];
+	int rc = restart_run_check(argv, -1, how, sizeof how, err);
 	free(argv);
-	if (rc != 0 || (WIFEXITED(status) && WEXITSTATUS(status) == 0))
+	if (rc <= 0)
 		return rc;
 	return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 			 "the new image would not start: '%s --check-config' with gpuqd's arguments "
-			 "%s %d%s%s; mend the configuration (gpuqd --check-config lists what is wrong); "
-			 "gpuqd keeps serving",
-			 binary, WIFEXITED(status) ? "exited" : "died of signal",
-			 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), said[0] ? ": " : "",
-			 said);
+			 "%s; mend the configuration (gpuqd --check-config lists what is wrong); "
+			 "gpuqd keeps serving", binary, how);
 }
 
 /* The jobs the drain waits for: those running (held ones wait for the next image). */
