@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import gpuq
+from conftest import BACKEND
 
 
 def _require_memlock(client, nbytes):
@@ -349,13 +350,17 @@ def test_an_async_clients_attachment_goes_in_async_with(daemon, name):
     async def main():
         async with gpuq.AsyncClient(daemon.socket, timeout=10) as c:
             k = await c.alloc(name, (4,), np.float32, shareable=True)
+            on_host = BACKEND == "host"  # a GPU attachment is device memory: no .array()
             async with c.attach(name) as a:
                 assert isinstance(a, gpuq.Attachment) and a.lease > 0
-                a.array()[:] = 1.5
+                if on_host:
+                    a.array()[:] = 1.5
                 assert [row["lease"] for row in await c.leases()] == [a.lease]
             assert a.ptr == 0 and await c.leases() == []
             async with k.attach(mode="read") as a:
-                assert a.mode == "read" and a.array().tolist() == [1.5] * 4
+                assert a.mode == "read"
+                if on_host:
+                    assert a.array().tolist() == [1.5] * 4
             async with await c.attach(name) as a:  # the older spelling
                 assert a.lease > 0
             a = await asyncio.create_task(c.attach(name))
