@@ -260,11 +260,11 @@ class AsyncConnection(ConnectionBase):
 
     def _readable(self) -> None:
         """The loop's reader callback: reads what is there and routes it."""
-        more = True
-        while more and self._closed is None:
+        more, fatal = self._d.receive(self._sock)
+        while more and fatal is None and self._closed is None:
             more, fatal = self._d.receive(self._sock)
-            if fatal is not None:
-                self._break(fatal)
+        if fatal is not None:
+            self._break(fatal)
 
     def _arm(self) -> None:
         """Keeps a liveness timer running while waits for jobs are pending."""
