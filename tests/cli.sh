@@ -296,12 +296,21 @@ if command -v setpriv > /dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && [ -n "$other_g
 	check owner_other_user_is_1 1 setpriv --reuid 65534 --regid 65534 --clear-groups \
 		"$BUILD/gpuq" --socket "$sock" checksum w --owner 0
 	expect owner_other_user_says_why "only root may name another owner's buffers" err
+	# and another user's host region: gpuq region free NAME --owner
+	check owner_other_region 0 setpriv --reuid 65534 --regid 65534 --clear-groups \
+		"$BUILD/gpuq" --socket "$sock" region create theirs --bytes 4K
+	check owner_region_missing_is_1 1 gpuq region free theirs
+	check owner_region_free 0 gpuq region free theirs --owner 65534
+	expect owner_region_free_says_freed "region theirs freed" out
+	check owner_region_gone 0 gpuq regions
+	expect_not owner_region_not_listed "^theirs " out
 else
-	skipped=$((skipped + 9))
+	skipped=$((skipped + 14))
 	echo "skip cli/owner_*: skipped: needs root and setpriv"
 fi
 check owner_unknown_user_is_2 2 gpuq free w --owner no-such-user-here
 check owner_not_on_alloc_is_2 2 gpuq alloc x --bytes 1K --owner 0
+check owner_not_on_region_create_is_2 2 gpuq region create x --bytes 4K --owner 0
 check bench_dispatch 0 gpuq bench dispatch --clients 1 --requests 200
 expect bench_has_echo "echo" out
 # gpuq bench sched, small: every part measured (fairness needs root, else says why it is

@@ -50,7 +50,7 @@ const struct cli_cmd cli_commands[] = {
 	  "Frees buffer BUF once the jobs already queued or running on it have\n"
 	  "finished; no new job may use it meanwhile.\n",
 	  BUF_JOB_OPTS, 1, 1, { "BUF" }, cmd_free },
-	{ "region", "create NAME --bytes SIZE [--device N] [--ephemeral] | free NAME",
+	{ "region", "create NAME --bytes SIZE [--device N] [--ephemeral] | free NAME [--owner UID|USER]",
 	  "make or free a host region: memory gpuqd pins once",
 	  "create: makes a memfd of SIZE (a multiple of 4 KiB) and hands it to gpuqd,\n"
 	  "which maps it, places its pages on device N's NUMA node (default 0) and\n"
@@ -59,8 +59,10 @@ const struct cli_cmd cli_commands[] = {
 	  "region:NAME. Programs map the same memory (gpuq_region_open). Regions\n"
 	  "count against the host-pinned quota and gpuqd's RLIMIT_MEMLOCK. With\n"
 	  "--ephemeral the region goes when this command's connection does: it holds\n"
-	  "it until interrupted. free: after the jobs that use it.\n",
-	  OPT_BYTES | OPT_DEVICE | OPT_EPHEMERAL, 2, 2, { "create|free", "NAME" }, cmd_region },
+	  "it until interrupted. free: after the jobs that use it; root frees another\n"
+	  "user's region with --owner (gpuq regions lists every user's for root).\n",
+	  OPT_BYTES | OPT_DEVICE | OPT_EPHEMERAL | OPT_OWNER, 2, 2, { "create|free", "NAME" },
+	  cmd_region },
 	{ "regions", "", "list your host regions (every user's for root)",
 	  "Lists regions: size, the device that pinned them and its NUMA node, the jobs\n"
 	  "using them, how long pinning took; and the bytes pinned beside gpuqd's\n"

@@ -48,24 +48,38 @@ static int region_create(struct cli *cli, const char *name)
 	return rc;
 }
 
+/* The request itself, not libgpuq's call: root frees another user's region (--owner). */
 static int region_free(struct cli *cli, const char *name)
 {
-	struct gpuq_error err;
-	int rc = connect_cli(cli);
+	struct gpuq_reply *r;
+	struct mp_map req;
+	int rc = cli_job_begin(cli, &req, "region_free");
 	if (rc)
 		return rc;
-	if (gpuq_region_free(cli->client, name, &err) < 0)
-		return share_failed(&err);
-	fprintf(cli->out, "region %s freed\n", name);
-	return CLI_OK;
+	mp_put_str(&req, "name", name);
+	rc = cli_call(cli, &req, NULL, 0, &r);
+	if (rc)
+		return rc;
+	if (cli->json)
+		render_json(stdout, r->root);
+	if (!gpuq_reply_ok(r))
+		rc = cli_report_refusal(r);
+	else if (!cli->json)
+		fprintf(cli->out, "region %s freed\n", name);
+	gpuq_reply_free(r);
+	return rc;
 }
 
 int cmd_region(struct cli *cli)
 {
 	if (cli->nargs != 2)
 		return cli_usage(cli, "give create NAME or free NAME");
-	if (strcmp(cli->args[0], "create") == 0)
+	if (strcmp(cli->args[0], "create") == 0) {
+		if (cli->has_owner)
+			return cli_usage(cli, "--owner goes with region free: a region is made "
+					      "by the process that maps it");
 		return region_create(cli, cli->args[1]);
+	}
 	if (strcmp(cli->args[0], "free") == 0)
 		return region_free(cli, cli->args[1]);
 	return cli_usage(cli, "unknown region command '%s' (create, free)", cli->args[0]);
