@@ -111,6 +111,8 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	if (s.resets) {
 		mp_put_str(&m, "last_reset", s.last_reset);
 		mp_put_f64(&m, "last_reset_s", s.last_reset_s);
+		mp_put_u64(&m, "last_reset_regions", s.last_reset_regions);
+		mp_put_u64(&m, "last_reset_unpinned", s.last_reset_unpinned);
 	}
 	mp_array_map(out, &m);
 }

@@ -256,6 +256,7 @@ static void *worker_main(void *arg)
 	sched_run(s);
 	sched_release(s); /* the struct stays for worker_pool_stop: see sched.h */
 	map_cache_drop(&w->dev, w->dev.config.copy_pool); /* mappings kept between transfers */
+	region_pin_forget_all(&w->dev);
 	w->dev.ops->device.close(&w->dev);
 	device_close_kept(&w->dev); /* a faulted context's buffers, which no re-exec took */
 	return NULL;
@@ -521,6 +522,8 @@ void worker_snapshot(struct worker_pool *pool, int index, struct worker_snapshot
 	out->resets = w->resets;
 	snprintf(out->last_reset, sizeof out->last_reset, "%s", w->last_reset);
 	out->last_reset_s = w->last_reset_s;
+	out->last_reset_regions = w->last_reset_regions;
+	out->last_reset_unpinned = w->last_reset_unpinned;
 	out->needs_restart = w->needs_restart;
 	pthread_mutex_unlock(&w->lock);
 	/*

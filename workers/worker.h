@@ -52,6 +52,7 @@ struct worker_snapshot {
 	unsigned resets;
 	char last_reset[320];
 	double last_reset_s;
+	unsigned last_reset_regions, last_reset_unpinned; /* host regions pinned again, and not */
 	bool needs_restart; /* the last reset failed and only a new process recovers the device */
 };
 
@@ -78,6 +79,8 @@ struct worker {
 	double reset_times[8];     /* the latest resets, a ring: the limit's window */
 	char last_reset[320];      /* why the last one happened */
 	double last_reset_s;       /* how long it took */
+	unsigned last_reset_regions;  /* the host regions it pinned again in the new context */
+	unsigned last_reset_unpinned; /* and those it could not (logged) */
 	bool needs_restart;        /* the last reset failed: the driver gives only a new process a context */
 	atomic_bool reset_asked;   /* an administrator asked for one (reset_why says who) */
 	bool reset_gave_up;        /* faulted past the limit: left unhealthy for an operator */

@@ -353,3 +353,66 @@ TEST(ephemeral_region_goes_with_its_connection)
 	gpuq_close(other);
 	daemon_stop(&d);
 }
+
+/* devices.0's reply map, once device 0 has been reset `want` times and serves again. */
+static struct gpuq_reply *device0_after_resets(struct gpuq_client *c, uint64_t want)
+{
+	for (int i = 0; i < 2000; i++) {
+		struct mp_map req;
+		gpuq_request_begin(c, &req, "devices");
+		struct gpuq_reply *r = call(c, &req, NULL, 0);
+		expect_ok(r, "devices");
+		const msgpack_object *ok = reply_path(r, "devices.0.healthy");
+		if (reply_u64(r, "devices.0.resets") >= want && ok && ok->via.boolean)
+			return r;
+		gpuq_reply_free(r);
+		usleep(10000);
+	}
+	CHECKF(false, "device 0 was not reset and serving again within 20 s");
+	return NULL;
+}
+
+/*
+ * A reset takes the pinning of the device's regions with its context (on
+ * CUDA a region no longer registered copies at pageable speed, under the
+ * same path): the new context pins them again, and `devices` counts them.
+ */
+TEST(a_region_is_pinned_again_after_its_devices_reset)
+{
+	struct daemon_proc d;
+	struct gpuq_region r;
+	require_backend();
+	if (geteuid() != 0)
+		SKIP("reset_device is root's (or the admin group's)");
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d);
+	require_memlock(c, 2 * MIB);
+	make_region(c, "rp", MIB, &r);
+	host_fill_random(r.ptr, r.bytes, GPUQ_DTYPE_BYTES, 11);
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "reset_device");
+	mp_put_u64(&req, "device", 0);
+	struct gpuq_reply *reply = call(c, &req, NULL, 0);
+	expect_ok(reply, "reset_device");
+	gpuq_reply_free(reply);
+	reply = device0_after_resets(c, 1);
+	CHECK_EQ(reply_u64(reply, "devices.0.last_reset_regions"), 1);
+	CHECK_EQ(reply_u64(reply, "devices.0.last_reset_unpinned"), 0);
+	gpuq_reply_free(reply);
+	do_alloc(c, "afterwards", 0, MIB);
+	expect_xfer(c, true, "rp", "afterwards", MIB);
+	CHECK_EQ(do_checksum(c, "afterwards"), host_checksum(r.ptr, r.bytes));
+	/* freed after the reset: unpinned in the new context, and gone from the list */
+	struct gpuq_error err;
+	gpuq_region_unmap(&r);
+	CHECKF(gpuq_region_free(c, "rp", &err) == 0, "region_free: %s", err.message);
+	gpuq_request_begin(c, &req, "reset_device");
+	mp_put_u64(&req, "device", 0);
+	expect_ok(reply = call(c, &req, NULL, 0), "reset_device");
+	gpuq_reply_free(reply);
+	reply = device0_after_resets(c, 2);
+	CHECK_EQ(reply_u64(reply, "devices.0.last_reset_regions"), 0);
+	gpuq_reply_free(reply);
+	gpuq_close(c);
+	daemon_stop(&d);
+}

@@ -210,6 +210,12 @@ struct device {
 	 * end. NULL: none.
 	 */
 	struct slab_kept *kept;
+	/*
+	 * The host regions this device pinned (workers/transfer/region_pin.c):
+	 * their registrations go with the context at a reset, so the new one
+	 * pins them again. NULL: none. Worker thread only.
+	 */
+	struct region_pin *pinned_regions;
 	void *impl; /* the backend's private state */
 	/* The kernel-chain state (workers/chain/chain.h): the graph cache, made by
 	 * the worker at the device's first chain and released by close. */

@@ -954,8 +954,13 @@ static int cuda_host_register(struct device *dev, void *ptr, size_t n, unsigned 
 					 dev->index);
 		flags |= cudaHostRegisterReadOnly;
 	}
-	CUDA_TRY(dev, err, cudaHostRegister(ptr, n, flags));
-	return 0;
+	cudaError_t e = cudaHostRegister(ptr, n, flags);
+	if (e == cudaErrorHostMemoryAlreadyRegistered && (how & BACKEND_REGISTER_PORTABLE)) {
+		/* a region pinned again after a reset whose registration outlived the context */
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return e == cudaSuccess ? 0 : CUDA_FAIL(dev, err, e, "cudaHostRegister(ptr, n, flags)");
 }
 
 /*

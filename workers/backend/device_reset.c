@@ -13,6 +13,8 @@
 #include "workers/buffer/slab.h"
 #include "workers/clock.h"
 #include "workers/sched/sched.h"
+#include "workers/transfer/map_cache.h"
+#include "workers/transfer/region_pin.h"
 #include "workers/worker.h"
 
 bool device_reset_due(struct worker *w)
@@ -94,9 +96,14 @@ static bool reset_give_up(struct worker *w, double now, const char *cause)
 	return true;
 }
 
+/* The host regions a reset pinned again in the new context, and those it could not. */
+struct reset_pins {
+	unsigned regions, unpinned;
+};
+
 /* Records the outcome under the lock: healthy again, or why not; tells the main thread. */
 static int reset_publish(struct worker *w, int rc, const struct gpuq_error *err,
-			 const char *cause, double t0, bool asked)
+			 const char *cause, double t0, bool asked, const struct reset_pins *pins)
 {
 	double now = monotonic_seconds();
 	unsigned ring = sizeof w->reset_times / sizeof w->reset_times[0];
@@ -109,6 +116,8 @@ static int reset_publish(struct worker *w, int rc, const struct gpuq_error *err,
 	w->dev.resets = w->resets;
 	w->reset_asked = w->reset_gave_up = false;
 	w->last_reset_s = now - t0;
+	w->last_reset_regions = pins->regions;
+	w->last_reset_unpinned = pins->unpinned;
 	snprintf(w->last_reset, sizeof w->last_reset, "%s", cause);
 	w->info = w->dev.info;
 	w->healthy = rc == 0;
@@ -184,9 +193,15 @@ int device_reset_run(struct worker *w, struct sched *s)
 	pthread_mutex_unlock(&w->lock);
 	fail_queued_with_buffers(w, cause);
 	sched_drop_lanes(s);
+	/* What is pinned goes with the context: kept mappings are made afresh, regions pinned again. */
+	map_cache_drop(dev, dev->config.copy_pool);
+	region_pin_release(dev);
 	if (!dev->lost)
 		dev->ops->device.close(dev); /* skips the device itself where it faulted */
 	int rc = reset_and_open(dev, &err);
+	struct reset_pins pins = { 0, 0 };
+	if (rc == 0)
+		region_pin_restore(dev, &pins.regions, &pins.unpinned);
 	if (rc == 0 || !dev->needs_restart)
 		device_close_kept(dev); /* no re-exec will take the faulted context's buffers */
 	if (rc != 0) { /* no context: every job is refused until an operator asks again */
@@ -195,7 +210,7 @@ int device_reset_run(struct worker *w, struct sched *s)
 			 err.message);
 	}
 	dev->sched = s;
-	return reset_publish(w, rc, &err, cause, t0, asked);
+	return reset_publish(w, rc, &err, cause, t0, asked, &pins);
 }
 
 void device_reset_health(char *health, size_t size, const char *cause)

@@ -6,17 +6,29 @@
  * Placement: the pages a client has not touched yet are asked for on the
  * GPU's NUMA node (mbind on gpuqd's mapping, MPOL_PREFERRED, before the
  * populate that allocates them); pages the client already wrote stay where
- * they are. Worker thread only.
+ * they are. A device reset takes the registrations with the context; the
+ * device keeps a list of what it pinned, so that the new context pins it
+ * again. Worker thread only.
  */
 #include "workers/transfer/region_pin.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "workers/backend/numa.h"
+#include "workers/log.h"
 #include "workers/sched/sched_wait.h"
+
+/* One region this device pinned: dev->pinned_regions, for a reset to pin again. */
+struct region_pin {
+	void *map;
+	uint64_t length; /* whole pages */
+	bool registered; /* false once a reset's new context could not pin it again */
+	struct region_pin *next;
+};
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -52,12 +64,77 @@ int region_pin_map(struct device *dev, int fd, uint64_t length, void **map, int 
 				 "[gpu %d] cannot populate the region's %llu bytes: %s", dev->index,
 				 (unsigned long long)length, strerror(e));
 	}
+	struct region_pin *pin = calloc(1, sizeof *pin);
+	if (!pin) {
+		munmap(p, length);
+		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] no memory to track a region",
+				 dev->index);
+	}
 	if (dev->ops->mem.host_register(dev, p, length, BACKEND_REGISTER_PORTABLE, err) != 0) {
+		free(pin);
 		munmap(p, length);
 		return -1;
 	}
+	*pin = (struct region_pin){ .map = p, .length = length, .registered = true,
+				    .next = dev->pinned_regions };
+	dev->pinned_regions = pin;
 	*map = p;
 	return 0;
+}
+
+/* Takes map's entry off the device's list; whether it is still registered. */
+static bool forget_pin(struct device *dev, void *map)
+{
+	for (struct region_pin **at = &dev->pinned_regions; *at; at = &(*at)->next) {
+		struct region_pin *pin = *at;
+		if (pin->map != map)
+			continue;
+		bool registered = pin->registered;
+		*at = pin->next;
+		free(pin);
+		return registered;
+	}
+	return true;
+}
+
+void region_pin_release(struct device *dev)
+{
+	for (struct region_pin *pin = dev->pinned_regions; pin; pin = pin->next) {
+		struct gpuq_error err;
+		if (pin->registered && !dev->faulted &&
+		    dev->ops->mem.host_unregister(dev, pin->map, &err) != 0)
+			log_warn("%s (unpinning a region before the device's reset)", err.message);
+		pin->registered = false;
+	}
+}
+
+void region_pin_restore(struct device *dev, unsigned *pinned, unsigned *failed)
+{
+	*pinned = *failed = 0;
+	for (struct region_pin *pin = dev->pinned_regions; pin; pin = pin->next) {
+		struct gpuq_error err;
+		if (pin->registered)
+			continue;
+		if (dev->ops->mem.host_register(dev, pin->map, pin->length,
+						BACKEND_REGISTER_PORTABLE, &err) == 0) {
+			pin->registered = true;
+			++*pinned;
+			continue;
+		}
+		++*failed;
+		log_warn("[gpu %d] a host region of %llu bytes is not pinned since the device's reset "
+			 "(%s): its copies go at pageable speed until it is freed and made again",
+			 dev->index, (unsigned long long)pin->length, err.message);
+	}
+}
+
+void region_pin_forget_all(struct device *dev)
+{
+	while (dev->pinned_regions) {
+		struct region_pin *pin = dev->pinned_regions;
+		dev->pinned_regions = pin->next;
+		free(pin);
+	}
 }
 
 int region_pin_unmap(struct device *dev, void *map, uint64_t length, struct gpuq_error *err)
@@ -66,7 +143,8 @@ int region_pin_unmap(struct device *dev, void *map, uint64_t length, struct gpuq
 	if (!map)
 		return 0;
 	length = page_round(length);
-	if (!dev->faulted) /* a reset took the registration with the context */
+	/* not where a reset took the registration with the context */
+	if (forget_pin(dev, map) && !dev->faulted)
 		rc = dev->ops->mem.host_unregister(dev, map, err);
 	if (munmap(map, length) != 0 && rc == 0)
 		rc = gpuq_fail(err, GPUQ_E_INTERNAL, "[gpu %d] munmap of a region: %s", dev->index,
