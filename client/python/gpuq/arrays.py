@@ -739,6 +739,10 @@ class _ByteView:
                                          "data": (ptr, readonly), "version": 3}
 
 
+#: Typed views kept per mapping (_device_copy): a few shapes, not every one ever copied.
+_TORCH_VIEWS_KEPT = 16
+
+
 def _device_copy(att: Any, arr: Any, into_attachment: bool) -> None:
     """Copies between a device array and an attachment, on the GPU, and waits for it."""
     if att.host:  # the host backend: the attachment is host memory
@@ -749,30 +753,39 @@ def _device_copy(att: Any, arr: Any, into_attachment: bool) -> None:
         else:
             _host_into_device(host, arr)
         return
-    # Never marked read-only: torch refuses such an interface outright, and a
-    # read lease's memory is only read below (the copy's source).
-    view = _ByteView(att.ptr, att.bytes, False)
+    # The mapping's bytes, never marked read-only: torch refuses such an interface
+    # outright, and a read lease's memory is only read below (the copy's source).
     if _module(arr) == "torch":
         import torch
-        # The tensor over a kept mapping is kept with it (made once per mapping).
-        mem = getattr(att, "_torch_mem", None)
+        # Tensors over a kept mapping are kept with it: its bytes (made once per
+        # mapping) and a view of them per dtype and shape copied, so that a call
+        # is one copy_ and one synchronize (each torch call costs microseconds,
+        # and 256 MiB take 0.13 ms to copy on the H200).
+        views = att._torch_views
+        key = (arr.dtype, arr.shape)
+        mem = views.get(key)
         if mem is None:
-            mem = torch.as_tensor(view, device=f"cuda:{att.device}")
-            att._torch_mem = mem
-        flat = arr.detach().contiguous().reshape(-1).view(torch.uint8)
+            raw = views.get(None)
+            if raw is None:
+                raw = views[None] = torch.as_tensor(_ByteView(att.ptr, att.bytes, False),
+                                                    device=f"cuda:{att.device}")
+            if len(views) > _TORCH_VIEWS_KEPT:  # a caller cycling through shapes
+                views.clear()
+                views[None] = raw
+            mem = views[key] = raw.view(arr.dtype).view(arr.shape)
         if into_attachment:
-            mem.copy_(flat)
+            mem.copy_(arr.detach() if arr.requires_grad else arr)
         else:
             if not arr.is_contiguous():
                 raise BadRequest("out= must be a contiguous tensor")
-            arr.reshape(-1).view(torch.uint8).copy_(mem)
-        torch.cuda.synchronize(mem.device)
-        if arr.device != mem.device:
-            torch.cuda.synchronize(arr.device)
+            arr.copy_(mem)
+        torch.cuda.synchronize(att.device)
+        if arr.get_device() != att.device:
+            torch.cuda.synchronize(arr.get_device())
     else:
         import cupy
         with cupy.cuda.Device(att.device):
-            mem = cupy.asarray(view)
+            mem = cupy.asarray(_ByteView(att.ptr, att.bytes, False))
             if into_attachment:
                 cupy.copyto(mem, cupy.ascontiguousarray(arr).reshape(-1).view(cupy.uint8))
             else:

@@ -324,8 +324,8 @@ class Attachment:
         # What a client that keeps this mapping across leases compares with the
         # next attach's reply (arrays.py: buffer, device, generation, bytes).
         self._key: Any = None
-        # A torch tensor over the mapping, made at its first copy (arrays.py).
-        self._torch_mem: Any = None
+        # Torch tensors over the mapping, made at its first copies (arrays.py).
+        self._torch_views: Dict[Any, Any] = {}
         # Once unmapped: what ended it, for the error of every later use.
         self._gone = ""
 
@@ -482,7 +482,7 @@ class Attachment:
         if self.ptr and not self._gone:
             self._gone = why or ("unmapped here by unmap() (its lease stays until "
                                  "client.release(lease))")
-        self._torch_mem = None
+        self._torch_views = {}
         if self._map is not None:
             _close_map(self._map)
             self._map = None

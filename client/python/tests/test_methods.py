@@ -275,6 +275,15 @@ def test_cuda_tensors_go_device_to_device(client, name):
             torch.cuda.synchronize()
             assert torch.equal(seen.reshape(256, 256), t * 2)
             assert client.get_array(name, out=out) is out and torch.equal(out, t * 2)
+            # A view that steps over elements goes as its values, in C order, and
+            # a tensor that requires grad as its data (the mapping's typed views).
+            across = (t * 3).T
+            assert client.put_array(name, across).result["path"] == "held"
+            torch.cuda.synchronize()
+            assert torch.equal(seen.reshape(256, 256), across.contiguous())
+            assert client.put_array(name, (t * 5).requires_grad_()).result["path"] == "held"
+            assert client.get_array(name, out=out) is out and torch.equal(out, t * 5)
+            assert not out.requires_grad
         assert client.put_array(name, t).result["path"] == "device"
         with pytest.raises(gpuq.BadRequest):
             client.put_array(name, t[:10])  # the wrong size is refused, nothing sent
