@@ -48,26 +48,24 @@ static int region_create(struct cli *cli, const char *name)
 	return rc;
 }
 
+static void render_region_freed(FILE *f, const msgpack_object *reply)
+{
+	const msgpack_object *job = msg_map_get(reply, "job");
+	const msgpack_object *result = job ? msg_map_get(job, "result") : NULL;
+	char name[96];
+	fprintf(f, "region %s freed\n",
+		result ? field_str(result, "name", name, sizeof name, "?") : "?");
+}
+
 /* The request itself, not libgpuq's call: root frees another user's region (--owner). */
 static int region_free(struct cli *cli, const char *name)
 {
-	struct gpuq_reply *r;
 	struct mp_map req;
 	int rc = cli_job_begin(cli, &req, "region_free");
 	if (rc)
 		return rc;
 	mp_put_str(&req, "name", name);
-	rc = cli_call(cli, &req, NULL, 0, &r);
-	if (rc)
-		return rc;
-	if (cli->json)
-		render_json(stdout, r->root);
-	if (!gpuq_reply_ok(r))
-		rc = cli_report_refusal(r);
-	else if (!cli->json)
-		fprintf(cli->out, "region %s freed\n", name);
-	gpuq_reply_free(r);
-	return rc;
+	return cli_call_and_render(cli, &req, render_region_freed);
 }
 
 int cmd_region(struct cli *cli)
