@@ -388,8 +388,10 @@ else
 fi
 # reset-device: the device comes back, its buffers are lost; a bad index is refused
 check reset_alloc 0 gpuq alloc r --bytes 4K --device 1
+check reset_region 0 gpuq region create rr --bytes 4K --device 1
 check reset_device 0 gpuq reset-device 1
-expect reset_device_says_ok "gpu 1 reset in .* s: ok" out
+expect reset_device_says_ok "gpu 1 reset in .* s: ok; 1 host region pinned again" out
+check reset_region_freed 0 gpuq region free rr
 check reset_lost_buffer_is_1 1 gpuq checksum r@1
 expect reset_lost_buffer_says_why "was lost when gpu 1 was reset" err
 check reset_lost_buffer_freed 0 gpuq free r@1

@@ -38,9 +38,16 @@ int cmd_shutdown(struct cli *cli)
 	return cli_call_op_and_render(cli, "shutdown", render_shutdown);
 }
 
-/* Device index's reset count and health, from `devices`; -1 when the reply cannot be had. */
-static int device_state(struct cli *cli, uint64_t index, uint64_t *resets, bool *healthy,
-			char *health, size_t size)
+/* What `devices` says of one device's resets. */
+struct reset_seen {
+	uint64_t resets;
+	bool healthy;
+	char health[640];
+	uint64_t regions, unpinned; /* host regions the last reset pinned again, and not */
+};
+
+/* Device index's resets and health, from `devices`; -1 when the reply cannot be had. */
+static int device_state(struct cli *cli, uint64_t index, struct reset_seen *seen)
 {
 	struct gpuq_reply *r;
 	struct mp_map req;
@@ -51,9 +58,11 @@ static int device_state(struct cli *cli, uint64_t index, uint64_t *resets, bool 
 	rc = -1;
 	if (list && index < list->via.array.size) {
 		const msgpack_object *dev = &list->via.array.ptr[index];
-		*resets = field_u64(dev, "resets", 0);
-		*healthy = field_bool(dev, "healthy", false);
-		field_str(dev, "health", health, size, "?");
+		seen->resets = field_u64(dev, "resets", 0);
+		seen->healthy = field_bool(dev, "healthy", false);
+		field_str(dev, "health", seen->health, sizeof seen->health, "?");
+		seen->regions = field_u64(dev, "last_reset_regions", 0);
+		seen->unpinned = field_u64(dev, "last_reset_unpinned", 0);
 		rc = 0;
 	}
 	gpuq_reply_free(r);
@@ -92,9 +101,8 @@ static int call_counting(struct cli *cli, struct mp_map *req, const char *key, u
  */
 int cmd_reset_device(struct cli *cli)
 {
-	uint64_t index, before = 0, resets = 0;
-	bool healthy = false;
-	char health[640];
+	uint64_t index, before = 0;
+	struct reset_seen seen = { .resets = 0 };
 	struct mp_map req;
 	if (cli_parse_uint(cli->args[0], &index) < 0)
 		return cli_usage(cli, "GPU '%s' is not a device index; `gpuq devices` lists them",
@@ -106,18 +114,27 @@ int cmd_reset_device(struct cli *cli)
 	if ((rc = call_counting(cli, &req, "resets", &before)) != 0)
 		return rc;
 	double start = seconds_now(), limit = cli->has_timeout ? cli->timeout_ms / 1e3 : 60;
-	while (device_state(cli, index, &resets, &healthy, health, sizeof health) == 0 &&
-	       resets == before && seconds_now() - start < limit)
+	while (device_state(cli, index, &seen) == 0 && seen.resets == before &&
+	       seconds_now() - start < limit)
 		usleep(20000);
-	if (resets == before) {
+	if (seen.resets == before) {
 		fprintf(stderr, "gpuq reset-device: gpu %llu was not reset within %.0f s (it waits for "
 				"its jobs in flight to end); `gpuq devices` shows when it is\n",
 			(unsigned long long)index, limit);
 		return CLI_REFUSED;
 	}
-	fprintf(cli->out, "gpu %llu reset in %.3f s: %s\n", (unsigned long long)index,
-		seconds_now() - start, health);
-	return healthy ? CLI_OK : CLI_REFUSED;
+	fprintf(cli->out, "gpu %llu reset in %.3f s: %s", (unsigned long long)index,
+		seconds_now() - start, seen.health);
+	if (seen.regions)
+		fprintf(cli->out, "; %llu host region%s pinned again", (unsigned long long)seen.regions,
+			seen.regions == 1 ? "" : "s");
+	if (seen.unpinned)
+		fprintf(cli->out, "; %llu host region%s could not be pinned again (gpuqd's log says "
+				  "why): copies through %s go at pageable speed until freed and made again",
+			(unsigned long long)seen.unpinned, seen.unpinned == 1 ? "" : "s",
+			seen.unpinned == 1 ? "it" : "them");
+	fputc('\n', cli->out);
+	return seen.healthy ? CLI_OK : CLI_REFUSED;
 }
 
 /* What one ping of admin restart's wait saw of gpuqd. */
