@@ -235,10 +235,10 @@ expect leases_none_says_so "no leases" out
 # an attach held by another: --timeout gives the second attach up in gpuqd too,
 # so no lease is granted to it once the first goes
 check alloc_shareable 0 gpuq alloc sh --bytes 64K --shareable
-# hold_attach BUF: gpuq attach BUF in the background (not through the gpuq
-# function, so that $holder is gpuq itself), once its lease is held
+# hold_attach BUF [OPTION...]: gpuq attach BUF in the background (not through
+# the gpuq function, so that $holder is gpuq itself), once its lease is held
 hold_attach() {
-	"$BUILD/gpuq" --socket "$sock" attach "$1" > "$dir/holder.out" 2>&1 &
+	"$BUILD/gpuq" --socket "$sock" attach "$@" > "$dir/holder.out" 2>&1 &
 	holder=$!
 	i=0
 	until grep -q "held until interrupted" "$dir/holder.out" || [ $i -ge 200 ]; do
@@ -304,8 +304,19 @@ if command -v setpriv > /dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && [ -n "$other_g
 	expect owner_region_free_says_freed "region theirs freed" out
 	check owner_region_gone 0 gpuq regions
 	expect_not owner_region_not_listed "^theirs " out
+	# and attaches another user's shareable buffer (a lease for root)
+	check owner_other_shareable 0 setpriv --reuid 65534 --regid 65534 --clear-groups \
+		"$BUILD/gpuq" --socket "$sock" alloc theirs_sh --bytes 64K --device 0 --shareable
+	check owner_attach_missing_is_1 1 gpuq --timeout 2000 attach theirs_sh@0
+	hold_attach theirs_sh@0 --owner 65534
+	check owner_attach_leased 0 gpuq leases
+	expect owner_attach_lists_the_lease "theirs_sh@0" out
+	kill -TERM "$holder"
+	wait "$holder"
+	verdict owner_attach_interrupted_exits_0 $? 0
+	check owner_attach_free 0 gpuq free theirs_sh@0 --owner 65534
 else
-	skipped=$((skipped + 14))
+	skipped=$((skipped + 21))
 	echo "skip cli/owner_*: skipped: needs root and setpriv"
 fi
 check owner_unknown_user_is_2 2 gpuq free w --owner no-such-user-here

@@ -68,13 +68,14 @@ const struct cli_cmd cli_commands[] = {
 	  "using them, how long pinning took; and the bytes pinned beside gpuqd's\n"
 	  "RLIMIT_MEMLOCK.\n",
 	  0, 0, 0, { NULL }, cmd_regions },
-	{ "attach", "BUF [--read-only]", "map a shareable buffer here and hold a lease on it",
+	{ "attach", "BUF [--read-only] [--owner UID|USER]",
+	  "map a shareable buffer here and hold a lease on it",
 	  "Attaches BUF (allocated with --shareable) as a program does with\n"
 	  "gpuq_buffer_attach: once the jobs before it on BUF are done, gpuqd sends\n"
 	  "its handle and gpuq maps it on the GPU, then holds the lease until\n"
 	  "interrupted (or broken). Meanwhile daemon jobs on BUF wait; with\n"
 	  "--read-only (a read lease) jobs that only read it go on.\n",
-	  0 | OPT_READ_ONLY, 1, 1, { "BUF" }, cmd_attach },
+	  OPT_READ_ONLY | OPT_OWNER, 1, 1, { "BUF" }, cmd_attach },
 	{ "leases", "", "list leases: who has which buffer attached",
 	  "Lists the leases on your buffers and your own (every lease for root and\n"
 	  "the admin group): buffer, mode, holder uid and pid, how long held.\n",

@@ -205,7 +205,9 @@ int cmd_attach(struct cli *cli)
 	/* libgpuq tells gpuqd, which gives the attach up then */
 	gpuq_set_timeout(cli->client, cli->has_timeout && cli->timeout_ms > 0
 					      ? (unsigned)cli->timeout_ms : 0);
-	if (gpuq_buffer_attach(cli->client, cli->args[0], !cli->read_only, &a, &err) < 0)
+	if ((cli->has_owner ? gpuq_buffer_attach_as(cli->client, cli->args[0], cli->owner,
+						    !cli->read_only, &a, &err)
+			    : gpuq_buffer_attach(cli->client, cli->args[0], !cli->read_only, &a, &err)) < 0)
 		return share_failed(&err);
 	fprintf(cli->out, "lease %" PRIu64 ": %s (%s) %s at %p (%s), mapped in %.3f ms; "
 		"held until interrupted\n", a.lease, cli->args[0],

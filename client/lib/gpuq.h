@@ -203,6 +203,9 @@ struct gpuq_attachment {
 
 int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
 		       struct gpuq_attachment *out, struct gpuq_error *err);
+/* The same, of another user's buffer: root's (the request's `owner`, a uid). */
+int gpuq_buffer_attach_as(struct gpuq_client *c, const char *buffer, uint64_t owner,
+			  bool read_write, struct gpuq_attachment *out, struct gpuq_error *err);
 /*
  * Copies n bytes at offset of the attached buffer into dst here (CUDA:
  * cuMemcpyDtoH; with pinned, dst is registered with the driver first, so the

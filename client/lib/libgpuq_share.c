@@ -219,8 +219,9 @@ static int attach_call(struct gpuq_client *c, struct mp_map *req, struct gpuq_re
 	return rc;
 }
 
-int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
-		       struct gpuq_attachment *out, struct gpuq_error *err)
+/* The attach of buffer, another user's (owner) when owner is not NULL. */
+static int attach_buffer(struct gpuq_client *c, const char *buffer, const uint64_t *owner,
+			 bool read_write, struct gpuq_attachment *out, struct gpuq_error *err)
 {
 	struct gpuq_reply *r;
 	struct mp_map req;
@@ -230,6 +231,8 @@ int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_writ
 	out->read_write = read_write;
 	gpuq_request_begin(c, &req, "attach");
 	mp_put_str(&req, "buffer", buffer);
+	if (owner)
+		mp_put_u64(&req, "owner", *owner);
 	mp_put_str(&req, "mode", read_write ? "read-write" : "read");
 	mp_put_bool(&req, "wait", true);
 	if (attach_call(c, &req, &r, err) < 0)
@@ -250,6 +253,18 @@ int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_writ
 		release_lease(c, out->lease, &ignored); /* nothing here maps it */
 	}
 	return rc;
+}
+
+int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
+		       struct gpuq_attachment *out, struct gpuq_error *err)
+{
+	return attach_buffer(c, buffer, NULL, read_write, out, err);
+}
+
+int gpuq_buffer_attach_as(struct gpuq_client *c, const char *buffer, uint64_t owner,
+			  bool read_write, struct gpuq_attachment *out, struct gpuq_error *err)
+{
+	return attach_buffer(c, buffer, &owner, read_write, out, err);
 }
 
 int gpuq_attachment_read(const struct gpuq_attachment *a, uint64_t offset, void *dst, size_t n,
