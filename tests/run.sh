@@ -10,6 +10,8 @@
 # against the programs' own tables), the service tests, and the Python
 # client's suite on each backend.
 # GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
+# GPUQ_TIERS=cuda runs only the tiers against the CUDA backend (integration
+# and Python): what a GPU machine adds to CI, in one device command.
 set -u
 BUILD=${1:-build}
 export GPUQ_BUILD="$BUILD"
@@ -21,16 +23,21 @@ tier() {
 	"$@" 2>&1 | tee -a "$LOG"
 }
 
-tier sh tests/layers.sh          # which folders each layer may include
-tier "$BUILD/tests/unit"
-GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
-GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
-tier sh tests/cli.sh "$BUILD"
-tier sh tests/top.sh "$BUILD"     # gpuq top: --once, and the live view in tmux
-tier sh tests/docs.sh "$BUILD"    # --help and the man pages against the programs' own tables
-tier sh tests/service.sh "$BUILD" # socket activation, notify, config, install
-tier sh tests/python.sh "$BUILD"  # the Python client: pip install, then its suite
-GPUQ_TEST_BACKEND=cuda tier sh tests/python.sh "$BUILD"
+if [ "${GPUQ_TIERS:-all}" = cuda ]; then
+	GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
+	GPUQ_TEST_BACKEND=cuda tier sh tests/python.sh "$BUILD"
+else
+	tier sh tests/layers.sh          # which folders each layer may include
+	tier "$BUILD/tests/unit"
+	GPUQ_TEST_BACKEND=host tier "$BUILD/tests/itest"
+	GPUQ_TEST_BACKEND=cuda tier "$BUILD/tests/itest"
+	tier sh tests/cli.sh "$BUILD"
+	tier sh tests/top.sh "$BUILD"     # gpuq top: --once, and the live view in tmux
+	tier sh tests/docs.sh "$BUILD"    # --help and the man pages against the programs' own tables
+	tier sh tests/service.sh "$BUILD" # socket activation, notify, config, install
+	tier sh tests/python.sh "$BUILD"  # the Python client: pip install, then its suite
+	GPUQ_TEST_BACKEND=cuda tier sh tests/python.sh "$BUILD"
+fi
 
 awk -v require_gpu="${GPUQ_REQUIRE_GPU:-0}" '
 /^RESULT / {
