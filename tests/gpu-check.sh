@@ -13,7 +13,8 @@
 # benchmarks only; the default runs both. The whole suite ran for more than
 # nine minutes on the H200 machine, most of it the tiers CI already runs on
 # the host backend: =cuda runs the self-tests and only the suite's CUDA tiers
-# (integration and Python), so that it and =bench each fit one device command.
+# (integration and Python): a shorter command, meant to fit one device
+# command beside =bench (not yet timed on the H200 machine).
 set -u
 # Regions count against gpuqd's RLIMIT_MEMLOCK: lift it where this shell may.
 ulimit -l unlimited 2> /dev/null || true
