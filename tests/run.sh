@@ -11,7 +11,7 @@
 # client's suite on each backend.
 # GPUQ_REQUIRE_GPU=1 turns skipped GPU tests into a failure (make gpu-check).
 # GPUQ_TIERS=cuda runs only the tiers against the CUDA backend (integration
-# and Python): what a GPU machine adds to CI, in one device command.
+# and Python): what a GPU machine adds to the tiers CI runs.
 set -u
 BUILD=${1:-build}
 export GPUQ_BUILD="$BUILD"
