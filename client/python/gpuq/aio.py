@@ -4,8 +4,9 @@ The connection lives on the event loop that first uses it. Its socket is
 non-blocking; the loop calls :meth:`AsyncConnection._readable` when bytes
 arrive, which routes each frame to its request's future (dispatch.py), so
 any number of requests can be in flight on one connection, their replies
-matched by id. A timer checks deadlines and liveness while requests are
-pending; progress events run their request's ``on_event`` on the loop.
+matched by id. Deadlines and liveness are checked on the loop when
+watch.py's thread says they are due (a loop timer would cost every turn of
+the loop); progress events run their request's ``on_event`` on the loop.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from asyncio import InvalidStateError
 from typing import Any, Deque, Dict, Generator, Optional, Sequence, Union
 
-from . import share
+from . import share, watch
 from .aio_methods import AsyncMethods
 from .api import Plan, ProgressHandler, _job_call
 from .client import ClientBase, _apart, _own_body
@@ -66,12 +67,11 @@ class AsyncConnection(ConnectionBase):
         # (an asyncio.Lock cost a coroutine and a future's check per request).
         self._sending = False
         self._send_queue: Deque["asyncio.Future[None]"] = collections.deque()
-        self._ticker: Optional[asyncio.TimerHandle] = None
         # Requests the daemon answers at once, with their deadlines: now plus the
-        # timeout, so in the order sent. One timer, at the oldest's deadline,
-        # expires them (one timer per request cost a heap push and a cancel).
+        # timeout, so in the order sent. watch.py's thread reads the oldest and
+        # has the loop expire it when it passes.
         self._due: Dict[int, float] = {}
-        self._due_timer: Optional[asyncio.TimerHandle] = None
+        self._next_tick = 0.0  # the next liveness check while waits are pending
         self._pinger: Optional["asyncio.Task[None]"] = None  # held: the loop keeps weak ones
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -80,13 +80,14 @@ class AsyncConnection(ConnectionBase):
             self._loop = loop
             self._d.last_heard = time.monotonic()
             loop.add_reader(self._sock.fileno(), self._readable)
+            watch.watch(self)
         elif self._loop is not loop:
             raise RuntimeError("an AsyncClient is bound to the event loop it first ran on")
 
     async def call(self, call: Call) -> Dict[str, Any]:
         """Sends ``call`` and returns its reply map, whether ``ok`` or not."""
-        # Every request of an AsyncClient runs this: what Dispatcher.deadline,
-        # _send_at_once and _arm would do is written out here, each a call less.
+        # Every request of an AsyncClient runs this: what Dispatcher.deadline and
+        # _send_at_once would do is written out here, each a call less.
         if self._closed is not None:
             self._check_open()
         loop = asyncio.get_running_loop()
@@ -98,20 +99,11 @@ class AsyncConnection(ConnectionBase):
         d = self._d
         rid, frame = d.add(call, future if call.on_event is None
                            else _EventSlot(future, call.on_event))
-        now = time.monotonic()
         expiry = None
         if not call.waits:
-            deadline = now + d.timeout
-            self._due[rid] = deadline
-            if self._due_timer is None:
-                self._due_timer = loop.call_at(loop.time() + (deadline - now),
-                                               self._expire_due)
-        else:
-            if call.wait_s is not None:  # a wait's own limit: a timer of its own
-                expiry = loop.call_at(loop.time() + call.wait_s + d.timeout,
-                                      self._expire, rid)
-            if self._ticker is None:
-                self._arm()
+            self._due[rid] = time.monotonic() + d.timeout
+        elif call.wait_s is not None:  # a wait's own limit: a timer of its own
+            expiry = loop.call_at(loop.time() + call.wait_s + d.timeout, self._expire, rid)
         try:
             try:
                 if self._sending or call.fds:
@@ -156,17 +148,41 @@ class AsyncConnection(ConnectionBase):
             if rest is not None:
                 await self._send_held(rest, ())
 
+    def watch_due(self, now: float) -> Optional[float]:
+        """Run by watch.py's thread, not the loop: hands the loop the checks due at
+        ``now`` (an overdue request, a liveness check while a wait is pending);
+        when the next one is due. Reads ``_due`` and ``waits`` only."""
+        loop = self._loop
+        if loop is None or self._closed is not None:
+            return None
+        try:
+            oldest = next(iter(self._due.values()), None)
+        except RuntimeError:  # the loop changed _due meanwhile: let it look
+            oldest = now
+        checks = []
+        if oldest is not None and oldest <= now:
+            checks.append(self._expire_due)
+            oldest = None
+        tick = None
+        if self._d.waits:
+            if now >= self._next_tick:
+                checks.append(self._tick)
+                self._next_tick = now + self.timeout / 4
+            tick = self._next_tick
+        try:
+            for check in checks:
+                loop.call_soon_threadsafe(check)
+        except RuntimeError:  # the loop is closed: nothing of this connection runs
+            watch.unwatch(self)
+            return None
+        return min((t for t in (oldest, tick) if t is not None), default=None)
+
     def _expire_due(self) -> None:
-        """Expires the requests answered-at-once that are overdue, oldest first, and
-        sets the timer again for the oldest left."""
-        self._due_timer = None
+        """Expires the requests answered-at-once that are overdue, oldest first."""
         now = time.monotonic()
         while self._due:
             rid, deadline = next(iter(self._due.items()))
             if deadline > now:
-                assert self._loop is not None
-                self._due_timer = self._loop.call_at(self._loop.time() + (deadline - now),
-                                                     self._expire_due)
                 return
             del self._due[rid]
             self._expire(rid)
@@ -266,13 +282,8 @@ class AsyncConnection(ConnectionBase):
         if fatal is not None:
             self._break(fatal)
 
-    def _arm(self) -> None:
-        """Keeps a liveness timer running while waits for jobs are pending."""
-        if self._ticker is None and self._loop is not None and self._closed is None:
-            self._ticker = self._loop.call_later(self.timeout / 4, self._tick)
-
     def _tick(self) -> None:
-        self._ticker = None
+        """A liveness check, every quarter timeout while waits for jobs are pending."""
         if not self._d.waits or self._closed is not None:
             return
         verdict = self._d.liveness(time.monotonic())
@@ -282,7 +293,6 @@ class AsyncConnection(ConnectionBase):
         if verdict == "ping" and self._loop is not None:
             frame = self._d.ping_frame(time.monotonic())
             self._pinger = self._loop.create_task(self._ping(frame))
-        self._arm()
 
     async def _ping(self, frame: bytes) -> None:
         try:
@@ -304,12 +314,7 @@ class AsyncConnection(ConnectionBase):
     def _detach(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._sock.fileno())
-        if self._ticker is not None:
-            self._ticker.cancel()
-            self._ticker = None
-        if self._due_timer is not None:
-            self._due_timer.cancel()
-            self._due_timer = None
+        watch.unwatch(self)
 
     def close(self, why: str = "closed by the client") -> None:
         if self._closed is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 
@@ -370,4 +371,43 @@ def test_an_async_client_forked_connects_anew_in_the_childs_loop(daemon):
             await c.aclose()
         asyncio.run(main())
     _reap(_in_child(child))
+    c.close()
+
+
+def test_asyncio_requests_in_flight_arm_no_loop_timer(daemon):
+    """Deadlines and liveness are kept by the client's clock thread (gpuq/watch.py):
+    a timer armed on the loop would cost every turn of it, so every request."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with gpuq.AsyncClient(daemon.socket) as c:
+            for _ in range(3):
+                await c.ping()
+                await c.noop()  # a wait for a job: liveness applies
+            ping, noop = asyncio.ensure_future(c.ping()), asyncio.ensure_future(c.noop())
+            await asyncio.sleep(0)  # both sent, their replies not yet read
+            armed = [h for h in loop._scheduled if not h.cancelled()]  # CPython's heap
+            await ping
+            await noop
+        return armed
+    assert asyncio.run(main()) == []
+
+
+def test_an_async_client_forked_still_times_out_in_the_child(stalled):
+    """The clock thread does not come along into a forked child: the child's
+    connection starts one of its own, and its requests still time out."""
+    s = stalled(timeout=0.5)
+    c = gpuq.AsyncClient(s.daemon.socket, timeout=0.5)
+    asyncio.run(c.ping())  # the parent's clock runs
+    s.daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        def child():
+            async def main():
+                t0 = time.monotonic()
+                with pytest.raises(gpuq.ReplyTimeout):
+                    await c.ping()
+                assert 0.4 < time.monotonic() - t0 < 5
+            asyncio.run(main())
+        _reap(_in_child(child))
+    finally:
+        s.daemon.proc.send_signal(signal.SIGCONT)
     c.close()
