@@ -544,15 +544,24 @@ static void trace_mark(const struct trace *t)
 	close(fd);
 }
 
-/* One copy the trace holds: its stream and bytes; mark for the test's marks. */
+/*
+ * One copy the trace holds: its stream and bytes; mark for the test's
+ * marks; queued for the line written as the copy was queued (the others
+ * are written as its engine takes it).
+ */
 struct traced {
-	bool mark;
+	bool mark, queued;
 	unsigned stream;
 	size_t bytes;
 };
 
-/* The copies of engine `kind` ("h2d", "d2h") on device 0 and the marks, in order (malloc'd, *n of them). */
-static struct traced *trace_read_kind(const struct trace *t, const char *kind, size_t *n)
+/*
+ * The copies of engine `kind` ("h2d", "d2h") on device 0 as their engine
+ * took them and the marks, with `queued` also each copy as it was queued,
+ * in order (malloc'd, *n of them).
+ */
+static struct traced *trace_read_events(const struct trace *t, const char *kind, bool queued,
+					size_t *n)
 {
 	FILE *f = fopen(t->path, "r");
 	CHECK(f != NULL);
@@ -562,12 +571,18 @@ static struct traced *trace_read_kind(const struct trace *t, const char *kind, s
 	CHECK(out != NULL);
 	*n = 0;
 	while (fgets(line, sizeof line, f)) {
-		struct traced c = { false, 0, 0 };
+		struct traced c = { false, false, 0, 0 };
 		char engine[8];
 		int dev;
+		const char *copy = line;
+		if (strncmp(line, "queued ", 7) == 0) {
+			c.queued = true;
+			copy += 7;
+		}
 		if (strcmp(line, "mark\n") == 0)
 			c.mark = true;
-		else if (sscanf(line, "%7s %d %u %zu", engine, &dev, &c.stream, &c.bytes) != 4 ||
+		else if ((c.queued && !queued) ||
+			 sscanf(copy, "%7s %d %u %zu", engine, &dev, &c.stream, &c.bytes) != 4 ||
 			 strcmp(engine, kind) != 0 || dev != 0)
 			continue;
 		if (*n == cap) {
@@ -579,6 +594,11 @@ static struct traced *trace_read_kind(const struct trace *t, const char *kind, s
 	}
 	fclose(f);
 	return out;
+}
+
+static struct traced *trace_read_kind(const struct trace *t, const char *kind, size_t *n)
+{
+	return trace_read_events(t, kind, false, n);
 }
 
 static struct traced *trace_read(const struct trace *t, size_t *n)
@@ -723,29 +743,40 @@ TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
 }
 
 /*
- * How two transfers' copies shared the engine: a's from the trace's start,
- * b's from the mark (when b was sent). before_b: a's copies taken between
- * the mark and b's first, which b waits behind once (a's queue while it
- * ran alone), and bytes_before_b their bytes; longest: the longest run of
- * one stream's copies from b's first until a or b took its last. Without
- * turns a keeps its queue full and b's first copy comes after a's last.
+ * How two transfers' copies shared the engine (c: trace_read_events with
+ * the queued copies): a's from the trace's start, b's from the mark (when b
+ * was sent). backlog_a: the most bytes of a's copies queued and not yet
+ * taken at any moment before b's first was taken, which b's first chunk
+ * waits behind at most, whenever it comes (a's queue while it ran alone).
+ * before_b: a's copies taken between the queueing of b's first and its
+ * take, bytes_before_b their bytes; longest: the longest run of one
+ * stream's copies taken while the other had one queued, from b's first
+ * until a or b took its last. Without turns a keeps its queue full and b's
+ * first copy comes after a's last. Nothing here counts a copy taken while
+ * the other transfer had none queued (b's request being read, or either's
+ * next chunk being filled: the one with a copy ready goes on alone, as it
+ * should): on a loaded machine those moments last longer, and the counts
+ * would follow the load.
  */
 struct shared_engine {
+	int a_sent, a_first; /* a's copies taken after the mark; of them, before b's first */
 	int before_b, longest;
-	size_t bytes_before_b;
+	size_t bytes_before_b, backlog_a;
 	size_t largest; /* the largest copy from b's first until a or b took its last */
 };
 
 static struct shared_engine engine_shared(const struct traced *c, size_t n)
 {
-	struct shared_engine out = { -1, 0, 0, 0 };
+	struct shared_engine out = { 0, 0, -1, 0, 0, 0, 0 };
 	unsigned a = 0, b = 0;
-	size_t mark = n, first_b = n, last_a = 0, last_b = 0;
+	size_t mark = n, first_b = n, last_a = 0, last_b = 0, queued_b = n;
 	for (size_t i = 0; i < n; i++) {
 		if (c[i].mark) {
 			mark = mark < i ? mark : i;
 			continue;
 		}
+		if (c[i].queued)
+			continue;
 		if (!a)
 			a = c[i].stream;
 		else if (!b && c[i].stream != a)
@@ -757,29 +788,71 @@ static struct shared_engine engine_shared(const struct traced *c, size_t n)
 	}
 	CHECKF(b != 0 && mark < first_b, "the trace shows one stream's copies only, or b's before "
 	       "it was sent");
+	for (size_t i = mark; i < n; i++) {
+		bool a_taken = !c[i].mark && !c[i].queued && c[i].stream == a;
+		out.a_sent += a_taken;
+		out.a_first += a_taken && i < first_b;
+	}
+	size_t queued_a = 0;
+	for (size_t i = 0; i < first_b; i++) {
+		if (c[i].mark || c[i].stream != a)
+			continue;
+		queued_a = c[i].queued ? queued_a + c[i].bytes : queued_a - c[i].bytes;
+		out.backlog_a = queued_a > out.backlog_a ? queued_a : out.backlog_a;
+	}
+	for (size_t i = mark; i < first_b && queued_b == n; i++)
+		queued_b = c[i].queued && c[i].stream == b ? i : n;
+	CHECKF(queued_b < first_b, "the trace shows b's first copy taken, never queued");
 	out.before_b = 0;
-	for (size_t i = mark; i < first_b; i++) {
-		out.before_b += !c[i].mark;
-		out.bytes_before_b += c[i].mark ? 0 : c[i].bytes;
+	for (size_t i = queued_b; i < first_b; i++) {
+		bool taken = !c[i].mark && !c[i].queued;
+		out.before_b += taken;
+		out.bytes_before_b += taken ? c[i].bytes : 0;
 	}
 	size_t end = last_a < last_b ? last_a : last_b;
-	int run = 0;
-	for (size_t i = first_b; i <= end; i++) {
-		run = i > first_b && c[i].stream == c[i - 1].stream ? run + 1 : 1;
-		out.longest = run > out.longest ? run : out.longest;
+	int waiting[2] = { 0, 0 }, run = 0; /* copies queued, not yet taken: a's, b's */
+	unsigned runner = 0;
+	for (size_t i = 0; i <= end; i++) {
+		int who = c[i].stream == a ? 0 : c[i].stream == b ? 1 : -1;
+		if (c[i].mark || who < 0)
+			continue;
+		waiting[who] += c[i].queued ? 1 : -1;
+		if (c[i].queued || i < first_b)
+			continue;
 		out.largest = c[i].bytes > out.largest ? c[i].bytes : out.largest;
+		bool other_waits = waiting[1 - who] > 0;
+		run = !other_waits ? 0 : runner == c[i].stream ? run + 1 : 1;
+		runner = other_waits ? c[i].stream : 0;
+		out.longest = run > out.longest ? run : out.longest;
 	}
 	return out;
 }
 
-/* Whether a and b took turns: b's first copy behind a's queue at most, then short runs. */
-static bool took_turns(struct shared_engine e)
+/* The bytes a transfer alone may keep queued, with slots of slot_bytes (and the tests' slack). */
+static size_t turn_queue_bytes(size_t slot_bytes)
 {
-	return e.before_b <= SCHED_DMA_QUEUE_ALONE + TURN_SLACK && e.longest <= 2 * SCHED_DMA_QUEUE;
+	return (SCHED_DMA_QUEUE_ALONE + TURN_SLACK) * slot_bytes;
 }
 
-static void expect_turns(struct shared_engine e, const char *a, const char *b)
+/*
+ * Whether a and b took turns: b went long before a ended, a kept its queue
+ * (which b's first copy waits behind) short and none of its copies queued
+ * after b's went first, then short runs.
+ */
+static bool took_turns(struct shared_engine e, size_t slot_bytes)
 {
+	return 2 * e.a_first <= e.a_sent && e.backlog_a <= turn_queue_bytes(slot_bytes) &&
+	       e.before_b <= SCHED_DMA_QUEUE_ALONE + TURN_SLACK && e.longest <= 2 * SCHED_DMA_QUEUE;
+}
+
+static void expect_turns(struct shared_engine e, size_t slot_bytes, const char *a, const char *b)
+{
+	CHECKF(2 * e.a_first <= e.a_sent, "%d of the %d copies %s made after %s was sent went "
+	       "before %s's first (half may, however long its request and first chunk take; "
+	       "%d tries)", e.a_first, e.a_sent, a, b, b, TURN_ATTEMPTS);
+	CHECKF(e.backlog_a <= turn_queue_bytes(slot_bytes),
+	       "%s kept %zu bytes queued ahead of %s's first chunk (it may queue %zu; %d tries)", a,
+	       e.backlog_a, b, turn_queue_bytes(slot_bytes), TURN_ATTEMPTS);
 	CHECKF(e.before_b <= SCHED_DMA_QUEUE_ALONE + TURN_SLACK,
 	       "%s's first chunk waited behind %d of %s's (it may queue %d; %d tries)", b,
 	       e.before_b, a, SCHED_DMA_QUEUE_ALONE, TURN_ATTEMPTS);
@@ -829,15 +902,17 @@ static pid_t pipe_writer(int p[2], size_t n)
  * until A's end (jobs nearest their end first, which on the H200 let one
  * owner's backlog move 98 % of the bytes). B is staged, from a memfd; A
  * too, or streamed, from a pipe. A staged A, alone until B comes, moves up
- * to four chunks a copy (XFER_DMA_SPAN_BYTES), so it has four times the
- * chunks of a streamed one, to be as far from its end when B comes.
+ * to four chunks a copy (XFER_DMA_SPAN_BYTES), so it has twice the chunks
+ * of a streamed one, to be as far from its end when B comes; a streamed A
+ * has twice B's, so that half of what A moves after B is sent is well
+ * above A's queue, which B's first chunk waits behind (engine_shared).
  */
 static void expect_long_puts_take_turns(bool a_from_pipe)
 {
 	if (test_backend_is_cuda())
 		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
-	struct shared_engine e = { 0, 0, 0, 0 };
-	size_t a_bytes = (a_from_pipe ? 48 : 4 * 48) * TURN_CHUNK;
+	struct shared_engine e = { 0, 0, 0, 0, 0, 0, 0 };
+	size_t a_bytes = (a_from_pipe ? 2 * 48 : 4 * 48) * TURN_CHUNK;
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;
 		struct daemon_proc d;
@@ -856,14 +931,14 @@ static void expect_long_puts_take_turns(bool a_from_pipe)
 		gpuq_close(c);
 		daemon_stop(&d);
 		size_t n;
-		struct traced *copies = trace_read(&t, &n);
+		struct traced *copies = trace_read_events(&t, "h2d", true, &n);
 		e = engine_shared(copies, n);
 		free(copies);
 		trace_stop(&t);
-		if (took_turns(e) && e.largest <= TURN_CHUNK)
+		if (took_turns(e, TURN_CHUNK) && e.largest <= TURN_CHUNK)
 			break;
 	}
-	expect_turns(e, a_from_pipe ? "the put from a pipe" : "put a", "put b");
+	expect_turns(e, TURN_CHUNK, a_from_pipe ? "the put from a pipe" : "put a", "put b");
 	CHECKF(e.largest <= TURN_CHUNK, "a copy of %zu bytes while the two puts shared the device: "
 	       "a put spans slots only while it has the device to itself (%d tries)", e.largest,
 	       TURN_ATTEMPTS);
@@ -979,10 +1054,9 @@ static void expect_pinned_put_takes_turns(bool region)
 		SKIP("counts DMAs on the host engines, slowed (bench sched measures the GPU)");
 	/* slots of 8 KiB: the pinned put's 64 chunks (4 MiB) fit the 8 MiB RLIMIT_MEMLOCK of CI */
 	const size_t pinned_chunk = 64 << 10, pinned_chunks = 64;
-	const size_t bytes = pinned_chunks * pinned_chunk, staged = 48 * (8 << 10);
-	const size_t queue_bytes = (SCHED_DMA_QUEUE_ALONE + TURN_SLACK) * (8 << 10);
+	const size_t slot = 8 << 10, bytes = pinned_chunks * pinned_chunk, staged = 48 * slot;
 	const char *what = region ? "the region's put" : "the registered put";
-	struct shared_engine e = { 0, 0, 0, 0 };
+	struct shared_engine e = { 0, 0, 0, 0, 0, 0, 0 };
 	size_t pinned_copies = 0;
 	for (int attempt = 0; attempt < TURN_ATTEMPTS; attempt++) {
 		struct trace t;
@@ -1009,22 +1083,20 @@ static void expect_pinned_put_takes_turns(bool region)
 		gpuq_close(c);
 		daemon_stop(&d);
 		size_t n;
-		struct traced *copies = trace_read(&t, &n);
+		struct traced *copies = trace_read_events(&t, "h2d", true, &n);
 		pinned_copies = 0;
 		for (size_t i = 0; i < n; i++)
-			pinned_copies += !copies[i].mark && copies[i].bytes == pinned_chunk;
+			pinned_copies += !copies[i].mark && !copies[i].queued &&
+					 copies[i].bytes == pinned_chunk;
 		e = engine_shared(copies, n);
 		free(copies);
 		trace_stop(&t);
-		if (pinned_copies == pinned_chunks && took_turns(e) && e.bytes_before_b <= queue_bytes)
+		if (pinned_copies == pinned_chunks && took_turns(e, slot))
 			break;
 	}
 	CHECKF(pinned_copies == pinned_chunks, "%s moved as %zu copies of %zu bytes, not %zu of "
 	       "eight staging slots", what, pinned_copies, pinned_chunk, pinned_chunks);
-	expect_turns(e, what, "the staged put");
-	CHECKF(e.bytes_before_b <= queue_bytes, "the staged put's first chunk waited behind %zu bytes "
-	       "of %s (it may queue %zu; %d tries)", e.bytes_before_b, what, queue_bytes,
-	       TURN_ATTEMPTS);
+	expect_turns(e, slot, what, "the staged put");
 }
 
 TEST(sched_a_region_put_takes_turns_with_a_staged_put)

@@ -183,16 +183,18 @@ static void engine_delay(unsigned us)
 
 /*
  * Tests only: GPUQ_HOST_ENGINE_TRACE=PATH appends a line per copy as its
- * engine takes it, "h2d|d2h DEVICE STREAM BYTES", so that a test counts
- * whose copies ran before whose (test_sched.c) instead of timing them.
- * Written under the engines' lock, so the lines are in the order taken.
+ * engine takes it, "h2d|d2h DEVICE STREAM BYTES", and one as it is queued,
+ * the same after "queued ", so that a test counts whose copies ran before
+ * whose and how many bytes a stream kept queued (test_sched.c) instead of
+ * timing them. Written under the engines' lock, so the lines are in the
+ * order of those events.
  */
-static void trace_copy(const struct host_engines *e, enum host_engine_kind kind,
+static void trace_copy(const struct host_engines *e, const char *event,
 		       const struct host_stream *s, const struct qop *q)
 {
-	if (e->trace_fd < 0 || (kind != HOST_ENGINE_H2D && kind != HOST_ENGINE_D2H))
+	if (e->trace_fd < 0 || (q->kind != HOST_ENGINE_H2D && q->kind != HOST_ENGINE_D2H))
 		return;
-	dprintf(e->trace_fd, "%s %d %u %zu\n", kind == HOST_ENGINE_H2D ? "h2d" : "d2h",
+	dprintf(e->trace_fd, "%s%s %d %u %zu\n", event, q->kind == HOST_ENGINE_H2D ? "h2d" : "d2h",
 		e->dev->index, s->serial, q->op.n);
 }
 
@@ -216,7 +218,7 @@ static void *engine_main(void *arg)
 		s->running = true;
 		e->last[kind] = s;
 		stream_take_turn(e, s);
-		trace_copy(e, kind, s, q);
+		trace_copy(e, "", s, q);
 		pthread_mutex_unlock(&engines_lock);
 		engine_delay(e->delay_us[kind]);
 		q->fn(&q->op);
@@ -354,8 +356,10 @@ static int stream_append(struct host_stream *s, struct qop *q)
 		s->head = q;
 	s->tail = q;
 	s->submitted++;
-	if (q->type == QOP_RUN)
+	if (q->type == QOP_RUN) {
 		q->order = s->e->queued++;
+		trace_copy(s->e, "queued ", s, q);
+	}
 	if (q->type == QOP_MARK) {
 		q->event->stream = s;
 		q->event->seq = q->mark_seq = s->submitted;
