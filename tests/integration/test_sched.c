@@ -745,18 +745,21 @@ TEST(sched_an_urgent_put_passes_the_dmas_of_low_ones)
 /*
  * How two transfers' copies shared the engine (c: trace_read_events with
  * the queued copies): a's from the trace's start, b's from the mark (when b
- * was sent). backlog_a: the most bytes of a's copies queued and not yet
- * taken at any moment before b's first was taken, which b's first chunk
- * waits behind at most, whenever it comes (a's queue while it ran alone).
- * before_b: a's copies taken between the queueing of b's first and its
- * take, bytes_before_b their bytes; longest: the longest run of one
- * stream's copies taken while the other had one queued, from b's first
- * until a or b took its last. Without turns a keeps its queue full and b's
- * first copy comes after a's last. Nothing here counts a copy taken while
- * the other transfer had none queued (b's request being read, or either's
- * next chunk being filled: the one with a copy ready goes on alone, as it
- * should): on a loaded machine those moments last longer, and the counts
- * would follow the load.
+ * was sent).
+ * - a_sent: a's copies taken after the mark; a_first: those of them taken
+ *   before b's first. Without turns a keeps its queue full and b's first
+ *   copy comes after a's last.
+ * - backlog_a: the most bytes of a's copies queued and not yet taken at
+ *   any moment before b's first was taken: a's queue, which b's first
+ *   chunk waits behind once b has it ready.
+ * - before_b: a's copies taken between the queueing of b's first and its
+ *   take (bytes_before_b their bytes): none queued after b's goes first.
+ * - longest: the longest run of one transfer's copies taken while the
+ *   other had one queued, from b's first until a or b took its last.
+ * Only a_first counts copies a took while b had none ready (b's request
+ * read, its first chunk filled: a goes on alone meanwhile, as it should),
+ * and tests hold it to half of a_sent: on a loaded machine those moments
+ * last longer, so a bound tighter than that would follow the load.
  */
 struct shared_engine {
 	int a_sent, a_first; /* a's copies taken after the mark; of them, before b's first */
