@@ -289,6 +289,18 @@ static void other_owner_hint(struct buffer_table *t, uid_t owner, uid_t caller, 
 	}
 }
 
+/* Where name of owner is absent (on a GPU this gpuqd does not serve), as a hint into out. */
+static void absent_hint(const struct buffer_table *t, uid_t owner, const char *name, char *out,
+			size_t size)
+{
+	const struct state_buffer *a = t->absent ? absent_find(t->absent, owner, name) : NULL;
+	size_t used = strlen(out);
+	if (a && used < size)
+		snprintf(out + used, size - used, "; '%s' is on GPU %s, which this gpuqd does not "
+			 "serve: it is kept, and comes back with its bytes under a gpuqd that serves "
+			 "that GPU (gpuqd --devices)", name, a->uuid);
+}
+
 static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, uid_t caller,
 				       const char *name, struct gpuq_error *err)
 {
@@ -310,10 +322,11 @@ static struct buffer *resolve_anywhere(struct buffer_table *t, uid_t owner, uid_
 			  names);
 		return NULL;
 	}
-	char hint[200];
+	char hint[400];
 	list_names(t, owner, -1, names, sizeof names);
 	buffer_whose(owner, caller, who, sizeof who);
 	other_owner_hint(t, owner, caller, name, -1, hint, sizeof hint);
+	absent_hint(t, owner, name, hint, sizeof hint);
 	gpuq_fail(err, GPUQ_E_NOT_FOUND, "buffer '%s' not found (%s buffers: %s)%s", name, who,
 		  names, hint);
 	return NULL;
@@ -326,10 +339,11 @@ struct buffer *buffer_resolve(struct buffer_table *t, uid_t owner, uid_t caller,
 		return resolve_anywhere(t, owner, caller, name, err);
 	struct buffer *b = buffer_find(t, owner, name, device);
 	if (!b) {
-		char names[256], who[24], hint[200];
+		char names[256], who[24], hint[400];
 		list_names(t, owner, device, names, sizeof names);
 		buffer_whose(owner, caller, who, sizeof who);
 		other_owner_hint(t, owner, caller, name, device, hint, sizeof hint);
+		absent_hint(t, owner, name, hint, sizeof hint);
 		gpuq_fail(err, GPUQ_E_NOT_FOUND,
 			  "buffer '%s' not found on device %d (%s buffers there: %s)%s", name,
 			  device, who, names, hint);

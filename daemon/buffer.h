@@ -95,6 +95,11 @@ struct buffer_table {
 	 * the free op's, which this registry stays below.
 	 */
 	void (*free_orphan)(struct daemon *d, struct buffer *b);
+	/*
+	 * Buffers of GPUs this gpuqd does not serve (daemon/absent.h), for the
+	 * not_found message of a name that is one of them (NULL: none).
+	 */
+	const struct absent *absent;
 };
 
 const char *buffer_state_name(enum buffer_state state);

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <uv.h>
 
+#include "daemon/absent.h"
 #include "daemon/args.h"
 #include "daemon/buffer.h"
 #include "daemon/durable.h"
@@ -57,6 +58,7 @@ struct daemon {
 	struct restart restart; /* a re-exec under way (daemon/restart.h) */
 	struct fd_store fd_store; /* the service manager's descriptor store (daemon/fd_store.h) */
 	struct listen_fds passed; /* what the service manager passed at start (daemon/listen_fds.h) */
+	struct absent absent; /* each index's GPU, and buffers of GPUs not served (daemon/absent.h) */
 };
 
 /* One request being handled: what handlers need to read it and answer. */

@@ -95,10 +95,11 @@ static void durable_copy_shape(const struct buffer_shape *s, char *out, size_t n
 					 (unsigned long long)s->dim[i]);
 }
 
-static void durable_copy_buffer(const struct buffer *b, const struct written *w, size_t n,
-				struct state_buffer *out)
+static void durable_copy_buffer(struct daemon *d, const struct buffer *b, const struct written *w,
+				size_t n, struct state_buffer *out)
 {
 	memset(out, 0, sizeof *out);
+	snprintf(out->uuid, sizeof out->uuid, "%s", absent_uuid_of(&d->absent, b->device));
 	snprintf(out->name, sizeof out->name, "%s", b->name);
 	snprintf(out->state, sizeof out->state, "%s", b->suspect ? "suspect" : buffer_state_name(b->state));
 	out->owner = (uint32_t)b->owner;
@@ -131,7 +132,7 @@ static int durable_copy_buffers(struct daemon *d, struct state_snapshot *s)
 		return -1;
 	}
 	for (struct buffer *b = d->buffers.head; b && s->nbuffers < d->buffers.count; b = b->next)
-		durable_copy_buffer(b, w, n, &s->buffers[s->nbuffers++]);
+		durable_copy_buffer(d, b, w, n, &s->buffers[s->nbuffers++]);
 	free(w);
 	return 0;
 }
@@ -146,6 +147,7 @@ static int durable_copy_regions(struct daemon *d, struct state_snapshot *s)
 		snprintf(out->name, sizeof out->name, "%s", r->name);
 		out->owner = (uint32_t)r->owner;
 		out->device = r->device;
+		snprintf(out->uuid, sizeof out->uuid, "%s", absent_uuid_of(&d->absent, r->device));
 		out->bytes = r->bytes;
 		out->fd = r->fd;
 		out->ephemeral = r->conn_serial != 0;
@@ -169,6 +171,7 @@ static int durable_copy_leases(struct daemon *d, struct state_snapshot *s)
 		snprintf(out->buffer, sizeof out->buffer, "%s", l->buffer->name);
 		out->buffer_owner = (uint32_t)l->buffer->owner;
 		out->device = l->buffer->device;
+		snprintf(out->uuid, sizeof out->uuid, "%s", absent_uuid_of(&d->absent, out->device));
 		out->uid = (uint32_t)l->uid;
 		out->pid = (int32_t)l->pid;
 		out->write = l->write;
@@ -219,7 +222,8 @@ int durable_snapshot(struct daemon *d, struct state_snapshot *s)
 	s->job_ids_below = d->durable.ids_reserved;
 	s->stopped = d->durable.stopped;
 	if (durable_copy_buffers(d, s) != 0 || durable_copy_regions(d, s) != 0 ||
-	    durable_copy_leases(d, s) != 0 || durable_copy_quota(s) != 0) {
+	    durable_copy_leases(d, s) != 0 || durable_copy_quota(s) != 0 ||
+	    absent_copy(&d->absent, &s->absent, &s->nabsent) != 0) {
 		state_snapshot_free(s);
 		return -1;
 	}

@@ -30,21 +30,39 @@
 /* A notification that the service manager does not take in this long fails (logged), never hangs a worker. */
 #define FD_STORE_SEND_TIMEOUT_S 1
 
-static void fd_store_hold_slab(void *ctx, int device, uint32_t slab, int fd)
+static void fd_store_hold_slab(void *ctx, const char *owner, uint32_t slab, int fd)
 {
-	char name[64];
-	fd_store_slab_name(device, slab, name, sizeof name);
+	char name[FD_STORE_NAME_MAX];
+	fd_store_slab_name(owner, slab, name, sizeof name);
 	fd_store_add(ctx, name, fd);
 }
 
-static void fd_store_release_slab(void *ctx, int device, uint32_t slab)
+static void fd_store_release_slab(void *ctx, const char *owner, uint32_t slab)
 {
 	struct fd_store *s = ctx;
-	char name[64];
+	char name[FD_STORE_NAME_MAX];
 	if (atomic_load(&s->keep))
 		return;
-	fd_store_slab_name(device, slab, name, sizeof name);
+	fd_store_slab_name(owner, slab, name, sizeof name);
 	fd_store_remove(s, name);
+}
+
+/*
+ * The old name is removed first, then the slab stored under its own: the
+ * service manager ignores a descriptor of a file it holds already (under
+ * any name), so the other order would leave it under none. Between the two
+ * datagrams only this process holds the slab; an add that fails is logged
+ * and counted as any, and the record still names the buffer.
+ */
+static void fd_store_rename_slab(void *ctx, const char *held_as, const char *owner, uint32_t slab,
+				 int fd)
+{
+	char name[FD_STORE_NAME_MAX];
+	fd_store_slab_name(owner, slab, name, sizeof name);
+	if (strcmp(name, held_as) == 0)
+		return;
+	fd_store_remove(ctx, held_as);
+	fd_store_add(ctx, name, fd);
 }
 
 /* $FDSTORE, as systemd 254 and later set it from FileDescriptorStoreMax=: 0 when unset or malformed. */
@@ -109,6 +127,7 @@ int fd_store_open(struct fd_store *s, enum fd_store_mode mode)
 		snprintf(s->why, sizeof s->why, "used (--fd-store on; $FDSTORE unset: its size unknown)");
 	s->keeper = (struct slab_keeper){ .hold = fd_store_hold_slab,
 					  .release = fd_store_release_slab,
+					  .rename = fd_store_rename_slab,
 					  .ctx = s };
 	return 0;
 }
@@ -216,25 +235,45 @@ void fd_store_count_held(struct fd_store *s, unsigned n)
 	atomic_fetch_add(&s->held, n);
 }
 
-void fd_store_slab_name(int device, uint32_t id, char *buf, size_t n)
+void fd_store_slab_name(const char *owner, uint32_t id, char *buf, size_t n)
+{
+	snprintf(buf, n, FD_STORE_SLAB_PREFIX "%s-%u", owner, id);
+}
+
+void fd_store_slab_name_of_index(int device, uint32_t id, char *buf, size_t n)
 {
 	snprintf(buf, n, FD_STORE_SLAB_PREFIX "%d-%u", device, id);
 }
 
-int fd_store_parse_slab(const char *name, int *device, uint32_t *id)
+/* What systemd takes in a name (fdname_is_valid): printable ASCII, no ':'; and no '-' at either end. */
+static bool fd_store_owner_ok(const char *owner, size_t len)
+{
+	if (len == 0 || owner[0] == '-' || owner[len - 1] == '-')
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (owner[i] <= ' ' || owner[i] > '~' || owner[i] == ':')
+			return false;
+	return true;
+}
+
+int fd_store_parse_slab(const char *name, char *owner, size_t n, uint32_t *id)
 {
 	size_t plen = strlen(FD_STORE_SLAB_PREFIX);
+	const char *dash = strrchr(name, '-'), *p;
 	char *end;
-	if (strncmp(name, FD_STORE_SLAB_PREFIX, plen) != 0)
+	if (strncmp(name, FD_STORE_SLAB_PREFIX, plen) != 0 || dash < name + plen)
 		return 0;
-	long d = strtol(name + plen, &end, 10);
-	if (end == name + plen || *end != '-' || d < 0 || d > 1024)
+	size_t len = (size_t)(dash - (name + plen));
+	if (!fd_store_owner_ok(name + plen, len) || len >= n)
 		return 0;
-	const char *p = end + 1;
-	unsigned long v = strtoul(p, &end, 10);
-	if (end == p || *end || v == 0 || v > UINT32_MAX)
+	p = dash + 1;
+	if (*p < '0' || *p > '9')
 		return 0;
-	*device = (int)d;
+	unsigned long long v = strtoull(p, &end, 10);
+	if (*end || v == 0 || v > UINT32_MAX)
+		return 0;
+	memcpy(owner, name + plen, len);
+	owner[len] = '\0';
 	*id = (uint32_t)v;
 	return 1;
 }

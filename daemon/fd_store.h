@@ -8,7 +8,12 @@
  * loses no buffer (docs/ARCHITECTURE.md, Durable state).
  *
  * Names: `gpuq-record` (the record, one for the service's life) and
- * `gpuq-slab-D-ID` (device D's slab ID, as the record names it).
+ * `gpuq-slab-UUID-ID` (slab ID of the device whose uuid is UUID, as the
+ * record names it): by uuid rather than by gpuq's index, which the next
+ * gpuqd may give another GPU (--devices changed), so that no two slabs
+ * ever share a name, and FDSTOREREMOVE never drops another device's.
+ * A gpuqd of record version 1 named them `gpuq-slab-INDEX-ID`; a slab taken
+ * over under such a name is stored again under its own (slab_keeper.rename).
  *
  * Threads: fd_store_open and fd_store_close on the main thread, before the
  * workers start and after they stop; fd_store_add and fd_store_remove from
@@ -33,6 +38,8 @@ enum fd_store_mode { FD_STORE_AUTO, FD_STORE_ON, FD_STORE_OFF };
 
 #define FD_STORE_RECORD "gpuq-record"
 #define FD_STORE_SLAB_PREFIX "gpuq-slab-"
+/* Room for any name gpuqd gives: the prefix, a uuid of up to 63 bytes, '-', the id. */
+#define FD_STORE_NAME_MAX SLAB_NAME_MAX
 
 struct fd_store {
 	int fd;             /* datagram socket to $NOTIFY_SOCKET; -1: the store is not used */
@@ -70,10 +77,12 @@ void fd_store_keep(struct fd_store *s);
 unsigned fd_store_over_limit(struct fd_store *s);
 /* n descriptors this image took over are in the store already (counted against $FDSTORE). */
 void fd_store_count_held(struct fd_store *s, unsigned n);
-/* The name of device's slab id, into buf (size n). */
-void fd_store_slab_name(int device, uint32_t id, char *buf, size_t n);
-/* Whether name is a slab's: 1 with *device and *id, or 0. */
-int fd_store_parse_slab(const char *name, int *device, uint32_t *id);
+/* The name of slab id of the device owner names (its uuid; an index, in the old names), into buf (size n). */
+void fd_store_slab_name(const char *owner, uint32_t id, char *buf, size_t n);
+/* The name gpuqd gave device index device's slab id before records named GPUs by uuid. */
+void fd_store_slab_name_of_index(int device, uint32_t id, char *buf, size_t n);
+/* Whether name is a slab's: 1 with owner (size n) and *id, or 0. */
+int fd_store_parse_slab(const char *name, char *owner, size_t n, uint32_t *id);
 void fd_store_close(struct fd_store *s);
 
 #endif

@@ -76,20 +76,22 @@ static void nth_name(const char *names, long i, char *out, size_t size)
 	out[n] = '\0';
 }
 
-static int add_slab(struct listen_fds *l, int device, uint32_t id, int fd)
+static int add_slab(struct listen_fds *l, const char *owner, uint32_t id, int fd)
 {
 	struct listen_slab *grown = realloc(l->slabs, (l->nslabs + 1) * sizeof *grown);
 	if (!grown)
 		return -1;
 	l->slabs = grown;
-	l->slabs[l->nslabs++] = (struct listen_slab){ device, id, fd };
+	struct listen_slab *slab = &l->slabs[l->nslabs++];
+	*slab = (struct listen_slab){ .id = id, .fd = fd };
+	snprintf(slab->owner, sizeof slab->owner, "%s", owner);
 	return 0;
 }
 
 /* Sorts one passed descriptor, fd, named name: kept in l, or closed. -1 with l->error. */
 static int sort_one(struct listen_fds *l, int fd, const char *name)
 {
-	int device;
+	char owner[SLAB_OWNER_MAX];
 	uint32_t id;
 	if (is_socket(fd)) {
 		if (l->listen_fd >= 0) {
@@ -103,8 +105,8 @@ static int sort_one(struct listen_fds *l, int fd, const char *name)
 		l->listen_fd = fd;
 	} else if (strcmp(name, FD_STORE_RECORD) == 0 && l->record_fd < 0) {
 		l->record_fd = fd;
-	} else if (fd_store_parse_slab(name, &device, &id)) {
-		if (add_slab(l, device, id, fd) != 0) {
+	} else if (fd_store_parse_slab(name, owner, sizeof owner, &id)) {
+		if (add_slab(l, owner, id, fd) != 0) {
 			snprintf(l->error, sizeof l->error, "no memory to list the stored slabs");
 			return -1;
 		}

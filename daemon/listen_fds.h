@@ -12,12 +12,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "workers/buffer/slab.h"
+
 /* The first descriptor passed (SD_LISTEN_FDS_START). */
 #define LISTEN_FDS_START 3
 
 /* A slab's descriptor from the store, by the name fd_store gave it. */
 struct listen_slab {
-	int device;
+	char owner[SLAB_OWNER_MAX]; /* the device's uuid; its index, in names older gpuqd gave */
 	uint32_t id;
 	int fd;
 };
@@ -25,7 +27,7 @@ struct listen_slab {
 struct listen_fds {
 	int listen_fd;  /* the listening socket; -1: none passed */
 	int record_fd;  /* the store's `gpuq-record`; -1: none */
-	struct listen_slab *slabs; /* the store's `gpuq-slab-D-ID`, in the order passed */
+	struct listen_slab *slabs; /* the store's `gpuq-slab-UUID-ID`, in the order passed */
 	size_t nslabs;
 	unsigned others;   /* passed descriptors that were none of these (closed) */
 	char error[512];   /* what was passed that cannot be served ("": nothing wrong) */

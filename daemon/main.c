@@ -100,6 +100,7 @@ static int start_workers(struct daemon *d)
 		return -1;
 	/* The copy threads serve every worker: they start first and stop last. */
 	struct device_config config = d->opt.device;
+	config.slab_id_floor = &d->absent.slab_id_floor; /* set once the record's buffers are placed */
 	config.copy_pool = copy_pool = copy_pool_start(d->opt.copy_threads, &err);
 	if (!copy_pool) {
 		log_error("cannot start the copy threads: %s", err.message);
@@ -115,6 +116,7 @@ static int start_workers(struct daemon *d)
 		log_error("cannot start the device workers: %s", err.message);
 		return -1;
 	}
+	absent_learn_uuids(&d->absent, &d->pool);
 	int healthy = 0;
 	for (int i = 0; i < count; i++) {
 		struct worker_snapshot s;
@@ -236,6 +238,7 @@ static void register_hooks(struct daemon *d)
 	d->server.conn_hooks = conn_hooks;
 	d->server.nconn_hooks = sizeof conn_hooks / sizeof conn_hooks[0];
 	d->buffers.free_orphan = op_free_own;
+	d->buffers.absent = &d->absent; /* not_found names a buffer kept for a GPU not served */
 	d->regions.free_orphan = op_region_free_own;
 	d->jobs.hooks = (struct job_hooks){ .started = service_job_started,
 					    .finished = service_job_finished,
@@ -254,6 +257,7 @@ static void daemon_free(struct daemon *d)
 		region_remove(&d->regions, d->regions.head);
 	job_table_destroy(&d->jobs);
 	durable_free(d);
+	absent_free(&d->absent);
 	fd_store_close(&d->fd_store);
 	int rc = uv_loop_close(d->loop);
 	if (rc < 0)

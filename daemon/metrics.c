@@ -223,6 +223,25 @@ static void render_queues(struct daemon *d, struct metrics_text *t, const unsign
 	emit(t, "gpuq_connections %u\n", conns);
 }
 
+/* Buffers kept for GPUs this gpuqd does not serve (daemon/absent.h), by GPU. */
+static void render_absent(struct daemon *d, struct metrics_text *t)
+{
+	struct absent_gpu gpus[GPUQ_MAX_DEVICES];
+	size_t n = absent_by_gpu(&d->absent, gpus, GPUQ_MAX_DEVICES);
+	char b[2 * SLAB_OWNER_MAX];
+	header(t, "gpuq_absent_buffers", "gauge",
+	       "Buffers kept for a GPU this gpuqd does not serve, by its uuid: they come back under "
+	       "a gpuqd that serves it.");
+	for (size_t i = 0; i < n; i++)
+		emit(t, "gpuq_absent_buffers{uuid=\"%s\"} %u\n", escaped(gpus[i].uuid, b, sizeof b),
+		     gpus[i].buffers);
+	header(t, "gpuq_absent_bytes", "gauge",
+	       "Bytes of the buffers kept for a GPU this gpuqd does not serve, by its uuid.");
+	for (size_t i = 0; i < n; i++)
+		emit(t, "gpuq_absent_bytes{uuid=\"%s\"} %llu\n", escaped(gpus[i].uuid, b, sizeof b),
+		     (unsigned long long)gpus[i].bytes);
+}
+
 /* Each device's scheduler: jobs in flight, per engine, and how long each engine was busy. */
 static void render_engines(struct daemon *d, struct metrics_text *t,
 			   const struct worker_snapshot *snap)
@@ -242,6 +261,7 @@ static void render_engines(struct daemon *d, struct metrics_text *t,
 	       "Descriptors gpuqd holds beyond the store's FileDescriptorStoreMax=: the store drops "
 	       "them, and a crash loses their buffers.");
 	emit(t, "gpuq_store_over_limit %u\n", fd_store_over_limit(&d->fd_store));
+	render_absent(d, t);
 	header(t, "gpuq_device_resets_total", "counter",
 	       "Times each device was reset (after a fault, or asked) and opened again.");
 	for (int i = 0; i < d->pool.count; i++)

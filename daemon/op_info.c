@@ -117,6 +117,26 @@ static void render_device(struct daemon *d, int index, struct mp_array *out)
 	mp_array_map(out, &m);
 }
 
+/* `absent`, only while buffers are kept for GPUs this gpuqd does not serve: the reply is otherwise as before. */
+static void render_absent(struct daemon *d, struct mp_map *out)
+{
+	struct absent_gpu gpus[GPUQ_MAX_DEVICES];
+	size_t n = absent_by_gpu(&d->absent, gpus, GPUQ_MAX_DEVICES);
+	struct mp_array a;
+	if (n == 0)
+		return;
+	mp_array_init(&a);
+	for (size_t i = 0; i < n; i++) {
+		struct mp_map m;
+		mp_map_init(&m);
+		mp_put_str(&m, "uuid", gpus[i].uuid);
+		mp_put_u64(&m, "buffers", gpus[i].buffers);
+		mp_put_u64(&m, "bytes", gpus[i].bytes);
+		mp_array_map(&a, &m);
+	}
+	mp_put_array(out, "absent", &a);
+}
+
 void op_devices(struct request *req, void *args)
 {
 	struct daemon *d = req->d;
@@ -133,6 +153,7 @@ void op_devices(struct request *req, void *args)
 		mp_put_u64(&body, "restarts", d->restart.count);
 	if (d->recover.recoveries)
 		mp_put_u64(&body, "recoveries", d->recover.recoveries);
+	render_absent(d, &body);
 	reply_ok(req, &body);
 }
 

@@ -104,19 +104,31 @@ int recover_check_record(int fd)
 		return RECOVER_EXIT_REFUSED;
 	}
 	printf("record version %u readable: generation %llu, backend %s, %d devices, %zu buffers, "
-	       "%zu regions, %zu leases\n",
+	       "%zu regions, %zu leases, %zu buffers kept for GPUs not served\n",
 	       STATE_RECORD_VERSION, (unsigned long long)generation, s->backend, s->devices,
-	       s->nbuffers, s->nregions, s->nleases);
+	       s->nbuffers, s->nregions, s->nleases, s->nabsent);
 	state_snapshot_free(s);
 	free(s);
 	return 0;
 }
 
-/* The adoption entry of (device, slab), added if new: NULL when out of memory. */
-static struct device_adopt *recover_slab(struct device_adopt_list *l, const struct state_buffer *b)
+/*
+ * Whether plan entry a is the slab the record's buffer b lies in: the same
+ * GPU (by uuid; by index in a record without uuids) and slab id.
+ */
+static bool recover_same_slab(const struct device_adopt *a, const struct state_buffer *b)
 {
+	if (a->slab != b->slab || strcmp(a->uuid, b->uuid) != 0)
+		return false;
+	return b->uuid[0] || a->device == b->device;
+}
+
+/* The plan entry of b's slab, added if new: NULL when out of memory. */
+static struct device_adopt *recover_slab(struct recover *r, const struct state_buffer *b)
+{
+	struct device_adopt_list *l = &r->adopt;
 	for (size_t i = 0; i < l->n; i++)
-		if (l->slabs[i].device == b->device && l->slabs[i].slab == b->slab)
+		if (recover_same_slab(&l->slabs[i], b))
 			return &l->slabs[i];
 	struct device_adopt *grown = realloc(l->slabs, (l->n + 1) * sizeof *grown);
 	if (!grown)
@@ -124,38 +136,56 @@ static struct device_adopt *recover_slab(struct device_adopt_list *l, const stru
 	l->slabs = grown;
 	struct device_adopt *a = &l->slabs[l->n++];
 	*a = (struct device_adopt){ .device = b->device, .slab = b->slab, .fd = b->slab_fd,
-				    .bytes = b->slab_bytes };
+				    .bytes = b->slab_bytes, .served_by = -1 };
+	snprintf(a->uuid, sizeof a->uuid, "%s", b->uuid);
+	/*
+	 * Through a re-exec under the store, the slab is there under the name
+	 * the previous image gave it: its uuid's, or its index's in a record of
+	 * a gpuqd before uuids (the worker then stores it under its own).
+	 */
+	if (r->stored && !b->uuid[0])
+		fd_store_slab_name_of_index(b->device, b->slab, a->held_as, sizeof a->held_as);
 	return a;
 }
 
 /* Whether the record's buffer b names memory this image can take over. */
 static bool recover_has_slab(const struct state_buffer *b, int devices)
 {
-	return b->slab != 0 && b->slab_bytes != 0 && b->slab_fd >= 0 && b->device >= 0 &&
-	       b->device < devices && strcmp(b->state, "lost") != 0;
+	bool located = b->uuid[0] || (b->device >= 0 && b->device < devices);
+	return b->slab != 0 && b->slab_bytes != 0 && b->slab_fd >= 0 && located &&
+	       strcmp(b->state, "lost") != 0;
 }
 
-static int recover_plan(struct recover *r, int devices)
+static int recover_plan_buffer(struct recover *r, const struct state_buffer *b)
 {
-	const struct state_snapshot *s = r->snap;
-	for (size_t i = 0; i < s->nbuffers; i++) {
-		const struct state_buffer *b = &s->buffers[i];
-		if (!recover_has_slab(b, devices))
-			continue;
-		struct device_adopt *a = recover_slab(&r->adopt, b);
-		if (!a)
-			return -1;
-		struct slab_range *grown = realloc(a->ranges, (a->nranges + 1) * sizeof *grown);
-		if (!grown)
-			return -1;
-		a->ranges = grown;
-		a->ranges[a->nranges++] = (struct slab_range){ b->slab_offset, b->bytes };
-		a->exported = a->exported || b->shareable;
-	}
+	if (!recover_has_slab(b, r->snap->devices))
+		return 0;
+	struct device_adopt *a = recover_slab(r, b);
+	if (!a)
+		return -1;
+	struct slab_range *grown = realloc(a->ranges, (a->nranges + 1) * sizeof *grown);
+	if (!grown)
+		return -1;
+	a->ranges = grown;
+	a->ranges[a->nranges++] = (struct slab_range){ b->slab_offset, b->bytes };
+	a->exported = a->exported || b->shareable;
 	return 0;
 }
 
-static const struct device_adopt *recover_find(const struct recover *r, int device, uint32_t slab);
+/* Every slab the record's buffers lie in, those of GPUs its writer did not serve too. */
+static int recover_plan(struct recover *r)
+{
+	const struct state_snapshot *s = r->snap;
+	for (size_t i = 0; i < s->nbuffers; i++)
+		if (recover_plan_buffer(r, &s->buffers[i]) != 0)
+			return -1;
+	for (size_t i = 0; i < s->nabsent; i++)
+		if (recover_plan_buffer(r, &s->absent[i]) != 0)
+			return -1;
+	return 0;
+}
+
+static struct device_adopt *recover_find(const struct recover *r, const struct state_buffer *b);
 
 /* The event recovered from, for the log: a re-exec, a death or a stop under the descriptor store. */
 static const char *recover_event(const struct recover *r)
@@ -166,27 +196,68 @@ static const char *recover_event(const struct recover *r)
 }
 
 /*
+ * Whether the store's slab p is plan entry a's: stored under its GPU's
+ * uuid, or (legacy) under its index in the record, as gpuqd before uuids
+ * named slabs.
+ */
+static bool recover_passed_is(const struct listen_slab *p, const struct device_adopt *a,
+			      bool legacy)
+{
+	char index[16];
+	if (p->fd < 0 || p->id != a->slab)
+		return false;
+	if (!legacy)
+		return a->uuid[0] && strcmp(p->owner, a->uuid) == 0;
+	snprintf(index, sizeof index, "%d", a->device);
+	return a->device >= 0 && strcmp(p->owner, index) == 0;
+}
+
+/* The store's descriptor of a's slab, taken from passed: -1 when it has none. */
+static int recover_take_passed(struct listen_fds *passed, struct device_adopt *a)
+{
+	for (int legacy = 0; legacy < 2; legacy++)
+		for (size_t k = 0; k < passed->nslabs; k++) {
+			struct listen_slab *p = &passed->slabs[k];
+			if (!recover_passed_is(p, a, legacy))
+				continue;
+			fd_store_slab_name(p->owner, p->id, a->held_as, sizeof a->held_as);
+			int fd = p->fd;
+			p->fd = -1;
+			return fd;
+		}
+	return -1;
+}
+
+/*
  * The store's case: each planned slab's descriptor is the store's of that
- * (device, id), not the number the record names (the dead process's). A
- * slab the store lacks is planned with no descriptor: its buffers are lost.
+ * GPU and id, not the number the record names (the dead process's). A slab
+ * the store lacks is planned with no descriptor: its buffers are lost.
  */
 static void recover_plan_from_store(struct recover *r, struct listen_fds *passed)
 {
 	for (size_t i = 0; i < r->adopt.n; i++) {
 		struct device_adopt *a = &r->adopt.slabs[i];
-		a->fd = -1;
-		for (size_t k = 0; k < passed->nslabs; k++) {
-			struct listen_slab *p = &passed->slabs[k];
-			if (p->fd >= 0 && p->device == a->device && p->id == a->slab) {
-				a->fd = p->fd;
-				p->fd = -1;
-				break;
-			}
-		}
-		if (a->fd < 0)
-			snprintf(a->why, sizeof a->why, "the service manager's store does not hold "
-				 "its slab (%s%d-%u)", FD_STORE_SLAB_PREFIX, a->device, a->slab);
+		a->held_as[0] = '\0';
+		a->fd = recover_take_passed(passed, a);
+		if (a->fd >= 0)
+			continue;
+		char name[FD_STORE_NAME_MAX];
+		if (a->uuid[0])
+			fd_store_slab_name(a->uuid, a->slab, name, sizeof name);
+		else
+			fd_store_slab_name_of_index(a->device, a->slab, name, sizeof name);
+		snprintf(a->why, sizeof a->why, "the service manager's store does not hold its slab (%s)",
+			 name);
 	}
+}
+
+/* Whether a plan entry took the store's slab of this name. */
+static bool recover_plan_took(const struct recover *r, const char *name)
+{
+	for (size_t i = 0; i < r->adopt.n; i++)
+		if (strcmp(r->adopt.slabs[i].held_as, name) == 0)
+			return true;
+	return false;
 }
 
 /*
@@ -197,14 +268,14 @@ static void recover_plan_from_store(struct recover *r, struct listen_fds *passed
 static void recover_drop_unnamed(struct daemon *d)
 {
 	struct listen_fds *passed = &d->passed;
-	char name[64];
+	char name[FD_STORE_NAME_MAX];
 	unsigned dropped = 0;
 	for (size_t i = 0; i < passed->nslabs; i++) {
 		struct listen_slab *p = &passed->slabs[i];
 		if (p->fd < 0)
 			continue;
-		fd_store_slab_name(p->device, p->id, name, sizeof name);
-		if (recover_find(&d->recover, p->device, p->id)) {
+		fd_store_slab_name(p->owner, p->id, name, sizeof name);
+		if (recover_plan_took(&d->recover, name)) {
 			/*
 			 * A second descriptor of a name the plan took (the heap never
 			 * stores two; a store that kept one anyway): FDSTOREREMOVE
@@ -290,7 +361,7 @@ void recover_begin(struct daemon *d)
 			  "not taken over", r->from_store ? "restarted" : "re-executed", d->ops->name,
 			  r->snap->backend);
 	} else if (r->snap) {
-		if (recover_plan(r, r->snap->devices) != 0)
+		if (recover_plan(r) != 0)
 			log_error("no memory to plan taking the slabs over; those left out are lost");
 		if (r->from_store)
 			recover_plan_from_store(r, &d->passed);
@@ -302,10 +373,11 @@ void recover_begin(struct daemon *d)
 	recover_drop_unnamed(d);
 }
 
-static const struct device_adopt *recover_find(const struct recover *r, int device, uint32_t slab)
+/* The plan entry of the slab the record's buffer b lies in: NULL when none was planned. */
+static struct device_adopt *recover_find(const struct recover *r, const struct state_buffer *b)
 {
 	for (size_t i = 0; i < r->adopt.n; i++)
-		if (r->adopt.slabs[i].device == device && r->adopt.slabs[i].slab == slab)
+		if (recover_same_slab(&r->adopt.slabs[i], b))
 			return &r->adopt.slabs[i];
 	return NULL;
 }
@@ -324,7 +396,7 @@ static const char *recover_lost_cause(const struct device_adopt *a, const struct
 /* Where b's memory now lies, the buffer its record names being rb: READY (perhaps suspect) or LOST. */
 static void recover_place(struct recover *r, struct buffer *b, const struct state_buffer *rb)
 {
-	const struct device_adopt *a = recover_find(r, rb->device, rb->slab);
+	const struct device_adopt *a = recover_find(r, rb);
 	char why[200];
 	b->state = BUFFER_LOST;
 	if (strcmp(rb->state, "lost") == 0) {
@@ -338,7 +410,7 @@ static void recover_place(struct recover *r, struct buffer *b, const struct stat
 	}
 	if (!a || !a->base) {
 		const char *cause = recover_lost_cause(a, rb);
-		log_error("buffer '%s@%d' is lost %s: %s", rb->name, rb->device, recover_event(r), cause);
+		log_error("buffer '%s@%d' is lost %s: %s", rb->name, b->device, recover_event(r), cause);
 		if (asprintf(&b->lost_why, "%s (%s)", recover_event(r), cause) < 0)
 			b->lost_why = NULL; /* the words for an unknown cause then: still lost, still refused */
 		return;
@@ -351,7 +423,7 @@ static void recover_place(struct recover *r, struct buffer *b, const struct stat
 	b->slab_fd = a->fd; /* the heap's now */
 	if (rb->shareable && (b->share_fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0)) < 0)
 		log_error("buffer '%s@%d': its descriptor for clients cannot be made again: %s",
-			  rb->name, rb->device, strerror(errno));
+			  rb->name, b->device, strerror(errno));
 	const char *suspect = state_buffer_suspect(rb, why, sizeof why);
 	if (!suspect && strcmp(rb->state, "suspect") == 0)
 		suspect = rb->suspect[0] ? rb->suspect
@@ -373,12 +445,45 @@ static void recover_shape(struct buffer_shape *s, const char *text)
 	s->given = s->ndim > 0;
 }
 
+int recover_device_now(const struct daemon *d, const char *uuid, int device)
+{
+	return uuid[0] ? absent_index_of(&d->absent, uuid) : device;
+}
+
+/*
+ * The record's buffer rb, whose GPU this gpuqd does not serve: kept
+ * absent (daemon/absent.h), its slab's descriptor with it, unless it was
+ * ephemeral (its connection cannot come back to it).
+ */
+static void recover_absent(struct daemon *d, const struct state_buffer *rb)
+{
+	struct device_adopt *a = recover_find(&d->recover, rb);
+	int fd = a && !a->taken ? a->fd : -1;
+	if (rb->ephemeral) {
+		log_info("ephemeral buffer '%s' of uid %u on GPU %s, which this gpuqd does not serve, "
+			 "is freed", rb->name, rb->owner, rb->uuid);
+		return;
+	}
+	if (absent_add(&d->absent, rb, fd) != 0) {
+		log_error("buffer '%s' of uid %u on GPU %s is lost: no memory to keep it", rb->name,
+			  rb->owner, rb->uuid);
+		return;
+	}
+	if (a && fd >= 0)
+		a->fd = -1; /* the absent table's now */
+}
+
 static void recover_buffer(struct daemon *d, const struct state_buffer *rb)
 {
-	struct buffer *b = buffer_add(&d->buffers, rb->name, rb->device, (uid_t)rb->owner,
+	int device = recover_device_now(d, rb->uuid, rb->device);
+	if (device < 0)
+		return recover_absent(d, rb);
+	if (device != rb->device)
+		d->recover.moved++;
+	struct buffer *b = buffer_add(&d->buffers, rb->name, device, (uid_t)rb->owner,
 				      rb->dtype, rb->count, rb->bytes);
 	if (!b) {
-		log_error("buffer '%s@%d' is lost %s: no memory to list it", rb->name, rb->device,
+		log_error("buffer '%s@%d' is lost %s: no memory to list it", rb->name, device,
 			  recover_event(&d->recover));
 		return;
 	}
@@ -389,6 +494,21 @@ static void recover_buffer(struct daemon *d, const struct state_buffer *rb)
 		b->conn_serial = rb->conn_serial ? rb->conn_serial : UINT64_MAX;
 		b->orphaned = true; /* until its connection is taken over (recover_conns) */
 	}
+}
+
+/* What the record's GPUs are now: moved to other indexes, or absent. */
+static void recover_log_devices(struct daemon *d)
+{
+	struct absent_gpu gpus[GPUQ_MAX_DEVICES];
+	size_t n = absent_by_gpu(&d->absent, gpus, GPUQ_MAX_DEVICES);
+	if (d->recover.moved)
+		log_warn("%u buffers are on other device indexes than before %s: their GPUs are served "
+			 "under other indexes now (--devices or the GPUs changed); each follows its GPU",
+			 d->recover.moved, recover_event(&d->recover));
+	for (size_t i = 0; i < n; i++)
+		log_warn("%u buffers (%llu bytes) on GPU %s are kept for a gpuqd that serves it: this "
+			 "one does not (not in --devices, gone, or it did not open)", gpus[i].buffers,
+			 (unsigned long long)gpus[i].bytes, gpus[i].uuid);
 }
 
 /* The descriptors no worker took (their device did not open), and the plan, go. */
@@ -410,8 +530,11 @@ void recover_buffers(struct daemon *d)
 	d->opt.device.adopt = NULL;
 	if (!r->snap)
 		return;
+	for (size_t i = r->snap->nabsent; i-- > 0;) /* of GPUs the previous image did not serve */
+		recover_buffer(d, &r->snap->absent[i]);
 	for (size_t i = r->snap->nbuffers; i-- > 0;) /* the table lists the newest first, as before */
 		recover_buffer(d, &r->snap->buffers[i]);
+	recover_log_devices(d);
 	for (struct buffer *b = d->buffers.head; b; b = b->next) {
 		ready += b->state == BUFFER_READY;
 		suspect += b->suspect != NULL;
@@ -430,8 +553,8 @@ void recover_buffers(struct daemon *d)
 		recover_regions(d);
 		recover_leases(d);
 	}
-	if (r->stored) { /* the slabs taken over and the record are in the store already */
-		unsigned held = 1;
+	if (r->stored) { /* the slabs taken over, those kept absent and the record are in the store already */
+		unsigned held = 1 + absent_slabs(&d->absent);
 		for (size_t i = 0; i < r->adopt.n; i++)
 			held += r->adopt.slabs[i].base != NULL;
 		fd_store_count_held(&d->fd_store, held);

@@ -61,6 +61,7 @@ struct recover {
 	unsigned restarts; /* re-execs so far, this one included */
 	uint64_t next_job; /* the job id the previous image would have given next */
 	unsigned suspect, lost; /* of the buffers taken over */
+	unsigned moved; /* buffers whose GPU has another index now */
 	uint64_t recoveries; /* times gpuqd came back from the store after dying, this one included */
 	uint64_t fault_ms[8]; /* when the latest restarts after a fault were asked (restart.h) */
 	unsigned nfault;
@@ -87,6 +88,12 @@ void recover_conns(struct daemon *d);
  * (daemon/replay.h).
  */
 void recover_jobs(struct daemon *d);
+/*
+ * The index that serves the GPU a record entry names now: by its uuid
+ * (-1: no device is that GPU), or its index device where the record has
+ * no uuid (written before records had them). After the workers opened.
+ */
+int recover_device_now(const struct daemon *d, const char *uuid, int device);
 /* --check-record FD: says what the record holds; 0, or RECOVER_EXIT_REFUSED. */
 int recover_check_record(int fd);
 

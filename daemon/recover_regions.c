@@ -47,8 +47,10 @@ static int recover_add_region(struct device_adopt_list *l, const struct state_re
 	if (!grown)
 		return -1;
 	l->regions = grown;
-	l->regions[l->nregions++] = (struct device_adopt_region){ .device = r->device, .fd = r->fd,
-								  .bytes = r->bytes, .node = -1 };
+	struct device_adopt_region *a = &l->regions[l->nregions++];
+	*a = (struct device_adopt_region){ .device = r->device, .fd = r->fd, .bytes = r->bytes,
+					   .node = -1, .served_by = -1 };
+	snprintf(a->uuid, sizeof a->uuid, "%s", r->uuid);
 	return 0;
 }
 
@@ -82,8 +84,8 @@ static const struct state_region *recover_region_record(const struct state_snaps
 static bool recover_region(struct daemon *d, const struct device_adopt_region *a,
 			   const struct state_region *rr)
 {
-	struct region *r = region_add(&d->regions, rr->name, rr->device, (uid_t)rr->owner,
-				      rr->bytes, a->fd);
+	struct region *r = region_add(&d->regions, rr->name, a->served_by, (uid_t)rr->owner,
+				      rr->bytes, a->fd); /* the device that is its GPU now */
 	if (!r)
 		return false;
 	r->map = a->map;
@@ -136,13 +138,17 @@ void recover_regions(struct daemon *d)
 static bool recover_lease(struct daemon *d, const struct state_lease *rl)
 {
 	struct gpuq_error err;
-	struct buffer *b = buffer_find(&d->buffers, (uid_t)rl->buffer_owner, rl->buffer, rl->device);
+	int device = recover_device_now(d, rl->uuid, rl->device);
+	struct buffer *b = device < 0 ? NULL
+				      : buffer_find(&d->buffers, (uid_t)rl->buffer_owner, rl->buffer, device);
 	const struct lease from = { .id = rl->id, .write = rl->write, .uid = (uid_t)rl->uid,
 				    .pid = (pid_t)rl->pid, .conn_serial = rl->conn_serial,
 				    .since = (double)rl->since_ms / 1e3 };
 	if (!b || b->state != BUFFER_READY || !b->shareable)
-		gpuq_fail(&err, GPUQ_E_NOT_FOUND, "buffer '%s@%d' %s", rl->buffer, rl->device,
-			  !b ? "was not taken over" : !b->shareable ? "is not shareable" : "is lost");
+		gpuq_fail(&err, GPUQ_E_NOT_FOUND, "buffer '%s@%d' %s", rl->buffer, device,
+			  device < 0 ? "is on a GPU this gpuqd does not serve"
+			  : !b ? "was not taken over"
+			  : !b->shareable ? "is not shareable" : "is lost");
 	else if (lease_adopt(d, b, &from, &err))
 		return true;
 	log_error("lease %llu of uid %u (pid %d) ends in the re-exec: %s",

@@ -319,6 +319,7 @@ static void restart_handover(struct daemon *d, int queue_fd, char *buf, size_t s
 	for (struct buffer *b = d->buffers.head; b; b = b->next)
 		if (b->slab_fd >= 0 && b->state == BUFFER_READY)
 			restart_keep(b->slab_fd);
+	absent_inherit(&d->absent, 1); /* the record names their descriptors too */
 	regions_inherit(&d->regions, true); /* the record names their descriptors */
 	for (struct conn *c = d->server.conns; c; c = c->next)
 		if (restart_conn_clean(c) && restart_keep(c->fd))
@@ -335,6 +336,7 @@ static void restart_take_back(struct daemon *d)
 	for (struct buffer *b = d->buffers.head; b; b = b->next)
 		if (b->slab_fd >= 0)
 			fcntl(b->slab_fd, F_SETFD, FD_CLOEXEC);
+	absent_inherit(&d->absent, 0);
 	regions_inherit(&d->regions, false);
 	for (struct conn *c = d->server.conns; c; c = c->next)
 		fcntl(c->fd, F_SETFD, FD_CLOEXEC);

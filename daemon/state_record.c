@@ -53,6 +53,7 @@ static const struct rec_field buffer_fields[] = {
 	REC_FIELD_ADDED(struct state_buffer, "lost", REC_STR, lost),
 	REC_FIELD_ADDED(struct state_buffer, "shape", REC_STR, shape),
 	REC_FIELD(struct state_buffer, "writers", REC_U32, writers),
+	REC_FIELD_ADDED(struct state_buffer, "uuid", REC_STR, uuid),
 };
 
 static const struct rec_field region_fields[] = {
@@ -64,6 +65,7 @@ static const struct rec_field region_fields[] = {
 	REC_FIELD(struct state_region, "ephemeral", REC_BOOL, ephemeral),
 	REC_FIELD_ADDED(struct state_region, "conn", REC_U64, conn_serial),
 	REC_FIELD_ADDED(struct state_region, "created_ms", REC_U64, created_ms),
+	REC_FIELD_ADDED(struct state_region, "uuid", REC_STR, uuid),
 };
 
 static const struct rec_field lease_fields[] = {
@@ -76,6 +78,7 @@ static const struct rec_field lease_fields[] = {
 	REC_FIELD(struct state_lease, "write", REC_BOOL, write),
 	REC_FIELD_ADDED(struct state_lease, "conn", REC_U64, conn_serial),
 	REC_FIELD_ADDED(struct state_lease, "since_ms", REC_U64, since_ms),
+	REC_FIELD_ADDED(struct state_lease, "uuid", REC_STR, uuid),
 };
 
 static const struct rec_field quota_fields[] = {
@@ -89,17 +92,21 @@ struct rec_list {
 	const char *key;
 	const struct rec_field *fields;
 	size_t nfields, entry_size, at_list, at_count;
+	bool optional; /* added after the first format: a record without it reads as no entries */
 };
 
-#define REC_LIST(key_, fields_, entry, list, count)                                             \
+#define REC_LIST_OF(key_, fields_, entry, list, count, optional_)                              \
 	{ key_, fields_, sizeof fields_ / sizeof fields_[0], sizeof(entry),                     \
-	  offsetof(struct state_snapshot, list), offsetof(struct state_snapshot, count) }
+	  offsetof(struct state_snapshot, list), offsetof(struct state_snapshot, count), optional_ }
+#define REC_LIST(key_, fields_, entry, list, count) REC_LIST_OF(key_, fields_, entry, list, count, false)
+#define REC_LIST_ADDED(key_, fields_, entry, list, count) REC_LIST_OF(key_, fields_, entry, list, count, true)
 
 static const struct rec_list rec_lists[] = {
 	REC_LIST("buffers", buffer_fields, struct state_buffer, buffers, nbuffers),
 	REC_LIST("regions", region_fields, struct state_region, regions, nregions),
 	REC_LIST("leases", lease_fields, struct state_lease, leases, nleases),
 	REC_LIST("quota", quota_fields, struct state_quota, quotas, nquotas),
+	REC_LIST_ADDED("absent", buffer_fields, struct state_buffer, absent, nabsent),
 };
 
 /* An integer member of 4 or 8 bytes, signed or not, as an int64. */
@@ -220,6 +227,8 @@ static int rec_get_list(const msgpack_object *root, const struct rec_list *list,
 			struct state_snapshot *s, struct gpuq_error *err)
 {
 	const msgpack_object *a = NULL;
+	if (list->optional && !msg_map_get(root, list->key))
+		return 0;
 	if (rec_need(msg_get_array(root, list->key, &a, err), list->key, err) != 0)
 		return -1;
 	size_t n = a->via.array.size;
@@ -296,6 +305,7 @@ void state_snapshot_free(struct state_snapshot *s)
 	free(s->regions);
 	free(s->leases);
 	free(s->quotas);
+	free(s->absent);
 	memset(s, 0, sizeof *s);
 }
 

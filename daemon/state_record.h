@@ -19,9 +19,15 @@
  * read as an older one.
  *
  * The payload is msgpack: a map of `version`, `backend`, `devices`,
- * `buffers`, `regions`, `leases` and `quota` (state_snapshot_encode says
- * each field), so that fields can be added without a new version; a new
- * version is for what an older reader must not misread.
+ * `buffers`, `regions`, `leases`, `quota` and `absent` (state_snapshot_encode
+ * says each field), so that fields can be added without a new version; a
+ * new version is for what an older reader must not misread.
+ *
+ * Devices are named twice: by gpuq's index (`device`), which means another
+ * GPU to a gpuqd started with other --devices, and by the GPU's `uuid`,
+ * which a reader goes by where the record has it. `absent` lists buffers
+ * of GPUs the writer did not serve (their memory kept, for a gpuqd that
+ * serves the GPU again: daemon/absent.h), in the fields of `buffers`.
  *
  * Threads: the main thread only (it owns every table the record copies).
  */
@@ -35,9 +41,16 @@
 #include <msgpack.h>
 
 #include "daemon/buffer.h"
+#include "workers/buffer/slab.h"
 #include "protocol/protocol.h"
 
-#define STATE_RECORD_VERSION 1u
+/*
+ * 2: slabs are stored under their GPU's uuid and buffers of GPUs not served
+ * are kept in `absent` (daemon/absent.h); a gpuqd that reads only 1 would
+ * lose both, so it refuses the record (a restart into it is refused)
+ * rather than take it over. Version 1 records read as before.
+ */
+#define STATE_RECORD_VERSION 2u
 #define STATE_RECORD_MAGIC "GPUQREC" /* 8 bytes with its NUL */
 #define STATE_RECORD_SLOTS 2
 
@@ -71,6 +84,7 @@ struct state_buffer {
 	char suspect[200];    /* state "suspect": why */
 	char lost[400];       /* state "lost": how, as its refusals word it ("when gpu 1 was reset after ...") */
 	char shape[200];      /* the shape a client gave it, "2,3,4" ("": none) */
+	char uuid[SLAB_OWNER_MAX]; /* its GPU's ("": a record from before uuids; go by device) */
 	/*
 	 * Jobs that were writing it when the record was written (from their
 	 * submission to their end): a reader that finds it non-zero marks the
@@ -88,6 +102,7 @@ struct state_region {
 	bool ephemeral;
 	uint64_t conn_serial; /* an ephemeral region's connection (0: none, or a record before it was kept) */
 	uint64_t created_ms;  /* CLOCK_MONOTONIC, which a re-exec keeps (0: unknown) */
+	char uuid[SLAB_OWNER_MAX]; /* its device's GPU ("": unknown; go by device) */
 };
 
 struct state_lease {
@@ -100,6 +115,7 @@ struct state_lease {
 	bool write;
 	uint64_t conn_serial; /* the holder's connection: the lease ends when it closes (0: unknown) */
 	uint64_t since_ms;    /* the grant, CLOCK_MONOTONIC, which a re-exec keeps (0: unknown) */
+	char uuid[SLAB_OWNER_MAX]; /* its buffer's GPU ("": unknown; go by device) */
 };
 
 /* A user's quota usage: the bytes its buffers and regions hold. */
@@ -122,6 +138,12 @@ struct state_snapshot {
 	size_t nleases;
 	struct state_quota *quotas;
 	size_t nquotas;
+	/*
+	 * Buffers of GPUs the writer did not serve, by uuid (device -1): their
+	 * slabs kept (slab_fd, in the store) for a gpuqd that serves the GPU.
+	 */
+	struct state_buffer *absent;
+	size_t nabsent;
 };
 
 /*

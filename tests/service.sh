@@ -7,7 +7,10 @@
 #  - the service manager's descriptor store, kept by the same stand-in:
 #    buffers with their bytes through SIGKILL, SIGSEGV and a re-exec, a
 #    buffer being written comes back suspect, freed ones stay freed, and
-#    with --fd-store off a crash loses them;
+#    with --fd-store off a crash loses them; when the configuration's
+#    devices change, each buffer follows its GPU (by uuid), and a left-out
+#    GPU's are kept until it is served again (through the store, and
+#    through re-execs without it);
 #  - readiness, status, watchdog and stopping notifications, received on a
 #    test socket (a path, and an @abstract name);
 #  - journal priority prefixes; --check-config; the metrics textfile;
@@ -209,10 +212,10 @@ exec 4> "$dir/ffifo"
 put_of_w_running() { gpuq jobs | grep -q ' put  *running .* w@0 '; }
 wait_until put_of_w_running
 check store_keeps_the_record_and_each_slab sh -c "grep -q 'FDSTORE=1 | FDNAME=gpuq-record \[1 fds\]' '$store' &&
-	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-0-1 \[1 fds\]' '$store' &&
-	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-0-2 \[1 fds\]' '$store'"
-check store_removes_a_slab_given_back count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-0-3$' "$store" 1
-check store_removes_a_kept_empty_slab count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-0-4$' "$store" 1
+	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-HOST-0-1 \[1 fds\]' '$store' &&
+	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-HOST-0-2 \[1 fds\]' '$store'"
+check store_removes_a_slab_given_back count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-0-3$' "$store" 1
+check store_removes_a_kept_empty_slab count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-0-4$' "$store" 1
 # The id of a new job (a checksum of small).
 new_job_id() { gpuq --json checksum small | sed -n 's/.*"job":\([0-9][0-9]*\).*/\1/p'; }
 id_before=$(new_job_id)
@@ -277,7 +280,7 @@ gpuq put "$dir/mid" f@1 > /dev/null
 gpuq checksum f@1 > /dev/null 2>&1 # the simulated fault: device_error, then the re-exec
 wait_until grep -q "gpuqd\[$first\]: info: re-exec 1: " "$dir/g.log"
 wait_until gpuq ping
-check fault_reexec_leaves_the_faulted_slab_in_the_store count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-1-' "$store" 0
+check fault_reexec_leaves_the_faulted_slab_in_the_store count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-1-' "$store" 0
 kill -KILL "$first"
 second=$(pid_after_start 2)
 gpuq get f@1 "$dir/g.back" > /dev/null 2>&1
@@ -293,11 +296,92 @@ gpuq alloc once --bytes 1048576 > /dev/null
 gpuq free once > /dev/null # slab 1 is kept empty: out of the store
 gpuq alloc again --bytes 1048576 > /dev/null
 gpuq put "$dir/mid" again > /dev/null
-check kept_carved_slab_serving_again_is_stored_again count_is 'FDSTORE=1 | FDNAME=gpuq-slab-0-1 \[1 fds\]' "$store" 2
+check kept_carved_slab_serving_again_is_stored_again count_is 'FDSTORE=1 | FDNAME=gpuq-slab-HOST-0-1 \[1 fds\]' "$store" 2
 kill -KILL "$first"
 second=$(pid_after_start 2)
 gpuq get again "$dir/k.back" > /dev/null 2>&1
 check sigkill_keeps_a_buffer_carved_from_a_kept_slab cmp "$dir/mid" "$dir/k.back"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
+# --- GPUs by uuid: the configuration's `devices` changes between starts
+# (host devices stand in for GPUs: host device N's uuid is HOST-N). Each
+# buffer follows its GPU to its new index; one whose GPU is left out is
+# kept, with its bytes, until a gpuqd serves that GPU again ---
+# holds BUF FILE [BUF FILE]: each buffer holds the bytes of its file.
+holds() {
+	gpuq get "$1" "$dir/held" > /dev/null 2>&1 && cmp -s "$2" "$dir/held" &&
+		{ [ $# -lt 4 ] || holds "$3" "$4"; }
+}
+# alloc_put BUF:FILE:BYTES...: each buffer made, holding its file's bytes.
+alloc_put() {
+	for spec in "$@"; do
+		gpuq alloc "${spec%%:*}" --bytes "${spec##*:}" > /dev/null
+		file=${spec#*:}
+		gpuq put "$dir/${file%:*}" "${spec%%:*}" > /dev/null
+	done
+}
+printf 'devices = 0,1\n' > "$dir/u.conf"
+start_under_store u 4 64 --host-devices 2 --config "$dir/u.conf"
+first=$(pid_after_start 1)
+alloc_put a@0:mid:1048576 b@1:small:3000 c@1:large:40000000
+check store_names_slabs_by_uuid sh -c "grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-HOST-0-1 \[1 fds\]' '$store' &&
+	grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-HOST-1-2 \[1 fds\]' '$store'"
+printf 'devices = 1\n' > "$dir/u.conf"
+kill -KILL "$first"
+second=$(pid_after_start 2)
+check devices_changed_buffers_follow_their_gpu holds b@0 "$dir/small" c@0 "$dir/large"
+gpuq devices > "$dir/u.devices" 2>&1
+check devices_changed_left_out_gpus_buffers_are_kept grep -q \
+	'kept for GPU HOST-0, which this gpuqd does not serve: 1 buffer, 1.0 MiB' "$dir/u.devices"
+gpuq get a "$dir/u.a" > "$dir/u.a.err" 2>&1
+check devices_changed_kept_buffer_says_where_it_is grep -q \
+	"'a' is on GPU HOST-0, which this gpuqd does not serve" "$dir/u.a.err"
+gpuq metrics > "$dir/u.metrics"
+check devices_changed_kept_buffers_in_metrics grep -q '^gpuq_absent_buffers{uuid="HOST-0"} 1$' "$dir/u.metrics"
+check devices_changed_kept_slab_stays_in_the_store count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-0-' "$store" 0
+check devices_changed_is_logged grep -q \
+	"gpuqd\[$second\]: warn: 1 buffers (1048576 bytes) on GPU HOST-0 are kept for a gpuqd that serves it" "$dir/u.log"
+# Swapped: HOST-1 is device 0, HOST-0 device 1; a clean stop (SIGTERM) between.
+printf 'devices = 1,0\n' > "$dir/u.conf"
+kill -TERM "$second"
+third=$(pid_after_start 3)
+check devices_swapped_every_buffer_is_on_its_gpu holds a@1 "$dir/mid" b@0 "$dir/small"
+gpuq devices > "$dir/u.devices" 2>&1
+check devices_served_again_nothing_is_kept_aside sh -c "! grep -q 'kept for GPU' '$dir/u.devices'"
+# Freeing c (HOST-1's slab 2, now device 0) removes its name alone: HOST-0's slabs stay.
+gpuq free c@0 > /dev/null
+check devices_swapped_free_removes_its_own_slab_only sh -c "
+	test \$(grep -c 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-1-2\$' '$store') -eq 1 &&
+	test \$(grep -c 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-0-' '$store') -eq 0"
+gpuq alloc d@1 --bytes 40000000 > /dev/null # HOST-0's next slab: numbered above its adopted one
+check devices_swapped_new_slab_numbers_go_on grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-HOST-0-2 \[1 fds\]' "$store"
+kill -KILL "$third"
+fourth=$(pid_after_start 4)
+check devices_swapped_then_sigkill_keeps_the_bytes holds a@1 "$dir/mid"
+kill -TERM "$supervisor"
+wait "$supervisor"
+
+# --- the same through re-execs (`admin restart` reads the configuration
+# again), with no store: the process itself keeps the left-out GPU's slab
+# and hands it to the next image ---
+# reexec_into DEVICES N: the configuration says DEVICES, and re-exec N serves.
+reexec_into() {
+	printf 'devices = %s\n' "$1" > "$dir/v.conf"
+	gpuq admin restart > /dev/null
+	wait_until grep -q "gpuqd\[$first\]: info: re-exec $2: " "$dir/v.log"
+	wait_until gpuq ping
+}
+printf 'devices = 0,1\n' > "$dir/v.conf"
+start_under_store v 0 64 --host-devices 2 --config "$dir/v.conf" --fd-store off
+first=$(pid_after_start 1)
+alloc_put a@0:mid:1048576 b@1:small:3000
+reexec_into 1 1
+check reexec_devices_changed_buffer_follows_its_gpu holds b@0 "$dir/small"
+gpuq devices > "$dir/v.devices" 2>&1
+check reexec_devices_changed_left_out_gpus_buffer_is_kept grep -q 'kept for GPU HOST-0' "$dir/v.devices"
+reexec_into 0,1 2
+check reexec_gpu_served_again_has_its_buffer_back holds a@0 "$dir/mid" b@1 "$dir/small"
 kill -TERM "$supervisor"
 wait "$supervisor"
 
@@ -320,7 +404,7 @@ start_under_store q 0 2
 for b in q1 q2 q3; do gpuq --timeout 20000 alloc "$b" --bytes 20000000 > /dev/null; done
 wait_until grep -q 'store full' "$store"
 check store_full_warns_once count_is "warn: the service manager's descriptor store keeps 2 descriptors" "$dir/q.log" 1
-check store_full_is_what_the_stand_in_saw grep -q 'FDNAME=gpuq-slab-0-2 \[1 fds\] \[ignored: store full\]' "$store"
+check store_full_is_what_the_stand_in_saw grep -q 'FDNAME=gpuq-slab-HOST-0-2 \[1 fds\] \[ignored: store full\]' "$store"
 gpuq metrics > "$dir/q.metrics"
 check store_full_counts_what_is_over_the_limit grep -q '^gpuq_store_over_limit 2$' "$dir/q.metrics"
 kill -TERM "$supervisor"

@@ -178,9 +178,32 @@ static const struct sched_hooks worker_sched_hooks = {
 };
 
 /*
- * A re-exec: takes over the slabs of this device that the previous image
- * made, before the worker serves (backend.h's struct device_adopt). A slab
- * that cannot be taken over is reported in its entry; the device serves on.
+ * Whether an entry the previous image recorded for its device index device
+ * and GPU uuid is this worker's: by uuid where the record has one (gpuq's
+ * index may be another GPU's now), else by index.
+ */
+static bool worker_is(const struct worker *w, int device, const char *uuid)
+{
+	return uuid[0] ? strcmp(uuid, w->dev.info.uuid) == 0 : device == w->dev.index;
+}
+
+/*
+ * A slab adopted under a name its keeper does not give it (an older
+ * gpuqd's) is held under its own from now on: this thread owns its
+ * descriptor while it adopts, before it serves.
+ */
+static void worker_rename_adopted(struct worker *w, const struct device_adopt *a)
+{
+	const struct slab_keeper *k = w->dev.config.slab_keeper;
+	if (a->held_as[0] && k && k->rename)
+		k->rename(k->ctx, a->held_as, w->dev.info.uuid, a->slab, a->fd);
+}
+
+/*
+ * A re-exec, or a restart under the descriptor store: takes over the
+ * slabs of this device's GPU that the previous image made, before the
+ * worker serves (backend.h's struct device_adopt). A slab that cannot be
+ * taken over is reported in its entry; the device serves on.
  */
 static void worker_adopt(struct worker *w)
 {
@@ -190,13 +213,16 @@ static void worker_adopt(struct worker *w)
 		return;
 	for (size_t i = 0; i < list->n; i++) {
 		struct device_adopt *a = &list->slabs[i];
-		if (a->device != w->dev.index || a->fd < 0) /* no descriptor: a->why says why */
+		if (!worker_is(w, a->device, a->uuid) || a->fd < 0) /* no descriptor: a->why says why */
 			continue;
 		a->taken = true;
+		a->served_by = w->dev.index;
 		if (w->dev.ops->mem.adopt(&w->dev, a->slab, a->fd, a->bytes, a->exported, a->ranges,
 					  a->nranges, &a->base, &err) != 0) {
 			a->base = NULL;
 			snprintf(a->why, sizeof a->why, "%s", err.message);
+		} else {
+			worker_rename_adopted(w, a);
 		}
 	}
 	if (w->dev.ops->device.refresh_info(&w->dev, &err) != 0) /* the free memory the adopted slabs took */
@@ -217,10 +243,11 @@ static void worker_adopt_regions(struct worker *w)
 		return;
 	for (size_t i = 0; i < list->nregions; i++) {
 		struct device_adopt_region *a = &list->regions[i];
-		if (a->device != w->dev.index)
+		if (!worker_is(w, a->device, a->uuid))
 			continue;
 		double t0 = monotonic_seconds();
 		a->tried = true;
+		a->served_by = w->dev.index;
 		if (region_pin_map(&w->dev, a->fd, a->bytes, &a->map, &a->node, &err) != 0) {
 			a->map = NULL;
 			snprintf(a->why, sizeof a->why, "%s", err.message);

@@ -343,6 +343,8 @@ void render_cancel(FILE *f, const msgpack_object *reply);
 void render_copy_summary(FILE *f, const msgpack_object *res);
 /* Under `gpuq devices`, with several devices: how copies between them travel. */
 void render_peer_paths(FILE *f, const msgpack_object *devs);
+/* Under `gpuq devices`: the reply's `absent`, buffers kept for GPUs the daemon does not serve. */
+void render_absent(FILE *f, const msgpack_object *absent);
 
 /* fields.c: the bottom of the CLI's output */
 /* Field access for rendering: the value, or dflt when absent or mistyped. */

@@ -74,6 +74,23 @@ void render_devices(FILE *f, const msgpack_object *reply)
 	table_print(&t, f);
 	table_free(&t);
 	render_peer_paths(f, devs);
+	render_absent(f, field_array(reply, "absent"));
+}
+
+/* Under `gpuq devices`: buffers kept for GPUs this gpuqd does not serve. */
+void render_absent(FILE *f, const msgpack_object *absent)
+{
+	char uuid[80], size[32];
+
+	for (uint32_t i = 0; absent && i < absent->via.array.size; i++) {
+		const msgpack_object *a = &absent->via.array.ptr[i];
+		uint64_t n = field_u64(a, "buffers", 0);
+
+		fprintf(f, "kept for GPU %s, which this gpuqd does not serve: %" PRIu64 " buffer%s, %s "
+			   "(back when a gpuqd serves it: gpuqd --devices)\n",
+			field_str(a, "uuid", uuid, sizeof(uuid), "?"), n, n == 1 ? "" : "s",
+			human_bytes(size, sizeof(size), field_u64(a, "bytes", 0), 1));
+	}
 }
 
 /* Under `gpuq devices`, with several devices: how a copy from each to the others travels. */

@@ -282,7 +282,7 @@ TEST(restart_gives_a_replayed_job_the_new_images_refusal)
 	CHECK(pthread_create(&t, NULL, fill_and_wait, &pf) == 0);
 	await_queued(c, "fill");
 	uint64_t detached = fill_detached(c, "x", 5);
-	/* The new image has one device: the buffer on gpu 1 is lost there. */
+	/* The new image has one device: the buffer on gpu 1 is kept aside there, not served. */
 	const char *build = getenv("GPUQ_BUILD") ? getenv("GPUQ_BUILD") : "build";
 	CHECK(realpath(build, real) != NULL);
 	snprintf(body, sizeof body, "#!/bin/sh\nexec '%s/gpuqd' \"$@\" --host-devices 1\n", real);
@@ -293,14 +293,14 @@ TEST(restart_gives_a_replayed_job_the_new_images_refusal)
 	expect_ok(r, "restart into one device");
 	gpuq_reply_free(r);
 	pthread_join(t, NULL);
-	expect_error(pf.r, GPUQ_E_DEVICE_ERROR, "was lost in the re-exec (");
+	expect_error(pf.r, GPUQ_E_NOT_FOUND, "'x' is on GPU HOST-1, which this gpuqd does not serve");
 	gpuq_reply_free(pf.r);
 	await_restarts(c, 1);
 	close(p[1]);
 	job_outcome(c, detached, state, sizeof state, code, message, sizeof message);
 	CHECK_STR(state, "failed");
-	CHECK_STR(code, "device_error");
-	CHECKF(strstr(message, "refused it when it was replayed") && strstr(message, "lost"),
+	CHECK_STR(code, "not_found");
+	CHECKF(strstr(message, "refused it when it was replayed") && strstr(message, "does not serve"),
 	       "message: %s", message);
 	gpuq_close(filler);
 	gpuq_close(c);

@@ -68,18 +68,30 @@ TEST(fd_store_sends_each_descriptor_by_name)
 	CHECK_EQ(s.max, 2);
 	int memfd = memfd_create("slab", MFD_CLOEXEC);
 	CHECK(memfd >= 0);
-	s.keeper.hold(s.keeper.ctx, 1, 42, memfd); /* what a heap does as it makes a slab */
+	s.keeper.hold(s.keeper.ctx, "GPU-1a", 42, memfd); /* what a heap does as it makes a slab */
 	int got = receive(sock, text, sizeof text);
-	CHECK(strcmp(text, "FDSTORE=1\nFDNAME=gpuq-slab-1-42") == 0);
+	CHECK(strcmp(text, "FDSTORE=1\nFDNAME=gpuq-slab-GPU-1a-42") == 0);
 	CHECK(got >= 0 && same_file(got, memfd));
 	close(got);
-	s.keeper.release(s.keeper.ctx, 1, 42);
+	s.keeper.release(s.keeper.ctx, "GPU-1a", 42);
 	CHECK_EQ(receive(sock, text, sizeof text), -1);
-	CHECK(strcmp(text, "FDSTOREREMOVE=1\nFDNAME=gpuq-slab-1-42") == 0);
-	CHECK_EQ(atomic_load(&s.stored), 1);
-	CHECK_EQ(atomic_load(&s.removed), 1);
+	CHECK(strcmp(text, "FDSTOREREMOVE=1\nFDNAME=gpuq-slab-GPU-1a-42") == 0);
+	/*
+	 * A slab an older gpuqd stored by its index: the old name goes first
+	 * (the store ignores a file it holds already), then its uuid's.
+	 */
+	s.keeper.rename(s.keeper.ctx, "gpuq-slab-1-5", "GPU-1a", 5, memfd);
+	CHECK_EQ(receive(sock, text, sizeof text), -1);
+	CHECK(strcmp(text, "FDSTOREREMOVE=1\nFDNAME=gpuq-slab-1-5") == 0);
+	got = receive(sock, text, sizeof text);
+	CHECK(strcmp(text, "FDSTORE=1\nFDNAME=gpuq-slab-GPU-1a-5") == 0);
+	CHECK(got >= 0 && same_file(got, memfd));
+	close(got);
+	s.keeper.rename(s.keeper.ctx, "gpuq-slab-GPU-1a-5", "GPU-1a", 5, memfd); /* its own name: nothing sent */
+	CHECK_EQ(atomic_load(&s.stored), 2);
+	CHECK_EQ(atomic_load(&s.removed), 2);
 	fd_store_keep(&s); /* stopping: the slabs stay */
-	s.keeper.release(s.keeper.ctx, 1, 43);
+	s.keeper.release(s.keeper.ctx, "GPU-1a", 43);
 	char none;
 	CHECK(recv(sock, &none, 1, MSG_DONTWAIT) < 0);
 	fd_store_close(&s);
@@ -114,18 +126,30 @@ TEST(fd_store_is_used_only_when_asked_or_sized)
 
 TEST(fd_store_slab_names_both_ways)
 {
-	char name[64];
-	int device;
+	char name[FD_STORE_NAME_MAX], owner[SLAB_OWNER_MAX];
 	uint32_t id;
-	fd_store_slab_name(3, 4000000000u, name, sizeof name);
-	CHECK(strcmp(name, "gpuq-slab-3-4000000000") == 0);
-	CHECK_EQ(fd_store_parse_slab(name, &device, &id), 1);
-	CHECK_EQ(device, 3);
+	const char *uuid = "GPU-5ee4a5e1-0f6c-b2d3-7a1e-93b1e2f0c8d4";
+	fd_store_slab_name(uuid, 4000000000u, name, sizeof name);
+	CHECK(strcmp(name, "gpuq-slab-GPU-5ee4a5e1-0f6c-b2d3-7a1e-93b1e2f0c8d4-4000000000") == 0);
+	CHECK_EQ(fd_store_parse_slab(name, owner, sizeof owner, &id), 1);
+	CHECK(strcmp(owner, uuid) == 0);
 	CHECK_EQ(id, 4000000000u);
-	const char *bad[] = { "gpuq-record", "gpuq-slab-", "gpuq-slab-1", "gpuq-slab-1-", "gpuq-slab-x-1",
-			      "gpuq-slab-1-0", "gpuq-slab-1-2x", "gpuq-slab--1-2", "gpuq-slab-1-99999999999" };
+	fd_store_slab_name_of_index(3, 7, name, sizeof name); /* what gpuqd before uuids stored */
+	CHECK(strcmp(name, "gpuq-slab-3-7") == 0);
+	CHECK_EQ(fd_store_parse_slab(name, owner, sizeof owner, &id), 1);
+	CHECK(strcmp(owner, "3") == 0);
+	CHECK_EQ(id, 7);
+	CHECK_EQ(fd_store_parse_slab("gpuq-slab-HOST-1-2", owner, sizeof owner, &id), 1);
+	CHECK(strcmp(owner, "HOST-1") == 0);
+	CHECK_EQ(id, 2);
+	const char *bad[] = { "gpuq-record", "gpuq-slab-", "gpuq-slab-1", "gpuq-slab-1-", "gpuq-slab--2",
+			      "gpuq-slab-1-0", "gpuq-slab-1-2x", "gpuq-slab-1-99999999999",
+			      "gpuq-slab-a b-1", "gpuq-slab-1--2", "gpuq-slab-1-+2" };
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-		CHECKF(fd_store_parse_slab(bad[i], &device, &id) == 0, "'%s' read as a slab", bad[i]);
+		CHECKF(fd_store_parse_slab(bad[i], owner, sizeof owner, &id) == 0, "'%s' read as a slab",
+		       bad[i]);
+	char small[4];
+	CHECK_EQ(fd_store_parse_slab("gpuq-slab-HOST-1-2", small, sizeof small, &id), 0); /* no room: not ours */
 }
 
 /* In a child (it takes descriptors 3 and on): what listen_fds_collect makes of them. */
@@ -148,14 +172,14 @@ static int collect_in_child(void)
 	snprintf(pid, sizeof pid, "%d", (int)getpid());
 	setenv("LISTEN_PID", pid, 1);
 	setenv("LISTEN_FDS", "5", 1);
-	setenv("LISTEN_FDNAMES", "gpuqd.socket:gpuq-record:gpuq-slab-0-1:gpuq-slab-1-7:other", 1);
+	setenv("LISTEN_FDNAMES", "gpuqd.socket:gpuq-record:gpuq-slab-0-1:gpuq-slab-GPU-a1-7:other", 1);
 	struct listen_fds l;
 	if (listen_fds_collect(&l) != 0)
 		return 12;
 	if (l.listen_fd != 3 || l.record_fd != 4 || l.nslabs != 2 || l.others != 1)
 		return 13;
-	if (l.slabs[0].device != 0 || l.slabs[0].id != 1 || l.slabs[0].fd != 5 ||
-	    l.slabs[1].device != 1 || l.slabs[1].id != 7 || l.slabs[1].fd != 6)
+	if (strcmp(l.slabs[0].owner, "0") != 0 || l.slabs[0].id != 1 || l.slabs[0].fd != 5 ||
+	    strcmp(l.slabs[1].owner, "GPU-a1") != 0 || l.slabs[1].id != 7 || l.slabs[1].fd != 6)
 		return 14;
 	if (fcntl(7, F_GETFD) >= 0 || getenv("LISTEN_FDS")) /* the other closed; the variables unset */
 		return 15;

@@ -327,23 +327,23 @@ struct keeper_log {
 	struct fake *f;
 };
 
-static void keeper_note(struct keeper_log *k, const char *what, int device, uint32_t slab)
+static void keeper_note(struct keeper_log *k, const char *what, const char *owner, uint32_t slab)
 {
 	if (k->n < 32)
-		snprintf(k->events[k->n++], sizeof k->events[0], "%s %d-%u", what, device, slab);
+		snprintf(k->events[k->n++], sizeof k->events[0], "%s %s-%u", what, owner, slab);
 }
 
-static void keeper_hold(void *ctx, int device, uint32_t slab, int fd)
+static void keeper_hold(void *ctx, const char *owner, uint32_t slab, int fd)
 {
 	struct keeper_log *k = ctx;
 	CHECK(fd >= 100); /* the heap's descriptor */
-	keeper_note(k, "hold", device, slab);
+	keeper_note(k, "hold", owner, slab);
 }
 
-static void keeper_release(void *ctx, int device, uint32_t slab)
+static void keeper_release(void *ctx, const char *owner, uint32_t slab)
 {
 	struct keeper_log *k = ctx;
-	keeper_note(k, "release", device, slab);
+	keeper_note(k, "release", owner, slab);
 }
 
 /*
@@ -359,41 +359,41 @@ TEST(slab_keeper_holds_what_buffers_use)
 	struct keeper_log k = { .n = 0, .f = &f };
 	struct slab_keeper keeper = { .hold = keeper_hold, .release = keeper_release, .ctx = &k };
 	struct slab_heap *h = fake_heap(&f, 256 * MIB, 0);
-	slab_heap_set_keeper(h, &keeper, 3);
+	slab_heap_set_keeper(h, &keeper, "GPU-3");
 	struct slab_place a = must_alloc(h, 4 * KIB, 0);       /* carved slab 1 */
 	struct slab_place b = must_alloc(h, 4 * MIB, SLAB_OWN); /* slab 2 */
 	CHECK_EQ(k.n, 2);
-	CHECK(strcmp(k.events[0], "hold 3-1") == 0);
-	CHECK(strcmp(k.events[1], "hold 3-2") == 0);
+	CHECK(strcmp(k.events[0], "hold GPU-3-1") == 0);
+	CHECK(strcmp(k.events[1], "hold GPU-3-2") == 0);
 	CHECK_EQ(slab_free(h, b.ptr, NULL), 0); /* kept empty: out of the keeper */
 	CHECK_EQ(k.n, 3);
-	CHECK(strcmp(k.events[2], "release 3-2") == 0);
+	CHECK(strcmp(k.events[2], "release GPU-3-2") == 0);
 	struct slab_place c = must_alloc(h, 4 * MIB, SLAB_OWN); /* the kept slab 2 again */
 	CHECK_EQ(c.slab, 2);
 	CHECK_EQ(k.n, 4);
-	CHECK(strcmp(k.events[3], "hold 3-2") == 0);
+	CHECK(strcmp(k.events[3], "hold GPU-3-2") == 0);
 	struct slab_place e = must_alloc(h, 64 * MIB, SLAB_EXPORTED); /* slab 3, never kept */
 	CHECK_EQ(slab_free(h, e.ptr, NULL), 0);
 	CHECK_EQ(k.n, 6);
-	CHECK(strcmp(k.events[4], "hold 3-3") == 0);
-	CHECK(strcmp(k.events[5], "release 3-3") == 0);
+	CHECK(strcmp(k.events[4], "hold GPU-3-3") == 0);
+	CHECK(strcmp(k.events[5], "release GPU-3-3") == 0);
 	(void)a;
 	slab_heap_destroy(h, false); /* slabs 1 and 2 */
 	CHECK_EQ(k.n, 8);
-	CHECK(strcmp(k.events[6], "release 3-1") == 0);
-	CHECK(strcmp(k.events[7], "release 3-2") == 0);
+	CHECK(strcmp(k.events[6], "release GPU-3-1") == 0);
+	CHECK(strcmp(k.events[7], "release GPU-3-2") == 0);
 
 	/* The one carved slab kept empty serves again: the keeper holds it again. */
 	k.n = 0;
 	h = fake_heap(&f, 256 * MIB, 0);
-	slab_heap_set_keeper(h, &keeper, 3);
+	slab_heap_set_keeper(h, &keeper, "GPU-3");
 	struct slab_place g = must_alloc(h, 1 * MIB, 0); /* carved slab 1 */
 	CHECK_EQ(slab_free(h, g.ptr, NULL), 0);          /* kept empty: out of the keeper */
 	struct slab_place r = must_alloc(h, 1 * MIB, 0); /* carved from the kept slab 1 */
 	CHECK_EQ(r.slab, 1);
 	CHECK_EQ(k.n, 3);
-	CHECK(strcmp(k.events[1], "release 3-1") == 0);
-	CHECK(strcmp(k.events[2], "hold 3-1") == 0);
+	CHECK(strcmp(k.events[1], "release GPU-3-1") == 0);
+	CHECK(strcmp(k.events[2], "hold GPU-3-1") == 0);
 	struct slab_place r2 = must_alloc(h, 1 * MIB, 0); /* slab 1 in use and held: nothing said */
 	CHECK_EQ(k.n, 3);
 	(void)r2;
@@ -401,11 +401,11 @@ TEST(slab_keeper_holds_what_buffers_use)
 
 	k.n = 0;
 	h = fake_heap(&f, 256 * MIB, 0);
-	slab_heap_set_keeper(h, &keeper, 0);
+	slab_heap_set_keeper(h, &keeper, "GPU-0");
 	must_alloc(h, 4 * KIB, 0);
 	slab_heap_destroy(h, true); /* a faulted device: its bytes are gone, the keeper lets go */
 	CHECK_EQ(k.n, 2);
-	CHECK(strcmp(k.events[1], "release 0-1") == 0);
+	CHECK(strcmp(k.events[1], "release GPU-0-1") == 0);
 }
 
 /* Adopted slabs are held already (they came from the keeper), unless the keeper says otherwise. */
@@ -418,22 +418,45 @@ TEST(slab_keeper_and_adopted_slabs)
 	struct gpuq_error err;
 	void *base;
 	struct slab_heap *h = fake_heap(&f, 256 * MIB, 0);
-	slab_heap_set_keeper(h, &keeper, 1);
+	slab_heap_set_keeper(h, &keeper, "GPU-1");
 	CHECK_EQ(slab_adopt(h, 7, 100, 8 * MIB, false, &r, 1, &base, &err), 0);
 	CHECK_EQ(k.n, 0);
 	CHECK_EQ(slab_free(h, base, NULL), 0); /* its last buffer: the keeper lets it go */
 	CHECK_EQ(k.n, 1);
-	CHECK(strcmp(k.events[0], "release 1-7") == 0);
+	CHECK(strcmp(k.events[0], "release GPU-1-7") == 0);
 	slab_heap_destroy(h, false); /* kept empty: released already */
 	CHECK_EQ(k.n, 1);
 
 	k.n = 0;
 	keeper.adopted_unheld = true; /* an image that stored nothing handed it over */
 	h = fake_heap(&f, 256 * MIB, 0);
-	slab_heap_set_keeper(h, &keeper, 1);
+	slab_heap_set_keeper(h, &keeper, "GPU-1");
 	CHECK_EQ(slab_adopt(h, 7, 100, 8 * MIB, false, &r, 1, &base, &err), 0);
 	CHECK_EQ(k.n, 1);
-	CHECK(strcmp(k.events[0], "hold 1-7") == 0);
+	CHECK(strcmp(k.events[0], "hold GPU-1-7") == 0);
 	slab_heap_destroy(h, false);
 	CHECK_EQ(k.n, 2);
+}
+
+/*
+ * A heap made after start-up numbers its slabs above the ids of slabs its
+ * device may still have named in the keeper (kept for a GPU gpuqd did not
+ * serve at start, which a late-opening device may be), never below ids it
+ * adopted.
+ */
+TEST(slab_heap_numbers_above_a_floor)
+{
+	struct fake f;
+	struct keeper_log k = { .n = 0, .f = &f };
+	struct slab_keeper keeper = { .hold = keeper_hold, .release = keeper_release, .ctx = &k };
+	struct slab_heap *h = fake_heap(&f, 256 * MIB, 0);
+	slab_heap_set_keeper(h, &keeper, "GPU-9");
+	slab_heap_number_above(h, 7);
+	struct slab_place a = must_alloc(h, 4 * MIB, SLAB_OWN);
+	CHECK_EQ(a.slab, 8);
+	CHECK(strcmp(k.events[0], "hold GPU-9-8") == 0);
+	slab_heap_number_above(h, 3); /* a lower floor changes nothing */
+	struct slab_place b = must_alloc(h, 4 * MIB, SLAB_OWN);
+	CHECK_EQ(b.slab, 9);
+	slab_heap_destroy(h, false);
 }

@@ -1,6 +1,6 @@
 /*
  * daemon/state_record.c: a snapshot's round trip through the payload and
- * the memfd's slots, generations taking turns, a torn write (half a slot
+ * the memfd's slots (GPUs' uuids, buffers kept for GPUs not served), generations taking turns, a torn write (half a slot
  * written: payload or header) recovering the previous generation, a record
  * of a newer format refused with a clear message, a corrupted one refused,
  * and an empty one told apart.
@@ -21,7 +21,8 @@
 static struct state_buffer test_buffers[3] = {
 	{ .name = "weights", .owner = 1000, .device = 0, .dtype = GPUQ_DTYPE_BF16, .count = 1u << 20,
 	  .bytes = 2u << 20, .slab = 3, .slab_offset = 4096, .shareable = false, .ephemeral = false,
-	  .state = "ready", .writers = 0, .slab_bytes = 32u << 20, .slab_fd = 23, .shape = "1024,1024" },
+	  .state = "ready", .writers = 0, .slab_bytes = 32u << 20, .slab_fd = 23, .shape = "1024,1024",
+	  .uuid = "GPU-5ee4a5e1-0f6c-b2d3-7a1e-93b1e2f0c8d4" },
 	{ .name = "kv", .owner = 1001, .device = 1, .dtype = GPUQ_DTYPE_BYTES, .count = 77,
 	  .bytes = 77, .slab = 0, .slab_offset = 0, .shareable = true, .ephemeral = true,
 	  .state = "suspect", .writers = 2, .slab_fd = -1, .conn_serial = 9,
@@ -30,13 +31,19 @@ static struct state_buffer test_buffers[3] = {
 	  .slab = 1, .slab_offset = 64, .state = "lost", .slab_fd = -1,
 	  .lost = "when gpu 1 was reset after an administrator's request (uid 0)" },
 };
+/* Kept for a GPU the writer did not serve. */
+static struct state_buffer test_absent[1] = {
+	{ .name = "dataset", .owner = 1002, .device = -1, .dtype = GPUQ_DTYPE_F32, .count = 4,
+	  .bytes = 16, .slab = 9, .slab_offset = 0, .state = "ready", .slab_bytes = 2u << 20,
+	  .slab_fd = 31, .uuid = "GPU-00000000-1111-2222-3333-444444444444" },
+};
 static struct state_region test_regions[1] = {
 	{ .name = "in", .owner = 1000, .device = 1, .bytes = 1u << 21, .fd = 17, .ephemeral = true,
-	  .conn_serial = 12, .created_ms = 123456 },
+	  .conn_serial = 12, .created_ms = 123456, .uuid = "HOST-1" },
 };
 static struct state_lease test_leases[1] = {
 	{ .id = 42, .buffer = "kv", .buffer_owner = 1001, .device = 1, .uid = 1001, .pid = 4242,
-	  .write = true, .conn_serial = 13, .since_ms = 654321 },
+	  .write = true, .conn_serial = 13, .since_ms = 654321, .uuid = "HOST-1" },
 };
 static struct state_quota test_quotas[2] = {
 	{ .uid = 1000, .buffer_bytes = 2u << 20, .region_bytes = 1u << 21 },
@@ -50,7 +57,8 @@ static struct state_snapshot test_snapshot(void)
 				    .buffers = test_buffers, .nbuffers = 3,
 				    .regions = test_regions, .nregions = 1,
 				    .leases = test_leases, .nleases = 1,
-				    .quotas = test_quotas, .nquotas = 2 };
+				    .quotas = test_quotas, .nquotas = 2,
+				    .absent = test_absent, .nabsent = 1 };
 	return s;
 }
 
@@ -117,7 +125,17 @@ TEST(state_record_round_trip)
 		CHECK_STR(b->suspect, a->suspect);
 		CHECK_STR(b->lost, a->lost);
 		CHECK_STR(b->shape, a->shape);
+		CHECK_STR(b->uuid, a->uuid);
 	}
+	CHECK_EQ(back.nabsent, 1);
+	CHECK_STR(back.absent[0].name, "dataset");
+	CHECK_STR(back.absent[0].uuid, test_absent[0].uuid);
+	CHECK_EQ(back.absent[0].device, -1);
+	CHECK_EQ(back.absent[0].slab, 9);
+	CHECK_EQ(back.absent[0].slab_fd, 31);
+	CHECK_EQ(back.absent[0].slab_bytes, 2u << 20);
+	CHECK_STR(back.regions[0].uuid, "HOST-1");
+	CHECK_STR(back.leases[0].uuid, "HOST-1");
 	char why[128];
 	CHECK(state_buffer_suspect(&back.buffers[0], why, sizeof why) == NULL);
 	CHECK(state_buffer_suspect(&back.buffers[1], why, sizeof why) == why);
@@ -222,15 +240,17 @@ TEST(state_record_of_a_newer_format_is_refused)
 	uint64_t gen = 0;
 	write_snapshot(r, &s);
 	write_snapshot(r, &s);
-	/* Generation 2 (slot 0) as a newer gpuqd would write it: an intact header of version 2. */
+	/* Generation 2 (slot 0) as a newer gpuqd would write it: an intact header of a newer version. */
 	read_header(fd, 0, &h);
 	h.version = STATE_RECORD_VERSION + 1;
 	h.header_check = host_checksum(&h, offsetof(struct state_record_header, header_check));
 	CHECK(pwrite(fd, &h, sizeof h, 0) == (ssize_t)sizeof h);
 	CHECK_EQ(state_record_read(fd, &p, &len, &gen, &err), -1);
 	CHECK_EQ(err.code, GPUQ_E_UNSUPPORTED_VERSION);
-	CHECKF(strstr(err.message, "format version 2") && strstr(err.message, "reads version 1"),
-	       "%s", err.message);
+	char newer[40], ours[40];
+	snprintf(newer, sizeof newer, "format version %u", STATE_RECORD_VERSION + 1);
+	snprintf(ours, sizeof ours, "reads version %u", STATE_RECORD_VERSION);
+	CHECKF(strstr(err.message, newer) && strstr(err.message, ours), "%s", err.message);
 	/* A payload that says a newer version inside is refused by the decoder too. */
 	msgpack_sbuffer sb;
 	struct mp_map m;
@@ -241,7 +261,7 @@ TEST(state_record_of_a_newer_format_is_refused)
 	mp_map_finish(&m, &sb);
 	CHECK_EQ(state_snapshot_decode(sb.data, sb.size, &back, &err), -1);
 	CHECK_EQ(err.code, GPUQ_E_UNSUPPORTED_VERSION);
-	CHECKF(strstr(err.message, "format version 2"), "%s", err.message);
+	CHECKF(strstr(err.message, newer), "%s", err.message);
 	msgpack_sbuffer_destroy(&sb);
 	state_record_close(r);
 }
@@ -370,6 +390,8 @@ TEST(state_record_without_the_added_fields_reads_them_as_zero)
 	CHECK_EQ(back.buffers[0].conn_serial, 0);
 	CHECK_STR(back.buffers[0].suspect, "");
 	CHECK_STR(back.buffers[0].lost, "");
+	CHECK_STR(back.buffers[0].uuid, ""); /* placed by its index, as the gpuqd that wrote it did */
+	CHECK_EQ(back.nabsent, 0);
 	CHECK_EQ(back.nregions, 1);
 	CHECK_EQ(back.regions[0].conn_serial, 0); /* an ephemeral region of no known connection: it goes */
 	CHECK_EQ(back.nleases, 1);

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "protocol/protocol.h"
+#include "workers/buffer/slab.h"
 
 #define GPUQ_MAX_DEVICES 64
 #define GPUQ_MAX_STAGING_SLOTS 256
@@ -37,7 +38,7 @@ enum buffer_memory { BUFFER_MEMORY_AUTO, BUFFER_MEMORY_POOL, BUFFER_MEMORY_VMM }
 
 struct device_info {
 	char name[128];
-	char uuid[64];
+	char uuid[SLAB_OWNER_MAX];
 	char pci_bus_id[32];
 	int cc_major, cc_minor;
 	int sms;
@@ -72,6 +73,12 @@ struct device_config {
 	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
 	struct device_adopt_list *adopt; /* a re-exec: the slabs each worker takes over after open (NULL: none) */
 	const struct slab_keeper *slab_keeper; /* holds slabs' descriptors beyond gpuqd (NULL: none; slab.h) */
+	/*
+	 * Slab ids a heap made after start-up numbers above (NULL: none): those
+	 * of buffers kept for GPUs not served (daemon/absent.h), which a device
+	 * that opens late may turn out to be.
+	 */
+	const atomic_uint *slab_id_floor;
 };
 
 /*
@@ -81,14 +88,17 @@ struct device_config {
  * workers have opened (worker_pool_start returns).
  */
 struct device_adopt {
-	int device; /* gpuq's index */
+	int device; /* gpuq's index in the record (-1: a GPU the record's writer did not serve) */
+	char uuid[SLAB_OWNER_MAX]; /* the GPU's, which the worker goes by ("": a record without uuids: by device) */
 	uint32_t slab;
 	int fd;
 	uint64_t bytes;
 	bool exported;
 	struct slab_range *ranges;
 	size_t nranges;
+	char held_as[SLAB_NAME_MAX]; /* the name the slab keeper holds it under ("": it does not, or by its own) */
 	bool taken;    /* handed to mem.adopt, which took fd whatever happened */
+	int served_by; /* the index of the worker that took it (when taken) */
 	void *base;    /* where it lies now; NULL when it could not be taken over (why) */
 	char why[sizeof ((struct gpuq_error *)0)->message];
 };
@@ -101,7 +111,9 @@ struct device_adopt {
  * opened.
  */
 struct device_adopt_region {
-	int device;
+	int device; /* gpuq's index in the record */
+	char uuid[SLAB_OWNER_MAX]; /* its device's GPU, which the worker goes by ("": by device) */
+	int served_by; /* the index of the worker that tried it (when tried) */
 	int fd; /* the client's memfd, gpuqd's descriptor of it (not taken: the main thread's) */
 	uint64_t bytes;
 	bool tried;

@@ -569,7 +569,6 @@ static int cuda_open_slabs(struct device *dev, struct cuda_state *st, struct gpu
 	if (!st->slabs)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "[gpu %d] open: no host memory for the slab heap",
 				 dev->index);
-	slab_heap_set_keeper(st->slabs, dev->config.slab_keeper, dev->index);
 	return 0;
 }
 
@@ -602,6 +601,10 @@ static int cuda_open(struct device *dev, struct gpuq_error *err)
 	if (cuda_read_info(dev, err) != 0)
 		goto fail;
 	dev->info.buffer_memory = st->use_slabs ? "vmm" : "pool";
+	/* Named by the GPU's uuid, which another gpuqd serving it under another index finds too. */
+	slab_heap_set_keeper(st->slabs, dev->config.slab_keeper, dev->info.uuid);
+	if (dev->config.slab_id_floor)
+		slab_heap_number_above(st->slabs, atomic_load(dev->config.slab_id_floor));
 	return 0;
 fail:
 	cuda_teardown(dev); /* undoes exactly the steps that completed */

@@ -148,7 +148,7 @@ static void host_fill_info(struct device *dev)
 	struct host_device *h = dev->impl;
 	memset(info, 0, sizeof *info);
 	snprintf(info->name, sizeof info->name, "host arena (no GPU)");
-	snprintf(info->uuid, sizeof info->uuid, "HOST-%d", dev->index);
+	snprintf(info->uuid, sizeof info->uuid, "HOST-%d", dev->ordinal);
 	snprintf(info->pci_bus_id, sizeof info->pci_bus_id, "none");
 	info->copy_engines = 3;
 	pthread_mutex_lock(&h->lock);
@@ -219,7 +219,6 @@ static int host_open_slabs(struct device *dev, struct host_device *h, struct gpu
 	if (!h->slabs)
 		return gpuq_fail(err, GPUQ_E_OUT_OF_MEMORY, "host device %d: no memory for its slab heap",
 				 dev->index);
-	slab_heap_set_keeper(h->slabs, dev->config.slab_keeper, dev->index);
 	return 0;
 }
 
@@ -271,6 +270,10 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 	}
 	dev->impl = h;
 	host_fill_info(dev);
+	/* Named by the device's uuid, which another gpuqd serving it under another index finds too. */
+	slab_heap_set_keeper(h->slabs, dev->config.slab_keeper, dev->info.uuid);
+	if (dev->config.slab_id_floor)
+		slab_heap_number_above(h->slabs, atomic_load(dev->config.slab_id_floor));
 	return 0;
 }
 

@@ -6,6 +6,7 @@
 #include "workers/buffer/slab.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -36,7 +37,7 @@ struct slab_heap {
 	uint32_t last_id;
 	uint64_t created, destroyed;
 	struct slab_keeper keeper;
-	int device; /* names slabs to the keeper */
+	char owner[SLAB_OWNER_MAX]; /* names slabs to the keeper */
 };
 
 static uint64_t round_up(uint64_t v, uint64_t to)
@@ -59,11 +60,19 @@ struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve
 	return h;
 }
 
-void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, int device)
+void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, const char *owner)
 {
 	pthread_mutex_lock(&h->lock);
 	h->keeper = keeper ? *keeper : (struct slab_keeper){ 0 };
-	h->device = device;
+	snprintf(h->owner, sizeof h->owner, "%s", owner);
+	pthread_mutex_unlock(&h->lock);
+}
+
+void slab_heap_number_above(struct slab_heap *h, uint32_t id)
+{
+	pthread_mutex_lock(&h->lock);
+	if (id > h->last_id)
+		h->last_id = id;
 	pthread_mutex_unlock(&h->lock);
 }
 
@@ -72,7 +81,7 @@ static void slab_hold(struct slab_heap *h, struct slab *s)
 {
 	if (!h->keeper.hold)
 		return;
-	h->keeper.hold(h->keeper.ctx, h->device, s->id, s->mem.fd);
+	h->keeper.hold(h->keeper.ctx, h->owner, s->id, s->mem.fd);
 	s->held = true;
 }
 
@@ -81,7 +90,7 @@ static void slab_unhold(struct slab_heap *h, struct slab *s)
 {
 	if (!s->held || !h->keeper.release)
 		return;
-	h->keeper.release(h->keeper.ctx, h->device, s->id);
+	h->keeper.release(h->keeper.ctx, h->owner, s->id);
 	s->held = false;
 }
 
@@ -113,7 +122,7 @@ void slab_heap_destroy(struct slab_heap *h, bool lost)
 
 struct slab_kept {
 	struct slab_keeper keeper;
-	int device;
+	char owner[SLAB_OWNER_MAX];
 	size_t n;
 	struct {
 		uint32_t id;
@@ -129,7 +138,7 @@ struct slab_kept *slab_heap_destroy_keeping(struct slab_heap *h)
 	struct slab_kept *k = h->n ? malloc(sizeof *k + h->n * sizeof k->slabs[0]) : NULL;
 	if (k) {
 		k->keeper = h->keeper;
-		k->device = h->device;
+		memcpy(k->owner, h->owner, sizeof k->owner);
 		k->n = 0;
 	}
 	for (size_t i = 0; i < h->n; i++) {
@@ -158,7 +167,7 @@ void slab_kept_close(struct slab_kept *k)
 		return;
 	for (size_t i = 0; i < k->n; i++) {
 		if (k->slabs[i].held && k->keeper.release)
-			k->keeper.release(k->keeper.ctx, k->device, k->slabs[i].id);
+			k->keeper.release(k->keeper.ctx, k->owner, k->slabs[i].id);
 		close(k->slabs[i].fd);
 	}
 	free(k);

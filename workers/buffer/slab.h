@@ -112,9 +112,21 @@ struct slab_heap;
  * that gave them to it) unless adopted_unheld says otherwise. NULL hooks:
  * none.
  */
+/* The longest owner a keeper names slabs by (a device's uuid), with its NUL. */
+#define SLAB_OWNER_MAX 64
+/* The longest name a keeper gives a slab, with its NUL: room for an owner, an id and a prefix. */
+#define SLAB_NAME_MAX 96
+
 struct slab_keeper {
-	void (*hold)(void *ctx, int device, uint32_t slab, int fd);
-	void (*release)(void *ctx, int device, uint32_t slab);
+	void (*hold)(void *ctx, const char *owner, uint32_t slab, int fd);
+	void (*release)(void *ctx, const char *owner, uint32_t slab);
+	/*
+	 * An adopted slab that the keeper holds under another name (one an
+	 * older gpuqd gave it) is held under its own from now on: called by
+	 * the worker that adopted it, before it serves, its descriptor open.
+	 * NULL: names never change.
+	 */
+	void (*rename)(void *ctx, const char *held_as, const char *owner, uint32_t slab, int fd);
 	void *ctx;
 	bool adopted_unheld; /* the previous image kept nothing: adopted slabs are held as made ones */
 };
@@ -126,11 +138,21 @@ struct slab_keeper {
  */
 struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve_bytes,
 				   uint64_t keep_bytes);
+
 /*
  * Slabs this heap makes from now on are held by keeper (copied; NULL:
- * none), named by device. Call before the heap serves.
+ * none), named by owner: the device's uuid, which stays its name when
+ * another gpuqd serves the device under another index. Call before the
+ * heap serves.
  */
-void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, int device);
+void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, const char *owner);
+/*
+ * Slabs this heap makes from now on are numbered above id: another heap's
+ * slabs of the same device are still named in the keeper (buffers kept for
+ * a device that opened only after gpuqd started: daemon/absent.h), and no
+ * two may share a name. Call before the heap serves.
+ */
+void slab_heap_number_above(struct slab_heap *h, uint32_t id);
 /*
  * Gives every slab back (destroy with `lost`), the keeper releasing each
  * first, and frees the heap. h may be NULL. (A keeper that should keep
