@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/fd_store.h"
 #include "workers/worker.h"
 
 void absent_learn_uuids(struct absent *a, struct worker_pool *pool)
@@ -104,6 +105,17 @@ unsigned absent_slabs(const struct absent *a)
 	for (size_t i = 0; i < a->n; i++)
 		n += absent_first_of_fd(a, i);
 	return n;
+}
+
+void absent_store(const struct absent *a, struct fd_store *store)
+{
+	char name[FD_STORE_NAME_MAX];
+	for (size_t i = 0; i < a->n; i++) {
+		if (!absent_first_of_fd(a, i))
+			continue;
+		fd_store_slab_name(a->buffers[i].uuid, a->buffers[i].slab, name, sizeof name);
+		fd_store_add(store, name, a->buffers[i].slab_fd);
+	}
 }
 
 void absent_inherit(const struct absent *a, int inherit)

@@ -65,6 +65,12 @@ const struct state_buffer *absent_find(const struct absent *a, uid_t owner, cons
 int absent_copy(const struct absent *a, struct state_buffer **out, size_t *n);
 /* Their distinct slab descriptors: how many there are. */
 unsigned absent_slabs(const struct absent *a);
+struct fd_store;
+/*
+ * Hands their slabs to the service manager's store, under their own names:
+ * for an image whose predecessor kept nothing there (it did not use it).
+ */
+void absent_store(const struct absent *a, struct fd_store *store);
 /* A re-exec hands their descriptors over (inherit) or takes them back (its execve failed). */
 void absent_inherit(const struct absent *a, int inherit);
 /* Absent buffers by GPU into out (at most max): how many GPUs. */

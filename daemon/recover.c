@@ -558,6 +558,8 @@ void recover_buffers(struct daemon *d)
 		for (size_t i = 0; i < r->adopt.n; i++)
 			held += r->adopt.slabs[i].base != NULL;
 		fd_store_count_held(&d->fd_store, held);
+	} else if (fd_store_enabled(&d->fd_store)) { /* as the heaps hold the slabs they adopted */
+		absent_store(&d->absent, &d->fd_store);
 	}
 	recover_free_plan(r);
 	state_snapshot_free(r->snap);

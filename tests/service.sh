@@ -363,25 +363,36 @@ kill -TERM "$supervisor"
 wait "$supervisor"
 
 # --- the same through re-execs (`admin restart` reads the configuration
-# again), with no store: the process itself keeps the left-out GPU's slab
-# and hands it to the next image ---
-# reexec_into DEVICES N: the configuration says DEVICES, and re-exec N serves.
+# again), first with no store: the process itself keeps the left-out GPU's
+# slab and hands it to the next image; then an image that uses the store
+# stores it, so that a crash keeps it too ---
+# v_config DEVICES FD_STORE: the configuration the next start or re-exec reads.
+v_config() { printf 'devices = %s\nfd-store = %s\n' "$1" "$2" > "$dir/v.conf"; }
+# reexec_into DEVICES FD_STORE N: re-exec N serves with that configuration.
 reexec_into() {
-	printf 'devices = %s\n' "$1" > "$dir/v.conf"
+	v_config "$1" "$2"
 	gpuq admin restart > /dev/null
-	wait_until grep -q "gpuqd\[$first\]: info: re-exec $2: " "$dir/v.log"
+	wait_until grep -q "gpuqd\[$first\]: info: re-exec $3: " "$dir/v.log"
 	wait_until gpuq ping
 }
-printf 'devices = 0,1\n' > "$dir/v.conf"
-start_under_store v 0 64 --host-devices 2 --config "$dir/v.conf" --fd-store off
+v_config 0,1 off
+start_under_store v 2 64 --host-devices 2 --config "$dir/v.conf"
 first=$(pid_after_start 1)
 alloc_put a@0:mid:1048576 b@1:small:3000
-reexec_into 1 1
+reexec_into 1 off 1
 check reexec_devices_changed_buffer_follows_its_gpu holds b@0 "$dir/small"
 gpuq devices > "$dir/v.devices" 2>&1
 check reexec_devices_changed_left_out_gpus_buffer_is_kept grep -q 'kept for GPU HOST-0' "$dir/v.devices"
-reexec_into 0,1 2
+reexec_into 0,1 off 2
 check reexec_gpu_served_again_has_its_buffer_back holds a@0 "$dir/mid" b@1 "$dir/small"
+reexec_into 1 on 3
+check reexec_into_the_store_stores_the_kept_slab grep -q 'FDSTORE=1 | FDNAME=gpuq-slab-HOST-0-1 \[1 fds\]' "$store"
+kill -KILL "$first"
+second=$(pid_after_start 2)
+v_config 0,1 on
+kill -KILL "$second"
+third=$(pid_after_start 3)
+check kept_slab_stored_by_a_reexec_survives_two_crashes holds a@0 "$dir/mid" b@1 "$dir/small"
 kill -TERM "$supervisor"
 wait "$supervisor"
 
