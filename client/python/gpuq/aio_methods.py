@@ -39,6 +39,14 @@ class AsyncMethods:
     _recall: Callable[..., Awaitable[Dict[str, Any]]]
     _refusal: Callable[[Mapping[str, Any]], BaseException]
 
+    async def absent(self, **fields: Any) -> List[Dict[str, Any]]:
+        """Buffers the daemon keeps for GPUs it does not serve (``--devices``
+        left them out, or they did not open), one map per GPU: ``uuid``,
+        ``buffers``, ``bytes``. They come back, with their bytes, under a
+        gpuqd that serves that GPU. Empty when there are none (``devices``'
+        ``absent``)."""
+        return await _call(Api.absent, self, **fields)
+
     async def all_gather(self, buffer: str, out: Optional[str] = None, *, devices: Optional[Sequence[int]] = None, count: Optional[int] = None, collective_timeout_ms: Optional[int] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Gathers every rank's ``buffer`` into each rank's ``out`` (n x count,
         block k from rank k)."""

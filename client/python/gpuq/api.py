@@ -255,6 +255,18 @@ class Api(ComputeOps):
         """One map per device: name, memory, health, queue, peer access and paths, counters."""
         return self._drive(self._key_plan("devices", "devices", fields))
 
+    def absent(self, **fields: Any) -> List[Dict[str, Any]]:
+        """Buffers the daemon keeps for GPUs it does not serve (``--devices``
+        left them out, or they did not open), one map per GPU: ``uuid``,
+        ``buffers``, ``bytes``. They come back, with their bytes, under a
+        gpuqd that serves that GPU. Empty when there are none (``devices``'
+        ``absent``)."""
+        return self._drive(self._absent_plan(fields))
+
+    def _absent_plan(self, fields: Mapping[str, Any]) -> Plan:
+        reply = yield from self._request_plan("devices", fields)
+        return list(reply.get("absent", []))
+
     def buffers(self, device: Optional[int] = None, **fields: Any) -> List[Dict[str, Any]]:
         """Your buffers (everyone's for root), each a map: ``name``, ``device``,
         ``dtype``, ``count``, ``bytes``, ``owner``, ``age_s``, ``state``."""

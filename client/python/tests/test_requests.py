@@ -342,6 +342,36 @@ def test_restart_keeps_buffers_and_the_connection(private_daemon, name):
         c.free(name)
 
 
+def test_absent_names_the_gpus_whose_buffers_are_kept_aside(private_daemon, name):
+    """A re-exec whose configuration leaves a GPU out keeps that GPU's buffers
+    aside (absent) and puts the others' on the index their GPU has now."""
+    from conftest import BACKEND
+    if os.geteuid() != 0:
+        pytest.skip("only root and the admin group may restart the daemon")
+    if BACKEND != "host":
+        pytest.skip("needs two devices to leave one out (host devices stand in)")
+    conf = os.path.join(tempfile.mkdtemp(prefix="gpuq-py-conf."), "gpuqd.conf")
+    with open(conf, "w") as f:
+        f.write("devices = 0,1\n")
+    d = private_daemon("--host-devices", "2", "--config", conf)
+    with d.client() as c:
+        assert c.absent() == []
+        c.alloc(f"{name}-aside", nbytes=1 << 20, device=0)
+        c.alloc(name, nbytes=4096, device=1)
+        c.fill(f"{name}@1", "iota", dtype="u8")
+        before = c.checksum(f"{name}@1").result["checksum"]
+        with open(conf, "w") as f:
+            f.write("devices = 1\n")
+        c.restart()
+        deadline = time.monotonic() + 20
+        while c.ping().get("restarts", 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.absent() == [{"uuid": "HOST-0", "buffers": 1, "bytes": 1 << 20}]
+        assert c.checksum(f"{name}@0").result["checksum"] == before  # HOST-1, now device 0
+        with pytest.raises(gpuq.NotFound, match="is on GPU HOST-0, which this gpuqd does not serve"):
+            c.checksum(f"{name}-aside")
+
+
 def test_shutdown_stops_the_daemon(private_daemon):
     if os.geteuid() != 0:
         pytest.skip("only root and the admin group may stop the daemon "
