@@ -40,6 +40,11 @@ int absent_index_of(const struct absent *a, const char *uuid)
 	return -1;
 }
 
+int absent_device_now(const struct absent *a, const char *uuid, int device)
+{
+	return uuid[0] ? absent_index_of(a, uuid) : device;
+}
+
 /* The descriptor already kept for the slab of b: -1 when none. */
 static int absent_fd_of(const struct absent *a, const struct state_buffer *b)
 {

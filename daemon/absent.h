@@ -54,6 +54,12 @@ const char *absent_uuid_of(const struct absent *a, int index);
 int absent_index_of(const struct absent *a, const char *uuid);
 
 /*
+ * The index that serves the GPU a record entry names now: by its uuid
+ * (-1: no device is that GPU), or its index device where the record has
+ * no uuid (written before records had them). After the workers opened.
+ */
+int absent_device_now(const struct absent *a, const char *uuid, int device);
+/*
  * Keeps b (its uuid set) absent, its slab's descriptor fd (-1: none) kept
  * open here; buffers of one slab share one descriptor. 0, or -1 when the
  * host is out of memory (fd is then the caller's still).

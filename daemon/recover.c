@@ -445,11 +445,6 @@ static void recover_shape(struct buffer_shape *s, const char *text)
 	s->given = s->ndim > 0;
 }
 
-int recover_device_now(const struct daemon *d, const char *uuid, int device)
-{
-	return uuid[0] ? absent_index_of(&d->absent, uuid) : device;
-}
-
 /*
  * The record's buffer rb, whose GPU this gpuqd does not serve: kept
  * absent (daemon/absent.h), its slab's descriptor with it, unless it was
@@ -475,7 +470,7 @@ static void recover_absent(struct daemon *d, const struct state_buffer *rb)
 
 static void recover_buffer(struct daemon *d, const struct state_buffer *rb)
 {
-	int device = recover_device_now(d, rb->uuid, rb->device);
+	int device = absent_device_now(&d->absent, rb->uuid, rb->device);
 	if (device < 0)
 		return recover_absent(d, rb);
 	if (device != rb->device)

@@ -88,12 +88,6 @@ void recover_conns(struct daemon *d);
  * (daemon/replay.h).
  */
 void recover_jobs(struct daemon *d);
-/*
- * The index that serves the GPU a record entry names now: by its uuid
- * (-1: no device is that GPU), or its index device where the record has
- * no uuid (written before records had them). After the workers opened.
- */
-int recover_device_now(const struct daemon *d, const char *uuid, int device);
 /* --check-record FD: says what the record holds; 0, or RECOVER_EXIT_REFUSED. */
 int recover_check_record(int fd);
 

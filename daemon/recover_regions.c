@@ -138,7 +138,7 @@ void recover_regions(struct daemon *d)
 static bool recover_lease(struct daemon *d, const struct state_lease *rl)
 {
 	struct gpuq_error err;
-	int device = recover_device_now(d, rl->uuid, rl->device);
+	int device = absent_device_now(&d->absent, rl->uuid, rl->device);
 	struct buffer *b = device < 0 ? NULL
 				      : buffer_find(&d->buffers, (uid_t)rl->buffer_owner, rl->buffer, device);
 	const struct lease from = { .id = rl->id, .write = rl->write, .uid = (uid_t)rl->uid,
