@@ -123,6 +123,33 @@ void absent_store(const struct absent *a, struct fd_store *store)
 	}
 }
 
+void absent_drop(struct absent *a, const char *uuid, struct fd_store *store, unsigned *buffers,
+		 uint64_t *bytes)
+{
+	char name[FD_STORE_NAME_MAX];
+	size_t kept = 0;
+	*buffers = 0;
+	*bytes = 0;
+	for (size_t i = 0; i < a->n; i++) {
+		struct state_buffer *b = &a->buffers[i];
+		if (strcmp(b->uuid, uuid) != 0) {
+			a->buffers[kept++] = *b;
+			continue;
+		}
+		(*buffers)++;
+		*bytes += b->bytes;
+		if (b->slab_fd < 0)
+			continue;
+		fd_store_slab_name(uuid, b->slab, name, sizeof name);
+		fd_store_remove(store, name);
+		close(b->slab_fd);
+		for (size_t k = i + 1; k < a->n; k++) /* the slab's other buffers: closed once */
+			if (a->buffers[k].slab_fd == b->slab_fd)
+				a->buffers[k].slab_fd = -1;
+	}
+	a->n = kept;
+}
+
 void absent_inherit(const struct absent *a, int inherit)
 {
 	for (size_t i = 0; i < a->n; i++) {

@@ -77,6 +77,14 @@ struct fd_store;
  * for an image whose predecessor kept nothing there (it did not use it).
  */
 void absent_store(const struct absent *a, struct fd_store *store);
+/*
+ * Lets go of the buffers kept for the GPU uuid: their entries go, their
+ * slabs leave the store (when it is used) and their descriptors close, so
+ * that the memory they held on that GPU is freed. Into *buffers and
+ * *bytes what went (0: none kept for that uuid).
+ */
+void absent_drop(struct absent *a, const char *uuid, struct fd_store *store, unsigned *buffers,
+		 uint64_t *bytes);
 /* A re-exec hands their descriptors over (inherit) or takes them back (its execve failed). */
 void absent_inherit(const struct absent *a, int inherit);
 /* Absent buffers by GPU into out (at most max): how many GPUs. */

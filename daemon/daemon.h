@@ -229,9 +229,9 @@ extern const struct args_spec op_allreduce_args, op_reduce_scatter_args, op_all_
 	op_bench_allreduce_args, op_bench_collective_args;
 void op_collective(struct request *req, void *args);
 /*
- * op_admin.c: metrics; an administrator's device reset and shutdown (with
- * the wording of their refusal to others), and what follows any reset
- * (the pool's callback)
+ * op_admin.c: metrics; an administrator's device reset, shutdown and drop
+ * of the buffers kept for a GPU not served (with the wording of their
+ * refusal to others), and what follows any reset (the pool's callback)
  */
 extern const struct args_spec op_metrics_args, op_reset_device_args, op_shutdown_args;
 void op_metrics(struct request *req, void *args);
@@ -243,6 +243,9 @@ void op_restart(struct request *req, void *args);
 void restart_denied(struct request *req, struct gpuq_error *err);
 void shutdown_denied(struct request *req, struct gpuq_error *err);
 void device_on_reset(int index, void *arg);
+extern const struct args_spec op_drop_absent_args;
+void op_drop_absent(struct request *req, void *args);
+void drop_absent_denied(struct request *req, struct gpuq_error *err);
 /* daemon/faults/op_fault.c: tests/gpuqd-faults only */
 extern const struct args_spec op_inject_fault_args;
 void op_inject_fault(struct request *req, void *args);

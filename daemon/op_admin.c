@@ -122,6 +122,67 @@ void op_reset_device(struct request *req, void *args)
 	reply_ok(req, &body);
 }
 
+/*
+ * drop_absent: an administrator lets go of the buffers kept for a GPU this
+ * gpuqd does not serve (daemon/absent.h), a GPU gone for good or given to
+ * other work: their memory on it is freed, and no later gpuqd gets them.
+ */
+struct drop_absent_args {
+	char uuid[SLAB_OWNER_MAX];
+};
+
+static const struct args_field drop_absent_fields[] = {
+	{ "uuid", ARGS_STR, ARGS_REQUIRED, ARGS_AT(struct drop_absent_args, uuid) },
+};
+const struct args_spec op_drop_absent_args =
+	ARGS_SPEC(struct drop_absent_args, drop_absent_fields, NULL);
+
+void drop_absent_denied(struct request *req, struct gpuq_error *err)
+{
+	(void)req;
+	gpuq_fail(err, GPUQ_E_PERMISSION_DENIED, "only root and members of the admin group may drop "
+		  "the buffers kept for a GPU (rule: admin-group)");
+}
+
+/* Only root and the admin group get here (request.c's op table). */
+void op_drop_absent(struct request *req, void *args)
+{
+	struct daemon *d = req->d;
+	const char *uuid = ((struct drop_absent_args *)args)->uuid;
+	struct gpuq_error err;
+	struct absent_gpu gpus[GPUQ_MAX_DEVICES];
+	unsigned buffers;
+	uint64_t bytes;
+	if (absent_index_of(&d->absent, uuid) >= 0) {
+		gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "GPU %s is device %d of this gpuqd: its buffers are "
+			  "listed, not kept aside (free them one by one)", uuid,
+			  absent_index_of(&d->absent, uuid));
+		reply_error(req, &err);
+		return;
+	}
+	absent_drop(&d->absent, uuid, &d->fd_store, &buffers, &bytes);
+	if (buffers == 0) {
+		size_t n = absent_by_gpu(&d->absent, gpus, GPUQ_MAX_DEVICES);
+		char kept[400] = "none";
+		for (size_t i = 0, used = 0; i < n && used < sizeof kept; i++)
+			used += (size_t)snprintf(kept + used, sizeof kept - used, "%s%s", i ? ", " : "",
+						 gpus[i].uuid);
+		gpuq_fail(&err, GPUQ_E_NOT_FOUND, "no buffers are kept for GPU %s (kept for: %s)", uuid,
+			  kept);
+		reply_error(req, &err);
+		return;
+	}
+	durable_touch(d);
+	log_warn("uid %d dropped the %u buffers (%llu bytes) kept for GPU %s", (int)req->conn->uid,
+		 buffers, (unsigned long long)bytes, uuid);
+	struct mp_map body;
+	mp_map_init(&body);
+	mp_put_str(&body, "uuid", uuid);
+	mp_put_u64(&body, "buffers", buffers);
+	mp_put_u64(&body, "bytes", bytes);
+	reply_ok(req, &body);
+}
+
 const struct args_spec op_shutdown_args = ARGS_NONE;
 
 void shutdown_denied(struct request *req, struct gpuq_error *err)

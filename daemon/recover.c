@@ -471,8 +471,10 @@ static void recover_absent(struct daemon *d, const struct state_buffer *rb)
 static void recover_buffer(struct daemon *d, const struct state_buffer *rb)
 {
 	int device = absent_device_now(&d->absent, rb->uuid, rb->device);
-	if (device < 0)
-		return recover_absent(d, rb);
+	if (device < 0) {
+		recover_absent(d, rb);
+		return;
+	}
 	if (device != rb->device)
 		d->recover.moved++;
 	struct buffer *b = buffer_add(&d->buffers, rb->name, device, (uid_t)rb->owner,

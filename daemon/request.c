@@ -84,6 +84,7 @@ static const struct op_def op_table[] = {
 	{ "bench_sched", &op_bench_sched_args, op_bench_sched, OP_BENCH, NULL },
 	{ "bench_alloc", &op_bench_alloc_args, op_bench_alloc, OP_BENCH, NULL },
 	{ "reset_device", &op_reset_device_args, op_reset_device, OP_ADMIN, reset_device_denied },
+	{ "drop_absent", &op_drop_absent_args, op_drop_absent, OP_ADMIN, drop_absent_denied },
 	{ "region_create", &op_region_create_args, op_region_create, OP_ANYONE, NULL },
 	{ "region_free", &op_region_free_args, op_region_free, OP_ANYONE, NULL },
 	{ "regions", &op_regions_args, op_regions, OP_ANYONE, NULL },

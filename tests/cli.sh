@@ -421,6 +421,9 @@ check admin_restart_refuses_false_is_1 1 gpuq admin restart --binary /bin/false
 expect admin_restart_refusal_says_why "cannot take over this gpuqd's state record" err
 check admin_restart_missing_is_1 1 gpuq admin restart --binary "$dir/no-such-gpuqd"
 check admin_unknown_action_is_2 2 gpuq admin frobnicate
+check admin_drop_absent_without_uuid_is_2 2 gpuq admin drop-absent
+check admin_drop_absent_nothing_kept_is_1 1 gpuq admin drop-absent GPU-gone
+expect admin_drop_absent_says_nothing_is_kept "no buffers are kept for GPU GPU-gone (kept for: none)" err
 check bench_restart 0 gpuq bench restart --bytes 8M --requests 8
 expect bench_restart_serves "to the first job served" out
 expect bench_restart_verifies "(0 of 8 differ)" out

@@ -376,7 +376,7 @@ reexec_into() {
 	wait_until gpuq ping
 }
 v_config 0,1 off
-start_under_store v 2 64 --host-devices 2 --config "$dir/v.conf"
+start_under_store v 3 64 --host-devices 2 --config "$dir/v.conf" --admin-group "$(id -gn)"
 first=$(pid_after_start 1)
 alloc_put a@0:mid:1048576 b@1:small:3000
 reexec_into 1 off 1
@@ -393,6 +393,16 @@ v_config 0,1 on
 kill -KILL "$second"
 third=$(pid_after_start 3)
 check kept_slab_stored_by_a_reexec_survives_two_crashes holds a@0 "$dir/mid" b@1 "$dir/small"
+# A GPU gone for good: an administrator drops what is kept for it.
+v_config 1 on
+kill -KILL "$third"
+fourth=$(pid_after_start 4)
+gpuq admin drop-absent HOST-0 > "$dir/v.drop" 2>&1
+check drop_absent_says_what_went grep -q \
+	'dropped 1 buffer (1.0 MiB) kept for GPU HOST-0: their memory there is freed' "$dir/v.drop"
+check drop_absent_takes_the_slab_out_of_the_store grep -q 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-0-1$' "$store"
+gpuq devices > "$dir/v.devices" 2>&1
+check drop_absent_leaves_nothing_kept sh -c "! grep -q 'kept for GPU' '$dir/v.devices'"
 kill -TERM "$supervisor"
 wait "$supervisor"
 

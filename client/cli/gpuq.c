@@ -327,7 +327,8 @@ const struct cli_cmd cli_commands[] = {
 	  "Only root and members of gpuqd's admin group may. Under systemd, prefer\n"
 	  "systemctl stop gpuqd (the socket starts it again at the next client).\n",
 	  0, 0, 0, { NULL }, cmd_shutdown },
-	{ "admin", "restart", "re-execute gpuqd in place, keeping its buffers (root and the admin group)",
+	{ "admin", "restart | drop-absent UUID",
+	  "re-exec gpuqd in place; free a GPU's kept buffers (root, admin group)",
 	  "admin restart [--binary PATH]: gpuqd stops taking jobs, lets running ones\n"
 	  "finish within its --restart-drain (default 5 s), fails the rest with\n"
 	  "`restarted`, and executes itself again (or PATH, an upgrade, which must\n"
@@ -340,8 +341,13 @@ const struct cli_cmd cli_commands[] = {
 	  "its pid) counts one more restart, and prints how long it took. Fails\n"
 	  "when none does: exit 3 when no gpuqd answers (the new image did not\n"
 	  "serve), 1 when another gpuqd answers (a new pid) or the count did not\n"
-	  "move in time; the message says what it saw.\n",
-	  OPT_BINARY, 1, 1, { "ACTION" }, cmd_admin },
+	  "move in time; the message says what it saw.\n"
+	  "\n"
+	  "admin drop-absent UUID: gpuqd keeps the buffers of a GPU it does not\n"
+	  "serve (left out of --devices, gone, or one that did not open) until a\n"
+	  "gpuqd serves it again; `gpuq devices` lists them. This lets them go for\n"
+	  "good, a GPU removed or given to other work: their memory on it is freed.\n",
+	  OPT_BINARY, 1, 2, { "ACTION", "UUID" }, cmd_admin },
 	{ "reset-device", "GPU", "reset one GPU and serve it again (root and the admin group)",
 	  "Cancels the GPU's running jobs, resets the device (cudaDeviceReset) once\n"
 	  "they have ended and opens it again, as gpuqd does by itself after a fault;\n"

@@ -87,7 +87,8 @@ void render_absent(FILE *f, const msgpack_object *absent)
 		uint64_t n = field_u64(a, "buffers", 0);
 
 		fprintf(f, "kept for GPU %s, which this gpuqd does not serve: %" PRIu64 " buffer%s, %s "
-			   "(back when a gpuqd serves it: gpuqd --devices)\n",
+			   "(back when a gpuqd serves it: gpuqd --devices; or freed by gpuq admin "
+			   "drop-absent)\n",
 			field_str(a, "uuid", uuid, sizeof(uuid), "?"), n, n == 1 ? "" : "s",
 			human_bytes(size, sizeof(size), field_u64(a, "bytes", 0), 1));
 	}

@@ -1,7 +1,8 @@
 /*
- * The commands about gpuqd as a service: metrics, shutdown, admin restart
- * and reset-device. The daemon decides who may.
+ * The commands about gpuqd as a service: metrics, shutdown, admin restart,
+ * admin drop-absent and reset-device. The daemon decides who may.
  */
+#include <inttypes.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -249,9 +250,35 @@ static int admin_restart(struct cli *cli)
 	return CLI_OK;
 }
 
+static void render_dropped(FILE *f, const msgpack_object *reply)
+{
+	char uuid[80], size[32];
+	uint64_t n = field_u64(reply, "buffers", 0);
+	fprintf(f, "dropped %" PRIu64 " buffer%s (%s) kept for GPU %s: their memory there is freed\n",
+		n, n == 1 ? "" : "s", human_bytes(size, sizeof(size), field_u64(reply, "bytes", 0), 1),
+		field_str(reply, "uuid", uuid, sizeof(uuid), "?"));
+}
+
+/* admin drop-absent UUID: the buffers kept for a GPU gpuqd does not serve go. */
+static int admin_drop_absent(struct cli *cli)
+{
+	struct mp_map req;
+	if (cli->nargs != 2)
+		return cli_usage(cli, "gpuq admin drop-absent takes the GPU's uuid (`gpuq devices` "
+				 "names those whose buffers are kept)");
+	int rc = cli_begin(cli, &req, "drop_absent");
+	if (rc)
+		return rc;
+	mp_put_str(&req, "uuid", cli->args[1]);
+	return cli_call_and_render(cli, &req, render_dropped);
+}
+
 int cmd_admin(struct cli *cli)
 {
-	if (strcmp(cli->args[0], "restart") == 0)
+	if (strcmp(cli->args[0], "restart") == 0 && cli->nargs == 1)
 		return admin_restart(cli);
-	return cli_usage(cli, "gpuq admin takes one action, restart, not '%s'", cli->args[0]);
+	if (strcmp(cli->args[0], "drop-absent") == 0)
+		return admin_drop_absent(cli);
+	return cli_usage(cli, "gpuq admin takes an action: restart, or drop-absent UUID; not '%s'",
+			 cli->args[0]);
 }

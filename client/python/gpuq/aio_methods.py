@@ -186,6 +186,22 @@ class AsyncMethods:
         """One map per device: name, memory, health, queue, peer access and paths, counters."""
         return await _call(Api.devices, self, **fields)
 
+    async def drop_absent(self, uuid: str, **fields: Any) -> Dict[str, Any]:
+        """Frees the buffers the daemon keeps for a GPU it does not serve
+        (:meth:`absent` lists them), for good: a GPU removed, or given to other
+        work (root and the admin group only). Returns ``uuid``, ``buffers``,
+        ``bytes``: what was dropped."""
+        call = Call("drop_absent", {"uuid": uuid, **fields})
+        conn = self._conn
+        try:
+            reply = await conn.call(call)
+        except ConnectionError as exc:
+            reply = await self._recall(conn, call, exc)
+        if not reply.get("ok"):
+            raise self._refusal(reply)
+        del reply["id"], reply["ok"]
+        return reply
+
     async def expr(self, expr: str, *, device: Optional[int] = None, repeat: Optional[int] = None, kernel: Optional[str] = None, math: Optional[str] = None, priority: Optional[str] = None, detach: bool = False, timeout: Optional[float] = None, on_progress: Optional[ProgressHandler] = None, **fields: Any) -> Job:
         """Evaluates elementwise statements over buffers on their device, in one kernel.
 

@@ -314,6 +314,13 @@ class Api(ComputeOps):
         ``resets`` (the count before this one); :meth:`devices` shows the reset."""
         return self._request_kw("reset_device", device=device, **fields)
 
+    def drop_absent(self, uuid: str, **fields: Any) -> Dict[str, Any]:
+        """Frees the buffers the daemon keeps for a GPU it does not serve
+        (:meth:`absent` lists them), for good: a GPU removed, or given to other
+        work (root and the admin group only). Returns ``uuid``, ``buffers``,
+        ``bytes``: what was dropped."""
+        return self._request_kw("drop_absent", uuid=uuid, **fields)
+
     def _key_plan(self, op: str, key: str, fields: Mapping[str, Any]) -> Plan:
         reply = yield from self._request_plan(op, fields)
         return reply.get(key)

@@ -344,7 +344,8 @@ def test_restart_keeps_buffers_and_the_connection(private_daemon, name):
 
 def test_absent_names_the_gpus_whose_buffers_are_kept_aside(private_daemon, name):
     """A re-exec whose configuration leaves a GPU out keeps that GPU's buffers
-    aside (absent) and puts the others' on the index their GPU has now."""
+    aside (absent) and puts the others' on the index their GPU has now;
+    drop_absent lets the kept ones go."""
     from conftest import BACKEND
     if os.geteuid() != 0:
         pytest.skip("only root and the admin group may restart the daemon")
@@ -369,6 +370,14 @@ def test_absent_names_the_gpus_whose_buffers_are_kept_aside(private_daemon, name
         assert c.absent() == [{"uuid": "HOST-0", "buffers": 1, "bytes": 1 << 20}]
         assert c.checksum(f"{name}@0").result["checksum"] == before  # HOST-1, now device 0
         with pytest.raises(gpuq.NotFound, match="is on GPU HOST-0, which this gpuqd does not serve"):
+            c.checksum(f"{name}-aside")
+        with pytest.raises(gpuq.BadRequest, match="GPU HOST-1 is device 0 of this gpuqd"):
+            c.drop_absent("HOST-1")
+        assert c.drop_absent("HOST-0") == {"uuid": "HOST-0", "buffers": 1, "bytes": 1 << 20}
+        assert c.absent() == []
+        with pytest.raises(gpuq.NotFound, match=r"no buffers are kept for GPU HOST-0 \(kept for: none\)"):
+            c.drop_absent("HOST-0")
+        with pytest.raises(gpuq.NotFound, match="'.*-aside' not found"):
             c.checksum(f"{name}-aside")
 
 
