@@ -88,7 +88,8 @@ int absent_copy(const struct absent *a, struct state_buffer **out, size_t *n)
 	*out = calloc(a->n ? a->n : 1, sizeof **out);
 	if (!*out)
 		return -1;
-	memcpy(*out, a->buffers, a->n * sizeof **out);
+	if (a->n) /* buffers is NULL until the first */
+		memcpy(*out, a->buffers, a->n * sizeof **out);
 	*n = a->n;
 	return 0;
 }
