@@ -50,7 +50,7 @@ static int absent_fd_of(const struct absent *a, const struct state_buffer *b)
 {
 	for (size_t i = 0; i < a->n; i++)
 		if (a->buffers[i].slab == b->slab && a->buffers[i].slab_fd >= 0 &&
-		    strcmp(a->buffers[i].uuid, b->uuid) == 0)
+		    strcmp(a->buffers[i].uuid, b->uuid) == 0 && strcmp(a->buffers[i].state, "lost") != 0)
 			return a->buffers[i].slab_fd;
 	return -1;
 }
@@ -63,7 +63,13 @@ int absent_add(struct absent *a, const struct state_buffer *b, int fd)
 	a->buffers = grown;
 	if (fd >= 0 && fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
 		fd = -1; /* a number the previous image named but did not hand over */
-	int kept = b->slab ? absent_fd_of(a, b) : -1;
+	/* A lost buffer's slab id may be another's since (a reset renumbers): it shares nothing. */
+	bool has_memory = b->slab && strcmp(b->state, "lost") != 0;
+	int kept = has_memory ? absent_fd_of(a, b) : -1;
+	if (!has_memory && fd >= 0) {
+		close(fd);
+		fd = -1;
+	}
 	if (kept >= 0 && fd >= 0 && fd != kept)
 		close(fd); /* a second descriptor of a slab kept already */
 	if (b->slab > atomic_load(&a->slab_id_floor))

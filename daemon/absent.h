@@ -61,8 +61,9 @@ int absent_index_of(const struct absent *a, const char *uuid);
 int absent_device_now(const struct absent *a, const char *uuid, int device);
 /*
  * Keeps b (its uuid set) absent, its slab's descriptor fd (-1: none) kept
- * open here; buffers of one slab share one descriptor. 0, or -1 when the
- * host is out of memory (fd is then the caller's still).
+ * open here; buffers of one slab share one descriptor, and a lost one holds
+ * none (fd closed). 0, or -1 when the host is out of memory (fd is then the
+ * caller's still).
  */
 int absent_add(struct absent *a, const struct state_buffer *b, int fd);
 /* The absent buffer name of owner: NULL when there is none. */

@@ -452,7 +452,8 @@ static void recover_shape(struct buffer_shape *s, const char *text)
  */
 static void recover_absent(struct daemon *d, const struct state_buffer *rb)
 {
-	struct device_adopt *a = recover_find(&d->recover, rb);
+	/* A lost one holds no memory: a slab of its id now is another buffer's (recover_place). */
+	struct device_adopt *a = strcmp(rb->state, "lost") != 0 ? recover_find(&d->recover, rb) : NULL;
 	int fd = a && !a->taken ? a->fd : -1;
 	if (rb->ephemeral) {
 		log_info("ephemeral buffer '%s' of uid %u on GPU %s, which this gpuqd does not serve, "
