@@ -59,6 +59,22 @@ void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err)
 	conn_send_error(c, id, err);
 }
 
+void reply_error_text(struct request *req, enum gpuq_errc code, const char *message)
+{
+	struct mp_map body, e;
+	if (reply_is_watched(req->conn, req->id)) {
+		gpuq_fail(watched.refused, code, "%s", message);
+		if (watched.mute)
+			return;
+	}
+	mp_map_init(&body);
+	mp_map_init(&e);
+	mp_put_str(&e, "code", gpuq_errc_name(code));
+	mp_put_str(&e, "message", message);
+	mp_put_map(&body, "error", &e);
+	conn_send_reply(req->conn, req->id, false, &body, -1);
+}
+
 void reply_ok(struct request *req, struct mp_map *body)
 {
 	reply_to(req->conn, req->id, true, body);

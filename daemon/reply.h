@@ -18,6 +18,11 @@ void reply_ok_fd(struct request *req, struct mp_map *body, int fd);
 void reply_to_fd(struct conn *c, uint64_t id, bool ok, struct mp_map *body, int fd);
 void reply_error(struct request *req, const struct gpuq_error *err);
 void reply_error_to(struct conn *c, uint64_t id, const struct gpuq_error *err);
+/*
+ * reply_error of a message longer than struct gpuq_error holds (unknown_op's
+ * list of every op): the client gets it whole; a watcher, cut to its size.
+ */
+void reply_error_text(struct request *req, enum gpuq_errc code, const char *message);
 void reply_to(struct conn *c, uint64_t id, bool ok, struct mp_map *body);
 /*
  * The reply a finished job gives: its record, and its error if it did not

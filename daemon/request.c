@@ -109,6 +109,9 @@ static const struct op_def *find_op(const char *name)
 	return NULL;
 }
 
+/* Room for every op's name, comma-separated: 24 bytes each on average. */
+#define OP_NAMES_MAX (OP_COUNT * (2 + 24))
+
 /* Every op's name, comma-separated, as unknown_op lists them. */
 static size_t op_names(char *out, size_t size)
 {
@@ -189,22 +192,21 @@ int request_check_ops(struct gpuq_error *err)
 				return gpuq_fail(err, GPUQ_E_INTERNAL, "op %s is in the table twice",
 						 op->name);
 	}
-	char names[OP_COUNT * (2 + 24)];
+	char names[OP_NAMES_MAX];
 	size_t len = op_names(names, sizeof names);
-	if (len + sizeof "unknown op '' (ops: )" + 31 > sizeof err->message)
+	if (len + 1 >= sizeof names)
 		return gpuq_fail(err, GPUQ_E_INTERNAL,
-				 "the ops' names take %zu bytes: unknown_op's message would cut them off",
-				 len);
+				 "the ops' names take %zu bytes or more: unknown_op's message would cut "
+				 "them off", len);
 	return 0;
 }
 
 static void refuse_unknown_op(struct request *req, const char *op)
 {
-	char names[OP_COUNT * (2 + 24)];
+	char names[OP_NAMES_MAX], message[OP_NAMES_MAX + 64];
 	op_names(names, sizeof names);
-	struct gpuq_error err;
-	gpuq_fail(&err, GPUQ_E_UNKNOWN_OP, "unknown op '%s' (ops: %s)", op, names);
-	reply_error(req, &err);
+	snprintf(message, sizeof message, "unknown op '%s' (ops: %s)", op, names);
+	reply_error_text(req, GPUQ_E_UNKNOWN_OP, message); /* longer than a struct gpuq_error holds */
 }
 
 /*
