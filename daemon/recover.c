@@ -136,7 +136,7 @@ static struct device_adopt *recover_slab(struct recover *r, const struct state_b
 	l->slabs = grown;
 	struct device_adopt *a = &l->slabs[l->n++];
 	*a = (struct device_adopt){ .device = b->device, .slab = b->slab, .fd = b->slab_fd,
-				    .bytes = b->slab_bytes, .served_by = -1 };
+				    .bytes = b->slab_bytes };
 	snprintf(a->uuid, sizeof a->uuid, "%s", b->uuid);
 	/*
 	 * Through a re-exec under the store, the slab is there under the name

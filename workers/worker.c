@@ -216,7 +216,6 @@ static void worker_adopt(struct worker *w)
 		if (!worker_is(w, a->device, a->uuid) || a->fd < 0) /* no descriptor: a->why says why */
 			continue;
 		a->taken = true;
-		a->served_by = w->dev.index;
 		if (w->dev.ops->mem.adopt(&w->dev, a->slab, a->fd, a->bytes, a->exported, a->ranges,
 					  a->nranges, &a->base, &err) != 0) {
 			a->base = NULL;

@@ -98,7 +98,6 @@ struct device_adopt {
 	size_t nranges;
 	char held_as[SLAB_NAME_MAX]; /* the name the slab keeper holds it under ("": it does not, or by its own) */
 	bool taken;    /* handed to mem.adopt, which took fd whatever happened */
-	int served_by; /* the index of the worker that took it (when taken) */
 	void *base;    /* where it lies now; NULL when it could not be taken over (why) */
 	char why[sizeof ((struct gpuq_error *)0)->message];
 };
