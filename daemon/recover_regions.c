@@ -144,11 +144,12 @@ static bool recover_lease(struct daemon *d, const struct state_lease *rl)
 	const struct lease from = { .id = rl->id, .write = rl->write, .uid = (uid_t)rl->uid,
 				    .pid = (pid_t)rl->pid, .conn_serial = rl->conn_serial,
 				    .since = (double)rl->since_ms / 1e3 };
-	if (!b || b->state != BUFFER_READY || !b->shareable)
+	if (device < 0)
+		gpuq_fail(&err, GPUQ_E_NOT_FOUND, "buffer '%s' is on GPU %s, which this gpuqd does not "
+			  "serve", rl->buffer, rl->uuid);
+	else if (!b || b->state != BUFFER_READY || !b->shareable)
 		gpuq_fail(&err, GPUQ_E_NOT_FOUND, "buffer '%s@%d' %s", rl->buffer, device,
-			  device < 0 ? "is on a GPU this gpuqd does not serve"
-			  : !b ? "was not taken over"
-			  : !b->shareable ? "is not shareable" : "is lost");
+			  !b ? "was not taken over" : !b->shareable ? "is not shareable" : "is lost");
 	else if (lease_adopt(d, b, &from, &err))
 		return true;
 	log_error("lease %llu of uid %u (pid %d) ends in the re-exec: %s",
