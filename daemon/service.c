@@ -147,7 +147,7 @@ int service_listen(struct daemon *d, char *msg, size_t msgsize)
 	return 0;
 }
 
-/* "2 GPUs, 1 unhealthy (gpu 1: ...); 1 job running, 3 queued". */
+/* "2 GPUs, 1 unhealthy (gpu 1: ...); 1 job running, 3 queued" (and what is stuck, or kept aside). */
 static void status_text(struct daemon *d, char *buf, size_t size)
 {
 	static struct worker_snapshot snap; /* large; main thread only */
@@ -169,7 +169,10 @@ static void status_text(struct daemon *d, char *buf, size_t size)
 	if (n < size)
 		n += (size_t)snprintf(buf + n, size - n, "; %u jobs running, %u queued", running, queued);
 	if (d->svc.stuck_jobs && n < size)
-		snprintf(buf + n, size - n, "; %u stuck past their deadline", d->svc.stuck_jobs);
+		n += (size_t)snprintf(buf + n, size - n, "; %u stuck past their deadline",
+				      d->svc.stuck_jobs);
+	if (d->absent.n && n < size) /* buffers of GPUs not served: gpuq devices says which */
+		snprintf(buf + n, size - n, "; %zu buffers kept for GPUs not served", d->absent.n);
 }
 
 static void status_update(struct daemon *d, const char *prefix)

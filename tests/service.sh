@@ -340,6 +340,8 @@ check devices_changed_kept_buffer_says_where_it_is grep -q \
 gpuq metrics > "$dir/u.metrics"
 check devices_changed_kept_buffers_in_metrics grep -q '^gpuq_absent_buffers{uuid="HOST-0"} 1$' "$dir/u.metrics"
 check devices_changed_kept_slab_stays_in_the_store count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-0-' "$store" 0
+check devices_changed_status_says_buffers_are_kept grep -q \
+	'STATUS=1 host devices (no GPU); 0 jobs running, 0 queued; 1 buffers kept for GPUs not served' "$store"
 check devices_changed_is_logged grep -q \
 	"gpuqd\[$second\]: warn: 1 buffers (1048576 bytes) on GPU HOST-0 are kept for a gpuqd that serves it" "$dir/u.log"
 # Swapped: HOST-1 is device 0, HOST-0 device 1; a clean stop (SIGTERM) between.
