@@ -192,6 +192,38 @@ static const struct args_field buffers_fields[] = {
 };
 const struct args_spec op_buffers_args = ARGS_SPEC(struct buffers_args, buffers_fields, NULL);
 
+/*
+ * `absent`, only while some of the caller's buffers (every user's for
+ * root) are kept for GPUs this gpuqd does not serve: the reply is otherwise
+ * as before.
+ */
+static void render_absent_buffers(const struct absent *a, uid_t uid, struct mp_map *out)
+{
+	struct mp_array list;
+	bool any = false;
+	mp_array_init(&list);
+	for (size_t i = 0; i < a->n; i++) {
+		const struct state_buffer *b = &a->buffers[i];
+		if (uid != 0 && b->owner != (uint32_t)uid)
+			continue;
+		struct mp_map m;
+		mp_map_init(&m);
+		mp_put_str(&m, "name", b->name);
+		mp_put_str(&m, "uuid", b->uuid);
+		mp_put_str(&m, "dtype", gpuq_dtype_name(b->dtype));
+		mp_put_u64(&m, "count", b->count);
+		mp_put_u64(&m, "bytes", b->bytes);
+		mp_put_u64(&m, "owner", b->owner);
+		mp_put_str(&m, "state", b->state);
+		mp_array_map(&list, &m);
+		any = true;
+	}
+	if (any)
+		mp_put_array(out, "absent", &list);
+	else
+		mp_array_destroy(&list);
+}
+
 void op_buffers(struct request *req, void *args)
 {
 	const struct buffers_args *a = args;
@@ -207,5 +239,6 @@ void op_buffers(struct request *req, void *args)
 		render_buffer(b, now, &list);
 	}
 	mp_put_array(&body, "buffers", &list);
+	render_absent_buffers(&req->d->absent, uid, &body);
 	reply_ok(req, &body);
 }

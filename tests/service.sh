@@ -337,6 +337,9 @@ check devices_changed_left_out_gpus_buffers_are_kept grep -q \
 gpuq get a "$dir/u.a" > "$dir/u.a.err" 2>&1
 check devices_changed_kept_buffer_says_where_it_is grep -q \
 	"'a' is on GPU HOST-0, which this gpuqd does not serve" "$dir/u.a.err"
+gpuq buffers > "$dir/u.buffers" 2>&1
+check devices_changed_buffers_lists_the_kept_one grep -q \
+	'^a (1.0 MiB) is kept for GPU HOST-0, which gpuqd does not serve now' "$dir/u.buffers"
 gpuq metrics > "$dir/u.metrics"
 check devices_changed_kept_buffers_in_metrics grep -q '^gpuq_absent_buffers{uuid="HOST-0"} 1$' "$dir/u.metrics"
 check devices_changed_kept_slab_stays_in_the_store count_is 'FDSTOREREMOVE=1 | FDNAME=gpuq-slab-HOST-0-' "$store" 0

@@ -153,6 +153,8 @@ static void buffer_row(struct table *t, const msgpack_object *b, bool owners)
 		table_cell(t, "%" PRIu64, field_u64(b, "owner", 0));
 }
 
+static void render_absent_buffers(FILE *f, const msgpack_object *absent);
+
 void render_buffers(FILE *f, const msgpack_object *reply)
 {
 	static const struct table_col cols[] = {
@@ -166,15 +168,32 @@ void render_buffers(FILE *f, const msgpack_object *reply)
 
 	if (!bufs || bufs->via.array.size == 0) {
 		fprintf(f, "no buffers\n");
-		return;
+	} else {
+		owners = others_own_any(bufs);
+		table_init(&t, cols, (int)(sizeof(cols) / sizeof(cols[0])) - (owners ? 0 : 1));
+		for (i = 0; i < bufs->via.array.size; i++)
+			if (bufs->via.array.ptr[i].type == MSGPACK_OBJECT_MAP)
+				buffer_row(&t, &bufs->via.array.ptr[i], owners);
+		table_print(&t, f);
+		table_free(&t);
 	}
-	owners = others_own_any(bufs);
-	table_init(&t, cols, (int)(sizeof(cols) / sizeof(cols[0])) - (owners ? 0 : 1));
-	for (i = 0; i < bufs->via.array.size; i++)
-		if (bufs->via.array.ptr[i].type == MSGPACK_OBJECT_MAP)
-			buffer_row(&t, &bufs->via.array.ptr[i], owners);
-	table_print(&t, f);
-	table_free(&t);
+	render_absent_buffers(f, field_array(reply, "absent"));
+}
+
+/* Under `gpuq buffers`: those kept for GPUs gpuqd does not serve, a line each. */
+static void render_absent_buffers(FILE *f, const msgpack_object *absent)
+{
+	char name[160], uuid[80], size[32];
+
+	for (uint32_t i = 0; absent && i < absent->via.array.size; i++) {
+		const msgpack_object *a = &absent->via.array.ptr[i];
+
+		fprintf(f, "%s (%s) is kept for GPU %s, which gpuqd does not serve now: back when a "
+			   "gpuqd serves it\n",
+			field_str(a, "name", name, sizeof(name), "?"),
+			human_bytes(size, sizeof(size), field_u64(a, "bytes", 0), 1),
+			field_str(a, "uuid", uuid, sizeof(uuid), "?"));
+	}
 }
 
 /* "code: message" of a record's error map, or "-". */
