@@ -334,6 +334,7 @@ check devices_changed_buffers_follow_their_gpu holds b@0 "$dir/small" c@0 "$dir/
 gpuq devices > "$dir/u.devices" 2>&1
 check devices_changed_left_out_gpus_buffers_are_kept grep -q \
 	'kept for GPU HOST-0, which this gpuqd does not serve: 1 buffer, 1.0 MiB' "$dir/u.devices"
+check devices_changed_table_says_which_gpu_each_index_is grep -q '^  0 .* HOST-1  ok$' "$dir/u.devices"
 gpuq get a "$dir/u.a" > "$dir/u.a.err" 2>&1
 check devices_changed_kept_buffer_says_where_it_is grep -q \
 	"'a' is on GPU HOST-0, which this gpuqd does not serve" "$dir/u.a.err"

@@ -48,6 +48,7 @@ static void device_row(struct table *t, const msgpack_object *d)
 	table_cell(t, "%s", human_bytes(s, sizeof(s), field_u64(d, "mem_free", 0), 1));
 	table_cell(t, "%s", human_bytes(s, sizeof(s), field_u64(d, "mem_total", 0), 1));
 	table_cell(t, "%" PRIu64, field_u64(d, "queue_depth", 0));
+	table_cell(t, "%s", field_str(d, "uuid", s, sizeof(s), "-")); /* what a buffer's GPU is known by */
 	table_cell(t, "%s", field_str(d, "health", s, sizeof(s),
 				     field_bool(d, "healthy", false) ? "ok" : "unhealthy"));
 }
@@ -57,7 +58,7 @@ void render_devices(FILE *f, const msgpack_object *reply)
 	static const struct table_col cols[] = {
 		{ "GPU", true },   { "NAME", false },  { "BACKEND", false }, { "CC", false },
 		{ "SMS", true },   { "USED", true },   { "FREE", true },     { "TOTAL", true },
-		{ "QUEUE", true }, { "HEALTH", false },
+		{ "QUEUE", true }, { "UUID", false }, { "HEALTH", false },
 	};
 	const msgpack_object *devs = field_array(reply, "devices");
 	struct table t;
