@@ -72,8 +72,6 @@ int absent_add(struct absent *a, const struct state_buffer *b, int fd)
 	}
 	if (kept >= 0 && fd >= 0 && fd != kept)
 		close(fd); /* a second descriptor of a slab kept already */
-	if (b->slab > atomic_load(&a->slab_id_floor))
-		atomic_store(&a->slab_id_floor, b->slab);
 	struct state_buffer *e = &a->buffers[a->n++];
 	*e = *b;
 	e->device = -1;

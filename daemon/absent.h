@@ -18,7 +18,6 @@
 #ifndef GPUQ_ABSENT_H
 #define GPUQ_ABSENT_H
 
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -33,8 +32,6 @@ struct absent {
 	/* Buffers of GPUs not served, as the record had them; slab_fd is ours (-1: none). */
 	struct state_buffer *buffers;
 	size_t n;
-	/* Their highest slab id: a device's heap made after start-up numbers above it (slab.h). */
-	atomic_uint slab_id_floor;
 };
 
 /* What absent buffers one GPU has (`devices`' `absent`, the metrics). */
@@ -46,7 +43,11 @@ struct absent_gpu {
 
 struct worker_pool;
 
-/* Reads each device's uuid (those that opened) from the workers: at start and after a reset. */
+/*
+ * Reads each device's uuid (those that opened) from the workers, once they
+ * have opened: a device that failed its first open stays unhealthy until
+ * gpuqd restarts, and a reset does not change which GPU a device is.
+ */
 void absent_learn_uuids(struct absent *a, struct worker_pool *pool);
 /* The uuid of the GPU device index serves: "" when unknown (it never opened) or out of range. */
 const char *absent_uuid_of(const struct absent *a, int index);

@@ -100,7 +100,6 @@ static int start_workers(struct daemon *d)
 		return -1;
 	/* The copy threads serve every worker: they start first and stop last. */
 	struct device_config config = d->opt.device;
-	config.slab_id_floor = &d->absent.slab_id_floor; /* set once the record's buffers are placed */
 	config.copy_pool = copy_pool = copy_pool_start(d->opt.copy_threads, &err);
 	if (!copy_pool) {
 		log_error("cannot start the copy threads: %s", err.message);

@@ -35,7 +35,6 @@ void device_on_reset(int index, void *arg)
 	struct daemon *d = arg;
 	struct worker_snapshot s;
 	worker_snapshot(&d->pool, index, &s);
-	absent_learn_uuids(&d->absent, &d->pool); /* a device that never opened may have now */
 	if (!s.healthy && s.needs_restart && restart_after_fault(d, index)) {
 		/* The worker kept the slabs' descriptors: the new image takes these buffers over. */
 		log_error("gpu %d is unhealthy: %s; gpuqd re-executes itself for it, and its %u "

@@ -437,26 +437,3 @@ TEST(slab_keeper_and_adopted_slabs)
 	slab_heap_destroy(h, false);
 	CHECK_EQ(k.n, 2);
 }
-
-/*
- * A heap made after start-up numbers its slabs above the ids of slabs its
- * device may still have named in the keeper (kept for a GPU gpuqd did not
- * serve at start, which a late-opening device may be), never below ids it
- * adopted.
- */
-TEST(slab_heap_numbers_above_a_floor)
-{
-	struct fake f;
-	struct keeper_log k = { .n = 0, .f = &f };
-	struct slab_keeper keeper = { .hold = keeper_hold, .release = keeper_release, .ctx = &k };
-	struct slab_heap *h = fake_heap(&f, 256 * MIB, 0);
-	slab_heap_set_keeper(h, &keeper, "GPU-9");
-	slab_heap_number_above(h, 7);
-	struct slab_place a = must_alloc(h, 4 * MIB, SLAB_OWN);
-	CHECK_EQ(a.slab, 8);
-	CHECK(strcmp(k.events[0], "hold GPU-9-8") == 0);
-	slab_heap_number_above(h, 3); /* a lower floor changes nothing */
-	struct slab_place b = must_alloc(h, 4 * MIB, SLAB_OWN);
-	CHECK_EQ(b.slab, 9);
-	slab_heap_destroy(h, false);
-}

@@ -73,12 +73,6 @@ struct device_config {
 	char nvrtc[256];              /* --nvrtc: "" (search the loader's path), a library, or "off" */
 	struct device_adopt_list *adopt; /* a re-exec: the slabs each worker takes over after open (NULL: none) */
 	const struct slab_keeper *slab_keeper; /* holds slabs' descriptors beyond gpuqd (NULL: none; slab.h) */
-	/*
-	 * Slab ids a heap made after start-up numbers above (NULL: none): those
-	 * of buffers kept for GPUs not served (daemon/absent.h), which a device
-	 * that opens late may turn out to be.
-	 */
-	const atomic_uint *slab_id_floor;
 };
 
 /*

@@ -603,8 +603,6 @@ static int cuda_open(struct device *dev, struct gpuq_error *err)
 	dev->info.buffer_memory = st->use_slabs ? "vmm" : "pool";
 	/* Named by the GPU's uuid, which another gpuqd serving it under another index finds too. */
 	slab_heap_set_keeper(st->slabs, dev->config.slab_keeper, dev->info.uuid);
-	if (dev->config.slab_id_floor)
-		slab_heap_number_above(st->slabs, atomic_load(dev->config.slab_id_floor));
 	return 0;
 fail:
 	cuda_teardown(dev); /* undoes exactly the steps that completed */

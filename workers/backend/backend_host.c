@@ -272,8 +272,6 @@ static int host_open(struct device *dev, struct gpuq_error *err)
 	host_fill_info(dev);
 	/* Named by the device's uuid, which another gpuqd serving it under another index finds too. */
 	slab_heap_set_keeper(h->slabs, dev->config.slab_keeper, dev->info.uuid);
-	if (dev->config.slab_id_floor)
-		slab_heap_number_above(h->slabs, atomic_load(dev->config.slab_id_floor));
 	return 0;
 }
 

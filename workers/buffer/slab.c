@@ -68,14 +68,6 @@ void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper,
 	pthread_mutex_unlock(&h->lock);
 }
 
-void slab_heap_number_above(struct slab_heap *h, uint32_t id)
-{
-	pthread_mutex_lock(&h->lock);
-	if (id > h->last_id)
-		h->last_id = id;
-	pthread_mutex_unlock(&h->lock);
-}
-
 /* The keeper holds s too (a made slab, or an adopted one it does not hold yet). */
 static void slab_hold(struct slab_heap *h, struct slab *s)
 {

@@ -147,13 +147,6 @@ struct slab_heap *slab_heap_create(const struct slab_backend *be, uint64_t carve
  */
 void slab_heap_set_keeper(struct slab_heap *h, const struct slab_keeper *keeper, const char *owner);
 /*
- * Slabs this heap makes from now on are numbered above id: another heap's
- * slabs of the same device are still named in the keeper (buffers kept for
- * a device that opened only after gpuqd started: daemon/absent.h), and no
- * two may share a name. Call before the heap serves.
- */
-void slab_heap_number_above(struct slab_heap *h, uint32_t id);
-/*
  * Gives every slab back (destroy with `lost`), the keeper releasing each
  * first, and frees the heap. h may be NULL. (A keeper that should keep
  * the slabs of a gpuqd that stops ignores the release: daemon/fd_store.h.)
