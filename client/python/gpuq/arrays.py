@@ -170,8 +170,14 @@ def _not_found(api: "Api", spec: str) -> Plan:
     uid = api._uid()
     names = sorted(f"{b.get('name')}@{b.get('device')}" for b in reply.get("buffers", [])
                    if b.get("owner", uid) == uid)
+    # The daemon keeps it for a GPU it does not serve (docs/protocol.md, ``devices``).
+    kept = [b for b in reply.get("absent", [])
+            if b.get("owner", uid) == uid and b.get("name") == spec.split("@")[0]]
+    where = (f"; '{kept[0]['name']}' is kept for GPU {kept[0].get('uuid')}, which the daemon "
+             "does not serve now: it comes back with its bytes when one serves that GPU"
+             if kept else "")
     return NotFound(f"buffer '{spec}' not found; your buffers: "
-                    f"{', '.join(names) if names else '(none)'}")
+                    f"{', '.join(names) if names else '(none)'}{where}")
 
 
 # Kinds of arrays ------------------------------------------------------------------

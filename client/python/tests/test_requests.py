@@ -371,6 +371,8 @@ def test_absent_names_the_gpus_whose_buffers_are_kept_aside(private_daemon, name
         assert c.checksum(f"{name}@0").result["checksum"] == before  # HOST-1, now device 0
         with pytest.raises(gpuq.NotFound, match="is on GPU HOST-0, which this gpuqd does not serve"):
             c.checksum(f"{name}-aside")
+        with pytest.raises(gpuq.NotFound, match="-aside' is kept for GPU HOST-0, which the daemon"):
+            c.buffer(f"{name}-aside")  # the client's own lookup says so too
         with pytest.raises(gpuq.BadRequest, match="GPU HOST-1 is device 0 of this gpuqd"):
             c.drop_absent("HOST-1")
         assert c.drop_absent("HOST-0") == {"uuid": "HOST-0", "buffers": 1, "bytes": 1 << 20}
