@@ -152,10 +152,10 @@ void op_drop_absent(struct request *req, void *args)
 	struct absent_gpu gpus[GPUQ_MAX_DEVICES];
 	unsigned buffers;
 	uint64_t bytes;
-	if (absent_index_of(&d->absent, uuid) >= 0) {
+	int served_as = absent_index_of(&d->absent, uuid);
+	if (served_as >= 0) {
 		gpuq_fail(&err, GPUQ_E_BAD_REQUEST, "GPU %s is device %d of this gpuqd: its buffers are "
-			  "listed, not kept aside (free them one by one)", uuid,
-			  absent_index_of(&d->absent, uuid));
+			  "listed, not kept aside (free them one by one)", uuid, served_as);
 		reply_error(req, &err);
 		return;
 	}
