@@ -236,16 +236,17 @@ def _prepare(arr: Any, dtype: Any) -> Tuple[Any, str]:
 
 
 def _check_fit(buf: Dict[str, Any], nbytes: int, size: int, dtype: str) -> None:
-    have = (f"buffer '{buf.get('name')}@{buf.get('device')}' holds {buf.get('count')} "
-            f"{buf.get('dtype')} ({buf.get('bytes')} bytes)")
-    want = f"the array is {size} {dtype} ({nbytes} bytes)"
     if dtype == "bytes":
         ok = buf.get("bytes") == nbytes
     else:
         ok = buf.get("dtype") == dtype and buf.get("count") == size
-    if not ok:
-        raise BadRequest(f"{have} but {want}; free it, put into another name, or convert "
-                         f"the array (arr.astype(...)) to match")
+    if ok:
+        return
+    have = (f"buffer '{buf.get('name')}@{buf.get('device')}' holds {buf.get('count')} "
+            f"{buf.get('dtype')} ({buf.get('bytes')} bytes)")
+    want = f"the array is {size} {dtype} ({nbytes} bytes)"
+    raise BadRequest(f"{have} but {want}; free it, put into another name, or convert "
+                     f"the array (arr.astype(...)) to match")
 
 
 def _product(shape: Sequence[int]) -> int:

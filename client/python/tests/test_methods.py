@@ -129,6 +129,25 @@ def test_dtype_names():
         gpuq.gpuq_dtype("float128")
 
 
+def test_dtype_objects_named_again_come_from_the_kept_names():
+    from gpuq import dtypes
+    for _ in range(2):  # the second time from _KNOWN
+        assert [gpuq.gpuq_dtype(d) for d in (np.dtype("<f4"), np.float32, np.dtype("int64"))] \
+            == ["f32", "f32", "i64"]
+    assert np.dtype("<f4") in dtypes._KNOWN
+    for _ in range(2):  # refusals are not kept: each says why again
+        with pytest.raises(gpuq.BadRequest, match=">f4"):
+            gpuq.gpuq_dtype(np.dtype(">f4"))
+    assert np.dtype(">f4") not in dtypes._KNOWN
+
+    class Fresh:  # a caller making new dtype objects without end
+        def __str__(self) -> str:
+            return "torch.float16"
+    for _ in range(3 * dtypes._KNOWN_MOST):
+        assert gpuq.gpuq_dtype(Fresh()) == "f16"
+    assert len(dtypes._KNOWN) <= dtypes._KNOWN_MOST
+
+
 def test_alloc_takes_the_protocols_words(client, name):
     assert client.alloc(name, bytes=1024).nbytes == 1024
     client.free(name)
