@@ -10,7 +10,8 @@
 #    with --fd-store off a crash loses them; when the configuration's
 #    devices change, each buffer follows its GPU (by uuid), and a left-out
 #    GPU's are kept until it is served again (through the store, and
-#    through re-execs without it);
+#    through re-execs without it), in set sequences and in random ones
+#    checked against a model;
 #  - readiness, status, watchdog and stopping notifications, received on a
 #    test socket (a path, and an @abstract name);
 #  - journal priority prefixes; --check-config; the metrics textfile;
@@ -411,6 +412,23 @@ gpuq devices > "$dir/v.devices" 2>&1
 check drop_absent_leaves_nothing_kept sh -c "! grep -q 'kept for GPU' '$dir/v.devices'"
 kill -TERM "$supervisor"
 wait "$supervisor"
+
+# --- the same at random: buffers made, rewritten and freed, the devices
+# changed and taken up by SIGKILL, SIGTERM or `admin restart`, kept buffers
+# dropped, every buffer checked against a model after each event
+# (tests/service/devices_chaos.py; GPUQ_CHAOS_SEEDS for other runs) ---
+if command -v python3 > /dev/null 2>&1; then
+	for seed in ${GPUQ_CHAOS_SEEDS:-1 2 3}; do
+		if python3 tests/service/devices_chaos.py "$BUILD" 200 "$seed" > "$dir/chaos.$seed" 2>&1; then
+			ok "devices_changed_at_random_buffers_follow_their_gpu_seed_$seed"
+		else
+			fail "devices_changed_at_random_buffers_follow_their_gpu_seed_$seed" \
+				"the model and gpuqd differ" "$dir/chaos.$seed"
+		fi
+	done
+else
+	skip devices_changed_at_random_buffers_follow_their_gpu "no python3 here"
+fi
 
 # --- an alloc still waiting for memory when gpuqd dies: listed lost, saying so ---
 start_under_store a 1 64 --host-mem 64M --host-devices 1
