@@ -5,11 +5,14 @@ gpuqd runs on the host backend with three devices (uuids HOST-0..2) under
 ``svc-helper supervise-store``; its configuration file names which of them
 it serves, in which order. The events: buffers made, rewritten and freed on
 a served GPU; the devices changed, with a SIGKILL, a SIGTERM or ``gpuq admin
-restart`` to take the change up (or none changed); ``drop-absent`` of a GPU
-not served. The model keeps each buffer under its GPU's uuid: after every
-event gpuqd must list exactly the model's buffers of each served GPU at that
-GPU's index now, report the others' as kept (``devices``' ``absent``), and,
-after each restart and now and then besides, hold their bytes.
+restart`` to take the change up (or none changed); a SIGKILL while a put
+runs; ``drop-absent`` of a GPU not served. The model keeps each buffer under
+its GPU's uuid: after every event gpuqd must list exactly the model's
+buffers of each served GPU at that GPU's index now, report the others' as
+kept (``devices``' ``absent``), and, after each restart and now and then
+besides, hold their bytes. A put cut short by the SIGKILL leaves its buffer
+either ready with the old bytes or the new (it ended before, or wrote
+nothing), or ``suspect`` until a whole put.
 
 usage: devices_chaos.py BUILD EVENTS SEED   (exit 1 with the seed, the event
 log and the directory kept on the first difference)
@@ -35,7 +38,12 @@ rnd = random.Random(SEED)
 tmp = tempfile.mkdtemp(prefix="gpuq-chaos.")
 sock, store, conf = f"{tmp}/gpuqd.sock", f"{tmp}/store", f"{tmp}/gpuqd.conf"
 events = open(f"{tmp}/events", "w")
-model = {u: {} for u in UUIDS}  # uuid -> buffer name -> sha256 of its bytes
+# uuid -> buffer name -> the sha256 of its bytes; ("torn", old, new) after a put
+# cut short, until gpuqd says which it came to (old None: it was suspect);
+# SUSPECT once it said suspect.
+model = {u: {} for u in UUIDS}
+SUSPECT = "suspect"
+torn = {"old": 0, "new": 0, "suspect": 0}  # what puts cut short came to
 served = ["HOST-0", "HOST-1"]
 
 
@@ -109,18 +117,33 @@ def check(read_bytes):
     want = {u: len(model[u]) for u in UUIDS if u not in served and model[u]}
     if kept != want:
         raise Differs(f"kept for GPUs not served: {kept}; the model: {want}")
-    listed = sorted((b["name"], b["device"], b["state"])
-                    for b in json.loads(gpuq("--json", "buffers"))["buffers"])
-    want_listed = sorted((n, served.index(u), "ready") for u in served for n in model[u])
-    if listed != want_listed:
-        raise Differs(f"buffers {listed}; the model: {want_listed}")
-    if read_bytes:
-        for u in served:
-            for n, sha in model[u].items():
-                gpuq("get", ref(n, u), f"{tmp}/back")
-                with open(f"{tmp}/back", "rb") as f:
-                    if hashlib.sha256(f.read()).hexdigest() != sha:
-                        raise Differs(f"{ref(n, u)} ({u}) holds other bytes than were put")
+    states = {(b["name"], b["device"]): b["state"]
+              for b in json.loads(gpuq("--json", "buffers"))["buffers"]}
+    want_listed = sorted((n, served.index(u)) for u in served for n in model[u])
+    if sorted(states) != want_listed:
+        raise Differs(f"buffers {sorted(states)}; the model: {want_listed}")
+    for u in served:
+        for n, held in list(model[u].items()):
+            state = states[(n, served.index(u))]
+            if held == SUSPECT or (isinstance(held, tuple) and state == SUSPECT):
+                if state != SUSPECT:
+                    raise Differs(f"{ref(n, u)} ({u}) is {state}; it was suspect")
+                if model[u][n] != SUSPECT:
+                    torn["suspect"] += 1
+                model[u][n] = SUSPECT
+                continue
+            if state != "ready":
+                raise Differs(f"{ref(n, u)} ({u}) is {state}, not ready")
+            if not read_bytes and not isinstance(held, tuple):
+                continue
+            gpuq("get", ref(n, u), f"{tmp}/back")
+            with open(f"{tmp}/back", "rb") as f:
+                sha = hashlib.sha256(f.read()).hexdigest()
+            if sha not in (held[1:] if isinstance(held, tuple) else (held,)):
+                raise Differs(f"{ref(n, u)} ({u}) holds other bytes than were put")
+            if isinstance(held, tuple):
+                torn["new" if sha == held[2] else "old"] += 1
+            model[u][n] = sha
 
 
 def restart(kind):
@@ -139,13 +162,38 @@ def restart(kind):
     check(True)
 
 
+def size_of(name, uuid):
+    return next(b["bytes"] for b in json.loads(gpuq("--json", "buffers"))["buffers"]
+                if b["name"] == name and b["device"] == served.index(uuid))
+
+
+def kill_during_put(uuid, name):
+    """A put of new bytes into name, gpuqd SIGKILLed while it may run."""
+    path, sha = new_bytes(size_of(name, uuid))
+    before, pid = starts(), serving_pid()
+    note(f"kill during put {ref(name, uuid)} ({uuid})")
+    put = subprocess.Popen([f"{BUILD}/gpuq", "--socket", sock, "put", path, ref(name, uuid)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(rnd.choice([0, 0.001, 0.003, 0.01]))
+    os.kill(pid, signal.SIGKILL)
+    put.wait()
+    restarted_after(before)
+    held = model[uuid][name]  # a suspect buffer stays so unless the put ended
+    old = None if held == SUSPECT else held[1] if isinstance(held, tuple) else held
+    model[uuid][name] = ("torn", old, sha)
+    check(True)
+
+
 def one_event():
-    kind = rnd.choices(["alloc", "put", "free", "devices", "kill", "reexec", "term", "drop"],
-                       [5, 3, 2, 2, 1, 1, 1, 1])[0]
+    kind = rnd.choices(["alloc", "put", "free", "devices", "kill", "reexec", "term", "drop",
+                        "kill_put"], [5, 3, 2, 2, 1, 1, 1, 1, 1])[0]
     uuid = rnd.choice(served)
     mine = model[uuid]
     if kind in ("devices", "kill", "reexec", "term"):
         restart(kind)
+        return
+    if kind == "kill_put" and mine:
+        kill_during_put(uuid, rnd.choice(sorted(mine)))
         return
     if kind == "alloc":
         name = rnd.choice(NAMES)
@@ -159,10 +207,7 @@ def one_event():
         mine[name] = sha
     elif kind == "put" and mine:
         name = rnd.choice(sorted(mine))
-        size = json.loads(gpuq("--json", "buffers"))["buffers"]
-        size = next(b["bytes"] for b in size
-                    if b["name"] == name and b["device"] == served.index(uuid))
-        path, sha = new_bytes(size)
+        path, sha = new_bytes(size_of(name, uuid))
         note(f"put {ref(name, uuid)} ({uuid})")
         gpuq("put", path, ref(name, uuid))
         mine[name] = sha
@@ -204,7 +249,8 @@ def main():
         manager.send_signal(signal.SIGTERM)
         manager.wait()
     print(f"seed {SEED}: {EVENTS} events, {starts()} starts of gpuqd, every buffer as the "
-          "model has it")
+          f"model has it; puts cut short came back with the old bytes {torn['old']} times, "
+          f"the new {torn['new']}, suspect {torn['suspect']}")
     shutil.rmtree(tmp)
     return 0
 
