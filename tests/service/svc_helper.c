@@ -388,6 +388,10 @@ static int supervise_store(const char *path, int restarts, int delay_ms, size_t 
 	}
 	unlink(path);
 	unlink(notify_path);
+	for (size_t i = 0; i < st.n; i++)
+		close(st.fds[i].fd);
+	free(st.fds);
+	fclose(st.log);
 	return 0;
 }
 
