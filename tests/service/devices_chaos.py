@@ -11,8 +11,8 @@ its GPU's uuid: after every event gpuqd must list exactly the model's
 buffers of each served GPU at that GPU's index now, report the others' as
 kept (``devices``' ``absent``), and, after each restart and now and then
 besides, hold their bytes. A put cut short by the SIGKILL leaves its buffer
-either ready with the old bytes or the new (it ended before, or wrote
-nothing), or ``suspect`` until a whole put.
+ready with the old bytes (it wrote nothing) or the new (it ended before the
+kill), or ``suspect`` until a whole put.
 
 usage: devices_chaos.py BUILD EVENTS SEED   (exit 1 with the seed, the event
 log and the directory kept on the first difference)
