@@ -414,9 +414,10 @@ kill -TERM "$supervisor"
 wait "$supervisor"
 
 # --- the same at random: buffers made, rewritten and freed, the devices
-# changed and taken up by SIGKILL, SIGTERM or `admin restart`, kept buffers
-# dropped, every buffer checked against a model after each event
-# (tests/service/devices_chaos.py; GPUQ_CHAOS_SEEDS for other runs) ---
+# changed and taken up by SIGKILL, SIGTERM or `admin restart`, gpuqd killed
+# while a put runs, kept buffers dropped, every buffer checked against a
+# model after each event (tests/service/devices_chaos.py; GPUQ_CHAOS_SEEDS
+# for other runs) ---
 if command -v python3 > /dev/null 2>&1; then
 	for seed in ${GPUQ_CHAOS_SEEDS:-1 2 3}; do
 		if python3 tests/service/devices_chaos.py "$BUILD" 200 "$seed" > "$dir/chaos.$seed" 2>&1; then
