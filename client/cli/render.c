@@ -154,7 +154,21 @@ static void buffer_row(struct table *t, const msgpack_object *b, bool owners)
 		table_cell(t, "%" PRIu64, field_u64(b, "owner", 0));
 }
 
-static void render_absent_buffers(FILE *f, const msgpack_object *absent);
+/* Under `gpuq buffers`: those kept for GPUs gpuqd does not serve, a line each. */
+static void render_absent_buffers(FILE *f, const msgpack_object *absent)
+{
+	char name[160], uuid[80], size[32];
+
+	for (uint32_t i = 0; absent && i < absent->via.array.size; i++) {
+		const msgpack_object *a = &absent->via.array.ptr[i];
+
+		fprintf(f, "%s (%s) is kept for GPU %s, which gpuqd does not serve now: back when a "
+			   "gpuqd serves it\n",
+			field_str(a, "name", name, sizeof(name), "?"),
+			human_bytes(size, sizeof(size), field_u64(a, "bytes", 0), 1),
+			field_str(a, "uuid", uuid, sizeof(uuid), "?"));
+	}
+}
 
 void render_buffers(FILE *f, const msgpack_object *reply)
 {
@@ -179,22 +193,6 @@ void render_buffers(FILE *f, const msgpack_object *reply)
 		table_free(&t);
 	}
 	render_absent_buffers(f, field_array(reply, "absent"));
-}
-
-/* Under `gpuq buffers`: those kept for GPUs gpuqd does not serve, a line each. */
-static void render_absent_buffers(FILE *f, const msgpack_object *absent)
-{
-	char name[160], uuid[80], size[32];
-
-	for (uint32_t i = 0; absent && i < absent->via.array.size; i++) {
-		const msgpack_object *a = &absent->via.array.ptr[i];
-
-		fprintf(f, "%s (%s) is kept for GPU %s, which gpuqd does not serve now: back when a "
-			   "gpuqd serves it\n",
-			field_str(a, "name", name, sizeof(name), "?"),
-			human_bytes(size, sizeof(size), field_u64(a, "bytes", 0), 1),
-			field_str(a, "uuid", uuid, sizeof(uuid), "?"));
-	}
 }
 
 /* "code: message" of a record's error map, or "-". */

@@ -172,7 +172,7 @@ def _not_found(api: "Api", spec: str) -> Plan:
                    if b.get("owner", uid) == uid)
     # The daemon keeps it for a GPU it does not serve (docs/protocol.md, ``devices``).
     kept = [b for b in reply.get("absent", [])
-            if b.get("owner", uid) == uid and b.get("name") == spec.split("@")[0]]
+            if b.get("owner", uid) == uid and b.get("name") == split_name(spec)[0]]
     where = (f"; '{kept[0]['name']}' is kept for GPU {kept[0].get('uuid')}, which the daemon "
              "does not serve now: it comes back with its bytes when one serves that GPU"
              if kept else "")
