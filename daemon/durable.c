@@ -177,6 +177,8 @@ static int durable_copy_leases(struct daemon *d, struct state_snapshot *s)
 		out->write = l->write;
 		out->conn_serial = l->conn_serial;
 		out->since_ms = (uint64_t)(l->since * 1e3);
+		out->revocable = l->lock_fd >= 0;
+		out->lock_fd = l->lock_fd;
 	}
 	return 0;
 }

@@ -245,6 +245,7 @@ void job_submit(struct request *req, struct job *job)
 	}
 	d->last_dispatch = monotonic_seconds();
 	d->jobs.hooks.started(d, job);
+	leases_yield(d, job); /* revocable leases it waits for end where they can */
 	log_debug("job %llu: %s on device %d for uid %d", (unsigned long long)job->id,
 		  job->kind->op, job->work.device, (int)job->owner);
 	if (opts.wait) {
@@ -268,6 +269,7 @@ int job_submit_own(struct daemon *d, struct job *job, struct gpuq_error *err)
 	}
 	d->last_dispatch = monotonic_seconds();
 	d->jobs.hooks.started(d, job);
+	leases_yield(d, job);
 	return 0;
 }
 

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <uv.h>
 
 #include "workers/work.h"
 
@@ -44,15 +45,31 @@ struct lease {
 	pid_t pid;
 	double since; /* CLOCK_MONOTONIC seconds of the grant */
 	struct work hold; /* the ledger entry (sched_hold) */
+	/*
+	 * A revocable lease's lock, the memfd its holder sent (-1: not
+	 * revocable): gpuqd holds a POSIX lock on its byte 0 while the lease
+	 * lives, the holder one on byte 1 while it uses the buffer
+	 * (daemon/lease_revoke.c). Closed when the lease ends.
+	 */
+	int lock_fd;
+	bool wanted; /* a job waits for it, and its holder was using the buffer at the last try */
 	struct lease *next;
 };
 
 struct lease_table {
 	struct lease *head;
 	unsigned count;
+	unsigned wanted;          /* leases with `wanted` set: the timer runs while there are any */
+	uv_timer_t revoke_timer; /* tries the wanted leases again (lease_revoke.c) */
+	bool revoke_timer_ready;
 };
 
 const char *lease_state_name(enum lease_state state);
+/*
+ * Ends a lease, however it ends: its ledger entry goes (the jobs behind it
+ * may start), its lock (if revocable) is closed, and a held lease is freed.
+ */
+void lease_end(struct daemon *d, struct lease *l);
 /* The lease with this id, or NULL. */
 struct lease *lease_find(struct lease_table *t, uint64_t id);
 /* A connection closed: the leases it holds (or waits for) end (its CONN_CLOSED hook, server.h). */
@@ -68,6 +85,27 @@ void leases_drop_device(struct daemon *d, int device);
  */
 void lease_attach_timed_out(struct daemon *d, struct job *job, const struct conn *c,
 			    uint64_t request_id, struct gpuq_error *err);
+
+/* ---- revocable leases (daemon/lease_revoke.c) ---- */
+
+/*
+ * An attach's `revocable` lock, fd (the request's descriptor): a memfd,
+ * with byte 0 locked by gpuqd from now on. -1 with err (bad_request) when
+ * it is not a memfd or another process holds byte 0.
+ */
+int lease_lock_take(int fd, struct gpuq_error *err);
+/*
+ * A job was submitted (or replayed): the revocable leases it conflicts
+ * with end now where their holders are not using the buffer, and are
+ * tried again every millisecond where they are.
+ */
+void leases_yield(struct daemon *d, struct job *job);
+/* Revocable lease l was just granted by attach_job: the jobs submitted while it waited. */
+void lease_yield_granted(struct daemon *d, struct lease *l, struct job *attach_job);
+/* A re-exec: the revocable leases' locks stay open in the new image (keep) or close on exec again. */
+void leases_inherit(struct lease_table *t, bool keep);
+/* gpuqd stops: the retry timer's handle closes. */
+void leases_close(struct daemon *d);
 
 /*
  * A re-exec: the lease `from` says (id, write, uid, pid, conn_serial, since), which

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/daemon.h"
 #include "workers/log.h"
@@ -67,17 +68,23 @@ static void lease_tell_holder(const struct lease *l, const char *why, uid_t by)
 }
 
 /*
- * Ends a lease: its ledger entry leaves the device's ledger (or will never
- * enter it) and the jobs behind it may start. A held lease is freed now; a
- * waiting one with its attach job (finish_attach), which still points at it.
- * An ephemeral buffer whose connection closed while it was leased goes now,
+ * Its ledger entry leaves the device's ledger (or will never enter it) and
+ * the jobs behind it may start. A held lease is freed now; a waiting one
+ * with its attach job (finish_attach), which still points at it. An
+ * ephemeral buffer whose connection closed while it was leased goes now,
  * if nothing else holds it: never while a client maps it.
  */
-static void lease_end(struct daemon *d, struct lease *l)
+void lease_end(struct daemon *d, struct lease *l)
 {
 	if (l->state == LEASE_ENDED)
 		return;
 	worker_unhold(&d->pool, &l->hold);
+	if (l->lock_fd >= 0)
+		close(l->lock_fd); /* drops gpuqd's lock on byte 0: the holder sees the lease gone */
+	l->lock_fd = -1;
+	if (l->wanted)
+		d->leases.wanted--;
+	l->wanted = false;
 	durable_touch(d);
 	bool held = l->state == LEASE_HELD;
 	l->state = LEASE_ENDED;
@@ -95,6 +102,7 @@ struct attach_info {
 	char uuid[64]; /* the device's, for the client to find it in its own CUDA numbering */
 	const char *handle;
 	uint64_t generation; /* the buffer's (buffer.h) */
+	bool revocable;
 };
 
 static void release_attach(struct job *job)
@@ -119,6 +127,8 @@ static void render_attach(const struct job *job, struct mp_map *out)
 		mp_put_str(out, "uuid", info->uuid);
 		mp_put_str(out, "handle", info->handle);
 		mp_put_u64(out, "generation", info->generation);
+		if (info->revocable)
+			mp_put_bool(out, "revocable", true);
 	}
 }
 
@@ -148,6 +158,8 @@ static void finish_attach(struct daemon *d, struct job *job)
 		job->reply_fd = job->buffer->share_fd;
 		job->reply_conn = l->conn;
 		job->reply_id = l->request_id;
+		if (l->lock_fd >= 0)
+			lease_yield_granted(d, l, job); /* may end it: l is not used after this */
 		return;
 	}
 	if (job->work.error.code == GPUQ_OK) { /* granted on the device, given up here */
@@ -230,6 +242,7 @@ static struct lease *lease_insert(struct daemon *d, struct buffer *b, uint64_t i
 	l->id = id;
 	l->buffer = b;
 	l->write = write;
+	l->lock_fd = -1;
 	l->uid = uid;
 	l->hold.kind = WORK_ATTACH;
 	l->hold.device = b->device;
@@ -267,7 +280,9 @@ struct lease *lease_adopt(struct daemon *d, struct buffer *b, const struct lease
 	}
 	l->pid = from->pid;
 	l->conn_serial = from->conn_serial;
+	l->lock_fd = from->lock_fd;
 	if (worker_hold(&d->pool, &l->hold, err) != 0) {
+		l->lock_fd = -1; /* the caller's still */
 		b->leases--;
 		lease_unlink(&d->leases, l);
 		buffer_unhold(b);
@@ -280,11 +295,15 @@ struct lease *lease_adopt(struct daemon *d, struct buffer *b, const struct lease
 	return l;
 }
 
-/* attach: a shareable `buffer`, and `mode`: read or read-write (the default). */
+/*
+ * attach: a shareable `buffer`, `mode`: read or read-write (the default),
+ * and `revocable` with its lock, the request's one descriptor.
+ */
 struct attach_args {
 	struct args_buffer buffer;
 	char mode[16];
 	bool write;
+	bool revocable;
 };
 
 static int attach_check_buffer(struct request *req, void *args, struct gpuq_error *err)
@@ -303,10 +322,24 @@ static int attach_check_mode(struct request *req, void *args, struct gpuq_error 
 	return 0;
 }
 
+/* The lock is checked and byte 0 locked before the job exists; a refusal closes the descriptor. */
+static int attach_check_lock(struct request *req, void *args, struct gpuq_error *err)
+{
+	if (!((struct attach_args *)args)->revocable)
+		return 0;
+	if (req->nfds != 1)
+		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
+				 "field 'revocable': a revocable lease needs its lock, a memfd, as the "
+				 "request's one descriptor (fds: 1); %d came", req->nfds);
+	return lease_lock_take(req->fds[0], err);
+}
+
 static const struct args_field attach_fields[] = {
 	{ "buffer", ARGS_BUFFER_NAME, ARGS_REQUIRED, ARGS_AT(struct attach_args, buffer),
 	  .then = attach_check_buffer },
 	{ "mode", ARGS_STR, 0, ARGS_AT(struct attach_args, mode), .then = attach_check_mode },
+	{ "revocable", ARGS_BOOL, 0, ARGS_AT(struct attach_args, revocable),
+	  .then = attach_check_lock },
 };
 static const struct attach_args attach_defaults = { .mode = "read-write" };
 const struct args_spec op_attach_args = ARGS_SPEC(struct attach_args, attach_fields,
@@ -334,6 +367,11 @@ void op_attach(struct request *req, void *args)
 	job->work.length = b->bytes;
 	job->work.hold = &l->hold;
 	job->lease = l;
+	if (a->revocable) {
+		l->lock_fd = req->fds[0]; /* locked by attach_check_lock */
+		req->fds[0] = -1;
+		((struct attach_info *)job->work.spec)->revocable = true;
+	}
 	job->must_wait = true;
 	job_submit(req, job);
 }
@@ -436,6 +474,7 @@ static void render_lease(const struct lease *l, double now, struct mp_array *out
 	mp_put_u64(&m, "uid", (uint64_t)l->uid);
 	mp_put_u64(&m, "pid", (uint64_t)l->pid);
 	mp_put_f64(&m, "held_s", l->state == LEASE_HELD ? now - l->since : 0);
+	mp_put_bool(&m, "revocable", l->lock_fd >= 0);
 	mp_array_map(out, &m);
 }
 

@@ -143,8 +143,14 @@ static bool recover_lease(struct daemon *d, const struct state_lease *rl)
 				      : buffer_find(&d->buffers, (uid_t)rl->buffer_owner, rl->buffer, device);
 	const struct lease from = { .id = rl->id, .write = rl->write, .uid = (uid_t)rl->uid,
 				    .pid = (pid_t)rl->pid, .conn_serial = rl->conn_serial,
-				    .since = (double)rl->since_ms / 1e3 };
-	if (device < 0)
+				    .since = (double)rl->since_ms / 1e3,
+				    .lock_fd = rl->revocable ? rl->lock_fd : -1 };
+	/* A revocable lease whose lock did not come along could never be revoked: it ends. */
+	bool lock_lost = rl->revocable && (rl->lock_fd < 0 || fcntl(rl->lock_fd, F_GET_SEALS) < 0);
+	if (lock_lost)
+		gpuq_fail(&err, GPUQ_E_NOT_FOUND, "its lock (descriptor %d) did not come through the "
+			  "re-exec", rl->lock_fd);
+	else if (device < 0)
 		gpuq_fail(&err, GPUQ_E_NOT_FOUND, "buffer '%s' is on GPU %s, which this gpuqd does not "
 			  "serve", rl->buffer, rl->uuid);
 	else if (!b || b->state != BUFFER_READY || !b->shareable)
@@ -152,6 +158,8 @@ static bool recover_lease(struct daemon *d, const struct state_lease *rl)
 			  !b ? "was not taken over" : !b->shareable ? "is not shareable" : "is lost");
 	else if (lease_adopt(d, b, &from, &err))
 		return true;
+	if (from.lock_fd >= 0 && !lock_lost)
+		close(from.lock_fd); /* the holder finds byte 0 unlocked: its lease has ended */
 	log_error("lease %llu of uid %u (pid %d) ends in the re-exec: %s",
 		  (unsigned long long)rl->id, rl->uid, (int)rl->pid, err.message);
 	return false;

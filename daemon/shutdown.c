@@ -46,6 +46,7 @@ static void daemon_finish(struct daemon *d)
 		log_error("%d device workers did not stop within 5 s", stuck);
 	close_handle((uv_handle_t *)&d->shutdown_timer);
 	progress_close(d);
+	leases_close(d);
 	close_handle((uv_handle_t *)&d->sigterm);
 	close_handle((uv_handle_t *)&d->sigint);
 	restart_close(d);

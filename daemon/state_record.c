@@ -79,6 +79,8 @@ static const struct rec_field lease_fields[] = {
 	REC_FIELD_ADDED(struct state_lease, "conn", REC_U64, conn_serial),
 	REC_FIELD_ADDED(struct state_lease, "since_ms", REC_U64, since_ms),
 	REC_FIELD_ADDED(struct state_lease, "uuid", REC_STR, uuid),
+	REC_FIELD_ADDED(struct state_lease, "revocable", REC_BOOL, revocable),
+	REC_FIELD_ADDED(struct state_lease, "lock_fd", REC_INT, lock_fd),
 };
 
 static const struct rec_field quota_fields[] = {

@@ -116,6 +116,8 @@ struct state_lease {
 	uint64_t conn_serial; /* the holder's connection: the lease ends when it closes (0: unknown) */
 	uint64_t since_ms;    /* the grant, CLOCK_MONOTONIC, which a re-exec keeps (0: unknown) */
 	char uuid[SLAB_OWNER_MAX]; /* its buffer's GPU ("": unknown; go by device) */
+	bool revocable; /* then lock_fd is its lock, as numbered in this process */
+	int lock_fd;
 };
 
 /* A user's quota usage: the bytes its buffers and regions hold. */

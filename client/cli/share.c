@@ -144,7 +144,9 @@ static void render_leases(FILE *f, const msgpack_object *reply)
 		table_cell(&t, "%" PRIu64, field_u64(l, "lease", 0));
 		table_cell(&t, "%s", field_str(l, "buffer", s, sizeof s, "-"));
 		table_cell(&t, "%s", field_str(l, "mode", s, sizeof s, "-"));
-		table_cell(&t, "%s", field_str(l, "state", s, sizeof s, "-"));
+		/* A revocable lease ends by itself once a job waits for it: worth telling apart. */
+		table_cell(&t, "%s%s", field_str(l, "state", s, sizeof s, "-"),
+			   field_bool(l, "revocable", false) ? " (revocable)" : "");
 		table_cell(&t, "%" PRIu64, field_u64(l, "uid", 0));
 		table_cell(&t, "%" PRIu64, field_u64(l, "pid", 0));
 		table_cell(&t, "%s", human_seconds(s, sizeof s, field_f64(l, "held_s", -1)));
