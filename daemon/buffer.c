@@ -529,6 +529,7 @@ void buffers_drop_conn(struct daemon *d, struct conn *c)
 		if (b->conn_serial != c->serial)
 			continue;
 		b->orphaned = true;
+		leases_yield_orphan(d, b); /* what still holds it after this, the free waits for */
 		buffer_free_if_orphaned(d, b);
 	}
 }

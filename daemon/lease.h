@@ -100,6 +100,12 @@ int lease_lock_take(int fd, struct gpuq_error *err);
  * tried again every millisecond where they are.
  */
 void leases_yield(struct daemon *d, struct job *job);
+/*
+ * Ephemeral buffer b was orphaned (its connection closed), to be freed
+ * once nothing holds it: its revocable leases end as if a job waited for
+ * them, so that a client keeping one does not keep the buffer.
+ */
+void leases_yield_orphan(struct daemon *d, const struct buffer *b);
 /* Revocable lease l was just granted by attach_job: the jobs submitted while it waited. */
 void lease_yield_granted(struct daemon *d, struct lease *l, struct job *attach_job);
 /* A re-exec: the revocable leases' locks stay open in the new image (keep) or close on exec again. */

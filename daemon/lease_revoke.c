@@ -139,6 +139,17 @@ void leases_yield(struct daemon *d, struct job *job)
 	} while (ended);
 }
 
+void leases_yield_orphan(struct daemon *d, const struct buffer *b)
+{
+	bool ended;
+	do {
+		ended = false;
+		for (struct lease *l = d->leases.head; l && !ended; l = l->next)
+			if (l->lock_fd >= 0 && l->state == LEASE_HELD && !l->wanted && l->buffer == b)
+				ended = lease_want(d, l);
+	} while (ended);
+}
+
 void lease_yield_granted(struct daemon *d, struct lease *l, struct job *attach_job)
 {
 	for (struct job *j = attach_job->newer; j; j = j->newer) {

@@ -249,6 +249,31 @@ TEST(a_job_queued_behind_a_waiting_revocable_attach_runs_after_the_first_use)
 	daemon_stop(&d);
 }
 
+/*
+ * An orphaned ephemeral buffer goes once nothing holds it: another
+ * client's revocable lease on it ends when its holder is not using it.
+ */
+TEST(an_orphaned_ephemeral_buffer_goes_once_its_revocable_lease_is_not_in_use)
+{
+	struct daemon_proc d;
+	bool ephemeral = false;
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *maker = client_open(&d), *holder = client_open(&d);
+	lease_alloc_shareable(maker, "e", MIB, true);
+	int lock = new_lock();
+	attach_revocable(holder, "e", true, lock);
+	gpuq_close(maker); /* orphans it while the holder is in its first use */
+	CHECK(has_buffer(holder, "e", &ephemeral) && ephemeral);
+	CHECK_EQ(leases_listed(holder, NULL), 1);
+	use_end(lock);
+	CHECKF(buffer_goes(holder, "e"), "the orphaned buffer stayed under an idle revocable lease");
+	CHECK_EQ(leases_listed(holder, NULL), 0);
+	close(lock);
+	gpuq_close(holder);
+	daemon_stop(&d);
+}
+
 static void expect_refused(struct gpuq_client *c, const int *fds, int nfds, const char *why)
 {
 	struct mp_map req;
