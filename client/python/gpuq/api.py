@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import (Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
-from . import arrays, endpoints, memfd, share
+from . import arrays, endpoints, kept_leases, memfd, share
 from .buffer import Buffer
 from .dtypes import gpuq_dtype
 from .ops import ComputeOps
@@ -132,6 +132,8 @@ class Api(ComputeOps):
         # by lease: put_array/get_array of a device array copy through one
         # that covers their buffer, with no attach or release (arrays.py).
         self._held: Dict[int, "share.Attachment"] = {}
+        # Revocable leases kept between those copies (kept_leases.py).
+        self._kept = kept_leases.KeptLeases()
         # The pinned ring ordinary arrays travel through (staging.py).
         self._staging = staging if staging is not None else Staging()
 
@@ -459,8 +461,10 @@ class Api(ComputeOps):
         arrays.forget(self, arrays.base_name(buffer))
         done = yield from self._job_plan("free", dict(fields, buffer=buffer), **job)
         self._shapes.pop(done.record.get("buffer", buffer), None)
-        # Its leases have ended (free waited for them): no copy uses a kept mapping.
-        arrays.drop_mappings(self, arrays.base_name(buffer), unmap=True)
+        # Its leases have ended (free waited for them, revoking kept ones): no copy
+        # uses a kept mapping. Kept leases of its name on other GPUs go too.
+        for lease in arrays.drop_mappings(self, arrays.base_name(buffer), unmap=True):
+            yield Call("release", {"lease": lease}, await_reply=False)
         return done
 
     def put(self, src: Any, buffer: str, *, offset: Optional[int] = None,

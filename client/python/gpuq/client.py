@@ -102,6 +102,7 @@ class ClientBase(Api):
         s = self._staging
         self._staging = Staging(s.slots, s.slot_bytes, s.threads, s.group, s.use_rings)
         self._held, self._mappings, self._stale_mappings = {}, {}, []
+        self._kept = self._kept.in_child()
         self._reconnect_lock = threading.Lock()
 
     def _connect(self, timeout: float) -> Any:
@@ -175,7 +176,9 @@ class ClientBase(Api):
         behind what went with the old one."""
         self._took_over = bool(ping.get("recoveries"))
         self._staging.close()  # its regions went with the old connection
-        drop_mappings(self, None, unmap=False)
+        # Its leases too: released by no one (the new gpuqd's ids are not theirs).
+        drop_mappings(self, None, unmap=False, release=False)
+        self._kept.refused = ""
         # The old one is not closed here: a thread may still be leaving its read,
         # and its descriptor's number must not be reused under it (it goes with
         # the object).
@@ -204,9 +207,14 @@ class ClientBase(Api):
 
     def _notice(self, frame: Dict[str, Any]) -> None:
         """An event for no request: a broken lease makes a kept mapping of its buffer
-        stale (unmapped at close: a copy of another thread may still use it)."""
+        stale (unmapped at close: a copy of another thread may still use it),
+        and the kept leases of that name go with it (the broken one is ended;
+        others, on other GPUs, are released apart: this thread must not block)."""
         if frame.get("event") == "lease_broken":
-            drop_mappings(self, str(frame.get("buffer") or ""), unmap=False)
+            if frame.get("lease") is not None:
+                self._kept.drop_lease(int(frame["lease"]))
+            for lease in drop_mappings(self, str(frame.get("buffer") or ""), unmap=False):
+                self._release_apart(lease)
 
     @property
     def staging(self) -> Staging:
@@ -231,7 +239,7 @@ class ClientBase(Api):
         ring's regions with the connection."""
         self._staging.close()
         self._conn.close()
-        drop_mappings(self, None, unmap=True)
+        drop_mappings(self, None, unmap=True, release=False)  # ended with the connection
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
