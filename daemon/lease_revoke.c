@@ -74,20 +74,32 @@ static bool lease_try_revoke(struct daemon *d, struct lease *l)
 }
 
 /*
- * Ending a lease may let a buffer go, and that submits a job of gpuqd's
- * own, which looks at the leases again: after each end, a walk starts over
- * rather than trust the next link it kept.
+ * Calls act on each lease; act returns true when it ended the lease (and
+ * freed it). Ending a lease may let a buffer go, and that submits a job of
+ * gpuqd's own, which looks at the leases again: after each end the walk
+ * starts over rather than trust any link it kept. A lease act leaves is
+ * not ended by it the next time round (it is wanted, or not its business),
+ * so the walk ends.
  */
+typedef bool lease_act(struct daemon *d, struct lease *l, const void *arg);
+
+static void leases_each(struct daemon *d, lease_act *act, const void *arg)
+{
+	struct lease *l = d->leases.head;
+	while (l)
+		l = act(d, l, arg) ? d->leases.head : l->next;
+}
+
+static bool retry_wanted(struct daemon *d, struct lease *l, const void *unused)
+{
+	(void)unused;
+	return l->wanted && lease_try_revoke(d, l);
+}
+
 static void on_revoke_timer(uv_timer_t *timer)
 {
 	struct daemon *d = timer->data;
-	bool ended;
-	do {
-		ended = false;
-		for (struct lease *l = d->leases.head; l && !ended; l = l->next)
-			if (l->wanted)
-				ended = lease_try_revoke(d, l);
-	} while (ended);
+	leases_each(d, retry_wanted, NULL);
 	if (d->leases.wanted == 0)
 		uv_timer_stop(timer);
 }
@@ -127,27 +139,30 @@ static bool job_waits_for(struct job *job, const struct lease *l)
 	return false;
 }
 
+/* A held revocable lease not yet wanted. */
+static bool revocable_idle(const struct lease *l)
+{
+	return l->lock_fd >= 0 && l->state == LEASE_HELD && !l->wanted;
+}
+
+static bool yield_to_job(struct daemon *d, struct lease *l, const void *job)
+{
+	return revocable_idle(l) && job_waits_for((struct job *)job, l) && lease_want(d, l);
+}
+
 void leases_yield(struct daemon *d, struct job *job)
 {
-	bool ended;
-	do {
-		ended = false;
-		for (struct lease *l = d->leases.head; l && !ended; l = l->next)
-			if (l->lock_fd >= 0 && l->state == LEASE_HELD && !l->wanted &&
-			    job_waits_for(job, l))
-				ended = lease_want(d, l);
-	} while (ended);
+	leases_each(d, yield_to_job, job);
+}
+
+static bool yield_orphan(struct daemon *d, struct lease *l, const void *buffer)
+{
+	return revocable_idle(l) && l->buffer == buffer && lease_want(d, l);
 }
 
 void leases_yield_orphan(struct daemon *d, const struct buffer *b)
 {
-	bool ended;
-	do {
-		ended = false;
-		for (struct lease *l = d->leases.head; l && !ended; l = l->next)
-			if (l->lock_fd >= 0 && l->state == LEASE_HELD && !l->wanted && l->buffer == b)
-				ended = lease_want(d, l);
-	} while (ended);
+	leases_each(d, yield_orphan, b);
 }
 
 void lease_yield_granted(struct daemon *d, struct lease *l, struct job *attach_job)

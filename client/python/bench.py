@@ -275,13 +275,14 @@ def copy_rows(args: argparse.Namespace, client: gpuq.Client, nbytes: int,
     rows.append(("D2D", "torch .copy_() device to device",
                  median_gbps(nbytes, rd, lambda: g2.copy_(t_gpu), sync), "D2D", d2d))
     # Holding the attachment (a lease) instead: copies into the buffer's own memory,
-    # without the attach, import and release that each put_array pays.
+    # with no lease check at all (put_array's kept revocable lease checks its lock
+    # per call, and attaches again, importing nothing, once gpuqd has ended it).
     start = time.perf_counter()
     with client.buffer(cname).attach() as att:
         attach_s = time.perf_counter() - start
         print(f"attach of {nbytes >> 20} MiB: {attach_s * 1e3:.3f} ms, of which importing "
-              f"and mapping it here {att.import_s * 1e3:.3f} ms (what each CUDA put_array/"
-              "get_array pays besides the copy)")
+              f"and mapping it here {att.import_s * 1e3:.3f} ms (what a CUDA put_array/"
+              "get_array pays when its kept lease has ended)")
         held = torch.from_dlpack(att).view(torch.float32).reshape(t_gpu.shape)
         rows.append(("D2D", ".copy_() into a held attachment",
                      median_gbps(nbytes, rd, lambda: held.copy_(t_gpu), sync), "D2D", d2d))
