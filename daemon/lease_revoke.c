@@ -186,7 +186,7 @@ void leases_inherit(struct lease_table *t, bool keep)
 		if (flags < 0 || fcntl(l->lock_fd, F_SETFD, want) != 0)
 			log_error("lease %llu: its lock (descriptor %d) cannot be %s: %s",
 				  (unsigned long long)l->id, l->lock_fd,
-				  keep ? "handed to the new image, where the lease will not be revocable"
+				  keep ? "handed to the new image, which will end the lease"
 				       : "closed on exec again",
 				  strerror(errno));
 	}
