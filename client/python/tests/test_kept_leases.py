@@ -71,6 +71,15 @@ def _lease_of(record) -> int:
     return int(record["result"]["lease"])
 
 
+def _kept_after_a_put(c, name):
+    """A shareable buffer ``name`` on GPU 0 and a put into it: its label, the kept
+    lease's id and the kept lease (the caller frees the buffer)."""
+    c.alloc(name, count=1024, dtype="f32", shareable=True)
+    label = f"{name}@0"
+    lease = _lease_of(_copy(c, label, "read-write", np.ones(1024, np.float32)))
+    return label, lease, c._kept.get(label)
+
+
 def _waits_behind_lease(client, job, tries=300) -> bool:
     for _ in range(tries):
         record = client.status(job).record
@@ -127,11 +136,8 @@ def test_a_kept_lease_serves_repeated_copies_without_a_request(daemon, name, cop
 
 def test_another_clients_write_ends_an_idle_kept_lease(daemon, name, copies):
     with daemon.client() as c, daemon.client() as other:
-        c.alloc(name, count=1024, dtype="f32", shareable=True)
-        label = f"{name}@0"
         try:
-            lease = _lease_of(_copy(c, label, "read-write", np.ones(1024, np.float32)))
-            kept = c._kept.get(label)
+            label, lease, kept = _kept_after_a_put(c, name)
             # The fill does not wait for the lease: gpuqd revokes it, unused.
             assert other.fill(name, "value", value=3.0, timeout=30).state == "done"
             assert _leases(c, name) == [] and not kept_leases._held_by_gpuqd(kept.fd)
@@ -161,11 +167,8 @@ def test_another_clients_write_ends_an_idle_kept_lease(daemon, name, copies):
 
 def test_a_job_waits_for_a_copy_under_way_then_ends_the_lease(daemon, name, copies):
     with daemon.client() as c, daemon.client() as other:
-        c.alloc(name, count=1024, dtype="f32", shareable=True)
-        label = f"{name}@0"
         try:
-            lease = _lease_of(_copy(c, label, "read-write", np.ones(1024, np.float32)))
-            kept = c._kept.get(label)
+            label, lease, kept = _kept_after_a_put(c, name)
             assert kept.begin_use()  # a copy under way
             job = other.fill(name, "value", value=4.0, detach=True)
             try:
