@@ -88,12 +88,15 @@ void lease_attach_timed_out(struct daemon *d, struct job *job, const struct conn
 
 /* ---- revocable leases (daemon/lease_revoke.c) ---- */
 
+/* Revocable leases a connection may hold or wait for at once (docs/protocol.md). */
+#define LEASE_REVOCABLE_MAX 64u
 /*
- * An attach's `revocable` lock, fd (the request's descriptor): a memfd,
- * with byte 0 locked by gpuqd from now on. -1 with err (bad_request) when
- * it is not a memfd or another process holds byte 0.
+ * An attach's `revocable` lock, fd (the request's descriptor, on c): a
+ * memfd, with byte 0 locked by gpuqd from now on. -1 with err when c has
+ * LEASE_REVOCABLE_MAX already (busy), fd is not a memfd or another process
+ * holds byte 0 (bad_request).
  */
-int lease_lock_take(int fd, struct gpuq_error *err);
+int lease_lock_take(struct daemon *d, const struct conn *c, int fd, struct gpuq_error *err);
 /*
  * A job was submitted (or replayed): the revocable leases it conflicts
  * with end now where their holders are not using the buffer, and are

@@ -39,8 +39,22 @@ static bool held_elsewhere(int error)
 	return error == EAGAIN || error == EACCES;
 }
 
-int lease_lock_take(int fd, struct gpuq_error *err)
+/* A connection's revocable leases, held or waiting: each keeps a descriptor in gpuqd. */
+static unsigned revocable_of_conn(const struct lease_table *t, const struct conn *c)
 {
+	unsigned n = 0;
+	for (const struct lease *l = t->head; l; l = l->next)
+		n += l->lock_fd >= 0 && l->conn == c && l->state != LEASE_ENDED;
+	return n;
+}
+
+int lease_lock_take(struct daemon *d, const struct conn *c, int fd, struct gpuq_error *err)
+{
+	if (revocable_of_conn(&d->leases, c) >= LEASE_REVOCABLE_MAX)
+		return gpuq_fail(err, GPUQ_E_BUSY,
+				 "field 'revocable': this connection has %u revocable leases, the most "
+				 "one may hold (each keeps a descriptor in gpuqd); release one first",
+				 LEASE_REVOCABLE_MAX);
 	/* Only a memfd (sealing is what tells one apart): its locks never wait on a file server. */
 	if (fcntl(fd, F_GET_SEALS) < 0)
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,

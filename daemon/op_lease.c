@@ -331,7 +331,7 @@ static int attach_check_lock(struct request *req, void *args, struct gpuq_error 
 		return gpuq_fail(err, GPUQ_E_BAD_REQUEST,
 				 "field 'revocable': a revocable lease needs its lock, a memfd, as the "
 				 "request's one descriptor (fds: 1); %d came", req->nfds);
-	return lease_lock_take(req->fds[0], err);
+	return lease_lock_take(req->d, req->conn, req->fds[0], err);
 }
 
 static const struct args_field attach_fields[] = {

@@ -306,6 +306,34 @@ TEST(revocable_attach_refusals)
 	daemon_stop(&d);
 }
 
+/* Each revocable lease keeps a descriptor in gpuqd: a connection holds at most 64. */
+TEST(a_connection_holds_at_most_64_revocable_leases)
+{
+	struct daemon_proc d;
+	int locks[65];
+	require_backend();
+	daemon_start(&d, NULL);
+	struct gpuq_client *c = client_open(&d), *other = client_open(&d);
+	lease_alloc_shareable(c, "s", MIB, false);
+	for (int i = 0; i < 64; i++) /* read leases: held side by side */
+		attach_revocable(c, "s", false, locks[i] = new_lock());
+	locks[64] = new_lock();
+	struct mp_map req;
+	attach_request(c, &req, "s", false);
+	mp_put_u64(&req, "fds", 1);
+	struct gpuq_reply *r = call(c, &req, &locks[64], 1);
+	expect_error(r, GPUQ_E_BUSY, "64 revocable leases, the most one may hold");
+	gpuq_reply_free(r);
+	CHECK(!locked_elsewhere(locks[64], 0));
+	attach_revocable(other, "s", false, locks[64]); /* another connection's count is its own */
+	CHECK_EQ(leases_listed(c, NULL), 65);
+	for (int i = 0; i < 65; i++)
+		close(locks[i]);
+	gpuq_close(other);
+	gpuq_close(c);
+	daemon_stop(&d);
+}
+
 TEST(a_revocable_lease_and_its_lock_come_through_a_restart)
 {
 	struct revocable t;
