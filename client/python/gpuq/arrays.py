@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Sequence
 from . import kept_leases, memfd, share
 from .dispatch import Call
 from .dtypes import SIZES, gpuq_dtype, numpy_dtype
-from .errors import BadRequest, Exists, GpuqError, NotFound
+from .errors import BadRequest, Busy, Exists, GpuqError, NotFound
 from .host_arrays import empty_aligned
 from .job import Job, timeout_ms
 from .staging import MIN_STAGED_BYTES
@@ -709,7 +709,8 @@ def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float],
 
     ``lock``: a lease lock (kept_leases.new_lock), sent to ask for a revocable
     lease (the record's result says ``revocable`` when granted); refused, a
-    plain attach follows, and this connection asks for none again.
+    plain attach follows, and this connection asks for none again (``busy``:
+    it holds as many as gpuqd allows; it asks again next time).
     ``nbytes``: the bytes the caller's copy needs; a buffer of another size is
     a BadRequest (it was freed and made anew since the caller looked it up),
     its lease released."""
@@ -719,15 +720,17 @@ def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float],
                 on_abandoned=api._lease_abandoned)
     try:
         reply = yield call
-    except BadRequest as exc:
+    except (BadRequest, Busy) as exc:
         if lock < 0 or exc.job is not None:
             raise
         # Refused before any job: the revocable part, or the buffer itself (which
-        # the plain attach then says again).
+        # the plain attach then says again). Busy: this connection holds as many
+        # revocable leases as gpuqd allows, for now.
         call = Call("attach", fields, (), waits=True, wait_s=timeout,
                     on_abandoned=api._lease_abandoned)
         reply = yield call
-        api._kept.refused = exc.message
+        if isinstance(exc, BadRequest):
+            api._kept.refused = exc.message
     fds = reply.get("_fds") or []
     result = reply["job"]["result"]
     try:

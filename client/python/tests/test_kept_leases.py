@@ -398,13 +398,14 @@ def _attach_reply(f, conn, req, lease, **extra):
 
 def _serve(script):
     """A fake gpuqd answering each request with the next of ``script``: a lease id
-    (an attach's reply), "refuse" (bad_request) or "ok"."""
+    (an attach's reply), "refuse" (bad_request), "busy" or "ok"."""
     def handler(f, conn):
         for step in script:
             req = f.read_request(conn)
-            if step == "refuse":
+            if step in ("refuse", "busy"):
+                code = "bad_request" if step == "refuse" else "busy"
                 conn.sendall(encode_frame({"id": req["id"], "ok": False, "error": {
-                    "code": "bad_request", "message": "revocable: not here"}}))
+                    "code": code, "message": "revocable: not here"}}))
             elif step == "ok":
                 f.reply(conn, req)
             else:
@@ -458,6 +459,19 @@ def test_a_refused_revocable_attach_falls_back_to_plain_ones(fake, copies):
                              ("release", None, None, 21), ("attach", None, None, None),
                              ("release", None, None, 22)]
         assert "not here" in c._kept.refused and len(c._kept) == 0
+
+
+def test_a_busy_revocable_attach_falls_back_for_that_copy_alone(fake, copies):
+    """busy: the connection holds as many revocable leases as gpuqd allows; the
+    next copy asks for one again."""
+    srv = fake(_serve(["busy", 31, "ok", 32]))
+    with gpuq.Client(srv.socket, timeout=5) as c:
+        _copy(c, "x@0", "read", np.ones(1024, np.float32))
+        assert c._kept.refused == "" and len(c._kept) == 0
+        _copy(c, "x@0", "read", np.ones(1024, np.float32))
+        _wait_requests(srv, 4)
+        assert _ops(srv)[:4] == [("attach", True, 1, None), ("attach", None, None, None),
+                                 ("release", None, None, 31), ("attach", True, 1, None)]
 
 
 # The lock protocol, against another process standing in for gpuqd -------------------
