@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Dict, Generator, List, Optional, Sequence
 from . import kept_leases, memfd, share
 from .dispatch import Call
 from .dtypes import SIZES, gpuq_dtype, numpy_dtype
-from .errors import BadRequest, Busy, Exists, GpuqError, NotFound
+from .errors import BadRequest, Busy, Exists, GpuqError, NotFound, Restarted
 from .host_arrays import empty_aligned
 from .job import Job, timeout_ms
 from .staging import MIN_STAGED_BYTES
@@ -720,12 +720,13 @@ def _lease_plan(api: "Api", label: str, mode: str, timeout: Optional[float],
                 on_abandoned=api._lease_abandoned)
     try:
         reply = yield call
-    except (BadRequest, Busy) as exc:
-        if lock < 0 or exc.job is not None:
-            raise
+    except (BadRequest, Busy, Restarted) as exc:
         # Refused before any job: the revocable part, or the buffer itself (which
         # the plain attach then says again). Busy: this connection holds as many
-        # revocable leases as gpuqd allows, for now.
+        # revocable leases as gpuqd allows, for now. Restarted while queued: a
+        # request that carried a descriptor is not replayed, a plain attach is.
+        if lock < 0 or (exc.job is not None and not isinstance(exc, Restarted)):
+            raise
         call = Call("attach", fields, (), waits=True, wait_s=timeout,
                     on_abandoned=api._lease_abandoned)
         reply = yield call

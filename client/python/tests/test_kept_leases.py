@@ -398,7 +398,7 @@ def _attach_reply(f, conn, req, lease, **extra):
 
 def _serve(script):
     """A fake gpuqd answering each request with the next of ``script``: a lease id
-    (an attach's reply), "refuse" (bad_request), "busy" or "ok"."""
+    (an attach's reply), "refuse" (bad_request), "busy", "restarted" or "ok"."""
     def handler(f, conn):
         for step in script:
             req = f.read_request(conn)
@@ -406,6 +406,10 @@ def _serve(script):
                 code = "bad_request" if step == "refuse" else "busy"
                 conn.sendall(encode_frame({"id": req["id"], "ok": False, "error": {
                     "code": code, "message": "revocable: not here"}}))
+            elif step == "restarted":  # a queued attach with a descriptor, not replayed
+                conn.sendall(encode_frame({"id": req["id"], "ok": False, "error": {
+                    "code": "restarted", "message": "not replayable"}, "job": {
+                    "job": 40, "op": "attach", "state": "failed"}}))
             elif step == "ok":
                 f.reply(conn, req)
             else:
@@ -461,10 +465,14 @@ def test_a_refused_revocable_attach_falls_back_to_plain_ones(fake, copies):
         assert "not here" in c._kept.refused and len(c._kept) == 0
 
 
-def test_a_busy_revocable_attach_falls_back_for_that_copy_alone(fake, copies):
-    """busy: the connection holds as many revocable leases as gpuqd allows; the
-    next copy asks for one again."""
-    srv = fake(_serve(["busy", 31, "ok", 32]))
+@pytest.mark.parametrize("why", ["busy", "restarted"])
+def test_a_busy_or_unreplayed_revocable_attach_falls_back_for_that_copy_alone(fake, copies,
+                                                                              why):
+    """busy: the connection holds as many revocable leases as gpuqd allows;
+    restarted: gpuqd re-executed while the attach was queued, and a request
+    that carried a descriptor is not replayed. That copy takes a plain lease;
+    the next asks for a revocable one again."""
+    srv = fake(_serve([why, 31, "ok", 32]))
     with gpuq.Client(srv.socket, timeout=5) as c:
         _copy(c, "x@0", "read", np.ones(1024, np.float32))
         assert c._kept.refused == "" and len(c._kept) == 0
