@@ -111,8 +111,6 @@ void leases_yield(struct daemon *d, struct job *job);
 void leases_yield_orphan(struct daemon *d, const struct buffer *b);
 /* Revocable lease l was just granted by attach_job: the jobs submitted while it waited. */
 void lease_yield_granted(struct daemon *d, struct lease *l, struct job *attach_job);
-/* A re-exec: the revocable leases' locks stay open in the new image (keep) or close on exec again. */
-void leases_inherit(struct lease_table *t, bool keep);
 /* gpuqd stops: the retry timer's handle closes. */
 void leases_close(struct daemon *d);
 

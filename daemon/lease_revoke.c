@@ -190,22 +190,6 @@ void lease_yield_granted(struct daemon *d, struct lease *l, struct job *attach_j
 	}
 }
 
-void leases_inherit(struct lease_table *t, bool keep)
-{
-	for (struct lease *l = t->head; l; l = l->next) {
-		if (l->lock_fd < 0 || l->state != LEASE_HELD)
-			continue;
-		int flags = fcntl(l->lock_fd, F_GETFD);
-		int want = keep ? flags & ~FD_CLOEXEC : flags | FD_CLOEXEC;
-		if (flags < 0 || fcntl(l->lock_fd, F_SETFD, want) != 0)
-			log_error("lease %llu: its lock (descriptor %d) cannot be %s: %s",
-				  (unsigned long long)l->id, l->lock_fd,
-				  keep ? "handed to the new image, which will end the lease"
-				       : "closed on exec again",
-				  strerror(errno));
-	}
-}
-
 void leases_close(struct daemon *d)
 {
 	if (d->leases.revoke_timer_ready && !uv_is_closing((uv_handle_t *)&d->leases.revoke_timer))

@@ -321,7 +321,9 @@ static void restart_handover(struct daemon *d, int queue_fd, char *buf, size_t s
 			restart_keep(b->slab_fd);
 	absent_inherit(&d->absent, 1); /* the record names their descriptors too */
 	regions_inherit(&d->regions, true); /* the record names their descriptors */
-	leases_inherit(&d->leases, true);    /* so does it the revocable leases' locks */
+	for (struct lease *l = d->leases.head; l; l = l->next) /* and the revocable leases' locks */
+		if (l->state == LEASE_HELD)
+			restart_keep(l->lock_fd);
 	for (struct conn *c = d->server.conns; c; c = c->next)
 		if (restart_conn_clean(c) && restart_keep(c->fd))
 			restart_env_add(buf, size, &n, "%sconn:%lld:%lld", c->fd, (long long)c->serial);
@@ -339,7 +341,9 @@ static void restart_take_back(struct daemon *d)
 			fcntl(b->slab_fd, F_SETFD, FD_CLOEXEC);
 	absent_inherit(&d->absent, 0);
 	regions_inherit(&d->regions, false);
-	leases_inherit(&d->leases, false);
+	for (struct lease *l = d->leases.head; l; l = l->next)
+		if (l->lock_fd >= 0)
+			fcntl(l->lock_fd, F_SETFD, FD_CLOEXEC);
 	for (struct conn *c = d->server.conns; c; c = c->next)
 		fcntl(c->fd, F_SETFD, FD_CLOEXEC);
 }
