@@ -6,7 +6,11 @@
    (``gpuq bench dispatch --clients 1``), in three rounds that each measure C
    first, so that the machine's drift falls on both sides; the table gives
    the rounds' medians. Aim: Python's p50 within 2x of C's.
-2. Copies, at each size (default 256 MiB and 1 GiB of float32), each timed
+2. Calls: the client's own CPU time per ``put_array``/``get_array`` of a
+   device array through its kept lease, the copy itself left out (a
+   stand-in array, a copy that does nothing), by the shortcut of a repeated
+   copy and by the whole plan: what Python adds to each CUDA tensor call.
+3. Copies, at each size (default 256 MiB and 1 GiB of float32), each timed
    around the whole call, median of ``--repeats`` after one unmeasured (of
    at least 25 for the device-to-device rows, which take under 1 ms):
    ``put_array``/``get_array`` of a plain numpy array, of a torch CPU tensor
@@ -318,6 +322,53 @@ def bench_copy(args: argparse.Namespace, client: gpuq.Client) -> None:
             print(f"{group:5} {method:36} {gbps:8.2f} {ref_name:>10} {ratio:6.2f}")
 
 
+class _StandIn:
+    """A device array in form only (a CUDA array interface, no host one), for
+    bench_calls, whose copies do nothing."""
+
+    def __init__(self, count: int) -> None:
+        self.dtype = np.dtype(np.float32)
+        self.shape = (count,)
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": "<f4",
+                                         "data": (0, False), "version": 3}
+
+
+def bench_calls(args: argparse.Namespace, client: gpuq.Client) -> None:
+    """The client's own time per put_array/get_array of a device array through its
+    kept lease, the copy left out (a stand-in array; the copy does nothing):
+    what Python adds to each CUDA tensor call, by the shortcut of a repeated
+    copy and by the whole plan (the shortcut forgotten before each call). CPU
+    time of this process, so that it holds on a loaded machine too."""
+    from gpuq import arrays
+    name, n = f"pybench_calls@{args.device}", max(1000, args.requests // 4)
+    client.alloc(name, count=1024, dtype="f32", shareable=True)
+    real, arrays._device_copy = arrays._device_copy, lambda att, arr, into_attachment: None
+    try:
+        arr = _StandIn(1024)
+        calls = (("put", lambda: client.put_array(name, arr)),
+                 ("get", lambda: client.get_array(name, out=arr)))
+
+        def whole(call: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                client._kept.shortcuts.clear()
+                return call()
+            return run
+        print(f"python calls: the client's CPU time per call of a device array through "
+              f"its kept lease, the copy itself left out; {n} calls after {WARMUP}")
+        print(f"{'CALL':5} {'PATH':12} {'CPU µs':>8}")
+        for op, call in calls:
+            for path, run in (("shortcut", call), ("whole plan", whole(call))):
+                for _ in range(WARMUP):
+                    run()
+                start = time.process_time()
+                for _ in range(n):
+                    run()
+                print(f"{op:5} {path:12} {(time.process_time() - start) / n * 1e6:8.2f}")
+    finally:
+        arrays._device_copy = real
+        client.free(name)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--socket", default=None, help="gpuqd's socket (default as gpuq)")
@@ -337,7 +388,8 @@ def main() -> None:
                    help="the staging ring's slots per job (default 4)")
     p.add_argument("--groups", action="store_true",
                    help="a job per group of slots, not one ring job per transfer (to compare)")
-    p.add_argument("--skip", choices=["dispatch", "copy"], action="append", default=[])
+    p.add_argument("--skip", choices=["dispatch", "calls", "copy"], action="append",
+                   default=[])
     args = p.parse_args()
     args.socket = args.socket or gpuq.default_socket()
     ring: Dict[str, Any] = {"copy_threads": args.copy_threads}
@@ -354,6 +406,8 @@ def main() -> None:
               f"Python {sys.version.split()[0]})")
         if "dispatch" not in args.skip:
             bench_dispatch(args, client)
+        if "calls" not in args.skip:
+            bench_calls(args, client)
         if "copy" not in args.skip:
             bench_copy(args, client)
 

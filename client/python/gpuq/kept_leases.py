@@ -26,10 +26,13 @@ import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-__all__ = ["MAX_KEPT", "KeptLease", "KeptLeases", "new_lock", "close_lock"]
+__all__ = ["MAX_KEPT", "MAX_SHORTCUTS", "KeptLease", "KeptLeases", "new_lock", "close_lock"]
 
 #: Kept leases per client; past this many the least recently used is released.
 MAX_KEPT = 8
+
+#: Shortcuts kept per client (a name may be copied both ways, and named two ways).
+MAX_SHORTCUTS = 4 * MAX_KEPT
 
 # struct flock as Linux lays it out on 64-bit machines: l_type, l_whence,
 # l_start, l_len, l_pid, padded to 32 bytes.
@@ -163,6 +166,9 @@ class KeptLeases:
         # Why gpuqd refused a revocable attach on this connection ("" while none
         # was): copies take a lease per call then, as with a gpuqd that has none.
         self.refused = ""
+        # Copies a kept lease served, by what the caller named and whether it
+        # wrote (arrays.py's shortcuts): each valid while its lease is kept.
+        self.shortcuts: "OrderedDict[Any, Any]" = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -188,6 +194,24 @@ class KeptLeases:
             del self._kept[label]
             kept.retire(False)
             return None, []
+
+    def resume(self, kept: KeptLease) -> bool:
+        """Begins a use of ``kept`` when it is still the kept lease of its buffer
+        and lives; False otherwise (the caller takes :meth:`use`'s way, which
+        drops it if it has ended)."""
+        with self._lock:
+            if self._kept.get(kept.label) is not kept or not kept.begin_use():
+                return False
+            self._kept.move_to_end(kept.label)
+            return True
+
+    def remember(self, key: Any, shortcut: Any) -> None:
+        """Keeps ``shortcut`` under ``key``; past :data:`MAX_SHORTCUTS` the oldest goes."""
+        with self._lock:
+            self.shortcuts.pop(key, None)
+            self.shortcuts[key] = shortcut
+            while len(self.shortcuts) > MAX_SHORTCUTS:
+                self.shortcuts.popitem(last=False)
 
     def keep(self, kept: KeptLease) -> List[int]:
         """Keeps ``kept`` (in use); the leases the caller is to release: one it
