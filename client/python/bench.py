@@ -5,7 +5,9 @@
    ``gpuq.AsyncClient``, one request at a time, beside the same from C
    (``gpuq bench dispatch --clients 1``), in three rounds that each measure C
    first, so that the machine's drift falls on both sides; the table gives
-   the rounds' medians. Aim: Python's p50 within 2x of C's.
+   the rounds' medians. Aim: Python's p50 within 2x of C's. The
+   AsyncClient as it comes, and beside it with ``poll_us`` the other way
+   (0 where it polls for replies, else the default).
 2. Calls: the client's own CPU time per ``put_array``/``get_array`` of a
    device array through its kept lease, the copy itself left out (a
    stand-in array, a copy that does nothing), by the shortcut of a repeated
@@ -41,13 +43,14 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
 import gpuq  # noqa: E402
+from gpuq.aio import DEFAULT_POLL_US, default_poll_s  # noqa: E402
 from gpuq.__main__ import _size  # noqa: E402
 
 WARMUP = 200
@@ -69,8 +72,9 @@ def timed(call: Callable[[], Any], n: int) -> Dict[str, float]:
     return percentiles(samples)
 
 
-async def timed_async(socket: str, op: str, n: int) -> Dict[str, float]:
-    async with gpuq.AsyncClient(socket) as c:
+async def timed_async(socket: str, op: str, n: int,
+                      poll_us: Optional[float] = None) -> Dict[str, float]:
+    async with gpuq.AsyncClient(socket, poll_us=poll_us) as c:
         call: Any = c.ping if op == "ping" else c.noop
         for _ in range(WARMUP):
             await call()
@@ -98,16 +102,23 @@ DISPATCH_ROUNDS = 3
 def bench_dispatch(args: argparse.Namespace, client: gpuq.Client) -> None:
     n = max(1, args.requests // DISPATCH_ROUNDS)
     calls = (("ping", client.ping), ("noop", lambda: client.noop(args.device)))
+    # The AsyncClient as it comes (polling for replies, or not on few CPUs), and
+    # beside it the other way, so that each run shows what polling gives.
+    default_us = default_poll_s() * 1e6
+    other_us = 0.0 if default_us else DEFAULT_POLL_US
     rounds: List[List[Tuple[str, str, Dict[str, float], Dict[str, float]]]] = []
     for _ in range(DISPATCH_ROUNDS):
         c_side = dispatch_c(args.gpuq, args.socket, n)
         rounds.append([row for op, call in calls for row in (
             (op, "Client", timed(call, n), c_side[op]),
-            (op, "AsyncClient", asyncio.run(timed_async(args.socket, op, n)), c_side[op]))])
+            (op, "AsyncClient", asyncio.run(timed_async(args.socket, op, n)), c_side[op]),
+            (op, f"Async poll={other_us:.0f}",
+             asyncio.run(timed_async(args.socket, op, n, other_us)), c_side[op]))])
     print(f"python dispatch: {DISPATCH_ROUNDS} rounds of {n} round trips per client, one at "
           f"a time, after {WARMUP} unmeasured; C: gpuq bench dispatch --clients 1, in each "
-          "round before the Python clients; medians of the rounds (aim: Python p50 <= 2x C)")
-    print(f"{'KIND':5} {'CLIENT':12} {'C P50 µs':>9} {'PY P50 µs':>10} {'PY P99 µs':>10} "
+          "round before the Python clients; medians of the rounds (aim: Python p50 <= 2x C); "
+          f"the AsyncClient polls {default_us:.0f} us for a reply here (poll_us)")
+    print(f"{'KIND':5} {'CLIENT':14} {'C P50 µs':>9} {'PY P50 µs':>10} {'PY P99 µs':>10} "
           f"{'P50 PY/C':>9}")
     for i, (op, who, _, _) in enumerate(rounds[0]):
         same = [r[i] for r in rounds]
@@ -115,7 +126,7 @@ def bench_dispatch(args: argparse.Namespace, client: gpuq.Client) -> None:
         py50 = statistics.median(py["p50"] for _, _, py, _ in same)
         py99 = statistics.median(py["p99"] for _, _, py, _ in same)
         ratio = statistics.median(py["p50"] / c["p50"] for _, _, py, c in same)
-        print(f"{op:5} {who:12} {c50:9.1f} {py50:10.1f} {py99:10.1f} {ratio:9.2f}")
+        print(f"{op:5} {who:14} {c50:9.1f} {py50:10.1f} {py99:10.1f} {ratio:9.2f}")
 
 
 def daemon_rows(client: gpuq.Client, nbytes: int, repeats: int,

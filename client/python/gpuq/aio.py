@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import socket
 import time
 from asyncio import InvalidStateError
@@ -21,13 +22,39 @@ from typing import Any, Deque, Dict, Generator, Optional, Sequence, Union
 from . import share, watch
 from .aio_methods import AsyncMethods
 from .api import Plan, ProgressHandler, _job_call
-from .client import ClientBase, _apart, _own_body
+from .client import DEFAULT_TIMEOUT, ClientBase, _apart, _own_body
 from .connection import ConnectionBase, _copy_error
 from .dispatch import DROPPED, YIELD, Call
 from .forked import AsyncForkedConnection
 from .job import Job
+from .staging import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS
 
-__all__ = ["AsyncClient", "AsyncConnection"]
+__all__ = ["AsyncClient", "AsyncConnection", "DEFAULT_POLL_US"]
+
+#: How long a request alone on its connection reads for its reply before it
+#: leaves the wait to the loop (AsyncClient's ``poll_us``): as long as gpuqd's
+#: own ``--spin``, which covers the requests it answers at once and short jobs.
+DEFAULT_POLL_US = 50.0
+
+#: A request answered while it read does not suspend its task, so a task that
+#: sends one after another would keep the loop from everything else: such a
+#: request lets the loop run once when this long has passed since the last did.
+LOOP_TURN_S = 1e-3
+
+
+#: CPUs this process may run on below which it does not read for replies:
+#: gpuqd's main thread and each worker poll for a while too (``--spin``), and
+#: on two CPUs a client reading would take one from the job it waits for.
+POLL_MIN_CPUS = 4
+
+
+def default_poll_s() -> float:
+    """:data:`DEFAULT_POLL_US` in seconds; 0 on fewer than :data:`POLL_MIN_CPUS`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - Linux has it
+        cpus = os.cpu_count() or 1
+    return DEFAULT_POLL_US * 1e-6 if cpus >= POLL_MIN_CPUS else 0.0
 
 
 class _EventSlot:
@@ -73,6 +100,12 @@ class AsyncConnection(ConnectionBase):
         self._due: Dict[int, float] = {}
         self._next_tick = 0.0  # the next liveness check while waits are pending
         self._pinger: Optional["asyncio.Task[None]"] = None  # held: the loop keeps weak ones
+        # Seconds a request alone in flight reads for its reply (default_poll_s);
+        # whether one was answered so, and when a request lets the loop turn
+        # since (LOOP_TURN_S).
+        self.poll_s = default_poll_s()
+        self._owes_turn = False
+        self._turn_due = 0.0
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Binds the connection to ``loop``, the running one, on its first call."""
@@ -93,6 +126,10 @@ class AsyncConnection(ConnectionBase):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._start(loop)
+        if self._owes_turn and time.monotonic() >= self._turn_due:
+            # Before sending, so that a task cancelled here leaves no reply behind.
+            self._owes_turn = False
+            await asyncio.sleep(0)
         # What loop.create_future() makes on asyncio's own loops, without its call;
         # the future is the request's slot (dispatch.py) unless it takes events.
         future: "asyncio.Future[Dict[str, Any]]" = asyncio.Future(loop=loop)
@@ -118,11 +155,16 @@ class AsyncConnection(ConnectionBase):
                     if sent != len(frame):  # the socket's buffer was full
                         self._sending = True
                         await self._send_held(memoryview(frame)[sent:], ())
+                    elif self.poll_s and len(d.pending) == 1:
+                        self._poll(future)
             except ConnectionError:
                 why = future.exception() if future.done() else None
                 if why is not None:
                     raise why from None  # the daemon said why it closed
                 raise
+            if future.done() and not self._owes_turn:  # answered while it read
+                self._owes_turn = True
+                self._turn_due = time.monotonic() + LOOP_TURN_S
             return await future
         finally:
             if rid in d.pending:  # a reply routed took it off the books already
@@ -274,6 +316,23 @@ class AsyncConnection(ConnectionBase):
         finally:
             self._loop.remove_writer(fd)
 
+    def _poll(self, future: "asyncio.Future[Dict[str, Any]]") -> None:
+        """Reads and routes what comes for up to ``poll_s``, until ``future`` (the one
+        request in flight) is answered; the reader callback takes over after."""
+        d, sock = self._d, self._sock
+        deadline = time.perf_counter() + self.poll_s
+        while True:
+            more, fatal = d.receive(sock)
+            if fatal is not None:
+                self._break(fatal)
+                return
+            if future.done() or self._closed is not None:
+                return
+            if not more:
+                if time.perf_counter() >= deadline:
+                    return
+                os.sched_yield()  # a CPU shared with gpuqd's thread goes to it
+
     def _readable(self) -> None:
         """The loop's reader callback: reads what is there and routes it."""
         more, fatal = self._d.receive(self._sock)
@@ -358,6 +417,25 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
 
     _connection_class = AsyncConnection
     _forked_connection_class = AsyncForkedConnection
+
+    def __init__(self, socket: Optional[str] = None, *,
+                 timeout: float = DEFAULT_TIMEOUT, staging_slots: int = DEFAULT_SLOTS,
+                 staging_slot_bytes: int = DEFAULT_SLOT_BYTES,
+                 copy_threads: Optional[int] = None, poll_us: Optional[float] = None) -> None:
+        """``poll_us``: how long a request alone on the connection reads for its
+        reply itself before it leaves the wait to the loop (default
+        :data:`DEFAULT_POLL_US`; 0, never, on fewer than 4 CPUs).
+        Other tasks wait meanwhile, as for any code that does not await; a
+        task whose requests are all answered so still lets the loop run
+        every millisecond. The other arguments are :class:`gpuq.Client`'s."""
+        self._poll_s = default_poll_s() if poll_us is None else max(0.0, poll_us) * 1e-6
+        super().__init__(socket, timeout=timeout, staging_slots=staging_slots,
+                         staging_slot_bytes=staging_slot_bytes, copy_threads=copy_threads)
+
+    def _connect(self, timeout: float) -> Any:
+        conn = super()._connect(timeout)
+        conn.poll_s = self._poll_s
+        return conn
     # The reconnect under way, which every request that lost the connection
     # awaits: one new connection for all of them (set_reconnect).
     _reconnecting: Optional["asyncio.Task[bool]"] = None

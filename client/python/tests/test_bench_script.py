@@ -21,8 +21,8 @@ def test_the_dispatch_and_calls_tables_come_out(daemon):
     lines = run.stdout.splitlines()
     dispatch = [line.split() for line in lines if line.startswith(("ping ", "noop "))]
     assert [(row[0], row[1]) for row in dispatch] == [
-        ("ping", "Client"), ("ping", "AsyncClient"), ("noop", "Client"),
-        ("noop", "AsyncClient")]
+        (op, who) for op in ("ping", "noop") for who in ("Client", "AsyncClient", "Async")]
+    assert dispatch[2][2] in ("poll=0", "poll=50")
     calls = [line.split() for line in lines if line.startswith(("put ", "get "))]
     assert [(row[0], " ".join(row[1:-1])) for row in calls] == [
         ("put", "shortcut"), ("put", "whole plan"), ("get", "shortcut"),
