@@ -350,11 +350,12 @@ def bench_calls(args: argparse.Namespace, client: gpuq.Client) -> None:
     what Python adds to each CUDA tensor call, by the shortcut of a repeated
     copy and by the whole plan (the shortcut forgotten before each call). CPU
     time of this process, so that it holds on a loaded machine too."""
-    from gpuq import arrays
+    from gpuq import device_arrays
     name, n = f"pybench_calls@{args.device}", max(1000, args.requests // 4)
+    real = device_arrays._device_copy
     client.alloc(name, count=1024, dtype="f32", shareable=True)
-    real, arrays._device_copy = arrays._device_copy, lambda att, arr, into_attachment: None
     try:
+        device_arrays._device_copy = lambda att, arr, into_attachment: None
         arr = _StandIn(1024)
         calls = (("put", lambda: client.put_array(name, arr)),
                  ("get", lambda: client.get_array(name, out=arr)))
@@ -376,7 +377,7 @@ def bench_calls(args: argparse.Namespace, client: gpuq.Client) -> None:
                     run()
                 print(f"{op:5} {path:12} {(time.process_time() - start) / n * 1e6:8.2f}")
     finally:
-        arrays._device_copy = real
+        device_arrays._device_copy = real
         client.free(name)
 
 

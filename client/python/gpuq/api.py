@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import (Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
-from . import arrays, endpoints, kept_leases, memfd, share
+from . import arrays, buffer_rows, device_arrays, endpoints, kept_leases, memfd, share
 from .buffer import Buffer
 from .dtypes import gpuq_dtype
 from .ops import ComputeOps
@@ -122,15 +122,15 @@ class Api(ComputeOps):
         # that keep none (see arrays.py).
         self._shapes: Dict[str, Tuple[int, ...]] = {}
         # What ``buffers`` said of the buffers put_array and get_array used, by
-        # (NAME, GPU or None): one lookup per buffer, not one per call (arrays.py).
+        # (NAME, GPU or None): one lookup per buffer, not one per call (buffer_rows.py).
         self._rows: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
         # Mappings of shareable buffers kept across put_array/get_array calls of
-        # device arrays, by NAME@GPU (arrays.py), and those to unmap at close.
+        # device arrays, by NAME@GPU (device_arrays.py), and those to unmap at close.
         self._mappings: Dict[str, Any] = {}
         self._stale_mappings: List[Any] = []
         # Attachments this client holds (attach until release or a broken lease),
         # by lease: put_array/get_array of a device array copy through one
-        # that covers their buffer, with no attach or release (arrays.py).
+        # that covers their buffer, with no attach or release (device_arrays.py).
         self._held: Dict[int, "share.Attachment"] = {}
         # Revocable leases kept between those copies (kept_leases.py).
         self._kept = kept_leases.KeptLeases()
@@ -427,7 +427,7 @@ class Api(ComputeOps):
             dict(priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
 
     def _alloc_plan(self, fields: Dict[str, Any], job: Dict[str, Any]) -> Plan:
-        arrays.forget(self, str(fields["name"]))
+        buffer_rows.forget(self, str(fields["name"]))
         done = yield from self._job_plan("alloc", fields, **job)
         if job.get("detach"):
             return done
@@ -444,10 +444,10 @@ class Api(ComputeOps):
         return self._drive(self._buffer_plan(name))
 
     def _buffer_plan(self, spec: str) -> Plan:
-        name, device = arrays.split_name(spec)
-        row = yield from arrays.lookup_plan(self, name, device)
+        name, device = buffer_rows.split_name(spec)
+        row = yield from buffer_rows.lookup_plan(self, name, device)
         if row is None:
-            raise (yield from arrays._not_found(self, spec))
+            raise (yield from buffer_rows.not_found_plan(self, spec))
         return Buffer(self, row)
 
     def free(self, buffer: str, *, priority: Optional[str] = None, detach: bool = False,
@@ -458,12 +458,12 @@ class Api(ComputeOps):
             priority=priority, detach=detach, timeout=timeout, on_progress=on_progress)))
 
     def _free_plan(self, buffer: str, fields: Dict[str, Any], job: Dict[str, Any]) -> Plan:
-        arrays.forget(self, arrays.base_name(buffer))
+        buffer_rows.forget(self, buffer_rows.base_name(buffer))
         done = yield from self._job_plan("free", dict(fields, buffer=buffer), **job)
         self._shapes.pop(done.record.get("buffer", buffer), None)
         # Its leases have ended (free waited for them, revoking kept ones): no copy
         # uses a kept mapping. Kept leases of its name on other GPUs go too.
-        for lease in arrays.drop_mappings(self, arrays.base_name(buffer), unmap=True):
+        for lease in device_arrays.drop_mappings(self, buffer_rows.base_name(buffer), unmap=True):
             yield Call("release", {"lease": lease}, await_reply=False)
         return done
 

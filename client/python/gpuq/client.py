@@ -7,7 +7,7 @@ import time
 from typing import Any, Dict, Iterator, Optional
 
 from .api import Api, Plan, ProgressHandler, _job_call
-from .arrays import drop_mappings
+from .device_arrays import drop_mappings
 from .connection import Connection, ConnectionBase, NotSent
 from .dispatch import YIELD, Call, close_fds
 from .errors import ProtocolError

@@ -1,4 +1,4 @@
-"""Revocable leases a client keeps between device copies (arrays.py).
+"""Revocable leases a client keeps between device copies (device_arrays.py).
 
 ``put_array``/``get_array`` of a device array copy through an attachment of
 the buffer under a lease. Taking one per call costs an ``attach`` round trip,
@@ -167,7 +167,7 @@ class KeptLeases:
         # was): copies take a lease per call then, as with a gpuqd that has none.
         self.refused = ""
         # Copies a kept lease served, by what the caller named and whether it
-        # wrote (arrays.py's shortcuts): each valid while its lease is kept.
+        # wrote (device_arrays.py's shortcuts): each valid while its lease is kept.
         self.shortcuts: "OrderedDict[Any, Any]" = OrderedDict()
 
     def __len__(self) -> int:

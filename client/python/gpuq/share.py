@@ -322,9 +322,9 @@ class Attachment:
         self.record: Dict[str, Any] = {}
         self._client: Any = None
         # What a client that keeps this mapping across leases compares with the
-        # next attach's reply (arrays.py: buffer, device, generation, bytes).
+        # next attach's reply (device_arrays.py: buffer, device, generation, bytes).
         self._key: Any = None
-        # Torch tensors over the mapping, made at its first copies (arrays.py).
+        # Torch tensors over the mapping, made at its first copies (device_arrays.py).
         self._torch_views: Dict[Any, Any] = {}
         # Once unmapped: what ended it, for the error of every later use.
         self._gone = ""

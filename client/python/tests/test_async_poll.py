@@ -39,6 +39,15 @@ class _Turns:
         await self._task
 
 
+async def _turns_from_here(c):
+    """A turn counter started once ``c``'s connection is bound to the loop (a first
+    ping), and its count then."""
+    await c.ping()
+    turns = _Turns()
+    await asyncio.sleep(0)  # the counter runs once
+    return turns, turns.count
+
+
 def test_the_default_polls_on_four_cpus_or_more(monkeypatch):
     monkeypatch.setattr(aio.os, "sched_getaffinity", lambda pid: set(range(4)))
     assert aio.default_poll_s() == aio.DEFAULT_POLL_US * 1e-6
@@ -46,54 +55,37 @@ def test_the_default_polls_on_four_cpus_or_more(monkeypatch):
     assert aio.default_poll_s() == 0.0
 
 
-def test_requests_answered_while_they_read_take_no_turn_of_the_loop(daemon, monkeypatch):
+@pytest.mark.parametrize("poll_us,turn_s,turns_least,turns_most", [
+    (POLL_US, 3600.0, 0, 0),  # answered while they read: no turn of the loop
+    (POLL_US, 0.0, 49, None),  # the loop's turn: before each but the first
+    (0, 3600.0, 50, None),  # not polling: each waits on the loop
+], ids=["polled", "polled-turning", "not-polled"])
+def test_turns_of_the_loop_for_50_pings(daemon, monkeypatch, poll_us, turn_s, turns_least,
+                                        turns_most):
+    monkeypatch.setattr(aio, "LOOP_TURN_S", turn_s)
+
+    async def main():
+        async with gpuq.AsyncClient(daemon.socket, poll_us=poll_us) as c:
+            assert c._conn.poll_s == poll_us * 1e-6
+            turns, before = await _turns_from_here(c)
+            for _ in range(50):
+                assert (await c.ping())["version"] == 1
+            turned = turns.count - before
+            await turns.stop()
+        assert turned >= turns_least and (turns_most is None or turned <= turns_most)
+    asyncio.run(main())
+
+
+def test_a_job_and_a_refusal_are_read_while_polling_too(daemon, monkeypatch):
     monkeypatch.setattr(aio, "LOOP_TURN_S", 3600.0)
 
     async def main():
         async with gpuq.AsyncClient(daemon.socket, poll_us=POLL_US) as c:
-            await c.ping()
-            turns = _Turns()
-            await asyncio.sleep(0)  # the counter runs once
-            before = turns.count
-            for _ in range(50):
-                assert (await c.ping())["version"] == 1
-            assert (await c.noop()).state == "done"  # a job, waited for
+            turns, before = await _turns_from_here(c)
+            assert (await c.noop()).state == "done"  # waited for
             with pytest.raises(gpuq.NotFound):
                 await c.free("no-such-buffer")
             assert turns.count == before
-            await turns.stop()
-    asyncio.run(main())
-
-
-def test_the_loop_still_turns_between_such_requests(daemon, monkeypatch):
-    monkeypatch.setattr(aio, "LOOP_TURN_S", 0.0)
-
-    async def main():
-        async with gpuq.AsyncClient(daemon.socket, poll_us=POLL_US) as c:
-            await c.ping()
-            turns = _Turns()
-            await asyncio.sleep(0)
-            before = turns.count
-            for _ in range(50):
-                await c.ping()
-            assert turns.count - before >= 49  # one before each but the first
-            await turns.stop()
-    asyncio.run(main())
-
-
-def test_without_polling_each_request_waits_on_the_loop(daemon, monkeypatch):
-    monkeypatch.setattr(aio, "LOOP_TURN_S", 3600.0)
-
-    async def main():
-        async with gpuq.AsyncClient(daemon.socket, poll_us=0) as c:
-            assert c._conn.poll_s == 0
-            await c.ping()
-            turns = _Turns()
-            await asyncio.sleep(0)
-            before = turns.count
-            for _ in range(20):
-                await c.ping()
-            assert turns.count - before >= 20
             await turns.stop()
     asyncio.run(main())
 

@@ -4,7 +4,7 @@ sends no request while nobody else wants the buffer, a job that wants it
 ends the lease (at once when no copy is under way, after the copy otherwise),
 and the next copy attaches again.
 
-No device arrays here: the copy (arrays._device_copy) is replaced by one of
+No device arrays here: the copy (device_arrays._device_copy) is replaced by one of
 numpy arrays through the host backend's attachment (on a GPU backend it
 only counts), so the lease logic around it runs as put_array's does.
 Counts and order are checked, never times."""
@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 import gpuq
-from gpuq import arrays, kept_leases
+from gpuq import device_arrays, kept_leases
 from gpuq.wire import encode_frame
 
 
 class _Copies:
-    """Stands in for arrays._device_copy: records each copy, and moves the bytes
+    """Stands in for device_arrays._device_copy: records each copy, and moves the bytes
     where the attachment is host memory."""
 
     def __init__(self) -> None:
@@ -47,14 +47,14 @@ class _Copies:
 @pytest.fixture
 def copies(monkeypatch):
     c = _Copies()
-    monkeypatch.setattr(arrays, "_device_copy", c)
+    monkeypatch.setattr(device_arrays, "_device_copy", c)
     return c
 
 
 def _copy(client, label, mode, arr):
     """What put_array (``read-write``) or get_array (``read``) of a device array
     runs once it has found the buffer: the attach job's record."""
-    return client._drive(arrays._leased_copy_plan(client, label, mode, arr, arr.nbytes, None))
+    return client._drive(device_arrays._leased_copy_plan(client, label, mode, arr, arr.nbytes, None))
 
 
 def _sent(client) -> int:
@@ -196,7 +196,7 @@ def test_an_async_client_keeps_leases_too(daemon, name, copies):
             await c.alloc(name, count=16, dtype="f32", shareable=True)
             label = f"{name}@0"
             try:
-                plan = arrays._leased_copy_plan
+                plan = device_arrays._leased_copy_plan
                 first = await c._drive(plan(c, label, "read-write", np.ones(16, np.float32),
                                             64, None))
                 before = _sent(c)
@@ -261,10 +261,10 @@ def test_a_kept_lease_dropped_during_its_copy_is_released_at_the_copys_end(daemo
             real = copies.__call__
 
             def dropping(att, arr, into_attachment):
-                seen.append(arrays.drop_mappings(c, name, unmap=True))
+                seen.append(device_arrays.drop_mappings(c, name, unmap=True))
                 seen.append((att.ptr != 0, kept.fd >= 0, att in c._stale_mappings))
                 real(att, arr, into_attachment)
-            monkeypatch.setattr(arrays, "_device_copy", dropping)
+            monkeypatch.setattr(device_arrays, "_device_copy", dropping)
             before = _sent(c)
             _copy(c, label, "read-write", np.ones(16, np.float32))
             assert seen == [[], (True, True, True)]  # nothing released under the copy

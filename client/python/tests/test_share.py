@@ -111,8 +111,8 @@ def test_attach_refuses_a_pool_buffer(client, name):
 
 def _lease(client, label, mode="read-write"):
     """What put_array and get_array of a device array take: a lease and a kept mapping."""
-    from gpuq import arrays
-    lease, _, att = client._drive(arrays._lease_plan(client, label, mode, None))
+    from gpuq import device_arrays
+    lease, _, att = client._drive(device_arrays._lease_plan(client, label, mode, None))
     return lease, att
 
 
@@ -217,7 +217,7 @@ def test_a_broken_lease_makes_the_kept_mapping_stale(daemon, name):
 
 def test_an_attachment_the_client_holds_serves_its_device_copies_until_released(client,
                                                                                 name):
-    from gpuq.arrays import held_attachment
+    from gpuq.device_arrays import held_attachment
     client.alloc(name, count=1024, dtype="f32", shareable=True)
     label = f"{name}@{client.buffer(name).device}"
     try:
