@@ -341,6 +341,8 @@ def drop_mappings(api: "Api", name: Optional[str], unmap: bool,
 # The copies ----------------------------------------------------------------------
 
 def host_into_device(host: Any, out: Any) -> None:
+    """Fills device array ``out`` from ``host``, the bytes of a buffer read through
+    the host (one that is not shareable)."""
     if array_module(out) == "torch":
         import torch
         out.copy_(torch.from_numpy(host.reshape(-1).view("u1")).view(out.dtype)
