@@ -50,7 +50,8 @@ DAEMON_SRC := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c)))
 WORKERS_SRC := $(sort $(wildcard workers/*.c workers/*/*.c))
 WORKERS_SRC := $(filter-out workers/faults/%,$(WORKERS_SRC))
 KERNELS_SRC := $(sort $(wildcard kernels/*.cu))
-LIBGPUQ_SRC := client/lib/libgpuq.c client/lib/libgpuq_collective.c client/lib/libgpuq_share.c client/lib/libgpuq_cuda.c
+LIBGPUQ_SRC := client/lib/libgpuq.c client/lib/libgpuq_collective.c client/lib/libgpuq_share.c \
+	client/lib/libgpuq_revocable.c client/lib/libgpuq_cuda.c
 CLI_SRC := $(sort $(wildcard client/cli/*.c client/bench/*.c))
 UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
 ITEST_SRC := $(sort $(wildcard tests/integration/*.c))

@@ -228,6 +228,7 @@ check region_free_rb 0 gpuq free rb
 # a shareable buffer attached by new processes, beside get and a plain copy
 check bench_attach 0 gpuq bench attach --bytes 4M --requests 2
 expect bench_attach_bytes_match "bytes match gpuqd's" out
+expect bench_attach_kept_use "a use of a kept attachment (revocable lease)" out
 check attach_not_shareable_is_1 1 gpuq attach f@1
 expect attach_not_shareable_says_so "not shareable" err
 check leases_none 0 gpuq leases
@@ -356,6 +357,7 @@ check bench_dispatch_save_json_wrote_it 0 grep -q '"bench":"dispatch"' "$dir/dis
 check bench_save_json_unwritable_is_2 2 gpuq bench dispatch --save-json "$dir/no/such/dir.json"
 check bench_copy_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench copy --sizes 1M,2M --requests 1 > \"$dir/copy.json\""
 check bench_attach_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench attach --bytes 4M --requests 2 > \"$dir/attach.json\""
+check bench_attach_json_has_kept_use 0 grep -q '"kept_use_ms":[0-9]' "$dir/attach.json"
 check bench_chain_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench chain --bytes 1M > \"$dir/chain.json\""
 check bench_allreduce_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench allreduce --bytes 8:4K --factor 8 --devices all > \"$dir/allreduce.json\""
 check bench_collective_json 0 sh -c "\"$BUILD/gpuq\" --socket \"$sock\" --json bench collective --op broadcast --bytes 8:4K --factor 8 --devices all > \"$dir/collective.json\""

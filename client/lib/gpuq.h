@@ -196,9 +196,12 @@ struct gpuq_attachment {
 	bool host;          /* the host backend: ptr is host memory */
 	int cuda_device;    /* the CUDA device ordinal in this process (-1 with host) */
 	double import_s;    /* the import and mapping alone, after gpuqd answered */
+	bool revocable;     /* gpuq_buffer_attach_revocable's: gpuqd may end it between uses */
 	/* libgpuq's own */
 	uint64_t map_bytes;
 	unsigned long long handle;
+	int lock_fd;        /* a revocable lease's lock, else -1 */
+	bool in_use;        /* a revocable lease's use has begun and not ended */
 };
 
 int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
@@ -215,6 +218,31 @@ int gpuq_buffer_attach_as(struct gpuq_client *c, const char *buffer, uint64_t ow
 int gpuq_attachment_read(const struct gpuq_attachment *a, uint64_t offset, void *dst, size_t n,
 			 bool pinned, double *seconds, struct gpuq_error *err);
 int gpuq_buffer_release(struct gpuq_client *c, struct gpuq_attachment *a, struct gpuq_error *err);
+
+/*
+ * A revocable attach (docs/protocol.md, "Revocable leases"): for a program
+ * that uses a buffer now and then and keeps its attachment between uses
+ * without holding anyone up. gpuqd ends such a lease by itself when a job
+ * wants the buffer while no use is in progress; between uses this process
+ * sends nothing. It returns with a use begun, so that the first use cannot
+ * be revoked: end it with gpuq_attachment_end_use once that work is done.
+ * Refused by a gpuqd without revocable leases (GPUQ_E_BAD_REQUEST) and past
+ * 64 on one connection (GPUQ_E_BUSY): a plain attach does then.
+ *
+ * A use: gpuq_attachment_begin_use returns 1 when the lease lives and the
+ * buffer may be used, until gpuq_attachment_end_use, called once this
+ * process's work on it has finished (cudaStreamSynchronize); 0 when the
+ * lease has ended (revoked, released, broken, the device reset, gpuqd gone):
+ * release the attachment and attach again; -1 on a failure. A use of one
+ * attachment must end before the next begins, also across threads (the
+ * lock is the process's). On a plain attachment a use always begins.
+ * gpuq_buffer_release of a revocable attachment unmaps it and ends the
+ * lease if it still lives (one that ended needs no request).
+ */
+int gpuq_buffer_attach_revocable(struct gpuq_client *c, const char *buffer, bool read_write,
+				 struct gpuq_attachment *out, struct gpuq_error *err);
+int gpuq_attachment_begin_use(struct gpuq_attachment *a, struct gpuq_error *err);
+int gpuq_attachment_end_use(struct gpuq_attachment *a, struct gpuq_error *err);
 
 /*
  * Collectives (docs/protocol.md): one primitive's fields, for a request of

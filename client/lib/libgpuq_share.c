@@ -14,6 +14,7 @@
 
 #include "client/lib/gpuq.h"
 #include "client/lib/libgpuq_cuda.h"
+#include "client/lib/libgpuq_revocable.h"
 
 /*
  * Sends req (with fds) and waits for its reply; a refusal becomes -1 with
@@ -205,8 +206,8 @@ static int release_lease(struct gpuq_client *c, uint64_t lease, struct gpuq_erro
  * and the buffer's writers would wait for it as long as the connection
  * lives; so this side waits a little longer, for that reply.
  */
-static int attach_call(struct gpuq_client *c, struct mp_map *req, struct gpuq_reply **r,
-		       struct gpuq_error *err)
+static int attach_call(struct gpuq_client *c, struct mp_map *req, int lock,
+		       struct gpuq_reply **r, struct gpuq_error *err)
 {
 	unsigned timeout = gpuq_get_timeout(c);
 	if (timeout) {
@@ -214,14 +215,19 @@ static int attach_call(struct gpuq_client *c, struct mp_map *req, struct gpuq_re
 		gpuq_set_timeout(c, timeout < UINT_MAX - ATTACH_REPLY_GRACE_MS
 					    ? timeout + ATTACH_REPLY_GRACE_MS : UINT_MAX);
 	}
-	int rc = share_call(c, req, NULL, 0, r, err);
+	int rc = share_call(c, req, lock >= 0 ? &lock : NULL, lock >= 0 ? 1 : 0, r, err);
 	gpuq_set_timeout(c, timeout);
 	return rc;
 }
 
-/* The attach of buffer, another user's (owner) when owner is not NULL. */
+/*
+ * The attach of buffer, another user's (owner) when owner is not NULL; a
+ * revocable one when lock (revocable_lock_new) is not -1, which then
+ * becomes the attachment's.
+ */
 static int attach_buffer(struct gpuq_client *c, const char *buffer, const uint64_t *owner,
-			 bool read_write, struct gpuq_attachment *out, struct gpuq_error *err)
+			 bool read_write, int lock, struct gpuq_attachment *out,
+			 struct gpuq_error *err)
 {
 	struct gpuq_reply *r;
 	struct mp_map req;
@@ -229,13 +235,18 @@ static int attach_buffer(struct gpuq_client *c, const char *buffer, const uint64
 	bool host = false;
 	memset(out, 0, sizeof *out);
 	out->read_write = read_write;
+	out->lock_fd = -1;
 	gpuq_request_begin(c, &req, "attach");
 	mp_put_str(&req, "buffer", buffer);
 	if (owner)
 		mp_put_u64(&req, "owner", *owner);
 	mp_put_str(&req, "mode", read_write ? "read-write" : "read");
+	if (lock >= 0) {
+		mp_put_bool(&req, "revocable", true);
+		mp_put_u64(&req, "fds", 1); /* the lock */
+	}
 	mp_put_bool(&req, "wait", true);
-	if (attach_call(c, &req, &r, err) < 0)
+	if (attach_call(c, &req, lock, &r, err) < 0)
 		return -1;
 	double start = now_s();
 	int fd = gpuq_reply_take_fd(r, 0);
@@ -258,13 +269,29 @@ static int attach_buffer(struct gpuq_client *c, const char *buffer, const uint64
 int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
 		       struct gpuq_attachment *out, struct gpuq_error *err)
 {
-	return attach_buffer(c, buffer, NULL, read_write, out, err);
+	return attach_buffer(c, buffer, NULL, read_write, -1, out, err);
 }
 
 int gpuq_buffer_attach_as(struct gpuq_client *c, const char *buffer, uint64_t owner,
 			  bool read_write, struct gpuq_attachment *out, struct gpuq_error *err)
 {
-	return attach_buffer(c, buffer, &owner, read_write, out, err);
+	return attach_buffer(c, buffer, &owner, read_write, -1, out, err);
+}
+
+int gpuq_buffer_attach_revocable(struct gpuq_client *c, const char *buffer, bool read_write,
+				 struct gpuq_attachment *out, struct gpuq_error *err)
+{
+	int lock = revocable_lock_new(err);
+	if (lock < 0)
+		return -1;
+	if (attach_buffer(c, buffer, NULL, read_write, lock, out, err) < 0) {
+		close(lock); /* gpuqd's copy, if it took one, went with the lease */
+		return -1;
+	}
+	out->revocable = true;
+	out->in_use = true; /* byte 1, locked before the attach: the first use */
+	out->lock_fd = lock;
+	return 0;
 }
 
 int gpuq_attachment_read(const struct gpuq_attachment *a, uint64_t offset, void *dst, size_t n,
@@ -283,6 +310,24 @@ int gpuq_attachment_read(const struct gpuq_attachment *a, uint64_t offset, void 
 	return 0;
 }
 
+/*
+ * A revocable lease's release: none where it has ended already, and one that
+ * ends meanwhile (gpuqd answers not_found) ended as asked. Its lock closes,
+ * dropping this process's lock on byte 1 with it.
+ */
+static int release_revocable(struct gpuq_client *c, struct gpuq_attachment *a,
+			     struct gpuq_error *err)
+{
+	int rc = 0;
+	if (revocable_lease_lives(a->lock_fd) && release_lease(c, a->lease, err) < 0 &&
+	    err->code != GPUQ_E_NOT_FOUND)
+		rc = -1;
+	close(a->lock_fd);
+	a->lock_fd = -1;
+	a->in_use = false;
+	return rc;
+}
+
 int gpuq_buffer_release(struct gpuq_client *c, struct gpuq_attachment *a, struct gpuq_error *err)
 {
 	struct gpuq_error unmap_err;
@@ -292,7 +337,7 @@ int gpuq_buffer_release(struct gpuq_client *c, struct gpuq_attachment *a, struct
 	else if (a->ptr)
 		rc = gpuq_cuda_unimport(a, &unmap_err);
 	a->ptr = NULL;
-	if (release_lease(c, a->lease, err) < 0)
+	if (a->revocable ? release_revocable(c, a, err) < 0 : release_lease(c, a->lease, err) < 0)
 		return -1;
 	if (rc < 0)
 		*err = unmap_err;

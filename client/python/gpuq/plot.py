@@ -161,7 +161,10 @@ def plot_chain(result: Result):
 def plot_attach(result: Result):
     fig, (ax,) = _figure(1)
     names = [("cold_ms", "new process attach"), ("warm_ms", "attach, driver warm"),
-             ("get_ms", "gpuq get (staged)"), ("copy_ms", "cudaMemcpy to pinned")]
+             ("get_ms", "gpuq get (staged)"), ("copy_ms", "cudaMemcpy to pinned"),
+             ("attach_release_ms", "attach and release per use"),
+             ("kept_use_ms", "use of a kept attachment")]
+    names = [(key, label) for key, label in names if key in result]  # older runs lack some
     ax.barh([label for _, label in names], [result[key] for key, _ in names])
     ax.axvline(result.get("target_ms", 0), linestyle="--", color="grey", label="target")
     ax.set_xscale("log")
