@@ -74,3 +74,23 @@ uint64_t lease_job_checksum(struct gpuq_client *c, uint64_t job)
 	gpuq_reply_free(r);
 	return v;
 }
+
+void lease_expect_done(struct gpuq_client *c, uint64_t job)
+{
+	struct gpuq_reply *r = job_request(c, "wait", job, 0);
+	expect_ok(r, "the job behind the lease");
+	gpuq_reply_free(r);
+}
+
+unsigned lease_listed(struct gpuq_client *c, bool *first_revocable)
+{
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "leases");
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_ok(r, "leases");
+	unsigned n = reply_path(r, "leases")->via.array.size;
+	if (n > 0 && first_revocable)
+		*first_revocable = reply_path(r, "leases.0.revocable")->via.boolean;
+	gpuq_reply_free(r);
+	return n;
+}

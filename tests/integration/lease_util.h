@@ -21,5 +21,9 @@ uint64_t lease_submit(struct gpuq_client *c, const char *op, const char *buffer)
 void lease_expect_behind(struct gpuq_client *c, uint64_t job, uint64_t lease);
 /* Waits for job's end, which must be ok; its result's checksum (0 when it has none). */
 uint64_t lease_job_checksum(struct gpuq_client *c, uint64_t job);
+/* Waits for job's end, which must be ok. */
+void lease_expect_done(struct gpuq_client *c, uint64_t job);
+/* The leases c sees; *first_revocable (may be NULL): whether the first listed is revocable. */
+unsigned lease_listed(struct gpuq_client *c, bool *first_revocable);
 
 #endif

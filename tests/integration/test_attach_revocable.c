@@ -48,132 +48,113 @@ static void release(struct gpuq_client *c, struct gpuq_attachment *a)
 	CHECK_EQ(a->lock_fd, -1);
 }
 
-/* The leases c sees, and whether the one listed first is revocable. */
-static unsigned leases_listed(struct gpuq_client *c, bool *revocable)
+/* A gpuqd, a holder with a shareable buffer "s" of 1 MiB, and another client. */
+struct holder {
+	struct daemon_proc d;
+	struct gpuq_client *holder, *other;
+};
+
+static void holder_start(struct holder *t)
 {
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "leases");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "leases");
-	unsigned n = reply_path(r, "leases")->via.array.size;
-	if (n && revocable)
-		*revocable = reply_path(r, "leases.0.revocable")->via.boolean;
-	gpuq_reply_free(r);
-	return n;
+	require_backend();
+	daemon_start(&t->d, NULL);
+	t->holder = client_open(&t->d);
+	t->other = client_open(&t->d);
+	lease_alloc_shareable(t->holder, "s", MIB, false);
 }
 
-static void expect_done(struct gpuq_client *c, uint64_t job)
+static void holder_stop(struct holder *t)
 {
-	struct gpuq_reply *r = job_request(c, "wait", job, 0);
-	expect_ok(r, "the job that wanted the buffer");
-	gpuq_reply_free(r);
+	gpuq_close(t->other);
+	gpuq_close(t->holder);
+	daemon_stop(&t->d);
 }
 
 TEST(a_revocable_attachment_is_used_without_requests_until_a_job_wants_it)
 {
-	struct daemon_proc d;
+	struct holder t;
 	struct gpuq_attachment a;
-	require_backend();
-	daemon_start(&d, NULL);
-	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	lease_alloc_shareable(holder, "s", MIB, false);
-	attach_revocable(holder, "s", true, &a);
+	holder_start(&t);
+	attach_revocable(t.holder, "s", true, &a);
 	bool revocable = false;
-	CHECK_EQ(leases_listed(other, &revocable), 1u);
+	CHECK_EQ(lease_listed(t.other, &revocable), 1u);
 	CHECK(revocable);
 	/* The attach's own use holds a job off; its end lets the job end the lease. */
-	uint64_t fill = lease_submit(other, "fill", "s");
-	lease_expect_behind(other, fill, a.lease);
+	uint64_t fill = lease_submit(t.other, "fill", "s");
+	lease_expect_behind(t.other, fill, a.lease);
 	end_use(&a);
-	expect_done(other, fill);
-	CHECK_EQ(leases_listed(other, NULL), 0u);
+	lease_expect_done(t.other, fill);
+	CHECK_EQ(lease_listed(t.other, NULL), 0u);
 	CHECK_EQ(begin_use(&a), 0); /* ended: attach again */
-	release(holder, &a);        /* nothing to tell gpuqd */
+	release(t.holder, &a);      /* nothing to tell gpuqd */
 	/* Uses while nobody wants the buffer: no request, the same lease. */
-	attach_revocable(holder, "s", true, &a);
+	attach_revocable(t.holder, "s", true, &a);
 	end_use(&a);
 	for (int i = 0; i < 50; i++) {
 		CHECK_EQ(begin_use(&a), 1);
 		end_use(&a);
 	}
-	CHECK_EQ(leases_listed(other, NULL), 1u);
+	CHECK_EQ(lease_listed(t.other, NULL), 1u);
 	/* Between uses a job ends the lease at once. */
-	uint64_t check = lease_submit(other, "checksum", "s");
-	expect_done(other, check);
+	lease_expect_done(t.other, lease_submit(t.other, "checksum", "s"));
 	CHECK_EQ(begin_use(&a), 0);
-	release(holder, &a);
-	gpuq_close(other);
-	gpuq_close(holder);
-	daemon_stop(&d);
+	release(t.holder, &a);
+	holder_stop(&t);
 }
 
 TEST(a_read_attachment_lets_readers_pass_and_a_release_ends_a_live_lease)
 {
-	struct daemon_proc d;
+	struct holder t;
 	struct gpuq_attachment a;
-	require_backend();
-	daemon_start(&d, NULL);
-	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	lease_alloc_shareable(holder, "s", MIB, false);
-	do_fill_random(holder, "s", 3);
-	uint64_t sum = do_checksum(holder, "s");
-	attach_revocable(holder, "s", false, &a);
+	holder_start(&t);
+	do_fill_random(t.holder, "s", 3);
+	uint64_t sum = do_checksum(t.holder, "s");
+	attach_revocable(t.holder, "s", false, &a);
 	end_use(&a);
-	CHECK_EQ(lease_job_checksum(other, lease_submit(other, "checksum", "s")), sum);
+	CHECK_EQ(lease_job_checksum(t.other, lease_submit(t.other, "checksum", "s")), sum);
 	CHECK_EQ(begin_use(&a), 1); /* a reader left it alone */
 	end_use(&a);
-	release(holder, &a); /* a live lease: released, and gone from the list */
-	CHECK_EQ(leases_listed(other, NULL), 0u);
-	gpuq_close(other);
-	gpuq_close(holder);
-	daemon_stop(&d);
+	release(t.holder, &a); /* a live lease: released, and gone from the list */
+	CHECK_EQ(lease_listed(t.other, NULL), 0u);
+	holder_stop(&t);
 }
 
 TEST(writes_made_during_a_use_are_what_the_next_job_reads)
 {
-	struct daemon_proc d;
+	struct holder t;
 	struct gpuq_attachment a;
-	require_backend();
 	if (test_backend_is_cuda())
 		SKIP("writes through a host mapping; the CUDA tier's attachments are device memory");
-	daemon_start(&d, NULL);
-	struct gpuq_client *holder = client_open(&d), *other = client_open(&d);
-	lease_alloc_shareable(holder, "s", MIB, false);
-	attach_revocable(holder, "s", true, &a);
+	holder_start(&t);
+	attach_revocable(t.holder, "s", true, &a);
 	host_fill_pattern(a.ptr, MIB, 0x3c, 1);
 	uint64_t written = host_checksum(a.ptr, MIB);
-	uint64_t check = lease_submit(other, "checksum", "s");
-	lease_expect_behind(other, check, a.lease);
+	uint64_t check = lease_submit(t.other, "checksum", "s");
+	lease_expect_behind(t.other, check, a.lease);
 	end_use(&a);
-	CHECK_EQ(lease_job_checksum(other, check), written);
-	release(holder, &a);
-	gpuq_close(other);
-	gpuq_close(holder);
-	daemon_stop(&d);
+	CHECK_EQ(lease_job_checksum(t.other, check), written);
+	release(t.holder, &a);
+	holder_stop(&t);
 }
 
 TEST(uses_do_not_overlap_and_plain_attachments_are_always_usable)
 {
-	struct daemon_proc d;
+	struct holder t;
 	struct gpuq_attachment a, plain;
 	struct gpuq_error err;
-	require_backend();
-	daemon_start(&d, NULL);
-	struct gpuq_client *c = client_open(&d);
-	lease_alloc_shareable(c, "s", MIB, false);
-	lease_alloc_shareable(c, "p", MIB, false);
-	attach_revocable(c, "s", true, &a);
+	holder_start(&t);
+	lease_alloc_shareable(t.holder, "p", MIB, false);
+	attach_revocable(t.holder, "s", true, &a);
 	CHECK_EQ(gpuq_attachment_begin_use(&a, &err), -1); /* the attach's use has not ended */
 	CHECK_EQ(err.code, GPUQ_E_BAD_REQUEST);
 	CHECK(strstr(err.message, "end it first") != NULL);
 	end_use(&a);
-	lease_attach(c, "p", true, &plain);
+	lease_attach(t.holder, "p", true, &plain);
 	CHECK(!plain.revocable && plain.lock_fd == -1);
 	CHECK_EQ(begin_use(&plain), 1);
 	CHECKF(gpuq_attachment_end_use(&plain, &err) == 0, "%s", err.message);
-	CHECKF(gpuq_buffer_release(c, &plain, &err) == 0, "%s", err.message);
-	release(c, &a);
-	CHECK_EQ(leases_listed(c, NULL), 0u);
-	gpuq_close(c);
-	daemon_stop(&d);
+	CHECKF(gpuq_buffer_release(t.holder, &plain, &err) == 0, "%s", err.message);
+	release(t.holder, &a);
+	CHECK_EQ(lease_listed(t.holder, NULL), 0u);
+	holder_stop(&t);
 }

@@ -52,24 +52,6 @@ static void unmap_ended(struct gpuq_client *c, struct gpuq_attachment *a)
 	CHECKF(err.code == GPUQ_E_NOT_FOUND, "release of an ended lease: %s", err.message);
 }
 
-/* How many leases the caller sees. */
-static unsigned lease_count(struct gpuq_client *c)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "leases");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "leases");
-	unsigned n = reply_path(r, "leases")->via.array.size;
-	gpuq_reply_free(r);
-	return n;
-}
-
-static void expect_done(struct gpuq_client *c, uint64_t job)
-{
-	struct gpuq_reply *r = job_request(c, "wait", job, 0);
-	expect_ok(r, "the job behind the lease");
-	gpuq_reply_free(r);
-}
 
 static bool job_finished(struct gpuq_client *c, uint64_t job)
 {
@@ -134,7 +116,7 @@ TEST(read_leases_let_readers_pass_and_hold_writers)
 	CHECK_STR(mode, "read");
 	gpuq_reply_free(l);
 	release(c2, &r2);
-	expect_done(other, fill);
+	lease_expect_done(other, fill);
 	gpuq_close(other);
 	gpuq_close(c2);
 	gpuq_close(c1);
@@ -154,7 +136,7 @@ TEST(free_of_a_leased_buffer_waits_for_the_release)
 	lease_expect_behind(other, freeing, a.lease);
 	CHECK(!job_finished(other, freeing));
 	release(holder, &a);
-	expect_done(other, freeing);
+	lease_expect_done(other, freeing);
 	gpuq_close(other);
 	gpuq_close(holder);
 	daemon_stop(&d);
@@ -185,7 +167,7 @@ TEST(a_client_killed_holding_a_lease_loses_it)
 	lease_expect_behind(c, fill, lease);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
-	expect_done(c, fill);
+	lease_expect_done(c, fill);
 	close(ready[0]);
 	close(ready[1]);
 	gpuq_close(c);
@@ -214,7 +196,7 @@ TEST(lease_break_lets_jobs_proceed_and_tells_the_holder)
 	uint64_t fill = lease_submit(admin, "fill", "s");
 	lease_expect_behind(admin, fill, a.lease);
 	request_ok(admin, "lease_break", "lease", a.lease, "lease_break by root");
-	expect_done(admin, fill);
+	lease_expect_done(admin, fill);
 	struct mp_map req;
 	gpuq_request_begin(holder, &req, "ping"); /* the event comes before this reply */
 	gpuq_reply_free(call(holder, &req, NULL, 0));
@@ -291,17 +273,17 @@ TEST(an_attach_that_times_out_is_given_up)
 	reply_str(r, "job.state", state, sizeof state);
 	CHECK_STR(state, "cancelled");
 	gpuq_reply_free(r);
-	CHECK_EQ(lease_count(late), 1); /* the holder's alone */
+	CHECK_EQ(lease_listed(late, NULL), 1); /* the holder's alone */
 	r = job_request(late, "wait", attach, 0);
 	expect_error(r, GPUQ_E_CANCELLED, "its client stopped waiting");
 	gpuq_reply_free(r);
 	uint64_t fill = lease_submit(late, "fill", "s");
 	lease_expect_behind(late, fill, a.lease);
 	release(holder, &a);
-	expect_done(late, fill);
+	lease_expect_done(late, fill);
 	job_state(late, attach, state, sizeof state);
 	CHECK_STR(state, "cancelled");
-	CHECK_EQ(lease_count(late), 0);
+	CHECK_EQ(lease_listed(late, NULL), 0);
 	gpuq_close(late);
 	gpuq_close(holder);
 	daemon_stop(&d);
@@ -331,8 +313,8 @@ TEST(a_library_attach_that_times_out_leaves_no_lease)
 	gpuq_set_timeout(late, 0);
 	release(holder, &a);
 	uint64_t fill = lease_submit(holder, "fill", "s"); /* behind no lease */
-	expect_done(holder, fill);
-	CHECK_EQ(lease_count(late), 0);
+	lease_expect_done(holder, fill);
+	CHECK_EQ(lease_listed(late, NULL), 0);
 	gpuq_close(late);
 	gpuq_close(holder);
 	daemon_stop(&d);
@@ -355,7 +337,7 @@ TEST(an_attached_ephemeral_buffer_stays_until_its_lease_ends)
 	uint64_t fill = lease_submit(holder, "fill", "e");
 	lease_expect_behind(holder, fill, a.lease); /* usable by name meanwhile, behind the lease */
 	release(holder, &a);
-	expect_done(holder, fill);
+	lease_expect_done(holder, fill);
 	CHECKF(buffer_goes(holder, "e"), "the orphaned buffer stayed after its lease and jobs ended");
 	gpuq_close(holder);
 	daemon_stop(&d);
@@ -370,10 +352,10 @@ TEST(a_connection_that_closes_attached_to_its_own_ephemeral_buffer_frees_it)
 	struct gpuq_client *maker = client_open(&d), *other = client_open(&d);
 	lease_alloc_shareable(maker, "e", MIB, true);
 	lease_attach(maker, "e", true, &a);
-	CHECK_EQ(lease_count(other), 1);
+	CHECK_EQ(lease_listed(other, NULL), 1);
 	gpuq_close(maker); /* its lease ends, then nothing holds the orphan */
 	CHECKF(buffer_goes(other, "e"), "an ephemeral buffer outlived its connection and its lease");
-	CHECK_EQ(lease_count(other), 0);
+	CHECK_EQ(lease_listed(other, NULL), 0);
 	unmap_ended(other, &a);
 	gpuq_close(other);
 	daemon_stop(&d);
@@ -416,9 +398,9 @@ TEST(breaking_a_lease_of_a_holder_that_stopped_reading)
 	lease_expect_behind(admin, fill_t, b.lease);
 	CHECK(shutdown(gpuq_fd(holder), SHUT_RD) == 0);
 	request_ok(admin, "lease_break", "lease", a.lease, "lease_break of a holder that does not read");
-	expect_done(admin, fill_s);
-	expect_done(admin, fill_t); /* the holder's connection closed: its other lease ended too */
-	CHECK_EQ(lease_count(admin), 0);
+	lease_expect_done(admin, fill_s);
+	lease_expect_done(admin, fill_t); /* the holder's connection closed: its other lease ended too */
+	CHECK_EQ(lease_listed(admin, NULL), 0);
 	CHECKF(daemon_alive(&d), "gpuqd died");
 	unmap_ended(admin, &a);
 	unmap_ended(admin, &b);
@@ -447,7 +429,7 @@ TEST(a_device_reset_ends_the_lease_on_an_orphaned_ephemeral_buffer)
 	request_ok(holder, "reset_device", "device", 0, "reset_device");
 	CHECKF(buffer_goes(holder, "e"), "the orphan stayed after the reset ended its lease");
 	CHECK_STR(seen, "lease_broken");
-	CHECK_EQ(lease_count(holder), 0);
+	CHECK_EQ(lease_listed(holder, NULL), 0);
 	unmap_ended(holder, &a);
 	do_alloc(holder, "after", 0, MIB);
 	do_fill_random(holder, "after", 5);

@@ -84,20 +84,6 @@ static uint64_t attach_revocable(struct gpuq_client *c, const char *buffer, bool
 	return lease;
 }
 
-/* The leases listed, and whether the first says revocable. */
-static unsigned leases_listed(struct gpuq_client *c, bool *revocable)
-{
-	struct mp_map req;
-	gpuq_request_begin(c, &req, "leases");
-	struct gpuq_reply *r = call(c, &req, NULL, 0);
-	expect_ok(r, "leases");
-	unsigned n = reply_path(r, "leases")->via.array.size;
-	if (n > 0 && revocable)
-		*revocable = reply_path(r, "leases.0.revocable")->via.boolean;
-	gpuq_reply_free(r);
-	return n;
-}
-
 static void job_state(struct gpuq_client *c, uint64_t job, char *state, size_t size)
 {
 	struct gpuq_reply *r = job_request(c, "status", job, 0);
@@ -156,11 +142,11 @@ TEST(a_revocable_lease_not_in_use_ends_when_a_job_waits_for_it)
 	struct revocable t;
 	bool revocable = false;
 	revocable_start(&t, true, false);
-	CHECK_EQ(leases_listed(t.other, &revocable), 1);
+	CHECK_EQ(lease_listed(t.other, &revocable), 1);
 	CHECK(revocable);
 	use_end(t.lock); /* the first use is over */
 	CHECK(ends_done(t.other, lease_submit(t.other, "fill", "s")));
-	CHECK_EQ(leases_listed(t.other, NULL), 0);
+	CHECK_EQ(lease_listed(t.other, NULL), 0);
 	use_begin(t.lock); /* what a holder does before its next use: */
 	CHECK(!locked_elsewhere(t.lock, 0)); /* the lease has ended */
 	struct gpuq_error err;
@@ -180,11 +166,11 @@ TEST(a_job_waits_while_the_holder_uses_the_buffer)
 	revocable_start(&t, true, false);
 	uint64_t fill = lease_submit(t.other, "fill", "s");
 	lease_expect_behind(t.other, fill, t.lease); /* byte 1 held since before the attach */
-	CHECK_EQ(leases_listed(t.other, NULL), 1);
+	CHECK_EQ(lease_listed(t.other, NULL), 1);
 	use_end(t.lock);
 	CHECK(ends_done(t.other, fill)); /* the timer tried again */
 	CHECK(!locked_elsewhere(t.lock, 0));
-	CHECK_EQ(leases_listed(t.other, NULL), 0);
+	CHECK_EQ(lease_listed(t.other, NULL), 0);
 	revocable_stop(&t);
 }
 
@@ -194,10 +180,10 @@ TEST(a_revocable_read_lease_lets_readers_pass_and_yields_to_a_writer)
 	revocable_start(&t, false, false);
 	use_end(t.lock);
 	CHECK(ends_done(t.other, lease_submit(t.other, "checksum", "s")));
-	CHECK_EQ(leases_listed(t.other, NULL), 1); /* a reader does not end it */
+	CHECK_EQ(lease_listed(t.other, NULL), 1); /* a reader does not end it */
 	CHECK(locked_elsewhere(t.lock, 0));
 	CHECK(ends_done(t.other, lease_submit(t.other, "fill", "s")));
-	CHECK_EQ(leases_listed(t.other, NULL), 0);
+	CHECK_EQ(lease_listed(t.other, NULL), 0);
 	revocable_stop(&t);
 }
 
@@ -207,7 +193,7 @@ TEST(the_holders_own_job_ends_its_revocable_lease)
 	revocable_start(&t, true, false);
 	use_end(t.lock);
 	CHECK(ends_done(t.holder, lease_submit(t.holder, "fill", "s")));
-	CHECK_EQ(leases_listed(t.holder, NULL), 0);
+	CHECK_EQ(lease_listed(t.holder, NULL), 0);
 	revocable_stop(&t);
 }
 
@@ -232,7 +218,7 @@ TEST(a_job_queued_behind_a_waiting_revocable_attach_runs_after_the_first_use)
 	attach_request(waiter, &req, "s", true);
 	mp_put_u64(&req, "fds", 1);
 	CHECKF(gpuq_send(waiter, &req, &lock, 1, &err) == 0, "send attach: %s", err.message);
-	CHECK_EQ(leases_listed(other, NULL), 2); /* held, and waiting */
+	CHECK_EQ(lease_listed(other, NULL), 2); /* held, and waiting */
 	uint64_t fill = lease_submit(other, "fill", "s");
 	CHECKF(gpuq_buffer_release(holder, &first, &err) == 0, "release: %s", err.message);
 	struct gpuq_reply *r;
@@ -241,7 +227,7 @@ TEST(a_job_queued_behind_a_waiting_revocable_attach_runs_after_the_first_use)
 	lease_expect_behind(other, fill, lease); /* byte 1 is still the holder's */
 	use_end(lock);
 	CHECK(ends_done(other, fill));
-	CHECK_EQ(leases_listed(other, NULL), 0);
+	CHECK_EQ(lease_listed(other, NULL), 0);
 	close(lock);
 	gpuq_close(other);
 	gpuq_close(waiter);
@@ -265,10 +251,10 @@ TEST(an_orphaned_ephemeral_buffer_goes_once_its_revocable_lease_is_not_in_use)
 	attach_revocable(holder, "e", true, lock);
 	gpuq_close(maker); /* orphans it while the holder is in its first use */
 	CHECK(has_buffer(holder, "e", &ephemeral) && ephemeral);
-	CHECK_EQ(leases_listed(holder, NULL), 1);
+	CHECK_EQ(lease_listed(holder, NULL), 1);
 	use_end(lock);
 	CHECKF(buffer_goes(holder, "e"), "the orphaned buffer stayed under an idle revocable lease");
-	CHECK_EQ(leases_listed(holder, NULL), 0);
+	CHECK_EQ(lease_listed(holder, NULL), 0);
 	close(lock);
 	gpuq_close(holder);
 	daemon_stop(&d);
@@ -298,7 +284,7 @@ TEST(revocable_attach_refusals)
 	int lock = memfd_create("gpuq-test-lease-lock", MFD_CLOEXEC);
 	CHECK(lock >= 0 && lock_byte(lock, 0, F_WRLCK)); /* the byte that is gpuqd's */
 	expect_refused(c, &lock, 1, "byte 0 of the lock is locked by another process");
-	CHECK_EQ(leases_listed(c, NULL), 0);
+	CHECK_EQ(lease_listed(c, NULL), 0);
 	close(lock);
 	close(pipefd[0]);
 	close(pipefd[1]);
@@ -326,7 +312,7 @@ TEST(a_connection_holds_at_most_64_revocable_leases)
 	gpuq_reply_free(r);
 	CHECK(!locked_elsewhere(locks[64], 0));
 	attach_revocable(other, "s", false, locks[64]); /* another connection's count is its own */
-	CHECK_EQ(leases_listed(c, NULL), 65);
+	CHECK_EQ(lease_listed(c, NULL), 65);
 	for (int i = 0; i < 65; i++)
 		close(locks[i]);
 	gpuq_close(other);
@@ -340,7 +326,7 @@ TEST(a_revocable_lease_and_its_lock_come_through_a_restart)
 	bool revocable = false;
 	revocable_start(&t, true, false);
 	restart_and_await(t.other, 1);
-	CHECK_EQ(leases_listed(t.other, &revocable), 1);
+	CHECK_EQ(lease_listed(t.other, &revocable), 1);
 	CHECK(revocable);
 	CHECK(locked_elsewhere(t.lock, 0)); /* the new image holds it */
 	uint64_t fill = lease_submit(t.other, "fill", "s");
