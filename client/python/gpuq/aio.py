@@ -418,6 +418,10 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
     _connection_class = AsyncConnection
     _forked_connection_class = AsyncForkedConnection
 
+    # The reconnect under way, which every request that lost the connection
+    # awaits: one new connection for all of them (set_reconnect).
+    _reconnecting: Optional["asyncio.Task[bool]"] = None
+
     def __init__(self, socket: Optional[str] = None, *,
                  timeout: float = DEFAULT_TIMEOUT, staging_slots: int = DEFAULT_SLOTS,
                  staging_slot_bytes: int = DEFAULT_SLOT_BYTES,
@@ -436,9 +440,6 @@ class AsyncClient(AsyncMethods, ClientBase):  # type: ignore[misc]
         conn = super()._connect(timeout)
         conn.poll_s = self._poll_s
         return conn
-    # The reconnect under way, which every request that lost the connection
-    # awaits: one new connection for all of them (set_reconnect).
-    _reconnecting: Optional["asyncio.Task[bool]"] = None
 
     def _forked(self) -> None:
         super()._forked()
