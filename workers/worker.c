@@ -574,8 +574,9 @@ int worker_ask_reset(struct worker_pool *pool, int device, const char *why, stru
 	if (!w->sched) {
 		pthread_mutex_unlock(&w->lock);
 		return gpuq_fail(err, GPUQ_E_NO_DEVICE,
-				 "device %d has no worker to reset it (it never opened: %s)", device,
-				 w->health);
+				 "device %d has no worker to reset it (it never opened: %s); a restart "
+				 "(gpuq admin restart) opens every device again, buffers kept",
+				 device, w->health);
 	}
 	w->reset_asked = true;
 	snprintf(w->reset_why, sizeof w->reset_why, "%s", why);

@@ -392,3 +392,54 @@ TEST(reset_device_is_an_administrators_and_cancels_what_runs)
 	daemon_stop(&d);
 }
 
+
+/*
+ * A device that did not open when gpuqd started has no worker: its jobs are
+ * refused with no_device, a reset says a restart is the way back, and the
+ * restart (the device's trouble gone meanwhile) opens it, keeping the other
+ * device's buffers.
+ */
+TEST(a_device_that_never_opened_comes_back_with_a_restart)
+{
+	struct daemon_proc d;
+	char flag[] = "/tmp/gpuq-test-fail-open-XXXXXX", env[64];
+	bool healthy = true;
+	if (test_backend_is_cuda())
+		SKIP("a GPU that does not open cannot be made on purpose; the host tier covers this");
+	int fd = mkstemp(flag);
+	CHECK(fd >= 0);
+	close(fd);
+	snprintf(env, sizeof env, "1:%s", flag);
+	setenv("GPUQ_HOST_FAIL_OPEN", env, 1);
+	daemon_start(&d, "--host-devices", "2", NULL);
+	unsetenv("GPUQ_HOST_FAIL_OPEN");
+	struct gpuq_client *c = client_open(&d);
+	device_resets(c, 1, &healthy);
+	CHECK(!healthy);
+	CHECKF(strstr(last_health, "simulated open failure") != NULL, "health: %s", last_health);
+	do_alloc(c, "kept", 0, 4096);
+	do_fill_random(c, "kept", 5);
+	uint64_t sum = do_checksum(c, "kept");
+	struct mp_map req;
+	gpuq_request_begin(c, &req, "noop");
+	mp_put_u64(&req, "device", 1);
+	mp_put_bool(&req, "wait", true);
+	struct gpuq_reply *r = call(c, &req, NULL, 0);
+	expect_error(r, GPUQ_E_NO_DEVICE, "simulated open failure");
+	gpuq_reply_free(r);
+	if (geteuid() == 0) {
+		gpuq_request_begin(c, &req, "reset_device");
+		mp_put_u64(&req, "device", 1);
+		r = call(c, &req, NULL, 0);
+		expect_error(r, GPUQ_E_NO_DEVICE, "gpuq admin restart");
+		gpuq_reply_free(r);
+	}
+	unlink(flag); /* the trouble is gone: the restarted gpuqd opens the device */
+	restart_and_await(c, 1);
+	device_resets(c, 1, &healthy);
+	CHECKF(healthy, "health after the restart: %s", last_health);
+	do_alloc(c, "new", 1, 4096);
+	CHECK_EQ(do_checksum(c, "kept"), sum);
+	gpuq_close(c);
+	daemon_stop(&d);
+}

@@ -230,8 +230,27 @@ static void host_free_state(struct host_device *h)
 	free(h);
 }
 
+/*
+ * Tests only: GPUQ_HOST_FAIL_OPEN=N[:PATH] makes host device N fail to open
+ * (while PATH exists, when given), as a GPU the driver cannot open does at
+ * gpuqd's start, so that the integration tests reach a device that never
+ * opened and the restart that opens it. The CUDA backend has no such hook.
+ */
+static int host_fail_open_if_asked(const struct device *dev, struct gpuq_error *err)
+{
+	const char *v = getenv("GPUQ_HOST_FAIL_OPEN");
+	char *end;
+	if (!v || !*v || strtol(v, &end, 10) != dev->index || (*end && *end != ':') ||
+	    (*end == ':' && access(end + 1, F_OK) != 0))
+		return 0;
+	return gpuq_fail(err, GPUQ_E_NO_DEVICE,
+			 "host device %d: simulated open failure (GPUQ_HOST_FAIL_OPEN)", dev->index);
+}
+
 static int host_open(struct device *dev, struct gpuq_error *err)
 {
+	if (host_fail_open_if_asked(dev, err) != 0)
+		return -1;
 	struct host_device *h = calloc(1, sizeof *h);
 	size_t slot = dev->config.staging_slot_bytes;
 	if (!h)
