@@ -12,6 +12,8 @@ machine. Loop turns are counted, never timed."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -136,4 +138,29 @@ def test_a_connection_that_ends_while_a_request_reads_fails_it(fake):
             with pytest.raises(ConnectionError):
                 await c.ping()
             assert c.closed
+    asyncio.run(main())
+
+
+def test_progress_events_and_the_reply_come_while_a_wait_reads(stalled):
+    """A wait for a job that takes a while, answered within its (long) poll: the
+    job's progress events reach the handler from the poll, then the reply."""
+    s = stalled()
+
+    def feed():  # progress comes once the job has run a second
+        for _ in range(6):
+            s.feed(b"z" * 100)
+            time.sleep(0.25)
+        s.end()
+
+    async def main():
+        async with gpuq.AsyncClient(s.daemon.socket, timeout=30, poll_us=10e6) as c:
+            events = []
+            feeder = threading.Thread(target=feed)
+            feeder.start()
+            try:
+                done = await c.wait(s.job.id, timeout=30, on_progress=events.append)
+            finally:
+                feeder.join()
+            assert done.state == "done" and done.result["bytes"] == 600
+            assert events and all(e["job"] == s.job.id for e in events)
     asyncio.run(main())
