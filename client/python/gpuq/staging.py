@@ -21,6 +21,7 @@ Where gpuqd lists ``ring`` in ``ping``'s ``features`` (docs/protocol.md,
 counters, and this thread raises ``posted`` as the copies into (put) or
 out of (get) the slots finish, in order, while gpuqd raises ``moved`` as
 its DMAs end; nothing goes over the socket until the job is waited for.
+A put copies at most :data:`PUT_AHEAD_BYTES` ahead of gpuqd's DMAs.
 Otherwise (an older gpuqd) jobs go per group of slots: a put copies
 chunks up to half the ring ahead (the window; the other half is gpuqd's),
 submits a group's ``put`` once all its copies are done, in order, and
@@ -98,6 +99,14 @@ DEFAULT_GROUP = 8
 MIN_STAGED_BYTES = 4 << 20
 #: The smallest slot worth making when memory is short.
 _MIN_SLOT_BYTES = 1 << 20
+#: The bytes a ring put copies ahead of gpuqd's DMAs, at most (two slots at
+#: least): the copy threads outrun the DMAs, and the further ahead they run,
+#: the more of the host's memory they take from the DMA while it reads the
+#: slots. gpuqd holds its own staged puts to the same (``XFER_READ_AHEAD_BYTES``,
+#: docs/PERFORMANCE.md, "Polling the device"), where 256 MiB puts moved at
+#: 0.55-0.66 of pinned with its whole 128 MiB ring ahead and 0.75-0.82 with
+#: 64 MiB.
+PUT_AHEAD_BYTES = 64 << 20
 _PAGE = 4096
 #: The region's first page: the ring's counters (posted, moved, status), then nothing.
 _HEADER = _PAGE
@@ -304,6 +313,11 @@ class Staging:
         (on the H200: 27 GB/s with all but one group's slots copied ahead)."""
         return max(1, min(self.slot_count - self._group(), self.slot_count // 2))
 
+    def _put_ahead(self) -> int:
+        """Chunks a ring put copies ahead of the last one gpuqd moved: the ring's, up
+        to :data:`PUT_AHEAD_BYTES`' worth, two at least."""
+        return max(2, min(self.slot_count, PUT_AHEAD_BYTES // self.slot_bytes))
+
     def _chunks(self, nbytes: int) -> List[Tuple[int, int]]:
         """(offset, length) of each chunk of a transfer: one slot each."""
         size = self.slot_bytes
@@ -467,15 +481,16 @@ class Staging:
                        job: Dict[str, Any]) -> Plan:
         """One ``put`` through the ring (docs/protocol.md, "Rings"): chunk j is copied
         into its slot once gpuqd has moved the chunk before it there (all
-        slots are free at first), and ``posted`` rises as copies finish, in
-        order; gpuqd moves each posted chunk and raises ``moved``."""
+        slots are free at first) and is at most :meth:`_put_ahead` chunks
+        ahead of gpuqd, and ``posted`` rises as copies finish, in order;
+        gpuqd moves each posted chunk and raises ``moved``."""
         chunks = self._chunks(len(data))
 
         def copy(j: int) -> CopyTask:
             off, n = chunks[j]
             return self._start_copy(self._slot(j, n), data[off:off + n])
         return (yield from self._ring_plan(api, "put", dict(fields, **self._ring_fields(
-            label, len(data))), len(chunks), self.slot_count, copy, job))
+            label, len(data))), len(chunks), self._put_ahead(), copy, job))
 
     def _ring_get_plan(self, api: "Api", label: str, out: Any, job: Dict[str, Any]) -> Plan:
         """One ``get`` through the ring: each chunk gpuqd has moved is copied out of its

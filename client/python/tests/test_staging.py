@@ -479,6 +479,43 @@ def test_a_put_copies_at_most_half_the_ring_ahead_of_its_next_job(private_daemon
         c.free("half")
 
 
+def test_a_ring_put_copies_no_further_ahead_of_gpuqd_than_its_read_ahead(private_daemon,
+                                                                          monkeypatch):
+    """Copies far ahead of the DMAs take the host's memory from them (staging.py,
+    PUT_AHEAD_BYTES). The first chunk's copy is held back, so gpuqd moves
+    nothing meanwhile and the plan starts every copy its bound allows: with
+    the whole ring as the bound it would start all five."""
+    d = private_daemon()
+    with _ring_client(d, slots=5, threads=3) as c:
+        monkeypatch.setattr(staging_mod, "PUT_AHEAD_BYTES", 3 << 20)
+        started = []  # (chunk, chunks gpuqd had moved) as each copy starts
+        start = c.staging._start_copy
+
+        def start_copy(dst, src):
+            started.append((len(started), int(c.staging._counters[staging_mod._MOVED])))
+            return start(dst, src)
+        monkeypatch.setattr(c.staging, "_start_copy", start_copy)
+        copy, held = staging_mod._copy, []
+
+        def first_held(dst, src):
+            if not held:
+                held.append(True)
+                end = time.monotonic() + 0.5
+                while len(started) < 5 and time.monotonic() < end:
+                    time.sleep(0.005)
+            copy(dst, src)
+        monkeypatch.setattr(staging_mod, "_copy", first_held)
+        a = np.arange((16 << 20) // 4, dtype=np.int32)
+        assert c.put_array("ahead", a).result["path"] == "ring"
+        assert c.staging.slot_count == 5 and c.staging._put_ahead() == 3
+        assert len(started) == 16 and held
+        assert max(j for j, moved in started if moved == 0) == 2
+        assert all(j < moved + 3 for j, moved in started), started
+        monkeypatch.undo()
+        assert np.array_equal(c.get_array("ahead"), a)
+        c.free("ahead")
+
+
 def test_copy_threads_run_every_task_and_hand_errors_to_the_waiter():
     from gpuq.copier import Copier
     copier = Copier(3)
