@@ -22,6 +22,7 @@
 #define GPUQ_CLIENT_H
 
 #include <msgpack.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -201,7 +202,8 @@ struct gpuq_attachment {
 	uint64_t map_bytes;
 	unsigned long long handle;
 	int lock_fd;        /* a revocable lease's lock, else -1 */
-	bool in_use;        /* a revocable lease's use has begun and not ended */
+	unsigned uses;      /* a revocable lease's uses begun and not ended, of every thread */
+	pthread_mutex_t use_mutex; /* orders uses' beginnings and ends (revocable only) */
 };
 
 int gpuq_buffer_attach(struct gpuq_client *c, const char *buffer, bool read_write,
@@ -233,11 +235,12 @@ int gpuq_buffer_release(struct gpuq_client *c, struct gpuq_attachment *a, struct
  * buffer may be used, until gpuq_attachment_end_use, called once this
  * process's work on it has finished (cudaStreamSynchronize); 0 when the
  * lease has ended (revoked, released, broken, the device reset, gpuqd gone):
- * release the attachment and attach again; -1 on a failure. A use of one
- * attachment must end before the next begins, also across threads (the
- * lock is the process's). On a plain attachment a use always begins.
- * gpuq_buffer_release of a revocable attachment unmaps it and ends the
- * lease if it still lives (one that ended needs no request).
+ * release the attachment and attach again; -1 on a failure. Uses of one
+ * attachment may overlap, from any threads: gpuqd cannot end the lease
+ * until the last use in progress has ended. On a plain attachment a use
+ * always begins. gpuq_buffer_release of a revocable attachment, once every
+ * use has ended, unmaps it and ends the lease if it still lives (one that
+ * ended needs no request).
  */
 int gpuq_buffer_attach_revocable(struct gpuq_client *c, const char *buffer, bool read_write,
 				 struct gpuq_attachment *out, struct gpuq_error *err);

@@ -289,8 +289,9 @@ int gpuq_buffer_attach_revocable(struct gpuq_client *c, const char *buffer, bool
 		return -1;
 	}
 	out->revocable = true;
-	out->in_use = true; /* byte 1, locked before the attach: the first use */
+	out->uses = 1; /* byte 1, locked before the attach: the first use */
 	out->lock_fd = lock;
+	pthread_mutex_init(&out->use_mutex, NULL);
 	return 0;
 }
 
@@ -322,9 +323,12 @@ static int release_revocable(struct gpuq_client *c, struct gpuq_attachment *a,
 	if (revocable_lease_lives(a->lock_fd) && release_lease(c, a->lease, err) < 0 &&
 	    err->code != GPUQ_E_NOT_FOUND)
 		rc = -1;
-	close(a->lock_fd);
+	if (a->lock_fd >= 0) { /* a second release finds it closed */
+		close(a->lock_fd);
+		pthread_mutex_destroy(&a->use_mutex);
+	}
 	a->lock_fd = -1;
-	a->in_use = false;
+	a->uses = 0;
 	return rc;
 }
 

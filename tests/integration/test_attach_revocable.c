@@ -2,13 +2,17 @@
  * libgpuq's revocable attachments (gpuq.h, gpuq_buffer_attach_revocable):
  * the attach returns with a use begun, uses between which nobody wants the
  * buffer need no request, a job that wants it waits for the use in progress
- * and then ends the lease, the next use says so, and release sends nothing
- * for a lease that has ended. The checks wait for events (a job's state, a
- * lease listed), never for a time; only the test that writes through the
- * mapping is the host backend's.
+ * and then ends the lease, the next use says so, uses of several threads
+ * overlap, and release sends nothing for a lease that has ended. The
+ * checks wait for events (a job's state, a lease listed), never for a
+ * time; only the test that writes through the mapping is the host
+ * backend's.
  */
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tests/integration/fixture.h"
@@ -23,7 +27,7 @@ static void attach_revocable(struct gpuq_client *c, const char *buffer, bool rw,
 	struct gpuq_error err;
 	CHECKF(gpuq_buffer_attach_revocable(c, buffer, rw, a, &err) == 0, "revocable attach: %s",
 	       err.message);
-	CHECK(a->ptr != NULL && a->lease > 0 && a->revocable && a->in_use && a->lock_fd >= 0);
+	CHECK(a->ptr != NULL && a->lease > 0 && a->revocable && a->uses == 1 && a->lock_fd >= 0);
 }
 
 static int begin_use(struct gpuq_attachment *a)
@@ -38,7 +42,6 @@ static void end_use(struct gpuq_attachment *a)
 {
 	struct gpuq_error err;
 	CHECKF(gpuq_attachment_end_use(a, &err) == 0, "end use: %s", err.message);
-	CHECK(!a->in_use);
 }
 
 static void release(struct gpuq_client *c, struct gpuq_attachment *a)
@@ -137,24 +140,71 @@ TEST(writes_made_during_a_use_are_what_the_next_job_reads)
 	holder_stop(&t);
 }
 
-TEST(uses_do_not_overlap_and_plain_attachments_are_always_usable)
+/* Whether this process holds byte 1 of lock (the use byte): another process cannot take it. */
+static bool use_byte_held(int lock)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 1, .l_len = 1 };
+		_exit(fcntl(lock, F_SETLK, &fl) < 0 ? 0 : 1);
+	}
+	int status = -1;
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+	return WEXITSTATUS(status) == 0;
+}
+
+static void *begin_use_elsewhere(void *attachment)
+{
+	struct gpuq_error err;
+	intptr_t rc = gpuq_attachment_begin_use(attachment, &err);
+	return (void *)rc;
+}
+
+TEST(uses_of_several_threads_overlap_and_the_last_to_end_lets_a_job_in)
 {
 	struct holder t;
-	struct gpuq_attachment a, plain;
+	struct gpuq_attachment a;
+	holder_start(&t);
+	attach_revocable(t.holder, "s", true, &a);
+	pthread_t other_thread;
+	void *began;
+	CHECK_EQ(pthread_create(&other_thread, NULL, begin_use_elsewhere, &a), 0);
+	CHECK_EQ(pthread_join(other_thread, &began), 0);
+	CHECK_EQ((intptr_t)began, 1);
+	CHECK_EQ(a.uses, 2u);
+	uint64_t fill = lease_submit(t.other, "fill", "s");
+	lease_expect_behind(t.other, fill, a.lease);
+	/* One use ended, one in progress: the use byte stays taken, so gpuqd
+	 * cannot end the lease. */
+	end_use(&a);
+	CHECK_EQ(a.uses, 1u);
+	CHECK(use_byte_held(a.lock_fd));
+	uint64_t check = lease_submit(t.other, "checksum", "s");
+	lease_expect_behind(t.other, check, a.lease);
+	CHECK_EQ(lease_listed(t.other, NULL), 1u);
+	lease_expect_behind(t.other, fill, a.lease);
+	end_use(&a); /* the last: gpuqd's next try ends the lease */
+	CHECK_EQ(a.uses, 0u);
+	lease_expect_done(t.other, fill);
+	lease_expect_done(t.other, check);
+	CHECK_EQ(begin_use(&a), 0);
+	release(t.holder, &a);
+	release(t.holder, &a); /* a second release: nothing to do */
+	CHECK_EQ(begin_use(&a), 0);
+	holder_stop(&t);
+}
+
+TEST(plain_attachments_are_always_usable)
+{
+	struct holder t;
+	struct gpuq_attachment plain;
 	struct gpuq_error err;
 	holder_start(&t);
-	lease_alloc_shareable(t.holder, "p", MIB, false);
-	attach_revocable(t.holder, "s", true, &a);
-	CHECK_EQ(gpuq_attachment_begin_use(&a, &err), -1); /* the attach's use has not ended */
-	CHECK_EQ(err.code, GPUQ_E_BAD_REQUEST);
-	CHECK(strstr(err.message, "end it first") != NULL);
-	end_use(&a);
-	lease_attach(t.holder, "p", true, &plain);
+	lease_attach(t.holder, "s", true, &plain);
 	CHECK(!plain.revocable && plain.lock_fd == -1);
 	CHECK_EQ(begin_use(&plain), 1);
 	CHECKF(gpuq_attachment_end_use(&plain, &err) == 0, "%s", err.message);
 	CHECKF(gpuq_buffer_release(t.holder, &plain, &err) == 0, "%s", err.message);
-	release(t.holder, &a);
 	CHECK_EQ(lease_listed(t.holder, NULL), 0u);
 	holder_stop(&t);
 }
