@@ -1,6 +1,7 @@
 /* Helpers for the tests of leases (lease_util.h). */
 #include "tests/integration/lease_util.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -93,4 +94,11 @@ unsigned lease_listed(struct gpuq_client *c, bool *first_revocable)
 		*first_revocable = reply_path(r, "leases.0.revocable")->via.boolean;
 	gpuq_reply_free(r);
 	return n;
+}
+
+bool lease_byte_locked_elsewhere(int fd, off_t byte)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1 };
+	CHECK(fcntl(fd, F_GETLK, &fl) == 0);
+	return fl.l_type != F_UNLCK; /* F_GETLK ignores the caller's own locks */
 }

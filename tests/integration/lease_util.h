@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "client/lib/gpuq.h"
 
@@ -25,5 +26,7 @@ uint64_t lease_job_checksum(struct gpuq_client *c, uint64_t job);
 void lease_expect_done(struct gpuq_client *c, uint64_t job);
 /* The leases c sees; *first_revocable (may be NULL): whether the first listed is revocable. */
 unsigned lease_listed(struct gpuq_client *c, bool *first_revocable);
+/* Whether a process other than the caller holds a lock on byte of fd (a revocable lease's lock). */
+bool lease_byte_locked_elsewhere(int fd, off_t byte);
 
 #endif

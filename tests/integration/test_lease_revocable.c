@@ -27,14 +27,6 @@ static bool lock_byte(int fd, off_t byte, short type)
 	return fcntl(fd, F_SETLK, &fl) == 0;
 }
 
-/* Whether another process (gpuqd) holds a lock on byte of fd. */
-static bool locked_elsewhere(int fd, off_t byte)
-{
-	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1 };
-	CHECK(fcntl(fd, F_GETLK, &fl) == 0);
-	return fl.l_type != F_UNLCK;
-}
-
 /* A lease's lock as a client makes one: a memfd, byte 1 locked (in use) before the attach. */
 static int new_lock(void)
 {
@@ -80,7 +72,7 @@ static uint64_t attach_revocable(struct gpuq_client *c, const char *buffer, bool
 	attach_request(c, &req, buffer, rw);
 	mp_put_u64(&req, "fds", 1);
 	uint64_t lease = granted(call(c, &req, &lock, 1));
-	CHECK(locked_elsewhere(lock, 0));
+	CHECK(lease_byte_locked_elsewhere(lock, 0));
 	return lease;
 }
 
@@ -148,7 +140,7 @@ TEST(a_revocable_lease_not_in_use_ends_when_a_job_waits_for_it)
 	CHECK(ends_done(t.other, lease_submit(t.other, "fill", "s")));
 	CHECK_EQ(lease_listed(t.other, NULL), 0);
 	use_begin(t.lock); /* what a holder does before its next use: */
-	CHECK(!locked_elsewhere(t.lock, 0)); /* the lease has ended */
+	CHECK(!lease_byte_locked_elsewhere(t.lock, 0)); /* the lease has ended */
 	struct gpuq_error err;
 	struct mp_map req;
 	gpuq_request_begin(t.holder, &req, "release");
@@ -169,7 +161,7 @@ TEST(a_job_waits_while_the_holder_uses_the_buffer)
 	CHECK_EQ(lease_listed(t.other, NULL), 1);
 	use_end(t.lock);
 	CHECK(ends_done(t.other, fill)); /* the timer tried again */
-	CHECK(!locked_elsewhere(t.lock, 0));
+	CHECK(!lease_byte_locked_elsewhere(t.lock, 0));
 	CHECK_EQ(lease_listed(t.other, NULL), 0);
 	revocable_stop(&t);
 }
@@ -181,7 +173,7 @@ TEST(a_revocable_read_lease_lets_readers_pass_and_yields_to_a_writer)
 	use_end(t.lock);
 	CHECK(ends_done(t.other, lease_submit(t.other, "checksum", "s")));
 	CHECK_EQ(lease_listed(t.other, NULL), 1); /* a reader does not end it */
-	CHECK(locked_elsewhere(t.lock, 0));
+	CHECK(lease_byte_locked_elsewhere(t.lock, 0));
 	CHECK(ends_done(t.other, lease_submit(t.other, "fill", "s")));
 	CHECK_EQ(lease_listed(t.other, NULL), 0);
 	revocable_stop(&t);
@@ -310,7 +302,7 @@ TEST(a_connection_holds_at_most_64_revocable_leases)
 	struct gpuq_reply *r = call(c, &req, &locks[64], 1);
 	expect_error(r, GPUQ_E_BUSY, "64 revocable leases, the most one may hold");
 	gpuq_reply_free(r);
-	CHECK(!locked_elsewhere(locks[64], 0));
+	CHECK(!lease_byte_locked_elsewhere(locks[64], 0));
 	attach_revocable(other, "s", false, locks[64]); /* another connection's count is its own */
 	CHECK_EQ(lease_listed(c, NULL), 65);
 	for (int i = 0; i < 65; i++)
@@ -328,12 +320,12 @@ TEST(a_revocable_lease_and_its_lock_come_through_a_restart)
 	restart_and_await(t.other, 1);
 	CHECK_EQ(lease_listed(t.other, &revocable), 1);
 	CHECK(revocable);
-	CHECK(locked_elsewhere(t.lock, 0)); /* the new image holds it */
+	CHECK(lease_byte_locked_elsewhere(t.lock, 0)); /* the new image holds it */
 	uint64_t fill = lease_submit(t.other, "fill", "s");
 	lease_expect_behind(t.other, fill, t.lease);
 	use_end(t.lock);
 	CHECK(ends_done(t.other, fill));
-	CHECK(!locked_elsewhere(t.lock, 0));
+	CHECK(!lease_byte_locked_elsewhere(t.lock, 0));
 	revocable_stop(&t);
 }
 
@@ -343,7 +335,7 @@ TEST(a_gpuqd_killed_leaves_the_lock_unlocked)
 	revocable_start(&t, true, true);
 	CHECK(kill(t.d.pid, SIGKILL) == 0);
 	CHECK(waitpid(t.d.pid, NULL, 0) == t.d.pid);
-	CHECK(!locked_elsewhere(t.lock, 0)); /* a holder's next use finds its lease ended */
+	CHECK(!lease_byte_locked_elsewhere(t.lock, 0)); /* a holder's next use finds its lease ended */
 	daemon_restart(&t.d, NULL);
 	revocable_stop(&t);
 }
